@@ -1,0 +1,1 @@
+//! pollux conf crate.

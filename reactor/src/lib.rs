@@ -1,0 +1,1 @@
+//! pollux reactor crate.

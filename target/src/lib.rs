@@ -1,0 +1,1 @@
+//! The pollux NVMe-oF target.

@@ -1,0 +1,2 @@
+//! The `pollux` binary.
+fn main() {}
