@@ -1,0 +1,71 @@
+//! The reactor crate's one error type.
+
+use std::io;
+
+/// Errors from starting, configuring or running reactors.
+#[derive(Debug, thiserror::Error)]
+pub enum ReactorError {
+    /// The configured core does not exist or the process may not run on it.
+    #[error("reactor {reactor}: core {core} is not available to this process (allowed cores: {allowed:?})")]
+    CoreNotAllowed {
+        /// Reactor index.
+        reactor: usize,
+        /// The requested core.
+        core: usize,
+        /// The cores this process may use (sched_getaffinity).
+        allowed: Vec<usize>,
+    },
+    /// Two reactors were configured on the same core.
+    #[error("core {core} is configured for more than one reactor")]
+    DuplicateCore {
+        /// The duplicated core.
+        core: usize,
+    },
+    /// No reactor was configured.
+    #[error("no reactor configured")]
+    NoReactors,
+    /// A system call failed.
+    #[error("reactor {reactor}: {what}: {source}")]
+    Sys {
+        /// Reactor index (usize::MAX before any reactor exists).
+        reactor: usize,
+        /// What was being done.
+        what: &'static str,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// A work source cannot run in the requested mode.
+    #[error("reactor {reactor}: source '{source_name}' cannot run in interrupt mode: it has no fd to wake on")]
+    NeedsPolling {
+        /// Reactor index.
+        reactor: usize,
+        /// The source's name.
+        source_name: String,
+    },
+    /// The reactor's init function failed.
+    #[error("reactor {reactor}: init failed: {message}")]
+    Init {
+        /// Reactor index.
+        reactor: usize,
+        /// Why.
+        message: String,
+    },
+    /// A reactor thread panicked or could not be spawned/joined.
+    #[error("reactor {reactor}: thread failed: {message}")]
+    Thread {
+        /// Reactor index.
+        reactor: usize,
+        /// What happened.
+        message: String,
+    },
+    /// The addressed reactor does not exist or has stopped.
+    #[error("reactor {reactor} is not running")]
+    NotRunning {
+        /// Reactor index.
+        reactor: usize,
+    },
+}
+
+/// Result alias for this crate.
+pub type Result<T, E = ReactorError> = std::result::Result<T, E>;

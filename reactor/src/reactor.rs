@@ -1,0 +1,830 @@
+//! One reactor: the loop of a pinned thread that owns its work sources.
+//!
+//! Each iteration: run messages from other reactors, due timers, and the sources that are due
+//! (every polled source in busy-poll mode); then wait for fd readiness with a timeout chosen by
+//! the mode (zero when polling or when work was found, until the next deadline otherwise) and
+//! run the sources whose fds became ready.
+
+use std::any::{Any, TypeId};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Arc;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::time::{Duration, Instant};
+
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token};
+use slab::Slab;
+use tracing::{debug, warn};
+
+use crate::error::{ReactorError, Result};
+use crate::inbox::{Inbox, Message, Remote};
+use crate::mode::{FractionSleep, Mode, SleepPolicy};
+use crate::stats::{ReactorStats, StatsCell, bump};
+use crate::sys::TimerFd;
+
+/// Index of a source within its reactor.
+pub type SourceId = usize;
+
+const TIMER_TOKEN: Token = Token(usize::MAX - 1);
+const INBOX_TOKEN: Token = Token(usize::MAX - 2);
+
+/// When a source next needs to run, as it says after each run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// Run again as soon as possible (more work is ready, e.g. a per-run budget was used up).
+    Asap,
+    /// Run at this time at the latest, even if its fd stays quiet.
+    At(Instant),
+    /// Work is in flight and expected to complete at this time: hybrid mode sleeps until
+    /// shortly before it and then polls; busy-poll polls; interrupt mode waits for the fd (or
+    /// this time, for a source without an fd).
+    Expect(Instant),
+    /// Nothing to do until its fd becomes ready or someone calls [`Reactor::wake`].
+    Idle,
+}
+
+/// What a source's run achieved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Progress {
+    /// It did useful work (accounting: busy iteration; loop: do not block yet).
+    pub did_work: bool,
+    /// When it needs to run next.
+    pub next: Next,
+}
+
+impl Progress {
+    /// Did nothing; wake me on my fd.
+    pub const IDLE: Progress = Progress {
+        did_work: false,
+        next: Next::Idle,
+    };
+    /// Did work; wake me on my fd.
+    pub const WORKED: Progress = Progress {
+        did_work: true,
+        next: Next::Idle,
+    };
+}
+
+/// A unit of work owned by one reactor: a socket, a device queue's completions, a listener...
+///
+/// `run` is called when its fd is ready, when it is due (see [`Next`]), and — for sources
+/// registered as `polled` — on every iteration of a busy-polling reactor.
+pub trait Source: Any {
+    /// A name for logs and the stall detector.
+    fn name(&self) -> &str;
+    /// Do the work that is ready. Must not block.
+    fn run(&mut self, r: &mut Reactor, id: SourceId) -> Progress;
+    /// Called once when the reactor stops, before the source is dropped.
+    fn shutdown(&mut self, _r: &mut Reactor, _id: SourceId) {}
+}
+
+/// How a source is registered.
+#[derive(Debug, Clone, Copy)]
+pub struct SourceOpts {
+    /// The fd whose readiness runs the source (edge-triggered), if any.
+    pub fd: Option<RawFd>,
+    /// Read and/or write interest for `fd`.
+    pub interest: Interest,
+    /// Poll it every iteration in busy-poll mode (device completion queues). A polled source
+    /// without an fd cannot sleep: in interrupt mode it forces polling, with a warning.
+    pub polled: bool,
+}
+
+impl SourceOpts {
+    /// An fd-driven source (sockets, listeners, eventfds) that is not polled.
+    pub fn fd(fd: RawFd) -> Self {
+        Self {
+            fd: Some(fd),
+            interest: Interest::READABLE | Interest::WRITABLE,
+            polled: false,
+        }
+    }
+    /// A readable-only fd-driven source.
+    pub fn readable(fd: RawFd) -> Self {
+        Self {
+            fd: Some(fd),
+            interest: Interest::READABLE,
+            polled: false,
+        }
+    }
+    /// A polled source that can also be woken by `fd` (e.g. an MSI-X eventfd).
+    pub fn polled_with_fd(fd: RawFd) -> Self {
+        Self {
+            fd: Some(fd),
+            interest: Interest::READABLE,
+            polled: true,
+        }
+    }
+    /// A polled source without an fd.
+    pub fn polled() -> Self {
+        Self {
+            fd: None,
+            interest: Interest::READABLE,
+            polled: true,
+        }
+    }
+    /// A source with neither fd nor polling: run only when woken or due.
+    pub fn timed() -> Self {
+        Self {
+            fd: None,
+            interest: Interest::READABLE,
+            polled: false,
+        }
+    }
+}
+
+struct Slot {
+    src: Option<Box<dyn Source>>,
+    fd: Option<RawFd>,
+    polled: bool,
+    next: Next,
+    scheduled: bool,
+    removed: bool,
+}
+
+/// Handle of a pending timer, for [`Reactor::cancel_timer`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TimerId(u64);
+
+type TimerFn = Box<dyn FnOnce(&mut Reactor)>;
+
+/// Settings of one reactor.
+#[derive(Debug, Clone)]
+pub struct ReactorConfig {
+    /// Core to pin to; None leaves the thread unpinned (tests).
+    pub core: Option<usize>,
+    /// Initial mode.
+    pub mode: Mode,
+    /// A callback running longer than this is logged as a stall.
+    pub stall_threshold: Duration,
+    /// In busy-poll mode, the fd set is checked at most this often (zero: every iteration).
+    pub fd_poll_interval: Duration,
+}
+
+impl Default for ReactorConfig {
+    fn default() -> Self {
+        Self {
+            core: None,
+            mode: Mode::Interrupt,
+            stall_threshold: Duration::from_millis(2),
+            fd_poll_interval: Duration::ZERO,
+        }
+    }
+}
+
+/// A reactor: owned by its thread; sources get `&mut Reactor` to add sources, set timers,
+/// send messages and reach their reactor-local state.
+pub struct Reactor {
+    id: usize,
+    mode: Mode,
+    poll: Poll,
+    events: Events,
+    slots: Slab<Slot>,
+    sched: Vec<SourceId>,
+    fdless_polled: usize,
+    timers: BinaryHeap<Reverse<(Instant, u64)>>,
+    timer_fns: HashMap<u64, TimerFn>,
+    timer_seq: u64,
+    timerfd: TimerFd,
+    timerfd_deadline: Option<Instant>,
+    inbox: Arc<Inbox>,
+    peers: Arc<[Remote]>,
+    stats: Arc<StatsCell>,
+    stop: bool,
+    stall_threshold: Duration,
+    fd_poll_interval: Duration,
+    last_fd_poll: Instant,
+    sleep_policy: Box<dyn SleepPolicy>,
+    hybrid_slept_for: Option<Instant>,
+    locals: HashMap<TypeId, Box<dyn Any>>,
+}
+
+impl Reactor {
+    pub(crate) fn new(
+        id: usize,
+        cfg: &ReactorConfig,
+        inbox: Arc<Inbox>,
+        peers: Arc<[Remote]>,
+        stats: Arc<StatsCell>,
+    ) -> Result<Self> {
+        let sys = |what: &'static str| {
+            move |source| ReactorError::Sys {
+                reactor: id,
+                what,
+                source,
+            }
+        };
+        let poll = Poll::new().map_err(sys("epoll_create"))?;
+        let timerfd = TimerFd::new().map_err(sys("timerfd_create"))?;
+        poll.registry()
+            .register(&mut SourceFd(&timerfd.as_raw_fd()), TIMER_TOKEN, Interest::READABLE)
+            .map_err(sys("register timerfd"))?;
+        poll.registry()
+            .register(
+                &mut SourceFd(&inbox.doorbell.as_raw_fd()),
+                INBOX_TOKEN,
+                Interest::READABLE,
+            )
+            .map_err(sys("register message doorbell"))?;
+        stats.mode.store(cfg.mode.index(), Relaxed);
+        bump(&stats.mode_entries[cfg.mode.index()], 1);
+        Ok(Self {
+            id,
+            mode: cfg.mode,
+            poll,
+            events: Events::with_capacity(256),
+            slots: Slab::new(),
+            sched: Vec::new(),
+            fdless_polled: 0,
+            timers: BinaryHeap::new(),
+            timer_fns: HashMap::new(),
+            timer_seq: 0,
+            timerfd,
+            timerfd_deadline: None,
+            inbox,
+            peers,
+            stats,
+            stop: false,
+            stall_threshold: cfg.stall_threshold,
+            fd_poll_interval: cfg.fd_poll_interval,
+            last_fd_poll: Instant::now(),
+            sleep_policy: Box::new(FractionSleep::default()),
+            hybrid_slept_for: None,
+            locals: HashMap::new(),
+        })
+    }
+
+    /// This reactor's index.
+    pub fn id(&self) -> usize {
+        self.id
+    }
+
+    /// Number of reactors in the runtime.
+    pub fn reactor_count(&self) -> usize {
+        self.peers.len()
+    }
+
+    /// The configured mode.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// The mode the loop really runs: interrupt mode with a polled source that has no fd
+    /// must poll.
+    pub fn effective_mode(&self) -> Mode {
+        if self.mode != Mode::Poll && self.fdless_polled > 0 {
+            Mode::Poll
+        } else {
+            self.mode
+        }
+    }
+
+    /// Switch mode at run time.
+    pub fn set_mode(&mut self, mode: Mode) {
+        if mode == self.mode {
+            return;
+        }
+        debug!(reactor = self.id, from = %self.mode, to = %mode, "reactor mode switch");
+        self.mode = mode;
+        self.hybrid_slept_for = None;
+        self.stats.mode.store(mode.index(), Relaxed);
+        bump(&self.stats.mode_entries[mode.index()], 1);
+        self.warn_if_forced_poll();
+    }
+
+    /// Replace the hybrid-mode sleep policy.
+    pub fn set_sleep_policy(&mut self, policy: Box<dyn SleepPolicy>) {
+        self.sleep_policy = policy;
+    }
+
+    /// Change the stall threshold.
+    pub fn set_stall_threshold(&mut self, d: Duration) {
+        self.stall_threshold = d;
+    }
+
+    /// A snapshot of this reactor's accounting.
+    pub fn stats(&self) -> ReactorStats {
+        self.stats.snapshot(self.id)
+    }
+
+    /// Ask the loop to stop after the current iteration.
+    pub fn stop(&mut self) {
+        self.stop = true;
+    }
+
+    fn warn_if_forced_poll(&self) {
+        let forced = self.mode != Mode::Poll && self.fdless_polled > 0;
+        self.stats.forced_poll.store(u64::from(forced), Relaxed);
+        if forced {
+            let names: Vec<&str> = self
+                .slots
+                .iter()
+                .filter(|(_, s)| s.polled && s.fd.is_none())
+                .filter_map(|(_, s)| s.src.as_ref().map(|x| x.name()))
+                .collect();
+            warn!(
+                reactor = self.id,
+                mode = %self.mode,
+                sources = ?names,
+                "a polled source has no fd to wake on: this reactor must poll (100% of a core)"
+            );
+        }
+    }
+
+    /// Register a source. Its fd (if any) is registered edge-triggered; the source owns the fd
+    /// and must keep it open until it is removed.
+    pub fn add_source(&mut self, src: Box<dyn Source>, opts: SourceOpts) -> Result<SourceId> {
+        let entry = self.slots.vacant_entry();
+        let id = entry.key();
+        if let Some(fd) = opts.fd {
+            self.poll
+                .registry()
+                .register(&mut SourceFd(&fd), Token(id), opts.interest)
+                .map_err(|source| ReactorError::Sys {
+                    reactor: self.id,
+                    what: "register source fd",
+                    source,
+                })?;
+        }
+        entry.insert(Slot {
+            src: Some(src),
+            fd: opts.fd,
+            polled: opts.polled,
+            next: if opts.polled { Next::Asap } else { Next::Idle },
+            scheduled: false,
+            removed: false,
+        });
+        bump(&self.stats.sources, 1);
+        if opts.polled {
+            self.schedule(id);
+            if opts.fd.is_none() {
+                self.fdless_polled += 1;
+                self.warn_if_forced_poll();
+            }
+        }
+        Ok(id)
+    }
+
+    /// Register a source that must be able to sleep: refused when it has no fd and is polled.
+    pub fn add_sleepable_source(&mut self, src: Box<dyn Source>, opts: SourceOpts) -> Result<SourceId> {
+        if opts.polled && opts.fd.is_none() {
+            return Err(ReactorError::NeedsPolling {
+                reactor: self.id,
+                source_name: src.name().to_string(),
+            });
+        }
+        self.add_source(src, opts)
+    }
+
+    /// Remove a source. Returns it, or None if it is running right now (it is then dropped
+    /// when its run returns) or does not exist.
+    pub fn remove_source(&mut self, id: SourceId) -> Option<Box<dyn Source>> {
+        let slot = self.slots.get_mut(id)?;
+        if slot.removed {
+            return None;
+        }
+        slot.removed = true;
+        // A running source (taken out of its slot) is finished in run_source.
+        slot.src.as_ref()?;
+        self.finish_removal(id)
+    }
+
+    fn finish_removal(&mut self, id: SourceId) -> Option<Box<dyn Source>> {
+        let slot = self.slots.try_remove(id)?;
+        if let Some(fd) = slot.fd {
+            // The fd may already be closed by its owner: then epoll has dropped it already.
+            let _ = self.poll.registry().deregister(&mut SourceFd(&fd));
+        }
+        if slot.polled && slot.fd.is_none() {
+            self.fdless_polled -= 1;
+            self.warn_if_forced_poll();
+        }
+        self.stats.sources.store(self.slots.len() as u64, Relaxed);
+        slot.src
+    }
+
+    /// Borrow a source by id with its concrete type (None if absent, running, or another type).
+    pub fn source_mut<T: Source>(&mut self, id: SourceId) -> Option<&mut T> {
+        let slot = self.slots.get_mut(id)?;
+        if slot.removed {
+            return None;
+        }
+        let src: &mut dyn Any = slot.src.as_deref_mut()?;
+        src.downcast_mut::<T>()
+    }
+
+    /// Make a source run as soon as possible (e.g. after work was submitted to it).
+    pub fn wake(&mut self, id: SourceId) {
+        if let Some(slot) = self.slots.get_mut(id) {
+            slot.next = Next::Asap;
+            self.schedule(id);
+        }
+    }
+
+    fn schedule(&mut self, id: SourceId) {
+        if let Some(slot) = self.slots.get_mut(id)
+            && !slot.scheduled
+        {
+            slot.scheduled = true;
+            self.sched.push(id);
+        }
+    }
+
+    /// Run `f` on this reactor at `at` (microsecond precision: the timerfd is armed in ns).
+    pub fn add_timer(&mut self, at: Instant, f: impl FnOnce(&mut Reactor) + 'static) -> TimerId {
+        self.timer_seq += 1;
+        let seq = self.timer_seq;
+        self.timers.push(Reverse((at, seq)));
+        self.timer_fns.insert(seq, Box::new(f));
+        TimerId(seq)
+    }
+
+    /// Cancel a pending timer; false if it already ran or was cancelled.
+    pub fn cancel_timer(&mut self, t: TimerId) -> bool {
+        self.timer_fns.remove(&t.0).is_some()
+    }
+
+    /// A handle to send messages to reactor `to`.
+    pub fn remote(&self, to: usize) -> Option<Remote> {
+        self.peers.get(to).cloned()
+    }
+
+    /// Run `f` on reactor `to` (may be this one: it then runs on a later iteration). False if
+    /// that reactor does not exist or has stopped.
+    pub fn send(&mut self, to: usize, f: impl FnOnce(&mut Reactor) + Send + 'static) -> bool {
+        match self.peers.get(to) {
+            Some(r) => r.send_counted(&self.stats, Box::new(f)),
+            None => false,
+        }
+    }
+
+    /// Reactor-local state of type T, if set.
+    pub fn local<T: Any>(&mut self) -> Option<&mut T> {
+        self.locals
+            .get_mut(&TypeId::of::<T>())
+            .and_then(|b| b.downcast_mut::<T>())
+    }
+
+    /// Set reactor-local state of type T (replacing any).
+    pub fn set_local<T: Any>(&mut self, v: T) {
+        self.locals.insert(TypeId::of::<T>(), Box::new(v));
+    }
+
+    /// Take reactor-local state of type T out.
+    pub fn take_local<T: Any>(&mut self) -> Option<T> {
+        self.locals
+            .remove(&TypeId::of::<T>())
+            .and_then(|b| b.downcast::<T>().ok())
+            .map(|b| *b)
+    }
+
+    /// Run `f` with the local state T and the reactor both borrowed mutably (the state is
+    /// taken out for the call). None if there is no T.
+    pub fn with_local<T: Any, R>(&mut self, f: impl FnOnce(&mut T, &mut Reactor) -> R) -> Option<R> {
+        let mut v = self.locals.remove(&TypeId::of::<T>())?;
+        let out = v.downcast_mut::<T>().map(|t| f(t, self));
+        // The taken-out value is the one to keep: a T that `f` set meanwhile is replaced.
+        self.locals.insert(TypeId::of::<T>(), v);
+        out
+    }
+
+    fn run_source(&mut self, id: SourceId) -> bool {
+        let mut src = match self.slots.get_mut(id) {
+            Some(s) if !s.removed => match s.src.take() {
+                Some(src) => src,
+                None => return false, // re-entrant run of a running source: skip
+            },
+            _ => return false,
+        };
+        let t0 = Instant::now();
+        let p = src.run(self, id);
+        let took = t0.elapsed();
+        if took > self.stall_threshold {
+            bump(&self.stats.stalls, 1);
+            warn!(
+                reactor = self.id,
+                source = src.name(),
+                took_us = took.as_micros() as u64,
+                "stall: a source ran too long"
+            );
+        }
+        match self.slots.get_mut(id) {
+            Some(s) if s.removed => {
+                // Removed while it ran: deregister its fd before the source (and fd) drops.
+                drop(self.finish_removal(id));
+                drop(src);
+            }
+            Some(s) => {
+                s.src = Some(src);
+                s.next = p.next;
+                if p.next != Next::Idle {
+                    self.schedule(id);
+                }
+            }
+            None => {}
+        }
+        p.did_work
+    }
+
+    fn drain_inbox(&mut self) -> bool {
+        let mut n = 0u64;
+        while let Some(msg) = self.inbox.queue.pop() {
+            n += 1;
+            self.run_message(msg);
+            if self.stop {
+                break;
+            }
+        }
+        if n > 0 {
+            bump(&self.stats.msgs_received, n);
+        }
+        n > 0
+    }
+
+    fn run_message(&mut self, msg: Message) {
+        let t0 = Instant::now();
+        msg(self);
+        let took = t0.elapsed();
+        if took > self.stall_threshold {
+            bump(&self.stats.stalls, 1);
+            warn!(
+                reactor = self.id,
+                source = "message",
+                took_us = took.as_micros() as u64,
+                "stall: a message ran too long"
+            );
+        }
+    }
+
+    fn run_timers(&mut self, now: Instant) -> bool {
+        let mut ran = false;
+        while let Some(Reverse((at, seq))) = self.timers.peek().copied() {
+            if at > now {
+                break;
+            }
+            self.timers.pop();
+            if let Some(f) = self.timer_fns.remove(&seq) {
+                ran = true;
+                let t0 = Instant::now();
+                f(self);
+                let took = t0.elapsed();
+                if took > self.stall_threshold {
+                    bump(&self.stats.stalls, 1);
+                    warn!(
+                        reactor = self.id,
+                        source = "timer",
+                        took_us = took.as_micros() as u64,
+                        "stall: a timer ran too long"
+                    );
+                }
+            }
+        }
+        // Drop cancelled timers at the top so they do not arm the timerfd.
+        while let Some(Reverse((_, seq))) = self.timers.peek() {
+            if self.timer_fns.contains_key(seq) {
+                break;
+            }
+            self.timers.pop();
+        }
+        ran
+    }
+
+    fn due(&self, slot: &Slot, mode: Mode, now: Instant) -> bool {
+        match slot.next {
+            Next::Asap => true,
+            Next::At(t) => t <= now || (mode == Mode::Poll && slot.polled),
+            Next::Expect(t) => match mode {
+                Mode::Poll | Mode::Hybrid => true,
+                Mode::Interrupt => slot.fd.is_none() && t <= now,
+            },
+            Next::Idle => mode == Mode::Poll && slot.polled,
+        }
+    }
+
+    fn run_scheduled(&mut self, now: Instant) -> bool {
+        let mode = self.effective_mode();
+        let list = std::mem::take(&mut self.sched);
+        let mut work = false;
+        let mut keep = Vec::with_capacity(list.len());
+        for id in list {
+            let Some(slot) = self.slots.get(id) else { continue };
+            if slot.removed {
+                continue;
+            }
+            if self.due(slot, mode, now) {
+                work |= self.run_source(id);
+            }
+            match self.slots.get_mut(id) {
+                Some(s) if !s.removed && (s.polled || s.next != Next::Idle) => keep.push(id),
+                Some(s) => s.scheduled = false,
+                None => {}
+            }
+        }
+        // Sources scheduled during this pass were appended to self.sched.
+        keep.append(&mut self.sched);
+        self.sched = keep;
+        work
+    }
+
+    /// The earliest deadline of timers and `At` sources (and `Expect` sources without an fd
+    /// in interrupt mode).
+    fn next_deadline(&self, mode: Mode) -> (Option<Instant>, bool, Option<Instant>) {
+        let mut deadline = self.timers.peek().map(|Reverse((t, _))| *t);
+        let mut asap = false;
+        let mut expect: Option<Instant> = None;
+        for &id in &self.sched {
+            let Some(s) = self.slots.get(id) else { continue };
+            match s.next {
+                Next::Asap => asap = true,
+                Next::At(t) => deadline = Some(deadline.map_or(t, |d| d.min(t))),
+                Next::Expect(t) => {
+                    if mode == Mode::Interrupt && s.fd.is_none() {
+                        deadline = Some(deadline.map_or(t, |d| d.min(t)));
+                    } else {
+                        expect = Some(expect.map_or(t, |e| e.min(t)));
+                    }
+                }
+                Next::Idle => {}
+            }
+        }
+        (deadline, asap, expect)
+    }
+
+    /// How long to wait for events when the iteration found no work: Some(ZERO) to poll,
+    /// Some(deadline) to sleep until then, None to block until an fd is ready.
+    fn plan_wait(&mut self, now: Instant) -> WaitPlan {
+        let mode = self.effective_mode();
+        if mode == Mode::Poll {
+            return WaitPlan::Poll;
+        }
+        let (deadline, asap, expect) = self.next_deadline(mode);
+        if asap {
+            return WaitPlan::Poll;
+        }
+        let mut plan = match deadline {
+            Some(d) if d <= now => return WaitPlan::Poll,
+            Some(d) => WaitPlan::Until(d, false),
+            None => WaitPlan::Block,
+        };
+        if mode == Mode::Hybrid
+            && let Some(e) = expect
+        {
+            if self.hybrid_slept_for == Some(e) {
+                return WaitPlan::Poll; // slept once for this completion: now spin until it lands
+            }
+            self.hybrid_slept_for = Some(e);
+            match self.sleep_policy.wake_at(now, e) {
+                None => return WaitPlan::Poll,
+                Some(w) => {
+                    if !matches!(plan, WaitPlan::Until(d, _) if d <= w) {
+                        plan = WaitPlan::Until(w, true);
+                    }
+                }
+            }
+        }
+        plan
+    }
+
+    fn arm_timer(&mut self, at: Instant, now: Instant) {
+        if self.timerfd_deadline == Some(at) {
+            return;
+        }
+        if let Err(e) = self.timerfd.arm(at.saturating_duration_since(now)) {
+            warn!(reactor = self.id, error = %e, "timerfd arm failed");
+        }
+        self.timerfd_deadline = Some(at);
+    }
+
+    fn wait_and_dispatch(&mut self, plan: WaitPlan, now: Instant) -> (bool, Duration) {
+        let timeout = match plan {
+            WaitPlan::Poll => {
+                if self.fd_poll_interval > Duration::ZERO
+                    && now.duration_since(self.last_fd_poll) < self.fd_poll_interval
+                {
+                    return (false, Duration::ZERO);
+                }
+                Some(Duration::ZERO)
+            }
+            WaitPlan::Until(at, _) => {
+                self.arm_timer(at, now);
+                None
+            }
+            WaitPlan::Block => None,
+        };
+        let blocking = timeout.is_none();
+        if blocking {
+            self.inbox.sleeping.store(true, SeqCst);
+            if !self.inbox.queue.is_empty() {
+                self.inbox.sleeping.store(false, SeqCst);
+                return (true, Duration::ZERO);
+            }
+        }
+        let t_wait = Instant::now();
+        let res = self.poll.poll(&mut self.events, timeout);
+        let woke = Instant::now();
+        let slept = if blocking { woke - t_wait } else { Duration::ZERO };
+        if blocking {
+            self.inbox.sleeping.store(false, SeqCst);
+        }
+        self.last_fd_poll = woke;
+        if let Err(e) = res {
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                warn!(reactor = self.id, error = %e, "epoll_wait failed");
+            }
+            return (false, slept);
+        }
+        let mut ready: Vec<SourceId> = Vec::new();
+        let mut timer_fired = false;
+        for ev in self.events.iter() {
+            match ev.token() {
+                TIMER_TOKEN => timer_fired = true,
+                INBOX_TOKEN => {
+                    self.inbox.doorbell.drain();
+                }
+                Token(id) => ready.push(id),
+            }
+        }
+        if timer_fired && self.timerfd.consume() {
+            if let (WaitPlan::Until(at, hybrid), Some(_)) = (plan, self.timerfd_deadline) {
+                let late = woke.saturating_duration_since(at);
+                self.stats.record_wake_lateness(late.as_nanos() as u64);
+                if hybrid {
+                    self.sleep_policy.observe_wakeup(at, woke);
+                }
+            }
+            self.timerfd_deadline = None;
+        }
+        let mut work = false;
+        for id in ready {
+            work |= self.run_source(id);
+        }
+        (work, slept)
+    }
+
+    /// Run the loop until [`Reactor::stop`].
+    pub(crate) fn run(&mut self) {
+        let mut t_iter = Instant::now();
+        while !self.stop {
+            let mut work = self.drain_inbox();
+            work |= self.run_timers(t_iter);
+            work |= self.run_scheduled(t_iter);
+            let plan = if work || self.stop {
+                WaitPlan::Poll
+            } else {
+                self.plan_wait(Instant::now())
+            };
+            let (w, slept) = self.wait_and_dispatch(plan, Instant::now());
+            work |= w;
+            let t_end = Instant::now();
+            let iter_ns = (t_end - t_iter).as_nanos() as u64;
+            let s = &self.stats;
+            bump(&s.iterations, 1);
+            bump(&s.mode_ns[self.mode.index()], iter_ns);
+            if work {
+                bump(&s.busy_iterations, 1);
+                bump(&s.busy_ns, iter_ns);
+            } else {
+                bump(&s.idle_ns, iter_ns);
+            }
+            if !slept.is_zero() {
+                bump(&s.sleep_ns, slept.as_nanos() as u64);
+            }
+            t_iter = t_end;
+        }
+        self.shutdown_sources();
+    }
+
+    fn shutdown_sources(&mut self) {
+        self.inbox.closed.store(true, SeqCst);
+        let ids: Vec<SourceId> = self.slots.iter().map(|(id, _)| id).collect();
+        for id in ids {
+            if let Some(mut src) = self.slots.get_mut(id).and_then(|s| s.src.take()) {
+                src.shutdown(self, id);
+                if let Some(s) = self.slots.get_mut(id) {
+                    s.src = Some(src);
+                }
+            }
+        }
+        // Messages that arrived late may hold resources (e.g. sockets): drop them here.
+        while self.inbox.queue.pop().is_some() {}
+        let ids: Vec<SourceId> = self.slots.iter().map(|(id, _)| id).collect();
+        for id in ids {
+            drop(self.finish_removal(id));
+        }
+        self.timer_fns.clear();
+        self.timers.clear();
+        self.locals.clear();
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum WaitPlan {
+    /// Check fds without blocking.
+    Poll,
+    /// Block until this time (true: a hybrid sleep before an expected completion).
+    Until(Instant, bool),
+    /// Block until an fd is ready.
+    Block,
+}

@@ -1,0 +1,204 @@
+//! Per-reactor accounting: written by the reactor thread alone with relaxed atomic stores (no
+//! read-modify-write on the hot path), read by anyone as a [`ReactorStats`] snapshot.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+
+use crate::mode::Mode;
+use crate::sys;
+
+/// Buckets of the wake-up lateness histogram: bucket 0 is < 1 us late, bucket i (i >= 1) is
+/// [2^(i-1), 2^i) us late, and the last bucket takes everything beyond.
+pub const WAKE_BUCKETS: usize = 16;
+
+/// The shared counters of one reactor.
+#[derive(Debug, Default)]
+pub struct StatsCell {
+    pub(crate) core: AtomicUsize,
+    pub(crate) mode: AtomicUsize,
+    pub(crate) cpu_clock: AtomicU64,
+    pub(crate) exited: std::sync::atomic::AtomicBool,
+    pub(crate) final_cpu_ns: AtomicU64,
+    pub(crate) busy_ns: AtomicU64,
+    pub(crate) idle_ns: AtomicU64,
+    pub(crate) sleep_ns: AtomicU64,
+    pub(crate) iterations: AtomicU64,
+    pub(crate) busy_iterations: AtomicU64,
+    pub(crate) mode_ns: [AtomicU64; 3],
+    pub(crate) mode_entries: [AtomicU64; 3],
+    pub(crate) wake_late: [AtomicU64; WAKE_BUCKETS],
+    pub(crate) wake_late_sum_ns: AtomicU64,
+    pub(crate) msgs_sent: AtomicU64,
+    pub(crate) msgs_received: AtomicU64,
+    pub(crate) stalls: AtomicU64,
+    pub(crate) sources: AtomicU64,
+    pub(crate) forced_poll: AtomicU64,
+}
+
+/// Adds to a counter that only this reactor thread writes: a load and a store, no locked
+/// instruction.
+#[inline]
+pub(crate) fn bump(c: &AtomicU64, by: u64) {
+    c.store(c.load(Relaxed).wrapping_add(by), Relaxed);
+}
+
+impl StatsCell {
+    pub(crate) fn record_wake_lateness(&self, late_ns: u64) {
+        let us = late_ns / 1000;
+        let bucket = if us == 0 {
+            0
+        } else {
+            (64 - us.leading_zeros() as usize).min(WAKE_BUCKETS - 1)
+        };
+        bump(&self.wake_late[bucket], 1);
+        bump(&self.wake_late_sum_ns, late_ns);
+    }
+
+    /// Read a snapshot. Fields are read one by one: a snapshot taken while the reactor runs is
+    /// consistent per counter, which is what rates and fractions need.
+    pub fn snapshot(&self, id: usize) -> ReactorStats {
+        // A thread's CPU clock is readable from any thread while it lives; after it exits the
+        // reactor stored its final value.
+        let cpu_ns = if self.exited.load(Relaxed) {
+            self.final_cpu_ns.load(Relaxed)
+        } else {
+            match self.cpu_clock.load(Relaxed) {
+                0 => 0, // not started yet (0 would be CLOCK_REALTIME; thread clocks are negative)
+                c => sys::clock_ns(c as i64 as libc::clockid_t),
+            }
+        };
+        ReactorStats {
+            id,
+            core: match self.core.load(Relaxed) {
+                usize::MAX => None,
+                c => Some(c),
+            },
+            mode: Mode::ALL[self.mode.load(Relaxed).min(2)],
+            cpu_ns,
+            busy_ns: self.busy_ns.load(Relaxed),
+            idle_ns: self.idle_ns.load(Relaxed),
+            sleep_ns: self.sleep_ns.load(Relaxed),
+            iterations: self.iterations.load(Relaxed),
+            busy_iterations: self.busy_iterations.load(Relaxed),
+            mode_ns: std::array::from_fn(|i| self.mode_ns[i].load(Relaxed)),
+            mode_entries: std::array::from_fn(|i| self.mode_entries[i].load(Relaxed)),
+            wake_late: std::array::from_fn(|i| self.wake_late[i].load(Relaxed)),
+            wake_late_sum_ns: self.wake_late_sum_ns.load(Relaxed),
+            msgs_sent: self.msgs_sent.load(Relaxed),
+            msgs_received: self.msgs_received.load(Relaxed),
+            stalls: self.stalls.load(Relaxed),
+            sources: self.sources.load(Relaxed),
+            forced_poll: self.forced_poll.load(Relaxed) != 0,
+        }
+    }
+}
+
+/// A point-in-time copy of one reactor's accounting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReactorStats {
+    /// Reactor index.
+    pub id: usize,
+    /// The core it is pinned to (None: not pinned, as in tests).
+    pub core: Option<usize>,
+    /// Its current mode.
+    pub mode: Mode,
+    /// Thread CPU time (CLOCK_THREAD_CPUTIME_ID of the reactor thread), ns.
+    pub cpu_ns: u64,
+    /// Wall time in iterations that found work, ns.
+    pub busy_ns: u64,
+    /// Wall time in iterations that found none (including sleeping), ns.
+    pub idle_ns: u64,
+    /// Wall time blocked in the kernel waiting for events, ns.
+    pub sleep_ns: u64,
+    /// Loop iterations.
+    pub iterations: u64,
+    /// Iterations that found work.
+    pub busy_iterations: u64,
+    /// Wall time per mode (index: [`Mode::index`]), ns.
+    pub mode_ns: [u64; 3],
+    /// Times each mode was entered.
+    pub mode_entries: [u64; 3],
+    /// Lateness of timed wake-ups (requested vs actual), see [`WAKE_BUCKETS`].
+    pub wake_late: [u64; WAKE_BUCKETS],
+    /// Sum of wake-up lateness, ns.
+    pub wake_late_sum_ns: u64,
+    /// Messages this reactor sent to others.
+    pub msgs_sent: u64,
+    /// Messages it received.
+    pub msgs_received: u64,
+    /// Callbacks that ran longer than the stall threshold.
+    pub stalls: u64,
+    /// Registered work sources.
+    pub sources: u64,
+    /// True while a source without an fd forces an interrupt-mode reactor to poll.
+    pub forced_poll: bool,
+}
+
+impl ReactorStats {
+    /// Timed wake-ups counted.
+    pub fn wakeups(&self) -> u64 {
+        self.wake_late.iter().sum()
+    }
+
+    /// Approximate lateness percentile from the histogram (upper bound of the bucket), in us.
+    pub fn wake_late_percentile_us(&self, p: f64) -> Option<u64> {
+        let total = self.wakeups();
+        if total == 0 {
+            return None;
+        }
+        let want = ((total as f64) * p).ceil().max(1.0) as u64;
+        let mut seen = 0;
+        for (i, n) in self.wake_late.iter().enumerate() {
+            seen += n;
+            if seen >= want {
+                return Some(if i == 0 { 1 } else { 1u64 << i });
+            }
+        }
+        None
+    }
+
+    /// Differences of the monotonically growing counters since `earlier` (for rates).
+    pub fn since(&self, earlier: &ReactorStats) -> ReactorStats {
+        let d = |a: u64, b: u64| a.saturating_sub(b);
+        ReactorStats {
+            id: self.id,
+            core: self.core,
+            mode: self.mode,
+            cpu_ns: d(self.cpu_ns, earlier.cpu_ns),
+            busy_ns: d(self.busy_ns, earlier.busy_ns),
+            idle_ns: d(self.idle_ns, earlier.idle_ns),
+            sleep_ns: d(self.sleep_ns, earlier.sleep_ns),
+            iterations: d(self.iterations, earlier.iterations),
+            busy_iterations: d(self.busy_iterations, earlier.busy_iterations),
+            mode_ns: std::array::from_fn(|i| d(self.mode_ns[i], earlier.mode_ns[i])),
+            mode_entries: std::array::from_fn(|i| d(self.mode_entries[i], earlier.mode_entries[i])),
+            wake_late: std::array::from_fn(|i| d(self.wake_late[i], earlier.wake_late[i])),
+            wake_late_sum_ns: d(self.wake_late_sum_ns, earlier.wake_late_sum_ns),
+            msgs_sent: d(self.msgs_sent, earlier.msgs_sent),
+            msgs_received: d(self.msgs_received, earlier.msgs_received),
+            stalls: d(self.stalls, earlier.stalls),
+            sources: self.sources,
+            forced_poll: self.forced_poll,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lateness_buckets_are_log2_microseconds() {
+        let s = StatsCell::default();
+        s.record_wake_lateness(500); // < 1 us
+        s.record_wake_lateness(1_500); // [1, 2) us
+        s.record_wake_lateness(3_000); // [2, 4) us
+        s.record_wake_lateness(10_000_000_000); // far out: last bucket
+        let snap = s.snapshot(0);
+        assert_eq!(snap.wake_late[0], 1);
+        assert_eq!(snap.wake_late[1], 1);
+        assert_eq!(snap.wake_late[2], 1);
+        assert_eq!(snap.wake_late[WAKE_BUCKETS - 1], 1);
+        assert_eq!(snap.wakeups(), 4);
+        assert_eq!(snap.wake_late_percentile_us(0.5), Some(2));
+    }
+}

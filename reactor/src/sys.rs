@@ -1,0 +1,224 @@
+//! The few Linux system calls the reactor needs, each wrapped once with its safety argument.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+/// Cores this process may run on (sched_getaffinity).
+pub fn allowed_cores() -> io::Result<Vec<usize>> {
+    // SAFETY: cpu_set_t is a plain bitmask for which all-zero is a valid (empty) value.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid, writable cpu_set_t of the size passed.
+    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let max = 8 * std::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: CPU_ISSET reads bit `c` of a valid set; c < CPU_SETSIZE.
+    Ok((0..max).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect())
+}
+
+/// Pin the calling thread to one core.
+pub fn pin_current_thread(core: usize) -> io::Result<()> {
+    if core >= 8 * std::mem::size_of::<libc::cpu_set_t>() {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: all-zero is a valid empty cpu_set_t.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: core < CPU_SETSIZE, checked above.
+    unsafe { libc::CPU_SET(core, &mut set) };
+    // SAFETY: `set` is a valid cpu_set_t of the size passed; pid 0 is the calling thread.
+    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Set the calling thread's timer slack (the kernel's default 50 us would swamp microsecond sleeps).
+pub fn set_timer_slack_ns(ns: u64) -> io::Result<()> {
+    // SAFETY: PR_SET_TIMERSLACK takes an unsigned long by value and touches no memory of ours.
+    let rc = unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, ns as libc::c_ulong, 0, 0, 0) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The CPU-time clock of the calling thread, readable from any thread of the process.
+pub fn current_thread_cpu_clock() -> io::Result<libc::clockid_t> {
+    let mut id: libc::clockid_t = 0;
+    // SAFETY: pthread_self() is always a valid thread; `id` is a valid out pointer.
+    let rc = unsafe { libc::pthread_getcpuclockid(libc::pthread_self(), &mut id) };
+    if rc != 0 {
+        return Err(io::Error::from_raw_os_error(rc));
+    }
+    Ok(id)
+}
+
+/// Read a clock in nanoseconds (0 if the clock is gone, e.g. the thread exited).
+pub fn clock_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid out pointer; an invalid clock id only yields EINVAL.
+    let rc = unsafe { libc::clock_gettime(clock, &mut ts) };
+    if rc != 0 {
+        return 0;
+    }
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// CPU time of the calling thread in nanoseconds.
+pub fn thread_cpu_ns() -> u64 {
+    clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)
+}
+
+/// A non-blocking Linux eventfd used as a doorbell.
+#[derive(Debug)]
+pub struct EventFd(OwnedFd);
+
+impl EventFd {
+    /// Create a non-blocking, close-on-exec eventfd.
+    pub fn new() -> io::Result<Self> {
+        // SAFETY: eventfd takes plain integers; a non-negative return is a new fd we own.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just returned by eventfd and is owned by nobody else.
+        Ok(Self(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Add one to the counter (wakes an epoll waiting on it).
+    pub fn notify(&self) -> io::Result<()> {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a valid u64 to our own fd.
+        let rc = unsafe { libc::write(self.0.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        if rc == 8 {
+            return Ok(());
+        }
+        let err = io::Error::last_os_error();
+        // EAGAIN means the counter is saturated: a wake-up is pending anyway.
+        if err.kind() == io::ErrorKind::WouldBlock {
+            Ok(())
+        } else {
+            Err(err)
+        }
+    }
+
+    /// Reset the counter; returns its value (0 if it was not signalled).
+    pub fn drain(&self) -> u64 {
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into a valid u64 from our own fd.
+        let rc = unsafe { libc::read(self.0.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+        if rc == 8 { v } else { 0 }
+    }
+}
+
+impl AsRawFd for EventFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+/// A non-blocking CLOCK_MONOTONIC timerfd armed for one-shot relative deadlines with
+/// nanosecond resolution (mio's own timeout rounds up to whole milliseconds).
+#[derive(Debug)]
+pub struct TimerFd {
+    fd: OwnedFd,
+    armed: bool,
+}
+
+impl TimerFd {
+    /// Create a disarmed timer.
+    pub fn new() -> io::Result<Self> {
+        // SAFETY: plain integer arguments; a non-negative return is a new fd we own.
+        let fd = unsafe { libc::timerfd_create(libc::CLOCK_MONOTONIC, libc::TFD_NONBLOCK | libc::TFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Self {
+            // SAFETY: `fd` was just created and is owned by nobody else.
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+            armed: false,
+        })
+    }
+
+    /// Arm to fire once after `after` (at least 1 ns: a zero value would disarm).
+    pub fn arm(&mut self, after: Duration) -> io::Result<()> {
+        let after = after.max(Duration::from_nanos(1));
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec { tv_sec: 0, tv_nsec: 0 },
+            it_value: libc::timespec {
+                tv_sec: after.as_secs() as libc::time_t,
+                tv_nsec: after.subsec_nanos() as libc::c_long,
+            },
+        };
+        // SAFETY: `spec` is a valid itimerspec; a null old-value pointer is allowed.
+        let rc = unsafe { libc::timerfd_settime(self.fd.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        self.armed = true;
+        Ok(())
+    }
+
+    /// Disarm if armed.
+    pub fn disarm(&mut self) -> io::Result<()> {
+        if !self.armed {
+            return Ok(());
+        }
+        // SAFETY: all-zero itimerspec disarms; valid pointer, null old value.
+        let zero: libc::itimerspec = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let rc = unsafe { libc::timerfd_settime(self.fd.as_raw_fd(), 0, &zero, std::ptr::null_mut()) };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        self.armed = false;
+        Ok(())
+    }
+
+    /// Consume an expiry, if any. Returns whether the timer had fired.
+    pub fn consume(&mut self) -> bool {
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into a valid u64 from our own fd.
+        let rc = unsafe { libc::read(self.fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+        if rc == 8 {
+            self.armed = false;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+impl AsRawFd for TimerFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+/// Sleep with nanosleep for `d` (used by the wake-up benchmark for comparison).
+pub fn nanosleep(d: Duration) {
+    let ts = libc::timespec {
+        tv_sec: d.as_secs() as libc::time_t,
+        tv_nsec: d.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: valid timespec; a null remainder pointer is allowed.
+    unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
+}
+
+/// epoll_pwait2 on a raw epoll fd with a nanosecond timeout; returns the number of events.
+pub fn epoll_pwait2(epfd: RawFd, timeout: Duration) -> io::Result<usize> {
+    let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 8];
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: `evs` is a valid writable array of the length passed; `ts` valid; null sigmask.
+    let n = unsafe { libc::epoll_pwait2(epfd, evs.as_mut_ptr(), evs.len() as i32, &ts, std::ptr::null()) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}

@@ -1,0 +1,437 @@
+//! Behaviour of the reactor runtime on real threads, fds and clocks.
+#![allow(missing_docs, clippy::unwrap_used)]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use pollux_reactor::sys::EventFd;
+use pollux_reactor::{
+    Mode, Next, Progress, Reactor, ReactorConfig, ReactorError, Runtime, Source, SourceId, SourceOpts,
+};
+
+fn cfg(mode: Mode) -> ReactorConfig {
+    ReactorConfig {
+        mode,
+        ..Default::default()
+    }
+}
+
+fn start(modes: &[Mode]) -> Runtime {
+    Runtime::start(modes.iter().map(|&m| cfg(m)).collect(), Arc::new(|_| Ok(()))).unwrap()
+}
+
+fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(t0.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+#[test]
+fn messages_cross_reactors_in_every_pair_of_modes() {
+    for a in Mode::ALL {
+        for b in Mode::ALL {
+            let rt = start(&[a, b]);
+            let (tx, rx) = mpsc::channel();
+            for i in 0..100u32 {
+                let tx = tx.clone();
+                // outside -> reactor 0 -> reactor 1 -> reactor 0 -> outside
+                rt.remote(0).unwrap().send(move |r| {
+                    assert_eq!(r.id(), 0);
+                    assert!(r.send(1, move |r| {
+                        assert_eq!(r.id(), 1);
+                        assert!(r.send(0, move |r| {
+                            assert_eq!(r.id(), 0);
+                            tx.send(i).unwrap();
+                        }));
+                    }));
+                });
+            }
+            let got: Vec<u32> = (0..100)
+                .map(|_| rx.recv_timeout(Duration::from_secs(5)).unwrap())
+                .collect();
+            // One sender per hop, so order is kept end to end.
+            assert_eq!(got, (0..100).collect::<Vec<_>>(), "modes {a} -> {b}");
+            // Counters are bumped after a batch of messages ran: wait for the last batch.
+            wait_for("message counters", Duration::from_secs(5), || {
+                let st = rt.stats();
+                // reactor 0: 100 from outside + 100 from reactor 1
+                st[0].msgs_received == 200 && st[1].msgs_received == 100
+            });
+            let st = rt.stats();
+            assert_eq!(st[0].msgs_sent, 100, "{a}->{b}");
+            assert_eq!(st[1].msgs_sent, 100);
+            rt.shutdown().unwrap();
+        }
+    }
+}
+
+#[test]
+fn timers_fire_in_deadline_order_and_cancelled_ones_never() {
+    for mode in Mode::ALL {
+        let rt = start(&[mode]);
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let l = log.clone();
+        let (tx, rx) = mpsc::channel();
+        rt.remote(0).unwrap().send(move |r| {
+            let now = Instant::now();
+            for (i, us) in [(3, 3000u64), (1, 1000), (4, 4000), (2, 2000)] {
+                let l = l.clone();
+                let at = now + Duration::from_micros(us);
+                r.add_timer(at, move |_| l.lock().unwrap().push((i, Instant::now() >= at)));
+            }
+            let l2 = l.clone();
+            let t = r.add_timer(now + Duration::from_micros(1500), move |_| {
+                l2.lock().unwrap().push((99, true))
+            });
+            assert!(r.cancel_timer(t));
+            assert!(!r.cancel_timer(t));
+            r.add_timer(now + Duration::from_millis(6), move |_| tx.send(()).unwrap());
+        });
+        rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        let log = log.lock().unwrap().clone();
+        assert_eq!(log, vec![(1, true), (2, true), (3, true), (4, true)], "mode {mode}");
+        rt.shutdown().unwrap();
+    }
+}
+
+/// Counts its runs; drains its eventfd.
+struct EfdSource {
+    efd: EventFd,
+    runs: Arc<AtomicU64>,
+}
+
+impl Source for EfdSource {
+    fn name(&self) -> &str {
+        "test-eventfd"
+    }
+    fn run(&mut self, _r: &mut Reactor, _id: SourceId) -> Progress {
+        if self.efd.drain() > 0 {
+            self.runs.fetch_add(1, SeqCst);
+            Progress::WORKED
+        } else {
+            Progress::IDLE
+        }
+    }
+}
+
+/// Echoes what it reads.
+struct EchoSource {
+    sock: TcpStream,
+    bytes: Arc<AtomicU64>,
+}
+
+impl Source for EchoSource {
+    fn name(&self) -> &str {
+        "test-echo"
+    }
+    fn run(&mut self, r: &mut Reactor, id: SourceId) -> Progress {
+        let mut buf = [0u8; 256];
+        loop {
+            match self.sock.read(&mut buf) {
+                Ok(0) => {
+                    r.remove_source(id);
+                    return Progress::WORKED;
+                }
+                Ok(n) => {
+                    self.bytes.fetch_add(n as u64, SeqCst);
+                    self.sock.write_all(&buf[..n]).unwrap();
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Progress::WORKED,
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn interrupt_mode_wakes_on_eventfd_socket_and_message() {
+    let rt = start(&[Mode::Interrupt]);
+    let runs = Arc::new(AtomicU64::new(0));
+    let bytes = Arc::new(AtomicU64::new(0));
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let client = TcpStream::connect(addr).unwrap();
+    let (server, _) = listener.accept().unwrap();
+    server.set_nonblocking(true).unwrap();
+    let (tx, rx) = mpsc::channel();
+    let (r2, b2) = (runs.clone(), bytes.clone());
+    rt.remote(0).unwrap().send(move |r| {
+        let e = EventFd::new().unwrap();
+        let ring = e.as_raw_fd();
+        let fd = e.as_raw_fd();
+        r.add_sleepable_source(Box::new(EfdSource { efd: e, runs: r2 }), SourceOpts::readable(fd))
+            .unwrap();
+        let sfd = server.as_raw_fd();
+        r.add_sleepable_source(
+            Box::new(EchoSource {
+                sock: server,
+                bytes: b2,
+            }),
+            SourceOpts::fd(sfd),
+        )
+        .unwrap();
+        tx.send(ring).unwrap();
+    });
+    // The source owns its eventfd; the test rings it by raw fd, as a device's MSI-X would.
+    let ring_fd = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    // Let the reactor block in epoll.
+    std::thread::sleep(Duration::from_millis(50));
+    let sleeps_before = rt.stats()[0].sleep_ns;
+    // eventfd: write 1 to the reactor's eventfd from outside.
+    let one = 1u64.to_ne_bytes();
+    // SAFETY: writes 8 bytes to an eventfd that the reactor keeps open for the whole test.
+    let n = unsafe { libc::write(ring_fd, one.as_ptr().cast(), 8) };
+    assert_eq!(n, 8);
+    wait_for("eventfd wake-up", Duration::from_secs(5), || runs.load(SeqCst) == 1);
+    // socket
+    let mut c = client;
+    c.write_all(b"hello").unwrap();
+    let mut back = [0u8; 5];
+    c.read_exact(&mut back).unwrap();
+    assert_eq!(&back, b"hello");
+    // message
+    let (tx, rx) = mpsc::channel();
+    rt.remote(0).unwrap().send(move |_| tx.send(()).unwrap());
+    rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    let st = rt.stats()[0].clone();
+    assert!(st.sleep_ns > sleeps_before, "the reactor blocked between wake-ups");
+    assert_eq!(st.mode, Mode::Interrupt);
+    drop(c);
+    rt.shutdown().unwrap();
+}
+
+#[test]
+fn idle_interrupt_reactor_uses_under_one_percent_of_a_core() {
+    let rt = start(&[Mode::Interrupt, Mode::Hybrid]);
+    std::thread::sleep(Duration::from_millis(100));
+    let a = rt.stats();
+    let t0 = Instant::now();
+    std::thread::sleep(Duration::from_secs(2));
+    let b = rt.stats();
+    let wall = t0.elapsed().as_nanos() as f64;
+    for i in 0..2 {
+        let cpu = (b[i].cpu_ns - a[i].cpu_ns) as f64 / wall;
+        assert!(
+            cpu < 0.01,
+            "reactor {i} ({}) used {:.3}% of a core idle",
+            b[i].mode,
+            cpu * 100.0
+        );
+    }
+    rt.shutdown().unwrap();
+}
+
+#[test]
+fn busy_poll_reactor_spins() {
+    let rt = start(&[Mode::Poll]);
+    let a = rt.stats()[0].clone();
+    std::thread::sleep(Duration::from_millis(300));
+    let d = rt.stats()[0].since(&a);
+    assert!(d.iterations > 1000, "a polling reactor iterates: {}", d.iterations);
+    assert_eq!(d.sleep_ns, 0, "it never blocks");
+    rt.shutdown().unwrap();
+}
+
+struct Spinner;
+impl Source for Spinner {
+    fn name(&self) -> &str {
+        "fdless-poller"
+    }
+    fn run(&mut self, _r: &mut Reactor, _id: SourceId) -> Progress {
+        Progress {
+            did_work: false,
+            next: Next::Idle,
+        }
+    }
+}
+
+#[test]
+fn a_polled_source_without_fd_is_refused_or_forces_polling_visibly() {
+    let rt = start(&[Mode::Interrupt]);
+    let (tx, rx) = mpsc::channel();
+    rt.remote(0).unwrap().send(move |r| {
+        let refused = r.add_sleepable_source(Box::new(Spinner), SourceOpts::polled());
+        assert!(matches!(refused, Err(ReactorError::NeedsPolling { .. })));
+        let id = r.add_source(Box::new(Spinner), SourceOpts::polled()).unwrap();
+        assert_eq!(r.effective_mode(), Mode::Poll);
+        tx.send((r.stats().forced_poll, id)).unwrap();
+    });
+    let (forced, id) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert!(forced);
+    let (tx, rx) = mpsc::channel();
+    rt.remote(0).unwrap().send(move |r| {
+        assert!(r.remove_source(id).is_some());
+        tx.send((r.effective_mode(), r.stats().forced_poll)).unwrap();
+    });
+    assert_eq!(
+        rx.recv_timeout(Duration::from_secs(5)).unwrap(),
+        (Mode::Interrupt, false)
+    );
+    rt.shutdown().unwrap();
+}
+
+/// A fake device: one request in flight that completes at `due`; counts polls.
+struct Device {
+    due: Option<Instant>,
+    polls: Arc<AtomicU64>,
+    done: mpsc::Sender<Duration>,
+}
+
+impl Source for Device {
+    fn name(&self) -> &str {
+        "fake-device"
+    }
+    fn run(&mut self, _r: &mut Reactor, _id: SourceId) -> Progress {
+        self.polls.fetch_add(1, SeqCst);
+        match self.due {
+            Some(t) if Instant::now() >= t => {
+                self.done.send(Instant::now() - t).unwrap();
+                self.due = None;
+                Progress::WORKED
+            }
+            Some(t) => Progress {
+                did_work: false,
+                next: Next::Expect(t),
+            },
+            None => Progress::IDLE,
+        }
+    }
+}
+
+#[test]
+fn hybrid_mode_sleeps_before_an_expected_completion_then_polls() {
+    let rt = start(&[Mode::Hybrid]);
+    let polls = Arc::new(AtomicU64::new(0));
+    let (done_tx, done_rx) = mpsc::channel();
+    let (tx, rx) = mpsc::channel();
+    let p = polls.clone();
+    rt.remote(0).unwrap().send(move |r| {
+        let id = r
+            .add_source(
+                Box::new(Device {
+                    due: None,
+                    polls: p,
+                    done: done_tx,
+                }),
+                SourceOpts::timed(),
+            )
+            .unwrap();
+        tx.send(id).unwrap();
+    });
+    let id = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    let before = rt.stats()[0].clone();
+    for _ in 0..20 {
+        rt.remote(0).unwrap().send(move |r| {
+            let dev = r.source_mut::<Device>(id).unwrap();
+            dev.due = Some(Instant::now() + Duration::from_micros(2000));
+            r.wake(id);
+        });
+        let late = done_rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        // Completion seen promptly after it was due (generous bound: CI machines are noisy).
+        assert!(late < Duration::from_millis(20), "completion noticed {late:?} late");
+    }
+    let d = rt.stats()[0].since(&before);
+    assert!(d.wakeups() >= 15, "hybrid took timed sleeps: {}", d.wakeups());
+    assert!(
+        d.sleep_ns > 10 * 1_000_000,
+        "slept about half of each 2 ms: {} ns",
+        d.sleep_ns
+    );
+    rt.shutdown().unwrap();
+}
+
+#[test]
+fn unavailable_core_is_a_clear_error() {
+    let err = Runtime::start(
+        vec![ReactorConfig {
+            core: Some(4095),
+            ..Default::default()
+        }],
+        Arc::new(|_| Ok(())),
+    )
+    .unwrap_err();
+    assert!(matches!(err, ReactorError::CoreNotAllowed { core: 4095, .. }), "{err}");
+    assert!(err.to_string().contains("core 4095"));
+    let err = Runtime::start(
+        vec![
+            ReactorConfig {
+                core: Some(0),
+                ..Default::default()
+            },
+            ReactorConfig {
+                core: Some(0),
+                ..Default::default()
+            },
+        ],
+        Arc::new(|_| Ok(())),
+    )
+    .unwrap_err();
+    assert!(matches!(err, ReactorError::DuplicateCore { core: 0 }));
+}
+
+#[test]
+fn init_failure_stops_every_reactor() {
+    let err = Runtime::start(
+        vec![cfg(Mode::Poll), cfg(Mode::Interrupt)],
+        Arc::new(|r: &mut Reactor| {
+            if r.id() == 1 {
+                Err("no such device".into())
+            } else {
+                Ok(())
+            }
+        }),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("no such device"), "{err}");
+}
+
+#[test]
+fn stall_detector_counts_a_slow_source() {
+    let rt = Runtime::start(
+        vec![ReactorConfig {
+            stall_threshold: Duration::from_millis(1),
+            ..cfg(Mode::Interrupt)
+        }],
+        Arc::new(|_| Ok(())),
+    )
+    .unwrap();
+    let (tx, rx) = mpsc::channel();
+    rt.remote(0).unwrap().send(move |_| {
+        std::thread::sleep(Duration::from_millis(5));
+        tx.send(()).unwrap();
+    });
+    rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    wait_for("stall count", Duration::from_secs(5), || rt.stats()[0].stalls == 1);
+    rt.shutdown().unwrap();
+}
+
+#[test]
+fn mode_switches_at_run_time_are_counted() {
+    let rt = start(&[Mode::Interrupt]);
+    rt.set_mode(0, Mode::Poll).unwrap();
+    wait_for("poll mode", Duration::from_secs(5), || rt.stats()[0].mode == Mode::Poll);
+    std::thread::sleep(Duration::from_millis(20));
+    rt.set_mode(0, Mode::Hybrid).unwrap();
+    wait_for("hybrid mode", Duration::from_secs(5), || {
+        rt.stats()[0].mode == Mode::Hybrid
+    });
+    let st = rt.stats()[0].clone();
+    assert_eq!(st.mode_entries, [1, 1, 1]);
+    assert!(st.mode_ns[Mode::Poll.index()] > 0);
+    assert!(rt.set_mode(7, Mode::Poll).is_err());
+    let stopped = Arc::new(AtomicBool::new(false));
+    let s = stopped.clone();
+    rt.remote(0).unwrap().send(move |r| {
+        r.stop();
+        s.store(true, SeqCst);
+    });
+    wait_for("stop", Duration::from_secs(5), || stopped.load(SeqCst));
+    rt.shutdown().unwrap();
+}
