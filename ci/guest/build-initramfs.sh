@@ -1,0 +1,109 @@
+#!/bin/bash
+# Build the guest initramfs (zstd newc cpio): busybox, kernel modules with
+# their modules.dep dependencies, nvme-cli, fio, EXTRA_BINS, each with the
+# host shared libraries ldd reports, /init and guest.d/* as /guest/*.
+#   usage: [EXTRA_BINS="/path/bin ..."] build-initramfs.sh [OUT]
+# OUT defaults to $GUEST_WORK/initramfs.img. Rebuilt only when its inputs
+# change: their hash is kept in OUT.hash (a rebuild costs ~30 s of zstd).
+# EXTRA_BINS land in the guest's /usr/local/bin.
+# Needs fetch-kernel.sh first; busybox-static nvme-cli fio cpio zstd xz-utils.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+W=${GUEST_WORK:-$(cd "$HERE/../.." && pwd)/build/guest}
+OUT=${1:-$W/initramfs.img}
+KVER=$(cat "$W/kver")
+MD=$W/kroot/lib/modules/$KVER
+
+# Loaded by /init at boot, in this order. crc32c/crc64 back nvme-tcp's
+# digests and nvme-core's T10-PI: the crypto API finds them only if loaded.
+BOOT_MODULES="virtio_pci virtio_net crc32c-intel crc32c_generic crct10dif-pclmul
+ crc64_rocksoft_generic nvme nvme-tcp nvmet nvmet-tcp vfio vfio_iommu_type1
+ vfio-pci 9pnet_virtio 9p ${BOOT_MODULES_EXTRA:-}"
+# Only copied: guest scripts load them with parameters (brd rd_size=...).
+LATE_MODULES="brd null_blk ${LATE_MODULES_EXTRA:-}"
+
+bins=("$(command -v busybox)" "$(command -v nvme)" "$(command -v fio)")
+for b in ${EXTRA_BINS:-}; do
+    [ -x "$b" ] || { echo "build-initramfs: EXTRA_BINS: $b is not executable" >&2; exit 1; }
+    bins+=("$(readlink -f "$b")")
+done
+libs_of() { ldd "$1" 2>/dev/null | grep -oE '/[^ ]+' || true; }
+
+# Everything that shapes the image goes into the hash: this script, /init,
+# the guest scripts, the kernel, the module lists and every binary + library.
+inputs_hash() {
+    {
+        echo "$KVER|$BOOT_MODULES|$LATE_MODULES|${EXTRA_BINS:-}"
+        for f in "$0" "$HERE/init" "$HERE"/guest.d/* "$MD/modules.dep"; do sha256sum "$f"; done
+        for b in "${bins[@]}"; do
+            sha256sum "$b"
+            for l in $(libs_of "$b"); do sha256sum "$(readlink -f "$l")"; done
+        done
+    } | sha256sum | cut -d' ' -f1
+}
+hash=$(inputs_hash)
+if [ -s "$OUT" ] && [ "$(cat "$OUT.hash" 2>/dev/null)" = "$hash" ]; then
+    echo "initramfs: $OUT up to date"
+    exit 0
+fi
+
+S=$(mktemp -d "$W/stage.XXXXXX")
+trap 'rm -rf "$S"' EXIT
+mkdir -p "$S"/{bin,sbin,usr/bin,usr/sbin,usr/local/bin,etc,guest,root,lib/modules/"$KVER"}
+
+declare -A seen=()
+add_mod() {   # add_mod NAME: copy a module and, recursively, what it depends on
+    local re line f dst
+    re=$(echo "$1" | sed 's/[-_]/[-_]/g')   # modules.dep spells - or _ freely
+    line=$(grep -E "(^|/)$re\.ko(\.xz|\.zst)?:" "$MD/modules.dep" | head -1) || true
+    if [ -z "$line" ]; then
+        grep -qE "(^|/)$re\.ko" "$MD/modules.builtin" && return 0
+        echo "build-initramfs: module $1 not in $KVER" >&2
+        return 1
+    fi
+    for f in ${line%%:*} ${line#*:}; do
+        [ -n "${seen[$f]:-}" ] && continue
+        seen[$f]=1
+        # Stored decompressed: busybox modprobe may lack xz/zstd support.
+        dst=$S/lib/modules/$KVER/${f%.xz}
+        dst=${dst%.zst}
+        mkdir -p "$(dirname "$dst")"
+        case $f in
+            *.xz) xz -dc "$MD/$f" > "$dst" ;;
+            *.zst) zstd -qdc "$MD/$f" > "$dst" ;;
+            *) cp "$MD/$f" "$dst" ;;
+        esac
+        [ "$f" = "${line%%:*}" ] || add_mod "$(basename "${f%%.ko*}")"
+    done
+}
+for m in $BOOT_MODULES $LATE_MODULES; do
+    # A crypto helper may be built in or renamed in another kernel; what the
+    # tests drive (nvme, nvmet, vfio, 9p, brd) must be there.
+    add_mod "$m" || case $m in crc*) ;; *) exit 1 ;; esac
+done
+cp "$MD/modules.builtin" "$MD/modules.order" "$S/lib/modules/$KVER/" 2>/dev/null || true
+busybox depmod -b "$S" "$KVER"
+printf '%s\n' $BOOT_MODULES > "$S/etc/guest-modules"
+
+copy_bin() {  # copy_bin SRC DST: a binary and the shared libraries it needs
+    local l
+    install -D -m755 "$1" "$S$2"
+    for l in $(libs_of "$1"); do
+        [ -e "$S$l" ] || install -D -m755 "$(readlink -f "$l")" "$S$l"
+    done
+}
+copy_bin "${bins[0]}" /bin/busybox
+for a in $(busybox --list-full); do [ -e "$S/$a" ] || ln -s /bin/busybox "$S/$a"; done
+copy_bin "${bins[1]}" /usr/sbin/nvme
+copy_bin "${bins[2]}" /usr/bin/fio
+for b in "${bins[@]:3}"; do copy_bin "$b" "/usr/local/bin/$(basename "$b")"; done
+
+install -m755 "$HERE/init" "$S/init"
+install -m644 "$HERE"/guest.d/* "$S/guest/"
+echo "root:x:0:0:root:/root:/bin/sh" > "$S/etc/passwd"
+echo "root:x:0:" > "$S/etc/group"
+
+(cd "$S" && find . | LC_ALL=C sort | cpio -o -H newc --quiet) | zstd -q -3 -T0 > "$OUT.new"
+mv "$OUT.new" "$OUT"
+echo "$hash" > "$OUT.hash"
+echo "initramfs: $OUT ($(du -h "$OUT" | cut -f1), $(du -sh "$S" | cut -f1) unpacked, ${#seen[@]} module files)"

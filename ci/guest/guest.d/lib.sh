@@ -1,0 +1,160 @@
+# Helpers sourced by the guest scripts (busybox sh; scripts run under sh -e).
+# Failures go through die, which names the current step; run_guest on the
+# host reports the last "STEP: <name>" line of the console.
+# Call helpers as plain commands or in $(...), not as `if helper` or
+# `helper || ...`: sh -e is off inside those, and a failing check would pass.
+
+# The host, as slirp shows it to the guest (boot.sh --guestfwd GPORT=HPORT).
+HOST_ADDR=10.0.2.100
+CUR_STEP=start
+
+# step NAME: mark the start of a step on the console.
+step() {
+    CUR_STEP=$1
+    echo "STEP: $1 uptime=$(cut -d' ' -f1 /proc/uptime)"
+}
+
+# die MSG: fail the script, naming the step.
+die() {
+    echo "FAIL: [$CUR_STEP] $*" >&2
+    exit 1
+}
+
+# tcp_established PORT: count this guest's ESTABLISHED TCP connections whose
+# remote port is PORT (read from /proc/net/tcp{,6}: st 01, port in hex).
+tcp_established() {
+    hex=$(printf '%04X' "$1")
+    cat /proc/net/tcp /proc/net/tcp6 2>/dev/null |
+        awk -v p=":$hex" '$4 == "01" && substr($3, length($3) - 4) == p' | wc -l
+}
+
+# nvme_bdev NQN: print /dev/nvmeXnY of the connected subsystem NQN.
+nvme_bdev() {
+    for b in /sys/block/nvme*n*; do
+        [ -e "$b" ] || continue
+        case ${b##*/} in nvme*c*) continue ;; esac   # hidden multipath path
+        [ "$(cat "$b/device/subsysnqn" 2>/dev/null)" = "$1" ] || continue
+        echo "/dev/${b##*/}"
+        return 0
+    done
+    return 1
+}
+
+# wait_bdev NQN [SECS]: wait until NQN's namespace has a block device node,
+# print it.
+wait_bdev() {
+    n=0
+    while [ "$n" -lt "$((${2:-20} * 5))" ]; do
+        d=$(nvme_bdev "$1") && [ -b "$d" ] && { echo "$d"; return 0; }
+        sleep 0.2
+        n=$((n + 1))
+    done
+    die "no block device for $1 after ${2:-20}s"
+}
+
+# discover ADDR PORT: nvme discover over TCP; the log page must be non-empty.
+discover() {
+    out=$(timeout 30 nvme discover -t tcp -a "$1" -s "$2") ||
+        die "nvme discover -t tcp -a $1 -s $2 failed"
+    echo "$out"
+    echo "$out" | grep -q 'subnqn:' || die "discovery log from $1:$2 lists no subsystem"
+}
+
+# connect NQN ADDR PORT [nvme-cli args]: connect and print the block device.
+connect() {
+    nqn=$1 addr=$2 port=$3
+    shift 3
+    timeout 60 nvme connect -t tcp -n "$nqn" -a "$addr" -s "$port" "$@" >&2 ||
+        die "nvme connect -t tcp -n $nqn -a $addr -s $port $* failed"
+    wait_bdev "$nqn"
+}
+
+# host_discover PORT: discover the target at host port PORT (via guestfwd).
+host_discover() {
+    discover "$HOST_ADDR" "$1"
+}
+
+# host_connect NQN PORT [nvme-cli args]: connect to NQN on the host target
+# at port PORT, wait for its block device and print it (/dev/nvmeXnY).
+#   dev=$(host_connect "$nqn" 4420 --nr-io-queues=2)
+host_connect() {
+    h_nqn=$1 h_port=$2
+    shift 2
+    connect "$h_nqn" "$HOST_ADDR" "$h_port" "$@"
+}
+
+# disconnect NQN: nvme disconnect; it must report a controller and leave no
+# block device behind.
+disconnect() {
+    out=$(timeout 30 nvme disconnect -n "$1") || die "nvme disconnect -n $1 failed"
+    echo "$out"
+    echo "$out" | grep -q 'disconnected [1-9]' || die "nvme disconnect -n $1: no controller ($out)"
+    sleep 0.2
+    d=$(nvme_bdev "$1") && die "$d of $1 still present after disconnect"
+    return 0
+}
+
+# host_disconnect NQN: disconnect from NQN (same as disconnect, named for
+# symmetry with host_connect).
+host_disconnect() {
+    disconnect "$1"
+}
+
+# kib SIZE: SIZE (N, NK, NM, NG) in KiB.
+kib() {
+    case $1 in
+        *[kK]) echo $((${1%?})) ;;
+        *[mM]) echo $((${1%?} * 1024)) ;;
+        *[gG]) echo $((${1%?} * 1024 * 1024)) ;;
+        *) echo $(($1 / 1024)) ;;
+    esac
+}
+
+# fio_verify DEV BS [SIZE]: random writes of BS over the first SIZE (32M) of
+# DEV at iodepth 16 (libaio, O_DIRECT), each block with a crc32c header, then
+# read everything back and check it. Asserts that fio exits 0, reports no
+# error, and that both the write and the verify pass moved all SIZE bytes:
+# a verify phase that read nothing would otherwise pass silently.
+fio_verify() {
+    dev=$1 bs=$2 size=${3:-32M}
+    want=$(kib "$size")
+    echo "fio: randwrite bs=$bs size=$size iodepth=16 crc32c verify on $dev"
+    out=$(fio --name=verify --filename="$dev" --rw=randwrite --bs="$bs" --size="$size" \
+              --direct=1 --ioengine=libaio --iodepth=16 --verify=crc32c --do_verify=1 \
+              --verify_fatal=1 --output-format=terse,normal --terse-version=3 2>&1) ||
+        { echo "$out"; die "fio on $dev failed"; }
+    echo "$out" | grep -E 'IOPS=|err=|READ:|WRITE:'
+    # terse v3: 5 error, 6 read KiB, 47 write KiB
+    t=$(echo "$out" | grep '^3;')
+    err=$(echo "$t" | cut -d';' -f5)
+    rkb=$(echo "$t" | cut -d';' -f6)
+    wkb=$(echo "$t" | cut -d';' -f47)
+    [ "$err" = 0 ] || die "fio error $err on $dev"
+    [ "$wkb" = "$want" ] || die "fio wrote ${wkb:-?} KiB, wanted $want"
+    [ "$rkb" = "$want" ] || die "fio verified ${rkb:-?} KiB, wanted $want"
+    echo "fio: $dev wrote $wkb KiB, verified $rkb KiB, no error"
+}
+
+# nvmet_setup ADDR PORT NQN [MiB]: kernel NVMe/TCP target (nvmet) on
+# ADDR:PORT exporting a brd ramdisk (/dev/ram0, 64 MiB) as namespace 1 of
+# NQN, any host allowed.
+nvmet_setup() {
+    addr=$1 port=$2 nqn=$3 mib=${4:-64}
+    modprobe brd rd_nr=1 rd_size=$((mib * 1024)) || die "modprobe brd"
+    [ -b /dev/ram0 ] || die "no /dev/ram0"
+    modprobe nvmet-tcp || die "modprobe nvmet-tcp"
+    c=/sys/kernel/config/nvmet
+    [ -d $c ] || die "no $c (configfs or nvmet missing)"
+    mkdir "$c/subsystems/$nqn"
+    echo 1 > "$c/subsystems/$nqn/attr_allow_any_host"
+    mkdir "$c/subsystems/$nqn/namespaces/1"
+    printf /dev/ram0 > "$c/subsystems/$nqn/namespaces/1/device_path"
+    echo 1 > "$c/subsystems/$nqn/namespaces/1/enable"
+    mkdir $c/ports/1
+    echo tcp > $c/ports/1/addr_trtype
+    echo ipv4 > $c/ports/1/addr_adrfam
+    echo "$addr" > $c/ports/1/addr_traddr
+    echo "$port" > $c/ports/1/addr_trsvcid
+    ln -s "$c/subsystems/$nqn" "$c/ports/1/subsystems/$nqn"
+    echo "nvmet: $nqn on tcp $addr:$port (/dev/ram0, $mib MiB)"
+}
