@@ -1,1 +1,354 @@
-//! pollux conf crate.
+//! pollux configuration: the TOML file that sets up reactors, listeners,
+//! transport options, keep-alive limits, subsystems, namespaces and allowed
+//! hosts.
+//!
+//! [`Config::parse`] and [`Config::from_path`] read, deserialize and validate
+//! a configuration in one step; the result is fully resolved (defaults filled
+//! in, serial numbers and namespace identifiers derived), so consumers never
+//! see an `Option` for something that has a default. Every error, syntactic or
+//! semantic, is a [`ConfError`] that names the file, line and column of the
+//! offending value. The keys are documented in `conf/REFERENCE.md`.
+
+mod emit;
+mod error;
+mod ids;
+mod nqn;
+mod raw;
+mod size;
+mod validate;
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::str::FromStr;
+
+pub use error::ConfError;
+pub use ids::{DerivedIds, derive_ids, derive_serial};
+pub use nqn::{DISCOVERY_NQN, NQN_MAX_LEN, validate_nqn};
+pub use size::{format_size, parse_size};
+
+/// The text of `conf/examples/ram.toml`, the configuration used when none is
+/// given (see [`Config::embedded_default`]).
+pub const DEFAULT_CONF: &str = include_str!("../examples/ram.toml");
+
+/// The origin reported for [`Config::embedded_default`].
+pub const EMBEDDED_ORIGIN: &str = "<embedded>";
+
+/// A complete, validated target configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Reactor threads: cores, mode and connection placement.
+    pub reactors: Reactors,
+    /// Addresses to listen on (at least one); each serves the discovery
+    /// subsystem and every configured subsystem.
+    pub listeners: Vec<Listener>,
+    /// NVMe/TCP transport limits advertised to hosts.
+    pub transport: Transport,
+    /// Bounds applied to the keep-alive timeout a host asks for.
+    pub keep_alive: KeepAlive,
+    /// The NVM subsystems exported (possibly none: discovery only).
+    pub subsystems: Vec<Subsystem>,
+    /// Where the configuration came from: a file name, or `"<embedded>"`.
+    pub origin: String,
+}
+
+/// The `[reactors]` table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reactors {
+    /// CPU cores, one reactor thread pinned to each; non-empty, no
+    /// duplicates.
+    pub cores: Vec<usize>,
+    /// How reactors wait for work.
+    pub mode: ReactorMode,
+    /// A poller or handler running longer than this (microseconds) is logged
+    /// as a stall; always > 0.
+    pub stall_threshold_us: u64,
+    /// How accepted connections are spread over reactors.
+    pub placement: Placement,
+}
+
+impl Default for Reactors {
+    fn default() -> Self {
+        Reactors {
+            cores: vec![0],
+            mode: ReactorMode::default(),
+            stall_threshold_us: 2000,
+            placement: Placement::default(),
+        }
+    }
+}
+
+/// How a reactor waits for work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ReactorMode {
+    /// Spin on pollers without sleeping: lowest latency, one busy core per
+    /// reactor. Spelled `"poll"`.
+    Poll,
+    /// Spin while there is work, then sleep in the kernel after a quiet
+    /// period. Spelled `"hybrid"`.
+    Hybrid,
+    /// Sleep in the kernel until an event arrives. Spelled `"interrupt"`.
+    #[default]
+    Interrupt,
+}
+
+impl ReactorMode {
+    /// The configuration spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReactorMode::Poll => "poll",
+            ReactorMode::Hybrid => "hybrid",
+            ReactorMode::Interrupt => "interrupt",
+        }
+    }
+}
+
+impl fmt::Display for ReactorMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for ReactorMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "poll" => Ok(ReactorMode::Poll),
+            "hybrid" => Ok(ReactorMode::Hybrid),
+            "interrupt" => Ok(ReactorMode::Interrupt),
+            _ => Err(format!(
+                "unknown reactor mode {s:?}: expected \"poll\", \"hybrid\" or \"interrupt\""
+            )),
+        }
+    }
+}
+
+/// How accepted connections are assigned to reactors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Placement {
+    /// Each new connection goes to the next reactor in turn. Spelled
+    /// `"round-robin"`.
+    #[default]
+    RoundRobin,
+    /// Each new connection goes to the reactor with the fewest connections.
+    /// Spelled `"least-loaded"`.
+    LeastLoaded,
+}
+
+impl Placement {
+    /// The configuration spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Placement::RoundRobin => "round-robin",
+            Placement::LeastLoaded => "least-loaded",
+        }
+    }
+}
+
+impl fmt::Display for Placement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Placement {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "round-robin" => Ok(Placement::RoundRobin),
+            "least-loaded" => Ok(Placement::LeastLoaded),
+            _ => Err(format!(
+                "unknown placement {s:?}: expected \"round-robin\" or \"least-loaded\""
+            )),
+        }
+    }
+}
+
+/// One `[[listener]]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listener {
+    /// The TCP address to listen on. Port 0 asks the OS for a free port.
+    pub address: SocketAddr,
+}
+
+/// The `[transport]` table: NVMe/TCP limits advertised to hosts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transport {
+    /// Entries per I/O queue (CAP.MQES + 1), 2..=65536.
+    pub io_queue_depth: u32,
+    /// I/O queues per controller, 1..=65535.
+    pub max_io_queues: u32,
+    /// In-capsule data accepted with a command (IOCCSZ minus the SQE), bytes;
+    /// a multiple of 16 in 4096..=131072.
+    pub in_capsule_data_size: u32,
+    /// Largest data transfer of one command, bytes; a power of two >= 4096.
+    /// MDTS is derived from it (see [`Transport::mdts`]).
+    pub max_io_size: u32,
+    /// MAXH2CDATA advertised in ICResp, bytes; a multiple of 4, >= 4096.
+    pub max_h2c_data: u32,
+}
+
+impl Default for Transport {
+    fn default() -> Self {
+        Transport {
+            io_queue_depth: 128,
+            max_io_queues: 128,
+            in_capsule_data_size: 8192,
+            max_io_size: 131_072,
+            max_h2c_data: 131_072,
+        }
+    }
+}
+
+impl Transport {
+    /// The Identify Controller MDTS value for [`Transport::max_io_size`],
+    /// assuming a 4 KiB minimum memory page size (CAP.MPSMIN = 0): MDTS is a
+    /// power of two in units of that page.
+    pub fn mdts(&self) -> u8 {
+        let pages = (self.max_io_size / 4096).max(1);
+        // ilog2 of a nonzero u32 is at most 31, so it fits a u8.
+        pages.ilog2() as u8
+    }
+}
+
+/// The `[keep_alive]` table: bounds on the keep-alive timeout (KATO) that a
+/// host requests in Connect, in milliseconds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeepAlive {
+    /// A nonzero KATO below this is raised to it.
+    pub min_ms: u32,
+    /// A KATO above this is lowered to it; `min_ms <= max_ms`, `max_ms > 0`.
+    pub max_ms: u32,
+}
+
+impl Default for KeepAlive {
+    fn default() -> Self {
+        KeepAlive {
+            min_ms: 1000,
+            max_ms: 300_000,
+        }
+    }
+}
+
+impl KeepAlive {
+    /// The KATO to use for a host that asked for `requested_ms`: 0 stays 0
+    /// (keep-alive disabled, which NVMe over Fabrics permits), anything else
+    /// is clamped into `min_ms..=max_ms`.
+    pub fn clamp(&self, requested_ms: u32) -> u32 {
+        if requested_ms == 0 {
+            0
+        } else {
+            // `max` then `min` rather than `u32::clamp`, which panics if a
+            // hand-built KeepAlive has min_ms > max_ms.
+            requested_ms.max(self.min_ms).min(self.max_ms)
+        }
+    }
+}
+
+/// One `[[subsystem]]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subsystem {
+    /// The subsystem NQN; valid per [`validate_nqn`], unique, not
+    /// [`DISCOVERY_NQN`].
+    pub nqn: String,
+    /// Identify Controller serial number: printable ASCII, 1..=20 bytes.
+    pub serial: String,
+    /// Identify Controller model number: printable ASCII, 1..=40 bytes.
+    pub model: String,
+    /// Whether any host may connect, whatever its NQN.
+    pub allow_any_host: bool,
+    /// Host NQNs allowed to connect (when `allow_any_host` is false).
+    pub hosts: Vec<String>,
+    /// The namespaces, in configuration order; nsids are unique.
+    pub namespaces: Vec<Namespace>,
+}
+
+impl Subsystem {
+    /// Whether a host with NQN `host_nqn` may connect.
+    pub fn allows_host(&self, host_nqn: &str) -> bool {
+        self.allow_any_host || self.hosts.iter().any(|h| h == host_nqn)
+    }
+}
+
+/// One `[[subsystem.namespace]]`, with identifiers resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Namespace {
+    /// Namespace ID, 1..=0xFFFFFFFE.
+    pub nsid: u32,
+    /// Logical block size in bytes: 512 or 4096.
+    pub block_size: u32,
+    /// Where the data lives.
+    pub backend: Backend,
+    /// Namespace UUID (given, or derived from the subsystem NQN and nsid).
+    pub uuid: [u8; 16],
+    /// Namespace globally unique identifier (given or derived).
+    pub nguid: [u8; 16],
+    /// IEEE extended unique identifier (given or derived).
+    pub eui64: [u8; 8],
+}
+
+/// The storage behind a namespace. More kinds (file, nvme, sim) will be
+/// added; match on it with that in mind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backend {
+    /// Memory, zero-filled at start, lost at exit.
+    Ram {
+        /// Capacity in bytes: > 0 and a multiple of the block size.
+        size: u64,
+    },
+}
+
+impl Backend {
+    /// The configuration name of the backend kind (`"ram"`), for logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Backend::Ram { .. } => "ram",
+        }
+    }
+}
+
+impl Config {
+    /// Reads, parses and validates the configuration file at `path`.
+    pub fn from_path(path: &Path) -> Result<Config, ConfError> {
+        let origin = path.display().to_string();
+        let bytes = std::fs::read(path).map_err(|e| ConfError::io(&origin, e))?;
+        match String::from_utf8(bytes) {
+            Ok(text) => Config::parse(&text, &origin),
+            Err(e) => {
+                // TOML is UTF-8 (TOML 1.0 "Spec"); point at the first bad
+                // byte, measured in the valid text before it.
+                let valid = e.utf8_error().valid_up_to();
+                let prefix = std::str::from_utf8(&e.as_bytes()[..valid]).unwrap_or_default();
+                Err(ConfError::at(
+                    &origin,
+                    prefix,
+                    valid..valid,
+                    "the file is not valid UTF-8, as TOML requires".into(),
+                ))
+            }
+        }
+    }
+
+    /// Parses and validates configuration `text`; `origin` names it in
+    /// errors and in [`Config::origin`].
+    pub fn parse(text: &str, origin: &str) -> Result<Config, ConfError> {
+        validate::build(text, origin)
+    }
+
+    /// The built-in configuration, `conf/examples/ram.toml` (one reactor on
+    /// core 0, listeners on 127.0.0.1:4420 and :8009, one 1 GiB RAM
+    /// namespace open to any host), with origin `"<embedded>"`.
+    pub fn embedded_default() -> Config {
+        // The text is fixed at build time and a unit test parses it, so this
+        // cannot fail in a tested build.
+        Config::parse(DEFAULT_CONF, EMBEDDED_ORIGIN).expect("conf/examples/ram.toml is valid")
+    }
+
+    /// Writes this configuration as TOML. For a configuration that came
+    /// from [`Config::parse`], parsing the result (with the same origin)
+    /// gives an equal `Config`; derived serials and identifiers are written
+    /// out explicitly.
+    pub fn to_toml(&self) -> String {
+        emit::to_toml(self)
+    }
+}

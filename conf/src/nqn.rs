@@ -1,0 +1,258 @@
+//! NVMe Qualified Names (NVMe Base Specification 2.x, §4.5 "NVMe Qualified
+//! Names") and UUID text forms.
+
+/// The well-known NQN of a discovery subsystem (NVMe Base §4.5 and NVMe over
+/// Fabrics: "nqn.2014-08.org.nvmexpress.discovery"). Hosts connect to it to
+/// read the discovery log page; it may not name a configured subsystem.
+pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
+
+/// The longest NQN allowed: the SUBNQN/HOSTNQN fields are 256 bytes, but
+/// §4.5 limits the name itself to 223 bytes (UTF-8, not counting the NUL).
+pub const NQN_MAX_LEN: usize = 223;
+
+/// §4.5: the second NQN format, for entities without a domain name: this
+/// prefix followed by a UUID in its 8-4-4-4-12 text form.
+const UUID_NQN_PREFIX: &str = "nqn.2014-08.org.nvmexpress:uuid:";
+
+/// The longest DNS label (RFC 1035 §2.3.4); the reverse domain of an NQN is a
+/// domain name, so the same bound applies to each of its labels.
+const MAX_LABEL_LEN: usize = 63;
+
+/// Checks that `s` is a well-formed NQN (NVMe Base §4.5); `Err` holds the
+/// reason.
+///
+/// Accepted forms:
+/// - [`DISCOVERY_NQN`] itself;
+/// - `nqn.2014-08.org.nvmexpress:uuid:` followed by a UUID in
+///   `xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` hex form (either case);
+/// - `nqn.yyyy-mm.reverse.domain:string`, where `yyyy-mm` is a year
+///   (1970 or later) and month (01..12), the reverse domain is one or more
+///   dot-separated non-empty labels of `[A-Za-z0-9-]`, and at least one
+///   character follows the colon.
+///
+/// In every form the name is at most [`NQN_MAX_LEN`] bytes and holds no
+/// control character (it travels NUL-terminated in Connect data).
+pub fn validate_nqn(s: &str) -> Result<(), String> {
+    if s.is_empty() {
+        return Err("NQN is empty".into());
+    }
+    if s.len() > NQN_MAX_LEN {
+        return Err(format!(
+            "NQN is {} bytes long; at most {NQN_MAX_LEN} are allowed (NVMe Base §4.5)",
+            s.len()
+        ));
+    }
+    if let Some(c) = s.chars().find(|c| c.is_control()) {
+        return Err(format!("NQN contains the control character {c:?}"));
+    }
+    if s == DISCOVERY_NQN {
+        return Ok(());
+    }
+    // A name in the UUID namespace must be exactly that: falling through to
+    // the domain form would accept "…:uuid:junk" since "org.nvmexpress" is a
+    // valid domain.
+    if let Some(uuid) = s.strip_prefix(UUID_NQN_PREFIX) {
+        return parse_uuid(uuid)
+            .map(|_| ())
+            .map_err(|e| format!("NQN in the {UUID_NQN_PREFIX} form must end in a UUID: {e}"));
+    }
+    let Some(rest) = s.strip_prefix("nqn.") else {
+        return Err("NQN must start with \"nqn.\" (NVMe Base §4.5)".into());
+    };
+    // §4.5: "yyyy-mm" is the year and month the naming authority acquired
+    // the domain; it is followed by a '.' and the reverse domain.
+    let date = rest.as_bytes();
+    let well_formed = date.len() >= 8
+        && date[..4].iter().all(u8::is_ascii_digit)
+        && date[4] == b'-'
+        && date[5..7].iter().all(u8::is_ascii_digit)
+        && date[7] == b'.';
+    if !well_formed {
+        return Err("NQN must have the form nqn.yyyy-mm.reverse.domain:name (NVMe Base §4.5)".into());
+    }
+    let year = digits(&date[..4]);
+    let month = digits(&date[5..7]);
+    if year < 1970 {
+        return Err(format!(
+            "NQN date {year:04}-{month:02} is implausible: the year must be 1970 or later"
+        ));
+    }
+    if !(1..=12).contains(&month) {
+        return Err(format!(
+            "NQN date {year:04}-{month:02} has no month {month:02}: months are 01..12"
+        ));
+    }
+    // The first eight bytes are ASCII, so slicing there is on a char boundary.
+    let after_date = &rest[8..];
+    let Some((domain, name)) = after_date.split_once(':') else {
+        return Err("NQN lacks the ':' that separates the reverse domain from the name (NVMe Base §4.5)".into());
+    };
+    if domain.is_empty() {
+        return Err("NQN has an empty reverse domain after the date".into());
+    }
+    for label in domain.split('.') {
+        if label.is_empty() {
+            return Err(format!("NQN reverse domain {domain:?} has an empty label"));
+        }
+        if let Some(c) = label.chars().find(|c| !(c.is_ascii_alphanumeric() || *c == '-')) {
+            return Err(format!(
+                "NQN reverse domain {domain:?} contains {c:?}; labels hold only letters, digits and '-'"
+            ));
+        }
+        if label.len() > MAX_LABEL_LEN {
+            return Err(format!(
+                "NQN reverse domain label {label:?} is longer than {MAX_LABEL_LEN} characters"
+            ));
+        }
+    }
+    if name.is_empty() {
+        return Err("NQN must have at least one character after the ':'".into());
+    }
+    Ok(())
+}
+
+/// The value of a run of ASCII digits (at most four here, so no overflow).
+fn digits(b: &[u8]) -> u32 {
+    b.iter().fold(0, |acc, d| acc * 10 + u32::from(d - b'0'))
+}
+
+/// Parses a UUID in its RFC 9562 (formerly RFC 4122) text form,
+/// `xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, hex digits in either case.
+pub(crate) fn parse_uuid(s: &str) -> Result<[u8; 16], String> {
+    let b = s.as_bytes();
+    let form_ok = b.len() == 36
+        && b.iter().enumerate().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => *c == b'-',
+            _ => c.is_ascii_hexdigit(),
+        });
+    if !form_ok {
+        return Err(format!(
+            "{s:?} is not a UUID of the form xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+        ));
+    }
+    let hex: String = s.chars().filter(|c| *c != '-').collect();
+    parse_hex::<16>(&hex)
+}
+
+/// Formats 16 bytes as a UUID in lower-case 8-4-4-4-12 text form.
+pub(crate) fn format_uuid(u: &[u8; 16]) -> String {
+    let h = hex(u);
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+/// Parses exactly `2 * N` hex digits (either case) into `N` bytes.
+pub(crate) fn parse_hex<const N: usize>(s: &str) -> Result<[u8; N], String> {
+    let b = s.as_bytes();
+    if b.len() != 2 * N || !b.iter().all(u8::is_ascii_hexdigit) {
+        return Err(format!("{s:?} is not {} hex digits", 2 * N));
+    }
+    let mut out = [0u8; N];
+    for (i, pair) in b.chunks_exact(2).enumerate() {
+        out[i] = (nibble(pair[0]) << 4) | nibble(pair[1]);
+    }
+    Ok(out)
+}
+
+fn nibble(c: u8) -> u8 {
+    match c {
+        b'0'..=b'9' => c - b'0',
+        b'a'..=b'f' => c - b'a' + 10,
+        b'A'..=b'F' => c - b'A' + 10,
+        _ => 0,
+    }
+}
+
+/// Lower-case hex of `bytes`.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes.iter().fold(String::new(), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn valid_nqns() {
+        for ok in [
+            "nqn.2014-08.org.nvmexpress:uuid:f81d4fae-7dec-11d0-a765-00a0c91e6bf6",
+            "nqn.2014-08.org.nvmexpress:uuid:F81D4FAE-7DEC-11D0-A765-00A0C91E6BF6",
+            "nqn.2026-11.io.pollux:ram0",
+            "nqn.2014-08.com.example:nvme:nvm-subsystem-sn-d78432",
+            "nqn.1988-11.com.dell:powerstore:00:a1b2",
+            "nqn.2026-11.io.pollux:x",
+            "nqn.2026-11.a:ünïcödé name",
+            "nqn.2026-12.a-b.c1:x",
+            DISCOVERY_NQN,
+        ] {
+            assert_eq!(validate_nqn(ok), Ok(()), "{ok}");
+        }
+    }
+
+    #[test]
+    fn invalid_nqns() {
+        for (bad, why) in [
+            ("", "empty"),
+            ("nqn.2026-11.io.pollux", "':'"),
+            ("nqn.2026-11.io.pollux:", "after the ':'"),
+            ("nqn.2026-13.io.pollux:x", "no month 13"),
+            ("nqn.2026-00.io.pollux:x", "no month 00"),
+            ("nqn.0000-01.io.pollux:x", "implausible"),
+            ("nqn.2026-1.io.pollux:x", "form"),
+            ("nqn.26-11.io.pollux:x", "form"),
+            ("nqn.2026-11:x", "form"),
+            ("nqn.2026-11.:x", "empty reverse domain"),
+            ("nqn.2026-11.io..pollux:x", "empty label"),
+            ("nqn.2026-11.io.pol_lux:x", "contains '_'"),
+            ("iqn.2026-11.io.pollux:x", "start with"),
+            ("nqn.2014-08.org.nvmexpress:uuid:nope", "UUID"),
+            (
+                "nqn.2014-08.org.nvmexpress:uuid:f81d4fae-7dec-11d0-a765-00a0c91e6bf",
+                "UUID",
+            ),
+            ("nqn.2026-11.io.pollux:a\0b", "control"),
+        ] {
+            let err = validate_nqn(bad).expect_err(bad);
+            assert!(err.contains(why), "{bad:?}: {err:?} lacks {why:?}");
+        }
+    }
+
+    #[test]
+    fn length_limit() {
+        let prefix = "nqn.2026-11.io.pollux:";
+        let at = format!("{prefix}{}", "a".repeat(NQN_MAX_LEN - prefix.len()));
+        assert_eq!(at.len(), 223);
+        assert_eq!(validate_nqn(&at), Ok(()));
+        let over = format!("{at}a");
+        assert_eq!(over.len(), 224);
+        let err = validate_nqn(&over).expect_err("224 bytes");
+        assert!(err.contains("224 bytes"), "{err}");
+        // Multi-byte characters count in bytes, not characters.
+        let wide = format!("{prefix}{}", "é".repeat(101));
+        assert_eq!(wide.len(), 224);
+        assert!(validate_nqn(&wide).is_err());
+    }
+
+    #[test]
+    fn uuid_text_round_trip() {
+        let u = parse_uuid("F81D4FAE-7DEC-11D0-A765-00A0C91E6BF6").expect("uuid");
+        assert_eq!(u[0], 0xf8);
+        assert_eq!(u[15], 0xf6);
+        assert_eq!(format_uuid(&u), "f81d4fae-7dec-11d0-a765-00a0c91e6bf6");
+        assert!(parse_uuid("f81d4fae7dec11d0a76500a0c91e6bf6").is_err());
+        assert!(parse_uuid("f81d4fae-7dec-11d0-a765-00a0c91e6bfg").is_err());
+        assert!(parse_hex::<2>("0a0B").is_ok());
+        assert!(parse_hex::<2>("0a0").is_err());
+        assert!(parse_hex::<1>("é").is_err());
+    }
+}

@@ -1,0 +1,124 @@
+//! The configuration as deserialized, before validation.
+//!
+//! Every leaf value is wrapped in [`Spanned`] so validation can point at it.
+//! Tables are deliberately *not* wrapped: toml 0.8 cannot give a span for a
+//! table that is only created implicitly (e.g. by the header
+//! `[subsystem.namespace.backend.ram]`) and fails to deserialize a
+//! `Spanned<table>` there. Required keys are plain fields so that toml itself
+//! reports "missing key" at the enclosing table's header.
+//!
+//! Integers are read as `i64` (TOML's integer type) and range-checked during
+//! validation, so that out-of-range values get a message naming the allowed
+//! range instead of serde's "invalid value".
+
+use serde::Deserialize;
+use toml::Spanned;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawConfig {
+    pub reactors: Option<RawReactors>,
+    pub listener: Option<Vec<RawListener>>,
+    pub transport: Option<RawTransport>,
+    pub keep_alive: Option<RawKeepAlive>,
+    pub subsystem: Option<Vec<RawSubsystem>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawReactors {
+    pub cores: Spanned<Vec<Spanned<i64>>>,
+    pub mode: Option<Spanned<String>>,
+    pub stall_threshold_us: Option<Spanned<i64>>,
+    pub placement: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawListener {
+    pub address: Spanned<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawTransport {
+    pub io_queue_depth: Option<Spanned<i64>>,
+    pub max_io_queues: Option<Spanned<i64>>,
+    pub in_capsule_data_size: Option<Spanned<RawSize>>,
+    pub max_io_size: Option<Spanned<RawSize>>,
+    pub max_h2c_data: Option<Spanned<RawSize>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawKeepAlive {
+    pub min_ms: Option<Spanned<i64>>,
+    pub max_ms: Option<Spanned<i64>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawSubsystem {
+    pub nqn: Spanned<String>,
+    pub serial: Option<Spanned<String>>,
+    pub model: Option<Spanned<String>>,
+    pub allow_any_host: Option<Spanned<bool>>,
+    pub hosts: Option<Spanned<Vec<Spanned<String>>>>,
+    pub namespace: Option<Vec<RawNamespace>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawNamespace {
+    pub nsid: Spanned<i64>,
+    pub block_size: Option<Spanned<i64>>,
+    pub backend: RawBackend,
+    pub uuid: Option<Spanned<String>>,
+    pub nguid: Option<Spanned<String>>,
+    pub eui64: Option<Spanned<String>>,
+}
+
+/// One optional field per backend kind; validation requires exactly one.
+/// (A struct rather than an enum so that an unknown kind is reported as an
+/// unknown key at its position, with the list of known kinds.)
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawBackend {
+    pub ram: Option<RawRam>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRam {
+    pub size: Spanned<RawSize>,
+}
+
+/// A size as written: an integer byte count or a string with a suffix.
+pub(crate) enum RawSize {
+    Int(i64),
+    Text(String),
+}
+
+impl<'de> Deserialize<'de> for RawSize {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = RawSize;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a size: an integer byte count or a string such as \"64KiB\" or \"1GiB\"")
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<RawSize, E> {
+                Ok(RawSize::Int(v))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<RawSize, E> {
+                i64::try_from(v)
+                    .map(RawSize::Int)
+                    .map_err(|_| E::custom("size is too large"))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<RawSize, E> {
+                Ok(RawSize::Text(v.to_owned()))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
