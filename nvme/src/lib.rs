@@ -1,1 +1,20 @@
-//! pollux nvme crate.
+//! pollux-nvme: the NVMe world without sockets or threads.
+//!
+//! - [`bindings`]: bindgen output over Debian libnvme-dev's `<nvme/types.h>` (Identify,
+//!   log pages, discovery log, Connect data, opcode/status/feature/CNS/log-id constants).
+//!   Regenerate with `nvme/gen-bindings.sh`; the output is committed.
+//!
+//! # Byte order
+//! Every multi-byte NVMe and NVMe/TCP field is little-endian on the wire. The hand-written
+//! wire structs use `zerocopy::little_endian` types and are correct on any
+//! host; the generated [`bindings`] keep plain integer fields, so this crate only builds on
+//! little-endian hosts (writing `.to_le()` into those fields is then a no-op, but keep
+//! writing it: it documents the wire order).
+
+#[cfg(target_endian = "big")]
+compile_error!(
+    "pollux-nvme only supports little-endian hosts: the generated bindings use plain \
+     integer fields for little-endian wire data"
+);
+
+pub mod bindings;
