@@ -3,10 +3,12 @@
 //! - [`bindings`]: bindgen output over Debian libnvme-dev's `<nvme/types.h>` (Identify,
 //!   log pages, discovery log, Connect data, opcode/status/feature/CNS/log-id constants).
 //!   Regenerate with `nvme/gen-bindings.sh`; the output is committed.
+//! - [`spec`]: hand-written NVMe base spec 2.0 wire structs (SQE, CQE, SGL descriptor),
+//!   status codes, opcodes and controller properties (CAP/VS/CC/CSTS).
 //!
 //! # Byte order
 //! Every multi-byte NVMe and NVMe/TCP field is little-endian on the wire. The hand-written
-//! wire structs use `zerocopy::little_endian` types and are correct on any
+//! structs in [`spec`] use `zerocopy::little_endian` types and are correct on any
 //! host; the generated [`bindings`] keep plain integer fields, so this crate only builds on
 //! little-endian hosts (writing `.to_le()` into those fields is then a no-op, but keep
 //! writing it: it documents the wire order).
@@ -18,3 +20,4 @@ compile_error!(
 );
 
 pub mod bindings;
+pub mod spec;
