@@ -20,6 +20,11 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
             "{s:?} is not a size: expected digits with an optional suffix such as \"64KiB\", \"512M\" or \"1GiB\""
         ));
     }
+    if suffix.starts_with(['.', ',']) {
+        return Err(format!(
+            "{s:?} is not a size: fractions are not accepted; use a smaller unit (\"1536MiB\", not \"1.5GiB\")"
+        ));
+    }
     let suffix = suffix.trim_start();
     let mult = match suffix.to_ascii_lowercase().as_str() {
         "" | "b" => 1,

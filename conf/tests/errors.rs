@@ -1,0 +1,491 @@
+//! Every error names the file, line and column of the offending value.
+
+use pollux_conf::{ConfError, Config};
+
+/// Reactors and one listener: lines 1-4. Tests append from line 5 on.
+const BASE: &str = "[reactors]\ncores = [0]\n[[listener]]\naddress = \"127.0.0.1:4420\"\n";
+
+/// A valid subsystem header and NQN as lines 5-7 of BASE + SUB.
+const SUB: &str = "[[subsystem]]\nnqn = \"nqn.2026-11.io.pollux:a\"\nallow_any_host = true\n";
+
+fn err(text: &str) -> ConfError {
+    match Config::parse(text, "test.toml") {
+        Ok(c) => panic!("parsed, expected an error:\n{text}\n{c:?}"),
+        Err(e) => e,
+    }
+}
+
+/// Asserts the error for `text` is at `line:col` and its message contains
+/// `needle`.
+#[track_caller]
+fn assert_err(text: &str, line: usize, col: usize, needle: &str) {
+    let e = err(text);
+    assert_eq!(
+        (e.line(), e.column()),
+        (Some(line), Some(col)),
+        "wrong position for {e}"
+    );
+    assert!(e.message().contains(needle), "{e} lacks {needle:?}");
+    assert_eq!(e.to_string(), format!("test.toml:{line}:{col}: {}", e.message()));
+}
+
+#[test]
+fn base_is_valid() {
+    Config::parse(BASE, "test.toml").expect("BASE");
+    Config::parse(&format!("{BASE}{SUB}"), "test.toml").expect("BASE+SUB");
+}
+
+#[test]
+fn display_format_exact() {
+    let e = err("[reactors]\ncores = []\n");
+    assert_eq!(
+        e.to_string(),
+        "test.toml:2:9: `cores` is empty: list at least one CPU core, e.g. `cores = [0]`"
+    );
+    let e = err("");
+    assert_eq!(e.line(), None);
+    assert_eq!(e.column(), None);
+    assert!(e.to_string().starts_with("test.toml: missing the [reactors] table"));
+    assert_eq!(e.origin(), "test.toml");
+}
+
+#[test]
+fn syntax_errors() {
+    assert_err("[reactors\n", 1, 10, "");
+    assert_err("[reactors]\ncores = [0\n", 3, 1, "expected `]`");
+    assert_err("[reactors]\ncores = [0]\ncores = [1]\n", 3, 1, "duplicate key");
+    assert_err("[reactors]\ncores = [0]\nmode = poll\n", 3, 8, "");
+}
+
+#[test]
+fn unknown_keys_are_rejected_with_position() {
+    assert_err(&format!("{BASE}bogus = 1\n"), 5, 1, "unknown key `bogus`");
+    assert_err(
+        "[reactors]\ncores = [0]\n  threads = 2\n",
+        3,
+        3,
+        "unknown key `threads`",
+    );
+    assert_err(
+        &format!("{BASE}[[listeners]]\naddress = \"x\"\n"),
+        5,
+        3,
+        "unknown key `listeners`",
+    );
+    assert_err(
+        &format!("{BASE}[transport]\nqueue_depth = 4\n"),
+        6,
+        1,
+        "unknown key `queue_depth`",
+    );
+    assert_err(&format!("{BASE}[keep_alive]\nmin = 4\n"), 6, 1, "unknown key `min`");
+    assert_err(&format!("{BASE}{SUB}nsqn = 1\n"), 8, 1, "unknown key `nsqn`");
+    assert_err(
+        &format!("{BASE}{SUB}[[subsystem.namespace]]\nnsid = 1\nbackend = {{ file = {{ path = \"/x\" }} }}\n"),
+        10,
+        13,
+        "unknown key `file`, expected `ram`",
+    );
+    assert_err(
+        &format!("{BASE}{SUB}[[subsystem.namespace]]\nnsid = 1\nbackend = {{ ram = {{ size = 512, sise = 1 }} }}\n"),
+        10,
+        33,
+        "unknown key `sise`",
+    );
+    assert_err(
+        &format!("{BASE}{SUB}[[subsystem.namespace]]\nnsid = 1\nsize = 4096\nbackend = {{ ram = {{ size = 512 }} }}\n"),
+        10,
+        1,
+        "unknown key `size`",
+    );
+}
+
+#[test]
+fn wrong_types() {
+    assert_err("[reactors]\ncores = \"0\"\n", 2, 9, "expected a sequence");
+    assert_err("[reactors]\ncores = [0, \"1\"]\n", 2, 13, "");
+    assert_err(&format!("{BASE}{SUB}allow_any_host = \"yes\"\n"), 8, 1, "duplicate key");
+    assert_err(
+        &format!("{BASE}[[subsystem]]\nnqn = \"nqn.2026-11.io.pollux:a\"\nallow_any_host = \"yes\"\n"),
+        7,
+        18,
+        "expected a boolean",
+    );
+    assert_err(&format!("{BASE}[transport]\nio_queue_depth = 12.5\n"), 6, 18, "");
+    assert_err(&format!("{BASE}[transport]\nmax_io_size = true\n"), 6, 15, "a size");
+}
+
+#[test]
+fn missing_keys() {
+    assert_err("[reactors]\nmode = \"poll\"\n", 1, 1, "missing key `cores`");
+    assert_err(
+        &format!("{BASE}[[subsystem]]\nallow_any_host = true\n"),
+        5,
+        1,
+        "missing key `nqn`",
+    );
+    assert_err(
+        &format!("{BASE}{SUB}[[subsystem.namespace]]\nnsid = 1\n"),
+        8,
+        1,
+        "missing key `backend`",
+    );
+    let e = err("[reactors]\ncores = [0]\n");
+    assert_eq!(e.line(), None);
+    assert!(e.message().contains("[[listener]]"), "{e}");
+}
+
+#[test]
+fn reactors_checks() {
+    assert_err("[reactors]\ncores = []\n", 2, 9, "is empty");
+    assert_err("[reactors]\ncores = [0, 1, 0]\n", 2, 16, "core 0 is listed twice");
+    assert_err("[reactors]\ncores = [-1]\n", 2, 10, "between 0 and 1023");
+    assert_err(
+        "[reactors]\ncores = [0]\nmode = \"adaptive\"\n",
+        3,
+        8,
+        "unknown reactor mode \"adaptive\"",
+    );
+    assert_err(
+        "[reactors]\ncores = [0]\nmode = \"Poll\"\n",
+        3,
+        8,
+        "unknown reactor mode",
+    );
+    assert_err(
+        "[reactors]\ncores = [0]\nstall_threshold_us = 0\n",
+        3,
+        22,
+        "`stall_threshold_us` must be between 1",
+    );
+    assert_err(
+        "[reactors]\ncores = [0]\nplacement = \"random\"\n",
+        3,
+        13,
+        "unknown placement",
+    );
+}
+
+#[test]
+fn listener_checks() {
+    assert_err(
+        &format!("{BASE}[[listener]]\naddress = \"127.0.0.1:4420\"\n"),
+        6,
+        11,
+        "already listed on line 4",
+    );
+    assert_err(
+        "[reactors]\ncores = [0]\n[[listener]]\naddress = \"[::1]:4420\"\n[[listener]]\naddress = \"[0:0::1]:4420\"\n",
+        6,
+        11,
+        "already listed",
+    );
+    assert_err(
+        "[reactors]\ncores = [0]\n[[listener]]\naddress = \"localhost:4420\"\n",
+        4,
+        11,
+        "IPv4:port",
+    );
+    assert_err(
+        "[reactors]\ncores = [0]\n[[listener]]\naddress = \"::1:4420\"\n",
+        4,
+        11,
+        "[IPv6]:port",
+    );
+    assert_err(
+        "[reactors]\ncores = [0]\n[[listener]]\naddress = \"127.0.0.1\"\n",
+        4,
+        11,
+        "",
+    );
+    assert_err("[reactors]\ncores = [0]\n[[listener]]\n", 3, 1, "missing key `address`");
+}
+
+#[test]
+fn transport_and_keep_alive_ranges() {
+    let t = |body: &str, col: usize, needle: &str| assert_err(&format!("{BASE}[transport]\n{body}\n"), 6, col, needle);
+    t("io_queue_depth = 1", 18, "between 2 and 65536, got 1");
+    t("io_queue_depth = 65537", 18, "between 2 and 65536");
+    t("max_io_queues = 0", 17, "between 1 and 65535");
+    t("max_io_queues = 65536", 17, "between 1 and 65535");
+    t("in_capsule_data_size = 4100", 24, "multiple of 16");
+    t("in_capsule_data_size = 2048", 24, "between 4096 and 131072");
+    t("in_capsule_data_size = \"256K\"", 24, "between 4096 and 131072");
+    t("max_io_size = 5000", 15, "power of two");
+    t("max_io_size = 2048", 15, "power of two");
+    t("max_io_size = \"4GiB\"", 15, "at most 4294967295");
+    t("max_h2c_data = 4098", 16, "multiple of 4");
+    t("max_h2c_data = -4", 16, "must not be negative");
+    t("max_io_size = \"lots\"", 15, "not a size");
+
+    assert_err(
+        &format!("{BASE}[keep_alive]\nmin_ms = 400000\n"),
+        6,
+        10,
+        "greater than `max_ms`",
+    );
+    assert_err(
+        &format!("{BASE}[keep_alive]\nmax_ms = 500\n"),
+        6,
+        10,
+        "greater than `max_ms`",
+    );
+    assert_err(&format!("{BASE}[keep_alive]\nmax_ms = 0\n"), 6, 10, "between 1 and");
+    assert_err(&format!("{BASE}[keep_alive]\nmin_ms = -1\n"), 6, 10, "between 0 and");
+    assert_err(
+        &format!("{BASE}[keep_alive]\nmin_ms = 4294967296\n"),
+        6,
+        10,
+        "between 0 and 4294967295",
+    );
+}
+
+#[test]
+fn subsystem_checks() {
+    // Malformed NQN.
+    assert_err(
+        &format!("{BASE}[[subsystem]]\nnqn = \"nqn.2026-13.io.pollux:a\"\nallow_any_host = true\n"),
+        6,
+        7,
+        "no month 13",
+    );
+    // The discovery NQN is not a subsystem.
+    assert_err(
+        &format!("{BASE}[[subsystem]]\nnqn = \"nqn.2014-08.org.nvmexpress.discovery\"\nallow_any_host = true\n"),
+        6,
+        7,
+        "discovery NQN",
+    );
+    // Duplicate NQN.
+    assert_err(&format!("{BASE}{SUB}{SUB}"), 9, 7, "already defined on line 6");
+    // Malformed and duplicate hosts.
+    assert_err(
+        &format!(
+            "{BASE}[[subsystem]]\nnqn = \"nqn.2026-11.io.pollux:a\"\nhosts = [\"nqn.2026-11.io.pollux:h\", \"host1\"]\n"
+        ),
+        7,
+        37,
+        "invalid host NQN",
+    );
+    assert_err(
+        &format!(
+            "{BASE}[[subsystem]]\nnqn = \"nqn.2026-11.io.pollux:a\"\nhosts = [\"nqn.2026-11.io.pollux:h\",\n  \"nqn.2026-11.io.pollux:h\"]\n"
+        ),
+        8,
+        3,
+        "listed twice",
+    );
+    // Nobody could connect: points at what was written, and says how to fix.
+    for (text, line, col) in [
+        (
+            format!("{BASE}[[subsystem]]\nnqn = \"nqn.2026-11.io.pollux:a\"\n"),
+            6,
+            7,
+        ),
+        (
+            format!("{BASE}[[subsystem]]\nnqn = \"nqn.2026-11.io.pollux:a\"\nallow_any_host = false\n"),
+            7,
+            18,
+        ),
+        (
+            format!("{BASE}[[subsystem]]\nnqn = \"nqn.2026-11.io.pollux:a\"\nhosts = []\n"),
+            7,
+            9,
+        ),
+    ] {
+        assert_err(&text, line, col, "admits no host: set `allow_any_host = true`, or list");
+    }
+    // Serial and model.
+    assert_err(
+        &format!("{BASE}{SUB}serial = \"123456789012345678901\"\n"),
+        8,
+        10,
+        "1 to 20 printable ASCII",
+    );
+    assert_err(&format!("{BASE}{SUB}serial = \"sé\"\n"), 8, 10, "printable ASCII");
+    assert_err(&format!("{BASE}{SUB}serial = \"\"\n"), 8, 10, "printable ASCII");
+    assert_err(&format!("{BASE}{SUB}serial = \"   \"\n"), 8, 10, "blank");
+    assert_err(&format!("{BASE}{SUB}model = \"{}\"\n", "m".repeat(41)), 8, 9, "1 to 40");
+}
+
+fn ns(body: &str) -> String {
+    // The namespace header is line 8; `body` starts on line 9.
+    format!("{BASE}{SUB}[[subsystem.namespace]]\n{body}\n")
+}
+
+#[test]
+fn namespace_checks() {
+    let ram = "backend = { ram = { size = \"1MiB\" } }";
+    assert_err(
+        &ns(&format!("nsid = 0\n{ram}")),
+        9,
+        8,
+        "`nsid` must be between 1 and 4294967294",
+    );
+    assert_err(
+        &ns(&format!("nsid = 4294967295\n{ram}")),
+        9,
+        8,
+        "`nsid` must be between 1",
+    );
+    assert_err(
+        &ns(&format!("nsid = 1\n{ram}\n[[subsystem.namespace]]\nnsid = 1\n{ram}")),
+        12,
+        8,
+        "nsid 1 is already used in subsystem \"nqn.2026-11.io.pollux:a\" (line 9)",
+    );
+    assert_err(
+        &ns(&format!("nsid = 1\nblock_size = 1024\n{ram}")),
+        10,
+        14,
+        "512 or 4096, got 1024",
+    );
+    assert_err(
+        &ns("nsid = 1\nblock_size = 4096\nbackend = { ram = { size = 6144 } }"),
+        11,
+        28,
+        "not a multiple of block_size 4096",
+    );
+    assert_err(
+        &ns("nsid = 1\nbackend = { ram = { size = 1000 } }"),
+        10,
+        28,
+        "not a multiple of block_size 512",
+    );
+    assert_err(
+        &ns("nsid = 1\nbackend = { ram = { size = 0 } }"),
+        10,
+        28,
+        "greater than 0",
+    );
+    assert_err(
+        &ns("nsid = 1\nbackend = { ram = { size = \"0G\" } }"),
+        10,
+        28,
+        "greater than 0",
+    );
+    assert_err(
+        &ns("nsid = 1\nbackend = { ram = { size = \"1.5G\" } }"),
+        10,
+        28,
+        "not a size",
+    );
+    assert_err(
+        &ns("nsid = 1\nbackend = { ram = { size = \"1X\" } }"),
+        10,
+        28,
+        "unknown size suffix",
+    );
+    assert_err(
+        &ns("nsid = 1\nbackend = { ram = { size = -512 } }"),
+        10,
+        28,
+        "must not be negative",
+    );
+    assert_err(&ns("nsid = 1\nbackend = {}"), 9, 8, "empty `backend`");
+    // The same namespace written with table headers: positions still exact.
+    assert_err(
+        &ns("nsid = 1\n[subsystem.namespace.backend.ram]\nsize = 1000"),
+        11,
+        8,
+        "not a multiple",
+    );
+    assert_err(
+        &ns("nsid = 1\n[subsystem.namespace.backend]\n"),
+        9,
+        8,
+        "empty `backend`",
+    );
+    // Identifiers.
+    assert_err(
+        &ns(&format!("nsid = 1\n{ram}\nuuid = \"not-a-uuid\"")),
+        11,
+        8,
+        "invalid `uuid`",
+    );
+    assert_err(
+        &ns(&format!(
+            "nsid = 1\n{ram}\nuuid = \"00000000-0000-0000-0000-000000000000\""
+        )),
+        11,
+        8,
+        "must not be all zero",
+    );
+    assert_err(
+        &ns(&format!("nsid = 1\n{ram}\nnguid = \"0123\"")),
+        11,
+        9,
+        "32 hex digits",
+    );
+    assert_err(
+        &ns(&format!("nsid = 1\n{ram}\neui64 = \"0000000000000000\"")),
+        11,
+        9,
+        "all zero",
+    );
+    assert_err(
+        &ns(&format!("nsid = 1\n{ram}\neui64 = \"00000000000000zz\"")),
+        11,
+        9,
+        "16 hex digits",
+    );
+    assert_err(
+        &ns(&format!(
+            "nsid = 1\n{ram}\neui64 = \"0200000000000001\"\n[[subsystem.namespace]]\nnsid = 2\n{ram}\neui64 = \"0200000000000001\""
+        )),
+        15,
+        9,
+        "already used by namespace 1",
+    );
+}
+
+#[test]
+fn identifiers_unique_across_subsystems() {
+    let uuid = "uuid = \"6d1f6c2e-5c1a-4f0e-9b7d-2a4c8e1f3b5d\"";
+    let ram = "backend = { ram = { size = \"1MiB\" } }";
+    let text = format!(
+        "{BASE}{SUB}[[subsystem.namespace]]\nnsid = 1\n{ram}\n{uuid}\n\
+         [[subsystem]]\nnqn = \"nqn.2026-11.io.pollux:b\"\nallow_any_host = true\n\
+         [[subsystem.namespace]]\nnsid = 7\n{ram}\n{uuid}\n"
+    );
+    assert_err(
+        &text,
+        18,
+        8,
+        "already used by namespace 1 in \"nqn.2026-11.io.pollux:a\"",
+    );
+}
+
+#[test]
+fn columns_count_characters() {
+    // "é" is two bytes but one column.
+    assert_err("# é\n[reactors]\ncores = [0]\n  é = 1\n", 4, 3, "");
+    assert_err("[reactors]\ncores = [0]\nmode = \"é\" \n", 3, 8, "unknown reactor mode");
+}
+
+#[test]
+fn io_errors_name_the_path() {
+    let path = std::path::Path::new("/nonexistent/pollux/conf.toml");
+    let e = Config::from_path(path).expect_err("missing file");
+    assert_eq!(e.io_kind(), Some(std::io::ErrorKind::NotFound));
+    assert!(
+        e.to_string()
+            .starts_with("/nonexistent/pollux/conf.toml: cannot read configuration: "),
+        "{e}"
+    );
+    assert!(std::error::Error::source(&e).is_some());
+    assert_eq!(e.line(), None);
+}
+
+#[test]
+fn invalid_utf8_is_located() {
+    let dir = std::env::temp_dir().join(format!("pollux-conf-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let path = dir.join("bad.toml");
+    std::fs::write(&path, b"[reactors]\ncores = [0] # \xff\n").expect("write");
+    let e = Config::from_path(&path).expect_err("bad utf-8");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!((e.line(), e.column()), (Some(2), Some(15)), "{e}");
+    assert!(e.message().contains("UTF-8"));
+    assert!(e.to_string().starts_with(&format!("{}:2:15: ", path.display())));
+}

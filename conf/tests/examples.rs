@@ -1,0 +1,111 @@
+//! The shipped example configurations and the embedded default.
+
+use std::path::{Path, PathBuf};
+
+use pollux_conf::{
+    Backend, Config, DEFAULT_CONF, KeepAlive, Placement, ReactorMode, Transport, derive_ids, derive_serial,
+};
+
+fn examples_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples")
+}
+
+fn example(name: &str) -> Config {
+    let path = examples_dir().join(name);
+    match Config::from_path(&path) {
+        Ok(c) => c,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+#[test]
+fn every_example_parses() {
+    let mut n = 0;
+    for entry in std::fs::read_dir(examples_dir()).expect("examples dir") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let c = Config::from_path(&path).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(c.origin, path.display().to_string());
+            n += 1;
+        }
+    }
+    assert!(n >= 3, "found only {n} examples");
+}
+
+#[test]
+fn embedded_default_is_ram_toml() {
+    let c = Config::embedded_default();
+    assert_eq!(c.origin, "<embedded>");
+    assert_eq!(c.reactors.cores, vec![0]);
+    assert_eq!(c.reactors.mode, ReactorMode::Interrupt);
+    assert_eq!(c.reactors.stall_threshold_us, 2000);
+    assert_eq!(c.reactors.placement, Placement::RoundRobin);
+    let addrs: Vec<String> = c.listeners.iter().map(|l| l.address.to_string()).collect();
+    assert_eq!(addrs, ["127.0.0.1:4420", "127.0.0.1:8009"]);
+    assert_eq!(c.transport, Transport::default());
+    assert_eq!(c.keep_alive, KeepAlive::default());
+    assert_eq!(c.subsystems.len(), 1);
+    let s = &c.subsystems[0];
+    assert_eq!(s.nqn, "nqn.2026-11.io.pollux:ram0");
+    assert!(s.allow_any_host);
+    assert!(s.hosts.is_empty());
+    assert_eq!(s.model, "pollux");
+    assert_eq!(s.serial, derive_serial(&s.nqn));
+    assert_eq!(s.namespaces.len(), 1);
+    let ns = &s.namespaces[0];
+    assert_eq!(ns.nsid, 1);
+    assert_eq!(ns.block_size, 512);
+    assert_eq!(ns.backend, Backend::Ram { size: 1 << 30 });
+    let ids = derive_ids(&s.nqn, 1);
+    assert_eq!((ns.uuid, ns.nguid, ns.eui64), (ids.uuid, ids.nguid, ids.eui64));
+
+    // The same text read from the file gives the same configuration.
+    let mut from_file = example("ram.toml");
+    from_file.origin = c.origin.clone();
+    assert_eq!(from_file, c);
+    assert_eq!(
+        DEFAULT_CONF,
+        std::fs::read_to_string(examples_dir().join("ram.toml")).expect("read")
+    );
+}
+
+#[test]
+fn two_subsystems_example() {
+    let c = example("two-subsystems.toml");
+    assert_eq!(c.reactors.cores, vec![0, 1]);
+    assert_eq!(c.reactors.mode, ReactorMode::Hybrid);
+    assert_eq!(c.reactors.placement, Placement::LeastLoaded);
+    assert_eq!(c.listeners[1].address.to_string(), "[::1]:4420");
+    assert_eq!(c.subsystems.len(), 2);
+
+    let r = &c.subsystems[0];
+    assert!(!r.allow_any_host);
+    assert_eq!(r.hosts.len(), 2);
+    assert!(r.allows_host("nqn.2026-11.io.pollux:host-a"));
+    assert!(!r.allows_host("nqn.2026-11.io.pollux:host-b"));
+    assert_eq!(r.serial, "POLLUX0001");
+    assert_eq!(r.model, "pollux restricted");
+    assert_eq!(r.namespaces[1].block_size, 4096);
+    assert_eq!(r.namespaces[1].eui64, [2, 0, 0, 0, 0, 0, 0, 1]);
+    assert_eq!(r.namespaces[1].uuid[0], 0x6d);
+    assert_eq!(r.namespaces[1].nguid[15], 0xef);
+
+    let s = &c.subsystems[1];
+    assert!(s.allow_any_host);
+    assert!(s.allows_host("nqn.2026-11.io.pollux:anyone"));
+    assert_eq!(s.namespaces[0].backend, Backend::Ram { size: 64 << 20 });
+    assert_eq!(s.namespaces[1].backend, Backend::Ram { size: 32 << 20 });
+    for sub in &c.subsystems {
+        assert_eq!(sub.namespaces.len(), 2);
+    }
+}
+
+#[test]
+fn poll_example() {
+    let c = example("poll.toml");
+    assert_eq!(c.reactors.cores.len(), 1);
+    assert_eq!(c.reactors.mode, ReactorMode::Poll);
+    assert_eq!(c.transport.max_io_size, 1 << 20);
+    assert_eq!(c.transport.mdts(), 8);
+    assert_eq!(c.transport.io_queue_depth, 256);
+}
