@@ -5,10 +5,12 @@
 //!   Regenerate with `nvme/gen-bindings.sh`; the output is committed.
 //! - [`spec`]: hand-written NVMe base spec 2.0 wire structs (SQE, CQE, SGL descriptor),
 //!   status codes, opcodes and controller properties (CAP/VS/CC/CSTS).
+//! - [`tcp`]: the NVMe/TCP transport 1.0 PDUs, an incremental receive-side parser with typed
+//!   errors, allocation-free encoders and CRC32C digests.
 //!
 //! # Byte order
 //! Every multi-byte NVMe and NVMe/TCP field is little-endian on the wire. The hand-written
-//! structs in [`spec`] use `zerocopy::little_endian` types and are correct on any
+//! structs in [`spec`] and [`tcp`] use `zerocopy::little_endian` types and are correct on any
 //! host; the generated [`bindings`] keep plain integer fields, so this crate only builds on
 //! little-endian hosts (writing `.to_le()` into those fields is then a no-op, but keep
 //! writing it: it documents the wire order).
@@ -21,3 +23,6 @@ compile_error!(
 
 pub mod bindings;
 pub mod spec;
+pub mod tcp;
+
+pub use tcp::PduError;
