@@ -22,7 +22,7 @@
 //! # Sending
 //! The `encode_*` functions return the header (plus header digest when enabled) in a fixed
 //! array and its length; the caller sends the data and, when data digests are enabled, the
-//! data digest ([`crc32c`] / [`Crc32c`]) after it. They never pad: PDO = HLEN + HDGST, i.e.
+//! data digest ([`crc32c()`] / [`Crc32c`]) after it. They never pad: PDO = HLEN + HDGST, i.e.
 //! they assume the peer asked for CPDA/HPDA 0.
 
 use zerocopy::little_endian::{U16, U32};
