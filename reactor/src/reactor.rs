@@ -415,6 +415,31 @@ impl Reactor {
         src.downcast_mut::<T>()
     }
 
+    /// Run `f` with a source (by concrete type) and the reactor both borrowed mutably: the
+    /// source is taken out of its slot for the call, as during its own run. None if the
+    /// source is absent, running, removed, or of another type. A source removed by `f` is
+    /// dropped afterwards.
+    pub fn with_source<T: Source, R>(&mut self, id: SourceId, f: impl FnOnce(&mut T, &mut Reactor) -> R) -> Option<R> {
+        let slot = self.slots.get_mut(id)?;
+        if slot.removed {
+            return None;
+        }
+        let mut src = slot.src.take()?;
+        let out = {
+            let any: &mut dyn Any = &mut *src;
+            any.downcast_mut::<T>().map(|t| f(t, self))
+        };
+        match self.slots.get_mut(id) {
+            Some(s) if s.removed => {
+                drop(self.finish_removal(id));
+                drop(src);
+            }
+            Some(s) => s.src = Some(src),
+            None => {}
+        }
+        out
+    }
+
     /// Make a source run as soon as possible (e.g. after work was submitted to it).
     pub fn wake(&mut self, id: SourceId) {
         if let Some(slot) = self.slots.get_mut(id) {

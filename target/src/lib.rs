@@ -1,1 +1,143 @@
-//! The pollux NVMe-oF target.
+//! pollux: a polled-mode NVMe-over-TCP target.
+//!
+//! Data path (one direction): socket bytes -> PDU ([`pollux_nvme::tcp`], parsed once) ->
+//! typed command ([`cmd`]) -> controller and queue checks ([`conn`], [`ctrl`]) -> namespace
+//! ([`subsystem`]) -> CapsuleResp / C2HData -> socket. Each connection lives on one reactor
+//! for its life; a controller lives on its admin queue's reactor and its I/O queues reach it
+//! by message.
+
+pub mod admin;
+pub mod cmd;
+pub mod conn;
+pub mod ctrl;
+pub mod error;
+pub mod listener;
+pub mod ram;
+pub mod subsystem;
+
+use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use pollux_conf::{Config, ReactorMode};
+use pollux_reactor::{Mode, ReactorConfig, ReactorStats, Runtime};
+use tracing::info;
+
+pub use error::TargetError;
+use subsystem::{Shared, build_snapshot};
+
+/// How to run the reactors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Options {
+    /// Pin reactors to their configured cores (off in tests, which run many targets at once).
+    pub pin: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self { pin: true }
+    }
+}
+
+/// A running target.
+#[derive(Debug)]
+pub struct Target {
+    runtime: Runtime,
+    shared: Arc<Shared>,
+}
+
+fn mode_of(m: ReactorMode) -> Mode {
+    match m {
+        ReactorMode::Poll => Mode::Poll,
+        ReactorMode::Hybrid => Mode::Hybrid,
+        ReactorMode::Interrupt => Mode::Interrupt,
+    }
+}
+
+impl Target {
+    /// Bind the listeners, build the namespaces, start the reactors.
+    pub fn start(cfg: &Config, opts: Options) -> Result<Self, TargetError> {
+        let started = Instant::now();
+        let n = cfg.reactors.cores.len();
+        let mut socks = Vec::new();
+        let mut addrs = Vec::new();
+        for l in &cfg.listeners {
+            let err = |source| TargetError::Listen {
+                addr: l.address,
+                source,
+            };
+            let s = TcpListener::bind(l.address).map_err(err)?;
+            s.set_nonblocking(true).map_err(err)?;
+            addrs.push(s.local_addr().map_err(err)?);
+            socks.push(s);
+        }
+        let snapshot = build_snapshot(cfg, n)?;
+        let shared = Arc::new(Shared {
+            transport: cfg.transport.clone(),
+            keep_alive: cfg.keep_alive.clone(),
+            snapshot: ArcSwap::from_pointee(snapshot),
+            listeners: addrs.clone(),
+            reactors: n,
+            conns_per_reactor: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            controllers_created: AtomicU64::new(0),
+        });
+        let reactors = cfg
+            .reactors
+            .cores
+            .iter()
+            .map(|&core| ReactorConfig {
+                core: opts.pin.then_some(core),
+                mode: mode_of(cfg.reactors.mode),
+                stall_threshold: Duration::from_micros(cfg.reactors.stall_threshold_us),
+                fd_poll_interval: Duration::ZERO,
+            })
+            .collect();
+        let pending = Mutex::new(Some(socks));
+        let (sh, placement) = (shared.clone(), cfg.reactors.placement);
+        let runtime = Runtime::start(
+            reactors,
+            Arc::new(move |r: &mut pollux_reactor::Reactor| {
+                r.set_local(ctrl::Local::default());
+                if r.id() == 0 {
+                    let socks = pending
+                        .lock()
+                        .map_err(|_| "listener hand-off poisoned".to_string())?
+                        .take()
+                        .unwrap_or_default();
+                    for s in socks {
+                        listener::Listener::new(s, sh.clone(), placement, started).register(r)?;
+                    }
+                }
+                Ok(())
+            }),
+        )?;
+        for a in &addrs {
+            info!(address = %a, "listening (NVMe/TCP, discovery and subsystems)");
+        }
+        Ok(Self { runtime, shared })
+    }
+
+    /// The bound listener addresses, in conf order (ports resolved).
+    pub fn listen_addrs(&self) -> &[SocketAddr] {
+        &self.shared.listeners
+    }
+
+    /// Accounting of every reactor.
+    pub fn reactor_stats(&self) -> Vec<ReactorStats> {
+        self.runtime.stats()
+    }
+
+    /// State shared by the reactors.
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Stop accepting, close every connection, join the reactors.
+    pub fn shutdown(self) -> Result<(), TargetError> {
+        self.runtime.shutdown()?;
+        info!("target stopped");
+        Ok(())
+    }
+}

@@ -1,2 +1,101 @@
-//! The `pollux` binary.
-fn main() {}
+//! The `pollux` binary: `pollux --config FILE` serves until SIGTERM/SIGINT; `pollux --check
+//! FILE` validates a conf file; with neither, the embedded default (one RAM namespace).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use pollux_conf::Config;
+use pollux_target::{Options, Target};
+use tracing::{error, info, warn};
+use tracing_subscriber::EnvFilter;
+
+/// pollux: a polled-mode NVMe-over-TCP storage target.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Cli {
+    /// Conf file to serve (default: the embedded RAM example).
+    #[arg(short, long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Validate a conf file and exit (0 if valid).
+    #[arg(long, value_name = "FILE", conflicts_with = "config")]
+    check: Option<PathBuf>,
+}
+
+/// Block the signals the main thread waits for, before any reactor thread exists (threads
+/// inherit the mask, so only the supervisor ever sees them).
+fn block_signals() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data; sigemptyset/sigaddset initialise it in place.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid sigset_t; the signal numbers are valid.
+    unsafe {
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGHUP);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+    set
+}
+
+fn wait_signal(set: &libc::sigset_t) -> i32 {
+    let mut sig: libc::c_int = 0;
+    // SAFETY: `set` is a valid, initialised sigset_t; `sig` is a valid out pointer.
+    let rc = unsafe { libc::sigwait(set, &mut sig) };
+    if rc == 0 { sig } else { libc::SIGTERM }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_writer(std::io::stderr)
+        .init();
+    if let Some(path) = cli.check {
+        return match Config::from_path(&path) {
+            Ok(cfg) => {
+                info!(file = %path.display(), subsystems = cfg.subsystems.len(), "conf file is valid");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                error!("{e}");
+                ExitCode::from(2)
+            }
+        };
+    }
+    let cfg = match &cli.config {
+        Some(p) => match Config::from_path(p) {
+            Ok(c) => c,
+            Err(e) => {
+                error!("{e}");
+                return ExitCode::from(2);
+            }
+        },
+        None => Config::embedded_default(),
+    };
+    let signals = block_signals();
+    let target = match Target::start(&cfg, Options::default()) {
+        Ok(t) => t,
+        Err(e) => {
+            error!("cannot start: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    info!(origin = %cfg.origin, reactors = cfg.reactors.cores.len(), mode = %cfg.reactors.mode, "pollux running");
+    loop {
+        match wait_signal(&signals) {
+            libc::SIGHUP => warn!("SIGHUP: reload is not implemented yet; configuration unchanged"),
+            sig => {
+                info!(signal = sig, "shutting down");
+                break;
+            }
+        }
+    }
+    match target.shutdown() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!("shutdown: {e}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,1238 @@
+//! One NVMe/TCP connection (one NVMe-oF queue) on its reactor: reads PDUs (NVMe/TCP 1.0 §3.6),
+//! parses each once, runs the command, writes C2HData/R2T/CapsuleResp PDUs back.
+//!
+//! Receive: socket bytes go into a linear buffer big enough for the largest PDU accepted;
+//! complete PDUs are parsed in place (no copy before the data reaches the namespace). Send:
+//! responses of a whole batch of PDUs are gathered in one buffer and written with one
+//! syscall. Fatal protocol errors answer C2HTermReq and close (§3.6.2.3).
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+use pollux_conf::{DISCOVERY_NQN, validate_nqn};
+use pollux_nvme::spec::{Cqe, Sqe, Status, opcode};
+use pollux_nvme::tcp::{
+    CommonHeader, DataHdr, Direction, IcReq, PduError, PduHeader, PduLimits, PduType, check_data_digest, crc32c,
+    encode_c2h_data_hdr, encode_capsule_resp, encode_ic_resp, encode_r2t, encode_term_req, encode_term_req_for, fes,
+    parse_pdu_header,
+};
+use pollux_reactor::{Progress, Reactor, Source, SourceId};
+use slab::Slab;
+use tracing::{debug, info, warn};
+
+use crate::admin::{self, CcEffect, FeatureEffect, Reply};
+use crate::cmd::{self, Admin, DataPtr, Fabrics, Io, Xfer, connect_off, connect_sqe_off};
+use crate::ctrl::{AER_LIMIT, Ctrl, Local, QueueRef, owner_of};
+use crate::subsystem::{Backend, Shared, Subsystem, bump};
+
+/// In-capsule data accepted on the admin queue (NVMe/TCP §3.3.1: 8 KiB for fabrics and admin).
+const ADMIN_IN_CAPSULE: u32 = 8192;
+/// PDUs handled per run before yielding to other sources.
+const PDU_BUDGET: u32 = 64;
+/// Stop reading new commands while this much output waits for the socket.
+const WBUF_HIGH: usize = 8 << 20;
+/// Admin queue entries accepted at Connect.
+const MAX_ADMIN_ENTRIES: u32 = 4096;
+
+/// Connect invalid-parameter result (NVMe-oF 1.1 §6.3, Figure 21): IATTR bit 16 set for an
+/// offset into the Connect data, clear for an offset into the SQE.
+fn ipo_data(off: u32) -> u32 {
+    (1 << 16) | off
+}
+
+/// What a queue is.
+enum Queue {
+    /// No Connect yet.
+    Unbound,
+    /// An I/O queue Connect waits for its controller's answer.
+    Connecting,
+    /// Admin queue: owns the controller.
+    Admin(Box<Ctrl>),
+    /// I/O queue of a controller on reactor `owner`.
+    Io(IoQueue),
+}
+
+struct IoQueue {
+    cntlid: u16,
+    owner: usize,
+    subsys: Arc<Subsystem>,
+}
+
+/// A command waiting for its data (R2T sent, H2CData PDUs arriving).
+struct PendingH2c {
+    cid: u16,
+    io: Io,
+    buf: Vec<u8>,
+    received: u32,
+    /// Completed early (aborted or failed): the data is still drained, then dropped.
+    done: Option<Status>,
+}
+
+/// A connection source.
+pub struct Conn {
+    serial: u64,
+    sock: TcpStream,
+    peer: SocketAddr,
+    local: SocketAddr,
+    shared: Arc<Shared>,
+    reactor: usize,
+    ic_done: bool,
+    closed: bool,
+    hdgst: bool,
+    ddgst: bool,
+    rbuf: Box<[u8]>,
+    rstart: usize,
+    rend: usize,
+    wbuf: Vec<u8>,
+    woff: usize,
+    q: Queue,
+    qid: u16,
+    sq_entries: u32,
+    sqhd: u32,
+    sqflow_off: bool,
+    r2t: Slab<PendingH2c>,
+    started: Instant,
+}
+
+impl Conn {
+    /// Wrap an accepted, non-blocking socket.
+    pub fn new(
+        sock: TcpStream,
+        shared: Arc<Shared>,
+        reactor: usize,
+        serial: u64,
+        started: Instant,
+    ) -> std::io::Result<Self> {
+        let peer = sock.peer_addr()?;
+        let local = sock.local_addr()?;
+        let t = &shared.transport;
+        // Room for the largest PDU we accept (header, digests, data) plus slack for the next.
+        let max_data = t.max_h2c_data.max(t.in_capsule_data_size).max(ADMIN_IN_CAPSULE) as usize;
+        let cap = (max_data + 256).max(64 * 1024) * 2;
+        Ok(Self {
+            serial,
+            sock,
+            peer,
+            local,
+            shared,
+            reactor,
+            ic_done: false,
+            closed: false,
+            hdgst: false,
+            ddgst: false,
+            rbuf: vec![0u8; cap].into_boxed_slice(),
+            rstart: 0,
+            rend: 0,
+            wbuf: Vec::with_capacity(64 * 1024),
+            woff: 0,
+            q: Queue::Unbound,
+            qid: 0,
+            sq_entries: 32,
+            sqhd: 0,
+            sqflow_off: false,
+            r2t: Slab::new(),
+            started,
+        })
+    }
+
+    /// The socket's fd (for registration).
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.sock.as_raw_fd()
+    }
+
+    /// The connection's serial number (unique in this process).
+    pub fn serial(&self) -> u64 {
+        self.serial
+    }
+
+    // ---------------------------------------------------------------- output
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        while self.woff < self.wbuf.len() {
+            match self.sock.write(&self.wbuf[self.woff..]) {
+                Ok(0) => return Err(ErrorKind::WriteZero.into()),
+                Ok(n) => self.woff += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if self.woff == self.wbuf.len() {
+            self.wbuf.clear();
+            self.woff = 0;
+        } else if self.woff > (1 << 20) {
+            self.wbuf.drain(..self.woff);
+            self.woff = 0;
+        }
+        Ok(())
+    }
+
+    fn pending_out(&self) -> usize {
+        self.wbuf.len() - self.woff
+    }
+
+    fn sqhd(&self) -> u16 {
+        if self.sqflow_off { 0 } else { self.sqhd as u16 }
+    }
+
+    fn resp(&mut self, cid: u16, status: Status, dw0: u32, dw1: u32) {
+        let mut cqe = Cqe::new(cid, self.qid, self.sqhd(), status, dw0);
+        cqe.dw1.set(dw1);
+        let (b, n) = encode_capsule_resp(&cqe, self.hdgst);
+        self.wbuf.extend_from_slice(&b[..n]);
+    }
+
+    fn c2h_header(&mut self, cid: u16, len: u32, success: bool) {
+        let (h, n) = encode_c2h_data_hdr(cid, 0, len, true, success, self.hdgst, self.ddgst);
+        self.wbuf.extend_from_slice(&h[..n]);
+    }
+
+    fn c2h(&mut self, cid: u16, data: &[u8]) {
+        self.c2h_header(cid, data.len() as u32, false);
+        self.wbuf.extend_from_slice(data);
+        if self.ddgst {
+            self.wbuf.extend_from_slice(&crc32c(data).to_le_bytes());
+        }
+    }
+
+    /// Send a command's reply: its data (at most what the host's SGL asked for), then the CQE.
+    fn reply(&mut self, cid: u16, rep: Reply, max_len: u32) {
+        if rep.status.is_success() && !rep.data.is_empty() && max_len > 0 {
+            let n = rep.data.len().min(max_len as usize);
+            self.c2h(cid, &rep.data[..n]);
+        }
+        self.resp(cid, rep.status, rep.dw0, rep.dw1);
+    }
+
+    /// Send an error status, logging it for the controller's error log.
+    fn fail(&mut self, r: &mut Reactor, cid: u16, status: Status, nsid: u32, lba: u64) {
+        self.resp(cid, status, 0, 0);
+        self.log_error(r, cid, status, nsid, lba);
+    }
+
+    fn log_error(&mut self, r: &mut Reactor, cid: u16, status: Status, nsid: u32, lba: u64) {
+        let sqid = self.qid;
+        match &mut self.q {
+            Queue::Admin(ctrl) => ctrl.log_error(sqid, cid, status, nsid, lba),
+            Queue::Io(q) => {
+                // Errors are rare: one message to the controller's reactor for its log.
+                let (cntlid, owner) = (q.cntlid, q.owner);
+                r.send(owner, move |r| {
+                    with_ctrl(r, cntlid, |ctrl, _| ctrl.log_error(sqid, cid, status, nsid, lba));
+                });
+            }
+            _ => {}
+        }
+    }
+
+    // ---------------------------------------------------------------- teardown
+
+    /// Fatal transport error: C2HTermReq with `fes`/`fei` and the offending header, then close.
+    fn fatal(&mut self, r: &mut Reactor, id: SourceId, fes_value: u16, fei: u32, header: &[u8], why: &str) {
+        warn!(peer = %self.peer, reactor = self.reactor, fes = fes_value, fei, "fatal NVMe/TCP error: {why}; sending C2HTermReq");
+        let (b, n) = encode_term_req(true, fes_value, fei, header);
+        self.wbuf.extend_from_slice(&b[..n]);
+        let _ = self.flush();
+        self.close(r, id, why);
+    }
+
+    fn fatal_pdu(&mut self, r: &mut Reactor, id: SourceId, e: &PduError, header: &[u8]) {
+        match encode_term_req_for(e, Direction::ControllerToHost, header) {
+            Some((b, n)) => {
+                warn!(peer = %self.peer, reactor = self.reactor, error = %e, "bad PDU; sending C2HTermReq");
+                self.wbuf.extend_from_slice(&b[..n]);
+                let _ = self.flush();
+                self.close(r, id, &e.to_string());
+            }
+            None => self.fatal(r, id, fes::INVALID_HEADER_FIELD, 0, header, &e.to_string()),
+        }
+    }
+
+    /// Close the connection: tear down its controller (admin queue) or leave it (I/O queue).
+    pub fn close(&mut self, r: &mut Reactor, id: SourceId, reason: &str) {
+        if self.closed {
+            return;
+        }
+        self.closed = true;
+        let _ = self.flush();
+        let _ = self.sock.shutdown(Shutdown::Both);
+        match std::mem::replace(&mut self.q, Queue::Unbound) {
+            Queue::Admin(ctrl) => teardown_ctrl(r, ctrl, reason),
+            Queue::Io(q) => {
+                let (qid, serial, cntlid) = (self.qid, self.serial, q.cntlid);
+                r.send(q.owner, move |r| {
+                    with_ctrl(r, cntlid, |ctrl, _| {
+                        if ctrl.io_queues.get(&qid).is_some_and(|x| x.serial == serial) {
+                            ctrl.io_queues.remove(&qid);
+                        }
+                    });
+                });
+            }
+            _ => {}
+        }
+        self.shared.conns_per_reactor[self.reactor].fetch_sub(1, Relaxed);
+        info!(peer = %self.peer, reactor = self.reactor, qid = self.qid, reason, "connection closed");
+        r.remove_source(id);
+    }
+
+    // ---------------------------------------------------------------- input
+
+    /// Read what the socket has. Ok(true) if bytes arrived, Ok(false) if none; Err on EOF/error.
+    fn fill(&mut self) -> Result<bool, String> {
+        if self.rstart == self.rend {
+            self.rstart = 0;
+            self.rend = 0;
+        } else if self.rstart > 0 && self.rend > self.rbuf.len() / 2 {
+            self.rbuf.copy_within(self.rstart..self.rend, 0);
+            self.rend -= self.rstart;
+            self.rstart = 0;
+        }
+        let mut got = false;
+        while self.rend < self.rbuf.len() {
+            match self.sock.read(&mut self.rbuf[self.rend..]) {
+                Ok(0) => {
+                    return if got {
+                        Ok(true)
+                    } else {
+                        Err("peer closed the connection".into())
+                    };
+                }
+                Ok(n) => {
+                    self.rend += n;
+                    got = true;
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(format!("read: {e}")),
+            }
+        }
+        Ok(got)
+    }
+
+    fn limits(&self, kind: PduType) -> PduLimits {
+        let t = &self.shared.transport;
+        let max_data = match kind {
+            PduType::CapsuleCmd => match self.q {
+                Queue::Io(_) => t.in_capsule_data_size,
+                _ => ADMIN_IN_CAPSULE.max(t.in_capsule_data_size),
+            },
+            PduType::H2CData => t.max_h2c_data,
+            _ => 0,
+        };
+        // Digests apply only after ICReq/ICResp negotiated them.
+        PduLimits {
+            hdgst: self.hdgst,
+            ddgst: self.ddgst,
+            max_data,
+        }
+    }
+
+    /// Parse and run the complete PDUs in the receive buffer.
+    fn process(&mut self, r: &mut Reactor, id: SourceId, budget: &mut u32) -> bool {
+        let mut progressed = false;
+        let rbuf = std::mem::take(&mut self.rbuf);
+        while !self.closed && *budget > 0 && self.pending_out() < WBUF_HIGH {
+            let avail = &rbuf[self.rstart..self.rend];
+            let Some(ch_bytes) = avail.first_chunk::<8>() else {
+                break;
+            };
+            let ch = match CommonHeader::parse(ch_bytes) {
+                Ok(ch) => ch,
+                Err(e) => {
+                    self.fatal_pdu(r, id, &e, &avail[..avail.len().min(128)]);
+                    break;
+                }
+            };
+            let kind = match ch.kind() {
+                Ok(k) => k,
+                Err(e) => {
+                    self.fatal_pdu(r, id, &e, ch_bytes);
+                    break;
+                }
+            };
+            // §3.6.2.1: ICReq first and only once.
+            if (kind == PduType::IcReq) == self.ic_done {
+                let why = if self.ic_done {
+                    "a second ICReq"
+                } else {
+                    "a PDU before ICReq"
+                };
+                self.fatal(r, id, fes::PDU_SEQUENCE_ERROR, 0, ch_bytes, why);
+                break;
+            }
+            let limits = self.limits(kind);
+            let hl = ch.header_len(&limits);
+            if avail.len() < hl {
+                break;
+            }
+            let hdr = match parse_pdu_header(&ch, &avail[..hl], &limits, Direction::HostToController) {
+                Ok(h) => h,
+                Err(e) => {
+                    self.fatal_pdu(r, id, &e, &avail[..hl.min(128)]);
+                    break;
+                }
+            };
+            let plen = ch.plen.get() as usize;
+            if plen > rbuf.len() {
+                // Cannot happen after parse_pdu_header bounded the data; keep it a clean error.
+                self.fatal(
+                    r,
+                    id,
+                    fes::DATA_TRANSFER_LIMIT_EXCEEDED,
+                    4,
+                    &avail[..hl.min(128)],
+                    "PDU larger than the buffer",
+                );
+                break;
+            }
+            if avail.len() < plen {
+                break;
+            }
+            let pdu = &avail[..plen];
+            let (off, dl) = (hdr.data_offset(), hdr.data_len() as usize);
+            let data = if dl > 0 { &pdu[off..off + dl] } else { &[][..] };
+            let digest_ok = !hdr.has_data_digest() || {
+                let d = &pdu[off + dl..off + dl + 4];
+                check_data_digest(data, u32::from_le_bytes([d[0], d[1], d[2], d[3]])).is_ok()
+            };
+            self.rstart += plen;
+            *budget -= 1;
+            progressed = true;
+            self.dispatch(r, id, hdr, data, digest_ok, &pdu[..hl]);
+        }
+        self.rbuf = rbuf;
+        progressed
+    }
+
+    fn dispatch(&mut self, r: &mut Reactor, id: SourceId, hdr: PduHeader, data: &[u8], digest_ok: bool, header: &[u8]) {
+        match hdr {
+            PduHeader::IcReq(req) => self.on_icreq(r, id, &req, header),
+            PduHeader::TermReq { hdr, .. } => {
+                info!(peer = %self.peer, fes = hdr.fes.get(), "host sent H2CTermReq");
+                self.close(r, id, "host terminated the connection");
+            }
+            PduHeader::CapsuleCmd { sqe, .. } => {
+                self.sqhd = (self.sqhd + 1) % self.sq_entries.max(1);
+                if !digest_ok {
+                    // NVMe/TCP §3.6.2.4: a data digest error fails the command, not the queue.
+                    let cid = sqe.cid.get();
+                    self.fail(r, cid, Status::TRANSIENT_TRANSPORT_ERROR, sqe.nsid.get(), 0);
+                    return;
+                }
+                self.on_capsule(r, id, &sqe, data);
+            }
+            PduHeader::H2CData { hdr, .. } => self.on_h2c_data(r, id, &hdr, data, digest_ok, header),
+            other => {
+                let why = format!("{:?} is not a host-to-controller PDU", other.pdu_type());
+                self.fatal(r, id, fes::INVALID_HEADER_FIELD, 0, header, &why);
+            }
+        }
+    }
+
+    fn on_icreq(&mut self, r: &mut Reactor, id: SourceId, req: &IcReq, header: &[u8]) {
+        // We place C2H data right after the header: only HPDA 0 (no padding) is served.
+        if req.hpda != 0 {
+            self.fatal(
+                r,
+                id,
+                fes::UNSUPPORTED_PARAMETER,
+                u32::from(IcReq::OFFSET_HPDA),
+                header,
+                "HPDA other than 0",
+            );
+            return;
+        }
+        let (hd, dd) = (req.hdgst(), req.ddgst());
+        let resp = encode_ic_resp(hd, dd, self.shared.transport.max_h2c_data, 0);
+        self.wbuf.extend_from_slice(&resp);
+        self.hdgst = hd;
+        self.ddgst = dd;
+        self.ic_done = true;
+        debug!(peer = %self.peer, hdgst = hd, ddgst = dd, "ICReq accepted");
+    }
+
+    fn on_capsule(&mut self, r: &mut Reactor, id: SourceId, sqe: &Sqe, data: &[u8]) {
+        let cid = sqe.cid.get();
+        if sqe.opcode == opcode::FABRICS {
+            return self.on_fabrics(r, id, sqe, data);
+        }
+        match self.q {
+            Queue::Unbound | Queue::Connecting => self.fail(r, cid, Status::COMMAND_SEQUENCE_ERROR.with_dnr(), 0, 0),
+            Queue::Admin(_) => self.on_admin(r, id, sqe, data),
+            Queue::Io(_) => self.on_io(r, sqe, data),
+        }
+    }
+
+    /// The host's buffer length for a controller-to-host command, or the status to fail with.
+    fn c2h_len(&self, sqe: &Sqe) -> Result<u32, Status> {
+        match cmd::data_ptr(sqe)? {
+            DataPtr::None => Ok(0),
+            DataPtr::InCapsule(_) => Err(Status::SGL_DESCRIPTOR_TYPE_INVALID.with_dnr()),
+            DataPtr::Transport(len) if len > self.shared.transport.max_io_size.max(ADMIN_IN_CAPSULE) => {
+                Err(Status::DATA_SGL_LENGTH_INVALID.with_dnr())
+            }
+            DataPtr::Transport(len) => Ok(len),
+        }
+    }
+
+    // ---------------------------------------------------------------- fabrics
+
+    fn on_fabrics(&mut self, r: &mut Reactor, id: SourceId, sqe: &Sqe, data: &[u8]) {
+        let cid = sqe.cid.get();
+        match cmd::decode_fabrics(sqe) {
+            Fabrics::Connect {
+                recfmt,
+                qid,
+                sqsize,
+                cattr,
+                kato,
+            } => {
+                if !matches!(self.q, Queue::Unbound) {
+                    return self.fail(r, cid, Status::COMMAND_SEQUENCE_ERROR.with_dnr(), 0, 0);
+                }
+                self.connect(r, id, sqe, recfmt, qid, sqsize, cattr, kato, data);
+            }
+            Fabrics::PropertyGet { size8, offset } => match &self.q {
+                Queue::Admin(ctrl) => {
+                    let rep = admin::property_get(ctrl, &self.shared, size8, offset);
+                    self.reply(cid, rep, 0);
+                }
+                _ => self.fail(r, cid, Status::INVALID_OPCODE.with_dnr(), 0, 0),
+            },
+            Fabrics::PropertySet { size8, offset, value } => {
+                let Queue::Admin(ctrl) = &mut self.q else {
+                    return self.fail(r, cid, Status::INVALID_OPCODE.with_dnr(), 0, 0);
+                };
+                let (rep, effect) = admin::property_set(ctrl, size8, offset, value);
+                let cntlid = ctrl.cntlid;
+                match effect {
+                    CcEffect::Enabled => info!(cntlid, peer = %self.peer, "controller enabled"),
+                    CcEffect::Disabled => {
+                        info!(cntlid, "controller disabled (reset): deleting its I/O queues");
+                        close_io_queues(r, ctrl, "controller reset");
+                    }
+                    CcEffect::Shutdown => info!(cntlid, "controller shutdown"),
+                    CcEffect::None => {}
+                }
+                self.reply(cid, rep, 0);
+            }
+            Fabrics::Disconnect => {
+                if matches!(self.q, Queue::Io(_)) {
+                    self.resp(cid, Status::SUCCESS, 0, 0);
+                    self.close(r, id, "Disconnect command");
+                } else {
+                    self.fail(r, cid, Status::INVALID_FIELD.with_dnr(), 0, 0);
+                }
+            }
+            Fabrics::Other(_) => self.fail(r, cid, Status::INVALID_OPCODE.with_dnr(), 0, 0),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn connect(
+        &mut self,
+        r: &mut Reactor,
+        id: SourceId,
+        sqe: &Sqe,
+        recfmt: u16,
+        qid: u16,
+        sqsize: u16,
+        cattr: u8,
+        kato: u32,
+        data: &[u8],
+    ) {
+        let cid = sqe.cid.get();
+        let refuse = |c: &mut Self, r: &mut Reactor, status: Status, dw0: u32, why: &str| {
+            info!(peer = %c.peer, qid, status = %status, "connect refused: {why}");
+            c.resp(cid, status, dw0, 0);
+            let _ = r;
+        };
+        if recfmt != 0 {
+            return refuse(
+                self,
+                r,
+                Status::CONNECT_INCOMPATIBLE_FORMAT.with_dnr(),
+                0,
+                "record format",
+            );
+        }
+        // Connect data always travels in-capsule (NVMe/TCP §3.3.1).
+        match cmd::data_ptr(sqe) {
+            Ok(DataPtr::InCapsule(1024)) if data.len() == 1024 => {}
+            _ => {
+                return refuse(
+                    self,
+                    r,
+                    Status::DATA_SGL_LENGTH_INVALID.with_dnr(),
+                    0,
+                    "connect data not in capsule",
+                );
+            }
+        }
+        let d = match cmd::parse_connect_data(data) {
+            Ok(d) => d,
+            Err(off) => {
+                return refuse(
+                    self,
+                    r,
+                    Status::CONNECT_INVALID_PARAMETERS.with_dnr(),
+                    ipo_data(off),
+                    "bad connect data",
+                );
+            }
+        };
+        if let Err(why) = validate_nqn(&d.hostnqn) {
+            let dw0 = ipo_data(connect_off::HOSTNQN);
+            return refuse(
+                self,
+                r,
+                Status::CONNECT_INVALID_PARAMETERS.with_dnr(),
+                dw0,
+                &format!("host NQN: {why}"),
+            );
+        }
+        let entries = u32::from(sqsize) + 1;
+        let max_entries = if qid == 0 {
+            MAX_ADMIN_ENTRIES
+        } else {
+            self.shared.transport.io_queue_depth
+        };
+        if sqsize == 0 || entries > max_entries {
+            return refuse(
+                self,
+                r,
+                Status::CONNECT_INVALID_PARAMETERS.with_dnr(),
+                connect_sqe_off::SQSIZE,
+                "queue size",
+            );
+        }
+        let subsys = if d.subnqn == DISCOVERY_NQN {
+            if qid != 0 {
+                return refuse(
+                    self,
+                    r,
+                    Status::CONNECT_INVALID_PARAMETERS.with_dnr(),
+                    connect_sqe_off::QID,
+                    "I/O queue on discovery",
+                );
+            }
+            None
+        } else {
+            let snap = self.shared.snapshot.load();
+            let Some(s) = snap.subsystem(&d.subnqn) else {
+                let dw0 = ipo_data(connect_off::SUBNQN);
+                return refuse(
+                    self,
+                    r,
+                    Status::CONNECT_INVALID_PARAMETERS.with_dnr(),
+                    dw0,
+                    &format!("unknown subsystem {}", d.subnqn),
+                );
+            };
+            if !s.allows(&d.hostnqn) {
+                let dw0 = ipo_data(connect_off::HOSTNQN);
+                return refuse(
+                    self,
+                    r,
+                    Status::CONNECT_INVALID_HOST.with_dnr(),
+                    dw0,
+                    &format!("host {} not allowed", d.hostnqn),
+                );
+            }
+            Some(s.clone())
+        };
+        self.qid = qid;
+        self.sq_entries = entries;
+        self.sqhd = 1 % entries; // the Connect itself was consumed
+        self.sqflow_off = cattr & (1 << 2) != 0;
+        if qid == 0 {
+            if d.cntlid != 0xFFFF {
+                let dw0 = ipo_data(connect_off::CNTLID);
+                return refuse(
+                    self,
+                    r,
+                    Status::CONNECT_INVALID_PARAMETERS.with_dnr(),
+                    dw0,
+                    "admin queue must ask for a dynamic controller",
+                );
+            }
+            let n = r.reactor_count();
+            let me = self.reactor;
+            let Some(cntlid) = r.local::<Local>().and_then(|l| l.alloc_cntlid(me, n)) else {
+                return refuse(self, r, Status::CONNECT_CONTROLLER_BUSY, 0, "no controller id left");
+            };
+            if let Some(l) = r.local::<Local>() {
+                l.ctrls.insert(
+                    cntlid,
+                    QueueRef {
+                        reactor: me,
+                        source: id,
+                        serial: self.serial,
+                    },
+                );
+            }
+            let kato = self.shared.keep_alive.clamp(kato);
+            let ctrl = Ctrl::new(cntlid, subsys, d.hostnqn.clone(), d.hostid, kato);
+            info!(
+                cntlid, reactor = me, peer = %self.peer, subnqn = %d.subnqn, hostnqn = %d.hostnqn, kato_ms = kato,
+                "controller created"
+            );
+            self.shared.controllers_created.fetch_add(1, Relaxed);
+            self.q = Queue::Admin(Box::new(ctrl));
+            self.schedule_keep_alive(r, id);
+            self.resp(cid, Status::SUCCESS, u32::from(cntlid), 0);
+            return;
+        }
+        // An I/O queue: ask the controller's reactor to attach it; answer when it replies.
+        let owner = owner_of(d.cntlid, r.reactor_count());
+        let me = QueueRef {
+            reactor: self.reactor,
+            source: id,
+            serial: self.serial,
+        };
+        self.q = Queue::Connecting;
+        let (cntlid, subnqn, hostnqn, hostid) = (d.cntlid, d.subnqn, d.hostnqn, d.hostid);
+        let sent = r.send(owner, move |r| {
+            let res = attach_io(r, cntlid, qid, &subnqn, &hostnqn, &hostid, me);
+            r.send(me.reactor, move |r| {
+                r.with_source::<Conn, _>(me.source, |c, r| {
+                    if c.serial == me.serial {
+                        c.io_connected(r, me.source, cid, cntlid, owner, res);
+                    }
+                });
+            });
+        });
+        if !sent {
+            self.q = Queue::Unbound;
+            self.resp(cid, Status::CONNECT_CONTROLLER_BUSY, 0, 0);
+        }
+    }
+
+    fn io_connected(&mut self, r: &mut Reactor, id: SourceId, cid: u16, cntlid: u16, owner: usize, res: AttachResult) {
+        if self.closed {
+            return;
+        }
+        match res {
+            Ok(subsys) => {
+                debug!(cntlid, qid = self.qid, reactor = self.reactor, peer = %self.peer, "I/O queue connected");
+                self.q = Queue::Io(IoQueue { cntlid, owner, subsys });
+                self.resp(cid, Status::SUCCESS, u32::from(cntlid), 0);
+            }
+            Err((status, dw0, why)) => {
+                info!(peer = %self.peer, qid = self.qid, cntlid, status = %status, "I/O queue connect refused: {why}");
+                self.q = Queue::Unbound;
+                self.resp(cid, status, dw0, 0);
+            }
+        }
+        if let Err(e) = self.flush() {
+            self.close(r, id, &format!("write: {e}"));
+        }
+    }
+
+    // ---------------------------------------------------------------- admin
+
+    fn schedule_keep_alive(&mut self, r: &mut Reactor, id: SourceId) {
+        let Queue::Admin(ctrl) = &mut self.q else { return };
+        if let Some(t) = ctrl.ka_timer.take() {
+            r.cancel_timer(t);
+        }
+        if ctrl.kato_ms == 0 {
+            return;
+        }
+        let at = ctrl.last_keep_alive + Duration::from_millis(u64::from(ctrl.kato_ms));
+        let serial = self.serial;
+        ctrl.ka_timer = Some(r.add_timer(at, move |r| {
+            r.with_source::<Conn, _>(id, |c, r| {
+                if c.serial == serial {
+                    c.keep_alive_check(r, id);
+                }
+            });
+        }));
+    }
+
+    fn keep_alive_check(&mut self, r: &mut Reactor, id: SourceId) {
+        let Queue::Admin(ctrl) = &mut self.q else { return };
+        ctrl.ka_timer = None;
+        let deadline = ctrl.last_keep_alive + Duration::from_millis(u64::from(ctrl.kato_ms));
+        if Instant::now() >= deadline {
+            warn!(cntlid = ctrl.cntlid, peer = %self.peer, kato_ms = ctrl.kato_ms, "keep-alive timeout: deleting the controller");
+            self.close(r, id, "keep-alive timeout");
+        } else {
+            self.schedule_keep_alive(r, id);
+        }
+    }
+
+    fn on_admin(&mut self, r: &mut Reactor, id: SourceId, sqe: &Sqe, _data: &[u8]) {
+        let cid = sqe.cid.get();
+        let nsid = sqe.nsid.get();
+        let command = cmd::decode_admin(sqe);
+        let Queue::Admin(ctrl) = &mut self.q else { return };
+        // Admin commands need an enabled controller (base spec §3.5.1).
+        if !ctrl.ready() {
+            return self.fail(r, cid, Status::COMMAND_SEQUENCE_ERROR.with_dnr(), nsid, 0);
+        }
+        if cmd::xfer(sqe) == Xfer::HostToCtrl && !matches!(cmd::data_ptr(sqe), Ok(DataPtr::None)) {
+            // No admin command we serve takes data from the host.
+            return self.fail(r, cid, Status::INVALID_FIELD.with_dnr(), nsid, 0);
+        }
+        let max_len = match cmd::xfer(sqe) {
+            Xfer::CtrlToHost => match self.c2h_len(sqe) {
+                Ok(l) => l,
+                Err(s) => return self.fail(r, cid, s, nsid, 0),
+            },
+            _ => 0,
+        };
+        let Queue::Admin(ctrl) = &mut self.q else { return };
+        let rep = match command {
+            Admin::Identify { cns, nsid } => admin::identify(ctrl, &self.shared, cns, nsid),
+            Admin::GetLogPage {
+                lid, rae, offset, len, ..
+            } => {
+                let snap = self.shared.snapshot.load();
+                let len = len.min(max_len);
+                admin::get_log_page(
+                    ctrl,
+                    &self.shared,
+                    &snap,
+                    lid,
+                    rae,
+                    offset,
+                    len,
+                    self.local,
+                    self.started,
+                )
+            }
+            Admin::GetFeatures { fid, cdw11, .. } => admin::get_features(ctrl, &self.shared, fid, cdw11),
+            Admin::SetFeatures { fid, save, cdw11 } => {
+                let (rep, effect) = admin::set_features(ctrl, &self.shared, fid, save, cdw11);
+                if effect == FeatureEffect::KeepAlive {
+                    ctrl.last_keep_alive = Instant::now();
+                    self.schedule_keep_alive(r, id);
+                }
+                rep
+            }
+            Admin::KeepAlive => {
+                ctrl.last_keep_alive = Instant::now();
+                Reply::ok()
+            }
+            Admin::AsyncEventRequest => {
+                if ctrl.aers.len() >= AER_LIMIT {
+                    Reply::err(Status::ASYNC_EVENT_REQUEST_LIMIT_EXCEEDED)
+                } else if let Some(ev) = ctrl.events.pop_front() {
+                    Reply::dw0(ev)
+                } else {
+                    // Held until an event (base spec §5.2); completes later.
+                    ctrl.aers.push_back(cid);
+                    return;
+                }
+            }
+            Admin::Abort { sqid, cid: target } => return self.abort(r, id, cid, sqid, target),
+            Admin::Unsupported(_) => Reply::err(Status::INVALID_OPCODE.with_dnr()),
+        };
+        if !rep.status.is_success() {
+            let status = rep.status;
+            self.reply(cid, rep, max_len);
+            self.log_error(r, cid, status, nsid, 0);
+        } else {
+            self.reply(cid, rep, max_len);
+        }
+    }
+
+    /// Abort (base spec §5.1): dw0 bit 0 is 0 if the command was aborted, 1 if not.
+    fn abort(&mut self, r: &mut Reactor, id: SourceId, cid: u16, sqid: u16, target: u16) {
+        let Queue::Admin(ctrl) = &mut self.q else { return };
+        if sqid == 0 {
+            // Only AERs are ever pending on the admin queue.
+            if let Some(pos) = ctrl.aers.iter().position(|&c| c == target) {
+                ctrl.aers.remove(pos);
+                self.resp(target, Status::ABORT_REQUESTED, 0, 0);
+                self.resp(cid, Status::SUCCESS, 0, 0);
+            } else {
+                self.resp(cid, Status::SUCCESS, 1, 0);
+            }
+            return;
+        }
+        let Some(q) = ctrl.io_queues.get(&sqid).copied() else {
+            return self.resp(cid, Status::SUCCESS, 1, 0);
+        };
+        let (me, serial) = (self.reactor, self.serial);
+        let sent = r.send(q.reactor, move |r| {
+            let aborted = r
+                .with_source::<Conn, _>(q.source, |c, r| {
+                    c.serial == q.serial && c.abort_pending(r, q.source, target)
+                })
+                .unwrap_or(false);
+            r.send(me, move |r| {
+                r.with_source::<Conn, _>(id, |c, r| {
+                    if c.serial == serial {
+                        c.resp(cid, Status::SUCCESS, u32::from(!aborted), 0);
+                        if let Err(e) = c.flush() {
+                            c.close(r, id, &format!("write: {e}"));
+                        }
+                    }
+                });
+            });
+        });
+        if !sent {
+            self.resp(cid, Status::SUCCESS, 1, 0);
+        }
+    }
+
+    /// Abort command `cid` if it still waits for data on this I/O queue.
+    fn abort_pending(&mut self, r: &mut Reactor, id: SourceId, cid: u16) -> bool {
+        let Some((_, p)) = self.r2t.iter_mut().find(|(_, p)| p.cid == cid && p.done.is_none()) else {
+            return false;
+        };
+        p.done = Some(Status::ABORT_REQUESTED);
+        self.resp(cid, Status::ABORT_REQUESTED, 0, 0);
+        if let Err(e) = self.flush() {
+            self.close(r, id, &format!("write: {e}"));
+        }
+        true
+    }
+
+    /// Complete held AERs with queued events (called when an event is raised).
+    pub fn complete_events(&mut self) {
+        let Queue::Admin(ctrl) = &mut self.q else { return };
+        let mut done = Vec::new();
+        while !ctrl.aers.is_empty() && !ctrl.events.is_empty() {
+            if let (Some(cid), Some(ev)) = (ctrl.aers.pop_front(), ctrl.events.pop_front()) {
+                done.push((cid, ev));
+            }
+        }
+        for (cid, ev) in done {
+            self.resp(cid, Status::SUCCESS, ev, 0);
+        }
+        let _ = self.flush();
+    }
+
+    // ---------------------------------------------------------------- NVM I/O
+
+    fn on_io(&mut self, r: &mut Reactor, sqe: &Sqe, data: &[u8]) {
+        let cid = sqe.cid.get();
+        let nsid = sqe.nsid.get();
+        let Queue::Io(q) = &self.q else { return };
+        let io = match cmd::decode_io(sqe, &q.subsys, self.shared.transport.max_io_size) {
+            Ok(io) => io,
+            Err(s) => {
+                let slba = u64::from(sqe.cdw10.get()) | (u64::from(sqe.cdw11.get()) << 32);
+                return self.fail(r, cid, s, nsid, slba);
+            }
+        };
+        let dp = match cmd::data_ptr(sqe) {
+            Ok(dp) => dp,
+            Err(s) => return self.fail(r, cid, s, nsid, 0),
+        };
+        let need = io.h2c_len();
+        if need > 0 {
+            match dp {
+                DataPtr::InCapsule(len) if len == need && data.len() == len as usize => self.exec_io(r, cid, io, data),
+                DataPtr::Transport(len) if len == need && data.is_empty() => self.start_r2t(r, cid, io, len),
+                _ => self.fail(r, cid, Status::DATA_SGL_LENGTH_INVALID.with_dnr(), nsid, 0),
+            }
+            return;
+        }
+        if let Io::Read { len, .. } = &io {
+            match dp {
+                DataPtr::Transport(l) if l >= *len => {}
+                DataPtr::InCapsule(_) => {
+                    return self.fail(r, cid, Status::SGL_DESCRIPTOR_TYPE_INVALID.with_dnr(), nsid, 0);
+                }
+                _ => return self.fail(r, cid, Status::DATA_SGL_LENGTH_INVALID.with_dnr(), nsid, 0),
+            }
+        }
+        self.exec_io(r, cid, io, &[]);
+    }
+
+    fn start_r2t(&mut self, r: &mut Reactor, cid: u16, io: Io, len: u32) {
+        // Command ids are the host's: two commands in flight with one id is a host bug.
+        if self.r2t.iter().any(|(_, p)| p.cid == cid) {
+            return self.fail(r, cid, Status::CID_CONFLICT.with_dnr(), 0, 0);
+        }
+        if self.r2t.len() >= self.sq_entries as usize {
+            return self.fail(r, cid, Status::COMMAND_SEQUENCE_ERROR, 0, 0);
+        }
+        let ttag = self.r2t.insert(PendingH2c {
+            cid,
+            io,
+            buf: vec![0u8; len as usize],
+            received: 0,
+            done: None,
+        });
+        // One R2T for the whole transfer (as Linux nvmet and SPDK do); the host splits it into
+        // H2CData PDUs of at most MAXH2CDATA.
+        let (b, n) = encode_r2t(cid, ttag as u16, 0, len, self.hdgst);
+        self.wbuf.extend_from_slice(&b[..n]);
+    }
+
+    fn on_h2c_data(
+        &mut self,
+        r: &mut Reactor,
+        id: SourceId,
+        hdr: &DataHdr,
+        data: &[u8],
+        digest_ok: bool,
+        header: &[u8],
+    ) {
+        let ttag = usize::from(hdr.ttag.get());
+        let cccid = hdr.cccid.get();
+        let (datao, datal) = (hdr.datao.get(), hdr.datal.get());
+        let Some(p) = self.r2t.get_mut(ttag).filter(|p| p.cid == cccid) else {
+            let fei = u32::from(DataHdr::OFFSET_TTAG);
+            return self.fatal(
+                r,
+                id,
+                fes::INVALID_HEADER_FIELD,
+                fei,
+                header,
+                "H2CData for no outstanding R2T",
+            );
+        };
+        // Each H2CData continues where the last ended (NVMe/TCP §3.6.2.7).
+        if datao != p.received || u64::from(datao) + u64::from(datal) > p.buf.len() as u64 {
+            let fei = u32::from(DataHdr::OFFSET_DATAO);
+            return self.fatal(
+                r,
+                id,
+                fes::DATA_TRANSFER_OUT_OF_RANGE,
+                fei,
+                header,
+                "H2CData outside its R2T",
+            );
+        }
+        p.buf[datao as usize..(datao + datal) as usize].copy_from_slice(data);
+        p.received += datal;
+        if !digest_ok && p.done.is_none() {
+            p.done = Some(Status::TRANSIENT_TRANSPORT_ERROR);
+            self.resp(cccid, Status::TRANSIENT_TRANSPORT_ERROR, 0, 0);
+        }
+        let Some(p) = self.r2t.get(ttag) else { return };
+        if p.received as usize == p.buf.len() {
+            let p = self.r2t.remove(ttag);
+            if p.done.is_none() {
+                self.exec_io(r, p.cid, p.io, &p.buf);
+            }
+        }
+    }
+
+    fn exec_io(&mut self, r: &mut Reactor, cid: u16, io: Io, data: &[u8]) {
+        let reactor = self.reactor;
+        match io {
+            Io::Read { ns, off, len } => {
+                let Backend::Ram(disk) = &ns.backend;
+                // DATA_SUCCESS saves the CapsuleResp when SQ flow control is off (§3.6.2.8).
+                let success = self.sqflow_off;
+                self.c2h_header(cid, len, success);
+                let start = self.wbuf.len();
+                self.wbuf.resize(start + len as usize, 0);
+                disk.read(off, &mut self.wbuf[start..]);
+                if self.ddgst {
+                    let dg = crc32c(&self.wbuf[start..]);
+                    self.wbuf.extend_from_slice(&dg.to_le_bytes());
+                }
+                let c = ns.counters(reactor);
+                bump(&c.read_cmds, 1);
+                bump(&c.read_bytes, u64::from(len));
+                if !success {
+                    self.resp(cid, Status::SUCCESS, 0, 0);
+                }
+            }
+            Io::Write { ns, off, len, .. } => {
+                let Backend::Ram(disk) = &ns.backend;
+                disk.write(off, &data[..len as usize]);
+                let c = ns.counters(reactor);
+                bump(&c.write_cmds, 1);
+                bump(&c.write_bytes, u64::from(len));
+                self.resp(cid, Status::SUCCESS, 0, 0);
+            }
+            Io::WriteZeroes { ns, off, len } => {
+                let Backend::Ram(disk) = &ns.backend;
+                disk.zero(off, len);
+                bump(&ns.counters(reactor).write_cmds, 1);
+                self.resp(cid, Status::SUCCESS, 0, 0);
+            }
+            // RAM has no volatile cache to flush: a completed write is already visible.
+            Io::Flush { .. } => self.resp(cid, Status::SUCCESS, 0, 0),
+            Io::DatasetManagement { ns, deallocate, .. } => match cmd::dsm_ranges(data, &ns) {
+                Ok(ranges) => {
+                    if deallocate {
+                        let Backend::Ram(disk) = &ns.backend;
+                        for (off, len) in ranges {
+                            disk.zero(off, len);
+                        }
+                    }
+                    self.resp(cid, Status::SUCCESS, 0, 0);
+                }
+                Err(s) => self.fail(r, cid, s, ns.nsid, 0),
+            },
+        }
+    }
+}
+
+type AttachResult = Result<Arc<Subsystem>, (Status, u32, String)>;
+
+/// Run `f` on controller `cntlid` owned by this reactor, if it exists.
+fn with_ctrl<R>(r: &mut Reactor, cntlid: u16, f: impl FnOnce(&mut Ctrl, &mut Reactor) -> R) -> Option<R> {
+    let aref = r.local::<Local>()?.ctrls.get(&cntlid).copied()?;
+    r.with_source::<Conn, _>(aref.source, |c, r| {
+        if c.serial != aref.serial {
+            return None;
+        }
+        match &mut c.q {
+            Queue::Admin(ctrl) => Some(f(ctrl, r)),
+            _ => None,
+        }
+    })
+    .flatten()
+}
+
+/// On the controller's reactor: attach I/O queue `qid` of connection `q` (NVMe-oF §3.3).
+fn attach_io(
+    r: &mut Reactor,
+    cntlid: u16,
+    qid: u16,
+    subnqn: &str,
+    hostnqn: &str,
+    hostid: &[u8; 16],
+    q: QueueRef,
+) -> AttachResult {
+    let bad = |off: u32, why: &str| Err((Status::CONNECT_INVALID_PARAMETERS.with_dnr(), off, why.to_string()));
+    let res = with_ctrl(r, cntlid, |ctrl, _| -> AttachResult {
+        let Some(subsys) = ctrl.subsys.clone() else {
+            return bad(ipo_data(connect_off::CNTLID), "discovery controller");
+        };
+        if subsys.nqn != subnqn {
+            return bad(ipo_data(connect_off::SUBNQN), "controller belongs to another subsystem");
+        }
+        if ctrl.hostnqn != hostnqn {
+            return bad(
+                ipo_data(connect_off::HOSTNQN),
+                "host NQN differs from the admin queue's",
+            );
+        }
+        if &ctrl.hostid != hostid {
+            return bad(
+                ipo_data(connect_off::HOSTID),
+                "host identifier differs from the admin queue's",
+            );
+        }
+        if !ctrl.ready() {
+            return Err((
+                Status::COMMAND_SEQUENCE_ERROR.with_dnr(),
+                0,
+                "controller not enabled".into(),
+            ));
+        }
+        let granted = if ctrl.io_queues_granted > 0 {
+            ctrl.io_queues_granted
+        } else {
+            u16::MAX
+        };
+        if qid > granted {
+            return bad(connect_sqe_off::QID, "queue id above the granted number of queues");
+        }
+        if ctrl.io_queues.contains_key(&qid) {
+            return bad(connect_sqe_off::QID, "queue id already connected");
+        }
+        ctrl.io_queues.insert(qid, q);
+        Ok(subsys)
+    });
+    res.unwrap_or_else(|| bad(ipo_data(connect_off::CNTLID), "no such controller"))
+}
+
+/// Ask every I/O queue of `ctrl` to close.
+fn close_io_queues(r: &mut Reactor, ctrl: &mut Ctrl, reason: &'static str) {
+    for (_, q) in std::mem::take(&mut ctrl.io_queues) {
+        r.send(q.reactor, move |r| {
+            r.with_source::<Conn, _>(q.source, |c, r| {
+                if c.serial == q.serial {
+                    c.close(r, q.source, reason);
+                }
+            });
+        });
+    }
+}
+
+/// Delete a controller: its timer, its registry entry, its I/O queues.
+fn teardown_ctrl(r: &mut Reactor, mut ctrl: Box<Ctrl>, reason: &str) {
+    if let Some(t) = ctrl.ka_timer.take() {
+        r.cancel_timer(t);
+    }
+    if let Some(l) = r.local::<Local>() {
+        l.ctrls.remove(&ctrl.cntlid);
+    }
+    close_io_queues(r, &mut ctrl, "controller deleted");
+    info!(cntlid = ctrl.cntlid, hostnqn = %ctrl.hostnqn, reason, lifetime_s = ctrl.created.elapsed().as_secs(), "controller deleted");
+}
+
+impl Source for Conn {
+    fn name(&self) -> &str {
+        "nvme-tcp-connection"
+    }
+
+    fn run(&mut self, r: &mut Reactor, id: SourceId) -> Progress {
+        if self.closed {
+            return Progress::IDLE;
+        }
+        let mut did = false;
+        let mut budget = PDU_BUDGET;
+        loop {
+            if let Err(e) = self.flush() {
+                self.close(r, id, &format!("write: {e}"));
+                return Progress::WORKED;
+            }
+            if self.pending_out() >= WBUF_HIGH {
+                // The host is not reading: wait for the socket to drain (writable event).
+                return Progress {
+                    did_work: did,
+                    next: pollux_reactor::Next::Idle,
+                };
+            }
+            let got = match self.fill() {
+                Ok(g) => g,
+                Err(why) => {
+                    // Process what did arrive (e.g. a final H2CTermReq) before closing.
+                    self.process(r, id, &mut budget);
+                    self.close(r, id, &why);
+                    return Progress::WORKED;
+                }
+            };
+            let progressed = self.process(r, id, &mut budget);
+            if self.closed {
+                return Progress::WORKED;
+            }
+            did |= got || progressed;
+            if budget == 0 {
+                let _ = self.flush();
+                return Progress {
+                    did_work: true,
+                    next: pollux_reactor::Next::Asap,
+                };
+            }
+            if !got && !progressed {
+                break;
+            }
+        }
+        if let Err(e) = self.flush() {
+            self.close(r, id, &format!("write: {e}"));
+            return Progress::WORKED;
+        }
+        Progress {
+            did_work: did,
+            next: pollux_reactor::Next::Idle,
+        }
+    }
+
+    fn shutdown(&mut self, _r: &mut Reactor, _id: SourceId) {
+        // The target is stopping: send what is queued, then close. Commands waiting for data
+        // are never completed; the host sees the connection close and retries elsewhere.
+        let _ = self.flush();
+        let _ = self.sock.shutdown(Shutdown::Both);
+        self.shared.conns_per_reactor[self.reactor].fetch_sub(1, Relaxed);
+        debug!(peer = %self.peer, "connection closed at shutdown");
+    }
+}

@@ -1,0 +1,124 @@
+//! Listeners: accept NVMe/TCP connections on reactor 0 and place each on a reactor.
+
+use std::io::ErrorKind;
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+use pollux_conf::Placement;
+use pollux_reactor::{Next, Progress, Reactor, Source, SourceId, SourceOpts};
+use tracing::{info, warn};
+
+use crate::conn::Conn;
+use crate::subsystem::Shared;
+
+static NEXT_SERIAL: AtomicU64 = AtomicU64::new(1);
+
+/// A listening socket.
+pub struct Listener {
+    sock: TcpListener,
+    shared: Arc<Shared>,
+    placement: Placement,
+    next: usize,
+    started: Instant,
+}
+
+impl Listener {
+    /// Wrap a bound, non-blocking listener.
+    pub fn new(sock: TcpListener, shared: Arc<Shared>, placement: Placement, started: Instant) -> Self {
+        Self {
+            sock,
+            shared,
+            placement,
+            next: 0,
+            started,
+        }
+    }
+
+    /// Register it on reactor `r`.
+    pub fn register(self, r: &mut Reactor) -> Result<SourceId, String> {
+        let fd = self.sock.as_raw_fd();
+        r.add_sleepable_source(Box::new(self), SourceOpts::readable(fd))
+            .map_err(|e| e.to_string())
+    }
+
+    fn pick(&mut self) -> usize {
+        let n = self.shared.reactors.max(1);
+        match self.placement {
+            Placement::RoundRobin => {
+                self.next = (self.next + 1) % n;
+                self.next
+            }
+            Placement::LeastLoaded => (0..n)
+                .min_by_key(|&i| self.shared.conns_per_reactor[i].load(Relaxed))
+                .unwrap_or(0),
+        }
+    }
+}
+
+/// Register an accepted socket as a connection on reactor `r`.
+pub fn add_connection(r: &mut Reactor, sock: TcpStream, shared: Arc<Shared>, started: Instant) {
+    let serial = NEXT_SERIAL.fetch_add(1, Relaxed);
+    let me = r.id();
+    let fail = |shared: &Shared, e: String| {
+        shared.conns_per_reactor[me].fetch_sub(1, Relaxed);
+        warn!(reactor = me, error = %e, "cannot serve an accepted connection");
+    };
+    let conn = match Conn::new(sock, shared.clone(), me, serial, started) {
+        Ok(c) => c,
+        Err(e) => return fail(&shared, e.to_string()),
+    };
+    let fd = conn.raw_fd();
+    match r.add_sleepable_source(Box::new(conn), SourceOpts::fd(fd)) {
+        // Bytes may have arrived before registration: run it once now.
+        Ok(id) => r.wake(id),
+        Err(e) => fail(&shared, e.to_string()),
+    }
+}
+
+impl Source for Listener {
+    fn name(&self) -> &str {
+        "nvme-tcp-listener"
+    }
+
+    fn run(&mut self, r: &mut Reactor, _id: SourceId) -> Progress {
+        let mut did = false;
+        loop {
+            match self.sock.accept() {
+                Ok((sock, peer)) => {
+                    did = true;
+                    if let Err(e) = sock.set_nonblocking(true).and_then(|_| sock.set_nodelay(true)) {
+                        warn!(%peer, error = %e, "cannot configure an accepted socket");
+                        continue;
+                    }
+                    let target = self.pick();
+                    self.shared.conns_per_reactor[target].fetch_add(1, Relaxed);
+                    info!(%peer, reactor = target, "connection accepted");
+                    let (shared, started) = (self.shared.clone(), self.started);
+                    if target == r.id() {
+                        add_connection(r, sock, shared, started);
+                    } else if !r.send(target, move |r| add_connection(r, sock, shared, started)) {
+                        self.shared.conns_per_reactor[target].fetch_sub(1, Relaxed);
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => {
+                    // E.g. EMFILE: the pending connection stays queued; retry shortly rather
+                    // than spin (edge-triggered epoll will not report it again).
+                    warn!(error = %e, "accept failed");
+                    return Progress {
+                        did_work: did,
+                        next: Next::At(Instant::now() + Duration::from_millis(100)),
+                    };
+                }
+            }
+        }
+        Progress {
+            did_work: did,
+            next: Next::Idle,
+        }
+    }
+}

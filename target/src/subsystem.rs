@@ -1,0 +1,207 @@
+//! Subsystems and namespaces as the reactors see them: an immutable snapshot shared by all
+//! reactors and swapped whole on change, so readers never lock.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use arc_swap::ArcSwap;
+use pollux_conf::{Backend as ConfBackend, Config, Transport};
+
+use crate::error::TargetError;
+use crate::ram::RamDisk;
+
+/// Where a namespace's blocks live.
+#[derive(Debug)]
+pub enum Backend {
+    /// Memory shared by all reactors.
+    Ram(RamDisk),
+}
+
+/// I/O counters of one namespace on one reactor: written by that reactor only (relaxed
+/// load + store, no locked instruction), summed by readers. Padded to a cache line so
+/// reactors never share one.
+#[derive(Debug, Default)]
+#[repr(align(64))]
+pub struct NsCounters {
+    /// Read commands completed.
+    pub read_cmds: AtomicU64,
+    /// Write commands completed.
+    pub write_cmds: AtomicU64,
+    /// Bytes read.
+    pub read_bytes: AtomicU64,
+    /// Bytes written.
+    pub write_bytes: AtomicU64,
+}
+
+/// Add to a counter that only the calling reactor writes.
+#[inline]
+pub fn bump(c: &AtomicU64, by: u64) {
+    c.store(c.load(Relaxed).wrapping_add(by), Relaxed);
+}
+
+/// Summed namespace counters.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct NsTotals {
+    /// Read commands.
+    pub read_cmds: u64,
+    /// Write commands.
+    pub write_cmds: u64,
+    /// Bytes read.
+    pub read_bytes: u64,
+    /// Bytes written.
+    pub write_bytes: u64,
+}
+
+/// One namespace.
+#[derive(Debug)]
+pub struct Namespace {
+    /// Namespace id.
+    pub nsid: u32,
+    /// Logical block size in bytes (512 or 4096).
+    pub block_size: u32,
+    /// log2(block_size).
+    pub block_shift: u32,
+    /// Size in logical blocks.
+    pub blocks: u64,
+    /// RFC 4122 UUID.
+    pub uuid: [u8; 16],
+    /// Namespace globally unique identifier.
+    pub nguid: [u8; 16],
+    /// IEEE extended unique identifier.
+    pub eui64: [u8; 8],
+    /// Data store.
+    pub backend: Backend,
+    /// Per-reactor counters (index: reactor id).
+    pub counters: Box<[NsCounters]>,
+}
+
+impl Namespace {
+    /// Size in bytes.
+    pub fn bytes(&self) -> u64 {
+        self.blocks << self.block_shift
+    }
+
+    /// Counters of reactor `r`.
+    pub fn counters(&self, r: usize) -> &NsCounters {
+        &self.counters[r % self.counters.len()]
+    }
+
+    /// Sum of every reactor's counters.
+    pub fn totals(&self) -> NsTotals {
+        let mut t = NsTotals::default();
+        for c in self.counters.iter() {
+            t.read_cmds += c.read_cmds.load(Relaxed);
+            t.write_cmds += c.write_cmds.load(Relaxed);
+            t.read_bytes += c.read_bytes.load(Relaxed);
+            t.write_bytes += c.write_bytes.load(Relaxed);
+        }
+        t
+    }
+}
+
+/// One NVM subsystem.
+#[derive(Debug)]
+pub struct Subsystem {
+    /// NQN.
+    pub nqn: String,
+    /// Serial number (Identify Controller SN).
+    pub serial: String,
+    /// Model number (Identify Controller MN).
+    pub model: String,
+    /// Any host may connect.
+    pub allow_any_host: bool,
+    /// Host NQNs allowed to connect (when not allow_any_host).
+    pub hosts: Vec<String>,
+    /// Namespaces by nsid.
+    pub namespaces: BTreeMap<u32, Arc<Namespace>>,
+}
+
+impl Subsystem {
+    /// Whether `hostnqn` may connect and see this subsystem in the discovery log.
+    pub fn allows(&self, hostnqn: &str) -> bool {
+        self.allow_any_host || self.hosts.iter().any(|h| h == hostnqn)
+    }
+
+    /// The namespace `nsid`, if active.
+    pub fn namespace(&self, nsid: u32) -> Option<&Arc<Namespace>> {
+        self.namespaces.get(&nsid)
+    }
+}
+
+/// Everything a connect or discovery request reads, swapped whole on change.
+#[derive(Debug)]
+pub struct Snapshot {
+    /// Subsystems in conf order.
+    pub subsystems: Vec<Arc<Subsystem>>,
+    /// Discovery log generation counter: changes whenever what a host may discover changes.
+    pub genctr: u64,
+}
+
+impl Snapshot {
+    /// The subsystem `nqn`.
+    pub fn subsystem(&self, nqn: &str) -> Option<&Arc<Subsystem>> {
+        self.subsystems.iter().find(|s| s.nqn == nqn)
+    }
+}
+
+/// State shared by all reactors of one target.
+#[derive(Debug)]
+pub struct Shared {
+    /// Transport limits from the conf.
+    pub transport: Transport,
+    /// Keep-alive limits from the conf.
+    pub keep_alive: pollux_conf::KeepAlive,
+    /// The current subsystems.
+    pub snapshot: ArcSwap<Snapshot>,
+    /// Bound listener addresses (ports resolved).
+    pub listeners: Vec<SocketAddr>,
+    /// Number of reactors.
+    pub reactors: usize,
+    /// Open connections per reactor (for least-loaded placement and stats).
+    pub conns_per_reactor: Box<[AtomicU64]>,
+    /// Controllers ever created (for logs).
+    pub controllers_created: AtomicU64,
+}
+
+/// Build the namespaces and subsystems of a conf.
+pub fn build_snapshot(cfg: &Config, reactors: usize) -> Result<Snapshot, TargetError> {
+    let mut subsystems = Vec::new();
+    for s in &cfg.subsystems {
+        let mut namespaces = BTreeMap::new();
+        for n in &s.namespaces {
+            let backend = match &n.backend {
+                ConfBackend::Ram { size } => Backend::Ram(RamDisk::new(*size).map_err(|e| TargetError::Backend {
+                    nqn: s.nqn.clone(),
+                    nsid: n.nsid,
+                    message: format!("cannot map {size} bytes of RAM: {e}"),
+                })?),
+            };
+            let bytes = match &backend {
+                Backend::Ram(d) => d.len(),
+            };
+            let ns = Namespace {
+                nsid: n.nsid,
+                block_size: n.block_size,
+                block_shift: n.block_size.trailing_zeros(),
+                blocks: bytes / u64::from(n.block_size),
+                uuid: n.uuid,
+                nguid: n.nguid,
+                eui64: n.eui64,
+                backend,
+                counters: (0..reactors.max(1)).map(|_| NsCounters::default()).collect(),
+            };
+            namespaces.insert(n.nsid, Arc::new(ns));
+        }
+        subsystems.push(Arc::new(Subsystem {
+            nqn: s.nqn.clone(),
+            serial: s.serial.clone(),
+            model: s.model.clone(),
+            allow_any_host: s.allow_any_host,
+            hosts: s.hosts.clone(),
+            namespaces,
+        }));
+    }
+    Ok(Snapshot { subsystems, genctr: 1 })
+}
