@@ -11,6 +11,8 @@
 #                              the failed step and the console tail
 #   start_pollux CONF [PORT]   start $POLLUX_BIN --config CONF, wait for PORT
 #   stop_pollux                SIGTERM, wait, SIGKILL; rc 0 only on exit 0
+#   ci_track PID               have ci_cleanup kill this background process
+#   ci_tagged_pids             print PIDs of live processes this scenario started
 #
 # Sourcing it also installs an EXIT/INT/TERM trap that kills, by PID,
 # everything the scenario started (see ci_cleanup). A scenario that needs its
@@ -37,6 +39,7 @@ mkdir -p "$CI_LOG_DIR"
 _ci_pids=()          # background processes we started
 _ci_pidfiles=()      # QEMU pidfiles (boot.sh --pidfile)
 _ci_apt_updated=""
+_ci_guest_log=""     # console of the guest run_guest is waiting for
 POLLUX_PID="" POLLUX_LOG="" POLLUX_PORT=""
 
 # _ci_forget PID: drop a reaped PID from the cleanup list (it may be reused).
@@ -79,7 +82,7 @@ ensure_debs() {
 free_port() {
     local used p i
     mkdir -p "$CI_LOG_DIR"
-    used=$(awk 'NR > 1 { split($2, a, ":"); print a[2] }' /proc/net/tcp /proc/net/tcp6 2>/dev/null |
+    used=$(awk 'FNR > 1 { split($2, a, ":"); print a[2] }' /proc/net/tcp /proc/net/tcp6 2>/dev/null |
            while read -r h; do echo $((16#$h)); done)
     for i in $(seq 200); do
         p=$((20000 + RANDOM % 40000))
@@ -120,7 +123,9 @@ run_guest() {
     bpid=$!
     _ci_pids+=("$bpid")
     _ci_pidfiles+=("$pidf")
+    _ci_guest_log=$log
     wait "$bpid" || rc=$?
+    _ci_guest_log=""
     _ci_forget "$bpid"
     step=$(_step_of "$log")
     if [ "$rc" = 0 ]; then
@@ -226,10 +231,27 @@ stop_pollux() {
 
 # _kill_pid PID: TERM, up to 5 s, then KILL.
 _kill_pid() {
-    local i
     kill -TERM "$1" 2>/dev/null || return 0
-    for i in $(seq 50); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.1; done
+    for _ in $(seq 50); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.1; done
     kill -KILL "$1" 2>/dev/null || true
+}
+
+# ci_track PID: kill PID (a background process of ours) at cleanup.
+ci_track() {
+    _ci_pids+=("$1")
+}
+
+# ci_tagged_pids: the live processes that carry this scenario's CI_RUN_TAG
+# (everything it started, however detached), this shell excepted.
+ci_tagged_pids() {
+    local f p
+    for f in /proc/[0-9]*/environ; do
+        p=${f#/proc/}
+        p=${p%/environ}
+        { [ "$p" = $$ ] || [ "$p" = "$BASHPID" ]; } && continue
+        grep -qzx "CI_RUN_TAG=$CI_RUN_TAG" "$f" 2>/dev/null && echo "$p"
+    done
+    return 0
 }
 
 # ci_cleanup: kill everything this scenario started, by PID: the recorded
@@ -242,11 +264,7 @@ ci_cleanup() {
         [ -s "$f" ] && _kill_pid "$(cat "$f")"
         rm -f "$f"
     done
-    for f in /proc/[0-9]*/environ; do
-        p=${f#/proc/}
-        p=${p%/environ}
-        [ "$p" = $$ ] || [ "$p" = "$BASHPID" ] && continue
-        grep -qzx "CI_RUN_TAG=$CI_RUN_TAG" "$f" 2>/dev/null || continue
+    for p in $(ci_tagged_pids); do
         c=$(tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | cut -c1-60)
         kill -KILL "$p" 2>/dev/null && log "cleanup: killed straggler $p ($c)"
     done
@@ -254,4 +272,12 @@ ci_cleanup() {
 }
 
 trap ci_cleanup EXIT
-trap 'log "interrupted"; exit 143' INT TERM HUP
+_ci_interrupted() {
+    log "interrupted"
+    if [ -n "$_ci_guest_log" ] && [ -f "$_ci_guest_log" ]; then
+        log "guest was in step '$(_step_of "$_ci_guest_log")'; last console lines ($_ci_guest_log):"
+        tr -d '\r' < "$_ci_guest_log" | tail -20 | sed 's/^/    | /' >&2
+    fi
+    exit 143
+}
+trap _ci_interrupted INT TERM HUP

@@ -1,5 +1,6 @@
 #!/bin/bash
 # shellcheck disable=SC2054  # commas inside QEMU option values are QEMU's
+# shellcheck disable=SC2317  # cleanup and its helpers run from a trap
 # Boot the test guest under QEMU TCG; its serial console goes to a log file
 # (and to stdout unless --quiet).
 #   usage: boot.sh [options] [-- extra qemu args]
@@ -52,11 +53,11 @@ while [ $# -gt 0 ]; do
                genv+="${2%%=*}='${v//\'/$q}'"$'\n'; shift ;;
         --guestfwd)
             g=${2%%=*} h=${2#*=}
-            port_ok "$g" && port_ok "$h" || die "--guestfwd wants GPORT=HOSTPORT, got '$2'"
+            { port_ok "$g" && port_ok "$h"; } || die "--guestfwd wants GPORT=HOSTPORT, got '$2'"
             net+=",guestfwd=tcp:10.0.2.100:$g-cmd:busybox nc 127.0.0.1 $h"; shift ;;
         --hostfwd)
             h=${2%%=*} g=${2#*=}
-            port_ok "$g" && port_ok "$h" || die "--hostfwd wants HOSTPORT=GPORT, got '$2'"
+            { port_ok "$g" && port_ok "$h"; } || die "--hostfwd wants HOSTPORT=GPORT, got '$2'"
             net+=",hostfwd=tcp:127.0.0.1:$h-10.0.2.15:$g"; shift ;;
         --nvme) [ -f "$2" ] || die "--nvme: no file $2"
                 extra+=(-drive "file=$2,if=none,id=nvm$nvme_n,format=raw"
@@ -117,9 +118,8 @@ relays() {
     done
 }
 kill_pid() {   # kill_pid PID: TERM, up to 5 s, then KILL
-    local i
     kill -TERM "$1" 2>/dev/null || return 0
-    for i in $(seq 50); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.1; done
+    for _ in $(seq 50); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.1; done
     kill -KILL "$1" 2>/dev/null || true
 }
 cleanup() {

@@ -54,7 +54,7 @@ mkdir -p "$S"/{bin,sbin,usr/bin,usr/sbin,usr/local/bin,etc,guest,root,lib/module
 declare -A seen=()
 add_mod() {   # add_mod NAME: copy a module and, recursively, what it depends on
     local re line f dst
-    re=$(echo "$1" | sed 's/[-_]/[-_]/g')   # modules.dep spells - or _ freely
+    re=${1//[-_]/[-_]}   # modules.dep spells - or _ freely
     line=$(grep -E "(^|/)$re\.ko(\.xz|\.zst)?:" "$MD/modules.dep" | head -1) || true
     if [ -z "$line" ]; then
         grep -qE "(^|/)$re\.ko" "$MD/modules.builtin" && return 0
@@ -83,7 +83,7 @@ for m in $BOOT_MODULES $LATE_MODULES; do
 done
 cp "$MD/modules.builtin" "$MD/modules.order" "$S/lib/modules/$KVER/" 2>/dev/null || true
 busybox depmod -b "$S" "$KVER"
-printf '%s\n' $BOOT_MODULES > "$S/etc/guest-modules"
+echo "$BOOT_MODULES" | tr ' ' '\n' | grep . > "$S/etc/guest-modules"
 
 copy_bin() {  # copy_bin SRC DST: a binary and the shared libraries it needs
     local l

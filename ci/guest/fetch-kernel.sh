@@ -31,8 +31,11 @@ fi
 if [ ! -s "kroot/boot/vmlinuz-$want" ]; then
     dl=$(mktemp -d "$W/dl.XXXXXX")
     trap 'rm -rf "$dl"' EXIT
-    get() { (cd "$dl" && apt-get download -q "linux-image-$want" 2>&1 |
-             grep -v -e unsandboxed -e '^Get:' -e '^Fetched' || true) ; }
+    get() {   # as root apt warns that the download is unsandboxed: noise
+        (cd "$dl" || exit 1
+         apt-get download -q "linux-image-$want" 2>&1 |
+             grep -v -e unsandboxed -e '^Get:' -e '^Fetched' || true)
+    }
     get
     if ! ls "$dl"/linux-image-"$want"_*.deb >/dev/null 2>&1; then
         apt-get update -qq && get   # stale package lists

@@ -1,3 +1,4 @@
+# shellcheck shell=sh
 # Helpers sourced by the guest scripts (busybox sh; scripts run under sh -e).
 # Failures go through die, which names the current step; run_guest on the
 # host reports the last "STEP: <name>" line of the console.
@@ -122,7 +123,7 @@ fio_verify() {
     out=$(fio --name=verify --filename="$dev" --rw=randwrite --bs="$bs" --size="$size" \
               --direct=1 --ioengine=libaio --iodepth=16 --verify=crc32c --do_verify=1 \
               --verify_fatal=1 --output-format=terse,normal --terse-version=3 2>&1) ||
-        { echo "$out"; die "fio on $dev failed"; }
+        { echo "$out" | grep -v "^3;"; die "fio on $dev failed"; }
     echo "$out" | grep -E 'IOPS=|err=|READ:|WRITE:'
     # terse v3: 5 error, 6 read KiB, 47 write KiB
     t=$(echo "$out" | grep '^3;')

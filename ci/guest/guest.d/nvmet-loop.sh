@@ -1,7 +1,9 @@
+# shellcheck shell=sh
 # Guest side of ci/scenarios/nvmet-loop.sh: the kernel nvmet-tcp target and
 # the kernel nvme-tcp host in this one guest, over 127.0.0.1. Proves the
 # guest tooling (nvme-cli, fio, modules) against a reference target before
 # anything is pointed at pollux.
+# shellcheck source=ci/guest/guest.d/lib.sh
 . /guest/lib.sh
 nqn=${NQN:-nqn.2024-01.io.pollux.ci:nvmet-loop}
 port=${PORT:-4420}
@@ -30,4 +32,4 @@ step disconnect
 disconnect "$nqn"
 [ "$(tcp_established "$port")" = 0 ] || die "connections to :$port left after disconnect"
 
-step done
+step end
