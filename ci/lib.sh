@@ -173,7 +173,8 @@ start_pollux() {
     mkdir -p "$CI_LOG_DIR"
     POLLUX_LOG=$CI_LOG_DIR/pollux.log
     while [ -e "$POLLUX_LOG" ]; do n=$((n + 1)); POLLUX_LOG=$CI_LOG_DIR/pollux.$n.log; done
-    "$POLLUX_BIN" --config "$conf" >"$POLLUX_LOG" 2>&1 </dev/null &
+    # NO_COLOR: plain log files (tracing colours its output even into a file).
+    NO_COLOR=1 "$POLLUX_BIN" --config "$conf" >"$POLLUX_LOG" 2>&1 </dev/null &
     POLLUX_PID=$!
     _ci_pids+=("$POLLUX_PID")
     log "pollux: pid $POLLUX_PID, conf $conf, port $POLLUX_PORT, log $POLLUX_LOG"
