@@ -199,6 +199,9 @@ pub struct Reactor {
     sleep_policy: Box<dyn SleepPolicy>,
     hybrid_slept_for: Option<Instant>,
     locals: HashMap<TypeId, Box<dyn Any>>,
+    /// Stall warnings are rate limited: the last one logged, and how many were not.
+    last_stall_log: Option<Instant>,
+    stalls_unlogged: u64,
 }
 
 impl Reactor {
@@ -253,6 +256,8 @@ impl Reactor {
             sleep_policy: Box::new(FractionSleep::default()),
             hybrid_slept_for: None,
             locals: HashMap::new(),
+            last_stall_log: None,
+            stalls_unlogged: 0,
         })
     }
 
@@ -527,13 +532,7 @@ impl Reactor {
         let p = src.run(self, id);
         let took = t0.elapsed();
         if took > self.stall_threshold {
-            bump(&self.stats.stalls, 1);
-            warn!(
-                reactor = self.id,
-                source = src.name(),
-                took_us = took.as_micros() as u64,
-                "stall: a source ran too long"
-            );
+            self.stall(src.name(), took);
         }
         match self.slots.get_mut(id) {
             Some(s) if s.removed => {
@@ -551,6 +550,30 @@ impl Reactor {
             None => {}
         }
         p.did_work
+    }
+
+    /// Count a stall and log it, at most once a second per reactor (wall time also grows when
+    /// the thread is preempted, so bursts are common on a loaded machine).
+    fn stall(&mut self, name: &str, took: Duration) {
+        bump(&self.stats.stalls, 1);
+        let now = Instant::now();
+        if self
+            .last_stall_log
+            .is_some_and(|t| now.duration_since(t) < Duration::from_secs(1))
+        {
+            self.stalls_unlogged += 1;
+            return;
+        }
+        warn!(
+            reactor = self.id,
+            source = name,
+            took_us = took.as_micros() as u64,
+            threshold_us = self.stall_threshold.as_micros() as u64,
+            not_logged_since_last = self.stalls_unlogged,
+            "stall: a callback ran longer than the threshold"
+        );
+        self.last_stall_log = Some(now);
+        self.stalls_unlogged = 0;
     }
 
     fn drain_inbox(&mut self) -> bool {
@@ -573,13 +596,7 @@ impl Reactor {
         msg(self);
         let took = t0.elapsed();
         if took > self.stall_threshold {
-            bump(&self.stats.stalls, 1);
-            warn!(
-                reactor = self.id,
-                source = "message",
-                took_us = took.as_micros() as u64,
-                "stall: a message ran too long"
-            );
+            self.stall("message", took);
         }
     }
 
@@ -596,13 +613,7 @@ impl Reactor {
                 f(self);
                 let took = t0.elapsed();
                 if took > self.stall_threshold {
-                    bump(&self.stats.stalls, 1);
-                    warn!(
-                        reactor = self.id,
-                        source = "timer",
-                        took_us = took.as_micros() as u64,
-                        "stall: a timer ran too long"
-                    );
+                    self.stall("timer", took);
                 }
             }
         }

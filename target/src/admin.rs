@@ -340,7 +340,7 @@ pub fn discovery_log(snapshot: &Snapshot, shared: &Shared, hostnqn: &str, local:
 
 /// Slice `[offset, offset + len)` out of a whole log page.
 pub fn log_slice(log: Vec<u8>, offset: u64, len: u32) -> Reply {
-    if offset > log.len() as u64 || offset % 4 != 0 {
+    if offset > log.len() as u64 || !offset.is_multiple_of(4) {
         return Reply::err(Status::INVALID_FIELD.with_dnr());
     }
     let start = offset as usize;
@@ -502,22 +502,25 @@ pub fn property_set(ctrl: &mut Ctrl, size8: bool, offset: u32, value: u64) -> (R
     (Reply::ok(), effect)
 }
 
-/// Get Log Page for a controller.
-pub fn get_log_page(
-    ctrl: &mut Ctrl,
-    shared: &Shared,
-    snapshot: &Snapshot,
-    lid: u8,
-    rae: bool,
-    offset: u64,
-    len: u32,
-    local: SocketAddr,
-    started: std::time::Instant,
-) -> Reply {
+/// What a log page may depend on besides the controller.
+#[derive(Debug, Clone, Copy)]
+pub struct LogEnv<'a> {
+    /// Target-wide state.
+    pub shared: &'a Shared,
+    /// The subsystems now.
+    pub snapshot: &'a Snapshot,
+    /// The connection's local address (stands in for unspecified listener addresses).
+    pub local: SocketAddr,
+    /// When the target started (power-on hours).
+    pub started: std::time::Instant,
+}
+
+/// Get Log Page for a controller: page `lid`, `len` bytes from byte `offset`.
+pub fn get_log_page(ctrl: &mut Ctrl, env: &LogEnv<'_>, lid: u8, rae: bool, offset: u64, len: u32) -> Reply {
     let log = match lid {
-        log_page::DISCOVERY if ctrl.is_discovery() => discovery_log(snapshot, shared, &ctrl.hostnqn, local),
+        log_page::DISCOVERY if ctrl.is_discovery() => discovery_log(env.snapshot, env.shared, &ctrl.hostnqn, env.local),
         log_page::ERROR => error_log(ctrl),
-        log_page::SMART if !ctrl.is_discovery() => smart_log(ctrl, started),
+        log_page::SMART if !ctrl.is_discovery() => smart_log(ctrl, env.started),
         log_page::FIRMWARE_SLOT if !ctrl.is_discovery() => firmware_log(),
         log_page::CHANGED_NAMESPACE_LIST if !ctrl.is_discovery() => changed_ns_log(ctrl, rae),
         log_page::COMMANDS_SUPPORTED_AND_EFFECTS if !ctrl.is_discovery() => effects_log(),

@@ -32,6 +32,9 @@ use crate::subsystem::{Backend, Shared, Subsystem, bump};
 const ADMIN_IN_CAPSULE: u32 = 8192;
 /// PDUs handled per run before yielding to other sources.
 const PDU_BUDGET: u32 = 64;
+/// Bytes of PDUs handled per run before yielding (large writes would otherwise hold the
+/// reactor for milliseconds).
+const BYTE_BUDGET: usize = 512 * 1024;
 /// Stop reading new commands while this much output waits for the socket.
 const WBUF_HIGH: usize = 8 << 20;
 /// Admin queue entries accepted at Connect.
@@ -334,8 +337,13 @@ impl Conn {
     /// Parse and run the complete PDUs in the receive buffer.
     fn process(&mut self, r: &mut Reactor, id: SourceId, budget: &mut u32) -> bool {
         let mut progressed = false;
+        let mut bytes = 0usize;
         let rbuf = std::mem::take(&mut self.rbuf);
         while !self.closed && *budget > 0 && self.pending_out() < WBUF_HIGH {
+            if bytes >= BYTE_BUDGET {
+                *budget = 0;
+                break;
+            }
             let avail = &rbuf[self.rstart..self.rend];
             let Some(ch_bytes) = avail.first_chunk::<8>() else {
                 break;
@@ -400,6 +408,7 @@ impl Conn {
                 check_data_digest(data, u32::from_le_bytes([d[0], d[1], d[2], d[3]])).is_ok()
             };
             self.rstart += plen;
+            bytes += plen;
             *budget -= 1;
             progressed = true;
             self.dispatch(r, id, hdr, data, digest_ok, &pdu[..hl]);
@@ -796,14 +805,16 @@ impl Conn {
                 let len = len.min(max_len);
                 admin::get_log_page(
                     ctrl,
-                    &self.shared,
-                    &snap,
+                    &admin::LogEnv {
+                        shared: &self.shared,
+                        snapshot: &snap,
+                        local: self.local,
+                        started: self.started,
+                    },
                     lid,
                     rae,
                     offset,
                     len,
-                    self.local,
-                    self.started,
                 )
             }
             Admin::GetFeatures { fid, cdw11, .. } => admin::get_features(ctrl, &self.shared, fid, cdw11),
@@ -929,9 +940,17 @@ impl Conn {
         };
         let need = io.h2c_len();
         if need > 0 {
+            // The host's buffer may be larger than the command needs (Linux sizes Dataset
+            // Management buffers by segment); only a shorter one is invalid (base spec §4.3.2).
             match dp {
-                DataPtr::InCapsule(len) if len == need && data.len() == len as usize => self.exec_io(r, cid, io, data),
-                DataPtr::Transport(len) if len == need && data.is_empty() => self.start_r2t(r, cid, io, len),
+                DataPtr::InCapsule(len) if len >= need && data.len() == len as usize => {
+                    self.exec_io(r, cid, io, &data[..need as usize])
+                }
+                DataPtr::Transport(len)
+                    if len >= need && len <= self.shared.transport.max_io_size && data.is_empty() =>
+                {
+                    self.start_r2t(r, cid, io, len)
+                }
                 _ => self.fail(r, cid, Status::DATA_SGL_LENGTH_INVALID.with_dnr(), nsid, 0),
             }
             return;
@@ -1014,7 +1033,8 @@ impl Conn {
         if p.received as usize == p.buf.len() {
             let p = self.r2t.remove(ttag);
             if p.done.is_none() {
-                self.exec_io(r, p.cid, p.io, &p.buf);
+                let need = p.io.h2c_len() as usize;
+                self.exec_io(r, p.cid, p.io, &p.buf[..need]);
             }
         }
     }

@@ -28,7 +28,7 @@ unsafe impl Sync for RamDisk {}
 impl RamDisk {
     /// Map `len` bytes of zeroed, lazily committed memory.
     pub fn new(len: u64) -> std::io::Result<Self> {
-        if len == 0 || len % 8 != 0 {
+        if len == 0 || !len.is_multiple_of(8) {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
                 "RAM size must be a non-zero multiple of 8",
@@ -65,7 +65,7 @@ impl RamDisk {
 
     fn words(&self, off: u64, len: usize) -> &[AtomicU64] {
         assert!(
-            off % 8 == 0 && len % 8 == 0 && off + len as u64 <= self.len,
+            off.is_multiple_of(8) && len.is_multiple_of(8) && off + len as u64 <= self.len,
             "RAM access out of bounds"
         );
         // SAFETY: the range is inside the mapping (checked above), 8-aligned (the mapping is
