@@ -68,12 +68,14 @@ ensure_debs() {
     done
     [ ${#missing[@]} -eq 0 ] && return 0
     log "installing ${missing[*]}"
+    # apt's chatter (debconf notes included) is shown only if it fails.
+    local out=$CI_LOG_DIR/apt.log
     if [ -z "$_ci_apt_updated" ]; then
-        apt-get update -qq >/dev/null || fail "apt-get update failed"
+        apt-get update -qq >"$out" 2>&1 || { cat "$out" >&2; fail "apt-get update failed"; }
         _ci_apt_updated=1
     fi
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-        "${missing[@]}" >/dev/null || fail "apt-get install ${missing[*]} failed"
+        "${missing[@]}" >"$out" 2>&1 || { cat "$out" >&2; fail "apt-get install ${missing[*]} failed"; }
 }
 
 # free_port: print a 127.0.0.1 TCP port that no socket uses (any state,

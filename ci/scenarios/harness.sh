@@ -5,6 +5,7 @@
 #    through one --guestfwd work (each connection its own relay),
 #  - a failing guest step is reported with its name, the guest's FAIL line
 #    and the console tail,
+#  - --nvme IMG --iommu gives a controller the guest can bind to vfio-pci,
 #  - a hung guest is killed at its timeout, leaving no QEMU and no relay.
 set -euo pipefail
 # shellcheck source=ci/lib.sh
@@ -27,7 +28,13 @@ run_guest harness-ok.sh --timeout 120 --guestfwd "4420=$hport" --share-ro "$tmp/
     --env GPORT=4420 --env "ENV_QUOTED=it's  spaced" --env "SHARE_TOKEN=$token" ||
     fail "harness-ok guest failed"
 
-log "case 2: a failing guest step must be named, with the console tail"
+log "case 2: --nvme + --iommu: the NVMe controller moves to vfio-pci"
+truncate -s 64M "$tmp/nvme.img"
+run_guest harness-vfio.sh --timeout 120 --nvme "$tmp/nvme.img" --iommu ||
+    fail "harness-vfio guest failed"
+rm -f "$tmp/nvme.img"
+
+log "case 3: a failing guest step must be named, with the console tail"
 rc=0
 run_guest harness-fail.sh --timeout 120 2>"$tmp/fail-report.txt" || rc=$?
 cat "$tmp/fail-report.txt" >&2
@@ -40,7 +47,7 @@ grep -q 'FAIL: \[expected-failure\] fio on /dev/nvme9n9 failed' "$tmp/fail-repor
   grep -q '| GUEST-RC=1' "$tmp/fail-report.txt"; } ||
     fail "run_guest did not show the console tail"
 
-log "case 3: a hung guest is killed at its 20 s timeout"
+log "case 4: a hung guest is killed at its 20 s timeout"
 rc=0 t0=$SECONDS
 run_guest harness-hang.sh --timeout 20 2>"$tmp/hang-report.txt" || rc=$?
 took=$((SECONDS - t0))

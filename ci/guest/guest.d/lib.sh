@@ -159,3 +159,23 @@ nvmet_setup() {
     ln -s "$c/subsystems/$nqn" "$c/ports/1/subsystems/$nqn"
     echo "nvmet: $nqn on tcp $addr:$port (/dev/ram0, $mib MiB)"
 }
+
+# vfio_bind_nvme: hand the first NVMe PCI function (class 0x010802, QEMU's
+# boot.sh --nvme device) from its driver to vfio-pci and print "BDF GROUP"
+# (/dev/vfio/GROUP). Needs boot.sh --iommu: Debian kernels have no VFIO
+# no-IOMMU mode.
+vfio_bind_nvme() {
+    d=
+    for p in /sys/bus/pci/devices/*; do
+        [ "$(cat "$p/class")" = 0x010802 ] && { d=$p; break; }
+    done
+    [ -n "$d" ] || die "no NVMe PCI function (boot.sh --nvme IMG)"
+    [ -e "$d/iommu_group" ] || die "${d##*/} has no IOMMU group (boot.sh --iommu)"
+    g=$(basename "$(readlink "$d/iommu_group")")
+    echo vfio-pci > "$d/driver_override"
+    [ -e "$d/driver" ] && echo "${d##*/}" > "$d/driver/unbind"
+    echo "${d##*/}" > /sys/bus/pci/drivers_probe
+    [ "$(basename "$(readlink "$d/driver")")" = vfio-pci ] || die "${d##*/} did not bind to vfio-pci"
+    [ -c "/dev/vfio/$g" ] || die "no /dev/vfio/$g"
+    echo "${d##*/} $g"
+}
