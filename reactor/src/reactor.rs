@@ -297,6 +297,13 @@ impl Reactor {
         self.stats.mode.store(mode.index(), Relaxed);
         bump(&self.stats.mode_entries[mode.index()], 1);
         self.warn_if_forced_poll();
+        // Run every source once in the new mode: a device channel must arm its interrupt when
+        // entering interrupt mode (or it would never wake the reactor) and may disarm it when
+        // leaving.
+        let ids: Vec<SourceId> = self.slots.iter().map(|(id, _)| id).collect();
+        for id in ids {
+            self.wake(id);
+        }
     }
 
     /// Replace the hybrid-mode sleep policy.

@@ -341,6 +341,17 @@ pub enum Io {
 }
 
 impl Io {
+    /// The namespace addressed (None: a flush of all namespaces).
+    pub fn namespace(&self) -> Option<&Arc<Namespace>> {
+        match self {
+            Io::Read { ns, .. }
+            | Io::Write { ns, .. }
+            | Io::WriteZeroes { ns, .. }
+            | Io::DatasetManagement { ns, .. } => Some(ns),
+            Io::Flush { ns } => ns.as_ref(),
+        }
+    }
+
     /// Bytes of host-to-controller data the command carries.
     pub fn h2c_len(&self) -> u32 {
         match self {

@@ -26,7 +26,9 @@ use tracing::{debug, info, warn};
 use crate::admin::{self, CcEffect, FeatureEffect, Reply};
 use crate::cmd::{self, Admin, DataPtr, Fabrics, Io, Xfer, connect_off, connect_sqe_off};
 use crate::ctrl::{AER_LIMIT, Ctrl, Local, QueueRef, owner_of};
-use crate::subsystem::{Backend, Shared, Subsystem, bump};
+use crate::ram::RamDisk;
+use crate::sim::{SimChannel, SimOp, Tag};
+use crate::subsystem::{Backend, Namespace, Shared, Subsystem, bump};
 
 /// In-capsule data accepted on the admin queue (NVMe/TCP §3.3.1: 8 KiB for fabrics and admin).
 const ADMIN_IN_CAPSULE: u32 = 8192;
@@ -74,6 +76,59 @@ struct PendingH2c {
     done: Option<Status>,
 }
 
+/// A command submitted to an asynchronous backend, waiting for its completion.
+struct Inflight {
+    cid: u16,
+    io: Io,
+}
+
+/// Per-reactor map from namespace to that reactor's channel on it (a source).
+#[derive(Default)]
+pub struct Channels {
+    by_ns: std::collections::HashMap<usize, SourceId>,
+}
+
+/// The channel of this reactor on `ns` (a simulated device), created on first use. The map key
+/// is the namespace's address: the channel holds an `Arc` of it, so it cannot be reused.
+fn sim_channel(r: &mut Reactor, ns: &Arc<Namespace>) -> Result<SourceId, Status> {
+    let key = Arc::as_ptr(ns) as usize;
+    if r.local::<Channels>().is_none() {
+        r.set_local(Channels::default());
+    }
+    if let Some(id) = r.local::<Channels>().and_then(|c| c.by_ns.get(&key).copied()) {
+        return Ok(id);
+    }
+    let Backend::Sim(sim) = &ns.backend else {
+        return Err(Status::INTERNAL_ERROR);
+    };
+    let ch = SimChannel::new(ns.clone(), sim.params.clone(), r.id(), sim_completed).map_err(|e| {
+        warn!(nsid = ns.nsid, error = %e, "cannot open a simulated device channel");
+        Status::INTERNAL_ERROR
+    })?;
+    let id = ch.register(r).map_err(|e| {
+        warn!(nsid = ns.nsid, error = %e, "cannot register a simulated device channel");
+        Status::INTERNAL_ERROR
+    })?;
+    if let Some(c) = r.local::<Channels>() {
+        c.by_ns.insert(key, id);
+    }
+    Ok(id)
+}
+
+/// A simulated device completed a command: hand it to its connection, which flushes on its
+/// next run (one write for all the completions of a poll).
+fn sim_completed(r: &mut Reactor, tag: Tag, status: Status, _device_latency: Duration) {
+    let done = r.with_source::<Conn, _>(tag.source, |c, r| {
+        c.serial == tag.serial && {
+            c.complete_async(r, tag.slot, status);
+            true
+        }
+    });
+    if done == Some(true) {
+        r.wake(tag.source);
+    }
+}
+
 /// A connection source.
 pub struct Conn {
     serial: u64,
@@ -97,6 +152,7 @@ pub struct Conn {
     sqhd: u32,
     sqflow_off: bool,
     r2t: Slab<PendingH2c>,
+    inflight: Slab<Inflight>,
     started: Instant,
 }
 
@@ -137,6 +193,7 @@ impl Conn {
             sqhd: 0,
             sqflow_off: false,
             r2t: Slab::new(),
+            inflight: Slab::new(),
             started,
         })
     }
@@ -472,7 +529,7 @@ impl Conn {
         match self.q {
             Queue::Unbound | Queue::Connecting => self.fail(r, cid, Status::COMMAND_SEQUENCE_ERROR.with_dnr(), 0, 0),
             Queue::Admin(_) => self.on_admin(r, id, sqe, data),
-            Queue::Io(_) => self.on_io(r, sqe, data),
+            Queue::Io(_) => self.on_io(r, id, sqe, data),
         }
     }
 
@@ -923,7 +980,7 @@ impl Conn {
 
     // ---------------------------------------------------------------- NVM I/O
 
-    fn on_io(&mut self, r: &mut Reactor, sqe: &Sqe, data: &[u8]) {
+    fn on_io(&mut self, r: &mut Reactor, id: SourceId, sqe: &Sqe, data: &[u8]) {
         let cid = sqe.cid.get();
         let nsid = sqe.nsid.get();
         let Queue::Io(q) = &self.q else { return };
@@ -944,7 +1001,7 @@ impl Conn {
             // Management buffers by segment); only a shorter one is invalid (base spec §4.3.2).
             match dp {
                 DataPtr::InCapsule(len) if len >= need && data.len() == len as usize => {
-                    self.exec_io(r, cid, io, &data[..need as usize])
+                    self.exec_io(r, id, cid, io, &data[..need as usize])
                 }
                 DataPtr::Transport(len)
                     if len >= need && len <= self.shared.transport.max_io_size && data.is_empty() =>
@@ -964,7 +1021,98 @@ impl Conn {
                 _ => return self.fail(r, cid, Status::DATA_SGL_LENGTH_INVALID.with_dnr(), nsid, 0),
             }
         }
-        self.exec_io(r, cid, io, &[]);
+        self.exec_io(r, id, cid, io, &[]);
+    }
+
+    /// C2HData with `len` bytes read straight from memory into the send buffer, then the CQE
+    /// (or DATA_SUCCESS instead of a CQE when SQ flow control is off, NVMe/TCP §3.6.2.8).
+    fn send_read(&mut self, cid: u16, mem: &RamDisk, ns: &Namespace, off: u64, len: u32) {
+        let success = self.sqflow_off;
+        self.c2h_header(cid, len, success);
+        let start = self.wbuf.len();
+        self.wbuf.resize(start + len as usize, 0);
+        mem.read(off, &mut self.wbuf[start..]);
+        if self.ddgst {
+            let dg = crc32c(&self.wbuf[start..]);
+            self.wbuf.extend_from_slice(&dg.to_le_bytes());
+        }
+        let c = ns.counters(self.reactor);
+        bump(&c.read_cmds, 1);
+        bump(&c.read_bytes, u64::from(len));
+        if !success {
+            self.resp(cid, Status::SUCCESS, 0, 0);
+        }
+    }
+
+    /// Submit to this reactor's channel on a simulated device. Writes land in its memory now
+    /// and complete after the device latency; reads are copied out at completion.
+    fn submit_sim(&mut self, r: &mut Reactor, id: SourceId, cid: u16, io: Io, data: &[u8]) {
+        let Some(ns) = io.namespace().cloned() else { return };
+        let ch = match sim_channel(r, &ns) {
+            Ok(ch) => ch,
+            Err(s) => return self.fail(r, cid, s, ns.nsid, 0),
+        };
+        let mem = ns.backend.memory();
+        let (op, len) = match &io {
+            Io::Read { len, .. } => (SimOp::Read, *len),
+            Io::Write { off, len, .. } => {
+                apply_write(mem, &ns, self.reactor, *off, &data[..*len as usize]);
+                (SimOp::Write, *len)
+            }
+            Io::WriteZeroes { off, len, .. } => {
+                mem.zero(*off, *len);
+                (SimOp::Write, 0)
+            }
+            Io::DatasetManagement { deallocate, .. } => match cmd::dsm_ranges(data, &ns) {
+                Ok(ranges) => {
+                    if *deallocate {
+                        ranges.iter().for_each(|&(off, len)| mem.zero(off, len));
+                    }
+                    (SimOp::Write, 0)
+                }
+                Err(s) => return self.fail(r, cid, s, ns.nsid, 0),
+            },
+            Io::Flush { .. } => (SimOp::Write, 0),
+        };
+        let slot = self.inflight.insert(Inflight { cid, io });
+        let tag = Tag {
+            source: id,
+            serial: self.serial,
+            slot,
+        };
+        let now = Instant::now();
+        let submitted = r
+            .with_source::<SimChannel, _>(ch, |c, _| c.submit(now, tag, op, len))
+            .is_some();
+        if submitted {
+            r.wake(ch);
+        } else {
+            self.inflight.remove(slot);
+            self.fail(r, cid, Status::INTERNAL_ERROR, ns.nsid, 0);
+        }
+    }
+
+    /// An asynchronous backend completed the command in `slot`.
+    pub fn complete_async(&mut self, r: &mut Reactor, slot: usize, status: Status) {
+        let Some(inf) = self.inflight.try_remove(slot) else {
+            return;
+        };
+        if self.closed {
+            return;
+        }
+        match inf.io {
+            Io::Read { ns, off, len } if status.is_success() => {
+                self.send_read(inf.cid, ns.backend.memory(), &ns, off, len)
+            }
+            io => {
+                if status.is_success() {
+                    self.resp(inf.cid, status, 0, 0);
+                } else {
+                    let nsid = io.namespace().map_or(0, |n| n.nsid);
+                    self.fail(r, inf.cid, status, nsid, 0);
+                }
+            }
+        }
     }
 
     fn start_r2t(&mut self, r: &mut Reactor, cid: u16, io: Io, len: u32) {
@@ -1034,44 +1182,26 @@ impl Conn {
             let p = self.r2t.remove(ttag);
             if p.done.is_none() {
                 let need = p.io.h2c_len() as usize;
-                self.exec_io(r, p.cid, p.io, &p.buf[..need]);
+                self.exec_io(r, id, p.cid, p.io, &p.buf[..need]);
             }
         }
     }
 
-    fn exec_io(&mut self, r: &mut Reactor, cid: u16, io: Io, data: &[u8]) {
+    fn exec_io(&mut self, r: &mut Reactor, id: SourceId, cid: u16, io: Io, data: &[u8]) {
         let reactor = self.reactor;
+        if let Some(ns) = io.namespace()
+            && matches!(ns.backend, Backend::Sim(_))
+        {
+            return self.submit_sim(r, id, cid, io, data);
+        }
         match io {
-            Io::Read { ns, off, len } => {
-                let Backend::Ram(disk) = &ns.backend;
-                // DATA_SUCCESS saves the CapsuleResp when SQ flow control is off (§3.6.2.8).
-                let success = self.sqflow_off;
-                self.c2h_header(cid, len, success);
-                let start = self.wbuf.len();
-                self.wbuf.resize(start + len as usize, 0);
-                disk.read(off, &mut self.wbuf[start..]);
-                if self.ddgst {
-                    let dg = crc32c(&self.wbuf[start..]);
-                    self.wbuf.extend_from_slice(&dg.to_le_bytes());
-                }
-                let c = ns.counters(reactor);
-                bump(&c.read_cmds, 1);
-                bump(&c.read_bytes, u64::from(len));
-                if !success {
-                    self.resp(cid, Status::SUCCESS, 0, 0);
-                }
-            }
+            Io::Read { ns, off, len } => self.send_read(cid, ns.backend.memory(), &ns, off, len),
             Io::Write { ns, off, len, .. } => {
-                let Backend::Ram(disk) = &ns.backend;
-                disk.write(off, &data[..len as usize]);
-                let c = ns.counters(reactor);
-                bump(&c.write_cmds, 1);
-                bump(&c.write_bytes, u64::from(len));
+                apply_write(ns.backend.memory(), &ns, reactor, off, &data[..len as usize]);
                 self.resp(cid, Status::SUCCESS, 0, 0);
             }
             Io::WriteZeroes { ns, off, len } => {
-                let Backend::Ram(disk) = &ns.backend;
-                disk.zero(off, len);
+                ns.backend.memory().zero(off, len);
                 bump(&ns.counters(reactor).write_cmds, 1);
                 self.resp(cid, Status::SUCCESS, 0, 0);
             }
@@ -1080,9 +1210,8 @@ impl Conn {
             Io::DatasetManagement { ns, deallocate, .. } => match cmd::dsm_ranges(data, &ns) {
                 Ok(ranges) => {
                     if deallocate {
-                        let Backend::Ram(disk) = &ns.backend;
                         for (off, len) in ranges {
-                            disk.zero(off, len);
+                            ns.backend.memory().zero(off, len);
                         }
                     }
                     self.resp(cid, Status::SUCCESS, 0, 0);
@@ -1091,6 +1220,14 @@ impl Conn {
             },
         }
     }
+}
+
+/// Copy written data into a namespace's memory and count it.
+fn apply_write(mem: &RamDisk, ns: &Namespace, reactor: usize, off: u64, data: &[u8]) {
+    mem.write(off, data);
+    let c = ns.counters(reactor);
+    bump(&c.write_cmds, 1);
+    bump(&c.write_bytes, data.len() as u64);
 }
 
 type AttachResult = Result<Arc<Subsystem>, (Status, u32, String)>;

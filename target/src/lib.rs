@@ -13,6 +13,7 @@ pub mod ctrl;
 pub mod error;
 pub mod listener;
 pub mod ram;
+pub mod sim;
 pub mod subsystem;
 
 use std::net::{SocketAddr, TcpListener};

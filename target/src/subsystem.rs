@@ -15,8 +15,20 @@ use crate::ram::RamDisk;
 /// Where a namespace's blocks live.
 #[derive(Debug)]
 pub enum Backend {
-    /// Memory shared by all reactors.
+    /// Memory shared by all reactors; commands complete at once.
     Ram(RamDisk),
+    /// A simulated SSD: data in memory, completions after a simulated device latency.
+    Sim(crate::sim::SimDisk),
+}
+
+impl Backend {
+    /// The memory holding the data of a RAM or simulated namespace.
+    pub fn memory(&self) -> &RamDisk {
+        match self {
+            Backend::Ram(d) => d,
+            Backend::Sim(s) => &s.data,
+        }
+    }
 }
 
 /// I/O counters of one namespace on one reactor: written by that reactor only (relaxed
@@ -178,9 +190,7 @@ pub fn build_snapshot(cfg: &Config, reactors: usize) -> Result<Snapshot, TargetE
                     message: format!("cannot map {size} bytes of RAM: {e}"),
                 })?),
             };
-            let bytes = match &backend {
-                Backend::Ram(d) => d.len(),
-            };
+            let bytes = backend.memory().len();
             let ns = Namespace {
                 nsid: n.nsid,
                 block_size: n.block_size,

@@ -1,0 +1,370 @@
+//! The simulated SSD backend: real data in RAM, completions after a latency drawn from a
+//! configured distribution, like a device with an MSI-X interrupt.
+//!
+//! Each reactor has its own channel (a queue pair of the simulated device). A command is "in
+//! service" from submission until its due time; no CPU is spent meanwhile: a busy-polling or
+//! hybrid reactor sees the completion on its first poll after the due time, an interrupt-mode
+//! reactor is woken by the channel's timerfd at the due time plus the interrupt delivery delay
+//! (with optional coalescing), as an SSD's MSI-X would.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pollux_nvme::spec::Status;
+use pollux_reactor::sys::TimerFd;
+use pollux_reactor::{Mode, Next, Progress, Reactor, Source, SourceId, SourceOpts};
+use tracing::warn;
+
+use crate::ram::RamDisk;
+use crate::subsystem::Namespace;
+
+/// A latency distribution, in microseconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LatencyDist {
+    /// Always the same.
+    Fixed(f64),
+    /// Uniform in [min, max].
+    Uniform(f64, f64),
+    /// Lognormal with this median and sigma (of the underlying normal).
+    LogNormal {
+        /// Median.
+        median: f64,
+        /// Sigma.
+        sigma: f64,
+    },
+    /// `fast` with probability 1 - `slow_fraction`, else `slow`.
+    Bimodal {
+        /// Fast latency.
+        fast: f64,
+        /// Slow latency.
+        slow: f64,
+        /// Share of slow commands.
+        slow_fraction: f64,
+    },
+}
+
+/// Parameters of a simulated device.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimParams {
+    /// Read latency.
+    pub read: LatencyDist,
+    /// Write latency (also flush, write zeroes, deallocate).
+    pub write: LatencyDist,
+    /// Extra microseconds per KiB beyond the first 4 KiB.
+    pub per_kib_us: f64,
+    /// Commands in service at once per channel; more wait in a queue.
+    pub parallelism: u32,
+    /// Bytes per second per channel (None: unlimited).
+    pub bandwidth: Option<u64>,
+    /// Completion to interrupt.
+    pub interrupt_delay: Duration,
+    /// Interrupt after this many completions...
+    pub coalesce_count: u32,
+    /// ...or this long after the first, whichever comes first.
+    pub coalesce_time: Duration,
+    /// Random seed (each reactor's channel mixes in its id).
+    pub seed: u64,
+}
+
+/// A simulated SSD: its data and parameters.
+#[derive(Debug)]
+pub struct SimDisk {
+    /// The data.
+    pub data: RamDisk,
+    /// How it behaves.
+    pub params: SimParams,
+}
+
+/// SplitMix64: small, fast, and good enough for latency sampling.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// Seeded generator.
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+    /// Next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in (0, 1].
+    pub fn unit(&mut self) -> f64 {
+        ((self.next_u64() >> 11) as f64 + 1.0) / (1u64 << 53) as f64
+    }
+    /// Standard normal (Box-Muller).
+    pub fn normal(&mut self) -> f64 {
+        let (u1, u2) = (self.unit(), self.unit());
+        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+    }
+}
+
+impl LatencyDist {
+    /// Draw one latency in microseconds (never negative).
+    pub fn sample(&self, rng: &mut Rng) -> f64 {
+        let v = match *self {
+            LatencyDist::Fixed(us) => us,
+            LatencyDist::Uniform(a, b) => a + (b - a) * rng.unit(),
+            LatencyDist::LogNormal { median, sigma } => median * (sigma * rng.normal()).exp(),
+            LatencyDist::Bimodal {
+                fast,
+                slow,
+                slow_fraction,
+            } => {
+                if rng.unit() <= slow_fraction {
+                    slow
+                } else {
+                    fast
+                }
+            }
+        };
+        v.max(0.0)
+    }
+}
+
+/// What a simulated command does when it completes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SimOp {
+    /// A read (data is copied out at completion).
+    Read,
+    /// A write, flush or deallocate (data was applied at submission).
+    Write,
+}
+
+/// Who to tell when a command completes: a connection and its in-flight slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tag {
+    /// The connection's source id.
+    pub source: SourceId,
+    /// The connection's serial (guards against id reuse).
+    pub serial: u64,
+    /// Its in-flight slot.
+    pub slot: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Req {
+    tag: Tag,
+    op: SimOp,
+    len: u32,
+}
+
+/// Called by the channel for each completion: (reactor, tag, status, device latency).
+pub type CompleteFn = fn(&mut Reactor, Tag, Status, Duration);
+
+/// One reactor's queue pair on a simulated device.
+pub struct SimChannel {
+    ns: Arc<Namespace>,
+    params: SimParams,
+    rng: Rng,
+    waiting: VecDeque<(Instant, Req)>,
+    in_service: BinaryHeap<Reverse<(Instant, u64, usize)>>,
+    reqs: slab::Slab<(Instant, Req)>,
+    seq: u64,
+    bw_free_at: Instant,
+    irq: TimerFd,
+    irq_at: Option<Instant>,
+    complete: CompleteFn,
+    name: String,
+}
+
+impl SimChannel {
+    /// A channel for namespace `ns` (whose backend is a [`SimDisk`]) on reactor `reactor`.
+    pub fn new(ns: Arc<Namespace>, params: SimParams, reactor: usize, complete: CompleteFn) -> std::io::Result<Self> {
+        let seed = params.seed ^ (reactor as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(ns.nsid);
+        Ok(Self {
+            name: format!("sim-ns{}-r{reactor}", ns.nsid),
+            ns,
+            params,
+            rng: Rng::new(seed),
+            waiting: VecDeque::new(),
+            in_service: BinaryHeap::new(),
+            reqs: slab::Slab::new(),
+            seq: 0,
+            bw_free_at: Instant::now(),
+            irq: TimerFd::new()?,
+            irq_at: None,
+            complete,
+        })
+    }
+
+    /// Register the channel on its reactor: polled, and woken by its interrupt timerfd.
+    pub fn register(self, r: &mut Reactor) -> pollux_reactor::Result<SourceId> {
+        let fd = self.irq.as_raw_fd();
+        r.add_sleepable_source(Box::new(self), SourceOpts::polled_with_fd(fd))
+    }
+
+    /// The namespace it serves.
+    pub fn namespace(&self) -> &Arc<Namespace> {
+        &self.ns
+    }
+
+    /// Commands submitted and not yet completed.
+    pub fn outstanding(&self) -> usize {
+        self.reqs.len() + self.waiting.len()
+    }
+
+    fn service_time(&mut self, op: SimOp, len: u32) -> Duration {
+        let dist = if op == SimOp::Read {
+            self.params.read
+        } else {
+            self.params.write
+        };
+        let extra_kib = (f64::from(len) / 1024.0 - 4.0).max(0.0);
+        let us = dist.sample(&mut self.rng) + extra_kib * self.params.per_kib_us;
+        Duration::from_nanos((us * 1000.0) as u64)
+    }
+
+    fn start(&mut self, now: Instant, req: Req) {
+        let mut due = now + self.service_time(req.op, req.len);
+        if let Some(bw) = self.params.bandwidth.filter(|&b| b > 0) {
+            // Transfers share the channel's bandwidth one after another.
+            let xfer = Duration::from_nanos((u128::from(req.len) * 1_000_000_000 / u128::from(bw)) as u64);
+            self.bw_free_at = self.bw_free_at.max(now) + xfer;
+            due = due.max(self.bw_free_at);
+        }
+        let key = self.reqs.insert((now, req));
+        self.seq += 1;
+        self.in_service.push(Reverse((due, self.seq, key)));
+    }
+
+    /// Submit a command at `now`.
+    pub fn submit(&mut self, now: Instant, tag: Tag, op: SimOp, len: u32) {
+        let req = Req { tag, op, len };
+        if self.in_service.len() < self.params.parallelism as usize {
+            self.start(now, req);
+        } else {
+            self.waiting.push_back((now, req));
+        }
+    }
+
+    /// Earliest due time of a command in service.
+    pub fn next_due(&self) -> Option<Instant> {
+        self.in_service.peek().map(|Reverse((t, _, _))| *t)
+    }
+
+    /// When the interrupt for what is in service fires: the `coalesce_count`-th completion
+    /// or `coalesce_time` after the first, plus the delivery delay.
+    fn interrupt_time(&self) -> Option<Instant> {
+        let first = self.next_due()?;
+        let by_time = first + self.params.coalesce_time;
+        let count = self.params.coalesce_count.max(1) as usize;
+        let by_count = if count == 1 {
+            Some(first)
+        } else if self.in_service.len() >= count {
+            let mut dues: Vec<Instant> = self.in_service.iter().map(|Reverse((t, _, _))| *t).collect();
+            dues.sort_unstable();
+            Some(dues[count - 1])
+        } else {
+            None
+        };
+        let t = by_count.map_or(by_time, |c| c.min(by_time));
+        Some(t + self.params.interrupt_delay)
+    }
+
+    fn arm_interrupt(&mut self, now: Instant) {
+        let want = self.interrupt_time();
+        if want == self.irq_at {
+            return;
+        }
+        let res = match want {
+            Some(t) => self.irq.arm(t.saturating_duration_since(now)),
+            None => self.irq.disarm(),
+        };
+        if let Err(e) = res {
+            warn!(channel = %self.name, error = %e, "cannot arm the simulated interrupt");
+        }
+        self.irq_at = want;
+    }
+}
+
+impl Source for SimChannel {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn run(&mut self, r: &mut Reactor, _id: SourceId) -> Progress {
+        let fired = self.irq.consume();
+        if fired {
+            self.irq_at = None;
+        }
+        let now = Instant::now();
+        let mut did = false;
+        while let Some(Reverse((due, _, key))) = self.in_service.peek().copied() {
+            if due > now {
+                break;
+            }
+            self.in_service.pop();
+            let Some((submitted, req)) = self.reqs.try_remove(key) else {
+                continue;
+            };
+            did = true;
+            (self.complete)(r, req.tag, Status::SUCCESS, due.saturating_duration_since(submitted));
+        }
+        while self.in_service.len() < self.params.parallelism as usize {
+            let Some((_, req)) = self.waiting.pop_front() else {
+                break;
+            };
+            self.start(now, req);
+        }
+        // The device raises its interrupt only when the reactor sleeps on it (interrupt mode);
+        // polling and hybrid reactors poll for completions, as with an SSD queue polled by
+        // its driver.
+        if r.effective_mode() == Mode::Interrupt {
+            self.arm_interrupt(now);
+        } else if self.irq_at.is_some() {
+            let _ = self.irq.disarm();
+            self.irq_at = None;
+        }
+        match self.next_due() {
+            Some(t) => Progress {
+                did_work: did,
+                next: Next::Expect(t),
+            },
+            None => Progress {
+                did_work: did,
+                next: Next::Idle,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lognormal_median_is_the_median() {
+        let d = LatencyDist::LogNormal {
+            median: 80.0,
+            sigma: 0.5,
+        };
+        let mut rng = Rng::new(7);
+        let mut v: Vec<f64> = (0..20_001).map(|_| d.sample(&mut rng)).collect();
+        v.sort_by(f64::total_cmp);
+        let med = v[10_000];
+        assert!((med - 80.0).abs() < 3.0, "median {med}");
+        assert!(v.iter().all(|&x| x > 0.0));
+    }
+
+    #[test]
+    fn bimodal_and_uniform_stay_in_their_bounds() {
+        let mut rng = Rng::new(1);
+        let b = LatencyDist::Bimodal {
+            fast: 10.0,
+            slow: 500.0,
+            slow_fraction: 0.1,
+        };
+        let slow = (0..10_000).filter(|_| b.sample(&mut rng) == 500.0).count();
+        assert!((800..1200).contains(&slow), "{slow}");
+        let u = LatencyDist::Uniform(5.0, 9.0);
+        assert!((0..1000).map(|_| u.sample(&mut rng)).all(|x| (5.0..=9.0).contains(&x)));
+    }
+}
