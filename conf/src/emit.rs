@@ -4,12 +4,55 @@ use std::fmt::Write;
 
 use crate::nqn::{format_uuid, hex};
 use crate::size::format_size;
-use crate::{Backend, Config};
+use crate::{Backend, Config, Latency};
 
 /// A TOML string literal for `s`, escaped by the toml crate itself so any
 /// NQN (which may hold arbitrary UTF-8 after the colon) survives.
 fn quote(s: &str) -> String {
     toml::Value::String(s.to_owned()).to_string()
+}
+
+/// A TOML float that parses back to exactly `x`: Rust's `{:?}` writes the
+/// shortest text that reads back to the same `f64`, always with a `.` or an
+/// exponent (`80.0`, `0.1`, `1e-7`, `1e300`), which is TOML float syntax.
+/// Non-finite values (never produced by validation) use TOML's spellings.
+fn float(x: f64) -> String {
+    if x.is_nan() {
+        "nan".into()
+    } else if x.is_infinite() {
+        if x > 0.0 { "inf".into() } else { "-inf".into() }
+    } else {
+        format!("{x:?}")
+    }
+}
+
+/// A latency distribution as an inline table.
+fn latency(l: &Latency) -> String {
+    match *l {
+        Latency::Fixed { us } => format!("{{ fixed_us = {} }}", float(us)),
+        Latency::Uniform { min_us, max_us } => {
+            format!("{{ min_us = {}, max_us = {} }}", float(min_us), float(max_us))
+        }
+        Latency::LogNormal { median_us, sigma } => {
+            format!("{{ median_us = {}, sigma = {} }}", float(median_us), float(sigma))
+        }
+        Latency::Bimodal {
+            fast_us,
+            slow_us,
+            slow_fraction,
+        } => format!(
+            "{{ fast_us = {}, slow_us = {}, slow_fraction = {} }}",
+            float(fast_us),
+            float(slow_us),
+            float(slow_fraction)
+        ),
+    }
+}
+
+/// A path as a TOML string. Paths that are not UTF-8 cannot be written in
+/// TOML; they are written lossily.
+fn path(p: &std::path::Path) -> String {
+    quote(&p.to_string_lossy())
 }
 
 pub(crate) fn to_toml(c: &Config) -> String {
@@ -31,6 +74,11 @@ pub(crate) fn to_toml(c: &Config) -> String {
     let _ = writeln!(o, "mode = {}", quote(r.mode.as_str()));
     let _ = writeln!(o, "stall_threshold_us = {}", r.stall_threshold_us);
     let _ = writeln!(o, "placement = {}", quote(r.placement.as_str()));
+    let _ = writeln!(o, "cpu_budget = {}", float(r.cpu_budget));
+    if let Some(t) = r.latency_target_us {
+        let _ = writeln!(o, "latency_target_us = {}", float(t));
+    }
+    let _ = writeln!(o, "policy = {}", quote(r.policy.as_str()));
 
     for l in &c.listeners {
         let _ = writeln!(o, "\n[[listener]]");
@@ -50,6 +98,17 @@ pub(crate) fn to_toml(c: &Config) -> String {
     let _ = writeln!(o, "min_ms = {}", k.min_ms);
     let _ = writeln!(o, "max_ms = {}", k.max_ms);
 
+    let ctl = &c.control;
+    if ctl.socket.is_some() || ctl.metrics.is_some() {
+        let _ = writeln!(o, "\n[control]");
+        if let Some(s) = &ctl.socket {
+            let _ = writeln!(o, "socket = {}", path(s));
+        }
+        if let Some(m) = &ctl.metrics {
+            let _ = writeln!(o, "metrics = {}", quote(&m.to_string()));
+        }
+    }
+
     for s in &c.subsystems {
         let _ = writeln!(o, "\n[[subsystem]]");
         let _ = writeln!(o, "nqn = {}", quote(&s.nqn));
@@ -62,14 +121,39 @@ pub(crate) fn to_toml(c: &Config) -> String {
             let _ = writeln!(o, "\n[[subsystem.namespace]]");
             let _ = writeln!(o, "nsid = {}", n.nsid);
             let _ = writeln!(o, "block_size = {}", n.block_size);
+            let _ = writeln!(o, "uuid = {}", quote(&format_uuid(&n.uuid)));
+            let _ = writeln!(o, "nguid = {}", quote(&hex(&n.nguid)));
+            let _ = writeln!(o, "eui64 = {}", quote(&hex(&n.eui64)));
+            // Written last: the sim backend is a table of its own, and keys
+            // after its header would belong to it.
             match &n.backend {
                 Backend::Ram { size } => {
                     let _ = writeln!(o, "backend = {{ ram = {{ size = {} }} }}", quote(&format_size(*size)));
                 }
+                Backend::File(f) => {
+                    let mut keys = vec![format!("path = {}", path(&f.path))];
+                    if let Some(size) = f.size {
+                        keys.push(format!("size = {}", quote(&format_size(size))));
+                    }
+                    keys.push(format!("direct = {}", f.direct));
+                    let _ = writeln!(o, "backend = {{ file = {{ {} }} }}", keys.join(", "));
+                }
+                Backend::Sim(sim) => {
+                    let _ = writeln!(o, "\n[subsystem.namespace.backend.sim]");
+                    let _ = writeln!(o, "size = {}", quote(&format_size(sim.size)));
+                    let _ = writeln!(o, "read = {}", latency(&sim.read));
+                    let _ = writeln!(o, "write = {}", latency(&sim.write));
+                    let _ = writeln!(o, "per_kib_us = {}", float(sim.per_kib_us));
+                    let _ = writeln!(o, "parallelism = {}", sim.parallelism);
+                    if let Some(b) = sim.bandwidth {
+                        let _ = writeln!(o, "bandwidth = {}", quote(&format_size(b)));
+                    }
+                    let _ = writeln!(o, "interrupt_delay_us = {}", float(sim.interrupt_delay_us));
+                    let _ = writeln!(o, "coalesce_count = {}", sim.coalesce_count);
+                    let _ = writeln!(o, "coalesce_us = {}", float(sim.coalesce_us));
+                    let _ = writeln!(o, "seed = {}", sim.seed);
+                }
             }
-            let _ = writeln!(o, "uuid = {}", quote(&format_uuid(&n.uuid)));
-            let _ = writeln!(o, "nguid = {}", quote(&hex(&n.nguid)));
-            let _ = writeln!(o, "eui64 = {}", quote(&hex(&n.eui64)));
         }
     }
     o

@@ -1,6 +1,6 @@
 //! pollux configuration: the TOML file that sets up reactors, listeners,
-//! transport options, keep-alive limits, subsystems, namespaces and allowed
-//! hosts.
+//! transport options, keep-alive limits, the control socket, subsystems,
+//! namespaces and their backends, and allowed hosts.
 //!
 //! [`Config::parse`] and [`Config::from_path`] read, deserialize and validate
 //! a configuration in one step; the result is fully resolved (defaults filled
@@ -19,7 +19,7 @@ mod validate;
 
 use std::fmt;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 pub use error::ConfError;
@@ -35,7 +35,9 @@ pub const DEFAULT_CONF: &str = include_str!("../examples/ram.toml");
 pub const EMBEDDED_ORIGIN: &str = "<embedded>";
 
 /// A complete, validated target configuration.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// Only `PartialEq`: simulated backends hold `f64` latencies.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     /// Reactor threads: cores, mode and connection placement.
     pub reactors: Reactors,
@@ -48,12 +50,14 @@ pub struct Config {
     pub keep_alive: KeepAlive,
     /// The NVM subsystems exported (possibly none: discovery only).
     pub subsystems: Vec<Subsystem>,
+    /// The optional control socket and metrics endpoint.
+    pub control: Control,
     /// Where the configuration came from: a file name, or `"<embedded>"`.
     pub origin: String,
 }
 
 /// The `[reactors]` table.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Reactors {
     /// CPU cores, one reactor thread pinned to each; non-empty, no
     /// duplicates.
@@ -65,6 +69,14 @@ pub struct Reactors {
     pub stall_threshold_us: u64,
     /// How accepted connections are spread over reactors.
     pub placement: Placement,
+    /// The fraction of one core each reactor may spend polling
+    /// ([`ReactorMode::Adaptive`]); finite, `0 < cpu_budget <= 1`.
+    pub cpu_budget: f64,
+    /// The completion latency (microseconds) the adaptive mode aims for, if
+    /// any; finite and > 0.
+    pub latency_target_us: Option<f64>,
+    /// Which sleep policy decides how long a hybrid reactor sleeps.
+    pub policy: SleepPolicyKind,
 }
 
 impl Default for Reactors {
@@ -74,6 +86,9 @@ impl Default for Reactors {
             mode: ReactorMode::default(),
             stall_threshold_us: 2000,
             placement: Placement::default(),
+            cpu_budget: 0.3,
+            latency_target_us: None,
+            policy: SleepPolicyKind::default(),
         }
     }
 }
@@ -90,6 +105,9 @@ pub enum ReactorMode {
     /// Sleep in the kernel until an event arrives. Spelled `"interrupt"`.
     #[default]
     Interrupt,
+    /// Poll while it pays off and sleep otherwise, spending at most
+    /// [`Reactors::cpu_budget`] of a core on polling. Spelled `"adaptive"`.
+    Adaptive,
 }
 
 impl ReactorMode {
@@ -99,6 +117,7 @@ impl ReactorMode {
             ReactorMode::Poll => "poll",
             ReactorMode::Hybrid => "hybrid",
             ReactorMode::Interrupt => "interrupt",
+            ReactorMode::Adaptive => "adaptive",
         }
     }
 }
@@ -116,8 +135,9 @@ impl FromStr for ReactorMode {
             "poll" => Ok(ReactorMode::Poll),
             "hybrid" => Ok(ReactorMode::Hybrid),
             "interrupt" => Ok(ReactorMode::Interrupt),
+            "adaptive" => Ok(ReactorMode::Adaptive),
             _ => Err(format!(
-                "unknown reactor mode {s:?}: expected \"poll\", \"hybrid\" or \"interrupt\""
+                "unknown reactor mode {s:?}: expected \"poll\", \"hybrid\", \"interrupt\" or \"adaptive\""
             )),
         }
     }
@@ -159,6 +179,47 @@ impl FromStr for Placement {
             "least-loaded" => Ok(Placement::LeastLoaded),
             _ => Err(format!(
                 "unknown placement {s:?}: expected \"round-robin\" or \"least-loaded\""
+            )),
+        }
+    }
+}
+
+/// Which policy decides how long a hybrid reactor sleeps before polling
+/// again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum SleepPolicyKind {
+    /// pollux's own policy. Spelled `"pollux"`.
+    #[default]
+    Pollux,
+    /// Linux's hybrid polling policy: sleep for half the mean completion
+    /// time. Spelled `"linux-half-mean"`.
+    LinuxHalfMean,
+}
+
+impl SleepPolicyKind {
+    /// The configuration spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SleepPolicyKind::Pollux => "pollux",
+            SleepPolicyKind::LinuxHalfMean => "linux-half-mean",
+        }
+    }
+}
+
+impl fmt::Display for SleepPolicyKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for SleepPolicyKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "pollux" => Ok(SleepPolicyKind::Pollux),
+            "linux-half-mean" => Ok(SleepPolicyKind::LinuxHalfMean),
+            _ => Err(format!(
+                "unknown sleep policy {s:?}: expected \"pollux\" or \"linux-half-mean\""
             )),
         }
     }
@@ -245,8 +306,19 @@ impl KeepAlive {
     }
 }
 
+/// The `[control]` table: ways to inspect and steer a running target.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Control {
+    /// The Unix socket to accept control commands on (absolute, resolved
+    /// like file backend paths); `None`: no control socket.
+    pub socket: Option<PathBuf>,
+    /// The loopback address serving Prometheus text metrics over HTTP;
+    /// `None`: no metrics endpoint.
+    pub metrics: Option<SocketAddr>,
+}
+
 /// One `[[subsystem]]`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Subsystem {
     /// The subsystem NQN; valid per [`validate_nqn`], unique, not
     /// [`DISCOVERY_NQN`].
@@ -271,7 +343,7 @@ impl Subsystem {
 }
 
 /// One `[[subsystem.namespace]]`, with identifiers resolved.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Namespace {
     /// Namespace ID, 1..=0xFFFFFFFE.
     pub nsid: u32,
@@ -287,33 +359,126 @@ pub struct Namespace {
     pub eui64: [u8; 8],
 }
 
-/// The storage behind a namespace. More kinds (file, nvme, sim) will be
-/// added; match on it with that in mind.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The storage behind a namespace. More kinds (nvme) will be added; match
+/// on it with that in mind.
+#[derive(Debug, Clone, PartialEq)]
 pub enum Backend {
     /// Memory, zero-filled at start, lost at exit.
     Ram {
         /// Capacity in bytes: > 0 and a multiple of the block size.
         size: u64,
     },
+    /// A file or block device.
+    File(FileBackend),
+    /// A simulated SSD: memory with modelled latencies, parallelism,
+    /// bandwidth and interrupts.
+    Sim(SimBackend),
 }
 
 impl Backend {
-    /// The configuration name of the backend kind (`"ram"`), for logs.
+    /// The configuration name of the backend kind (`"ram"`, `"file"` or
+    /// `"sim"`), for logs.
     pub fn kind(&self) -> &'static str {
         match self {
             Backend::Ram { .. } => "ram",
+            Backend::File(_) => "file",
+            Backend::Sim(_) => "sim",
         }
     }
 }
 
+/// A `file` backend: data lives in a file (or block device).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileBackend {
+    /// The file, absolute: a relative path in the configuration is resolved
+    /// against the configuration file's directory (or the current directory
+    /// for [`Config::parse`]), and `.` components are removed. Unique across
+    /// the configuration.
+    pub path: PathBuf,
+    /// The capacity in bytes, if given: > 0 and a multiple of the block
+    /// size. Needed only when the file does not exist yet; the target checks
+    /// that at start.
+    pub size: Option<u64>,
+    /// Open with `O_DIRECT`, bypassing the page cache.
+    pub direct: bool,
+}
+
+/// A `sim` backend: a simulated SSD.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimBackend {
+    /// Capacity in bytes: > 0 and a multiple of the block size.
+    pub size: u64,
+    /// Service time of a read of up to 4 KiB.
+    pub read: Latency,
+    /// Service time of a write of up to 4 KiB.
+    pub write: Latency,
+    /// Extra service time per KiB beyond the first 4 KiB of a command,
+    /// microseconds; finite, >= 0.
+    pub per_kib_us: f64,
+    /// Commands in service at once (further commands wait), 1..=65536.
+    pub parallelism: u32,
+    /// Bytes per second the device transfers at most; `None`: unlimited.
+    /// Always > 0.
+    pub bandwidth: Option<u64>,
+    /// Delay from a command's completion to its interrupt, microseconds;
+    /// finite, >= 0.
+    pub interrupt_delay_us: f64,
+    /// Interrupt coalescing: raise one interrupt per this many completions,
+    /// >= 1 (1: no coalescing by count).
+    pub coalesce_count: u32,
+    /// Interrupt coalescing: raise the interrupt at most this long after the
+    /// first pending completion, microseconds; finite, >= 0.
+    pub coalesce_us: f64,
+    /// Seed of the latency random number generator, `0..=i64::MAX` (TOML
+    /// integers are signed 64-bit).
+    pub seed: u64,
+}
+
+/// A latency distribution of a simulated backend, in microseconds. Every
+/// value is finite and >= 0.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Latency {
+    /// Always `us`. Written `{ fixed_us = X }`.
+    Fixed {
+        /// The latency.
+        us: f64,
+    },
+    /// Uniform in `min_us..=max_us`. Written `{ min_us = A, max_us = B }`.
+    Uniform {
+        /// The lower bound, <= `max_us`.
+        min_us: f64,
+        /// The upper bound.
+        max_us: f64,
+    },
+    /// Lognormal: `median_us * exp(sigma * N(0, 1))`. Written
+    /// `{ median_us = M, sigma = S }`.
+    LogNormal {
+        /// The median, > 0.
+        median_us: f64,
+        /// The standard deviation of the underlying normal, `0..=3`.
+        sigma: f64,
+    },
+    /// `slow_us` with probability `slow_fraction`, else `fast_us`. Written
+    /// `{ fast_us = F, slow_us = L, slow_fraction = P }`.
+    Bimodal {
+        /// The common latency, <= `slow_us`.
+        fast_us: f64,
+        /// The occasional latency.
+        slow_us: f64,
+        /// The probability of `slow_us`, `0..=1`.
+        slow_fraction: f64,
+    },
+}
+
 impl Config {
     /// Reads, parses and validates the configuration file at `path`.
+    /// Relative paths inside it (file backends, the control socket) are
+    /// resolved against the directory holding `path`.
     pub fn from_path(path: &Path) -> Result<Config, ConfError> {
         let origin = path.display().to_string();
         let bytes = std::fs::read(path).map_err(|e| ConfError::io(&origin, e))?;
         match String::from_utf8(bytes) {
-            Ok(text) => Config::parse(&text, &origin),
+            Ok(text) => validate::build(&text, &origin, validate::Base::DirOf(path)),
             Err(e) => {
                 // TOML is UTF-8 (TOML 1.0 "Spec"); point at the first bad
                 // byte, measured in the valid text before it.
@@ -330,9 +495,11 @@ impl Config {
     }
 
     /// Parses and validates configuration `text`; `origin` names it in
-    /// errors and in [`Config::origin`].
+    /// errors and in [`Config::origin`]. Relative paths inside it (file
+    /// backends, the control socket) are resolved against the current
+    /// directory.
     pub fn parse(text: &str, origin: &str) -> Result<Config, ConfError> {
-        validate::build(text, origin)
+        validate::build(text, origin, validate::Base::CurrentDir)
     }
 
     /// The built-in configuration, `conf/examples/ram.toml` (one reactor on
@@ -347,7 +514,8 @@ impl Config {
     /// Writes this configuration as TOML. For a configuration that came
     /// from [`Config::parse`], parsing the result (with the same origin)
     /// gives an equal `Config`; derived serials and identifiers are written
-    /// out explicitly.
+    /// out explicitly, paths as resolved (absolute), and floats in a form
+    /// that parses back to the same value.
     pub fn to_toml(&self) -> String {
         emit::to_toml(self)
     }

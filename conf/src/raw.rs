@@ -9,7 +9,9 @@
 //!
 //! Integers are read as `i64` (TOML's integer type) and range-checked during
 //! validation, so that out-of-range values get a message naming the allowed
-//! range instead of serde's "invalid value".
+//! range instead of serde's "invalid value". Floats are read as `f64`, which
+//! also accepts a TOML integer (`80` for `80.0`); `nan` and `inf` are
+//! rejected during validation.
 
 use serde::Deserialize;
 use toml::Spanned;
@@ -22,6 +24,7 @@ pub(crate) struct RawConfig {
     pub transport: Option<RawTransport>,
     pub keep_alive: Option<RawKeepAlive>,
     pub subsystem: Option<Vec<RawSubsystem>>,
+    pub control: Option<RawControl>,
 }
 
 #[derive(Deserialize)]
@@ -31,6 +34,9 @@ pub(crate) struct RawReactors {
     pub mode: Option<Spanned<String>>,
     pub stall_threshold_us: Option<Spanned<i64>>,
     pub placement: Option<Spanned<String>>,
+    pub cpu_budget: Option<Spanned<f64>>,
+    pub latency_target_us: Option<Spanned<f64>>,
+    pub policy: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -54,6 +60,13 @@ pub(crate) struct RawTransport {
 pub(crate) struct RawKeepAlive {
     pub min_ms: Option<Spanned<i64>>,
     pub max_ms: Option<Spanned<i64>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawControl {
+    pub socket: Option<Spanned<String>>,
+    pub metrics: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -85,12 +98,53 @@ pub(crate) struct RawNamespace {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawBackend {
     pub ram: Option<RawRam>,
+    pub file: Option<RawFile>,
+    pub sim: Option<RawSim>,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawRam {
     pub size: Spanned<RawSize>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawFile {
+    pub path: Spanned<String>,
+    pub size: Option<Spanned<RawSize>>,
+    pub direct: Option<Spanned<bool>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawSim {
+    pub size: Spanned<RawSize>,
+    pub read: Option<RawLatency>,
+    pub write: Option<RawLatency>,
+    pub per_kib_us: Option<Spanned<f64>>,
+    pub parallelism: Option<Spanned<i64>>,
+    pub bandwidth: Option<Spanned<RawSize>>,
+    pub interrupt_delay_us: Option<Spanned<f64>>,
+    pub coalesce_count: Option<Spanned<i64>>,
+    pub coalesce_us: Option<Spanned<f64>>,
+    pub seed: Option<Spanned<i64>>,
+}
+
+/// The keys of every latency distribution; validation requires exactly one
+/// distribution's keys, all of them. (One struct, like [`RawBackend`], so an
+/// unknown key is reported at its position with the list of known ones.)
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawLatency {
+    pub fixed_us: Option<Spanned<f64>>,
+    pub min_us: Option<Spanned<f64>>,
+    pub max_us: Option<Spanned<f64>>,
+    pub median_us: Option<Spanned<f64>>,
+    pub sigma: Option<Spanned<f64>>,
+    pub fast_us: Option<Spanned<f64>>,
+    pub slow_us: Option<Spanned<f64>>,
+    pub slow_fraction: Option<Spanned<f64>>,
 }
 
 /// A size as written: an integer byte count or a string with a suffix.

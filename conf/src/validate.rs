@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::net::SocketAddr;
 use std::ops::Range;
+use std::path::{Component, Path, PathBuf};
 
 use toml::Spanned;
 
@@ -13,10 +14,14 @@ use crate::error::{ConfError, line_col};
 use crate::ids::{derive_ids, derive_serial};
 use crate::nqn::{DISCOVERY_NQN, format_uuid, hex, parse_hex, parse_uuid, validate_nqn};
 use crate::raw::{
-    RawBackend, RawConfig, RawKeepAlive, RawListener, RawNamespace, RawReactors, RawSize, RawSubsystem, RawTransport,
+    RawBackend, RawConfig, RawControl, RawFile, RawKeepAlive, RawLatency, RawListener, RawNamespace, RawReactors,
+    RawSim, RawSize, RawSubsystem, RawTransport,
 };
 use crate::size::parse_size;
-use crate::{Backend, Config, KeepAlive, Listener, Namespace, Placement, ReactorMode, Reactors, Subsystem, Transport};
+use crate::{
+    Backend, Config, Control, FileBackend, KeepAlive, Latency, Listener, Namespace, Placement, ReactorMode, Reactors,
+    SimBackend, SleepPolicyKind, Subsystem, Transport,
+};
 
 /// The highest core index accepted: Linux's `cpu_set_t`, which
 /// `sched_setaffinity` takes, holds CPUs 0..1024.
@@ -34,10 +39,40 @@ const MODEL_MAX: usize = 40;
 /// The model number used when a subsystem gives none.
 const DEFAULT_MODEL: &str = "pollux";
 
-/// Parsing context: the text (to turn spans into lines) and its origin.
+/// A simulated backend's read latency when `read` is not given.
+const DEFAULT_SIM_READ: Latency = Latency::LogNormal {
+    median_us: 80.0,
+    sigma: 0.2,
+};
+
+/// A simulated backend's write latency when `write` is not given.
+const DEFAULT_SIM_WRITE: Latency = Latency::LogNormal {
+    median_us: 20.0,
+    sigma: 0.2,
+};
+
+/// The longest Unix socket path: `sun_path` in Linux's `sockaddr_un` holds
+/// 108 bytes including the terminating NUL.
+const UNIX_PATH_MAX: usize = 107;
+
+/// The largest lognormal `sigma` accepted: beyond it the distribution's tail
+/// is so long that a simulation is dominated by rare, absurd latencies.
+const MAX_SIGMA: f64 = 3.0;
+
+/// What relative paths in the configuration are relative to.
+pub(crate) enum Base<'a> {
+    /// The current directory: the text did not come from a file.
+    CurrentDir,
+    /// The directory holding this configuration file.
+    DirOf(&'a Path),
+}
+
+/// Parsing context: the text (to turn spans into lines), its origin, and
+/// the base of relative paths.
 struct Cx<'a> {
     text: &'a str,
     origin: &'a str,
+    base: Base<'a>,
 }
 
 impl Cx<'_> {
@@ -100,11 +135,84 @@ impl Cx<'_> {
         }
         u32::try_from(n).map_err(|_| self.at(v.span(), format!("`{key}` must be at most {}, got {n}", u32::MAX)))
     }
+
+    /// A finite float, checked by `rule` (which returns the reason it
+    /// fails).
+    fn float(&self, v: &Spanned<f64>, key: &str, rule: impl Fn(f64) -> Option<&'static str>) -> Result<f64, ConfError> {
+        let x = *v.get_ref();
+        if !x.is_finite() {
+            return Err(self.at(v.span(), format!("`{key}` must be a finite number, got {x}")));
+        }
+        match rule(x) {
+            Some(why) => Err(self.at(v.span(), format!("`{key}` {why}, got {x}"))),
+            None => Ok(x),
+        }
+    }
+
+    /// An optional finite float checked by `rule`, or `default`.
+    fn float_or(
+        &self,
+        v: &Option<Spanned<f64>>,
+        key: &str,
+        default: f64,
+        rule: impl Fn(f64) -> Option<&'static str>,
+    ) -> Result<f64, ConfError> {
+        match v {
+            None => Ok(default),
+            Some(v) => self.float(v, key, rule),
+        }
+    }
+
+    /// A path, made absolute: a relative one is joined to the directory of
+    /// the configuration file (or the current directory), and `.`
+    /// components are dropped. `..` is kept: it cannot be removed without
+    /// following symbolic links.
+    fn path(&self, v: &Spanned<String>, key: &str) -> Result<PathBuf, ConfError> {
+        let s = v.get_ref();
+        if s.is_empty() {
+            return Err(self.at(v.span(), format!("`{key}` must not be empty")));
+        }
+        if s.contains('\0') {
+            return Err(self.at(v.span(), format!("`{key}` {s:?} must not contain a NUL character")));
+        }
+        let p = Path::new(s);
+        let full = if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            let dir = match self.base {
+                Base::CurrentDir => Path::new(""),
+                Base::DirOf(file) => file.parent().unwrap_or(Path::new("")),
+            };
+            let dir = if dir.is_absolute() {
+                dir.to_path_buf()
+            } else {
+                let cwd = std::env::current_dir().map_err(|e| {
+                    self.at(
+                        v.span(),
+                        format!("cannot resolve the relative `{key}` {s:?}: the current directory is unknown: {e}"),
+                    )
+                })?;
+                cwd.join(dir)
+            };
+            dir.join(p)
+        };
+        Ok(full.components().filter(|c| *c != Component::CurDir).collect())
+    }
+}
+
+/// `rule` for [`Cx::float`]: zero or more.
+fn non_negative(x: f64) -> Option<&'static str> {
+    (x < 0.0).then_some("must not be negative")
+}
+
+/// `rule` for [`Cx::float`]: more than zero.
+fn positive(x: f64) -> Option<&'static str> {
+    (x <= 0.0).then_some("must be greater than 0")
 }
 
 /// Parses and validates `text`.
-pub(crate) fn build(text: &str, origin: &str) -> Result<Config, ConfError> {
-    let cx = Cx { text, origin };
+pub(crate) fn build(text: &str, origin: &str, base: Base<'_>) -> Result<Config, ConfError> {
+    let cx = Cx { text, origin, base };
     let raw: RawConfig = toml::from_str(text).map_err(|e| toml_error(&cx, &e))?;
 
     let reactors = match raw.reactors {
@@ -124,6 +232,10 @@ pub(crate) fn build(text: &str, origin: &str) -> Result<Config, ConfError> {
         Some(k) => keep_alive(&cx, k)?,
         None => KeepAlive::default(),
     };
+    let control = match raw.control {
+        Some(c) => control(&cx, c, &listeners)?,
+        None => Control::default(),
+    };
     let subsystems = subsystems(&cx, raw.subsystem.unwrap_or_default())?;
     if subsystems.is_empty() {
         tracing::info!(origin, "configuration has no [[subsystem]]: only discovery is served");
@@ -141,6 +253,7 @@ pub(crate) fn build(text: &str, origin: &str) -> Result<Config, ConfError> {
         transport,
         keep_alive,
         subsystems,
+        control,
         origin: origin.to_owned(),
     })
 }
@@ -196,11 +309,26 @@ fn reactors(cx: &Cx<'_>, r: RawReactors) -> Result<Reactors, ConfError> {
         None => Placement::default(),
         Some(p) => p.get_ref().parse().map_err(|e| cx.at(p.span(), e))?,
     };
+    let d = Reactors::default();
+    let cpu_budget = cx.float_or(&r.cpu_budget, "cpu_budget", d.cpu_budget, |x| {
+        (x <= 0.0 || x > 1.0).then_some("must be greater than 0 and at most 1 (a fraction of one core)")
+    })?;
+    let latency_target_us = match &r.latency_target_us {
+        None => None,
+        Some(v) => Some(cx.float(v, "latency_target_us", positive)?),
+    };
+    let policy = match &r.policy {
+        None => SleepPolicyKind::default(),
+        Some(p) => p.get_ref().parse().map_err(|e| cx.at(p.span(), e))?,
+    };
     Ok(Reactors {
         cores,
         mode,
         stall_threshold_us,
         placement,
+        cpu_budget,
+        latency_target_us,
+        policy,
     })
 }
 
@@ -290,6 +418,56 @@ fn keep_alive(cx: &Cx<'_>, k: RawKeepAlive) -> Result<KeepAlive, ConfError> {
     Ok(KeepAlive { min_ms, max_ms })
 }
 
+fn control(cx: &Cx<'_>, c: RawControl, listeners: &[Listener]) -> Result<Control, ConfError> {
+    let socket = match &c.socket {
+        None => None,
+        Some(v) => {
+            let path = cx.path(v, "socket")?;
+            let len = path.as_os_str().len();
+            if len > UNIX_PATH_MAX {
+                return Err(cx.at(
+                    v.span(),
+                    format!(
+                        "control `socket` {} is {len} bytes long; a Unix socket path holds at most {UNIX_PATH_MAX}",
+                        path.display()
+                    ),
+                ));
+            }
+            Some(path)
+        }
+    };
+    let metrics = match &c.metrics {
+        None => None,
+        Some(v) => {
+            let text = v.get_ref();
+            let address: SocketAddr = text.trim().parse().map_err(|_| {
+                cx.at(
+                    v.span(),
+                    format!(
+                        "`metrics` address {text:?} is not of the form \"127.0.0.1:port\" or \"[::1]:port\" (numeric, no host names)"
+                    ),
+                )
+            })?;
+            if !address.ip().is_loopback() {
+                return Err(cx.at(
+                    v.span(),
+                    format!(
+                        "`metrics` address {address} is not a loopback address: the metrics endpoint has no authentication, so it may only listen on 127.0.0.0/8 or [::1]"
+                    ),
+                ));
+            }
+            if address.port() != 0 && listeners.iter().any(|l| l.address == address) {
+                return Err(cx.at(
+                    v.span(),
+                    format!("`metrics` address {address} is also a [[listener]] address; give it another port"),
+                ));
+            }
+            Some(address)
+        }
+    };
+    Ok(Control { socket, metrics })
+}
+
 /// A namespace identifier already in use, for the uniqueness check.
 struct IdOwner {
     nqn: String,
@@ -297,12 +475,15 @@ struct IdOwner {
 }
 
 /// Namespace identifiers seen so far, across all subsystems: NVMe requires
-/// NGUID, EUI64 and UUID to be unique (NVMe Base §4.7).
+/// NGUID, EUI64 and UUID to be unique (NVMe Base §4.7). Also the files
+/// backing namespaces, which must not be shared either.
 #[derive(Default)]
 struct IdRegistry {
     uuids: HashMap<[u8; 16], IdOwner>,
     nguids: HashMap<[u8; 16], IdOwner>,
     euis: HashMap<[u8; 8], IdOwner>,
+    /// Resolved file backend paths, with the line of their `path`.
+    files: HashMap<PathBuf, (IdOwner, usize)>,
 }
 
 fn subsystems(cx: &Cx<'_>, raw: Vec<RawSubsystem>) -> Result<Vec<Subsystem>, ConfError> {
@@ -446,7 +627,7 @@ fn namespace(
         },
     };
 
-    let backend = backend(cx, &n.backend, nsid, nsid_span.clone(), block_size)?;
+    let backend = backend(cx, &n.backend, nqn, nsid, nsid_span.clone(), block_size, &mut ids.files)?;
 
     let derived = derive_ids(nqn, nsid);
     let uuid = match &n.uuid {
@@ -561,29 +742,278 @@ fn unique<K: std::hash::Hash + Eq>(
 fn backend(
     cx: &Cx<'_>,
     b: &RawBackend,
+    nqn: &str,
     nsid: u32,
     nsid_span: Range<usize>,
     block_size: u32,
+    files: &mut HashMap<PathBuf, (IdOwner, usize)>,
 ) -> Result<Backend, ConfError> {
-    let Some(ram) = &b.ram else {
-        // toml 0.8 cannot give the span of an (implicit) table, so point at
-        // the namespace's nsid.
-        return Err(cx.at(
-            nsid_span,
-            format!(
-                "namespace {nsid} has an empty `backend`: give exactly one kind, e.g. `backend = {{ ram = {{ size = \"1GiB\" }} }}`"
-            ),
-        ));
-    };
-    let size = cx.size(&ram.size, "size")?;
+    // toml 0.8 cannot give the span of an (implicit) table, so each kind is
+    // located by its required key.
+    let mut kinds: Vec<(&str, Range<usize>)> = Vec::new();
+    if let Some(r) = &b.ram {
+        kinds.push(("ram", r.size.span()));
+    }
+    if let Some(f) = &b.file {
+        kinds.push(("file", f.path.span()));
+    }
+    if let Some(s) = &b.sim {
+        kinds.push(("sim", s.size.span()));
+    }
+    kinds.sort_by_key(|(_, span)| span.start);
+    match kinds.as_slice() {
+        [] => {
+            return Err(cx.at(
+                nsid_span,
+                format!(
+                    "namespace {nsid} has an empty `backend`: give exactly one kind, e.g. `backend = {{ ram = {{ size = \"1GiB\" }} }}`"
+                ),
+            ));
+        }
+        [_] => {}
+        [(first, _), (second, span), ..] => {
+            return Err(cx.at(
+                span.clone(),
+                format!("namespace {nsid} has two backends, `{first}` and `{second}`: give exactly one kind"),
+            ));
+        }
+    }
+    if let Some(ram) = &b.ram {
+        let size = capacity(cx, &ram.size, "RAM", block_size)?;
+        Ok(Backend::Ram { size })
+    } else if let Some(file) = &b.file {
+        file_backend(cx, file, nqn, nsid, block_size, files).map(Backend::File)
+    } else if let Some(sim) = &b.sim {
+        sim_backend(cx, sim, nsid, nsid_span, block_size).map(Backend::Sim)
+    } else {
+        // `kinds` held exactly one kind.
+        Err(cx.at(nsid_span, format!("namespace {nsid} has no backend")))
+    }
+}
+
+/// A backend capacity: > 0 and a multiple of the block size. `what` names
+/// the backend kind in messages.
+fn capacity(cx: &Cx<'_>, v: &Spanned<RawSize>, what: &str, block_size: u32) -> Result<u64, ConfError> {
+    let size = cx.size(v, "size")?;
     if size == 0 {
-        return Err(cx.at(ram.size.span(), "RAM `size` must be greater than 0".into()));
+        return Err(cx.at(v.span(), format!("{what} `size` must be greater than 0")));
     }
     if size % u64::from(block_size) != 0 {
         return Err(cx.at(
-            ram.size.span(),
-            format!("RAM `size` {size} bytes is not a multiple of block_size {block_size}"),
+            v.span(),
+            format!("{what} `size` {size} bytes is not a multiple of block_size {block_size}"),
         ));
     }
-    Ok(Backend::Ram { size })
+    Ok(size)
+}
+
+fn file_backend(
+    cx: &Cx<'_>,
+    f: &RawFile,
+    nqn: &str,
+    nsid: u32,
+    block_size: u32,
+    files: &mut HashMap<PathBuf, (IdOwner, usize)>,
+) -> Result<FileBackend, ConfError> {
+    let path = cx.path(&f.path, "path")?;
+    let size = match &f.size {
+        None => None,
+        Some(v) => Some(capacity(cx, v, "file", block_size)?),
+    };
+    let direct = f.direct.as_ref().is_none_or(|d| *d.get_ref());
+    match files.entry(path.clone()) {
+        Entry::Occupied(owner) => {
+            let (owner, line) = owner.get();
+            return Err(cx.at(
+                f.path.span(),
+                format!(
+                    "file {} is already the backend of namespace {} in {:?} (line {line}); a file can back only one namespace",
+                    path.display(),
+                    owner.nsid,
+                    owner.nqn
+                ),
+            ));
+        }
+        Entry::Vacant(v) => {
+            v.insert((
+                IdOwner {
+                    nqn: nqn.to_owned(),
+                    nsid,
+                },
+                cx.line(&f.path.span()),
+            ));
+        }
+    }
+    Ok(FileBackend { path, size, direct })
+}
+
+fn sim_backend(
+    cx: &Cx<'_>,
+    s: &RawSim,
+    nsid: u32,
+    nsid_span: Range<usize>,
+    block_size: u32,
+) -> Result<SimBackend, ConfError> {
+    let size = capacity(cx, &s.size, "sim", block_size)?;
+    let read = latency(cx, &s.read, "read", DEFAULT_SIM_READ, nsid, nsid_span.clone())?;
+    let write = latency(cx, &s.write, "write", DEFAULT_SIM_WRITE, nsid, nsid_span)?;
+    let per_kib_us = cx.float_or(&s.per_kib_us, "per_kib_us", 0.0, non_negative)?;
+    let parallelism = cx.u32_or(&s.parallelism, "parallelism", 1, 65536, 128)?;
+    let bandwidth = match &s.bandwidth {
+        None => None,
+        Some(v) => match cx.size(v, "bandwidth")? {
+            0 => {
+                return Err(cx.at(
+                    v.span(),
+                    "`bandwidth` must be greater than 0 bytes per second; leave it out for unlimited".into(),
+                ));
+            }
+            n => Some(n),
+        },
+    };
+    let interrupt_delay_us = cx.float_or(&s.interrupt_delay_us, "interrupt_delay_us", 0.0, non_negative)?;
+    let coalesce_count = cx.u32_or(&s.coalesce_count, "coalesce_count", 1, i64::from(u32::MAX), 1)?;
+    let coalesce_us = cx.float_or(&s.coalesce_us, "coalesce_us", 0.0, non_negative)?;
+    let seed = match &s.seed {
+        None => 1,
+        // 0..=i64::MAX fits u64.
+        Some(v) => cx.int(v, "seed", 0, i64::MAX)?.unsigned_abs(),
+    };
+    Ok(SimBackend {
+        size,
+        read,
+        write,
+        per_kib_us,
+        parallelism,
+        bandwidth,
+        interrupt_delay_us,
+        coalesce_count,
+        coalesce_us,
+        seed,
+    })
+}
+
+/// The latency distributions, by the keys that select them.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Dist {
+    Fixed,
+    Uniform,
+    LogNormal,
+    Bimodal,
+}
+
+impl Dist {
+    fn name(self) -> &'static str {
+        match self {
+            Dist::Fixed => "fixed",
+            Dist::Uniform => "uniform",
+            Dist::LogNormal => "lognormal",
+            Dist::Bimodal => "bimodal",
+        }
+    }
+}
+
+/// How to write each distribution, for messages.
+const DISTRIBUTIONS: &str = "`{ fixed_us = X }`, `{ min_us = A, max_us = B }`, `{ median_us = M, sigma = S }` or `{ fast_us = F, slow_us = L, slow_fraction = P }`";
+
+/// The `read` or `write` latency of a sim backend (`key` names it), or
+/// `default` when absent.
+fn latency(
+    cx: &Cx<'_>,
+    l: &Option<RawLatency>,
+    key: &str,
+    default: Latency,
+    nsid: u32,
+    nsid_span: Range<usize>,
+) -> Result<Latency, ConfError> {
+    let Some(l) = l else { return Ok(default) };
+    let all: [(&str, &Option<Spanned<f64>>, Dist); 8] = [
+        ("fixed_us", &l.fixed_us, Dist::Fixed),
+        ("min_us", &l.min_us, Dist::Uniform),
+        ("max_us", &l.max_us, Dist::Uniform),
+        ("median_us", &l.median_us, Dist::LogNormal),
+        ("sigma", &l.sigma, Dist::LogNormal),
+        ("fast_us", &l.fast_us, Dist::Bimodal),
+        ("slow_us", &l.slow_us, Dist::Bimodal),
+        ("slow_fraction", &l.slow_fraction, Dist::Bimodal),
+    ];
+    let mut given: Vec<(&str, Range<usize>, Dist)> = all
+        .iter()
+        .filter_map(|(name, v, dist)| v.as_ref().map(|v| (*name, v.span(), *dist)))
+        .collect();
+    given.sort_by_key(|(_, span, _)| span.start);
+    let Some((first, first_span, dist)) = given.first().cloned() else {
+        // An empty table has no span of its own (see raw.rs).
+        return Err(cx.at(
+            nsid_span,
+            format!("namespace {nsid} has an empty `{key}` latency: give one of {DISTRIBUTIONS}"),
+        ));
+    };
+    if let Some((other, span, other_dist)) = given.iter().find(|(_, _, d)| *d != dist) {
+        return Err(cx.at(
+            span.clone(),
+            format!(
+                "`{key}` mixes two latency distributions: `{other}` is {} but `{first}` is {}; give exactly one of {DISTRIBUTIONS}",
+                other_dist.name(),
+                dist.name()
+            ),
+        ));
+    }
+    // Every key of `dist`, or an error at the first key given.
+    let need = |v: &Option<Spanned<f64>>, name: &str| -> Result<Spanned<f64>, ConfError> {
+        v.clone().ok_or_else(|| {
+            cx.at(
+                first_span.clone(),
+                format!("{} `{key}` latency needs `{name}` too (after `{first}`)", dist.name()),
+            )
+        })
+    };
+    let k = |name: &str| format!("{key}.{name}");
+    Ok(match dist {
+        Dist::Fixed => {
+            let us = cx.float(&need(&l.fixed_us, "fixed_us")?, &k("fixed_us"), non_negative)?;
+            Latency::Fixed { us }
+        }
+        Dist::Uniform => {
+            let (min, max) = (need(&l.min_us, "min_us")?, need(&l.max_us, "max_us")?);
+            let min_us = cx.float(&min, &k("min_us"), non_negative)?;
+            let max_us = cx.float(&max, &k("max_us"), non_negative)?;
+            if min_us > max_us {
+                return Err(cx.at(
+                    min.span(),
+                    format!("`{key}.min_us` ({min_us}) is greater than `{key}.max_us` ({max_us})"),
+                ));
+            }
+            Latency::Uniform { min_us, max_us }
+        }
+        Dist::LogNormal => {
+            let (median, sigma) = (need(&l.median_us, "median_us")?, need(&l.sigma, "sigma")?);
+            let median_us = cx.float(&median, &k("median_us"), positive)?;
+            let sigma = cx.float(&sigma, &k("sigma"), |x| {
+                (!(0.0..=MAX_SIGMA).contains(&x)).then_some("must be between 0 and 3")
+            })?;
+            Latency::LogNormal { median_us, sigma }
+        }
+        Dist::Bimodal => {
+            let fast = need(&l.fast_us, "fast_us")?;
+            let slow = need(&l.slow_us, "slow_us")?;
+            let fraction = need(&l.slow_fraction, "slow_fraction")?;
+            let fast_us = cx.float(&fast, &k("fast_us"), non_negative)?;
+            let slow_us = cx.float(&slow, &k("slow_us"), non_negative)?;
+            let slow_fraction = cx.float(&fraction, &k("slow_fraction"), |x| {
+                (!(0.0..=1.0).contains(&x)).then_some("must be between 0 and 1")
+            })?;
+            if fast_us > slow_us {
+                return Err(cx.at(
+                    fast.span(),
+                    format!("`{key}.fast_us` ({fast_us}) is greater than `{key}.slow_us` ({slow_us})"),
+                ));
+            }
+            Latency::Bimodal {
+                fast_us,
+                slow_us,
+                slow_fraction,
+            }
+        }
+    })
 }

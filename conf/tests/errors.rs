@@ -81,10 +81,10 @@ fn unknown_keys_are_rejected_with_position() {
     assert_err(&format!("{BASE}[keep_alive]\nmin = 4\n"), 6, 1, "unknown key `min`");
     assert_err(&format!("{BASE}{SUB}nsqn = 1\n"), 8, 1, "unknown key `nsqn`");
     assert_err(
-        &format!("{BASE}{SUB}[[subsystem.namespace]]\nnsid = 1\nbackend = {{ file = {{ path = \"/x\" }} }}\n"),
+        &format!("{BASE}{SUB}[[subsystem.namespace]]\nnsid = 1\nbackend = {{ nvme = {{ pci = \"0000:01:00.0\" }} }}\n"),
         10,
         13,
-        "unknown key `file`, expected `ram`",
+        "unknown key `nvme`, expected one of `ram`, `file`, `sim`",
     );
     assert_err(
         &format!("{BASE}{SUB}[[subsystem.namespace]]\nnsid = 1\nbackend = {{ ram = {{ size = 512, sise = 1 }} }}\n"),
@@ -141,10 +141,10 @@ fn reactors_checks() {
     assert_err("[reactors]\ncores = [0, 1, 0]\n", 2, 16, "core 0 is listed twice");
     assert_err("[reactors]\ncores = [-1]\n", 2, 10, "between 0 and 1023");
     assert_err(
-        "[reactors]\ncores = [0]\nmode = \"adaptive\"\n",
+        "[reactors]\ncores = [0]\nmode = \"turbo\"\n",
         3,
         8,
-        "unknown reactor mode \"adaptive\"",
+        "unknown reactor mode \"turbo\": expected \"poll\", \"hybrid\", \"interrupt\" or \"adaptive\"",
     );
     assert_err(
         "[reactors]\ncores = [0]\nmode = \"Poll\"\n",

@@ -150,12 +150,18 @@ fn keep_alive_clamp() {
 
 #[test]
 fn mode_and_placement_spellings() {
-    for m in [ReactorMode::Poll, ReactorMode::Hybrid, ReactorMode::Interrupt] {
+    for m in [
+        ReactorMode::Poll,
+        ReactorMode::Hybrid,
+        ReactorMode::Interrupt,
+        ReactorMode::Adaptive,
+    ] {
         assert_eq!(m.to_string().parse::<ReactorMode>(), Ok(m));
     }
     assert_eq!("poll".parse(), Ok(ReactorMode::Poll));
     assert_eq!("interrupt".parse(), Ok(ReactorMode::Interrupt));
-    assert!("adaptive".parse::<ReactorMode>().is_err());
+    assert_eq!("adaptive".parse(), Ok(ReactorMode::Adaptive));
+    assert!("Adaptive".parse::<ReactorMode>().is_err());
     assert_eq!(ReactorMode::Hybrid.to_string(), "hybrid");
     for p in [Placement::RoundRobin, Placement::LeastLoaded] {
         assert_eq!(p.to_string().parse::<Placement>(), Ok(p));
