@@ -98,7 +98,8 @@ qemu=(qemu-system-x86_64 -accel tcg -cpu max -machine "$machine" -m "$mem" -smp 
       "${extra[@]}")
 
 if [ -z "$gcmd$gscript" ]; then   # interactive: the terminal is the console
-    exec "${qemu[@]}" -nographic
+    [ -n "$pidfile" ] && echo $$ > "$pidfile"   # exec keeps this PID
+    exec "${qemu[@]}" -display none -serial mon:stdio
 fi
 
 mkdir -p "$W/logs"

@@ -9,6 +9,10 @@ CI_NAME=guest-setup
 # shellcheck source=ci/lib.sh
 . "$HERE/../lib.sh"
 mkdir -p "$GUEST_WORK"
+# Two setups on one work dir (two engineers, or CI beside a developer) would
+# unpack and pack over each other: one at a time.
+exec 9>"$GUEST_WORK/.setup.lock"
+flock 9
 
 timed() {   # timed NAME CMD...: run CMD, log its time
     local name=$1 t0=$SECONDS
