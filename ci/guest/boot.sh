@@ -77,7 +77,7 @@ while [ $# -gt 0 ]; do
         --smp) smp=$2; shift ;;
         --append) append+=" $2"; shift ;;
         --) shift; extra+=("$@"); break ;;
-        -h|--help) sed -n '3,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,/^set -euo/p' "$0" | grep -v '^# shellcheck' | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown option $1 (--help)" ;;
     esac
     shift
