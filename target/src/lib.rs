@@ -49,11 +49,13 @@ pub struct Target {
     shared: Arc<Shared>,
 }
 
-fn mode_of(m: ReactorMode) -> Mode {
+/// The reactor mode for a conf mode; `None` for one the reactors cannot run yet.
+fn mode_of(m: ReactorMode) -> Option<Mode> {
     match m {
-        ReactorMode::Poll => Mode::Poll,
-        ReactorMode::Hybrid => Mode::Hybrid,
-        ReactorMode::Interrupt => Mode::Interrupt,
+        ReactorMode::Poll => Some(Mode::Poll),
+        ReactorMode::Hybrid => Some(Mode::Hybrid),
+        ReactorMode::Interrupt => Some(Mode::Interrupt),
+        ReactorMode::Adaptive => None,
     }
 }
 
@@ -61,6 +63,12 @@ impl Target {
     /// Bind the listeners, build the namespaces, start the reactors.
     pub fn start(cfg: &Config, opts: Options) -> Result<Self, TargetError> {
         let started = Instant::now();
+        let Some(mode) = mode_of(cfg.reactors.mode) else {
+            return Err(TargetError::Reactor(pollux_reactor::ReactorError::Init {
+                reactor: 0,
+                message: format!("mode \"{}\" is not available yet", cfg.reactors.mode),
+            }));
+        };
         let n = cfg.reactors.cores.len();
         let mut socks = Vec::new();
         let mut addrs = Vec::new();
@@ -90,7 +98,7 @@ impl Target {
             .iter()
             .map(|&core| ReactorConfig {
                 core: opts.pin.then_some(core),
-                mode: mode_of(cfg.reactors.mode),
+                mode,
                 stall_threshold: Duration::from_micros(cfg.reactors.stall_threshold_us),
                 fd_poll_interval: Duration::ZERO,
             })

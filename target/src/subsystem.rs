@@ -189,6 +189,13 @@ pub fn build_snapshot(cfg: &Config, reactors: usize) -> Result<Snapshot, TargetE
                     nsid: n.nsid,
                     message: format!("cannot map {size} bytes of RAM: {e}"),
                 })?),
+                ConfBackend::File(_) | ConfBackend::Sim(_) => {
+                    return Err(TargetError::Backend {
+                        nqn: s.nqn.clone(),
+                        nsid: n.nsid,
+                        message: format!("backend kind '{}' is not available yet", n.backend.kind()),
+                    });
+                }
             };
             let bytes = backend.memory().len();
             let ns = Namespace {
