@@ -12,6 +12,7 @@
 //!
 //! This crate knows nothing of NVMe.
 
+pub mod adaptive;
 mod error;
 mod inbox;
 mod mode;
@@ -20,9 +21,10 @@ mod runtime;
 mod stats;
 pub mod sys;
 
+pub use adaptive::{LatencyModel, MarginSleep, ModePolicy, ModelKind, PolicyConfig, PolicyInputs};
 pub use error::{ReactorError, Result};
 pub use inbox::{Message, Remote};
 pub use mode::{FractionSleep, Mode, SleepPolicy};
-pub use reactor::{Next, Progress, Reactor, ReactorConfig, Source, SourceId, SourceOpts, TimerId};
+pub use reactor::{DeviceLoad, Next, Progress, Reactor, ReactorConfig, Source, SourceId, SourceOpts, TimerId};
 pub use runtime::{InitFn, Runtime};
 pub use stats::{ReactorStats, StatsCell, WAKE_BUCKETS};

@@ -18,9 +18,13 @@ use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
 use tracing::{debug, warn};
 
+use crate::adaptive::{MarginSleep, ModePolicy, ModelKind, PolicyConfig, PolicyInputs};
 use crate::error::{ReactorError, Result};
 use crate::inbox::{Inbox, Message, Remote};
 use crate::mode::{FractionSleep, Mode, SleepPolicy};
+
+/// How often the adaptive policy evaluates.
+const EVAL_INTERVAL: Duration = Duration::from_millis(1);
 use crate::stats::{ReactorStats, StatsCell, bump};
 use crate::sys::TimerFd;
 
@@ -161,6 +165,12 @@ pub struct ReactorConfig {
     pub stall_threshold: Duration,
     /// In busy-poll mode, the fd set is checked at most this often (zero: every iteration).
     pub fd_poll_interval: Duration,
+    /// Let the adaptive policy choose the mode (`mode` is then only the starting mode).
+    pub adaptive: Option<PolicyConfig>,
+    /// How device channels estimate completion times, and so how hybrid mode sleeps:
+    /// `Robust` with the margin sleep (pollux), or `LinuxMean` with a half-time sleep (the
+    /// Linux 4.10 baseline).
+    pub model: ModelKind,
 }
 
 impl Default for ReactorConfig {
@@ -170,6 +180,8 @@ impl Default for ReactorConfig {
             mode: Mode::Interrupt,
             stall_threshold: Duration::from_millis(2),
             fd_poll_interval: Duration::ZERO,
+            adaptive: None,
+            model: ModelKind::Robust,
         }
     }
 }
@@ -202,6 +214,31 @@ pub struct Reactor {
     /// Stall warnings are rate limited: the last one logged, and how many were not.
     last_stall_log: Option<Instant>,
     stalls_unlogged: u64,
+    model: ModelKind,
+    policy: Option<ModePolicy>,
+    load: DeviceLoad,
+    eval: EvalMark,
+    wake_cost_ns: f64,
+}
+
+/// What device channels tell their reactor, for the adaptive policy and for visibility.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeviceLoad {
+    /// Commands outstanding on this reactor's channels.
+    pub outstanding: u64,
+    /// Completions seen (cumulative).
+    pub completions: u64,
+    /// Latest completion time estimate of the latency model, ns (0: none).
+    pub predicted_ns: u64,
+}
+
+/// Counters at the last policy evaluation.
+#[derive(Debug, Clone, Copy)]
+struct EvalMark {
+    at: Instant,
+    busy_ns: u64,
+    completions: u64,
+    outstanding: u64,
 }
 
 impl Reactor {
@@ -232,6 +269,7 @@ impl Reactor {
             )
             .map_err(sys("register message doorbell"))?;
         stats.mode.store(cfg.mode.index(), Relaxed);
+        stats.adaptive.store(u64::from(cfg.adaptive.is_some()), Relaxed);
         bump(&stats.mode_entries[cfg.mode.index()], 1);
         Ok(Self {
             id,
@@ -253,11 +291,27 @@ impl Reactor {
             stall_threshold: cfg.stall_threshold,
             fd_poll_interval: cfg.fd_poll_interval,
             last_fd_poll: Instant::now(),
-            sleep_policy: Box::new(FractionSleep::default()),
+            sleep_policy: match cfg.model {
+                ModelKind::Robust => Box::new(MarginSleep::default()) as Box<dyn SleepPolicy>,
+                ModelKind::LinuxMean => Box::new(FractionSleep {
+                    fraction: 0.5,
+                    min_sleep: Duration::ZERO,
+                }),
+            },
             hybrid_slept_for: None,
             locals: HashMap::new(),
             last_stall_log: None,
             stalls_unlogged: 0,
+            model: cfg.model,
+            policy: cfg.adaptive.map(|p| ModePolicy::new(p, cfg.mode)),
+            load: DeviceLoad::default(),
+            eval: EvalMark {
+                at: Instant::now(),
+                busy_ns: 0,
+                completions: 0,
+                outstanding: 0,
+            },
+            wake_cost_ns: 10_000.0,
         })
     }
 
@@ -304,6 +358,22 @@ impl Reactor {
         for id in ids {
             self.wake(id);
         }
+    }
+
+    /// How device channels on this reactor estimate completion times.
+    pub fn model_kind(&self) -> ModelKind {
+        self.model
+    }
+
+    /// Device load that channels keep up to date (outstanding, completions, estimate).
+    pub fn device_load(&mut self) -> &mut DeviceLoad {
+        &mut self.load
+    }
+
+    /// Let the adaptive policy choose this reactor's mode (None: fixed mode).
+    pub fn set_adaptive(&mut self, cfg: Option<PolicyConfig>) {
+        self.policy = cfg.map(|p| ModePolicy::new(p, self.mode));
+        self.stats.adaptive.store(u64::from(self.policy.is_some()), Relaxed);
     }
 
     /// Replace the hybrid-mode sleep policy.
@@ -793,6 +863,7 @@ impl Reactor {
             if let (WaitPlan::Until(at, hybrid), Some(_)) = (plan, self.timerfd_deadline) {
                 let late = woke.saturating_duration_since(at);
                 self.stats.record_wake_lateness(late.as_nanos() as u64);
+                self.wake_cost_ns += 0.125 * (late.as_nanos() as f64 - self.wake_cost_ns);
                 if hybrid {
                     self.sleep_policy.observe_wakeup(at, woke);
                 }
@@ -834,9 +905,43 @@ impl Reactor {
             if !slept.is_zero() {
                 bump(&s.sleep_ns, slept.as_nanos() as u64);
             }
+            if t_end.duration_since(self.eval.at) >= EVAL_INTERVAL {
+                self.evaluate_policy(t_end);
+            }
             t_iter = t_end;
         }
         self.shutdown_sources();
+    }
+
+    /// Publish the device load and, for an adaptive reactor, let the policy pick the mode.
+    fn evaluate_policy(&mut self, now: Instant) {
+        let s = &self.stats;
+        s.outstanding.store(self.load.outstanding, Relaxed);
+        s.completions.store(self.load.completions, Relaxed);
+        s.predicted_ns.store(self.load.predicted_ns, Relaxed);
+        s.wake_cost_ns.store(self.wake_cost_ns as u64, Relaxed);
+        let busy_ns = s.busy_ns.load(Relaxed);
+        let window = now.duration_since(self.eval.at).as_nanos().max(1) as f64;
+        let inputs = PolicyInputs {
+            now,
+            busy_fraction: (busy_ns.saturating_sub(self.eval.busy_ns) as f64 / window).min(1.0),
+            completions: self.load.completions - self.eval.completions,
+            outstanding: (self.load.outstanding + self.eval.outstanding) as f64 / 2.0,
+            predicted: (self.load.predicted_ns > 0).then(|| Duration::from_nanos(self.load.predicted_ns)),
+            wake_cost: Duration::from_nanos(self.wake_cost_ns as u64),
+        };
+        self.eval = EvalMark {
+            at: now,
+            busy_ns,
+            completions: self.load.completions,
+            outstanding: self.load.outstanding,
+        };
+        let Some(policy) = &mut self.policy else { return };
+        if let Some(mode) = policy.evaluate(&inputs) {
+            bump(&self.stats.switches, 1);
+            debug!(reactor = self.id, ?inputs, to = %mode, "adaptive policy switches mode");
+            self.set_mode(mode);
+        }
     }
 
     fn shutdown_sources(&mut self) {

@@ -32,6 +32,12 @@ pub struct StatsCell {
     pub(crate) stalls: AtomicU64,
     pub(crate) sources: AtomicU64,
     pub(crate) forced_poll: AtomicU64,
+    pub(crate) adaptive: AtomicU64,
+    pub(crate) switches: AtomicU64,
+    pub(crate) outstanding: AtomicU64,
+    pub(crate) completions: AtomicU64,
+    pub(crate) predicted_ns: AtomicU64,
+    pub(crate) wake_cost_ns: AtomicU64,
 }
 
 /// Adds to a counter that only this reactor thread writes: a load and a store, no locked
@@ -88,6 +94,12 @@ impl StatsCell {
             stalls: self.stalls.load(Relaxed),
             sources: self.sources.load(Relaxed),
             forced_poll: self.forced_poll.load(Relaxed) != 0,
+            adaptive: self.adaptive.load(Relaxed) != 0,
+            switches: self.switches.load(Relaxed),
+            outstanding: self.outstanding.load(Relaxed),
+            completions: self.completions.load(Relaxed),
+            predicted_ns: self.predicted_ns.load(Relaxed),
+            wake_cost_ns: self.wake_cost_ns.load(Relaxed),
         }
     }
 }
@@ -131,6 +143,18 @@ pub struct ReactorStats {
     pub sources: u64,
     /// True while a source without an fd forces an interrupt-mode reactor to poll.
     pub forced_poll: bool,
+    /// The mode is chosen by the adaptive policy.
+    pub adaptive: bool,
+    /// Mode switches made by the adaptive policy.
+    pub switches: u64,
+    /// Device commands outstanding on this reactor's channels now.
+    pub outstanding: u64,
+    /// Device completions seen by this reactor.
+    pub completions: u64,
+    /// The latency model's latest device completion estimate, ns (0: none).
+    pub predicted_ns: u64,
+    /// Measured cost of a timed wake-up (EWMA of its lateness), ns.
+    pub wake_cost_ns: u64,
 }
 
 impl ReactorStats {
@@ -178,6 +202,12 @@ impl ReactorStats {
             stalls: d(self.stalls, earlier.stalls),
             sources: self.sources,
             forced_poll: self.forced_poll,
+            adaptive: self.adaptive,
+            switches: d(self.switches, earlier.switches),
+            outstanding: self.outstanding,
+            completions: d(self.completions, earlier.completions),
+            predicted_ns: self.predicted_ns,
+            wake_cost_ns: self.wake_cost_ns,
         }
     }
 }

@@ -101,7 +101,8 @@ fn sim_channel(r: &mut Reactor, ns: &Arc<Namespace>) -> Result<SourceId, Status>
     let Backend::Sim(sim) = &ns.backend else {
         return Err(Status::INTERNAL_ERROR);
     };
-    let ch = SimChannel::new(ns.clone(), sim.params.clone(), r.id(), sim_completed).map_err(|e| {
+    let model = pollux_reactor::LatencyModel::new(r.model_kind());
+    let ch = SimChannel::new(ns.clone(), sim.params.clone(), r.id(), model, sim_completed).map_err(|e| {
         warn!(nsid = ns.nsid, error = %e, "cannot open a simulated device channel");
         Status::INTERNAL_ERROR
     })?;
@@ -1082,7 +1083,7 @@ impl Conn {
         };
         let now = Instant::now();
         let submitted = r
-            .with_source::<SimChannel, _>(ch, |c, _| c.submit(now, tag, op, len))
+            .with_source::<SimChannel, _>(ch, |c, r| c.submit(r, now, tag, op, len))
             .is_some();
         if submitted {
             r.wake(ch);

@@ -22,8 +22,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use pollux_conf::{Config, ReactorMode};
-use pollux_reactor::{Mode, ReactorConfig, ReactorStats, Runtime};
+use pollux_conf::{Config, ReactorMode, SleepPolicyKind};
+use pollux_reactor::{Mode, ModelKind, PolicyConfig, ReactorConfig, ReactorStats, Runtime};
 use tracing::info;
 
 pub use error::TargetError;
@@ -49,13 +49,19 @@ pub struct Target {
     shared: Arc<Shared>,
 }
 
-/// The reactor mode for a conf mode; `None` for one the reactors cannot run yet.
-fn mode_of(m: ReactorMode) -> Option<Mode> {
-    match m {
-        ReactorMode::Poll => Some(Mode::Poll),
-        ReactorMode::Hybrid => Some(Mode::Hybrid),
-        ReactorMode::Interrupt => Some(Mode::Interrupt),
-        ReactorMode::Adaptive => None,
+/// The starting mode and the adaptive policy (if any) of a conf's reactors.
+fn modes_of(r: &pollux_conf::Reactors) -> (Mode, Option<PolicyConfig>) {
+    let policy = PolicyConfig {
+        cpu_budget: r.cpu_budget,
+        latency_target: r.latency_target_us.map(|us| Duration::from_nanos((us * 1000.0) as u64)),
+        ..PolicyConfig::default()
+    };
+    match r.mode {
+        ReactorMode::Poll => (Mode::Poll, None),
+        ReactorMode::Hybrid => (Mode::Hybrid, None),
+        ReactorMode::Interrupt => (Mode::Interrupt, None),
+        // Start asleep: an idle target costs nothing until load shows up.
+        ReactorMode::Adaptive => (Mode::Interrupt, Some(policy)),
     }
 }
 
@@ -63,11 +69,10 @@ impl Target {
     /// Bind the listeners, build the namespaces, start the reactors.
     pub fn start(cfg: &Config, opts: Options) -> Result<Self, TargetError> {
         let started = Instant::now();
-        let Some(mode) = mode_of(cfg.reactors.mode) else {
-            return Err(TargetError::Reactor(pollux_reactor::ReactorError::Init {
-                reactor: 0,
-                message: format!("mode \"{}\" is not available yet", cfg.reactors.mode),
-            }));
+        let (mode, adaptive) = modes_of(&cfg.reactors);
+        let model = match cfg.reactors.policy {
+            SleepPolicyKind::Pollux => ModelKind::Robust,
+            SleepPolicyKind::LinuxHalfMean => ModelKind::LinuxMean,
         };
         let n = cfg.reactors.cores.len();
         let mut socks = Vec::new();
@@ -101,6 +106,8 @@ impl Target {
                 mode,
                 stall_threshold: Duration::from_micros(cfg.reactors.stall_threshold_us),
                 fd_poll_interval: Duration::ZERO,
+                adaptive,
+                model,
             })
             .collect();
         let pending = Mutex::new(Some(socks));

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use pollux_nvme::spec::Status;
 use pollux_reactor::sys::TimerFd;
-use pollux_reactor::{Mode, Next, Progress, Reactor, Source, SourceId, SourceOpts};
+use pollux_reactor::{LatencyModel, Mode, Next, Progress, Reactor, Source, SourceId, SourceOpts};
 use tracing::warn;
 
 use crate::ram::RamDisk;
@@ -67,6 +67,50 @@ pub struct SimParams {
     pub coalesce_time: Duration,
     /// Random seed (each reactor's channel mixes in its id).
     pub seed: u64,
+}
+
+impl LatencyDist {
+    fn from_conf(l: &pollux_conf::Latency) -> Self {
+        use pollux_conf::Latency as L;
+        match *l {
+            L::Fixed { us } => LatencyDist::Fixed(us),
+            L::Uniform { min_us, max_us } => LatencyDist::Uniform(min_us, max_us),
+            L::LogNormal { median_us, sigma } => LatencyDist::LogNormal {
+                median: median_us,
+                sigma,
+            },
+            L::Bimodal {
+                fast_us,
+                slow_us,
+                slow_fraction,
+            } => LatencyDist::Bimodal {
+                fast: fast_us,
+                slow: slow_us,
+                slow_fraction,
+            },
+        }
+    }
+}
+
+fn us(v: f64) -> Duration {
+    Duration::from_nanos((v.max(0.0) * 1000.0) as u64)
+}
+
+impl SimParams {
+    /// From the conf file's `sim` backend.
+    pub fn from_conf(c: &pollux_conf::SimBackend) -> Self {
+        Self {
+            read: LatencyDist::from_conf(&c.read),
+            write: LatencyDist::from_conf(&c.write),
+            per_kib_us: c.per_kib_us,
+            parallelism: c.parallelism.max(1),
+            bandwidth: c.bandwidth,
+            interrupt_delay: us(c.interrupt_delay_us),
+            coalesce_count: c.coalesce_count.max(1),
+            coalesce_time: us(c.coalesce_us),
+            seed: c.seed,
+        }
+    }
 }
 
 /// A simulated SSD: its data and parameters.
@@ -154,7 +198,12 @@ struct Req {
     tag: Tag,
     op: SimOp,
     len: u32,
+    class: usize,
 }
+
+/// A completion found within this long of the previous poll was timed exactly: the reactor
+/// was polling, not sleeping, when it landed.
+const EXACT_GAP: Duration = Duration::from_micros(5);
 
 /// Called by the channel for each completion: (reactor, tag, status, device latency).
 pub type CompleteFn = fn(&mut Reactor, Tag, Status, Duration);
@@ -173,11 +222,19 @@ pub struct SimChannel {
     irq_at: Option<Instant>,
     complete: CompleteFn,
     name: String,
+    model: LatencyModel,
+    last_poll: Instant,
 }
 
 impl SimChannel {
     /// A channel for namespace `ns` (whose backend is a [`SimDisk`]) on reactor `reactor`.
-    pub fn new(ns: Arc<Namespace>, params: SimParams, reactor: usize, complete: CompleteFn) -> std::io::Result<Self> {
+    pub fn new(
+        ns: Arc<Namespace>,
+        params: SimParams,
+        reactor: usize,
+        model: LatencyModel,
+        complete: CompleteFn,
+    ) -> std::io::Result<Self> {
         let seed = params.seed ^ (reactor as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(ns.nsid);
         Ok(Self {
             name: format!("sim-ns{}-r{reactor}", ns.nsid),
@@ -192,6 +249,8 @@ impl SimChannel {
             irq: TimerFd::new()?,
             irq_at: None,
             complete,
+            model,
+            last_poll: Instant::now(),
         })
     }
 
@@ -236,8 +295,14 @@ impl SimChannel {
     }
 
     /// Submit a command at `now`.
-    pub fn submit(&mut self, now: Instant, tag: Tag, op: SimOp, len: u32) {
-        let req = Req { tag, op, len };
+    pub fn submit(&mut self, r: &mut Reactor, now: Instant, tag: Tag, op: SimOp, len: u32) {
+        r.device_load().outstanding += 1;
+        let req = Req {
+            tag,
+            op,
+            len,
+            class: LatencyModel::class(op == SimOp::Read, len),
+        };
         if self.in_service.len() < self.params.parallelism as usize {
             self.start(now, req);
         } else {
@@ -245,7 +310,22 @@ impl SimChannel {
         }
     }
 
-    /// Earliest due time of a command in service.
+    /// The model's prediction of the earliest completion (None: a command whose class has no
+    /// estimate yet, so the reactor must poll to learn it).
+    fn predicted_next(&self) -> Option<Instant> {
+        let mut earliest: Option<Instant> = None;
+        for (_, (submitted, req)) in self.reqs.iter() {
+            let t = *submitted + self.model.estimate(req.class)?;
+            earliest = Some(earliest.map_or(t, |e| e.min(t)));
+        }
+        for (submitted, req) in &self.waiting {
+            let t = *submitted + self.model.estimate(req.class)?;
+            earliest = Some(earliest.map_or(t, |e| e.min(t)));
+        }
+        earliest
+    }
+
+    /// Earliest due time of a command in service (the device's truth, not a prediction).
     pub fn next_due(&self) -> Option<Instant> {
         self.in_service.peek().map(|Reverse((t, _, _))| *t)
     }
@@ -296,6 +376,8 @@ impl Source for SimChannel {
             self.irq_at = None;
         }
         let now = Instant::now();
+        let exact = now.duration_since(self.last_poll) <= EXACT_GAP;
+        self.last_poll = now;
         let mut did = false;
         while let Some(Reverse((due, _, key))) = self.in_service.peek().copied() {
             if due > now {
@@ -306,6 +388,16 @@ impl Source for SimChannel {
                 continue;
             };
             did = true;
+            // What the reactor can know: when it found the completion, and whether it was
+            // polling closely then (exact) or had slept (an upper bound).
+            self.model
+                .observe(req.class, now.saturating_duration_since(submitted), exact);
+            let load = r.device_load();
+            load.outstanding = load.outstanding.saturating_sub(1);
+            load.completions += 1;
+            if let Some(e) = self.model.estimate(req.class) {
+                load.predicted_ns = e.as_nanos() as u64;
+            }
             (self.complete)(r, req.tag, Status::SUCCESS, due.saturating_duration_since(submitted));
         }
         while self.in_service.len() < self.params.parallelism as usize {
@@ -323,14 +415,20 @@ impl Source for SimChannel {
             let _ = self.irq.disarm();
             self.irq_at = None;
         }
-        match self.next_due() {
+        if self.outstanding() == 0 {
+            return Progress {
+                did_work: did,
+                next: Next::Idle,
+            };
+        }
+        match self.predicted_next() {
             Some(t) => Progress {
                 did_work: did,
                 next: Next::Expect(t),
             },
             None => Progress {
                 did_work: did,
-                next: Next::Idle,
+                next: Next::Asap,
             },
         }
     }

@@ -189,7 +189,15 @@ pub fn build_snapshot(cfg: &Config, reactors: usize) -> Result<Snapshot, TargetE
                     nsid: n.nsid,
                     message: format!("cannot map {size} bytes of RAM: {e}"),
                 })?),
-                ConfBackend::File(_) | ConfBackend::Sim(_) => {
+                ConfBackend::Sim(sim) => Backend::Sim(crate::sim::SimDisk {
+                    data: RamDisk::new(sim.size).map_err(|e| TargetError::Backend {
+                        nqn: s.nqn.clone(),
+                        nsid: n.nsid,
+                        message: format!("cannot map {} bytes of RAM for the simulated device: {e}", sim.size),
+                    })?,
+                    params: crate::sim::SimParams::from_conf(sim),
+                }),
+                ConfBackend::File(_) => {
                     return Err(TargetError::Backend {
                         nqn: s.nqn.clone(),
                         nsid: n.nsid,

@@ -1,0 +1,545 @@
+//! The adaptive machinery, as pure state machines (times in, decisions out; no clock):
+//!
+//! - [`LatencyModel`]: per (operation, size class) estimate of a device's completion time.
+//!   Linux 4.10's hybrid polling slept half the *mean observed* completion time; a request
+//!   it overslept is observed late, which raises the mean, which lengthens the next sleep:
+//!   a feedback loop. Here only *exact* observations (the completion was found by a poll
+//!   shortly after the previous poll that had not found it) enter as they are; an observation
+//!   made after a sleep is an upper bound and enters clamped to the current estimate, so a
+//!   sleep can lower the estimate but never raise it. The estimate is a low percentile of a
+//!   window of samples, which recovers from a device latency step within one window.
+//! - [`MarginSleep`]: the hybrid sleep policy: wake at the predicted completion minus a
+//!   margin learned from the measured lateness of timed wake-ups.
+//! - [`ModePolicy`]: chooses busy-poll, hybrid or interrupt for a reactor from its load,
+//!   the predicted device latency against the cost of a wake-up, and an idle-CPU budget, with
+//!   hysteresis and a minimum dwell time.
+
+use std::time::{Duration, Instant};
+
+use crate::mode::{Mode, SleepPolicy};
+
+/// Size classes: <= 4 KiB, <= 16 KiB, <= 64 KiB, <= 256 KiB, larger; times read/write.
+pub const SIZE_CLASSES: usize = 5;
+/// Samples kept per class.
+pub const WINDOW: usize = 64;
+/// The estimate is this percentile of the window.
+pub const PERCENTILE: f64 = 0.10;
+
+/// Which estimator a model uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelKind {
+    /// Low percentile of exact samples, censored samples clamped (pollux).
+    Robust,
+    /// Mean of every observed completion time, as Linux 4.10 did (baseline for comparison).
+    LinuxMean,
+}
+
+#[derive(Debug, Clone)]
+struct Class {
+    ring: [u64; WINDOW],
+    len: usize,
+    pos: usize,
+    since_update: usize,
+    est_ns: Option<u64>,
+}
+
+impl Default for Class {
+    fn default() -> Self {
+        Self {
+            ring: [0; WINDOW],
+            len: 0,
+            pos: 0,
+            since_update: 0,
+            est_ns: None,
+        }
+    }
+}
+
+impl Class {
+    fn push(&mut self, v: u64) {
+        self.ring[self.pos] = v;
+        self.pos = (self.pos + 1) % WINDOW;
+        self.len = (self.len + 1).min(WINDOW);
+    }
+
+    fn percentile(&self, p: f64) -> u64 {
+        let mut v = self.ring[..self.len].to_vec();
+        let k = ((self.len as f64 - 1.0) * p).round() as usize;
+        *v.select_nth_unstable(k).1
+    }
+
+    fn mean(&self) -> u64 {
+        self.ring[..self.len].iter().sum::<u64>() / self.len.max(1) as u64
+    }
+}
+
+/// Per-class completion time estimates of one device queue.
+#[derive(Debug, Clone)]
+pub struct LatencyModel {
+    kind: ModelKind,
+    classes: Vec<Class>,
+}
+
+impl LatencyModel {
+    /// An empty model.
+    pub fn new(kind: ModelKind) -> Self {
+        Self {
+            kind,
+            classes: vec![Class::default(); 2 * SIZE_CLASSES],
+        }
+    }
+
+    /// The estimator.
+    pub fn kind(&self) -> ModelKind {
+        self.kind
+    }
+
+    /// The class of an operation of `len` bytes.
+    pub fn class(read: bool, len: u32) -> usize {
+        let size = match len {
+            0..=4096 => 0,
+            4097..=16384 => 1,
+            16385..=65536 => 2,
+            65537..=262_144 => 3,
+            _ => 4,
+        };
+        if read { size } else { SIZE_CLASSES + size }
+    }
+
+    /// Estimated completion time of class `c` (None until it has samples).
+    pub fn estimate(&self, c: usize) -> Option<Duration> {
+        self.classes.get(c)?.est_ns.map(Duration::from_nanos)
+    }
+
+    /// A completion of class `c` observed `seen` after submission. `exact`: it was found
+    /// by a poll that followed closely on one that had not found it, so `seen` is the device's
+    /// time (within the poll gap); otherwise `seen` is only an upper bound (the reactor slept
+    /// or was busy elsewhere).
+    pub fn observe(&mut self, c: usize, seen: Duration, exact: bool) {
+        let kind = self.kind;
+        let Some(cl) = self.classes.get_mut(c) else { return };
+        let v = seen.as_nanos().min(u128::from(u64::MAX)) as u64;
+        match kind {
+            ModelKind::LinuxMean => {
+                cl.push(v);
+                cl.est_ns = Some(cl.mean());
+                return;
+            }
+            ModelKind::Robust => {
+                if exact {
+                    cl.push(v);
+                } else if let Some(est) = cl.est_ns {
+                    // An upper bound: it may pull the estimate down, never up.
+                    cl.push(v.min(est));
+                } else {
+                    // No estimate yet (e.g. an interrupt-mode reactor never polls closely): an
+                    // upper bound is a safe start, since exact samples, which come as soon as
+                    // the reactor wakes early and polls, pull a low percentile down at once.
+                    cl.push(v);
+                }
+            }
+        }
+        cl.since_update += 1;
+        // Re-select the percentile every few samples: O(WINDOW) each time.
+        if cl.est_ns.is_none() || cl.since_update >= 8 || cl.len < WINDOW {
+            cl.est_ns = Some(cl.percentile(PERCENTILE));
+            cl.since_update = 0;
+        }
+    }
+}
+
+/// Hybrid sleep: wake at the predicted completion minus a margin learned from how late timed
+/// wake-ups really are (an EWMA of lateness plus two mean deviations), and do not sleep when
+/// what remains is shorter than `min_sleep`.
+#[derive(Debug, Clone)]
+pub struct MarginSleep {
+    late_ns: f64,
+    dev_ns: f64,
+    /// Shortest sleep worth taking.
+    pub min_sleep: Duration,
+}
+
+impl Default for MarginSleep {
+    fn default() -> Self {
+        // Start pessimistic (a wake-up costs ~ 10 us here) and learn.
+        Self {
+            late_ns: 10_000.0,
+            dev_ns: 2_000.0,
+            min_sleep: Duration::from_micros(4),
+        }
+    }
+}
+
+impl MarginSleep {
+    /// The current margin.
+    pub fn margin(&self) -> Duration {
+        Duration::from_nanos((self.late_ns + 2.0 * self.dev_ns).max(0.0) as u64)
+    }
+}
+
+impl SleepPolicy for MarginSleep {
+    fn name(&self) -> &str {
+        "margin"
+    }
+
+    fn wake_at(&mut self, now: Instant, expected: Instant) -> Option<Instant> {
+        let wake = expected.checked_sub(self.margin())?;
+        (wake.checked_duration_since(now)? >= self.min_sleep).then_some(wake)
+    }
+
+    fn observe_wakeup(&mut self, requested: Instant, actual: Instant) {
+        let late = actual.saturating_duration_since(requested).as_nanos() as f64;
+        let err = late - self.late_ns;
+        self.late_ns += 0.125 * err;
+        self.dev_ns += 0.25 * (err.abs() - self.dev_ns);
+    }
+}
+
+/// Settings of the mode policy.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PolicyConfig {
+    /// Fraction of a core the reactor may spend polling without finding work.
+    pub cpu_budget: f64,
+    /// Wanted completion latency, if any: polling is allowed beyond the budget when an
+    /// interrupt-mode wake-up would miss it.
+    pub latency_target: Option<Duration>,
+    /// Shortest time between two switches.
+    pub min_dwell: Duration,
+    /// A new mode must be wanted this many evaluations in a row.
+    pub confirmations: u32,
+    /// Sleeping pays off when the predicted latency exceeds this many wake-up costs.
+    pub sleep_payoff: f64,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        Self {
+            cpu_budget: 0.3,
+            latency_target: None,
+            min_dwell: Duration::from_millis(20),
+            confirmations: 3,
+            sleep_payoff: 3.0,
+        }
+    }
+}
+
+/// What the policy sees at an evaluation: the reactor's accounting over the last window.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PolicyInputs {
+    /// Evaluation time.
+    pub now: Instant,
+    /// Share of wall time in iterations that did work (mode independent: it is work).
+    pub busy_fraction: f64,
+    /// Device completions in the window.
+    pub completions: u64,
+    /// Mean device commands outstanding in the window.
+    pub outstanding: f64,
+    /// Predicted device completion time (None: no device with an estimate).
+    pub predicted: Option<Duration>,
+    /// What a timed or interrupt wake-up costs (its measured lateness).
+    pub wake_cost: Duration,
+}
+
+/// Chooses a reactor's mode; see the module docs.
+#[derive(Debug, Clone)]
+pub struct ModePolicy {
+    cfg: PolicyConfig,
+    current: Mode,
+    since: Option<Instant>,
+    pending: Option<(Mode, u32)>,
+    switches: u64,
+}
+
+impl ModePolicy {
+    /// A policy that starts in `initial`.
+    pub fn new(cfg: PolicyConfig, initial: Mode) -> Self {
+        Self {
+            cfg,
+            current: initial,
+            since: None,
+            pending: None,
+            switches: 0,
+        }
+    }
+
+    /// The mode it last chose.
+    pub fn current(&self) -> Mode {
+        self.current
+    }
+
+    /// Switches made.
+    pub fn switches(&self) -> u64 {
+        self.switches
+    }
+
+    /// The mode this window's inputs call for, before hysteresis.
+    pub fn desired(&self, i: &PolicyInputs) -> Mode {
+        // Idle: nothing in flight and nothing completed: sleep in epoll.
+        if i.completions == 0 && i.outstanding < 0.01 && i.busy_fraction < 0.05 {
+            return Mode::Interrupt;
+        }
+        // Saturated: the work itself keeps the core busy, so polling costs little idle CPU
+        // (at most 1 - busy) and saves every wake-up.
+        if 1.0 - i.busy_fraction <= self.cfg.cpu_budget {
+            return Mode::Poll;
+        }
+        if let Some(p) = i.predicted {
+            // Sleeping until shortly before the completion pays off when the device takes
+            // several wake-ups' time.
+            if p.as_secs_f64() >= self.cfg.sleep_payoff * i.wake_cost.as_secs_f64() {
+                return Mode::Hybrid;
+            }
+            // A fast device: an interrupt adds a wake-up to each command. Poll only if the
+            // latency target demands it.
+            if let Some(t) = self.cfg.latency_target
+                && p + i.wake_cost > t
+            {
+                return Mode::Poll;
+            }
+        }
+        Mode::Interrupt
+    }
+
+    /// Evaluate: returns Some(mode) when the policy switches.
+    pub fn evaluate(&mut self, i: &PolicyInputs) -> Option<Mode> {
+        let want = self.desired(i);
+        if want == self.current {
+            self.pending = None;
+            return None;
+        }
+        let n = match self.pending {
+            Some((m, n)) if m == want => n + 1,
+            _ => 1,
+        };
+        self.pending = Some((want, n));
+        let dwelt = self
+            .since
+            .is_none_or(|s| i.now.saturating_duration_since(s) >= self.cfg.min_dwell);
+        if n >= self.cfg.confirmations && dwelt {
+            self.current = want;
+            self.since = Some(i.now);
+            self.pending = None;
+            self.switches += 1;
+            return Some(want);
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mode::FractionSleep;
+
+    const US: Duration = Duration::from_micros(1);
+
+    /// Replays QD1 I/O on a device with a fixed 10 us latency, where every timed wake-up is
+    /// 15 us late (a realistic wake-up cost). Returns the last estimate.
+    fn replay(model: &mut LatencyModel, policy: &mut dyn SleepPolicy, n: usize) -> Vec<Duration> {
+        let device = 10 * US;
+        let lateness = 15 * US;
+        let t0 = Instant::now();
+        let mut t = t0;
+        let mut ests = Vec::new();
+        let c = LatencyModel::class(true, 4096);
+        for _ in 0..n {
+            let submit = t;
+            let expected = submit + model.estimate(c).unwrap_or(device);
+            let (seen, exact) = match policy.wake_at(submit, expected) {
+                Some(w) => {
+                    // Sleep until w, wake `lateness` late; then poll until the completion.
+                    let woke = w + lateness;
+                    policy.observe_wakeup(w, woke);
+                    if woke >= submit + device {
+                        (woke - submit, false)
+                    } else {
+                        (device, true)
+                    }
+                }
+                None => (device, true), // spin: found right when it lands
+            };
+            model.observe(c, seen, exact);
+            ests.push(model.estimate(c).unwrap_or_default());
+            t = submit + seen + 2 * US;
+        }
+        ests
+    }
+
+    #[test]
+    fn linux_half_mean_drifts_upward_under_oversleep_and_pollux_does_not() {
+        let mut linux = LatencyModel::new(ModelKind::LinuxMean);
+        let mut half = FractionSleep {
+            fraction: 0.5,
+            min_sleep: Duration::ZERO,
+        };
+        let l = replay(&mut linux, &mut half, 2000);
+        // Fixed point of m = m/2 + 15: the mean climbs to ~3x the device's 10 us.
+        assert!(
+            *l.last().unwrap_or(&Duration::ZERO) >= 25 * US,
+            "linux estimate {:?}",
+            l.last()
+        );
+        assert!(l[l.len() - 1] > l[10], "it drifted upward");
+
+        let mut ours = LatencyModel::new(ModelKind::Robust);
+        let mut margin = MarginSleep::default();
+        let p = replay(&mut ours, &mut margin, 2000);
+        let max = p.iter().skip(1).max().copied().unwrap_or_default();
+        assert!(
+            max <= 11 * US,
+            "pollux estimate never exceeds the device latency: max {max:?}"
+        );
+        assert!(*p.last().unwrap_or(&Duration::ZERO) >= 9 * US);
+    }
+
+    #[test]
+    fn censored_observations_never_raise_the_estimate() {
+        let mut m = LatencyModel::new(ModelKind::Robust);
+        let c = 0;
+        for _ in 0..WINDOW {
+            m.observe(c, 80 * US, true);
+        }
+        let before = m.estimate(c);
+        for _ in 0..10 * WINDOW {
+            m.observe(c, 500 * US, false);
+        }
+        assert_eq!(m.estimate(c), before);
+    }
+
+    #[test]
+    fn recovers_after_a_device_latency_step() {
+        let mut m = LatencyModel::new(ModelKind::Robust);
+        let c = LatencyModel::class(false, 65536);
+        for _ in 0..200 {
+            m.observe(c, 20 * US, true);
+        }
+        assert_eq!(m.estimate(c), Some(20 * US));
+        // The device gets slower: exact samples (we woke early and spun) carry it up.
+        for _ in 0..WINDOW {
+            m.observe(c, 90 * US, true);
+        }
+        assert_eq!(m.estimate(c), Some(90 * US));
+        // Faster again: we now oversleep; the upper bounds pull the estimate down.
+        for _ in 0..WINDOW {
+            m.observe(c, 30 * US, false);
+        }
+        assert_eq!(m.estimate(c), Some(30 * US));
+    }
+
+    #[test]
+    fn margin_learns_the_wake_up_lateness() {
+        let mut s = MarginSleep::default();
+        let t = Instant::now();
+        for _ in 0..200 {
+            s.observe_wakeup(t, t + 3 * US);
+        }
+        let m = s.margin();
+        assert!(m >= 3 * US && m < 4 * US, "{m:?}");
+        assert_eq!(s.wake_at(t, t + 100 * US), Some(t + 100 * US - m));
+        assert_eq!(s.wake_at(t, t + 5 * US), None, "not worth sleeping");
+    }
+
+    fn inputs(now: Instant, busy: f64, completions: u64, outstanding: f64, predicted_us: Option<u64>) -> PolicyInputs {
+        PolicyInputs {
+            now,
+            busy_fraction: busy,
+            completions,
+            outstanding,
+            predicted: predicted_us.map(Duration::from_micros),
+            wake_cost: 8 * US,
+        }
+    }
+
+    #[test]
+    fn thresholds_pick_the_expected_mode() {
+        let p = ModePolicy::new(PolicyConfig::default(), Mode::Interrupt);
+        let t = Instant::now();
+        assert_eq!(p.desired(&inputs(t, 0.0, 0, 0.0, None)), Mode::Interrupt, "idle");
+        assert_eq!(
+            p.desired(&inputs(t, 0.9, 100_000, 32.0, Some(80))),
+            Mode::Poll,
+            "saturated"
+        );
+        assert_eq!(
+            p.desired(&inputs(t, 0.1, 10_000, 1.0, Some(80))),
+            Mode::Hybrid,
+            "slow device, QD1"
+        );
+        assert_eq!(
+            p.desired(&inputs(t, 0.1, 50_000, 1.0, Some(10))),
+            Mode::Interrupt,
+            "fast device, budget"
+        );
+        let strict = ModePolicy::new(
+            PolicyConfig {
+                latency_target: Some(15 * US),
+                ..PolicyConfig::default()
+            },
+            Mode::Interrupt,
+        );
+        assert_eq!(
+            strict.desired(&inputs(t, 0.1, 50_000, 1.0, Some(10))),
+            Mode::Poll,
+            "latency target"
+        );
+        assert_eq!(
+            p.desired(&inputs(t, 0.2, 40_000, 1.0, None)),
+            Mode::Interrupt,
+            "sockets only"
+        );
+    }
+
+    #[test]
+    fn hysteresis_and_dwell_prevent_flapping() {
+        let cfg = PolicyConfig::default();
+        let mut p = ModePolicy::new(cfg, Mode::Interrupt);
+        let t0 = Instant::now();
+        let ms = Duration::from_millis(1);
+        // Alternating inputs never confirm a switch.
+        for k in 0..100u32 {
+            let busy = if k % 2 == 0 { 0.95 } else { 0.1 };
+            assert_eq!(p.evaluate(&inputs(t0 + ms * k, busy, 1000, 4.0, None)), None);
+        }
+        assert_eq!(p.switches(), 0);
+        // A steady signal switches after `confirmations` evaluations...
+        let t1 = t0 + ms * 200;
+        let mut switched = None;
+        for k in 0..cfg.confirmations {
+            switched = p.evaluate(&inputs(t1 + ms * k, 0.95, 100_000, 32.0, None));
+        }
+        assert_eq!(switched, Some(Mode::Poll));
+        // ...and not back before the minimum dwell, however clear the signal.
+        let t2 = t1 + ms * 5;
+        for k in 0..10 {
+            assert_eq!(p.evaluate(&inputs(t2 + ms * k / 2, 0.0, 0, 0.0, None)), None);
+        }
+        // The signal was confirmed meanwhile: it switches at the first evaluation past it.
+        let t3 = t1 + cfg.min_dwell + ms * 5; // the switch happened at t1 + 2 ms
+        assert_eq!(p.evaluate(&inputs(t3, 0.0, 0, 0.0, None)), Some(Mode::Interrupt));
+        assert_eq!(p.evaluate(&inputs(t3 + ms, 0.0, 0, 0.0, None)), None);
+        assert_eq!(p.switches(), 2);
+    }
+
+    #[test]
+    fn budget_is_respected() {
+        // Light load on a fast device: polling would idle most of a core: over a 0.3 budget.
+        let p = ModePolicy::new(
+            PolicyConfig {
+                cpu_budget: 0.3,
+                ..PolicyConfig::default()
+            },
+            Mode::Poll,
+        );
+        let t = Instant::now();
+        assert_ne!(p.desired(&inputs(t, 0.5, 50_000, 1.0, Some(5))), Mode::Poll);
+        // With a generous budget the same load polls.
+        let p = ModePolicy::new(
+            PolicyConfig {
+                cpu_budget: 0.6,
+                ..PolicyConfig::default()
+            },
+            Mode::Interrupt,
+        );
+        assert_eq!(p.desired(&inputs(t, 0.5, 50_000, 1.0, Some(5))), Mode::Poll);
+    }
+}
