@@ -1,0 +1,416 @@
+//! Admin and fabrics property helpers on an admin queue: what `nvme connect` does to bring a
+//! controller up (NVMe-oF 1.1 §3.5; base spec §3.5.1 controller initialization) and the
+//! Identify / Get Log Page / Features commands a host reads.
+
+use std::time::{Duration, Instant};
+
+use pollux_nvme::bindings::{nvme_id_ctrl, nvme_id_ns, nvme_smart_log};
+use pollux_nvme::spec::{Cap, Cc, Csts, cns, feature, log_page, property};
+use zerocopy::FromBytes;
+
+use super::error::HostError;
+use super::queue::{Data, HostQueue};
+use super::sqe;
+
+/// The Identify Controller fields a host needs (base spec §5.17.2.1; NVMe-oF 1.1 §4.1 for
+/// IOCCSZ, IORCSZ, ICDOFF, MSDBD).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdCtrl {
+    /// Serial number (trailing spaces removed).
+    pub sn: String,
+    /// Model number (trailing spaces removed).
+    pub mn: String,
+    /// Firmware revision.
+    pub fr: String,
+    /// Maximum data transfer size, a power of two in units of CAP.MPSMIN (0: no limit).
+    pub mdts: u8,
+    /// Controller ID.
+    pub cntlid: u16,
+    /// Version.
+    pub ver: u32,
+    /// Controller type (1 I/O, 2 discovery, 3 administrative).
+    pub cntrltype: u8,
+    /// Keep Alive Support: granularity in 100 ms units (0: not supported).
+    pub kas: u16,
+    /// SQ entry sizes (required 3:0, maximum 7:4), log2 bytes.
+    pub sqes: u8,
+    /// CQ entry sizes.
+    pub cqes: u8,
+    /// Maximum outstanding commands.
+    pub maxcmd: u16,
+    /// Number of namespaces (largest NSID).
+    pub nn: u32,
+    /// Optional NVM command support.
+    pub oncs: u16,
+    /// Volatile write cache.
+    pub vwc: u8,
+    /// SGL support.
+    pub sgls: u32,
+    /// NVM subsystem NQN.
+    pub subnqn: String,
+    /// I/O queue command capsule supported size, in 16-byte units.
+    pub ioccsz: u32,
+    /// I/O queue response capsule supported size, in 16-byte units.
+    pub iorcsz: u32,
+    /// In-capsule data offset, in 16-byte units.
+    pub icdoff: u16,
+    /// Maximum SGL data block descriptors.
+    pub msdbd: u8,
+}
+
+fn ascii(b: &[u8]) -> String {
+    let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+    String::from_utf8_lossy(&b[..end]).trim_end().to_string()
+}
+
+impl IdCtrl {
+    /// Parses the 4096-byte Identify Controller data structure.
+    pub fn parse(data: &[u8]) -> Result<Self, HostError> {
+        let (id, _) = nvme_id_ctrl::read_from_prefix(data)
+            .map_err(|_| HostError::Protocol(format!("Identify Controller data of {} bytes", data.len())))?;
+        Ok(Self {
+            sn: ascii(&id.sn),
+            mn: ascii(&id.mn),
+            fr: ascii(&id.fr),
+            mdts: id.mdts,
+            cntlid: u16::from_le(id.cntlid),
+            ver: u32::from_le(id.ver),
+            cntrltype: id.cntrltype,
+            kas: u16::from_le(id.kas),
+            sqes: id.sqes,
+            cqes: id.cqes,
+            maxcmd: u16::from_le(id.maxcmd),
+            nn: u32::from_le(id.nn),
+            oncs: u16::from_le(id.oncs),
+            vwc: id.vwc,
+            sgls: u32::from_le(id.sgls),
+            subnqn: ascii(&id.subnqn),
+            ioccsz: u32::from_le(id.ioccsz),
+            iorcsz: u32::from_le(id.iorcsz),
+            icdoff: u16::from_le(id.icdoff),
+            msdbd: id.msdbd,
+        })
+    }
+
+    /// In-capsule data an I/O command may carry: IOCCSZ * 16 minus the 64-byte SQE.
+    pub fn in_capsule_data(&self) -> u32 {
+        self.ioccsz.saturating_mul(16).saturating_sub(64)
+    }
+
+    /// The largest transfer in bytes for memory page size 2^(12 + `mpsmin`), `None` if MDTS
+    /// sets no limit.
+    pub fn max_transfer(&self, mpsmin: u8) -> Option<u64> {
+        (self.mdts != 0).then(|| (4096u64 << mpsmin) << self.mdts.min(40))
+    }
+}
+
+/// The Identify Namespace fields a host needs (NVM command set spec §4.1.5.1).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdNs {
+    /// Namespace size in logical blocks.
+    pub nsze: u64,
+    /// Namespace capacity.
+    pub ncap: u64,
+    /// Namespace utilization.
+    pub nuse: u64,
+    /// Formatted LBA size (index in bits 3:0).
+    pub flbas: u8,
+    /// Logical block size in bytes, from the LBA format in use (0 for an inactive NSID).
+    pub block_size: u32,
+    /// Multi-path I/O and namespace sharing capabilities.
+    pub nmic: u8,
+    /// Deallocate logical block features.
+    pub dlfeat: u8,
+    /// Namespace globally unique identifier.
+    pub nguid: [u8; 16],
+    /// IEEE extended unique identifier.
+    pub eui64: [u8; 8],
+}
+
+impl IdNs {
+    /// Parses the 4096-byte Identify Namespace data structure.
+    pub fn parse(data: &[u8]) -> Result<Self, HostError> {
+        let (id, _) = nvme_id_ns::read_from_prefix(data)
+            .map_err(|_| HostError::Protocol(format!("Identify Namespace data of {} bytes", data.len())))?;
+        let lbaf = id.lbaf.get(usize::from(id.flbas & 0xF)).map_or(0, |f| f.ds);
+        let nsze = u64::from_le(id.nsze);
+        Ok(Self {
+            nsze,
+            ncap: u64::from_le(id.ncap),
+            nuse: u64::from_le(id.nuse),
+            flbas: id.flbas,
+            block_size: if nsze == 0 || lbaf >= 32 { 0 } else { 1u32 << lbaf },
+            nmic: id.nmic,
+            dlfeat: id.dlfeat,
+            nguid: id.nguid,
+            eui64: id.eui64,
+        })
+    }
+
+    /// Namespace size in bytes.
+    pub fn bytes(&self) -> u64 {
+        self.nsze.saturating_mul(u64::from(self.block_size))
+    }
+}
+
+/// Number of Queues granted (base spec §5.27.1.5), as counts (the wire values are 0's based).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NumQueues {
+    /// I/O submission queues allocated (NSQA + 1).
+    pub sq: u32,
+    /// I/O completion queues allocated (NCQA + 1).
+    pub cq: u32,
+    /// The raw completion dword 0.
+    pub dw0: u32,
+}
+
+/// One discovery log entry (NVMe-oF 1.1 §5.3, Figure 34).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiscoveryEntry {
+    /// Transport type (3: TCP).
+    pub trtype: u8,
+    /// Address family (1: IPv4, 2: IPv6).
+    pub adrfam: u8,
+    /// Subsystem type (1: discovery, 2: NVM).
+    pub subtype: u8,
+    /// Transport requirements.
+    pub treq: u8,
+    /// Port ID.
+    pub portid: u16,
+    /// Controller ID (0xFFFF: dynamic).
+    pub cntlid: u16,
+    /// Admin max SQ size.
+    pub asqsz: u16,
+    /// Transport service identifier (the TCP port).
+    pub trsvcid: String,
+    /// Subsystem NQN.
+    pub subnqn: String,
+    /// Transport address (the IP address).
+    pub traddr: String,
+}
+
+/// The discovery log page (LID 70h).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiscoveryLog {
+    /// Generation counter.
+    pub genctr: u64,
+    /// Number of records.
+    pub numrec: u64,
+    /// Record format.
+    pub recfmt: u16,
+    /// The entries.
+    pub entries: Vec<DiscoveryEntry>,
+}
+
+impl DiscoveryLog {
+    /// Parses a whole discovery log page (1024-byte header, then 1024-byte entries).
+    pub fn parse(data: &[u8]) -> Result<Self, HostError> {
+        let hdr = data
+            .get(..1024)
+            .ok_or_else(|| HostError::Protocol("discovery log shorter than its header".into()))?;
+        let le64 = |b: &[u8]| b.first_chunk::<8>().map_or(0, |c| u64::from_le_bytes(*c));
+        let le16 = |b: &[u8]| b.first_chunk::<2>().map_or(0, |c| u16::from_le_bytes(*c));
+        let genctr = le64(&hdr[0..8]);
+        let numrec = le64(&hdr[8..16]);
+        let recfmt = le16(&hdr[16..18]);
+        let mut entries = Vec::new();
+        for e in data[1024..].chunks_exact(1024).take(numrec.min(4096) as usize) {
+            entries.push(DiscoveryEntry {
+                trtype: e[0],
+                adrfam: e[1],
+                subtype: e[2],
+                treq: e[3],
+                portid: le16(&e[4..6]),
+                cntlid: le16(&e[6..8]),
+                asqsz: le16(&e[8..10]),
+                trsvcid: ascii(&e[32..64]),
+                subnqn: ascii(&e[256..512]),
+                traddr: ascii(&e[512..768]),
+            });
+        }
+        Ok(Self {
+            genctr,
+            numrec,
+            recfmt,
+            entries,
+        })
+    }
+}
+
+/// The SMART / Health Information counters a load test reads (base spec §5.16.1.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SmartLog {
+    /// Data units (1000 x 512 bytes) read.
+    pub data_units_read: u128,
+    /// Data units written.
+    pub data_units_written: u128,
+    /// Host read commands completed.
+    pub host_reads: u128,
+    /// Host write commands completed.
+    pub host_writes: u128,
+    /// Error information log entries over the controller's life.
+    pub num_err_log_entries: u128,
+}
+
+impl SmartLog {
+    /// Parses the 512-byte SMART / Health Information log page.
+    pub fn parse(data: &[u8]) -> Result<Self, HostError> {
+        let (l, _) = nvme_smart_log::read_from_prefix(data)
+            .map_err(|_| HostError::Protocol(format!("SMART log of {} bytes", data.len())))?;
+        Ok(Self {
+            data_units_read: u128::from_le_bytes(l.data_units_read),
+            data_units_written: u128::from_le_bytes(l.data_units_written),
+            host_reads: u128::from_le_bytes(l.host_reads),
+            host_writes: u128::from_le_bytes(l.host_writes),
+            num_err_log_entries: u128::from_le_bytes(l.num_err_log_entries),
+        })
+    }
+}
+
+impl HostQueue {
+    /// Property Get (NVMe-oF 1.1 §6.5); the width comes from the offset (CAP is 8 bytes).
+    pub fn property_get(&mut self, offset: u32) -> Result<u64, HostError> {
+        let size8 = property::size(offset) == Some(8);
+        let c = self.exec_ok(sqe::property_get(offset, size8), Data::None)?;
+        Ok(if size8 {
+            u64::from(c.dw0) | (u64::from(c.dw1) << 32)
+        } else {
+            u64::from(c.dw0)
+        })
+    }
+
+    /// Property Set (NVMe-oF 1.1 §6.6).
+    pub fn property_set(&mut self, offset: u32, value: u64) -> Result<(), HostError> {
+        let size8 = property::size(offset) == Some(8);
+        self.exec_ok(sqe::property_set(offset, value, size8), Data::None)
+            .map(drop)
+    }
+
+    /// Polls CSTS until `done` holds, at most CAP.TO (500 ms units) or the queue timeout,
+    /// whichever is shorter.
+    fn wait_csts(&mut self, what: &str, done: impl Fn(Csts) -> bool) -> Result<Csts, HostError> {
+        let cap = Cap(self.property_get(property::CAP)?);
+        let to = Duration::from_millis(500 * u64::from(cap.to().max(1))).min(self.opts().timeout);
+        let start = Instant::now();
+        loop {
+            let csts = Csts(self.property_get(property::CSTS)? as u32);
+            if csts.cfs() {
+                return Err(HostError::Controller(format!("CSTS.CFS set while waiting for {what}")));
+            }
+            if done(csts) {
+                return Ok(csts);
+            }
+            if start.elapsed() >= to {
+                return Err(HostError::Controller(format!(
+                    "{what} not reached after {:?} (CSTS {:#x})",
+                    start.elapsed(),
+                    csts.0
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Enables the controller: CC.EN with IOSQES 6 (64-byte SQE), IOCQES 4 (16-byte CQE), MPS 0
+    /// and the NVM command set, then waits for CSTS.RDY (base spec §3.5.1).
+    pub fn enable(&mut self) -> Result<(), HostError> {
+        let cc = Cc(0)
+            .with_iosqes(6)
+            .with_iocqes(4)
+            .with_mps(0)
+            .with_css(Cc::CSS_NVM)
+            .with_en(true);
+        self.property_set(property::CC, u64::from(cc.0))?;
+        self.wait_csts("CSTS.RDY", |c| c.rdy()).map(drop)
+    }
+
+    /// Normal shutdown: CC.SHN = 01b, then waits for CSTS.SHST = complete (base spec §3.6.1).
+    pub fn shutdown_controller(&mut self) -> Result<(), HostError> {
+        let cc = Cc(self.property_get(property::CC)? as u32).with_shn(Cc::SHN_NORMAL);
+        self.property_set(property::CC, u64::from(cc.0))?;
+        self.wait_csts("CSTS.SHST complete", |c| c.shst() == Csts::SHST_COMPLETE)
+            .map(drop)
+    }
+
+    /// Identify with `cns` for `nsid`: the 4096-byte data structure.
+    pub fn identify(&mut self, cns_value: u8, nsid: u32) -> Result<Vec<u8>, HostError> {
+        let c = self.exec_ok(sqe::identify(cns_value, nsid), Data::FromCtrl(vec![0u8; 4096]))?;
+        Ok(c.buf)
+    }
+
+    /// Identify Controller (CNS 01h).
+    pub fn identify_controller(&mut self) -> Result<IdCtrl, HostError> {
+        IdCtrl::parse(&self.identify(cns::CONTROLLER, 0)?)
+    }
+
+    /// Identify Namespace (CNS 00h).
+    pub fn identify_namespace(&mut self, nsid: u32) -> Result<IdNs, HostError> {
+        IdNs::parse(&self.identify(cns::NAMESPACE, nsid)?)
+    }
+
+    /// Active Namespace ID list (CNS 02h): active NSIDs above `after`, ascending.
+    pub fn active_namespaces(&mut self, after: u32) -> Result<Vec<u32>, HostError> {
+        let d = self.identify(cns::ACTIVE_NAMESPACE_LIST, after)?;
+        Ok(d.chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .take_while(|&n| n != 0)
+            .collect())
+    }
+
+    /// Set Features `fid` = `value`; returns completion dword 0.
+    pub fn set_features(&mut self, fid: u8, value: u32) -> Result<u32, HostError> {
+        Ok(self.exec_ok(sqe::set_features(fid, value), Data::None)?.dw0)
+    }
+
+    /// Get Features `fid` (current value); returns completion dword 0.
+    pub fn get_features(&mut self, fid: u8, cdw11: u32) -> Result<u32, HostError> {
+        Ok(self.exec_ok(sqe::get_features(fid, 0, cdw11), Data::None)?.dw0)
+    }
+
+    /// Set Features Number of Queues asking for `n` I/O submission and completion queues.
+    pub fn set_num_queues(&mut self, n: u16) -> Result<NumQueues, HostError> {
+        let z = u32::from(n.max(1) - 1);
+        let dw0 = self.set_features(feature::NUMBER_OF_QUEUES, z | (z << 16))?;
+        Ok(NumQueues {
+            sq: (dw0 & 0xFFFF) + 1,
+            cq: (dw0 >> 16) + 1,
+            dw0,
+        })
+    }
+
+    /// Keep Alive (base spec §5.19).
+    pub fn keep_alive(&mut self) -> Result<(), HostError> {
+        self.exec_ok(sqe::keep_alive(), Data::None).map(drop)
+    }
+
+    /// Abort command `cid` of queue `sqid` (base spec §5.1): returns dw0, whose bit 0 is 0
+    /// when the command was aborted.
+    pub fn abort(&mut self, sqid: u16, cid: u16) -> Result<u32, HostError> {
+        Ok(self.exec_ok(sqe::abort(sqid, cid), Data::None)?.dw0)
+    }
+
+    /// Get Log Page `lid`: `len` bytes (a multiple of 4) from byte `offset`.
+    pub fn get_log_page(&mut self, lid: u8, offset: u64, len: u32) -> Result<Vec<u8>, HostError> {
+        if len < 4 || !len.is_multiple_of(4) {
+            return Err(HostError::Invalid("log page length must be a non-zero multiple of 4"));
+        }
+        let c = self.exec_ok(
+            sqe::get_log_page(lid, len, offset, false),
+            Data::FromCtrl(vec![0u8; len as usize]),
+        )?;
+        Ok(c.buf)
+    }
+
+    /// The discovery log (LID 70h; NVMe-oF 1.1 §5.3): the header, then every record.
+    pub fn discovery_log(&mut self) -> Result<DiscoveryLog, HostError> {
+        let hdr = self.get_log_page(log_page::DISCOVERY, 0, 1024)?;
+        let numrec = DiscoveryLog::parse(&hdr)?.numrec.min(1024);
+        let len = 1024 + 1024 * numrec as u32;
+        DiscoveryLog::parse(&self.get_log_page(log_page::DISCOVERY, 0, len)?)
+    }
+
+    /// The SMART / Health Information log (LID 02h).
+    pub fn smart_log(&mut self) -> Result<SmartLog, HostError> {
+        SmartLog::parse(&self.get_log_page(log_page::SMART, 0, 512)?)
+    }
+}

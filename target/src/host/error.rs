@@ -1,0 +1,89 @@
+//! The host library's one error type.
+
+use std::time::Duration;
+
+use pollux_nvme::PduError;
+use pollux_nvme::spec::Status;
+
+/// What can go wrong talking to a target.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// A socket error other than the peer closing.
+    #[error("I/O error: {0}")]
+    Io(#[from] std::io::Error),
+    /// Nothing arrived within the deadline.
+    #[error("timed out after {waited:?} waiting for {what}")]
+    Timeout {
+        /// How long we waited.
+        waited: Duration,
+        /// What we waited for.
+        what: &'static str,
+    },
+    /// The target closed the connection (EOF or reset) or it was already closed.
+    #[error("the target closed the connection")]
+    Closed,
+    /// The target sent C2HTermReq (NVMe/TCP 1.0 §3.6.2.3): the connection is dead.
+    #[error("target sent C2HTermReq: FES {fes:#x}, FEI {fei:#x}")]
+    TermReq {
+        /// Fatal Error Status.
+        fes: u16,
+        /// Fatal Error Information.
+        fei: u32,
+    },
+    /// The target sent a PDU that fails the NVMe/TCP header rules.
+    #[error("bad PDU from the target: {0}")]
+    BadPdu(#[from] PduError),
+    /// The target sent a well-formed PDU that makes no sense now (unknown command id, data
+    /// outside the command's buffer, an R2T for a read, ...).
+    #[error("protocol error from the target: {0}")]
+    Protocol(String),
+    /// The ICResp is one the Linux host would refuse.
+    #[error("ICResp rejected: {0}")]
+    IcResp(String),
+    /// Fabrics Connect completed with an error status (NVMe-oF 1.1 §6.3). `dw0` carries
+    /// IATTR/IPO for Connect Invalid Parameters.
+    #[error("connect refused: {status}, dw0 {dw0:#x}")]
+    ConnectRefused {
+        /// The completion status.
+        status: Status,
+        /// Completion dword 0.
+        dw0: u32,
+    },
+    /// A command completed with an error status.
+    #[error("command (opcode {opcode:#04x}) failed: {status}, dw0 {dw0:#x}")]
+    Command {
+        /// The command's opcode (0x7F for fabrics).
+        opcode: u8,
+        /// The completion status.
+        status: Status,
+        /// Completion dword 0.
+        dw0: u32,
+    },
+    /// Every command id of the queue is in use.
+    #[error("queue full: {0} commands in flight")]
+    QueueFull(usize),
+    /// The caller asked for something the library cannot do (e.g. a buffer too large).
+    #[error("invalid request: {0}")]
+    Invalid(&'static str),
+    /// The controller did not become ready / shut down as asked.
+    #[error("controller state: {0}")]
+    Controller(String),
+}
+
+impl HostError {
+    /// The NVMe status of a failed command or refused Connect, if that is what this is.
+    pub fn status(&self) -> Option<Status> {
+        match self {
+            Self::Command { status, .. } | Self::ConnectRefused { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    /// Whether the connection is gone (closed, terminated or broken by a bad PDU).
+    pub fn is_fatal(&self) -> bool {
+        matches!(
+            self,
+            Self::Io(_) | Self::Closed | Self::TermReq { .. } | Self::BadPdu(_) | Self::Protocol(_) | Self::IcResp(_)
+        )
+    }
+}

@@ -1,0 +1,32 @@
+//! A host-side (initiator) NVMe/TCP library, for tests and the `pollux perf` load generator.
+//! The target's server code never uses it.
+//!
+//! It speaks the same wire types as the target ([`pollux_nvme::tcp`], [`pollux_nvme::spec`]):
+//! - [`HostQueue`]: one NVMe-oF queue on one TCP connection. ICReq/ICResp (NVMe/TCP 1.0
+//!   §3.6.2.2, validated like the Linux host does), Fabrics Connect (NVMe-oF 1.1 §6.3), then
+//!   commands. The I/O path keeps many commands in flight ([`HostQueue::submit`] +
+//!   [`HostQueue::poll_completions`]): command ids are slots of the queue, buffers are moved
+//!   in and handed back with the completion, submissions are batched into one `write`, and
+//!   PDUs are read into one reusable buffer, so the steady state allocates nothing.
+//! - Admin helpers on an admin queue (Property Get/Set, enable, Identify, Set Features,
+//!   Keep Alive, Get Log Page, shutdown) and a [`Controller`] that sets up an admin queue and
+//!   N I/O queues like `nvme connect` does.
+//! - Raw mode for protocol tests: [`HostQueue::send_raw`] and [`HostQueue::recv_raw`].
+//!
+//! Everything that waits has a deadline ([`QueueOpts::timeout`]); anything the target sends
+//! that breaks the protocol is a [`HostError`], never a panic.
+
+mod admin;
+mod controller;
+mod error;
+mod queue;
+pub mod sqe;
+
+#[cfg(test)]
+mod tests;
+
+pub use admin::{DiscoveryEntry, DiscoveryLog, IdCtrl, IdNs, NumQueues, SmartLog};
+pub use controller::{Controller, ControllerOpts, Digests};
+pub use error::HostError;
+pub use queue::{Completion, ConnectResult, Data, HostQueue, IcInfo, QueueOpts, RawReply, hostid_from_nqn};
+pub use sqe::DsmRange;

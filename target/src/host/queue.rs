@@ -1,0 +1,1109 @@
+//! One NVMe-oF queue on one NVMe/TCP connection, as the host sees it.
+//!
+//! The socket is non-blocking. Submissions are appended to one send buffer and go out with
+//! one `write` when the caller polls ([`HostQueue::poll_completions`]) or calls
+//! [`HostQueue::send_pending`]; received bytes land in one reusable buffer, complete PDUs are
+//! parsed in place ([`parse_pdu_header`], direction controller-to-host) and their data copied
+//! once, into the buffer the command was submitted with. Waiting is `poll(2)` on the socket
+//! with a deadline.
+
+use std::collections::VecDeque;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+use pollux_nvme::spec::{SglDescriptor, Sqe, Status};
+use pollux_nvme::tcp::{
+    CommonHeader, Direction, PduHeader, PduLimits, PduType, TermReqHdr, check_data_digest, crc32c, encode_capsule_cmd,
+    encode_h2c_data_hdr, encode_ic_req, parse_pdu_header,
+};
+use zerocopy::FromBytes;
+use zerocopy::little_endian::U16;
+
+use super::error::HostError;
+use super::sqe::{self, DsmRange};
+
+/// In-capsule data a controller accepts on the admin queue (NVMe/TCP 1.0 §3.3.1: 8 KiB for
+/// fabrics and admin commands).
+pub const ADMIN_IN_CAPSULE: u32 = 8192;
+/// Initial receive buffer; it grows (once) to the largest PDU seen.
+const RBUF_INITIAL: usize = 128 * 1024;
+/// Largest PDU [`HostQueue::recv_raw`] accepts.
+const MAX_RAW_PLEN: u32 = 64 << 20;
+/// Fabrics Connect data length (NVMe-oF 1.1 §6.3).
+const CONNECT_DATA_LEN: usize = 1024;
+
+/// A host identifier derived from the host NQN (stable, so every queue of one host NQN sends
+/// the same HOSTID, which the target checks on I/O queue Connect).
+pub fn hostid_from_nqn(hostnqn: &str) -> [u8; 16] {
+    let mut id = [0u8; 16];
+    for (i, chunk) in id.chunks_exact_mut(4).enumerate() {
+        let mut c = pollux_nvme::tcp::Crc32c::new();
+        c.update(&[i as u8]);
+        c.update(hostnqn.as_bytes());
+        chunk.copy_from_slice(&c.finish().to_le_bytes());
+    }
+    id
+}
+
+/// How to open and connect one queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueOpts {
+    /// Ask for header digests in ICReq.
+    pub hdgst: bool,
+    /// Ask for data digests in ICReq.
+    pub ddgst: bool,
+    /// Queue id: 0 for the admin queue.
+    pub qid: u16,
+    /// Controller id for Connect: 0xFFFF (dynamic) on the admin queue, the admin queue's
+    /// controller id on I/O queues.
+    pub cntlid: u16,
+    /// Connect SQSIZE, 0's based; the queue keeps up to SQSIZE + 1 commands in flight.
+    pub sqsize: u16,
+    /// Connect KATO in milliseconds (admin queue; 0 disables keep-alive).
+    pub kato_ms: u32,
+    /// Connect CATTR (bit 2: disable SQ flow control, which lets the target complete reads
+    /// with C2HData SUCCESS and no CapsuleResp).
+    pub cattr: u8,
+    /// SUBNQN.
+    pub subnqn: String,
+    /// HOSTNQN.
+    pub hostnqn: String,
+    /// HOSTID.
+    pub hostid: [u8; 16],
+    /// Deadline of every blocking step (TCP connect, ICResp, a command, a raw send).
+    pub timeout: Duration,
+    /// Largest write sent in-capsule; larger ones use a transport SGL and R2T. The admin
+    /// queue's is 8 KiB; an I/O queue's is IOCCSZ * 16 - 64 from Identify Controller.
+    pub in_capsule_max: u32,
+    /// Largest C2HData data part accepted.
+    pub max_data: u32,
+}
+
+impl QueueOpts {
+    /// An admin queue for `hostnqn` on subsystem `subnqn` (SQSIZE 31 like Linux, KATO 0).
+    pub fn admin(subnqn: &str, hostnqn: &str) -> Self {
+        Self {
+            hdgst: false,
+            ddgst: false,
+            qid: 0,
+            cntlid: 0xFFFF,
+            sqsize: 31,
+            kato_ms: 0,
+            cattr: 0,
+            subnqn: subnqn.to_string(),
+            hostnqn: hostnqn.to_string(),
+            hostid: hostid_from_nqn(hostnqn),
+            timeout: Duration::from_secs(5),
+            in_capsule_max: ADMIN_IN_CAPSULE,
+            max_data: 1 << 20,
+        }
+    }
+
+    /// I/O queue `qid` of controller `cntlid`, `entries` deep (SQSIZE `entries - 1`). Writes
+    /// go by R2T until [`QueueOpts::in_capsule_max`] is set from IOCCSZ.
+    pub fn io(subnqn: &str, hostnqn: &str, qid: u16, cntlid: u16, entries: u16) -> Self {
+        Self {
+            qid,
+            cntlid,
+            sqsize: entries.saturating_sub(1).max(1),
+            in_capsule_max: 0,
+            ..Self::admin(subnqn, hostnqn)
+        }
+    }
+
+    /// With header/data digests requested.
+    pub fn digests(mut self, hdgst: bool, ddgst: bool) -> Self {
+        self.hdgst = hdgst;
+        self.ddgst = ddgst;
+        self
+    }
+}
+
+/// What ICReq/ICResp negotiated (NVMe/TCP 1.0 §3.6.2.2-3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IcInfo {
+    /// Header digests enabled.
+    pub hdgst: bool,
+    /// Data digests enabled.
+    pub ddgst: bool,
+    /// MAXH2CDATA: most data in one H2CData PDU.
+    pub maxh2cdata: u32,
+    /// CPDA (always 0: anything else is refused).
+    pub cpda: u8,
+}
+
+/// The outcome of Fabrics Connect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectResult {
+    /// Completion status.
+    pub status: Status,
+    /// Completion dword 0 (controller id on success; IATTR/IPO for Invalid Parameters).
+    pub dw0: u32,
+}
+
+/// A command's data buffer, moved into the queue at submission and handed back in its
+/// [`Completion`]. The whole buffer is the transfer.
+#[derive(Debug, Default)]
+pub enum Data {
+    /// No data.
+    #[default]
+    None,
+    /// Host to controller (write, Dataset Management, Connect): in-capsule when it fits,
+    /// otherwise by R2T/H2CData.
+    ToCtrl(Vec<u8>),
+    /// Controller to host (read, Identify, Get Log Page): filled by C2HData.
+    FromCtrl(Vec<u8>),
+}
+
+/// A completed command.
+#[derive(Debug)]
+pub struct Completion {
+    /// Command id.
+    pub cid: u16,
+    /// The tag given at submission.
+    pub tag: u64,
+    /// Status (a data digest mismatch on C2HData turns success into Data Transfer Error, as
+    /// Linux does).
+    pub status: Status,
+    /// Completion dword 0.
+    pub dw0: u32,
+    /// Completion dword 1.
+    pub dw1: u32,
+    /// The buffer the command was submitted with (read data in it).
+    pub buf: Vec<u8>,
+    /// Data bytes moved (C2H received, or H2C sent).
+    pub transferred: u32,
+}
+
+impl Completion {
+    /// The status is success.
+    pub fn is_success(&self) -> bool {
+        self.status.is_success()
+    }
+}
+
+/// What [`HostQueue::recv_raw`] read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RawReply {
+    /// A PDU: its bytes and, when it passes the header rules, its parsed header.
+    Pdu {
+        /// The header, if valid for the negotiated digests.
+        hdr: Option<PduHeader>,
+        /// The whole PDU (PLEN bytes).
+        bytes: Vec<u8>,
+    },
+    /// A C2HTermReq.
+    TermReq {
+        /// Fatal Error Status.
+        fes: u16,
+        /// Fatal Error Information.
+        fei: u32,
+        /// The offending PDU header the target sent back.
+        offending: Vec<u8>,
+    },
+    /// Bytes that do not start with a valid common header.
+    Garbage(Vec<u8>),
+    /// The target closed the connection.
+    Eof,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Dir {
+    #[default]
+    None,
+    /// Host to controller, data sent in-capsule.
+    H2cInCapsule,
+    /// Host to controller, data sent on R2T.
+    H2cR2t,
+    /// Controller to host.
+    C2h,
+}
+
+/// One command id.
+#[derive(Debug, Default)]
+struct Slot {
+    busy: bool,
+    tag: u64,
+    buf: Vec<u8>,
+    dir: Dir,
+    len: u32,
+    /// Bytes moved so far (C2H received / H2C sent).
+    done: u32,
+    ddgst_error: bool,
+}
+
+/// A complete PDU at the front of the receive buffer.
+struct Peeked {
+    hdr: PduHeader,
+    plen: usize,
+}
+
+/// One NVMe-oF queue over NVMe/TCP.
+#[derive(Debug)]
+pub struct HostQueue {
+    sock: TcpStream,
+    opts: QueueOpts,
+    hdgst: bool,
+    ddgst: bool,
+    maxh2cdata: u32,
+    ic_done: bool,
+    cntlid: u16,
+    rbuf: Vec<u8>,
+    rstart: usize,
+    rend: usize,
+    /// Bytes the PDU at `rstart` needs (8 until its header is known).
+    need: usize,
+    wbuf: Vec<u8>,
+    woff: usize,
+    slots: Vec<Slot>,
+    free: Vec<u16>,
+    /// Completions read while waiting for another command ([`HostQueue::exec`]).
+    stash: VecDeque<Completion>,
+    scratch: Vec<u8>,
+    closed: bool,
+}
+
+fn io_err(e: std::io::Error) -> HostError {
+    match e.kind() {
+        ErrorKind::ConnectionReset
+        | ErrorKind::BrokenPipe
+        | ErrorKind::ConnectionAborted
+        | ErrorKind::UnexpectedEof => HostError::Closed,
+        _ => HostError::Io(e),
+    }
+}
+
+impl HostQueue {
+    /// Opens the TCP connection only (raw mode): no ICReq yet.
+    pub fn tcp(addr: SocketAddr, opts: QueueOpts) -> Result<Self, HostError> {
+        let sock = TcpStream::connect_timeout(&addr, opts.timeout)?;
+        sock.set_nodelay(true)?;
+        sock.set_nonblocking(true)?;
+        let entries = usize::from(opts.sqsize) + 1;
+        Ok(Self {
+            sock,
+            hdgst: false,
+            ddgst: false,
+            maxh2cdata: 0,
+            ic_done: false,
+            cntlid: 0xFFFF,
+            rbuf: vec![0u8; RBUF_INITIAL],
+            rstart: 0,
+            rend: 0,
+            need: 8,
+            wbuf: Vec::with_capacity(64 * 1024),
+            woff: 0,
+            slots: (0..entries).map(|_| Slot::default()).collect(),
+            free: (0..entries).rev().map(|i| i as u16).collect(),
+            stash: VecDeque::new(),
+            scratch: Vec::new(),
+            closed: false,
+            opts,
+        })
+    }
+
+    /// TCP connect, ICReq/ICResp, Fabrics Connect. A Connect that completes with an error is
+    /// [`HostError::ConnectRefused`] carrying its status and dw0.
+    pub fn connect(addr: SocketAddr, opts: QueueOpts) -> Result<Self, HostError> {
+        let mut q = Self::tcp(addr, opts)?;
+        q.initialize()?;
+        let r = q.fabrics_connect()?;
+        if !r.status.is_success() {
+            return Err(HostError::ConnectRefused {
+                status: r.status,
+                dw0: r.dw0,
+            });
+        }
+        Ok(q)
+    }
+
+    /// TCP connect and ICReq/ICResp only (no Fabrics Connect yet).
+    pub fn initialized(addr: SocketAddr, opts: QueueOpts) -> Result<Self, HostError> {
+        let mut q = Self::tcp(addr, opts)?;
+        q.initialize()?;
+        Ok(q)
+    }
+
+    // ------------------------------------------------------------------ accessors
+
+    /// The options the queue was opened with.
+    pub fn opts(&self) -> &QueueOpts {
+        &self.opts
+    }
+
+    /// Queue id.
+    pub fn qid(&self) -> u16 {
+        self.opts.qid
+    }
+
+    /// Controller id returned by Connect (0xFFFF before).
+    pub fn cntlid(&self) -> u16 {
+        self.cntlid
+    }
+
+    /// What ICReq/ICResp negotiated (all zero before).
+    pub fn ic_info(&self) -> IcInfo {
+        IcInfo {
+            hdgst: self.hdgst,
+            ddgst: self.ddgst,
+            maxh2cdata: self.maxh2cdata,
+            cpda: 0,
+        }
+    }
+
+    /// Command ids: SQSIZE + 1.
+    pub fn depth(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Commands submitted and not completed.
+    pub fn in_flight(&self) -> usize {
+        self.slots.len() - self.free.len()
+    }
+
+    /// Command ids free for [`HostQueue::submit`].
+    pub fn free_slots(&self) -> usize {
+        self.free.len()
+    }
+
+    /// Sets the largest write sent in-capsule (IOCCSZ * 16 - 64).
+    pub fn set_in_capsule_max(&mut self, bytes: u32) {
+        self.opts.in_capsule_max = bytes;
+    }
+
+    /// Sets the deadline of blocking steps.
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.opts.timeout = timeout;
+    }
+
+    /// The local socket address.
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.sock.local_addr()
+    }
+
+    /// The connection was closed or broke.
+    pub fn is_closed(&self) -> bool {
+        self.closed
+    }
+
+    fn limits(&self) -> PduLimits {
+        PduLimits {
+            hdgst: self.hdgst,
+            ddgst: self.ddgst,
+            max_data: self.opts.max_data,
+        }
+    }
+
+    // ------------------------------------------------------------------ connection set-up
+
+    /// ICReq/ICResp (NVMe/TCP 1.0 §3.6.2.2-3): asks for the digests of the options, HPDA 0,
+    /// MAXR2T 0 (as Linux), and refuses an ICResp that Linux would refuse: PLEN not 128,
+    /// PFV not 0, digests other than requested, CPDA not 0, MAXH2CDATA below 4096 or not a
+    /// multiple of 4.
+    pub fn initialize(&mut self) -> Result<IcInfo, HostError> {
+        if self.ic_done {
+            return Err(HostError::Invalid("ICReq/ICResp already exchanged"));
+        }
+        let req = encode_ic_req(self.opts.hdgst, self.opts.ddgst, 0, 0);
+        self.send_raw(&req)?;
+        let timeout = self.opts.timeout;
+        let reply = match self.recv_raw(timeout) {
+            Err(HostError::Timeout { waited, .. }) => {
+                return Err(HostError::Timeout { waited, what: "ICResp" });
+            }
+            r => r?,
+        };
+        let (hdr, bytes) = match reply {
+            RawReply::Pdu { hdr, bytes } => (hdr, bytes),
+            RawReply::TermReq { fes, fei, .. } => {
+                self.closed = true;
+                return Err(HostError::TermReq { fes, fei });
+            }
+            RawReply::Eof => {
+                self.closed = true;
+                return Err(HostError::Closed);
+            }
+            RawReply::Garbage(b) => {
+                self.closed = true;
+                return Err(HostError::IcResp(format!("not a PDU: {:02x?}", &b[..b.len().min(16)])));
+            }
+        };
+        let fail = |q: &mut Self, why: String| {
+            q.closed = true;
+            Err(HostError::IcResp(why))
+        };
+        if bytes.first() != Some(&(PduType::IcResp as u8)) {
+            return fail(self, format!("PDU type {:#04x} instead of ICResp", bytes[0]));
+        }
+        if bytes.len() != 128 {
+            return fail(self, format!("PLEN {} instead of 128", bytes.len()));
+        }
+        let Some(PduHeader::IcResp(ic)) = hdr else {
+            // Re-parse for the precise reason.
+            let why = match CommonHeader::read_from_prefix(&bytes) {
+                Ok((ch, _)) => parse_pdu_header(&ch, &bytes, &PduLimits::default(), Direction::ControllerToHost)
+                    .err()
+                    .map_or_else(|| "invalid ICResp".to_string(), |e| e.to_string()),
+                Err(_) => "short ICResp".to_string(),
+            };
+            return fail(self, why);
+        };
+        if ic.pfv.get() != 0 {
+            return fail(self, format!("PFV {}", ic.pfv.get()));
+        }
+        if ic.hdgst() != self.opts.hdgst || ic.ddgst() != self.opts.ddgst {
+            return fail(
+                self,
+                format!(
+                    "digests {:#x}, requested header {} data {}",
+                    ic.dgst, self.opts.hdgst, self.opts.ddgst
+                ),
+            );
+        }
+        if ic.cpda != 0 {
+            return fail(self, format!("CPDA {} (only 0 is supported)", ic.cpda));
+        }
+        let m = ic.maxh2cdata.get();
+        if m < 4096 || !m.is_multiple_of(4) {
+            return fail(self, format!("MAXH2CDATA {m}"));
+        }
+        self.hdgst = ic.hdgst();
+        self.ddgst = ic.ddgst();
+        self.maxh2cdata = m;
+        self.ic_done = true;
+        Ok(self.ic_info())
+    }
+
+    /// Fabrics Connect (NVMe-oF 1.1 §6.3) with the options' QID, SQSIZE, CATTR, KATO,
+    /// HOSTID, CNTLID, SUBNQN and HOSTNQN; the Connect data goes in-capsule. Returns the
+    /// status and dw0 whatever they are; on success the controller id is remembered.
+    pub fn fabrics_connect(&mut self) -> Result<ConnectResult, HostError> {
+        let o = &self.opts;
+        let sqe = sqe::connect(o.qid, o.sqsize, o.cattr, o.kato_ms);
+        let data = sqe::connect_data(&o.hostid, o.cntlid, &o.subnqn, &o.hostnqn);
+        debug_assert_eq!(data.len(), CONNECT_DATA_LEN);
+        let cid = self.submit_inner(sqe, Data::ToCtrl(data.to_vec()), 0, true)?;
+        let c = self.wait_for(cid)?;
+        if c.status.is_success() {
+            self.cntlid = c.dw0 as u16;
+        }
+        Ok(ConnectResult {
+            status: c.status,
+            dw0: c.dw0,
+        })
+    }
+
+    // ------------------------------------------------------------------ submission
+
+    /// Queues a command for sending; it goes out with the next [`HostQueue::poll_completions`]
+    /// or [`HostQueue::send_pending`], together with every other command queued meanwhile.
+    /// Fills CID, PSDT (SGL) and SGL1: writes up to [`QueueOpts::in_capsule_max`] bytes go
+    /// in-capsule (SGL data block, offset subtype), other data uses a transport SGL data block
+    /// (0x5A; NVMe/TCP §3.3). Returns the command id. On error the buffer is dropped.
+    pub fn submit(&mut self, sqe: Sqe, data: Data, tag: u64) -> Result<u16, HostError> {
+        self.submit_inner(sqe, data, tag, false)
+    }
+
+    fn submit_inner(&mut self, mut sqe: Sqe, data: Data, tag: u64, force_in_capsule: bool) -> Result<u16, HostError> {
+        if self.closed {
+            return Err(HostError::Closed);
+        }
+        if !self.ic_done {
+            return Err(HostError::Invalid("no ICReq/ICResp exchanged yet"));
+        }
+        let (dir, buf) = match data {
+            Data::None => (Dir::None, Vec::new()),
+            Data::ToCtrl(b) => (Dir::H2cR2t, b),
+            Data::FromCtrl(b) => (Dir::C2h, b),
+        };
+        let len = u32::try_from(buf.len()).map_err(|_| HostError::Invalid("a transfer above 4 GiB"))?;
+        let dir = match dir {
+            Dir::H2cR2t if len == 0 => Dir::None,
+            Dir::H2cR2t if force_in_capsule || len <= self.opts.in_capsule_max => Dir::H2cInCapsule,
+            Dir::C2h if len == 0 => Dir::None,
+            d => d,
+        };
+        let Some(cid) = self.free.pop() else {
+            return Err(HostError::QueueFull(self.slots.len()));
+        };
+        sqe.cid = U16::new(cid);
+        sqe.set_psdt(Sqe::PSDT_SGL_MPTR_CONTIGUOUS);
+        let in_capsule = dir == Dir::H2cInCapsule;
+        sqe.set_sgl(&if in_capsule {
+            SglDescriptor::in_capsule(0, len)
+        } else {
+            SglDescriptor::transport_data_block(if dir == Dir::None { 0 } else { len })
+        });
+        let (h, n) = encode_capsule_cmd(&sqe, if in_capsule { len } else { 0 }, self.hdgst, self.ddgst);
+        self.wbuf.extend_from_slice(&h[..n]);
+        if in_capsule {
+            self.wbuf.extend_from_slice(&buf);
+            if self.ddgst {
+                self.wbuf.extend_from_slice(&crc32c(&buf).to_le_bytes());
+            }
+        }
+        let Some(slot) = self.slots.get_mut(usize::from(cid)) else {
+            return Err(HostError::Invalid("command id outside the queue"));
+        };
+        *slot = Slot {
+            busy: true,
+            tag,
+            buf,
+            dir,
+            len,
+            done: if in_capsule { len } else { 0 },
+            ddgst_error: false,
+        };
+        Ok(cid)
+    }
+
+    /// Submits a Read of `nlb` blocks at `slba` into `buf` (its length is the transfer).
+    pub fn submit_read(&mut self, nsid: u32, slba: u64, nlb: u32, buf: Vec<u8>, tag: u64) -> Result<u16, HostError> {
+        self.submit(sqe::read(nsid, slba, nlb), Data::FromCtrl(buf), tag)
+    }
+
+    /// Submits a Write of `nlb` blocks at `slba` from `buf` (its length is the transfer).
+    pub fn submit_write(&mut self, nsid: u32, slba: u64, nlb: u32, buf: Vec<u8>, tag: u64) -> Result<u16, HostError> {
+        self.submit(sqe::write(nsid, slba, nlb), Data::ToCtrl(buf), tag)
+    }
+
+    // ------------------------------------------------------------------ completion
+
+    /// Sends what is queued, reads what arrived, answers R2Ts with H2CData (split at
+    /// MAXH2CDATA), and calls `f` for every completed command. Returns the number of
+    /// completions; with `wait` it blocks up to that long for at least one (returning 0 at
+    /// the deadline), without it it never blocks (busy polling).
+    pub fn poll_completions<F: FnMut(Completion)>(
+        &mut self,
+        wait: Option<Duration>,
+        mut f: F,
+    ) -> Result<usize, HostError> {
+        let deadline = wait.map(|w| Instant::now() + w);
+        let mut n = 0;
+        while let Some(c) = self.stash.pop_front() {
+            f(c);
+            n += 1;
+        }
+        loop {
+            self.send_some()?;
+            n += self.process(&mut f)?;
+            if n > 0 {
+                self.send_some()?;
+                return Ok(n);
+            }
+            if self.fill()? {
+                continue;
+            }
+            let Some(d) = deadline else { return Ok(0) };
+            if Instant::now() >= d {
+                return Ok(0);
+            }
+            let pending = self.pending_out() > 0;
+            self.wait_fd(d, true, pending)?;
+        }
+    }
+
+    /// Waits for command `cid`, keeping other completions for the next poll.
+    fn wait_for(&mut self, cid: u16) -> Result<Completion, HostError> {
+        let start = Instant::now();
+        let deadline = start + self.opts.timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(HostError::Timeout {
+                    waited: start.elapsed(),
+                    what: "a command completion",
+                });
+            }
+            let mut found = None;
+            let mut stash = std::mem::take(&mut self.stash);
+            let r = self.poll_completions(Some(left), |c| {
+                if c.cid == cid && found.is_none() {
+                    found = Some(c);
+                } else {
+                    stash.push_back(c);
+                }
+            });
+            self.stash = stash;
+            r?;
+            if let Some(c) = found {
+                return Ok(c);
+            }
+        }
+    }
+
+    /// Submits one command and waits for its completion, whatever its status.
+    pub fn exec(&mut self, sqe: Sqe, data: Data) -> Result<Completion, HostError> {
+        let cid = self.submit(sqe, data, 0)?;
+        self.wait_for(cid)
+    }
+
+    /// Like [`HostQueue::exec`], but an error status is [`HostError::Command`].
+    pub fn exec_ok(&mut self, sqe: Sqe, data: Data) -> Result<Completion, HostError> {
+        let opcode = sqe.opcode;
+        let c = self.exec(sqe, data)?;
+        if c.is_success() {
+            Ok(c)
+        } else {
+            Err(HostError::Command {
+                opcode,
+                status: c.status,
+                dw0: c.dw0,
+            })
+        }
+    }
+
+    /// Reads `nlb` blocks at `slba` into `out` (blocking; `out.len()` is the transfer).
+    pub fn read(&mut self, nsid: u32, slba: u64, nlb: u32, out: &mut [u8]) -> Result<(), HostError> {
+        let mut buf = std::mem::take(&mut self.scratch);
+        buf.clear();
+        buf.resize(out.len(), 0);
+        let c = self.exec_ok(sqe::read(nsid, slba, nlb), Data::FromCtrl(buf))?;
+        if c.transferred as usize != out.len() {
+            return Err(HostError::Protocol(format!(
+                "read of {} bytes completed after {} bytes of data",
+                out.len(),
+                c.transferred
+            )));
+        }
+        out.copy_from_slice(&c.buf);
+        self.scratch = c.buf;
+        Ok(())
+    }
+
+    /// Writes `data` as `nlb` blocks at `slba` (blocking).
+    pub fn write(&mut self, nsid: u32, slba: u64, nlb: u32, data: &[u8]) -> Result<(), HostError> {
+        let mut buf = std::mem::take(&mut self.scratch);
+        buf.clear();
+        buf.extend_from_slice(data);
+        let c = self.exec_ok(sqe::write(nsid, slba, nlb), Data::ToCtrl(buf))?;
+        self.scratch = c.buf;
+        Ok(())
+    }
+
+    /// Flush (blocking).
+    pub fn flush(&mut self, nsid: u32) -> Result<(), HostError> {
+        self.exec_ok(sqe::flush(nsid), Data::None).map(drop)
+    }
+
+    /// Write Zeroes of `nlb` blocks at `slba` (blocking).
+    pub fn write_zeroes(&mut self, nsid: u32, slba: u64, nlb: u32) -> Result<(), HostError> {
+        self.exec_ok(sqe::write_zeroes(nsid, slba, nlb), Data::None).map(drop)
+    }
+
+    /// Dataset Management over `ranges` (1..=256) with CDW11 `attributes` (blocking).
+    pub fn dataset_management(&mut self, nsid: u32, ranges: &[DsmRange], attributes: u32) -> Result<(), HostError> {
+        if ranges.is_empty() || ranges.len() > 256 {
+            return Err(HostError::Invalid("Dataset Management takes 1 to 256 ranges"));
+        }
+        let data: Vec<u8> = ranges.iter().flat_map(|r| r.to_bytes()).collect();
+        self.exec_ok(sqe::dsm(nsid, ranges.len() as u32, attributes), Data::ToCtrl(data))
+            .map(drop)
+    }
+
+    /// Fabrics Disconnect of this I/O queue (NVMe-oF 1.1 §6.4), then close.
+    pub fn disconnect(mut self) -> Result<(), HostError> {
+        self.exec_ok(sqe::disconnect(), Data::None)?;
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------ receive path
+
+    /// Handles the complete PDUs in the receive buffer; returns the completions delivered.
+    fn process<F: FnMut(Completion)>(&mut self, f: &mut F) -> Result<usize, HostError> {
+        let mut n = 0;
+        while let Some(p) = self.peek_pdu()? {
+            let start = self.rstart;
+            self.rstart += p.plen;
+            self.need = 8;
+            let rbuf = std::mem::take(&mut self.rbuf);
+            let res = match rbuf.get(start..start + p.plen) {
+                Some(pdu) => self.dispatch(&p, pdu, f),
+                None => Err(HostError::Protocol("PDU outside the receive buffer".into())),
+            };
+            self.rbuf = rbuf;
+            n += res?;
+        }
+        Ok(n)
+    }
+
+    /// The PDU at the front of the receive buffer if it is complete; sets `need` otherwise.
+    fn peek_pdu(&mut self) -> Result<Option<Peeked>, HostError> {
+        let avail = self.rbuf.get(self.rstart..self.rend).unwrap_or_default();
+        let Some(ch8) = avail.first_chunk::<8>() else {
+            self.need = 8;
+            return Ok(None);
+        };
+        let ch = CommonHeader::parse(ch8).inspect_err(|_| self.closed = true)?;
+        let limits = self.limits();
+        let hl = ch.header_len(&limits);
+        if avail.len() < hl {
+            self.need = hl;
+            return Ok(None);
+        }
+        let hdr = parse_pdu_header(&ch, &avail[..hl], &limits, Direction::ControllerToHost)
+            .inspect_err(|_| self.closed = true)?;
+        let plen = ch.plen.get() as usize;
+        if avail.len() < plen {
+            self.need = plen;
+            return Ok(None);
+        }
+        Ok(Some(Peeked { hdr, plen }))
+    }
+
+    fn protocol(&mut self, why: String) -> HostError {
+        self.closed = true;
+        HostError::Protocol(why)
+    }
+
+    fn dispatch<F: FnMut(Completion)>(&mut self, p: &Peeked, pdu: &[u8], f: &mut F) -> Result<usize, HostError> {
+        match p.hdr {
+            PduHeader::CapsuleResp { cqe } => {
+                let cid = cqe.cid.get();
+                let Some(slot) = self.slots.get(usize::from(cid)).filter(|s| s.busy) else {
+                    return Err(self.protocol(format!("CapsuleResp for command id {cid}, not in flight")));
+                };
+                let mut status = cqe.status();
+                if slot.ddgst_error && status.is_success() {
+                    status = Status::DATA_TRANSFER_ERROR;
+                }
+                self.complete(cid, status, cqe.dw0.get(), cqe.dw1.get(), f);
+                Ok(1)
+            }
+            PduHeader::C2HData {
+                hdr,
+                data_len,
+                success,
+                ddgst,
+                ..
+            } => {
+                let cid = hdr.cccid.get();
+                let off = p.hdr.data_offset();
+                let dl = data_len as usize;
+                let (Some(data), digest) = (pdu.get(off..off + dl), pdu.get(off + dl..off + dl + 4)) else {
+                    return Err(self.protocol("C2HData data outside the PDU".into()));
+                };
+                let digest_ok = match (ddgst, digest) {
+                    (false, _) => true,
+                    (true, Some(d)) => check_data_digest(data, u32::from_le_bytes([d[0], d[1], d[2], d[3]])).is_ok(),
+                    (true, None) => false,
+                };
+                let datao = hdr.datao.get();
+                let Some(slot) = self.slots.get_mut(usize::from(cid)).filter(|s| s.busy) else {
+                    return Err(self.protocol(format!("C2HData for command id {cid}, not in flight")));
+                };
+                if slot.dir != Dir::C2h {
+                    return Err(self.protocol(format!("C2HData for command id {cid}, which reads nothing")));
+                }
+                let end = u64::from(datao) + u64::from(data_len);
+                if datao != slot.done || end > u64::from(slot.len) {
+                    let (done, len) = (slot.done, slot.len);
+                    return Err(self.protocol(format!(
+                        "C2HData offset {datao} length {data_len} for command id {cid}: expected offset {done} of {len}"
+                    )));
+                }
+                slot.buf[datao as usize..end as usize].copy_from_slice(data);
+                slot.done = end as u32;
+                slot.ddgst_error |= !digest_ok;
+                if success {
+                    // DATA_SUCCESS: no CapsuleResp follows (NVMe/TCP §3.6.2.8).
+                    let status = if slot.ddgst_error {
+                        Status::DATA_TRANSFER_ERROR
+                    } else {
+                        Status::SUCCESS
+                    };
+                    self.complete(cid, status, 0, 0, f);
+                    return Ok(1);
+                }
+                Ok(0)
+            }
+            PduHeader::R2T(r) => {
+                let cid = r.cccid.get();
+                let (r2to, r2tl) = (r.r2to.get(), r.r2tl.get());
+                let Some(slot) = self.slots.get_mut(usize::from(cid)).filter(|s| s.busy) else {
+                    return Err(self.protocol(format!("R2T for command id {cid}, not in flight")));
+                };
+                if slot.dir != Dir::H2cR2t {
+                    return Err(self.protocol(format!("R2T for command id {cid}, which has no data to send")));
+                }
+                let end = u64::from(r2to) + u64::from(r2tl);
+                if r2to != slot.done || end > u64::from(slot.len) {
+                    let (done, len) = (slot.done, slot.len);
+                    return Err(self.protocol(format!(
+                        "R2T offset {r2to} length {r2tl} for command id {cid}: expected offset {done} of {len}"
+                    )));
+                }
+                // H2CData PDUs of at most MAXH2CDATA each, in order (NVMe/TCP §3.6.2.7);
+                // LAST_PDU on the last one of this R2T.
+                let max = self.maxh2cdata.max(4096);
+                let mut off = r2to;
+                while u64::from(off) < end {
+                    let chunk = (end - u64::from(off)).min(u64::from(max)) as u32;
+                    let last = u64::from(off + chunk) == end;
+                    let (h, n) = encode_h2c_data_hdr(cid, r.ttag.get(), off, chunk, last, self.hdgst, self.ddgst);
+                    self.wbuf.extend_from_slice(&h[..n]);
+                    let data = &slot.buf[off as usize..(off + chunk) as usize];
+                    self.wbuf.extend_from_slice(data);
+                    if self.ddgst {
+                        self.wbuf.extend_from_slice(&crc32c(data).to_le_bytes());
+                    }
+                    off += chunk;
+                }
+                slot.done = end as u32;
+                Ok(0)
+            }
+            PduHeader::TermReq { c2h: true, hdr, .. } => {
+                self.closed = true;
+                Err(HostError::TermReq {
+                    fes: hdr.fes.get(),
+                    fei: hdr.fei.get(),
+                })
+            }
+            other => Err(self.protocol(format!("unexpected {:?} PDU", other.pdu_type()))),
+        }
+    }
+
+    fn complete<F: FnMut(Completion)>(&mut self, cid: u16, status: Status, dw0: u32, dw1: u32, f: &mut F) {
+        let Some(slot) = self.slots.get_mut(usize::from(cid)) else {
+            return;
+        };
+        slot.busy = false;
+        let c = Completion {
+            cid,
+            tag: slot.tag,
+            status,
+            dw0,
+            dw1,
+            buf: std::mem::take(&mut slot.buf),
+            transferred: slot.done,
+        };
+        self.free.push(cid);
+        f(c);
+    }
+
+    /// One non-blocking read into the receive buffer. Ok(false) if nothing was there.
+    fn fill(&mut self) -> Result<bool, HostError> {
+        if self.closed {
+            return Err(HostError::Closed);
+        }
+        if self.rstart == self.rend {
+            self.rstart = 0;
+            self.rend = 0;
+        }
+        let need = self.need.max(8);
+        if self.rstart + need > self.rbuf.len() || self.rbuf.len() - self.rend < 4096 {
+            self.rbuf.copy_within(self.rstart..self.rend, 0);
+            self.rend -= self.rstart;
+            self.rstart = 0;
+        }
+        if need > self.rbuf.len() {
+            self.rbuf.resize(need, 0);
+        }
+        if self.rend == self.rbuf.len() {
+            return Ok(false);
+        }
+        loop {
+            match self.sock.read(&mut self.rbuf[self.rend..]) {
+                Ok(0) => {
+                    self.closed = true;
+                    return Err(HostError::Closed);
+                }
+                Ok(n) => {
+                    self.rend += n;
+                    return Ok(true);
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => {
+                    self.closed = true;
+                    return Err(io_err(e));
+                }
+            }
+        }
+    }
+
+    // ------------------------------------------------------------------ send path
+
+    fn pending_out(&self) -> usize {
+        self.wbuf.len() - self.woff
+    }
+
+    /// Writes what the socket takes now, without blocking.
+    fn send_some(&mut self) -> Result<(), HostError> {
+        while self.woff < self.wbuf.len() {
+            match self.sock.write(&self.wbuf[self.woff..]) {
+                Ok(0) => {
+                    self.closed = true;
+                    return Err(HostError::Closed);
+                }
+                Ok(n) => self.woff += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => {
+                    self.closed = true;
+                    return Err(io_err(e));
+                }
+            }
+        }
+        if self.woff == self.wbuf.len() {
+            self.wbuf.clear();
+            self.woff = 0;
+        }
+        Ok(())
+    }
+
+    /// Sends everything queued, waiting for the socket up to the timeout.
+    pub fn send_pending(&mut self) -> Result<(), HostError> {
+        let start = Instant::now();
+        let deadline = start + self.opts.timeout;
+        loop {
+            self.send_some()?;
+            if self.pending_out() == 0 {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(HostError::Timeout {
+                    waited: start.elapsed(),
+                    what: "the socket to take our data",
+                });
+            }
+            self.wait_fd(deadline, false, true)?;
+        }
+    }
+
+    /// Waits until the socket is readable (`read`) or writable (`write`), or `deadline`.
+    fn wait_fd(&self, deadline: Instant, read: bool, write: bool) -> Result<(), HostError> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let ms = left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+        let mut events = 0;
+        if read {
+            events |= libc::POLLIN;
+        }
+        if write {
+            events |= libc::POLLOUT;
+        }
+        let mut pfd = libc::pollfd {
+            fd: self.sock.as_raw_fd(),
+            events,
+            revents: 0,
+        };
+        // SAFETY: `pfd` is a valid pollfd that lives on the stack for the whole call and the
+        // count passed is 1; poll only writes its `revents`.
+        let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if rc < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() != ErrorKind::Interrupted {
+                return Err(HostError::Io(e));
+            }
+        }
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------ raw mode
+
+    /// Sends `bytes` as they are (after anything already queued), waiting up to the timeout.
+    pub fn send_raw(&mut self, bytes: &[u8]) -> Result<(), HostError> {
+        if self.closed {
+            return Err(HostError::Closed);
+        }
+        self.wbuf.extend_from_slice(bytes);
+        self.send_pending()
+    }
+
+    /// Reads the next PDU whole, whatever it is, waiting up to `timeout`: a PDU (parsed when
+    /// valid), a C2HTermReq, bytes that are no PDU, or EOF. Nothing is dispatched: commands
+    /// in flight are not completed by what this returns.
+    pub fn recv_raw(&mut self, timeout: Duration) -> Result<RawReply, HostError> {
+        let start = Instant::now();
+        let deadline = start + timeout;
+        loop {
+            let avail = self.rbuf.get(self.rstart..self.rend).unwrap_or_default();
+            if let Some(ch8) = avail.first_chunk::<8>() {
+                let Ok(ch) = CommonHeader::read_from_bytes(ch8) else {
+                    return Err(HostError::Invalid("common header"));
+                };
+                let plen = ch.plen.get();
+                if CommonHeader::parse(ch8).is_err() || plen > MAX_RAW_PLEN {
+                    let bytes = avail.to_vec();
+                    self.rstart = self.rend;
+                    self.need = 8;
+                    return Ok(RawReply::Garbage(bytes));
+                }
+                let plen = plen as usize;
+                self.need = plen;
+                if avail.len() >= plen {
+                    let bytes = avail[..plen].to_vec();
+                    self.rstart += plen;
+                    self.need = 8;
+                    return Ok(self.raw_reply(&ch, bytes));
+                }
+            }
+            match self.fill() {
+                Ok(true) => continue,
+                Ok(false) => {}
+                Err(HostError::Closed) => return Ok(RawReply::Eof),
+                Err(e) => return Err(e),
+            }
+            if Instant::now() >= deadline {
+                return Err(HostError::Timeout {
+                    waited: start.elapsed(),
+                    what: "a PDU",
+                });
+            }
+            self.wait_fd(deadline, true, false)?;
+        }
+    }
+
+    fn raw_reply(&self, ch: &CommonHeader, bytes: Vec<u8>) -> RawReply {
+        if ch.pdu_type == PduType::C2HTermReq as u8
+            && let Ok((t, rest)) = TermReqHdr::read_from_prefix(&bytes)
+        {
+            return RawReply::TermReq {
+                fes: t.fes.get(),
+                fei: t.fei.get(),
+                offending: rest.to_vec(),
+            };
+        }
+        let limits = PduLimits {
+            max_data: u32::MAX,
+            ..self.limits()
+        };
+        let hl = ch.header_len(&limits);
+        let hdr = bytes
+            .get(..hl)
+            .and_then(|h| parse_pdu_header(ch, h, &limits, Direction::ControllerToHost).ok());
+        RawReply::Pdu { hdr, bytes }
+    }
+
+    /// A whole CapsuleCmd PDU for `sqe` with `data` in-capsule, digests as negotiated (for
+    /// raw tests; CID, PSDT and SGL are taken as they are in `sqe`).
+    pub fn capsule_pdu(&self, sqe: &Sqe, data: &[u8]) -> Vec<u8> {
+        let (h, n) = encode_capsule_cmd(sqe, data.len() as u32, self.hdgst, self.ddgst);
+        let mut v = h[..n].to_vec();
+        v.extend_from_slice(data);
+        if self.ddgst && !data.is_empty() {
+            v.extend_from_slice(&crc32c(data).to_le_bytes());
+        }
+        v
+    }
+
+    /// A whole H2CData PDU, digests as negotiated (for raw tests).
+    pub fn h2c_data_pdu(&self, cccid: u16, ttag: u16, datao: u32, data: &[u8], last: bool) -> Vec<u8> {
+        let (h, n) = encode_h2c_data_hdr(cccid, ttag, datao, data.len() as u32, last, self.hdgst, self.ddgst);
+        let mut v = h[..n].to_vec();
+        v.extend_from_slice(data);
+        if self.ddgst {
+            v.extend_from_slice(&crc32c(data).to_le_bytes());
+        }
+        v
+    }
+
+    /// Closes the connection now (both directions), like a host that goes away.
+    pub fn close(&mut self) {
+        self.closed = true;
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+    }
+}

@@ -1,0 +1,244 @@
+//! Submission queue entries as a host builds them. Command ID, PSDT and SGL1 are filled in by
+//! [`HostQueue::submit`](super::HostQueue::submit) (fabrics require SGLs, NVMe-oF 1.1 §2.3.1;
+//! NVMe/TCP places data in-capsule or moves it by R2T/H2CData/C2HData, §3.3); raw-mode tests
+//! fill them themselves.
+
+use pollux_nvme::spec::{Sqe, opcode};
+use zerocopy::FromZeros;
+use zerocopy::little_endian::U32;
+
+fn new(op: u8, nsid: u32) -> Sqe {
+    let mut s = Sqe::new_zeroed();
+    s.opcode = op;
+    s.nsid = U32::new(nsid);
+    s
+}
+
+/// NLB field (0's based, 16 bits) from a block count in 1..=65536; 0 reads as 65536.
+fn nlb0(nlb: u32) -> u32 {
+    nlb.wrapping_sub(1) & 0xFFFF
+}
+
+fn lba_cmd(op: u8, nsid: u32, slba: u64, nlb: u32) -> Sqe {
+    let mut s = new(op, nsid);
+    s.cdw10 = U32::new(slba as u32);
+    s.cdw11 = U32::new((slba >> 32) as u32);
+    s.cdw12 = U32::new(nlb0(nlb));
+    s
+}
+
+/// Read (NVM command set §3.3.4): `nlb` blocks (1..=65536) from `slba`.
+pub fn read(nsid: u32, slba: u64, nlb: u32) -> Sqe {
+    lba_cmd(opcode::io::READ, nsid, slba, nlb)
+}
+
+/// Write (NVM command set §3.3.6): `nlb` blocks (1..=65536) at `slba`.
+pub fn write(nsid: u32, slba: u64, nlb: u32) -> Sqe {
+    lba_cmd(opcode::io::WRITE, nsid, slba, nlb)
+}
+
+/// Write Zeroes (NVM command set §3.3.7): `nlb` blocks (1..=65536) at `slba`.
+pub fn write_zeroes(nsid: u32, slba: u64, nlb: u32) -> Sqe {
+    lba_cmd(opcode::io::WRITE_ZEROES, nsid, slba, nlb)
+}
+
+/// Flush (base spec §7.1); `nsid` FFFFFFFFh flushes every namespace.
+pub fn flush(nsid: u32) -> Sqe {
+    new(opcode::io::FLUSH, nsid)
+}
+
+/// Dataset Management attribute: Deallocate (AD, CDW11 bit 2).
+pub const DSM_DEALLOCATE: u32 = 1 << 2;
+
+/// Dataset Management (NVM command set §3.2.3) over `nr` ranges (1..=256) of 16 bytes that
+/// travel as host-to-controller data; `attributes` is CDW11 (e.g. [`DSM_DEALLOCATE`]).
+pub fn dsm(nsid: u32, nr: u32, attributes: u32) -> Sqe {
+    let mut s = new(opcode::io::DATASET_MANAGEMENT, nsid);
+    s.cdw10 = U32::new(nr.wrapping_sub(1) & 0xFF);
+    s.cdw11 = U32::new(attributes);
+    s
+}
+
+/// One Dataset Management range (NVM command set §3.2.3, Figure 39).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DsmRange {
+    /// Context attributes.
+    pub cattr: u32,
+    /// Length in logical blocks (1's based; 0 is an empty range).
+    pub nlb: u32,
+    /// Starting LBA.
+    pub slba: u64,
+}
+
+impl DsmRange {
+    /// The 16-byte wire form.
+    pub fn to_bytes(&self) -> [u8; 16] {
+        let mut b = [0u8; 16];
+        b[0..4].copy_from_slice(&self.cattr.to_le_bytes());
+        b[4..8].copy_from_slice(&self.nlb.to_le_bytes());
+        b[8..16].copy_from_slice(&self.slba.to_le_bytes());
+        b
+    }
+}
+
+/// Identify (base spec §5.17) with `cns`, for `nsid`.
+pub fn identify(cns: u8, nsid: u32) -> Sqe {
+    let mut s = new(opcode::admin::IDENTIFY, nsid);
+    s.cdw10 = U32::new(u32::from(cns));
+    s
+}
+
+/// Get Log Page (base spec §5.16): `len` bytes (a multiple of 4, >= 4) of log `lid` from
+/// byte `offset`; `rae` retains the asynchronous event.
+pub fn get_log_page(lid: u8, len: u32, offset: u64, rae: bool) -> Sqe {
+    let mut s = new(opcode::admin::GET_LOG_PAGE, 0);
+    // NUMD is 0's based dwords, split in NUMDL (CDW10 31:16) and NUMDU (CDW11 15:0).
+    let numd = (len / 4).saturating_sub(1);
+    s.cdw10 = U32::new(u32::from(lid) | (u32::from(rae) << 15) | ((numd & 0xFFFF) << 16));
+    s.cdw11 = U32::new(numd >> 16);
+    s.cdw12 = U32::new(offset as u32);
+    s.cdw13 = U32::new((offset >> 32) as u32);
+    s
+}
+
+/// Set Features (base spec §5.27) `fid` with CDW11 `value`.
+pub fn set_features(fid: u8, value: u32) -> Sqe {
+    let mut s = new(opcode::admin::SET_FEATURES, 0);
+    s.cdw10 = U32::new(u32::from(fid));
+    s.cdw11 = U32::new(value);
+    s
+}
+
+/// Get Features (base spec §5.15) `fid`, select `sel` (0: current), CDW11 `cdw11`.
+pub fn get_features(fid: u8, sel: u8, cdw11: u32) -> Sqe {
+    let mut s = new(opcode::admin::GET_FEATURES, 0);
+    s.cdw10 = U32::new(u32::from(fid) | (u32::from(sel & 7) << 8));
+    s.cdw11 = U32::new(cdw11);
+    s
+}
+
+/// Keep Alive (base spec §5.19).
+pub fn keep_alive() -> Sqe {
+    new(opcode::admin::KEEP_ALIVE, 0)
+}
+
+/// Asynchronous Event Request (base spec §5.2).
+pub fn async_event_request() -> Sqe {
+    new(opcode::admin::ASYNC_EVENT_REQUEST, 0)
+}
+
+/// Abort (base spec §5.1) of command `cid` on submission queue `sqid`.
+pub fn abort(sqid: u16, cid: u16) -> Sqe {
+    let mut s = new(opcode::admin::ABORT, 0);
+    s.cdw10 = U32::new(u32::from(sqid) | (u32::from(cid) << 16));
+    s
+}
+
+fn fabrics(fctype: u8) -> Sqe {
+    let mut s = new(opcode::FABRICS, 0);
+    s.set_fctype(fctype);
+    s
+}
+
+/// Property Get (NVMe-oF 1.1 §6.5) of the property at `offset`; `size8` for 8-byte ones.
+pub fn property_get(offset: u32, size8: bool) -> Sqe {
+    let mut s = fabrics(opcode::fctype::PROPERTY_GET);
+    s.cdw10 = U32::new(u32::from(size8));
+    s.cdw11 = U32::new(offset);
+    s
+}
+
+/// Property Set (NVMe-oF 1.1 §6.6) of the property at `offset` to `value`.
+pub fn property_set(offset: u32, value: u64, size8: bool) -> Sqe {
+    let mut s = fabrics(opcode::fctype::PROPERTY_SET);
+    s.cdw10 = U32::new(u32::from(size8));
+    s.cdw11 = U32::new(offset);
+    s.cdw12 = U32::new(value as u32);
+    s.cdw13 = U32::new((value >> 32) as u32);
+    s
+}
+
+/// Connect (NVMe-oF 1.1 §6.3): RECFMT 0, queue `qid`, 0's based `sqsize`, `cattr`, KATO in
+/// ms. The 1024-byte Connect data travels in-capsule.
+pub fn connect(qid: u16, sqsize: u16, cattr: u8, kato_ms: u32) -> Sqe {
+    let mut s = fabrics(opcode::fctype::CONNECT);
+    s.cdw10 = U32::new(u32::from(qid) << 16);
+    s.cdw11 = U32::new(u32::from(sqsize) | (u32::from(cattr) << 16));
+    s.cdw12 = U32::new(kato_ms);
+    s
+}
+
+/// Disconnect (NVMe-oF 1.1 §6.4) of the I/O queue it is sent on.
+pub fn disconnect() -> Sqe {
+    fabrics(opcode::fctype::DISCONNECT)
+}
+
+/// The 1024-byte Connect data (NVMe-oF 1.1 §6.3, Figure 20): HOSTID, CNTLID, SUBNQN,
+/// HOSTNQN. NQNs longer than 255 bytes are cut (they would be invalid anyway).
+pub fn connect_data(hostid: &[u8; 16], cntlid: u16, subnqn: &str, hostnqn: &str) -> [u8; 1024] {
+    let mut d = [0u8; 1024];
+    d[0..16].copy_from_slice(hostid);
+    d[16..18].copy_from_slice(&cntlid.to_le_bytes());
+    let put = |d: &mut [u8], s: &str| {
+        let n = s.len().min(d.len() - 1);
+        d[..n].copy_from_slice(&s.as_bytes()[..n]);
+    };
+    put(&mut d[256..512], subnqn);
+    put(&mut d[512..768], hostnqn);
+    d
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmd::{self, Admin, Fabrics};
+
+    #[test]
+    fn builders_decode_as_the_target_reads_them() {
+        assert_eq!(
+            cmd::decode_fabrics(&connect(3, 127, 4, 5000)),
+            Fabrics::Connect {
+                recfmt: 0,
+                qid: 3,
+                sqsize: 127,
+                cattr: 4,
+                kato: 5000
+            }
+        );
+        assert_eq!(
+            cmd::decode_fabrics(&property_set(0x14, 0x46_0001, false)),
+            Fabrics::PropertySet {
+                size8: false,
+                offset: 0x14,
+                value: 0x46_0001
+            }
+        );
+        assert_eq!(
+            cmd::decode_admin(&get_log_page(0x70, 0x4_0000 + 8, 1024, true)),
+            Admin::GetLogPage {
+                lid: 0x70,
+                lsp: 0,
+                rae: true,
+                offset: 1024,
+                len: 0x4_0000 + 8
+            }
+        );
+        assert_eq!(cmd::decode_admin(&abort(2, 77)), Admin::Abort { sqid: 2, cid: 77 });
+        let r = read(1, 0x1_0000_0002, 65536);
+        assert_eq!((r.cdw10.get(), r.cdw11.get(), r.cdw12.get()), (2, 1, 0xFFFF));
+        let d = DsmRange {
+            cattr: 0,
+            nlb: 8,
+            slba: 3,
+        }
+        .to_bytes();
+        assert_eq!(&d[4..8], &8u32.to_le_bytes());
+        assert_eq!(&d[8..16], &3u64.to_le_bytes());
+        let cd = connect_data(&[7; 16], 0xFFFF, "nqn.a", "nqn.b");
+        let parsed = cmd::parse_connect_data(&cd).expect("valid");
+        assert_eq!(
+            (parsed.cntlid, parsed.subnqn.as_str(), parsed.hostnqn.as_str()),
+            (0xFFFF, "nqn.a", "nqn.b")
+        );
+    }
+}

@@ -1,0 +1,448 @@
+//! Host library tests: against a real [`Target`] started in-process on 127.0.0.1:0, and
+//! against a fake target (a plain listener thread) for what a real one never sends.
+#![allow(clippy::unwrap_used)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use pollux_conf::Config;
+use pollux_nvme::spec::{Cqe, Status};
+use pollux_nvme::tcp::{self, encode_c2h_data_hdr, encode_capsule_resp, encode_ic_resp, encode_term_req, fes};
+use proptest::prelude::*;
+
+use super::*;
+use crate::{Options, Target};
+
+const NQN: &str = "nqn.2026-11.io.pollux:host-test";
+const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-000000000001";
+
+fn start(transport: &str) -> Target {
+    let text = format!(
+        r#"
+[reactors]
+cores = [0, 1]
+mode = "interrupt"
+
+[[listener]]
+address = "127.0.0.1:0"
+
+{transport}
+
+[[subsystem]]
+nqn = "{NQN}"
+allow_any_host = true
+
+[[subsystem.namespace]]
+nsid = 1
+block_size = 512
+backend = {{ ram = {{ size = "16MiB" }} }}
+"#
+    );
+    let cfg = Config::parse(&text, "host-test.toml").unwrap();
+    Target::start(&cfg, Options { pin: false }).unwrap()
+}
+
+fn addr(t: &Target) -> SocketAddr {
+    t.listen_addrs()[0]
+}
+
+/// A deterministic pattern for block `lba` written by `who`.
+fn pattern(who: u8, lba: u64, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u64 ^ lba.wrapping_mul(0x9E37_79B9) ^ u64::from(who) << 3) as u8)
+        .collect()
+}
+
+#[test]
+fn controller_connects_enables_and_moves_data_on_every_queue() {
+    let t = start("");
+    let mut c = Controller::connect(addr(&t), NQN, HOST, 2, 32, Digests::NONE).unwrap();
+    assert_eq!(c.io.len(), 2);
+    assert_eq!(c.id.subnqn, NQN);
+    assert!(c.id.in_capsule_data() >= 4096);
+    let ns = c.admin.identify_namespace(1).unwrap();
+    assert_eq!((ns.block_size, ns.nsze), (512, 32768));
+    assert_eq!(c.admin.active_namespaces(0).unwrap(), vec![1]);
+    for (i, q) in c.io.iter_mut().enumerate() {
+        let lba = 100 * i as u64;
+        let data = pattern(i as u8, lba, 4096);
+        q.write(1, lba, 8, &data).unwrap();
+        let mut back = vec![0u8; 4096];
+        q.read(1, lba, 8, &mut back).unwrap();
+        assert_eq!(back, data);
+        q.flush(1).unwrap();
+        q.write_zeroes(1, lba, 8).unwrap();
+        q.read(1, lba, 8, &mut back).unwrap();
+        assert!(back.iter().all(|&b| b == 0));
+    }
+    c.shutdown().unwrap();
+    t.shutdown().unwrap();
+}
+
+#[test]
+fn many_commands_in_flight_complete_with_their_own_data() {
+    let t = start("");
+    let mut c = Controller::connect(addr(&t), NQN, HOST, 1, 64, Digests::NONE).unwrap();
+    let q = &mut c.io[0];
+    const QD: usize = 32;
+    const N: u64 = 2000;
+    // Writes of 1..=16 blocks (some in-capsule, some by R2T) at distinct LBAs.
+    let nlb = |i: u64| (i % 16 + 1) as u32;
+    let lba = |i: u64| i * 16;
+    let mut next = 0u64;
+    let mut done = 0u64;
+    let mut max_in_flight = 0;
+    let mut pool: Vec<Vec<u8>> = Vec::new();
+    while done < N {
+        while next < N && q.free_slots() > 0 && q.in_flight() < QD {
+            let mut b = pool.pop().unwrap_or_default();
+            b.clear();
+            b.extend_from_slice(&pattern(7, lba(next), 512 * nlb(next) as usize));
+            q.submit_write(1, lba(next), nlb(next), b, next).unwrap();
+            next += 1;
+        }
+        max_in_flight = max_in_flight.max(q.in_flight());
+        done += q
+            .poll_completions(Some(Duration::from_secs(5)), |c| {
+                assert!(c.is_success(), "{:?}", c.status);
+                pool.push(c.buf);
+            })
+            .unwrap() as u64;
+    }
+    assert!(max_in_flight > 1, "queue depth never exceeded 1");
+    // Read everything back, QD 32, verifying each buffer against its tag.
+    let (mut next, mut done) = (0u64, 0u64);
+    while done < N {
+        while next < N && q.free_slots() > 0 && q.in_flight() < QD {
+            let mut b = pool.pop().unwrap_or_default();
+            b.clear();
+            b.resize(512 * nlb(next) as usize, 0);
+            q.submit_read(1, lba(next), nlb(next), b, next).unwrap();
+            next += 1;
+        }
+        done += q
+            .poll_completions(Some(Duration::from_secs(5)), |c| {
+                assert!(c.is_success());
+                assert_eq!(c.buf, pattern(7, lba(c.tag), c.buf.len()), "read of tag {}", c.tag);
+                pool.push(c.buf);
+            })
+            .unwrap() as u64;
+    }
+    assert_eq!(q.in_flight(), 0);
+    drop(c);
+    t.shutdown().unwrap();
+}
+
+#[test]
+fn r2t_writes_split_at_maxh2cdata_with_and_without_digests() {
+    let t = start("[transport]\nin_capsule_data_size = 4096\nmax_h2c_data = 4096\n");
+    for digests in [
+        Digests::NONE,
+        Digests::BOTH,
+        Digests {
+            hdgst: true,
+            ddgst: false,
+        },
+    ] {
+        let mut c = Controller::connect(addr(&t), NQN, HOST, 1, 16, digests).unwrap();
+        let q = &mut c.io[0];
+        assert_eq!(q.ic_info().maxh2cdata, 4096);
+        assert_eq!((q.ic_info().hdgst, q.ic_info().ddgst), (digests.hdgst, digests.ddgst));
+        // 64 KiB: one R2T, 16 H2CData PDUs; 4 KiB: in-capsule; 3 KiB: in-capsule.
+        for (lba, len) in [(0u64, 65536usize), (512, 4096), (1024, 3072)] {
+            let data = pattern(3, lba, len);
+            q.write(1, lba, (len / 512) as u32, &data).unwrap();
+            let mut back = vec![0u8; len];
+            q.read(1, lba, (len / 512) as u32, &mut back).unwrap();
+            assert_eq!(back, data, "{digests:?} lba {lba}");
+        }
+    }
+    t.shutdown().unwrap();
+}
+
+#[test]
+fn reads_complete_on_data_success_when_sq_flow_control_is_off() {
+    let t = start("");
+    let mut o = ControllerOpts::new(NQN, HOST, 1, 16);
+    o.io_cattr = 1 << 2;
+    let mut c = Controller::connect_with(addr(&t), &o).unwrap();
+    let q = &mut c.io[0];
+    let data = pattern(5, 9, 8192);
+    q.write(1, 9, 16, &data).unwrap();
+    // The reply is one C2HData with LAST_PDU | SUCCESS and no CapsuleResp.
+    let sqe = sqe::read(1, 9, 16);
+    let mut raw = sqe;
+    raw.cid.set(77);
+    raw.set_psdt(pollux_nvme::spec::Sqe::PSDT_SGL_MPTR_CONTIGUOUS);
+    raw.set_sgl(&pollux_nvme::spec::SglDescriptor::transport_data_block(8192));
+    let pdu = q.capsule_pdu(&raw, &[]);
+    q.send_raw(&pdu).unwrap();
+    match q.recv_raw(Duration::from_secs(5)).unwrap() {
+        RawReply::Pdu {
+            hdr: Some(tcp::PduHeader::C2HData { last, success, .. }),
+            bytes,
+        } => {
+            assert!(last && success);
+            assert_eq!(&bytes[24..], &data[..]);
+        }
+        other => panic!("expected C2HData with SUCCESS, got {other:?}"),
+    }
+    assert!(matches!(
+        q.recv_raw(Duration::from_millis(200)),
+        Err(HostError::Timeout { .. })
+    ));
+    // And the library completes such reads.
+    let mut back = vec![0u8; 8192];
+    q.read(1, 9, 16, &mut back).unwrap();
+    assert_eq!(back, data);
+    drop(c);
+    t.shutdown().unwrap();
+}
+
+#[test]
+fn refused_connect_carries_status_and_dw0() {
+    let t = start("");
+    let e = HostQueue::connect(addr(&t), QueueOpts::admin("nqn.2026-11.io.pollux:nope", HOST)).unwrap_err();
+    match e {
+        HostError::ConnectRefused { status, dw0 } => {
+            assert_eq!((status.sct(), status.sc()), (1, 0x82));
+            assert_eq!(dw0, (1 << 16) | 256);
+        }
+        other => panic!("{other}"),
+    }
+    // A command failing is typed too, and the queue stays usable.
+    let mut a = HostQueue::connect(addr(&t), QueueOpts::admin(NQN, HOST)).unwrap();
+    a.enable().unwrap();
+    let e = a.get_log_page(0x7E, 0, 512).unwrap_err();
+    assert_eq!(e.status().map(|s| (s.sct(), s.sc())), Some((1, 0x09)));
+    assert!(!e.is_fatal());
+    a.keep_alive().unwrap();
+    a.shutdown_controller().unwrap();
+    t.shutdown().unwrap();
+}
+
+// ------------------------------------------------------------------------- fake target
+
+/// A one-connection fake target: reads the ICReq, then runs `script` on the socket.
+fn fake(script: impl FnOnce(&mut TcpStream) + Send + 'static) -> (SocketAddr, JoinHandle<()>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let a = l.local_addr().unwrap();
+    let h = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut icreq = [0u8; 128];
+        if s.read_exact(&mut icreq).is_err() {
+            return;
+        }
+        script(&mut s);
+    });
+    (a, h)
+}
+
+fn opts() -> QueueOpts {
+    let mut o = QueueOpts::admin(NQN, HOST);
+    o.timeout = Duration::from_secs(2);
+    o
+}
+
+fn bad_icresp(mutate: impl FnOnce(&mut [u8; 128]) + Send + 'static, o: QueueOpts) -> HostError {
+    let (a, h) = fake(move |s| {
+        let mut r = encode_ic_resp(false, false, 131072, 0);
+        mutate(&mut r);
+        let _ = s.write_all(&r);
+        std::thread::sleep(Duration::from_millis(100));
+    });
+    let e = HostQueue::initialized(a, o).unwrap_err();
+    h.join().unwrap();
+    e
+}
+
+#[test]
+fn icresp_is_validated_like_linux() {
+    let e = bad_icresp(|r| r[12..16].copy_from_slice(&1000u32.to_le_bytes()), opts());
+    assert!(matches!(e, HostError::IcResp(_)), "{e}");
+    let e = bad_icresp(|r| r[12..16].copy_from_slice(&4098u32.to_le_bytes()), opts());
+    assert!(matches!(e, HostError::IcResp(_)), "{e}");
+    let e = bad_icresp(|r| r[10] = 1, opts()); // CPDA 1
+    assert!(matches!(e, HostError::IcResp(_)), "{e}");
+    let e = bad_icresp(|r| r[8] = 1, opts()); // PFV 1
+    assert!(matches!(e, HostError::IcResp(_)), "{e}");
+    let e = bad_icresp(|r| r[11] = 1, opts()); // header digest not asked for
+    assert!(matches!(e, HostError::IcResp(_)), "{e}");
+    let e = bad_icresp(|_| {}, opts().digests(false, true)); // data digest refused
+    assert!(matches!(e, HostError::IcResp(_)), "{e}");
+    // PLEN 132: a whole 132-byte PDU.
+    let (a, h) = fake(|s| {
+        let mut r = encode_ic_resp(false, false, 131072, 0).to_vec();
+        r[4] = 132;
+        r.extend_from_slice(&[0; 4]);
+        s.write_all(&r).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+    });
+    let e = HostQueue::initialized(a, opts()).unwrap_err();
+    assert!(matches!(e, HostError::IcResp(_)), "{e}");
+    h.join().unwrap();
+    let e = bad_icresp(|r| r[0] = 5, opts()); // a CapsuleResp type with HLEN 128
+    assert!(matches!(e, HostError::IcResp(_)), "{e}");
+    // A C2HTermReq instead.
+    let (a, h) = fake(|s| {
+        let (b, n) = encode_term_req(true, fes::UNSUPPORTED_PARAMETER, 10, &[0; 8]);
+        s.write_all(&b[..n]).unwrap();
+    });
+    let e = HostQueue::initialized(a, opts()).unwrap_err();
+    assert!(matches!(e, HostError::TermReq { fes: 6, fei: 10 }), "{e}");
+    h.join().unwrap();
+    // EOF and silence.
+    let (a, h) = fake(|_| {});
+    assert!(matches!(
+        HostQueue::initialized(a, opts()).unwrap_err(),
+        HostError::Closed
+    ));
+    h.join().unwrap();
+    let (a, h) = fake(|_| std::thread::sleep(Duration::from_millis(700)));
+    let mut o = opts();
+    o.timeout = Duration::from_millis(300);
+    let e = HostQueue::initialized(a, o).unwrap_err();
+    assert!(matches!(e, HostError::Timeout { what: "ICResp", .. }), "{e}");
+    h.join().unwrap();
+}
+
+/// A fake target that answers ICResp, reads one command capsule, and then sends `reply`.
+fn after_one_command(reply: Vec<u8>) -> HostError {
+    let (a, h) = fake(move |s| {
+        s.write_all(&encode_ic_resp(false, false, 131072, 0)).unwrap();
+        let mut cmd = [0u8; 72];
+        if s.read_exact(&mut cmd).is_ok() {
+            let _ = s.write_all(&reply);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+    let mut q = HostQueue::initialized(a, opts()).unwrap();
+    let cid = q.submit_read(1, 0, 1, vec![0u8; 512], 0).unwrap();
+    assert_eq!(cid, 0, "command ids are handed out from 0");
+    let mut got = Vec::new();
+    let e = loop {
+        match q.poll_completions(Some(Duration::from_secs(2)), |c| got.push(c.cid)) {
+            Ok(0) => break HostError::Invalid("no error"),
+            Ok(_) => continue,
+            Err(e) => break e,
+        }
+    };
+    h.join().unwrap();
+    assert!(q.is_closed());
+    e
+}
+
+#[test]
+fn what_a_broken_target_sends_is_a_typed_error() {
+    let (b, n) = encode_term_req(true, fes::PDU_SEQUENCE_ERROR, 0, &[1, 2, 3]);
+    let e = after_one_command(b[..n].to_vec());
+    assert!(matches!(e, HostError::TermReq { fes: 2, fei: 0 }), "{e}");
+
+    let (b, n) = encode_capsule_resp(&Cqe::success(5, 0, 0), false);
+    let e = after_one_command(b[..n].to_vec());
+    assert!(matches!(e, HostError::Protocol(_)), "unknown cid: {e}");
+
+    // C2HData beyond the 512-byte buffer.
+    let (b, n) = encode_c2h_data_hdr(0, 0, 1024, true, false, false, false);
+    let mut v = b[..n].to_vec();
+    v.extend_from_slice(&[0u8; 1024]);
+    let e = after_one_command(v);
+    assert!(matches!(e, HostError::Protocol(_)), "overlong C2HData: {e}");
+
+    // C2HData at the wrong offset.
+    let (b, n) = encode_c2h_data_hdr(0, 8, 16, true, false, false, false);
+    let mut v = b[..n].to_vec();
+    v.extend_from_slice(&[0u8; 16]);
+    let e = after_one_command(v);
+    assert!(matches!(e, HostError::Protocol(_)), "offset: {e}");
+
+    // R2T for a read.
+    let (b, n) = tcp::encode_r2t(0, 0, 0, 512, false);
+    let e = after_one_command(b[..n].to_vec());
+    assert!(matches!(e, HostError::Protocol(_)), "R2T for a read: {e}");
+
+    // An H2C PDU type, an unknown type, a header digest the host did not ask for.
+    let e = after_one_command(tcp::encode_ic_req(false, false, 0, 0).to_vec());
+    assert!(matches!(e, HostError::BadPdu(_)), "ICReq from the target: {e}");
+    let e = after_one_command(vec![0x0B, 0, 24, 0, 24, 0, 0, 0]);
+    assert!(matches!(e, HostError::BadPdu(_)), "{e}");
+    let (b, n) = encode_capsule_resp(&Cqe::success(0, 0, 0), true);
+    let e = after_one_command(b[..n].to_vec());
+    assert!(matches!(e, HostError::BadPdu(_)), "{e}");
+
+    // The target goes away mid-command.
+    let e = after_one_command(Vec::new());
+    assert!(matches!(e, HostError::Closed), "{e}");
+}
+
+#[test]
+fn data_digest_errors_on_c2h_data_fail_the_command_only() {
+    let (a, h) = fake(|s| {
+        s.write_all(&encode_ic_resp(false, true, 131072, 0)).unwrap();
+        let mut cmd = [0u8; 72];
+        s.read_exact(&mut cmd).unwrap();
+        let (b, n) = encode_c2h_data_hdr(0, 0, 8, true, false, false, true);
+        s.write_all(&b[..n]).unwrap();
+        s.write_all(&[9u8; 8]).unwrap();
+        s.write_all(&0xDEAD_BEEFu32.to_le_bytes()).unwrap();
+        let (b, n) = encode_capsule_resp(&Cqe::success(0, 1, 0), false);
+        s.write_all(&b[..n]).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+    });
+    let mut q = HostQueue::initialized(a, opts().digests(false, true)).unwrap();
+    let e = q.read(1, 0, 1, &mut [0u8; 8]).unwrap_err();
+    assert_eq!(e.status(), Some(Status::DATA_TRANSFER_ERROR), "{e}");
+    h.join().unwrap();
+}
+
+fn arbitrary_reply() -> impl Strategy<Value = Vec<u8>> {
+    let header = (
+        prop::sample::select(vec![1u8, 3, 5, 7, 9, 0, 2, 4, 6, 8, 0x0A]),
+        any::<u8>(),
+        prop::sample::select(vec![24u8, 128, 72, 0, 23]),
+        any::<u8>(),
+        prop_oneof![0u32..200, any::<u32>()],
+        prop::collection::vec(any::<u8>(), 0..300),
+    )
+        .prop_map(|(ty, flags, hlen, pdo, plen, rest)| {
+            let mut v = vec![ty, flags & 0x0F, hlen, pdo];
+            v.extend_from_slice(&plen.to_le_bytes());
+            v.extend_from_slice(&rest);
+            v
+        });
+    prop_oneof![prop::collection::vec(any::<u8>(), 0..400), header]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Whatever a target sends after ICResp, the host library returns (an error or
+    /// completions) and never panics or hangs past its deadline.
+    #[test]
+    fn arbitrary_target_bytes_never_panic_the_host(reply in arbitrary_reply()) {
+        let (a, h) = fake(move |s| {
+            s.write_all(&encode_ic_resp(false, false, 131072, 0)).unwrap();
+            let mut cmd = [0u8; 72];
+            if s.read_exact(&mut cmd).is_ok() {
+                let _ = s.write_all(&reply);
+            }
+        });
+        let mut o = opts();
+        o.timeout = Duration::from_millis(500);
+        let mut q = HostQueue::initialized(a, o).unwrap();
+        q.submit_read(1, 0, 1, vec![0u8; 512], 0).unwrap();
+        let start = Instant::now();
+        loop {
+            match q.poll_completions(Some(Duration::from_millis(300)), |_| {}) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+            prop_assert!(start.elapsed() < Duration::from_secs(3));
+        }
+        let _ = q.recv_raw(Duration::from_millis(10));
+        h.join().unwrap();
+    }
+}
