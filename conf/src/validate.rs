@@ -748,46 +748,39 @@ fn backend(
     block_size: u32,
     files: &mut HashMap<PathBuf, (IdOwner, usize)>,
 ) -> Result<Backend, ConfError> {
-    // toml 0.8 cannot give the span of an (implicit) table, so each kind is
-    // located by its required key.
-    let mut kinds: Vec<(&str, Range<usize>)> = Vec::new();
-    if let Some(r) = &b.ram {
-        kinds.push(("ram", r.size.span()));
-    }
-    if let Some(f) = &b.file {
-        kinds.push(("file", f.path.span()));
-    }
-    if let Some(s) = &b.sim {
-        kinds.push(("sim", s.size.span()));
-    }
-    kinds.sort_by_key(|(_, span)| span.start);
-    match kinds.as_slice() {
-        [] => {
-            return Err(cx.at(
-                nsid_span,
-                format!(
-                    "namespace {nsid} has an empty `backend`: give exactly one kind, e.g. `backend = {{ ram = {{ size = \"1GiB\" }} }}`"
+    match (&b.ram, &b.file, &b.sim) {
+        (Some(ram), None, None) => Ok(Backend::Ram {
+            size: capacity(cx, &ram.size, "RAM", block_size)?,
+        }),
+        (None, Some(file), None) => file_backend(cx, file, nqn, nsid, block_size, files).map(Backend::File),
+        (None, None, Some(sim)) => sim_backend(cx, sim, nsid, nsid_span, block_size).map(Backend::Sim),
+        _ => {
+            // None or several. toml 0.8 cannot give the span of an (implicit)
+            // table, so each kind is located by its required key.
+            let mut kinds: Vec<(&str, Range<usize>)> = Vec::new();
+            if let Some(r) = &b.ram {
+                kinds.push(("ram", r.size.span()));
+            }
+            if let Some(f) = &b.file {
+                kinds.push(("file", f.path.span()));
+            }
+            if let Some(s) = &b.sim {
+                kinds.push(("sim", s.size.span()));
+            }
+            kinds.sort_by_key(|(_, span)| span.start);
+            Err(match kinds.as_slice() {
+                [(first, _), (second, span), ..] => cx.at(
+                    span.clone(),
+                    format!("namespace {nsid} has two backends, `{first}` and `{second}`: give exactly one kind"),
                 ),
-            ));
+                _ => cx.at(
+                    nsid_span,
+                    format!(
+                        "namespace {nsid} has an empty `backend`: give exactly one kind, e.g. `backend = {{ ram = {{ size = \"1GiB\" }} }}`"
+                    ),
+                ),
+            })
         }
-        [_] => {}
-        [(first, _), (second, span), ..] => {
-            return Err(cx.at(
-                span.clone(),
-                format!("namespace {nsid} has two backends, `{first}` and `{second}`: give exactly one kind"),
-            ));
-        }
-    }
-    if let Some(ram) = &b.ram {
-        let size = capacity(cx, &ram.size, "RAM", block_size)?;
-        Ok(Backend::Ram { size })
-    } else if let Some(file) = &b.file {
-        file_backend(cx, file, nqn, nsid, block_size, files).map(Backend::File)
-    } else if let Some(sim) = &b.sim {
-        sim_backend(cx, sim, nsid, nsid_span, block_size).map(Backend::Sim)
-    } else {
-        // `kinds` held exactly one kind.
-        Err(cx.at(nsid_span, format!("namespace {nsid} has no backend")))
     }
 }
 
@@ -964,7 +957,10 @@ fn latency(
         v.clone().ok_or_else(|| {
             cx.at(
                 first_span.clone(),
-                format!("{} `{key}` latency needs `{name}` too (after `{first}`)", dist.name()),
+                format!(
+                    "`{first}` makes `{key}` a {} latency, which also needs `{name}`",
+                    dist.name()
+                ),
             )
         })
     };

@@ -489,3 +489,315 @@ fn invalid_utf8_is_located() {
     assert!(e.message().contains("UTF-8"));
     assert!(e.to_string().starts_with(&format!("{}:2:15: ", path.display())));
 }
+
+#[test]
+fn reactors_new_keys() {
+    let r = |line: &str, col: usize, needle: &str| {
+        assert_err(&format!("[reactors]\ncores = [0]\n{line}\n"), 3, col, needle)
+    };
+    r(
+        "cpu_budget = 0.0",
+        14,
+        "`cpu_budget` must be greater than 0 and at most 1",
+    );
+    r("cpu_budget = 1.5", 14, "at most 1 (a fraction of one core), got 1.5");
+    r("cpu_budget = -0.1", 14, "greater than 0");
+    r("cpu_budget = nan", 14, "`cpu_budget` must be a finite number, got NaN");
+    r("cpu_budget = \"30%\"", 14, "");
+    r(
+        "latency_target_us = 0",
+        21,
+        "`latency_target_us` must be greater than 0, got 0",
+    );
+    r("latency_target_us = -5.0", 21, "greater than 0, got -5");
+    r("latency_target_us = inf", 21, "finite number, got inf");
+    r(
+        "policy = \"linux\"",
+        10,
+        "unknown sleep policy \"linux\": expected \"pollux\" or \"linux-half-mean\"",
+    );
+    r("policy = \"Pollux\"", 10, "unknown sleep policy");
+    r("sleep_policy = \"pollux\"", 1, "unknown key `sleep_policy`");
+}
+
+#[test]
+fn control_checks() {
+    let c = |body: &str, col: usize, needle: &str| assert_err(&format!("{BASE}[control]\n{body}\n"), 6, col, needle);
+    for addr in [
+        "0.0.0.0:9100",
+        "192.168.1.10:9100",
+        "[::]:9100",
+        "[::ffff:127.0.0.1]:9100",
+    ] {
+        c(
+            &format!("metrics = \"{addr}\""),
+            11,
+            "is not a loopback address: the metrics endpoint has no authentication",
+        );
+    }
+    c("metrics = \"localhost:9100\"", 11, "not of the form \"127.0.0.1:port\"");
+    c("metrics = \"127.0.0.1\"", 11, "not of the form");
+    c("metrics = 9100", 11, "");
+    c("metrics = \"127.0.0.1:4420\"", 11, "also a [[listener]] address");
+    c("socket = \"\"", 10, "`socket` must not be empty");
+    c(
+        &format!("socket = \"/run/{}.sock\"", "s".repeat(100)),
+        10,
+        "at most 107",
+    );
+    c(
+        "sockets = \"/run/pollux.sock\"",
+        1,
+        "unknown key `sockets`, expected `socket` or `metrics`",
+    );
+}
+
+/// The start of a sim backend on line 10, columns 1-35.
+const SIM: &str = "nsid = 1\nbackend = { sim = { size = \"1MiB\", ";
+
+#[test]
+fn sim_checks() {
+    let sim = |tail: &str, col: usize, needle: &str| assert_err(&ns(&format!("{SIM}{tail} }} }}")), 10, col, needle);
+    // Unknown keys, in the sim table and in a distribution.
+    sim(
+        "latency = 5",
+        36,
+        "unknown key `latency`, expected one of `size`, `read`, `write`",
+    );
+    sim(
+        "read = { mean_us = 80.0 }",
+        45,
+        "unknown key `mean_us`, expected one of `fixed_us`, `min_us`, `max_us`, `median_us`, `sigma`, `fast_us`, `slow_us`, `slow_fraction`",
+    );
+    // Exactly one distribution, complete; the error points at the value of
+    // the first key that does not fit.
+    sim(
+        "read = { fixed_us = 5.0, median_us = 80.0 }",
+        73,
+        "`read` mixes two latency distributions: `median_us` is lognormal but `fixed_us` is fixed",
+    );
+    sim(
+        "read = { min_us = 5.0 }",
+        54,
+        "`min_us` makes `read` a uniform latency, which also needs `max_us`",
+    );
+    sim(
+        "write = { slow_fraction = 0.1, fast_us = 1.0 }",
+        62,
+        "`slow_fraction` makes `write` a bimodal latency, which also needs `slow_us`",
+    );
+    assert_err(
+        &ns(&format!("{SIM}read = {{}} }} }}")),
+        9,
+        8,
+        "namespace 1 has an empty `read` latency",
+    );
+    // Distribution parameters.
+    sim(
+        "read = { median_us = 0.0, sigma = 0.2 }",
+        57,
+        "`read.median_us` must be greater than 0, got 0",
+    );
+    sim(
+        "write = { median_us = 20.0, sigma = 4 }",
+        72,
+        "`write.sigma` must be between 0 and 3, got 4",
+    );
+    sim(
+        "read = { fast_us = 10.0, slow_us = 900.0, slow_fraction = 1.5 }",
+        94,
+        "`read.slow_fraction` must be between 0 and 1, got 1.5",
+    );
+    sim(
+        "read = { min_us = 50.0, max_us = 10.0 }",
+        54,
+        "`read.min_us` (50) is greater than `read.max_us` (10)",
+    );
+    sim(
+        "read = { fast_us = 50.0, slow_us = 10.0, slow_fraction = 0.1 }",
+        55,
+        "`read.fast_us` (50) is greater than `read.slow_us` (10)",
+    );
+    sim(
+        "read = { fixed_us = -1.0 }",
+        56,
+        "`read.fixed_us` must not be negative, got -1",
+    );
+    sim(
+        "read = { fixed_us = nan }",
+        56,
+        "`read.fixed_us` must be a finite number",
+    );
+    sim(
+        "read = { min_us = 1.0, max_us = inf }",
+        68,
+        "`read.max_us` must be a finite number, got inf",
+    );
+    // The other keys.
+    sim(
+        "parallelism = 0",
+        50,
+        "`parallelism` must be between 1 and 65536, got 0",
+    );
+    sim("parallelism = 65537", 50, "between 1 and 65536");
+    sim("per_kib_us = -1.0", 49, "`per_kib_us` must not be negative");
+    sim(
+        "interrupt_delay_us = nan",
+        57,
+        "`interrupt_delay_us` must be a finite number",
+    );
+    sim("coalesce_us = inf", 50, "`coalesce_us` must be a finite number");
+    sim(
+        "coalesce_count = 0",
+        53,
+        "`coalesce_count` must be between 1 and 4294967295, got 0",
+    );
+    sim(
+        "bandwidth = 0",
+        48,
+        "`bandwidth` must be greater than 0 bytes per second",
+    );
+    sim("bandwidth = \"fast\"", 48, "invalid `bandwidth`");
+    sim(
+        "seed = -1",
+        43,
+        "`seed` must be between 0 and 9223372036854775807, got -1",
+    );
+    sim("seed = 1.0", 43, "");
+    // Capacity, like RAM.
+    assert_err(
+        &ns("nsid = 1\nbackend = { sim = { size = 1000 } }"),
+        10,
+        28,
+        "sim `size` 1000 bytes is not a multiple of block_size 512",
+    );
+    assert_err(
+        &ns("nsid = 1\nbackend = { sim = { size = 0 } }"),
+        10,
+        28,
+        "sim `size` must be greater than 0",
+    );
+    assert_err(
+        &ns("nsid = 1\nbackend = { sim = { read = { fixed_us = 1.0 } } }"),
+        10,
+        19,
+        "missing key `size`",
+    );
+    // Written with table headers and dotted keys: positions still exact.
+    assert_err(
+        &ns(
+            "nsid = 1\n[subsystem.namespace.backend.sim]\nsize = \"1MiB\"\n[subsystem.namespace.backend.sim.read]\nmedian_us = 80.0\nsigma = -0.5",
+        ),
+        14,
+        9,
+        "`read.sigma` must be between 0 and 3, got -0.5",
+    );
+    assert_err(
+        &ns("nsid = 1\n[subsystem.namespace.backend.sim]\nsize = \"1MiB\"\nread.fixed_us = 1.0\nread.typo_us = 2.0"),
+        13,
+        6,
+        "unknown key `typo_us`",
+    );
+}
+
+#[test]
+fn exactly_one_backend_kind() {
+    assert_err(
+        &ns("nsid = 1\nbackend = { ram = { size = 512 }, sim = { size = 1024 } }"),
+        10,
+        50,
+        "namespace 1 has two backends, `ram` and `sim`: give exactly one kind",
+    );
+    assert_err(
+        &ns("nsid = 1\nbackend = { file = { path = \"/d.img\" }, ram = { size = 512 } }"),
+        10,
+        56,
+        "two backends, `file` and `ram`",
+    );
+}
+
+#[test]
+fn file_checks() {
+    assert_err(
+        &ns("nsid = 1\nbackend = { file = { path = \"\" } }"),
+        10,
+        29,
+        "`path` must not be empty",
+    );
+    assert_err(
+        &ns("nsid = 1\nbackend = { file = { path = \"/a\\u0000b\" } }"),
+        10,
+        29,
+        "must not contain a NUL character",
+    );
+    assert_err(
+        &ns("nsid = 1\nbackend = { file = { size = 512 } }"),
+        10,
+        20,
+        "missing key `path`",
+    );
+    assert_err(
+        &ns("nsid = 1\nblock_size = 4096\nbackend = { file = { path = \"/d.img\", size = \"6KiB\" } }"),
+        11,
+        46,
+        "file `size` 6144 bytes is not a multiple of block_size 4096",
+    );
+    assert_err(
+        &ns("nsid = 1\nbackend = { file = { path = \"/d.img\", size = 0 } }"),
+        10,
+        46,
+        "file `size` must be greater than 0",
+    );
+    assert_err(
+        &ns("nsid = 1\nbackend = { file = { path = \"/d.img\", direct = \"yes\" } }"),
+        10,
+        48,
+        "expected a boolean",
+    );
+    assert_err(
+        &ns("nsid = 1\nbackend = { file = { path = \"/d.img\", o_direct = true } }"),
+        10,
+        39,
+        "unknown key `o_direct`, expected one of `path`, `size`, `direct`",
+    );
+}
+
+#[test]
+fn duplicate_file_paths() {
+    // Compared after resolution: `.` components do not make a new file.
+    assert_err(
+        &ns("nsid = 1\nbackend = { file = { path = \"/var/lib/pollux/d0.img\" } }\n\
+             [[subsystem.namespace]]\nnsid = 2\nbackend = { file = { path = \"/var/lib/pollux/./d0.img\", direct = false } }"),
+        13,
+        29,
+        "file /var/lib/pollux/d0.img is already the backend of namespace 1 in \"nqn.2026-11.io.pollux:a\" (line 10); a file can back only one namespace",
+    );
+    // Across subsystems, relative and `./`-relative.
+    assert_err(
+        &ns("nsid = 1\nbackend = { file = { path = \"d0.img\" } }\n\
+             [[subsystem]]\nnqn = \"nqn.2026-11.io.pollux:b\"\nallow_any_host = true\n\
+             [[subsystem.namespace]]\nnsid = 1\nbackend = { file = { path = \"./d0.img\" } }"),
+        16,
+        29,
+        "is already the backend of namespace 1 in \"nqn.2026-11.io.pollux:a\" (line 10)",
+    );
+    // A relative path and the same file given absolutely.
+    let cwd = std::env::current_dir().expect("cwd");
+    assert_err(
+        &ns(&format!(
+            "nsid = 1\nbackend = {{ file = {{ path = \"{}\" }} }}\n\
+             [[subsystem.namespace]]\nnsid = 2\nbackend = {{ file = {{ path = \"d0.img\" }} }}",
+            cwd.join("d0.img").display()
+        )),
+        13,
+        29,
+        "already the backend of namespace 1",
+    );
+    // Different files are fine, and so is one file name in two directories.
+    Config::parse(
+        &ns("nsid = 1\nbackend = { file = { path = \"/a/d0.img\" } }\n\
+             [[subsystem.namespace]]\nnsid = 2\nbackend = { file = { path = \"/b/d0.img\" } }"),
+        "test.toml",
+    )
+    .expect("distinct files");
+}

@@ -3,7 +3,8 @@
 use std::path::{Path, PathBuf};
 
 use pollux_conf::{
-    Backend, Config, DEFAULT_CONF, KeepAlive, Placement, ReactorMode, Transport, derive_ids, derive_serial,
+    Backend, Config, Control, DEFAULT_CONF, FileBackend, KeepAlive, Latency, Placement, ReactorMode, SimBackend,
+    SleepPolicyKind, Transport, derive_ids, derive_serial,
 };
 
 fn examples_dir() -> PathBuf {
@@ -29,7 +30,7 @@ fn every_example_parses() {
             n += 1;
         }
     }
-    assert!(n >= 3, "found only {n} examples");
+    assert!(n >= 5, "found only {n} examples");
 }
 
 #[test]
@@ -44,6 +45,7 @@ fn embedded_default_is_ram_toml() {
     assert_eq!(addrs, ["127.0.0.1:4420", "127.0.0.1:8009"]);
     assert_eq!(c.transport, Transport::default());
     assert_eq!(c.keep_alive, KeepAlive::default());
+    assert_eq!(c.control, Control::default());
     assert_eq!(c.subsystems.len(), 1);
     let s = &c.subsystems[0];
     assert_eq!(s.nqn, "nqn.2026-11.io.pollux:ram0");
@@ -108,4 +110,60 @@ fn poll_example() {
     assert_eq!(c.transport.max_io_size, 1 << 20);
     assert_eq!(c.transport.mdts(), 8);
     assert_eq!(c.transport.io_queue_depth, 256);
+}
+
+#[test]
+fn sim_example() {
+    let c = example("sim.toml");
+    assert_eq!(c.reactors.cores, vec![0]);
+    assert_eq!(c.reactors.mode, ReactorMode::Adaptive);
+    assert_eq!(c.reactors.cpu_budget, 0.3);
+    assert_eq!(c.reactors.policy, SleepPolicyKind::Pollux);
+    assert_eq!(c.subsystems.len(), 2);
+    let nand = &c.subsystems[0].namespaces[0];
+    assert_eq!(nand.block_size, 4096);
+    let Backend::Sim(nand) = &nand.backend else {
+        panic!("not sim: {:?}", nand.backend)
+    };
+    assert_eq!(nand.size, 1 << 30);
+    assert_eq!(
+        nand.read,
+        Latency::LogNormal {
+            median_us: 80.0,
+            sigma: 0.3
+        }
+    );
+    assert_eq!(nand.parallelism, 128);
+    assert_eq!(
+        c.subsystems[1].namespaces[0].backend,
+        Backend::Sim(SimBackend {
+            size: 256 << 20,
+            read: Latency::Fixed { us: 10.0 },
+            write: Latency::Fixed { us: 10.0 },
+            per_kib_us: 0.0,
+            parallelism: 64,
+            bandwidth: None,
+            interrupt_delay_us: 0.0,
+            coalesce_count: 1,
+            coalesce_us: 0.0,
+            seed: 1,
+        })
+    );
+}
+
+#[test]
+fn file_example() {
+    let c = example("file.toml");
+    assert_eq!(c.subsystems.len(), 1);
+    let ns = &c.subsystems[0].namespaces[0];
+    assert_eq!(ns.block_size, 4096);
+    assert_eq!(
+        ns.backend,
+        Backend::File(FileBackend {
+            path: PathBuf::from("/tmp/pollux-disk0.img"),
+            size: Some(256 << 20),
+            direct: true,
+        })
+    );
+    assert_eq!(ns.backend.kind(), "file");
 }

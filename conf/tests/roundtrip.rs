@@ -1,8 +1,12 @@
 //! `to_toml` round trips, small API behaviours, and fuzzing of the parser.
 
-use std::path::Path;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 
-use pollux_conf::{Backend, Config, KeepAlive, Placement, ReactorMode, Transport, parse_size, validate_nqn};
+use pollux_conf::{
+    Backend, Config, Control, FileBackend, KeepAlive, Latency, Placement, ReactorMode, SimBackend, SleepPolicyKind,
+    Transport, derive_ids, parse_size, validate_nqn,
+};
 use proptest::prelude::*;
 
 #[track_caller]
@@ -87,6 +91,250 @@ fn hand_built_config_round_trips() {
 }
 
 #[test]
+fn new_keys_round_trip() {
+    // Every new key, floats that need care to print (0.1, 1e-7, 1e300, the
+    // smallest subnormal, integers written for floats), awkward paths.
+    let text = r#"
+[reactors]
+cores = [0]
+mode = "adaptive"
+cpu_budget = 0.1
+latency_target_us = 1e-7
+policy = "linux-half-mean"
+
+[[listener]]
+address = "127.0.0.1:4420"
+
+[control]
+socket = "/run/pollux/\"ctl\" ü.sock"
+metrics = "[::1]:9100"
+
+[[subsystem]]
+nqn = "nqn.2026-11.io.pollux:a"
+allow_any_host = true
+
+[[subsystem.namespace]]
+nsid = 1
+backend = { file = { path = '/var/lib/pollux/a b\#[x].img' } }
+
+[[subsystem.namespace]]
+nsid = 2
+block_size = 4096
+backend = { file = { path = "/dev/nvme0n1", size = "1TiB", direct = false } }
+
+[[subsystem.namespace]]
+nsid = 3
+backend = { sim = { size = "1GiB", read = { fixed_us = 1e300 }, write = { min_us = 5e-324, max_us = 7 }, per_kib_us = 0.30000000000000004, parallelism = 65536, bandwidth = "2GiB", interrupt_delay_us = 2, coalesce_count = 4294967295, coalesce_us = 12.5, seed = 9223372036854775807 } }
+
+[[subsystem.namespace]]
+nsid = 4
+[subsystem.namespace.backend.sim]
+size = 512
+read = { fast_us = 10.0, slow_us = 10.0, slow_fraction = 1 }
+write = { median_us = 0.001, sigma = 3.0 }
+seed = 0
+"#;
+    let c = Config::parse(text, "new.toml").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.reactors.mode, ReactorMode::Adaptive);
+    assert_eq!(c.reactors.cpu_budget, 0.1);
+    assert_eq!(c.reactors.latency_target_us, Some(1e-7));
+    assert_eq!(c.reactors.policy, SleepPolicyKind::LinuxHalfMean);
+    assert_eq!(
+        c.control,
+        Control {
+            socket: Some(PathBuf::from("/run/pollux/\"ctl\" ü.sock")),
+            metrics: Some("[::1]:9100".parse().expect("addr")),
+        }
+    );
+    let ns = &c.subsystems[0].namespaces;
+    assert_eq!(
+        ns[0].backend,
+        Backend::File(FileBackend {
+            path: PathBuf::from("/var/lib/pollux/a b\\#[x].img"),
+            size: None,
+            direct: true,
+        })
+    );
+    assert_eq!(
+        ns[1].backend,
+        Backend::File(FileBackend {
+            path: PathBuf::from("/dev/nvme0n1"),
+            size: Some(1 << 40),
+            direct: false,
+        })
+    );
+    assert_eq!(
+        ns[2].backend,
+        Backend::Sim(SimBackend {
+            size: 1 << 30,
+            read: Latency::Fixed { us: 1e300 },
+            write: Latency::Uniform {
+                min_us: 5e-324,
+                max_us: 7.0
+            },
+            per_kib_us: 0.1 + 0.2,
+            parallelism: 65536,
+            bandwidth: Some(2 << 30),
+            interrupt_delay_us: 2.0,
+            coalesce_count: u32::MAX,
+            coalesce_us: 12.5,
+            seed: i64::MAX.unsigned_abs(),
+        })
+    );
+    let Backend::Sim(sim) = &ns[3].backend else {
+        panic!("not sim: {:?}", ns[3].backend)
+    };
+    assert_eq!(
+        sim.read,
+        Latency::Bimodal {
+            fast_us: 10.0,
+            slow_us: 10.0,
+            slow_fraction: 1.0
+        }
+    );
+    assert_eq!(
+        sim.write,
+        Latency::LogNormal {
+            median_us: 0.001,
+            sigma: 3.0
+        }
+    );
+    assert_eq!(sim.seed, 0);
+    let kinds: Vec<&str> = ns.iter().map(|n| n.backend.kind()).collect();
+    assert_eq!(kinds, ["file", "file", "sim", "sim"]);
+    round_trip(&c);
+}
+
+#[test]
+fn defaults_of_new_keys() {
+    let c = Config::parse(
+        "[reactors]\ncores = [0]\n[[listener]]\naddress = \"127.0.0.1:4420\"\n\
+         [[subsystem]]\nnqn = \"nqn.2026-11.io.pollux:a\"\nallow_any_host = true\n\
+         [[subsystem.namespace]]\nnsid = 1\nbackend = { sim = { size = \"1GiB\" } }\n\
+         [[subsystem.namespace]]\nnsid = 2\nbackend = { file = { path = \"/tmp/d.img\" } }\n",
+        "min.toml",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.reactors.cpu_budget, 0.3);
+    assert_eq!(c.reactors.latency_target_us, None);
+    assert_eq!(c.reactors.policy, SleepPolicyKind::Pollux);
+    assert_eq!(c.control, Control::default());
+    assert_eq!(
+        c.control,
+        Control {
+            socket: None,
+            metrics: None
+        }
+    );
+    let ns = &c.subsystems[0].namespaces;
+    assert_eq!(
+        ns[0].backend,
+        Backend::Sim(SimBackend {
+            size: 1 << 30,
+            read: Latency::LogNormal {
+                median_us: 80.0,
+                sigma: 0.2
+            },
+            write: Latency::LogNormal {
+                median_us: 20.0,
+                sigma: 0.2
+            },
+            per_kib_us: 0.0,
+            parallelism: 128,
+            bandwidth: None,
+            interrupt_delay_us: 0.0,
+            coalesce_count: 1,
+            coalesce_us: 0.0,
+            seed: 1,
+        })
+    );
+    assert_eq!(
+        ns[1].backend,
+        Backend::File(FileBackend {
+            path: PathBuf::from("/tmp/d.img"),
+            size: None,
+            direct: true,
+        })
+    );
+    // The hand-built default agrees with the parsed one.
+    let r = pollux_conf::Reactors::default();
+    assert_eq!(
+        (r.cpu_budget, r.latency_target_us, r.policy),
+        (0.3, None, SleepPolicyKind::Pollux)
+    );
+    // An integer is accepted where a float is expected.
+    let c = Config::parse(
+        "[reactors]\ncores = [0]\ncpu_budget = 1\nlatency_target_us = 50\n[[listener]]\naddress = \"127.0.0.1:4420\"\n",
+        "int.toml",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((c.reactors.cpu_budget, c.reactors.latency_target_us), (1.0, Some(50.0)));
+}
+
+/// A conf whose file backend and control socket are the relative paths
+/// `disk` and `socket`.
+fn relative_conf(disk: &str, socket: &str) -> String {
+    format!(
+        "[reactors]\ncores = [0]\n[[listener]]\naddress = \"127.0.0.1:4420\"\n\
+         [control]\nsocket = \"{socket}\"\n\
+         [[subsystem]]\nnqn = \"nqn.2026-11.io.pollux:a\"\nallow_any_host = true\n\
+         [[subsystem.namespace]]\nnsid = 1\nbackend = {{ file = {{ path = \"{disk}\" }} }}\n"
+    )
+}
+
+fn file_path(c: &Config) -> &Path {
+    match &c.subsystems[0].namespaces[0].backend {
+        Backend::File(f) => &f.path,
+        other => panic!("not a file backend: {other:?}"),
+    }
+}
+
+#[test]
+fn relative_paths_resolve_against_the_conf_directory() {
+    let dir = std::env::temp_dir().join(format!("pollux-conf-paths-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let conf = dir.join("pollux.toml");
+    std::fs::write(&conf, relative_conf("./disks/d0.img", "ctl.sock")).expect("write");
+    let from_file = Config::from_path(&conf);
+    // The conf named by a relative path: its directory is relative too.
+    let cwd = std::env::current_dir().expect("cwd");
+    let up: PathBuf = cwd.components().skip(1).map(|_| "..").collect();
+    let rel_conf = up.join(conf.strip_prefix("/").expect("absolute temp dir"));
+    let from_rel = Config::from_path(&rel_conf);
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let c = from_file.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(file_path(&c), dir.join("disks/d0.img"));
+    assert_eq!(c.control.socket.as_deref(), Some(dir.join("ctl.sock").as_path()));
+    round_trip(&c);
+
+    let c = from_rel.unwrap_or_else(|e| panic!("{e}"));
+    assert!(rel_conf.is_relative());
+    // `..` is kept: removing it could change the file when symlinks are
+    // involved.
+    assert_eq!(
+        file_path(&c),
+        cwd.join(&up)
+            .join(dir.strip_prefix("/").expect("abs"))
+            .join("disks/d0.img")
+    );
+    assert!(file_path(&c).is_absolute());
+
+    // Text without a file: relative to the current directory.
+    let c = Config::parse(&relative_conf("d0.img", "run/../ctl.sock"), "<text>").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(file_path(&c), cwd.join("d0.img"));
+    assert_eq!(c.control.socket, Some(cwd.join("run/../ctl.sock")));
+    round_trip(&c);
+
+    // Absolute paths only lose `.` components and repeated or trailing
+    // separators.
+    let c =
+        Config::parse(&relative_conf("/srv//./d0.img/", "/run/./ctl.sock"), "<text>").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(file_path(&c), Path::new("/srv/d0.img"));
+    assert_eq!(c.control.socket.as_deref(), Some(Path::new("/run/ctl.sock")));
+}
+
+#[test]
 fn defaults_when_optional_keys_are_absent() {
     let c = Config::parse(
         "[reactors]\ncores = [0]\n[[listener]]\naddress = \"127.0.0.1:4420\"\n\
@@ -168,6 +416,12 @@ fn mode_and_placement_spellings() {
     }
     assert_eq!(Placement::LeastLoaded.to_string(), "least-loaded");
     assert_eq!(ReactorMode::default(), ReactorMode::Interrupt);
+    for p in [SleepPolicyKind::Pollux, SleepPolicyKind::LinuxHalfMean] {
+        assert_eq!(p.to_string().parse::<SleepPolicyKind>(), Ok(p));
+    }
+    assert_eq!(SleepPolicyKind::LinuxHalfMean.to_string(), "linux-half-mean");
+    assert_eq!(SleepPolicyKind::default(), SleepPolicyKind::Pollux);
+    assert!("linux".parse::<SleepPolicyKind>().is_err());
 }
 
 /// Fragments that, shuffled together, make TOML that reaches deep into
@@ -207,6 +461,28 @@ const FRAGMENTS: &[&str] = &[
     "size = 512\n",
     "uuid = \"00000000-0000-0000-0000-000000000000\"\n",
     "eui64 = \"0200000000000001\"\n",
+    "cpu_budget = 0.5\n",
+    "cpu_budget = 0\n",
+    "latency_target_us = inf\n",
+    "policy = \"linux-half-mean\"\n",
+    "[control]\n",
+    "socket = \"ctl.sock\"\n",
+    "metrics = \"127.0.0.1:9100\"\n",
+    "metrics = \"10.0.0.1:9100\"\n",
+    "backend = { file = { path = \"d.img\" } }\n",
+    "backend = { file = { path = \"\" } }\n",
+    "backend = { file = { path = \"/d.img\", size = 4096, direct = false } }\n",
+    "backend = { sim = { size = \"1M\", read = { fixed_us = 5 } } }\n",
+    "backend = { sim = { size = 512, write = { median_us = 1.0, sigma = 9.0 } } }\n",
+    "backend = { ram = { size = 512 }, sim = { size = 512 } }\n",
+    "[subsystem.namespace.backend.sim]\n",
+    "[subsystem.namespace.backend.file]\n",
+    "path = \"./x/../d.img\"\n",
+    "read = { min_us = 1.0, max_us = nan }\n",
+    "read = { fast_us = 1, slow_us = 2, slow_fraction = 0.25 }\n",
+    "[subsystem.namespace.backend.sim.write]\n",
+    "fixed_us = 1e300\n",
+    "bandwidth = \"1G\"\n",
     "é = \"\u{0}\"\n",
     "\"\n",
     "[\n",
@@ -252,5 +528,135 @@ proptest! {
         let _ = parse_size(&s);
         let _ = s.parse::<ReactorMode>();
         let _ = s.parse::<Placement>();
+        let _ = s.parse::<SleepPolicyKind>();
     }
+}
+
+proptest! {
+    // Each case builds, writes and parses a whole configuration: fewer
+    // cases keep the debug-build test fast.
+    #![proptest_config(ProptestConfig::with_cases(500))]
+
+    #[test]
+    fn generated_configs_round_trip(
+        mode in prop::sample::select(vec![ReactorMode::Poll, ReactorMode::Hybrid, ReactorMode::Interrupt, ReactorMode::Adaptive]),
+        cpu_budget in prop_oneof![Just(1.0), unit_fraction()],
+        latency_target_us in prop::option::of(positive_us()),
+        policy in prop::sample::select(vec![SleepPolicyKind::Pollux, SleepPolicyKind::LinuxHalfMean]),
+        sim in sim_backend(),
+        file in file_backend(),
+        control in control(),
+    ) {
+        let mut c = Config::embedded_default();
+        c.origin = "generated".into();
+        c.reactors.mode = mode;
+        c.reactors.cpu_budget = cpu_budget;
+        c.reactors.latency_target_us = latency_target_us;
+        c.reactors.policy = policy;
+        c.control = control;
+        let s = &mut c.subsystems[0];
+        let mut second = s.namespaces[0].clone();
+        s.namespaces[0].backend = Backend::Sim(sim);
+        let ids = derive_ids(&s.nqn, 2);
+        second.nsid = 2;
+        (second.uuid, second.nguid, second.eui64) = (ids.uuid, ids.nguid, ids.eui64);
+        second.backend = Backend::File(file);
+        s.namespaces.push(second);
+        let text = c.to_toml();
+        let back = Config::parse(&text, "generated");
+        prop_assert!(back.is_ok(), "{:?}\n{}", back.err(), text);
+        prop_assert_eq!(back.ok(), Some(c), "{}", text);
+    }
+}
+
+/// Finite floats >= 0 of every class (zero, subnormal, normal), to stress
+/// how to_toml prints them.
+fn us() -> impl Strategy<Value = f64> {
+    use proptest::num::f64::{NORMAL, POSITIVE, SUBNORMAL, ZERO};
+    prop_oneof![
+        POSITIVE | ZERO | SUBNORMAL | NORMAL,
+        0.0..1e6f64,
+        (0u32..1_000_000).prop_map(f64::from),
+    ]
+}
+
+fn positive_us() -> impl Strategy<Value = f64> {
+    us().prop_filter("> 0", |x| *x > 0.0)
+}
+
+/// A float in (0, 1].
+fn unit_fraction() -> impl Strategy<Value = f64> {
+    use proptest::num::f64::{NORMAL, POSITIVE, SUBNORMAL};
+    (POSITIVE | SUBNORMAL | NORMAL).prop_filter("<= 1", |x| *x <= 1.0)
+}
+
+fn latency() -> impl Strategy<Value = Latency> {
+    prop_oneof![
+        us().prop_map(|us| Latency::Fixed { us }),
+        (us(), us()).prop_map(|(a, b)| Latency::Uniform {
+            min_us: a.min(b),
+            max_us: a.max(b)
+        }),
+        (positive_us(), 0.0..=3.0f64).prop_map(|(median_us, sigma)| Latency::LogNormal { median_us, sigma }),
+        (us(), us(), prop_oneof![Just(0.0), Just(1.0), 0.0..=1.0f64]).prop_map(|(a, b, slow_fraction)| {
+            Latency::Bimodal {
+                fast_us: a.min(b),
+                slow_us: a.max(b),
+                slow_fraction,
+            }
+        }),
+    ]
+}
+
+prop_compose! {
+    fn sim_backend()(
+        blocks in 1..=u64::MAX / 512,
+        read in latency(),
+        write in latency(),
+        per_kib_us in us(),
+        parallelism in 1..=65536u32,
+        bandwidth in prop::option::of(1..=u64::MAX),
+        interrupt_delay_us in us(),
+        coalesce_count in 1..=u32::MAX,
+        coalesce_us in us(),
+        seed in 0..=i64::MAX.unsigned_abs(),
+    ) -> SimBackend {
+        SimBackend {
+            size: blocks * 512,
+            read,
+            write,
+            per_kib_us,
+            parallelism,
+            bandwidth,
+            interrupt_delay_us,
+            coalesce_count,
+            coalesce_us,
+            seed,
+        }
+    }
+}
+
+/// Absolute, already normalized paths (no `.`, `..` or empty components)
+/// with characters that need quoting.
+fn abs_path() -> impl Strategy<Value = PathBuf> {
+    prop::collection::vec("[a-zA-Z0-9_é#\"\\\\'\\[-][a-zA-Z0-9._ é#\"\\\\'\\[-]{0,15}", 1..=3)
+        .prop_map(|parts| PathBuf::from(format!("/{}", parts.join("/"))))
+}
+
+prop_compose! {
+    fn file_backend()(
+        path in abs_path(),
+        blocks in prop::option::of(1..=u64::MAX / 512),
+        direct in any::<bool>(),
+    ) -> FileBackend {
+        FileBackend { path, size: blocks.map(|b| b * 512), direct }
+    }
+}
+
+fn control() -> impl Strategy<Value = Control> {
+    let metrics = prop_oneof![
+        (any::<[u8; 3]>(), 9000u16..9100).prop_map(|(ip, port)| SocketAddr::from(([127, ip[0], ip[1], ip[2]], port))),
+        (0u16..9100).prop_map(|port| SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, port))),
+    ];
+    (prop::option::of(abs_path()), prop::option::of(metrics)).prop_map(|(socket, metrics)| Control { socket, metrics })
 }
