@@ -69,11 +69,12 @@ pub struct Reactors {
     pub stall_threshold_us: u64,
     /// How accepted connections are spread over reactors.
     pub placement: Placement,
-    /// The fraction of one core each reactor may spend polling
-    /// ([`ReactorMode::Adaptive`]); finite, `0 < cpu_budget <= 1`.
+    /// The fraction of one core each reactor may spend polling without
+    /// finding work ([`ReactorMode::Adaptive`]); finite, `0 < cpu_budget <=
+    /// 1`.
     pub cpu_budget: f64,
     /// The completion latency (microseconds) the adaptive mode aims for, if
-    /// any; finite and > 0.
+    /// any, polling beyond `cpu_budget` to meet it; finite and > 0.
     pub latency_target_us: Option<f64>,
     /// Which sleep policy decides how long a hybrid reactor sleeps.
     pub policy: SleepPolicyKind,
@@ -188,11 +189,13 @@ impl FromStr for Placement {
 /// again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum SleepPolicyKind {
-    /// pollux's own policy. Spelled `"pollux"`.
+    /// pollux's own policy: predict from a low percentile of exact
+    /// observations, and wake early by a margin learned from measured
+    /// wake-up lateness. Spelled `"pollux"`.
     #[default]
     Pollux,
-    /// Linux's hybrid polling policy: sleep for half the mean completion
-    /// time. Spelled `"linux-half-mean"`.
+    /// The Linux block layer's classic hybrid polling rule: sleep for half
+    /// the mean observed completion time. Spelled `"linux-half-mean"`.
     LinuxHalfMean,
 }
 
