@@ -1,0 +1,225 @@
+//! Helpers shared by the target tests: confs, an in-process target, a healthy host that keeps
+//! doing verified I/O in the background, and raw-PDU expectations.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use pollux_conf::Config;
+use pollux_nvme::spec::Status;
+use pollux_target::host::{Controller, Digests, HostError, HostQueue, QueueOpts, RawReply};
+use pollux_target::{Options, Target};
+
+/// The subsystem every test connects to (any host).
+pub const NQN: &str = "nqn.2026-11.io.pollux:test0";
+/// A second subsystem, open only to [`OTHER_HOST`].
+pub const NQN_PRIVATE: &str = "nqn.2026-11.io.pollux:private";
+/// The host the tests are.
+pub const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:0c0c0c0c-0000-4000-8000-000000000001";
+/// Another host, the only one allowed on [`NQN_PRIVATE`].
+pub const OTHER_HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:0c0c0c0c-0000-4000-8000-000000000002";
+/// Blocks of the 16 MiB, 512-byte-block namespaces.
+pub const BLOCKS: u64 = 32768;
+/// How long a test waits for any one reply.
+pub const WAIT: Duration = Duration::from_secs(5);
+
+/// A conf: reactors on cores 0 and 1 in `mode`, one listener on 127.0.0.1:0, the `extra`
+/// tables (transport, keep_alive, more listeners), [`NQN`] with a 16 MiB namespace and
+/// [`NQN_PRIVATE`] with one too.
+pub fn conf(mode: &str, extra: &str) -> String {
+    format!(
+        r#"
+[reactors]
+cores = [0, 1]
+mode = "{mode}"
+
+[[listener]]
+address = "127.0.0.1:0"
+
+{extra}
+
+[[subsystem]]
+nqn = "{NQN}"
+allow_any_host = true
+
+[[subsystem.namespace]]
+nsid = 1
+block_size = 512
+backend = {{ ram = {{ size = "16MiB" }} }}
+
+[[subsystem]]
+nqn = "{NQN_PRIVATE}"
+hosts = ["{OTHER_HOST}"]
+
+[[subsystem.namespace]]
+nsid = 1
+block_size = 4096
+backend = {{ ram = {{ size = "16MiB" }} }}
+"#
+    )
+}
+
+/// Starts a target from conf text (unpinned reactors, ports chosen by the OS).
+pub fn start_text(text: &str) -> Target {
+    let cfg = Config::parse(text, "test.toml").unwrap();
+    Target::start(&cfg, Options { pin: false }).unwrap()
+}
+
+/// Starts a target with [`conf`] in interrupt mode.
+pub fn start(extra: &str) -> Target {
+    start_text(&conf("interrupt", extra))
+}
+
+/// The first listener.
+pub fn addr(t: &Target) -> SocketAddr {
+    t.listen_addrs()[0]
+}
+
+/// A deterministic pattern for `len` bytes at `lba`, varied by `seed`.
+pub fn pattern(seed: u64, lba: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ lba.wrapping_mul(0xC2B2_AE3D_27D4_EB4F) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// An enabled controller on [`NQN`] with `io` I/O queues of 32 entries.
+pub fn controller(addr: SocketAddr, io: u16) -> Controller {
+    Controller::connect(addr, NQN, HOST, io, 32, Digests::NONE).unwrap()
+}
+
+/// A queue with ICReq/ICResp done (no Connect), for raw PDUs.
+pub fn raw_queue(addr: SocketAddr, hdgst: bool, ddgst: bool) -> HostQueue {
+    HostQueue::initialized(addr, QueueOpts::admin(NQN, HOST).digests(hdgst, ddgst)).unwrap()
+}
+
+/// Reads the next PDU and expects a C2HTermReq with `fes` (and `fei` when given), then EOF.
+/// Returns the offending header the target echoed.
+pub fn expect_term(q: &mut HostQueue, fes: u16, fei: Option<u32>) -> Vec<u8> {
+    let offending = match q.recv_raw(WAIT).unwrap() {
+        RawReply::TermReq {
+            fes: f,
+            fei: i,
+            offending,
+        } => {
+            assert_eq!(f, fes, "FES (FEI {i})");
+            if let Some(fei) = fei {
+                assert_eq!(i, fei, "FEI");
+            }
+            offending
+        }
+        other => panic!("expected C2HTermReq FES {fes:#x}, got {other:?}"),
+    };
+    expect_eof(q);
+    offending
+}
+
+/// The target closes the connection (within [`WAIT`]).
+pub fn expect_eof(q: &mut HostQueue) {
+    match q.recv_raw(WAIT) {
+        Ok(RawReply::Eof) | Err(HostError::Closed) => {}
+        other => panic!("expected EOF, got {other:?}"),
+    }
+}
+
+/// (SCT, SC) of a status, ignoring DNR/More.
+pub fn code(s: Status) -> (u8, u8) {
+    (s.sct(), s.sc())
+}
+
+/// (SCT, SC) of a failed command.
+pub fn err_code(r: Result<(), HostError>) -> (u8, u8) {
+    match r {
+        Err(e) => code(e.status().unwrap_or_else(|| panic!("expected an NVMe status, got {e}"))),
+        Ok(()) => panic!("expected an error status, got success"),
+    }
+}
+
+/// A host doing verified I/O (write a pattern, read it back, compare) on its own controller
+/// and LBA range, in a thread, until finished.
+pub struct Healthy {
+    stop: Arc<AtomicBool>,
+    rounds: Arc<AtomicU64>,
+    handle: Option<JoinHandle<Result<(), String>>>,
+}
+
+impl Healthy {
+    /// Starts on [`NQN`] namespace 1, LBAs `first_lba..first_lba + 64`.
+    pub fn start(addr: SocketAddr, first_lba: u64) -> Self {
+        Self::start_on(addr, NQN, HOST, first_lba)
+    }
+
+    /// Starts on `subnqn` as `hostnqn`.
+    pub fn start_on(addr: SocketAddr, subnqn: &str, hostnqn: &str, first_lba: u64) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let rounds = Arc::new(AtomicU64::new(0));
+        let (s, r) = (stop.clone(), rounds.clone());
+        let (subnqn, hostnqn) = (subnqn.to_string(), hostnqn.to_string());
+        let handle = std::thread::spawn(move || -> Result<(), String> {
+            let mut c =
+                Controller::connect(addr, &subnqn, &hostnqn, 1, 32, Digests::NONE).map_err(|e| e.to_string())?;
+            let bs = c.admin.identify_namespace(1).map_err(|e| e.to_string())?.block_size as usize;
+            let q = &mut c.io[0];
+            let mut back = vec![0u8; 8 * bs];
+            let mut i = 0u64;
+            while !s.load(Relaxed) {
+                let lba = first_lba + (i % 8) * 8;
+                let nlb = (i % 8 + 1) as u32;
+                let len = nlb as usize * bs;
+                let data = pattern(i, lba, len);
+                q.write(1, lba, nlb, &data).map_err(|e| format!("write {i}: {e}"))?;
+                q.read(1, lba, nlb, &mut back[..len])
+                    .map_err(|e| format!("read {i}: {e}"))?;
+                if back[..len] != data[..] {
+                    return Err(format!("round {i}: data read back differs from data written"));
+                }
+                i += 1;
+                r.store(i, Relaxed);
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            c.shutdown().map_err(|e| e.to_string())
+        });
+        Self {
+            stop,
+            rounds,
+            handle: Some(handle),
+        }
+    }
+
+    /// Waits until `n` more rounds completed (panics after [`WAIT`], reporting the thread's
+    /// error if it stopped).
+    pub fn progress(&mut self, n: u64) {
+        let start = self.rounds.load(Relaxed);
+        let t0 = Instant::now();
+        while self.rounds.load(Relaxed) < start + n {
+            if self.handle.as_ref().is_some_and(|h| h.is_finished()) {
+                let r = self.handle.take().map(|h| h.join());
+                panic!("the healthy host stopped: {r:?}");
+            }
+            assert!(t0.elapsed() < WAIT, "the healthy host made no progress for {WAIT:?}");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// Stops and checks the host never saw an error; returns its rounds.
+    pub fn finish(mut self) -> u64 {
+        self.stop.store(true, Relaxed);
+        let h = self.handle.take().unwrap();
+        h.join().unwrap().unwrap();
+        self.rounds.load(Relaxed)
+    }
+}
+
+impl Drop for Healthy {
+    fn drop(&mut self) {
+        self.stop.store(true, Relaxed);
+    }
+}
