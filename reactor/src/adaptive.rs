@@ -195,6 +195,10 @@ impl SleepPolicy for MarginSleep {
     }
 }
 
+/// Width of the band around the budget threshold: enter polling below `budget - band` of
+/// idle time, leave it above `budget + band`.
+pub const HYSTERESIS_BAND: f64 = 0.05;
+
 /// Settings of the mode policy.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PolicyConfig {
@@ -216,8 +220,8 @@ impl Default for PolicyConfig {
         Self {
             cpu_budget: 0.3,
             latency_target: None,
-            min_dwell: Duration::from_millis(20),
-            confirmations: 3,
+            min_dwell: Duration::from_millis(50),
+            confirmations: 4,
             sleep_payoff: 3.0,
         }
     }
@@ -228,7 +232,9 @@ impl Default for PolicyConfig {
 pub struct PolicyInputs {
     /// Evaluation time.
     pub now: Instant,
-    /// Share of wall time in iterations that did work (mode independent: it is work).
+    /// Share of the window spent doing work: the smaller of the wall time in iterations that
+    /// found work and the thread's CPU time (wall time alone grows when the thread is
+    /// preempted).
     pub busy_fraction: f64,
     /// Device completions in the window.
     pub completions: u64,
@@ -279,8 +285,14 @@ impl ModePolicy {
             return Mode::Interrupt;
         }
         // Saturated: the work itself keeps the core busy, so polling costs little idle CPU
-        // (at most 1 - busy) and saves every wake-up.
-        if 1.0 - i.busy_fraction <= self.cfg.cpu_budget {
+        // (at most 1 - busy) and saves every wake-up. A band around the threshold keeps a
+        // load that hovers at it from flipping the mode.
+        let band = if self.current == Mode::Poll {
+            HYSTERESIS_BAND
+        } else {
+            -HYSTERESIS_BAND
+        };
+        if 1.0 - i.busy_fraction <= self.cfg.cpu_budget + band {
             return Mode::Poll;
         }
         if let Some(p) = i.predicted {

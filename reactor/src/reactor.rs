@@ -24,7 +24,10 @@ use crate::inbox::{Inbox, Message, Remote};
 use crate::mode::{FractionSleep, Mode, SleepPolicy};
 
 /// How often the adaptive policy evaluates.
-const EVAL_INTERVAL: Duration = Duration::from_millis(1);
+const EVAL_INTERVAL: Duration = Duration::from_millis(2);
+/// Weight of the newest window in the smoothed policy inputs (a time constant of ~4 windows:
+/// one burst, or one preemption of the thread, must not flip the mode).
+const EWMA: f64 = 0.25;
 use crate::stats::{ReactorStats, StatsCell, bump};
 use crate::sys::TimerFd;
 
@@ -219,6 +222,8 @@ pub struct Reactor {
     load: DeviceLoad,
     eval: EvalMark,
     wake_cost_ns: f64,
+    busy_ewma: f64,
+    predicted_ewma_ns: f64,
 }
 
 /// What device channels tell their reactor, for the adaptive policy and for visibility.
@@ -237,6 +242,7 @@ pub struct DeviceLoad {
 struct EvalMark {
     at: Instant,
     busy_ns: u64,
+    cpu_ns: u64,
     completions: u64,
     outstanding: u64,
 }
@@ -308,10 +314,13 @@ impl Reactor {
             eval: EvalMark {
                 at: Instant::now(),
                 busy_ns: 0,
+                cpu_ns: 0,
                 completions: 0,
                 outstanding: 0,
             },
             wake_cost_ns: 10_000.0,
+            busy_ewma: 0.0,
+            predicted_ewma_ns: 0.0,
         })
     }
 
@@ -922,17 +931,30 @@ impl Reactor {
         s.wake_cost_ns.store(self.wake_cost_ns as u64, Relaxed);
         let busy_ns = s.busy_ns.load(Relaxed);
         let window = now.duration_since(self.eval.at).as_nanos().max(1) as f64;
+        let cpu_ns = crate::sys::thread_cpu_ns();
+        let wall_busy = busy_ns.saturating_sub(self.eval.busy_ns) as f64 / window;
+        let cpu = cpu_ns.saturating_sub(self.eval.cpu_ns) as f64 / window;
+        let busy = wall_busy.min(cpu).min(1.0);
+        self.busy_ewma += EWMA * (busy - self.busy_ewma);
+        if self.load.predicted_ns > 0 {
+            let p = self.load.predicted_ns as f64;
+            if self.predicted_ewma_ns == 0.0 {
+                self.predicted_ewma_ns = p;
+            }
+            self.predicted_ewma_ns += EWMA * (p - self.predicted_ewma_ns);
+        }
         let inputs = PolicyInputs {
             now,
-            busy_fraction: (busy_ns.saturating_sub(self.eval.busy_ns) as f64 / window).min(1.0),
+            busy_fraction: self.busy_ewma,
             completions: self.load.completions - self.eval.completions,
             outstanding: (self.load.outstanding + self.eval.outstanding) as f64 / 2.0,
-            predicted: (self.load.predicted_ns > 0).then(|| Duration::from_nanos(self.load.predicted_ns)),
+            predicted: (self.predicted_ewma_ns > 0.0).then(|| Duration::from_nanos(self.predicted_ewma_ns as u64)),
             wake_cost: Duration::from_nanos(self.wake_cost_ns as u64),
         };
         self.eval = EvalMark {
             at: now,
             busy_ns,
+            cpu_ns,
             completions: self.load.completions,
             outstanding: self.load.outstanding,
         };

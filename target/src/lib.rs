@@ -5,16 +5,12 @@
 //! ([`subsystem`]) -> CapsuleResp / C2HData -> socket. Each connection lives on one reactor
 //! for its life; a controller lives on its admin queue's reactor and its I/O queues reach it
 //! by message.
-//!
-//! [`host`] is the other side: an NVMe/TCP host library for tests and the `pollux perf` load
-//! generator; the target's server code never uses it.
 
 pub mod admin;
 pub mod cmd;
 pub mod conn;
 pub mod ctrl;
 pub mod error;
-pub mod host;
 pub mod listener;
 pub mod ram;
 pub mod sim;
@@ -156,7 +152,26 @@ impl Target {
 
     /// Stop accepting, close every connection, join the reactors.
     pub fn shutdown(self) -> Result<(), TargetError> {
+        let before = self.runtime.stats();
         self.runtime.shutdown()?;
+        for st in before {
+            let wall: u64 = st.mode_ns.iter().sum::<u64>().max(1);
+            info!(
+                reactor = st.id,
+                mode = %st.mode,
+                adaptive = st.adaptive,
+                switches = st.switches,
+                cpu_pct = format!("{:.1}", 100.0 * st.cpu_ns as f64 / wall as f64),
+                poll_pct = format!("{:.1}", 100.0 * st.mode_ns[0] as f64 / wall as f64),
+                hybrid_pct = format!("{:.1}", 100.0 * st.mode_ns[1] as f64 / wall as f64),
+                interrupt_pct = format!("{:.1}", 100.0 * st.mode_ns[2] as f64 / wall as f64),
+                completions = st.completions,
+                predicted_us = st.predicted_ns / 1000,
+                wakeups = st.wakeups(),
+                stalls = st.stalls,
+                "reactor summary"
+            );
+        }
         info!("target stopped");
         Ok(())
     }
