@@ -9,6 +9,7 @@
 #                              boot the guest with guest.d/SCRIPT; returns
 #                              the guest's rc (124 timeout); on failure logs
 #                              the failed step and the console tail
+#   need_pollux                fail unless $POLLUX_BIN is an executable
 #   start_pollux CONF [PORT]   start $POLLUX_BIN --config CONF, wait for PORT
 #   stop_pollux                SIGTERM, wait, SIGKILL; rc 0 only on exit 0
 #   ci_track PID               have ci_cleanup kill this background process
@@ -145,6 +146,13 @@ run_guest() {
     return "$rc"
 }
 
+# need_pollux: fail the scenario, saying why, when there is no pollux binary
+# (typically: the cargo-build-release step failed). Call it before using
+# $POLLUX_BIN directly (--check); start_pollux checks by itself.
+need_pollux() {
+    [ -x "$POLLUX_BIN" ] || fail "no pollux binary at $POLLUX_BIN (did cargo build --release fail?)"
+}
+
 # _conf_port CONF: the TCP port a pollux conf listens on, guessed from a
 # 'listen = "ADDR:PORT"'-like or 'port = N' line; 4420 (NVMe/TCP) else.
 _conf_port() {
@@ -168,7 +176,7 @@ _pollux_tail() {
 # to wait for the process.
 start_pollux() {
     local conf=$1 n=1 deadline
-    [ -x "$POLLUX_BIN" ] || fail "no pollux binary at $POLLUX_BIN (cargo build --release)"
+    need_pollux
     [ -f "$conf" ] || fail "start_pollux: no conf file $conf"
     [ -z "$POLLUX_PID" ] || fail "start_pollux: pollux already running (pid $POLLUX_PID)"
     POLLUX_PORT=${2:-$(_conf_port "$conf")}
