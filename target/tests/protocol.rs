@@ -152,6 +152,36 @@ fn a_bad_header_digest_is_a_header_digest_error() {
 }
 
 #[test]
+fn icreq_fields_the_target_does_not_support_are_unsupported_parameters() {
+    with_healthy(|a, _| {
+        // PFV 1 (byte 8) and HPDA 1 (byte 10): the target places C2H data right after the
+        // header, so only HPDA 0 is served.
+        for (pdu, fei) in [
+            (encode_ic_req(false, false, 0, 0), 8u32),
+            (encode_ic_req(false, false, 0, 1), 10),
+        ] {
+            let mut pdu = pdu;
+            if fei == 8 {
+                pdu[8] = 1;
+            }
+            let mut q = HostQueue::tcp(a, QueueOpts::admin(NQN, HOST)).unwrap();
+            q.send_raw(&pdu).unwrap();
+            expect_term(&mut q, fes::UNSUPPORTED_PARAMETER, Some(fei));
+        }
+    });
+}
+
+#[test]
+fn an_h2c_term_req_closes_the_connection_without_a_reply() {
+    with_healthy(|a, _| {
+        let mut q = HostQueue::connect(a, QueueOpts::admin(NQN, HOST)).unwrap();
+        let (b, n) = encode_term_req(false, fes::PDU_SEQUENCE_ERROR, 0, &[0; 8]);
+        q.send_raw(&b[..n]).unwrap();
+        expect_eof(&mut q);
+    });
+}
+
+#[test]
 fn a_capsule_before_icreq_is_a_pdu_sequence_error() {
     with_healthy(|a, _| {
         let mut q = HostQueue::tcp(a, QueueOpts::admin(NQN, HOST)).unwrap();
