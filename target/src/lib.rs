@@ -5,12 +5,16 @@
 //! ([`subsystem`]) -> CapsuleResp / C2HData -> socket. Each connection lives on one reactor
 //! for its life; a controller lives on its admin queue's reactor and its I/O queues reach it
 //! by message.
+//!
+//! [`host`] is the other side: an NVMe/TCP host library for tests and the `pollux perf` load
+//! generator; the target's server code never uses it.
 
 pub mod admin;
 pub mod cmd;
 pub mod conn;
 pub mod ctrl;
 pub mod error;
+pub mod host;
 pub mod listener;
 pub mod ram;
 pub mod sim;
