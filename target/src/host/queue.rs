@@ -434,8 +434,9 @@ impl HostQueue {
             q.closed = true;
             Err(HostError::IcResp(why))
         };
-        if bytes.first() != Some(&(PduType::IcResp as u8)) {
-            return fail(self, format!("PDU type {:#04x} instead of ICResp", bytes[0]));
+        let ty = bytes.first().copied().unwrap_or_default();
+        if ty != PduType::IcResp as u8 {
+            return fail(self, format!("PDU type {ty:#04x} instead of ICResp"));
         }
         if bytes.len() != 128 {
             return fail(self, format!("PLEN {} instead of 128", bytes.len()));
