@@ -16,6 +16,7 @@ pub mod ctrl;
 pub mod error;
 pub mod host;
 pub mod listener;
+pub mod perf;
 pub mod ram;
 pub mod sim;
 pub mod subsystem;

@@ -1,10 +1,11 @@
 //! The `pollux` binary: `pollux --config FILE` serves until SIGTERM/SIGINT; `pollux --check
 //! FILE` validates a conf file; with neither, the embedded default (one RAM namespace).
+//! `pollux perf ...` is the NVMe/TCP load generator ([`pollux_target::perf`]).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use pollux_conf::Config;
 use pollux_target::{Options, Target};
 use tracing::{error, info, warn};
@@ -12,14 +13,22 @@ use tracing_subscriber::EnvFilter;
 
 /// pollux: a polled-mode NVMe-over-TCP storage target.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(version, about, args_conflicts_with_subcommands = true)]
 struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
     /// Conf file to serve (default: the embedded RAM example).
     #[arg(short, long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Validate a conf file and exit (0 if valid).
     #[arg(long, value_name = "FILE", conflicts_with = "config")]
     check: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// NVMe/TCP load generator, like SPDK's spdk_nvme_perf (see ci/BENCHMARKS.md).
+    Perf(pollux_target::perf::cli::PerfArgs),
 }
 
 /// Block the signals the main thread waits for, before any reactor thread exists (threads
@@ -52,6 +61,9 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    if let Some(Command::Perf(args)) = &cli.command {
+        return pollux_target::perf::cli::main(args);
+    }
     if let Some(path) = cli.check {
         return match Config::from_path(&path) {
             Ok(cfg) => {

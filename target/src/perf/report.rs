@@ -1,0 +1,313 @@
+//! What a perf run reports, as JSON (serde) and as text.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use pollux_reactor::ReactorStats;
+use serde::Serialize;
+
+use super::PerfOpts;
+use super::worker::ThreadResult;
+
+/// Completion latency from submission to the completion being seen, ns.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct LatencySummary {
+    /// Samples (equals the I/Os counted).
+    pub count: u64,
+    /// Smallest.
+    pub min: u64,
+    /// Mean.
+    pub avg: f64,
+    /// Median.
+    pub p50: u64,
+    /// 90th percentile.
+    pub p90: u64,
+    /// 99th percentile.
+    pub p99: u64,
+    /// 99.9th percentile.
+    pub p999: u64,
+    /// 99.99th percentile.
+    pub p9999: u64,
+    /// Largest.
+    pub max: u64,
+}
+
+impl LatencySummary {
+    fn of(h: &Histogram<u64>) -> Self {
+        if h.is_empty() {
+            return Self::default();
+        }
+        Self {
+            count: h.len(),
+            min: h.min(),
+            avg: h.mean(),
+            p50: h.value_at_quantile(0.5),
+            p90: h.value_at_quantile(0.9),
+            p99: h.value_at_quantile(0.99),
+            p999: h.value_at_quantile(0.999),
+            p9999: h.value_at_quantile(0.9999),
+            max: h.max(),
+        }
+    }
+}
+
+/// One reactor over the measured window.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReactorReport {
+    /// Reactor index.
+    pub id: usize,
+    /// Pinned core.
+    pub core: Option<usize>,
+    /// Thread CPU / wall (1.0: a whole core).
+    pub cpu: f64,
+    /// Share of wall time in iterations that found work.
+    pub busy: f64,
+    /// Share of wall time in poll, hybrid and interrupt mode.
+    pub mode_share: [f64; 3],
+    /// Mode at the end.
+    pub mode: String,
+    /// Adaptive-policy mode switches.
+    pub switches: u64,
+    /// Timed wake-ups (hybrid sleeps).
+    pub wakeups: u64,
+    /// Device completions the reactor saw.
+    pub completions: u64,
+}
+
+/// The target's side, from reactor accounting of an in-process target.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TargetReport {
+    /// CPU of all reactors / wall, in cores.
+    pub cpu: f64,
+    /// Reactor CPU per I/O, ns.
+    pub cpu_ns_per_io: f64,
+    /// Each reactor.
+    pub reactors: Vec<ReactorReport>,
+}
+
+/// The result of a perf run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PerfReport {
+    /// Workload name (randread, ...).
+    pub workload: String,
+    /// Read percentage.
+    pub read_pct: u8,
+    /// Bytes per I/O.
+    pub io_size: u32,
+    /// Commands in flight per queue.
+    pub queue_depth: usize,
+    /// Client threads.
+    pub threads: usize,
+    /// I/O queues in all.
+    pub queues: usize,
+    /// Header digest.
+    pub hdgst: bool,
+    /// Data digest.
+    pub ddgst: bool,
+    /// Pacing asked for, IOPS.
+    pub rate: Option<f64>,
+    /// Namespace block size.
+    pub block_size: u32,
+    /// I/O units in the range used.
+    pub units: u64,
+    /// Measured wall time, s.
+    pub seconds: f64,
+    /// I/Os counted.
+    pub ios: u64,
+    /// Reads counted.
+    pub reads: u64,
+    /// Writes counted.
+    pub writes: u64,
+    /// I/Os per second.
+    pub iops: f64,
+    /// MiB per second.
+    pub mib_s: f64,
+    /// Latency, ns.
+    pub latency_ns: LatencySummary,
+    /// Client threads' CPU / wall, in cores (busy-polling: about one per thread).
+    pub client_cpu: f64,
+    /// Share of the client's time in loop iterations that submitted or completed something:
+    /// near 1.0 means the client is the bottleneck.
+    pub client_busy: f64,
+    /// Client work per I/O (busy time / I/Os), ns.
+    pub client_ns_per_io: f64,
+    /// Loop iterations per I/O (below 1: batching).
+    pub client_iterations_per_io: f64,
+    /// Blocks checked by --verify (None without it).
+    pub verified_blocks: Option<u64>,
+    /// The in-process target, when measured.
+    pub target: Option<TargetReport>,
+}
+
+pub(super) fn target_report(before: &[ReactorStats], after: &[ReactorStats], wall: Duration) -> TargetReport {
+    let w = wall.as_nanos().max(1) as f64;
+    let mut total_cpu = 0u64;
+    let reactors = after
+        .iter()
+        .map(|a| {
+            let d = match before.iter().find(|b| b.id == a.id) {
+                Some(b) => a.since(b),
+                None => a.clone(),
+            };
+            total_cpu += d.cpu_ns;
+            let mw: u64 = d.mode_ns.iter().sum::<u64>().max(1);
+            ReactorReport {
+                id: a.id,
+                core: a.core,
+                cpu: d.cpu_ns as f64 / w,
+                busy: d.busy_ns as f64 / mw as f64,
+                mode_share: std::array::from_fn(|i| d.mode_ns[i] as f64 / mw as f64),
+                mode: a.mode.to_string(),
+                switches: d.switches,
+                wakeups: d.wakeups(),
+                completions: d.completions,
+            }
+        })
+        .collect();
+    TargetReport {
+        cpu: total_cpu as f64 / w,
+        // Filled in by build() once the I/O count is known.
+        cpu_ns_per_io: total_cpu as f64,
+        reactors,
+    }
+}
+
+pub(super) fn build(
+    opts: &PerfOpts,
+    block_size: u32,
+    units: u64,
+    wall: Duration,
+    threads: Vec<ThreadResult>,
+    mut target: Option<TargetReport>,
+) -> PerfReport {
+    let mut hist: Option<Histogram<u64>> = None;
+    let (mut reads, mut writes, mut cpu, mut busy, mut twall, mut verified, mut iters) = (0, 0, 0, 0, 0, 0, 0);
+    for t in &threads {
+        match &mut hist {
+            None => hist = Some(t.hist.clone()),
+            // Same bounds everywhere, so adding cannot fail.
+            Some(h) => {
+                let _ = h.add(&t.hist);
+            }
+        }
+        reads += t.reads;
+        writes += t.writes;
+        cpu += t.cpu_ns;
+        busy += t.busy_ns;
+        twall += t.wall_ns;
+        verified += t.verified_blocks;
+        iters += t.iterations;
+    }
+    let ios = reads + writes;
+    let secs = wall.as_secs_f64().max(1e-9);
+    let per_io = |x: u64| if ios == 0 { 0.0 } else { x as f64 / ios as f64 };
+    if let Some(t) = &mut target {
+        t.cpu_ns_per_io = per_io(t.cpu_ns_per_io as u64);
+    }
+    PerfReport {
+        workload: opts.workload.name().to_string(),
+        read_pct: opts.workload.read_pct,
+        io_size: opts.io_size,
+        queue_depth: opts.queue_depth,
+        threads: opts.cores.len(),
+        queues: opts.cores.len() * opts.conns_per_core,
+        hdgst: opts.digests.hdgst,
+        ddgst: opts.digests.ddgst,
+        rate: opts.rate,
+        block_size,
+        units,
+        seconds: secs,
+        ios,
+        reads,
+        writes,
+        iops: ios as f64 / secs,
+        mib_s: ios as f64 * f64::from(opts.io_size) / secs / (1024.0 * 1024.0),
+        latency_ns: hist.as_ref().map(LatencySummary::of).unwrap_or_default(),
+        client_cpu: cpu as f64 / (secs * 1e9),
+        client_busy: if twall == 0 { 0.0 } else { busy as f64 / twall as f64 },
+        client_ns_per_io: per_io(busy),
+        client_iterations_per_io: per_io(iters),
+        verified_blocks: opts.verify.then_some(verified),
+        target,
+    }
+}
+
+fn us(ns: u64) -> f64 {
+    ns as f64 / 1000.0
+}
+
+impl PerfReport {
+    /// A human-readable summary, spdk_nvme_perf style.
+    pub fn text(&self) -> String {
+        let mut s = String::new();
+        let dg = match (self.hdgst, self.ddgst) {
+            (false, false) => "",
+            (true, false) => ", header digest",
+            (false, true) => ", data digest",
+            (true, true) => ", header+data digests",
+        };
+        let rate = self.rate.map(|r| format!(", paced at {r:.0} IOPS")).unwrap_or_default();
+        let _ = writeln!(
+            s,
+            "{} {} B, QD {} x {} queue(s) on {} thread(s){dg}{rate}, {:.2} s",
+            self.workload, self.io_size, self.queue_depth, self.queues, self.threads, self.seconds
+        );
+        let _ = writeln!(
+            s,
+            "  IOPS {:>10.0}   MiB/s {:>9.1}   I/Os {} ({} reads, {} writes)",
+            self.iops, self.mib_s, self.ios, self.reads, self.writes
+        );
+        let l = &self.latency_ns;
+        let _ = writeln!(
+            s,
+            "  latency us: avg {:.1}  min {:.1}  p50 {:.1}  p90 {:.1}  p99 {:.1}  p99.9 {:.1}  p99.99 {:.1}  max {:.1}",
+            l.avg / 1000.0,
+            us(l.min),
+            us(l.p50),
+            us(l.p90),
+            us(l.p99),
+            us(l.p999),
+            us(l.p9999),
+            us(l.max)
+        );
+        let _ = writeln!(
+            s,
+            "  client: CPU {:.2} cores (busy-polling), busy {:.0}%, {:.0} ns work per I/O, {:.2} loop iterations per I/O",
+            self.client_cpu,
+            100.0 * self.client_busy,
+            self.client_ns_per_io,
+            self.client_iterations_per_io
+        );
+        if self.client_busy > 0.9 {
+            let _ = writeln!(
+                s,
+                "  warning: the client was busy {:.0}% of the time: it may be the bottleneck",
+                100.0 * self.client_busy
+            );
+        }
+        if let Some(v) = self.verified_blocks {
+            let _ = writeln!(s, "  verify: {v} blocks read back and checked, no mismatch");
+        }
+        if let Some(t) = &self.target {
+            let _ = writeln!(s, "  target: CPU {:.3} cores, {:.0} ns per I/O", t.cpu, t.cpu_ns_per_io);
+            for r in &t.reactors {
+                let core = r.core.map_or_else(|| "unpinned".to_string(), |c| format!("core {c}"));
+                let _ = writeln!(
+                    s,
+                    "    reactor {} ({core}): CPU {:.1}%, busy {:.1}%, poll/hybrid/interrupt {:.0}/{:.0}/{:.0}%, now {}, {} switches, {} timed wake-ups",
+                    r.id,
+                    100.0 * r.cpu,
+                    100.0 * r.busy,
+                    100.0 * r.mode_share[0],
+                    100.0 * r.mode_share[1],
+                    100.0 * r.mode_share[2],
+                    r.mode,
+                    r.switches,
+                    r.wakeups
+                );
+            }
+        }
+        s
+    }
+}
