@@ -122,7 +122,14 @@ pub fn identify_controller(ctrl: &Ctrl, shared: &Shared) -> Vec<u8> {
     id.maxcmd = (t.io_queue_depth.min(0xFFFF) as u16).to_le();
     id.nn = nn.to_le();
     id.oncs = ((1u16 << 2) | (1 << 3)).to_le(); // Dataset Management, Write Zeroes
-    id.vwc = 0; // no volatile write cache: a completed write is in the namespace's memory
+    // VWC (base spec §5.17.2.1): files and devices cache writes until a Flush; RAM and the
+    // simulated device hold a completed write in the namespace's memory. Bits 2:1 = 10b: a
+    // Flush with NSID FFFFFFFFh is not supported (each namespace is flushed by its own).
+    id.vwc = if ctrl.subsys.as_ref().is_some_and(|s| s.volatile_cache()) {
+        0x1 | (0b10 << 1)
+    } else {
+        0
+    };
     // SGLs supported (bit 0), SGL data block with offset for in-capsule data (bit 20).
     id.sgls = ((1u32 << 0) | (1 << 20)).to_le();
     copy_str(&mut id.subnqn, nqn);
@@ -363,7 +370,9 @@ pub fn get_features(ctrl: &Ctrl, shared: &Shared, fid: u8, cdw11: u32) -> Reply 
         feature::NUMBER_OF_QUEUES => Reply::dw0(queues_dw0(granted_queues(ctrl, shared))),
         feature::KEEP_ALIVE_TIMER => Reply::dw0(ctrl.kato_ms),
         feature::ASYNC_EVENT_CONFIGURATION => Reply::dw0(ctrl.aec),
-        feature::VOLATILE_WRITE_CACHE => Reply::dw0(0),
+        feature::VOLATILE_WRITE_CACHE => {
+            Reply::dw0(u32::from(ctrl.subsys.as_ref().is_some_and(|s| s.volatile_cache())))
+        }
         feature::HOST_IDENTIFIER => {
             // Fabrics use the 128-bit host identifier (EXHID must be set).
             if cdw11 & 1 == 0 {
@@ -416,6 +425,17 @@ pub fn set_features(ctrl: &mut Ctrl, shared: &Shared, fid: u8, save: bool, cdw11
         feature::ASYNC_EVENT_CONFIGURATION => {
             ctrl.aec = cdw11;
             (Reply::ok(), FeatureEffect::None)
+        }
+        // The cache is the kernel's page cache or the device's: it stays on.
+        feature::VOLATILE_WRITE_CACHE if ctrl.subsys.as_ref().is_some_and(|s| s.volatile_cache()) => {
+            if cdw11 & 1 == 1 {
+                (Reply::ok(), FeatureEffect::None)
+            } else {
+                (
+                    Reply::err(Status::FEATURE_NOT_CHANGEABLE.with_dnr()),
+                    FeatureEffect::None,
+                )
+            }
         }
         // Fabrics set the host identifier at Connect (NVMe-oF §6.3).
         feature::HOST_IDENTIFIER => (

@@ -8,6 +8,7 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
@@ -26,6 +27,7 @@ use tracing::{debug, info, warn};
 use crate::admin::{self, CcEffect, FeatureEffect, Reply};
 use crate::cmd::{self, Admin, DataPtr, Fabrics, Io, Xfer, connect_off, connect_sqe_off};
 use crate::ctrl::{AER_LIMIT, Ctrl, Local, QueueRef, owner_of};
+use crate::file::{FileChannel, FileOp};
 use crate::ram::RamDisk;
 use crate::sim::{SimChannel, SimOp, Tag};
 use crate::subsystem::{Backend, Namespace, Shared, Subsystem, bump};
@@ -71,6 +73,8 @@ struct PendingH2c {
     cid: u16,
     io: Io,
     buf: Vec<u8>,
+    /// Bytes the R2T asked for (the buffer is dropped when the command completes early).
+    len: u32,
     received: u32,
     /// Completed early (aborted or failed): the data is still drained, then dropped.
     done: Option<Status>,
@@ -83,14 +87,32 @@ struct Inflight {
 }
 
 /// Per-reactor map from namespace to that reactor's channel on it (a source).
-#[derive(Default)]
 pub struct Channels {
     by_ns: std::collections::HashMap<usize, SourceId>,
+    /// Largest transfer: file channels size their aligned buffers by it.
+    pub max_io: u32,
 }
 
-/// The channel of this reactor on `ns` (a simulated device), created on first use. The map key
-/// is the namespace's address: the channel holds an `Arc` of it, so it cannot be reused.
-fn sim_channel(r: &mut Reactor, ns: &Arc<Namespace>) -> Result<SourceId, Status> {
+impl Channels {
+    /// No channel yet; file channels will size buffers for `max_io` bytes.
+    pub fn new(max_io: u32) -> Self {
+        Self {
+            by_ns: std::collections::HashMap::new(),
+            max_io,
+        }
+    }
+}
+
+impl Default for Channels {
+    fn default() -> Self {
+        Self::new(1 << 20)
+    }
+}
+
+/// The channel of this reactor on `ns` (a simulated device or a file), created on first use.
+/// The map key is the namespace's address: the channel holds an `Arc` of it, so the address
+/// cannot be reused while the entry exists.
+fn channel_for(r: &mut Reactor, ns: &Arc<Namespace>) -> Result<SourceId, Status> {
     let key = Arc::as_ptr(ns) as usize;
     if r.local::<Channels>().is_none() {
         r.set_local(Channels::default());
@@ -98,16 +120,21 @@ fn sim_channel(r: &mut Reactor, ns: &Arc<Namespace>) -> Result<SourceId, Status>
     if let Some(id) = r.local::<Channels>().and_then(|c| c.by_ns.get(&key).copied()) {
         return Ok(id);
     }
-    let Backend::Sim(sim) = &ns.backend else {
-        return Err(Status::INTERNAL_ERROR);
-    };
     let model = pollux_reactor::LatencyModel::new(r.model_kind());
-    let ch = SimChannel::new(ns.clone(), sim.params.clone(), r.id(), model, sim_completed).map_err(|e| {
-        warn!(nsid = ns.nsid, error = %e, "cannot open a simulated device channel");
-        Status::INTERNAL_ERROR
-    })?;
-    let id = ch.register(r).map_err(|e| {
-        warn!(nsid = ns.nsid, error = %e, "cannot register a simulated device channel");
+    let registered = match &ns.backend {
+        Backend::Sim(sim) => SimChannel::new(ns.clone(), sim.params.clone(), r.id(), model, sim_completed)
+            .map_err(|e| e.to_string())
+            .and_then(|ch| ch.register(r).map_err(|e| e.to_string())),
+        Backend::File(f) => {
+            let max_io = r.local::<Channels>().map_or(1 << 20, |c| c.max_io);
+            FileChannel::new(ns.clone(), f.file.as_raw_fd(), r.id(), max_io, model, file_completed)
+                .map_err(|e| e.to_string())
+                .and_then(|ch| ch.register(r).map_err(|e| e.to_string()))
+        }
+        Backend::Ram(_) => return Err(Status::INTERNAL_ERROR),
+    };
+    let id = registered.map_err(|e| {
+        warn!(nsid = ns.nsid, error = %e, "cannot open a device channel");
         Status::INTERNAL_ERROR
     })?;
     if let Some(c) = r.local::<Channels>() {
@@ -116,12 +143,25 @@ fn sim_channel(r: &mut Reactor, ns: &Arc<Namespace>) -> Result<SourceId, Status>
     Ok(id)
 }
 
+/// A file channel completed a command (with the data of a read).
+fn file_completed(r: &mut Reactor, tag: Tag, status: Status, data: Option<&[u8]>) {
+    let done = r.with_source::<Conn, _>(tag.source, |c, r| {
+        c.serial == tag.serial && {
+            c.complete_async(r, tag.slot, status, data);
+            true
+        }
+    });
+    if done == Some(true) {
+        r.wake(tag.source);
+    }
+}
+
 /// A simulated device completed a command: hand it to its connection, which flushes on its
 /// next run (one write for all the completions of a poll).
 fn sim_completed(r: &mut Reactor, tag: Tag, status: Status, _device_latency: Duration) {
     let done = r.with_source::<Conn, _>(tag.source, |c, r| {
         c.serial == tag.serial && {
-            c.complete_async(r, tag.slot, status);
+            c.complete_async(r, tag.slot, status, None);
             true
         }
     });
@@ -201,7 +241,6 @@ impl Conn {
 
     /// The socket's fd (for registration).
     pub fn raw_fd(&self) -> std::os::fd::RawFd {
-        use std::os::fd::AsRawFd;
         self.sock.as_raw_fd()
     }
 
@@ -956,7 +995,11 @@ impl Conn {
         let Some((_, p)) = self.r2t.iter_mut().find(|(_, p)| p.cid == cid && p.done.is_none()) else {
             return false;
         };
+        // The command is complete: its CID and queue slot are free now (a host may reuse
+        // them at once). Its buffer goes; the entry stays only as a tombstone so that data
+        // already on its way for this TTAG is drained, not treated as a protocol error.
         p.done = Some(Status::ABORT_REQUESTED);
+        p.buf = Vec::new();
         self.resp(cid, Status::ABORT_REQUESTED, 0, 0);
         if let Err(e) = self.flush() {
             self.close(r, id, &format!("write: {e}"));
@@ -1049,11 +1092,13 @@ impl Conn {
     /// and complete after the device latency; reads are copied out at completion.
     fn submit_sim(&mut self, r: &mut Reactor, id: SourceId, cid: u16, io: Io, data: &[u8]) {
         let Some(ns) = io.namespace().cloned() else { return };
-        let ch = match sim_channel(r, &ns) {
+        let ch = match channel_for(r, &ns) {
             Ok(ch) => ch,
             Err(s) => return self.fail(r, cid, s, ns.nsid, 0),
         };
-        let mem = ns.backend.memory();
+        let Some(mem) = ns.backend.memory() else {
+            return self.fail(r, cid, Status::INTERNAL_ERROR, ns.nsid, 0);
+        };
         let (op, len) = match &io {
             Io::Read { len, .. } => (SimOp::Read, *len),
             Io::Write { off, len, .. } => {
@@ -1093,8 +1138,9 @@ impl Conn {
         }
     }
 
-    /// An asynchronous backend completed the command in `slot`.
-    pub fn complete_async(&mut self, r: &mut Reactor, slot: usize, status: Status) {
+    /// An asynchronous backend completed the command in `slot`; a read's data comes with it
+    /// (a file) or is in the namespace's memory (a simulated device).
+    pub fn complete_async(&mut self, r: &mut Reactor, slot: usize, status: Status, data: Option<&[u8]>) {
         let Some(inf) = self.inflight.try_remove(slot) else {
             return;
         };
@@ -1102,9 +1148,25 @@ impl Conn {
             return;
         }
         match inf.io {
-            Io::Read { ns, off, len } if status.is_success() => {
-                self.send_read(inf.cid, ns.backend.memory(), &ns, off, len)
-            }
+            Io::Read { ns, off, len } if status.is_success() => match (data, ns.backend.memory()) {
+                (Some(d), _) => {
+                    let c = ns.counters(self.reactor);
+                    bump(&c.read_cmds, 1);
+                    bump(&c.read_bytes, u64::from(len));
+                    let success = self.sqflow_off;
+                    self.c2h_header(inf.cid, len, success);
+                    self.wbuf.extend_from_slice(&d[..(len as usize).min(d.len())]);
+                    if self.ddgst {
+                        self.wbuf
+                            .extend_from_slice(&crc32c(&d[..(len as usize).min(d.len())]).to_le_bytes());
+                    }
+                    if !success {
+                        self.resp(inf.cid, Status::SUCCESS, 0, 0);
+                    }
+                }
+                (None, Some(mem)) => self.send_read(inf.cid, mem, &ns, off, len),
+                (None, None) => self.fail(r, inf.cid, Status::INTERNAL_ERROR, ns.nsid, 0),
+            },
             io => {
                 if status.is_success() {
                     self.resp(inf.cid, status, 0, 0);
@@ -1118,16 +1180,31 @@ impl Conn {
 
     fn start_r2t(&mut self, r: &mut Reactor, cid: u16, io: Io, len: u32) {
         // Command ids are the host's: two commands in flight with one id is a host bug.
-        if self.r2t.iter().any(|(_, p)| p.cid == cid) {
+        // Completed (aborted) entries kept only to drain late data do not count.
+        if self.r2t.iter().any(|(_, p)| p.cid == cid && p.done.is_none()) {
             return self.fail(r, cid, Status::CID_CONFLICT.with_dnr(), 0, 0);
         }
-        if self.r2t.len() >= self.sq_entries as usize {
+        let live = self.r2t.iter().filter(|(_, p)| p.done.is_none()).count();
+        if live >= self.sq_entries as usize {
             return self.fail(r, cid, Status::COMMAND_SEQUENCE_ERROR, 0, 0);
+        }
+        // Tombstones whose data never came are bounded: beyond a queue's worth, drop the
+        // oldest (late data for it is then an unknown TTAG: fatal, which a host that aborts
+        // a command and still sends its data much later has earned).
+        let dead: Vec<usize> = self
+            .r2t
+            .iter()
+            .filter(|(_, p)| p.done.is_some())
+            .map(|(k, _)| k)
+            .collect();
+        if dead.len() > self.sq_entries as usize {
+            self.r2t.remove(dead[0]);
         }
         let ttag = self.r2t.insert(PendingH2c {
             cid,
             io,
             buf: vec![0u8; len as usize],
+            len,
             received: 0,
             done: None,
         });
@@ -1161,7 +1238,7 @@ impl Conn {
             );
         };
         // Each H2CData continues where the last ended (NVMe/TCP §3.6.2.7).
-        if datao != p.received || u64::from(datao) + u64::from(datal) > p.buf.len() as u64 {
+        if datao != p.received || u64::from(datao) + u64::from(datal) > u64::from(p.len) {
             let fei = u32::from(DataHdr::OFFSET_DATAO);
             return self.fatal(
                 r,
@@ -1172,14 +1249,16 @@ impl Conn {
                 "H2CData outside its R2T",
             );
         }
-        p.buf[datao as usize..(datao + datal) as usize].copy_from_slice(data);
+        if p.done.is_none() {
+            p.buf[datao as usize..(datao + datal) as usize].copy_from_slice(data);
+        }
         p.received += datal;
         if !digest_ok && p.done.is_none() {
             p.done = Some(Status::TRANSIENT_TRANSPORT_ERROR);
             self.resp(cccid, Status::TRANSIENT_TRANSPORT_ERROR, 0, 0);
         }
         let Some(p) = self.r2t.get(ttag) else { return };
-        if p.received as usize == p.buf.len() {
+        if p.received == p.len {
             let p = self.r2t.remove(ttag);
             if p.done.is_none() {
                 let need = p.io.h2c_len() as usize;
@@ -1190,35 +1269,98 @@ impl Conn {
 
     fn exec_io(&mut self, r: &mut Reactor, id: SourceId, cid: u16, io: Io, data: &[u8]) {
         let reactor = self.reactor;
-        if let Some(ns) = io.namespace()
-            && matches!(ns.backend, Backend::Sim(_))
-        {
-            return self.submit_sim(r, id, cid, io, data);
-        }
+        let Some(ns) = io.namespace().cloned() else {
+            // Flush of NSID FFFFFFFFh: nothing to do unless some namespace caches writes, and
+            // for those we advertise (VWC bits 2:1 = 10b) that it is not supported.
+            let cached = matches!(&self.q, Queue::Io(q) if q.subsys.volatile_cache());
+            return if cached {
+                self.fail(r, cid, Status::INVALID_NAMESPACE.with_dnr(), u32::MAX, 0)
+            } else {
+                self.resp(cid, Status::SUCCESS, 0, 0)
+            };
+        };
+        let mem = match &ns.backend {
+            Backend::Ram(mem) => mem,
+            Backend::Sim(_) => return self.submit_sim(r, id, cid, io, data),
+            Backend::File(_) => return self.submit_file(r, id, cid, io, data),
+        };
         match io {
-            Io::Read { ns, off, len } => self.send_read(cid, ns.backend.memory(), &ns, off, len),
-            Io::Write { ns, off, len, .. } => {
-                apply_write(ns.backend.memory(), &ns, reactor, off, &data[..len as usize]);
+            Io::Read { off, len, .. } => self.send_read(cid, mem, &ns, off, len),
+            Io::Write { off, len, .. } => {
+                apply_write(mem, &ns, reactor, off, &data[..len as usize]);
                 self.resp(cid, Status::SUCCESS, 0, 0);
             }
-            Io::WriteZeroes { ns, off, len } => {
-                ns.backend.memory().zero(off, len);
+            Io::WriteZeroes { off, len, .. } => {
+                mem.zero(off, len);
                 bump(&ns.counters(reactor).write_cmds, 1);
                 self.resp(cid, Status::SUCCESS, 0, 0);
             }
             // RAM has no volatile cache to flush: a completed write is already visible.
             Io::Flush { .. } => self.resp(cid, Status::SUCCESS, 0, 0),
-            Io::DatasetManagement { ns, deallocate, .. } => match cmd::dsm_ranges(data, &ns) {
+            Io::DatasetManagement { deallocate, .. } => match cmd::dsm_ranges(data, &ns) {
                 Ok(ranges) => {
                     if deallocate {
-                        for (off, len) in ranges {
-                            ns.backend.memory().zero(off, len);
-                        }
+                        ranges.iter().for_each(|&(off, len)| mem.zero(off, len));
                     }
                     self.resp(cid, Status::SUCCESS, 0, 0);
                 }
                 Err(s) => self.fail(r, cid, s, ns.nsid, 0),
             },
+        }
+    }
+
+    /// Submit to this reactor's io_uring channel on a file namespace. Write data is copied
+    /// into an aligned buffer of the channel (O_DIRECT); read data comes back with the
+    /// completion.
+    fn submit_file(&mut self, r: &mut Reactor, id: SourceId, cid: u16, io: Io, data: &[u8]) {
+        let Some(ns) = io.namespace().cloned() else { return };
+        let ch = match channel_for(r, &ns) {
+            Ok(ch) => ch,
+            Err(s) => return self.fail(r, cid, s, ns.nsid, 0),
+        };
+        let mut ops: Vec<FileOp> = Vec::with_capacity(1);
+        let mut payload: Option<&[u8]> = None;
+        match &io {
+            Io::Read { off, len, .. } => ops.push(FileOp::Read { off: *off, len: *len }),
+            Io::Write { off, len, fua, .. } => {
+                ops.push(FileOp::Write {
+                    off: *off,
+                    len: *len,
+                    fua: *fua,
+                });
+                payload = Some(&data[..*len as usize]);
+            }
+            Io::WriteZeroes { off, len, .. } => ops.push(FileOp::Zero { off: *off, len: *len }),
+            Io::Flush { .. } => ops.push(FileOp::Flush),
+            Io::DatasetManagement { deallocate, .. } => match cmd::dsm_ranges(data, &ns) {
+                Ok(ranges) if *deallocate => {
+                    ops.extend(ranges.iter().map(|&(off, len)| FileOp::Deallocate { off, len }));
+                }
+                Ok(_) => {}
+                Err(s) => return self.fail(r, cid, s, ns.nsid, 0),
+            },
+        }
+        if ops.is_empty() {
+            // Dataset Management without deallocate (or no ranges): an advisory no-op.
+            return self.resp(cid, Status::SUCCESS, 0, 0);
+        }
+        if let Io::Write { len, .. } = &io {
+            let c = ns.counters(self.reactor);
+            bump(&c.write_cmds, 1);
+            bump(&c.write_bytes, u64::from(*len));
+        }
+        let slot = self.inflight.insert(Inflight { cid, io });
+        let tag = Tag {
+            source: id,
+            serial: self.serial,
+            slot,
+        };
+        let res = r
+            .with_source::<FileChannel, _>(ch, |c, r| c.submit(r, tag, &ops, payload))
+            .unwrap_or(Err(Status::INTERNAL_ERROR));
+        if let Err(s) = res {
+            self.inflight.remove(slot);
+            self.fail(r, cid, s, ns.nsid, 0);
         }
     }
 }

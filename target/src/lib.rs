@@ -14,6 +14,7 @@ pub mod cmd;
 pub mod conn;
 pub mod ctrl;
 pub mod error;
+pub mod file;
 pub mod host;
 pub mod listener;
 pub mod perf;
@@ -117,10 +118,12 @@ impl Target {
             .collect();
         let pending = Mutex::new(Some(socks));
         let (sh, placement) = (shared.clone(), cfg.reactors.placement);
+        let max_io = cfg.transport.max_io_size;
         let runtime = Runtime::start(
             reactors,
             Arc::new(move |r: &mut pollux_reactor::Reactor| {
                 r.set_local(ctrl::Local::default());
+                r.set_local(conn::Channels::new(max_io));
                 if r.id() == 0 {
                     let socks = pending
                         .lock()

@@ -19,15 +19,37 @@ pub enum Backend {
     Ram(RamDisk),
     /// A simulated SSD: data in memory, completions after a simulated device latency.
     Sim(crate::sim::SimDisk),
+    /// A regular file or block device, through io_uring.
+    File(crate::file::FileDisk),
 }
 
 impl Backend {
     /// The memory holding the data of a RAM or simulated namespace.
-    pub fn memory(&self) -> &RamDisk {
+    pub fn memory(&self) -> Option<&RamDisk> {
         match self {
-            Backend::Ram(d) => d,
-            Backend::Sim(s) => &s.data,
+            Backend::Ram(d) => Some(d),
+            Backend::Sim(s) => Some(&s.data),
+            Backend::File(_) => None,
         }
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> u64 {
+        match self {
+            Backend::Ram(d) => d.len(),
+            Backend::Sim(s) => s.data.len(),
+            Backend::File(f) => f.len,
+        }
+    }
+
+    /// Always false: a backend has a size.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Writes may sit in a volatile cache until a Flush (the page cache, a device cache).
+    pub fn volatile_cache(&self) -> bool {
+        matches!(self, Backend::File(_))
     }
 }
 
@@ -131,6 +153,11 @@ pub struct Subsystem {
 }
 
 impl Subsystem {
+    /// Some namespace has a volatile write cache (Identify Controller VWC, Flush semantics).
+    pub fn volatile_cache(&self) -> bool {
+        self.namespaces.values().any(|n| n.backend.volatile_cache())
+    }
+
     /// Whether `hostnqn` may connect and see this subsystem in the discovery log.
     pub fn allows(&self, hostnqn: &str) -> bool {
         self.allow_any_host || self.hosts.iter().any(|h| h == hostnqn)
@@ -197,15 +224,17 @@ pub fn build_snapshot(cfg: &Config, reactors: usize) -> Result<Snapshot, TargetE
                     })?,
                     params: crate::sim::SimParams::from_conf(sim),
                 }),
-                ConfBackend::File(_) => {
-                    return Err(TargetError::Backend {
-                        nqn: s.nqn.clone(),
-                        nsid: n.nsid,
-                        message: format!("backend kind '{}' is not available yet", n.backend.kind()),
-                    });
-                }
+                ConfBackend::File(f) => Backend::File(
+                    crate::file::FileDisk::open(&f.path, f.size, f.direct, n.block_size).map_err(|message| {
+                        TargetError::Backend {
+                            nqn: s.nqn.clone(),
+                            nsid: n.nsid,
+                            message,
+                        }
+                    })?,
+                ),
             };
-            let bytes = backend.memory().len();
+            let bytes = backend.len();
             let ns = Namespace {
                 nsid: n.nsid,
                 block_size: n.block_size,

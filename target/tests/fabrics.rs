@@ -213,9 +213,6 @@ fn abort_completes_a_write_waiting_for_its_data() {
 }
 
 #[test]
-#[ignore = "BUG: after Abort completes a write that waits for H2CData, the target keeps its R2T \
-            entry: reusing the completed CID for another R2T write fails with Command ID Conflict, \
-            and the entry is never freed"]
 fn an_aborted_commands_cid_is_free_again() {
     let t = start("");
     let mut c = controller(addr(&t), 1);

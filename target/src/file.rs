@@ -1,0 +1,625 @@
+//! File and block-device namespaces: one io_uring per reactor (a channel, like an SSD queue
+//! pair), O_DIRECT by default with aligned buffers from the channel's pool.
+//!
+//! Flush is fdatasync, FUA is RWF_DSYNC, Write Zeroes is fallocate(ZERO_RANGE), deallocate is
+//! fallocate(PUNCH_HOLE) (reads back zeroes). Completions are reaped from the ring in memory
+//! when polling and through a registered eventfd in interrupt mode. Where io_uring is not
+//! available (an old kernel, a seccomp filter) the channel hands its commands to a worker
+//! thread instead, so a reactor never blocks on the file.
+
+use std::alloc::Layout;
+use std::collections::VecDeque;
+use std::fs::{File, OpenOptions};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use crossbeam_queue::SegQueue;
+use io_uring::{IoUring, opcode, types};
+use pollux_nvme::spec::Status;
+use pollux_reactor::sys::EventFd;
+use pollux_reactor::{LatencyModel, Next, Progress, Reactor, Source, SourceId, SourceOpts};
+use tracing::{info, warn};
+
+use crate::sim::Tag;
+use crate::subsystem::Namespace;
+
+/// Buffer alignment for O_DIRECT (covers 512- and 4096-byte logical blocks).
+pub const ALIGN: usize = 4096;
+const RING_ENTRIES: u32 = 256;
+const EXACT_GAP: Duration = Duration::from_micros(5);
+
+/// An open, locked backing file or block device.
+#[derive(Debug)]
+pub struct FileDisk {
+    /// The open file.
+    pub file: File,
+    /// Its path.
+    pub path: PathBuf,
+    /// Size in bytes.
+    pub len: u64,
+    /// Opened with O_DIRECT.
+    pub direct: bool,
+    /// A block device rather than a regular file.
+    pub block_device: bool,
+}
+
+fn block_device_size(f: &File) -> std::io::Result<u64> {
+    // BLKGETSIZE64 = _IOR(0x12, 114, size_t)
+    const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
+    let mut size: u64 = 0;
+    // SAFETY: BLKGETSIZE64 writes one u64 through the pointer, which points to `size`.
+    let rc = unsafe { libc::ioctl(f.as_raw_fd(), BLKGETSIZE64, &mut size as *mut u64) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(size)
+}
+
+impl FileDisk {
+    /// Open (creating a regular file of `size` if it is missing), lock and size-check the
+    /// backing store. Errors are sentences for the operator.
+    pub fn open(path: &Path, size: Option<u64>, direct: bool, block_size: u32) -> Result<Self, String> {
+        let exists = path.exists();
+        if !exists && size.is_none() {
+            return Err(format!(
+                "{} does not exist and no `size` is given to create it",
+                path.display()
+            ));
+        }
+        let mut opts = OpenOptions::new();
+        opts.read(true).write(true).create(!exists);
+        if direct {
+            opts.custom_flags(libc::O_DIRECT);
+        }
+        let file = opts.open(path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::PermissionDenied => format!("{}: permission denied", path.display()),
+            _ if e.raw_os_error() == Some(libc::EINVAL) && direct => format!(
+                "{}: the filesystem does not support O_DIRECT (e.g. tmpfs): set `direct = false`",
+                path.display()
+            ),
+            _ => format!("{}: {e}", path.display()),
+        })?;
+        // One pollux per backing store: a second one would corrupt it.
+        // SAFETY: flock on our own open fd; no memory is involved.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                format!(
+                    "{} is already in use by another process (it holds the lock)",
+                    path.display()
+                )
+            } else {
+                format!("{}: cannot lock: {e}", path.display())
+            });
+        }
+        let meta = file.metadata().map_err(|e| format!("{}: {e}", path.display()))?;
+        let block_device = meta.file_type().is_block_device();
+        let len = if block_device {
+            block_device_size(&file).map_err(|e| format!("{}: cannot read the device size: {e}", path.display()))?
+        } else if !exists {
+            let want = size.unwrap_or(0);
+            file.set_len(want)
+                .map_err(|e| format!("{}: cannot size the new file: {e}", path.display()))?;
+            info!(path = %path.display(), bytes = want, "created the backing file");
+            want
+        } else if meta.is_file() {
+            meta.len()
+        } else {
+            return Err(format!(
+                "{} is neither a regular file nor a block device",
+                path.display()
+            ));
+        };
+        if len == 0 || len % u64::from(block_size) != 0 {
+            return Err(format!(
+                "{}: size {len} is not a non-zero multiple of the block size {block_size}",
+                path.display()
+            ));
+        }
+        if let Some(s) = size
+            && exists
+            && s != len
+        {
+            warn!(path = %path.display(), conf = s, actual = len, "the conf size differs from the file's: serving the file's");
+        }
+        Ok(Self {
+            file,
+            path: path.to_path_buf(),
+            len,
+            direct,
+            block_device,
+        })
+    }
+}
+
+/// A heap buffer aligned for O_DIRECT.
+pub struct AlignedBuf {
+    ptr: NonNull<u8>,
+    cap: usize,
+}
+
+// SAFETY: the buffer is owned uniquely; moving it between threads moves the ownership.
+unsafe impl Send for AlignedBuf {}
+
+impl AlignedBuf {
+    fn new(cap: usize) -> Self {
+        let cap = cap.max(ALIGN).next_multiple_of(ALIGN);
+        let layout = Layout::from_size_align(cap, ALIGN).unwrap_or(Layout::new::<u8>());
+        // SAFETY: the layout has a non-zero size.
+        let p = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(p).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        Self { ptr, cap }
+    }
+
+    /// The first `len` bytes (len <= capacity).
+    pub fn slice(&self, len: usize) -> &[u8] {
+        // SAFETY: the allocation holds `cap` initialised bytes and len is clamped to it.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), len.min(self.cap)) }
+    }
+
+    fn slice_mut(&mut self, len: usize) -> &mut [u8] {
+        // SAFETY: as above, and we own the buffer exclusively.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), len.min(self.cap)) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        let layout = Layout::from_size_align(self.cap, ALIGN).unwrap_or(Layout::new::<u8>());
+        // SAFETY: allocated in new() with this same layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
+    }
+}
+
+/// One operation on the backing file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileOp {
+    /// Read `len` bytes at `off` into the command's buffer.
+    Read {
+        /// Byte offset.
+        off: u64,
+        /// Length.
+        len: u32,
+    },
+    /// Write the command's buffer at `off`; `fua`: durable on completion (RWF_DSYNC).
+    Write {
+        /// Byte offset.
+        off: u64,
+        /// Length.
+        len: u32,
+        /// Force unit access.
+        fua: bool,
+    },
+    /// fdatasync.
+    Flush,
+    /// fallocate(ZERO_RANGE).
+    Zero {
+        /// Byte offset.
+        off: u64,
+        /// Length.
+        len: u64,
+    },
+    /// fallocate(PUNCH_HOLE).
+    Deallocate {
+        /// Byte offset.
+        off: u64,
+        /// Length.
+        len: u64,
+    },
+}
+
+impl FileOp {
+    fn is_read(&self) -> bool {
+        matches!(self, FileOp::Read { .. })
+    }
+    fn len(&self) -> u32 {
+        match *self {
+            FileOp::Read { len, .. } | FileOp::Write { len, .. } => len,
+            _ => 0,
+        }
+    }
+}
+
+/// Called per completed command: (reactor, tag, status, data read).
+pub type FileCompleteFn = fn(&mut Reactor, Tag, Status, Option<&[u8]>);
+
+struct Cmd {
+    tag: Tag,
+    buf: Option<AlignedBuf>,
+    read_len: u32,
+    pending: u32,
+    status: Status,
+    submitted: Instant,
+    class: usize,
+}
+
+/// Work for the fallback worker thread.
+struct Job {
+    key: usize,
+    op: FileOp,
+    buf: Option<AlignedBuf>,
+}
+
+struct Done {
+    key: usize,
+    res: i64,
+    buf: Option<AlignedBuf>,
+}
+
+enum Engine {
+    Ring(Box<IoUring>),
+    Worker {
+        jobs: std::sync::mpsc::Sender<Job>,
+        done: Arc<SegQueue<Done>>,
+    },
+}
+
+/// One reactor's channel on a file namespace.
+pub struct FileChannel {
+    ns: Arc<Namespace>,
+    fd: RawFd,
+    engine: Engine,
+    efd: Arc<EventFd>,
+    cmds: slab::Slab<Cmd>,
+    pool: Vec<AlignedBuf>,
+    max_io: usize,
+    complete: FileCompleteFn,
+    model: LatencyModel,
+    last_poll: Instant,
+    name: String,
+}
+
+static LOGGED_NO_URING: AtomicBool = AtomicBool::new(false);
+
+fn errno_status(op_is_read: bool) -> Status {
+    if op_is_read {
+        Status::UNRECOVERED_READ_ERROR
+    } else {
+        Status::WRITE_FAULT
+    }
+}
+
+fn run_job(fd: RawFd, job: &mut Job) -> i64 {
+    let ret = match job.op {
+        FileOp::Read { off, len } => {
+            let Some(b) = job.buf.as_mut() else {
+                return -i64::from(libc::EINVAL);
+            };
+            let s = b.slice_mut(len as usize);
+            // SAFETY: reads at most s.len() bytes into the buffer we own.
+            unsafe { libc::pread(fd, s.as_mut_ptr().cast(), s.len(), off as libc::off_t) as i64 }
+        }
+        FileOp::Write { off, len, fua } => {
+            let Some(b) = job.buf.as_ref() else {
+                return -i64::from(libc::EINVAL);
+            };
+            let s = b.slice(len as usize);
+            let iov = libc::iovec {
+                iov_base: s.as_ptr() as *mut libc::c_void,
+                iov_len: s.len(),
+            };
+            let flags = if fua { libc::RWF_DSYNC } else { 0 };
+            // SAFETY: one iovec over our own buffer; the kernel only reads it.
+            unsafe { libc::pwritev2(fd, &iov, 1, off as libc::off_t, flags) as i64 }
+        }
+        // SAFETY: plain syscalls on our fd.
+        FileOp::Flush => unsafe { libc::fdatasync(fd) as i64 },
+        FileOp::Zero { off, len } => {
+            // SAFETY: as above.
+            unsafe {
+                libc::fallocate(
+                    fd,
+                    libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
+                    off as i64,
+                    len as i64,
+                ) as i64
+            }
+        }
+        FileOp::Deallocate { off, len } => {
+            // SAFETY: as above.
+            unsafe {
+                libc::fallocate(
+                    fd,
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    off as i64,
+                    len as i64,
+                ) as i64
+            }
+        }
+    };
+    if ret < 0 {
+        -i64::from(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO))
+    } else {
+        ret
+    }
+}
+
+impl FileChannel {
+    /// A channel for `ns` (a file namespace) on reactor `reactor`.
+    pub fn new(
+        ns: Arc<Namespace>,
+        fd: RawFd,
+        reactor: usize,
+        max_io: u32,
+        model: LatencyModel,
+        complete: FileCompleteFn,
+    ) -> std::io::Result<Self> {
+        let efd = Arc::new(EventFd::new()?);
+        let engine = match IoUring::new(RING_ENTRIES) {
+            Ok(ring) => {
+                ring.submitter().register_eventfd(efd.as_raw_fd())?;
+                Engine::Ring(Box::new(ring))
+            }
+            Err(e) => {
+                if !LOGGED_NO_URING.swap(true, Ordering::Relaxed) {
+                    warn!(error = %e, "io_uring is unavailable: file namespaces use a worker thread per reactor channel");
+                }
+                let (tx, rx) = std::sync::mpsc::channel::<Job>();
+                let done = Arc::new(SegQueue::new());
+                let (d, e2) = (done.clone(), efd.clone());
+                std::thread::Builder::new()
+                    .name(format!("file-worker-{reactor}"))
+                    .spawn(move || {
+                        while let Ok(mut job) = rx.recv() {
+                            let res = run_job(fd, &mut job);
+                            d.push(Done {
+                                key: job.key,
+                                res,
+                                buf: job.buf,
+                            });
+                            let _ = e2.notify();
+                        }
+                    })?;
+                Engine::Worker { jobs: tx, done }
+            }
+        };
+        Ok(Self {
+            name: format!("file-ns{}-r{reactor}", ns.nsid),
+            ns,
+            fd,
+            engine,
+            efd,
+            cmds: slab::Slab::new(),
+            pool: Vec::new(),
+            max_io: max_io as usize,
+            complete,
+            model,
+            last_poll: Instant::now(),
+        })
+    }
+
+    /// Register on the reactor: polled, and woken by the completion eventfd.
+    pub fn register(self, r: &mut Reactor) -> pollux_reactor::Result<SourceId> {
+        let fd = self.efd.as_raw_fd();
+        r.add_sleepable_source(Box::new(self), SourceOpts::polled_with_fd(fd))
+    }
+
+    /// The namespace.
+    pub fn namespace(&self) -> &Arc<Namespace> {
+        &self.ns
+    }
+
+    fn take_buf(&mut self) -> AlignedBuf {
+        self.pool.pop().unwrap_or_else(|| AlignedBuf::new(self.max_io))
+    }
+
+    /// Submit the operations of one command; it completes when all of them have.
+    pub fn submit(&mut self, r: &mut Reactor, tag: Tag, ops: &[FileOp], data: Option<&[u8]>) -> Result<(), Status> {
+        if ops.is_empty() {
+            return Err(Status::INTERNAL_ERROR);
+        }
+        let first = ops[0];
+        let needs_buf = ops
+            .iter()
+            .any(|o| matches!(o, FileOp::Read { .. } | FileOp::Write { .. }));
+        let mut buf = needs_buf.then(|| self.take_buf());
+        if let (Some(b), Some(d)) = (buf.as_mut(), data) {
+            let n = d.len().min(b.cap);
+            b.slice_mut(n).copy_from_slice(&d[..n]);
+        }
+        let key = self.cmds.insert(Cmd {
+            tag,
+            buf: None,
+            read_len: if first.is_read() { first.len() } else { 0 },
+            pending: ops.len() as u32,
+            status: Status::SUCCESS,
+            submitted: Instant::now(),
+            class: LatencyModel::class(first.is_read(), first.len()),
+        });
+        r.device_load().outstanding += 1;
+        match &mut self.engine {
+            Engine::Ring(ring) => {
+                for op in ops {
+                    let fd = types::Fd(self.fd);
+                    let ptr = buf.as_mut().map_or(std::ptr::null_mut(), |b| b.ptr.as_ptr());
+                    let sqe = match *op {
+                        FileOp::Read { off, len } => opcode::Read::new(fd, ptr, len).offset(off).build(),
+                        FileOp::Write { off, len, fua } => opcode::Write::new(fd, ptr, len)
+                            .offset(off)
+                            .rw_flags(if fua { libc::RWF_DSYNC } else { 0 })
+                            .build(),
+                        FileOp::Flush => opcode::Fsync::new(fd).flags(types::FsyncFlags::DATASYNC).build(),
+                        FileOp::Zero { off, len } => opcode::Fallocate::new(fd, len)
+                            .offset(off)
+                            .mode(libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE)
+                            .build(),
+                        FileOp::Deallocate { off, len } => opcode::Fallocate::new(fd, len)
+                            .offset(off)
+                            .mode(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE)
+                            .build(),
+                    }
+                    .user_data(key as u64);
+                    // SAFETY: the buffer the SQE points to is kept in `cmds[key]` (moved below,
+                    // its heap address unchanged) until the completion of every SQE of the
+                    // command, so the kernel never sees freed memory.
+                    while unsafe { ring.submission().push(&sqe) }.is_err() {
+                        ring.submit().map_err(|_| Status::INTERNAL_ERROR)?;
+                    }
+                }
+                if let Some(c) = self.cmds.get_mut(key) {
+                    c.buf = buf;
+                }
+                if let Err(e) = ring.submit() {
+                    warn!(channel = %self.name, error = %e, "io_uring submit failed");
+                }
+            }
+            Engine::Worker { jobs, .. } => {
+                // The worker owns the buffer while it works and hands it back.
+                for (i, op) in ops.iter().enumerate() {
+                    let b = if i == 0 { buf.take() } else { None };
+                    if jobs.send(Job { key, op: *op, buf: b }).is_err() {
+                        return Err(Status::INTERNAL_ERROR);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn finish_one(
+        &mut self,
+        r: &mut Reactor,
+        key: usize,
+        res: i64,
+        buf: Option<AlignedBuf>,
+        now: Instant,
+        exact: bool,
+    ) -> bool {
+        let Some(c) = self.cmds.get_mut(key) else { return false };
+        if buf.is_some() {
+            c.buf = buf;
+        }
+        let is_read = c.read_len > 0;
+        if res < 0 {
+            let err = std::io::Error::from_raw_os_error((-res) as i32);
+            warn!(channel = %self.name, error = %err, "I/O error on the backing file");
+            c.status = errno_status(is_read);
+        } else if is_read && (res as u64) < u64::from(c.read_len) {
+            c.status = Status::UNRECOVERED_READ_ERROR;
+        }
+        c.pending -= 1;
+        if c.pending > 0 {
+            return false;
+        }
+        let c = self.cmds.remove(key);
+        self.model
+            .observe(c.class, now.saturating_duration_since(c.submitted), exact);
+        let load = r.device_load();
+        load.outstanding = load.outstanding.saturating_sub(1);
+        load.completions += 1;
+        if let Some(e) = self.model.estimate(c.class) {
+            load.predicted_ns = e.as_nanos() as u64;
+        }
+        let data = (is_read && c.status.is_success())
+            .then(|| c.buf.as_ref().map(|b| b.slice(c.read_len as usize)))
+            .flatten();
+        (self.complete)(r, c.tag, c.status, data);
+        if let Some(b) = c.buf {
+            self.pool.push(b);
+        }
+        true
+    }
+}
+
+impl Source for FileChannel {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn run(&mut self, r: &mut Reactor, _id: SourceId) -> Progress {
+        self.efd.drain();
+        let now = Instant::now();
+        let exact = now.duration_since(self.last_poll) <= EXACT_GAP;
+        self.last_poll = now;
+        let mut done: VecDeque<(usize, i64, Option<AlignedBuf>)> = VecDeque::new();
+        match &mut self.engine {
+            Engine::Ring(ring) => {
+                for cqe in ring.completion() {
+                    done.push_back((cqe.user_data() as usize, i64::from(cqe.result()), None));
+                }
+            }
+            Engine::Worker { done: q, .. } => {
+                while let Some(d) = q.pop() {
+                    done.push_back((d.key, d.res, d.buf));
+                }
+            }
+        }
+        let did = !done.is_empty();
+        for (key, res, buf) in done {
+            self.finish_one(r, key, res, buf, now, exact);
+        }
+        if self.cmds.is_empty() {
+            return Progress {
+                did_work: did,
+                next: Next::Idle,
+            };
+        }
+        let mut earliest: Option<Instant> = None;
+        for (_, c) in self.cmds.iter() {
+            let Some(e) = self.model.estimate(c.class) else {
+                return Progress {
+                    did_work: did,
+                    next: Next::Asap,
+                };
+            };
+            let t = c.submitted + e;
+            earliest = Some(earliest.map_or(t, |x| x.min(t)));
+        }
+        Progress {
+            did_work: did,
+            next: earliest.map_or(Next::Asap, Next::Expect),
+        }
+    }
+
+    fn shutdown(&mut self, _r: &mut Reactor, _id: SourceId) {
+        // Wait for what the kernel still holds buffers of, so none is freed under it.
+        if let Engine::Ring(ring) = &mut self.engine {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while !self.cmds.is_empty() && Instant::now() < deadline {
+                let _ = ring.submit_and_wait(1);
+                let keys: Vec<usize> = ring.completion().map(|c| c.user_data() as usize).collect();
+                for k in keys {
+                    if let Some(c) = self.cmds.get_mut(k) {
+                        c.pending = c.pending.saturating_sub(1);
+                        if c.pending == 0 {
+                            self.cmds.remove(k);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn open_creates_sizes_locks_and_refuses_bad_input() {
+        let dir = std::env::temp_dir().join(format!("pollux-file-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let p = dir.join("disk.img");
+        let _ = std::fs::remove_file(&p);
+        let e = FileDisk::open(&p, None, false, 512).unwrap_err();
+        assert!(e.contains("does not exist"), "{e}");
+        let d = FileDisk::open(&p, Some(1 << 20), false, 512).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(d.len, 1 << 20);
+        // A second opener (another pollux) is refused while the first holds the lock.
+        let e = FileDisk::open(&p, None, false, 512).unwrap_err();
+        assert!(e.contains("already in use"), "{e}");
+        drop(d);
+        let d = FileDisk::open(&p, None, false, 512).unwrap_or_else(|e| panic!("{e}"));
+        drop(d);
+        std::fs::write(dir.join("odd.img"), vec![0u8; 1000]).unwrap_or_else(|e| panic!("{e}"));
+        let e = FileDisk::open(&dir.join("odd.img"), None, false, 512).unwrap_err();
+        assert!(e.contains("multiple of the block size"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
