@@ -20,6 +20,8 @@
 #                          the guest can bind the NVMe controller to vfio-pci
 #     --share-ro DIR       host DIR read-only over 9p; the guest's /init
 #                          mounts it at /mnt/host
+#     --share DIR          the same, read-write (a channel between a guest
+#                          script and the host scenario driving it)
 #     --timeout SECS       kill QEMU (by PID) after SECS; exit 124 (300)
 #     --pidfile FILE       QEMU's PID is written here while it runs
 #     --log FILE           console log ($GUEST_WORK/logs/console-PID.log)
@@ -68,6 +70,9 @@ while [ $# -gt 0 ]; do
                  append+=" intel_iommu=on iommu=pt" ;;
         --share-ro) [ -d "$2" ] || die "--share-ro: no directory $2"
                     extra+=(-virtfs "local,path=$2,mount_tag=host0,security_model=none,readonly=on,id=host0"); shift ;;
+        --share) [ -d "$2" ] || die "--share: no directory $2"
+                 extra+=(-virtfs "local,path=$2,mount_tag=host0,security_model=none,id=host0")
+                 append+=" gshare=rw"; shift ;;
         --pidfile) pidfile=$2; shift ;;
         --timeout) [[ $2 =~ ^[0-9]+$ ]] || die "--timeout wants seconds"; timeout=$2; shift ;;
         --log) log=$2; shift ;;

@@ -6,6 +6,7 @@
 set -euo pipefail
 # shellcheck source=ci/lib.sh
 . "$(dirname "$0")/../lib.sh"
+need_pollux
 
 nqn=nqn.2026-11.io.pollux.ci:sim
 declare -A port pid logf

@@ -6,6 +6,7 @@
 set -euo pipefail
 # shellcheck source=ci/lib.sh
 . "$(dirname "$0")/../lib.sh"
+need_pollux
 
 p_io=$(free_port)
 p_disc=$(free_port)
@@ -50,7 +51,7 @@ TOML
 start_pollux "$conf" "$p_io"
 run_guest pollux-ram.sh --timeout 600 --guestfwd "4420=$p_io" --guestfwd "8009=$p_disc" \
     --env "SUB1=$sub1" --env "SUB2=$sub2" --env "ALLOWED_HOST=$allowed" --env "ALLOWED_HOSTID=$hostid" ||
-    { _pollux_tail; fail "pollux-ram guest failed"; }
+    fail "pollux-ram guest failed (pollux log: $POLLUX_LOG)"
 grep -q "controller created" "$POLLUX_LOG" || fail "pollux logged no controller"
 stop_pollux || fail "pollux did not stop cleanly on SIGTERM"
 log "PASS"

@@ -17,7 +17,7 @@ for port in 4420 4421 4422; do
     fio_verify "$dev" 4k 4M
     fio_verify "$dev" 128k 8M
     step "fio-fast-$port"
-    [ -b "$fast" ] || fast=$(ls /dev/nvme*n2 | head -1)
+    [ -b "$fast" ] || die "no block device $fast for namespace 2"
     fio_verify "$fast" 4k 4M
     step "qd1-latency-$port"
     # A functional sanity line only: TCG distorts every absolute figure.
