@@ -100,14 +100,16 @@ pub enum ReactorMode {
     /// Spin on pollers without sleeping: lowest latency, one busy core per
     /// reactor. Spelled `"poll"`.
     Poll,
-    /// Spin while there is work, then sleep in the kernel after a quiet
-    /// period. Spelled `"hybrid"`.
+    /// With device commands in flight, sleep on a microsecond timer until
+    /// shortly before their predicted completion, then poll; otherwise sleep
+    /// in the kernel until an event arrives. Spelled `"hybrid"`.
     Hybrid,
     /// Sleep in the kernel until an event arrives. Spelled `"interrupt"`.
-    #[default]
     Interrupt,
-    /// Poll while it pays off and sleep otherwise, spending at most
-    /// [`Reactors::cpu_budget`] of a core on polling. Spelled `"adaptive"`.
+    /// Let a policy choose poll, hybrid or interrupt from the measured load and
+    /// device latency, spending at most [`Reactors::cpu_budget`] of a core on
+    /// polling that finds no work. Spelled `"adaptive"`; the default.
+    #[default]
     Adaptive,
 }
 

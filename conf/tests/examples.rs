@@ -38,7 +38,7 @@ fn embedded_default_is_ram_toml() {
     let c = Config::embedded_default();
     assert_eq!(c.origin, "<embedded>");
     assert_eq!(c.reactors.cores, vec![0]);
-    assert_eq!(c.reactors.mode, ReactorMode::Interrupt);
+    assert_eq!(c.reactors.mode, ReactorMode::Adaptive);
     assert_eq!(c.reactors.stall_threshold_us, 2000);
     assert_eq!(c.reactors.placement, Placement::RoundRobin);
     let addrs: Vec<String> = c.listeners.iter().map(|l| l.address.to_string()).collect();

@@ -343,7 +343,7 @@ fn defaults_when_optional_keys_are_absent() {
         "min.toml",
     )
     .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(c.reactors.mode, ReactorMode::Interrupt);
+    assert_eq!(c.reactors.mode, ReactorMode::Adaptive);
     assert_eq!(c.reactors.stall_threshold_us, 2000);
     assert_eq!(c.reactors.placement, Placement::RoundRobin);
     assert_eq!(
@@ -415,7 +415,7 @@ fn mode_and_placement_spellings() {
         assert_eq!(p.to_string().parse::<Placement>(), Ok(p));
     }
     assert_eq!(Placement::LeastLoaded.to_string(), "least-loaded");
-    assert_eq!(ReactorMode::default(), ReactorMode::Interrupt);
+    assert_eq!(ReactorMode::default(), ReactorMode::Adaptive);
     for p in [SleepPolicyKind::Pollux, SleepPolicyKind::LinuxHalfMean] {
         assert_eq!(p.to_string().parse::<SleepPolicyKind>(), Ok(p));
     }
