@@ -67,7 +67,13 @@ fn rtt(mode: Mode, n: usize) -> (u64, u64) {
     let r0 = rt.remote(0).unwrap();
     let mut lat = Vec::with_capacity(n);
     let done = Arc::new(AtomicU64::new(0));
+    // At most 5 s: with both cores polling, the spinning main thread competes with the
+    // reactors and a round trip can take milliseconds (ci/bench must end in bounded time).
+    let budget = Instant::now() + Duration::from_secs(5);
     for i in 0..n as u64 {
+        if Instant::now() > budget {
+            break;
+        }
         let d = done.clone();
         let t0 = Instant::now();
         // ping from reactor 0 to reactor 1 and back to reactor 0, which records completion

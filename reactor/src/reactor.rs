@@ -889,6 +889,7 @@ impl Reactor {
     /// Run the loop until [`Reactor::stop`].
     pub(crate) fn run(&mut self) {
         let mut t_iter = Instant::now();
+        self.stats.iter_start_ns.store(crate::stats::mono_ns(), Relaxed);
         while !self.stop {
             let mut work = self.drain_inbox();
             work |= self.run_timers(t_iter);
@@ -918,6 +919,7 @@ impl Reactor {
                 self.evaluate_policy(t_end);
             }
             t_iter = t_end;
+            self.stats.iter_start_ns.store(crate::stats::mono_ns_at(t_end), Relaxed);
         }
         self.shutdown_sources();
     }

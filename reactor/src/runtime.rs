@@ -170,6 +170,12 @@ impl Runtime {
         self.stats.iter().enumerate().map(|(i, s)| s.snapshot(i)).collect()
     }
 
+    /// The accounting cells of every reactor, for readers on other threads (a control plane):
+    /// [`StatsCell::snapshot`] reads them without disturbing the reactors.
+    pub fn stats_cells(&self) -> Vec<Arc<StatsCell>> {
+        self.stats.clone()
+    }
+
     /// Switch reactor `id` to `mode` (applied by a message on its own thread).
     pub fn set_mode(&self, id: usize, mode: Mode) -> Result<()> {
         let r = self.remote(id).ok_or(ReactorError::NotRunning { reactor: id })?;

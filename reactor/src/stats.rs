@@ -6,6 +6,17 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use crate::mode::Mode;
 use crate::sys;
 
+/// Monotonic nanoseconds since a process-wide epoch (so they fit an atomic).
+pub(crate) fn mono_ns() -> u64 {
+    mono_ns_at(std::time::Instant::now())
+}
+
+/// [`mono_ns`] of a time already read (the loop has one: no second clock read).
+pub(crate) fn mono_ns_at(t: std::time::Instant) -> u64 {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    t.saturating_duration_since(*EPOCH.get_or_init(std::time::Instant::now)).as_nanos() as u64
+}
+
 /// Buckets of the wake-up lateness histogram: bucket 0 is < 1 us late, bucket i (i >= 1) is
 /// [2^(i-1), 2^i) us late, and the last bucket takes everything beyond.
 pub const WAKE_BUCKETS: usize = 16;
@@ -38,6 +49,9 @@ pub struct StatsCell {
     pub(crate) completions: AtomicU64,
     pub(crate) predicted_ns: AtomicU64,
     pub(crate) wake_cost_ns: AtomicU64,
+    /// When the iteration in progress began ([`mono_ns`]; 0: none). An iteration blocked in
+    /// epoll has not been added to the time counters yet: snapshots add it as idle time.
+    pub(crate) iter_start_ns: AtomicU64,
 }
 
 /// Adds to a counter that only this reactor thread writes: a load and a store, no locked
@@ -72,20 +86,23 @@ impl StatsCell {
                 c => sys::clock_ns(c as i64 as libc::clockid_t),
             }
         };
+        let mode = self.mode.load(Relaxed).min(2);
+        let started = self.iter_start_ns.load(Relaxed);
+        let pending = if started == 0 || self.exited.load(Relaxed) { 0 } else { mono_ns().saturating_sub(started) };
         ReactorStats {
             id,
             core: match self.core.load(Relaxed) {
                 usize::MAX => None,
                 c => Some(c),
             },
-            mode: Mode::ALL[self.mode.load(Relaxed).min(2)],
+            mode: Mode::ALL[mode],
             cpu_ns,
             busy_ns: self.busy_ns.load(Relaxed),
-            idle_ns: self.idle_ns.load(Relaxed),
+            idle_ns: self.idle_ns.load(Relaxed) + pending,
             sleep_ns: self.sleep_ns.load(Relaxed),
             iterations: self.iterations.load(Relaxed),
             busy_iterations: self.busy_iterations.load(Relaxed),
-            mode_ns: std::array::from_fn(|i| self.mode_ns[i].load(Relaxed)),
+            mode_ns: std::array::from_fn(|i| self.mode_ns[i].load(Relaxed) + if i == mode { pending } else { 0 }),
             mode_entries: std::array::from_fn(|i| self.mode_entries[i].load(Relaxed)),
             wake_late: std::array::from_fn(|i| self.wake_late[i].load(Relaxed)),
             wake_late_sum_ns: self.wake_late_sum_ns.load(Relaxed),
