@@ -1536,3 +1536,14 @@ impl Source for Conn {
         debug!(peer = %self.peer, "connection closed at shutdown");
     }
 }
+
+/// Run `f` on every controller this reactor owns (the control socket's `controllers`).
+pub fn for_each_ctrl(r: &mut Reactor, mut f: impl FnMut(&Ctrl)) {
+    let ids: Vec<u16> = r
+        .local::<Local>()
+        .map(|l| l.ctrls.keys().copied().collect())
+        .unwrap_or_default();
+    for id in ids {
+        with_ctrl(r, id, |c, _| f(c));
+    }
+}

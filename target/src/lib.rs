@@ -12,6 +12,7 @@
 pub mod admin;
 pub mod cmd;
 pub mod conn;
+pub mod control;
 pub mod ctrl;
 pub mod error;
 pub mod file;
@@ -56,7 +57,7 @@ pub struct Target {
 }
 
 /// The starting mode and the adaptive policy (if any) of a conf's reactors.
-fn modes_of(r: &pollux_conf::Reactors) -> (Mode, Option<PolicyConfig>) {
+pub(crate) fn modes_of(r: &pollux_conf::Reactors) -> (Mode, Option<PolicyConfig>) {
     let policy = PolicyConfig {
         cpu_budget: r.cpu_budget,
         latency_target: r.latency_target_us.map(|us| Duration::from_nanos((us * 1000.0) as u64)),
@@ -151,6 +152,11 @@ impl Target {
     /// Accounting of every reactor.
     pub fn reactor_stats(&self) -> Vec<ReactorStats> {
         self.runtime.stats()
+    }
+
+    /// The reactors (for the control plane: their handles and accounting cells).
+    pub fn runtime(&self) -> &Runtime {
+        &self.runtime
     }
 
     /// State shared by the reactors.

@@ -1,6 +1,7 @@
 //! The `pollux` binary: `pollux --config FILE` serves until SIGTERM/SIGINT; `pollux --check
 //! FILE` validates a conf file; with neither, the embedded default (one RAM namespace).
-//! `pollux perf ...` is the NVMe/TCP load generator ([`pollux_target::perf`]).
+//! `pollux perf ...` is the NVMe/TCP load generator ([`pollux_target::perf`]); `pollux ctl ...`
+//! and `pollux top` talk to a running target's control socket ([`pollux_target::control`]).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -29,6 +30,10 @@ struct Cli {
 enum Command {
     /// NVMe/TCP load generator, like SPDK's spdk_nvme_perf (see ci/BENCHMARKS.md).
     Perf(pollux_target::perf::cli::PerfArgs),
+    /// Inspect and steer a running target over its control socket.
+    Ctl(pollux_target::control::cli::CtlArgs),
+    /// A live terminal view of a running target (q quits).
+    Top(pollux_target::control::top::TopArgs),
 }
 
 /// Block the signals the main thread waits for, before any reactor thread exists (threads
@@ -64,6 +69,11 @@ fn main() -> ExitCode {
     if let Some(Command::Perf(args)) = &cli.command {
         return pollux_target::perf::cli::main(args);
     }
+    match &cli.command {
+        Some(Command::Ctl(args)) => return pollux_target::control::cli::main(args),
+        Some(Command::Top(args)) => return pollux_target::control::top::main(args),
+        _ => {}
+    }
     if let Some(path) = cli.check {
         return match Config::from_path(&path) {
             Ok(cfg) => {
@@ -87,10 +97,26 @@ fn main() -> ExitCode {
         None => Config::embedded_default(),
     };
     let signals = block_signals();
+    // Bound before the target starts: a second pollux on the same socket stops here.
+    let bound = match pollux_target::control::Bound::bind(&cfg.control) {
+        Ok(b) => b,
+        Err(e) => {
+            error!("cannot start: {e}");
+            return ExitCode::from(1);
+        }
+    };
     let target = match Target::start(&cfg, Options::default()) {
         Ok(t) => t,
         Err(e) => {
             error!("cannot start: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let control = match bound.serve(&target, &cfg.reactors) {
+        Ok(c) => c,
+        Err(e) => {
+            error!("cannot start: {e}");
+            let _ = target.shutdown();
             return ExitCode::from(1);
         }
     };
@@ -104,6 +130,7 @@ fn main() -> ExitCode {
             }
         }
     }
+    drop(control);
     match target.shutdown() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

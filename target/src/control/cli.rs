@@ -1,0 +1,361 @@
+//! `pollux ctl ...`: one control-socket call, printed as a table (or as raw JSON).
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use serde_json::{Value, json};
+
+use super::view::{CtrlList, ModeView, ReactorView, SubsystemView, VersionView};
+use super::{Client, ControlError, DEFAULT_SOCKET};
+
+/// Where to find the control socket (shared by `pollux ctl` and `pollux top`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct SocketArgs {
+    /// The control socket (default: `[control] socket` of --config, else /run/pollux.sock).
+    #[arg(long, value_name = "PATH", global = true)]
+    pub socket: Option<PathBuf>,
+    /// A conf file whose `[control] socket` to use.
+    #[arg(short, long, value_name = "FILE", global = true)]
+    pub config: Option<PathBuf>,
+}
+
+impl SocketArgs {
+    /// The socket path: `--socket`, else the conf's, else [`DEFAULT_SOCKET`].
+    pub fn resolve(&self) -> Result<PathBuf, ControlError> {
+        if let Some(s) = &self.socket {
+            return Ok(s.clone());
+        }
+        if let Some(c) = &self.config {
+            let cfg = pollux_conf::Config::from_path(c).map_err(|e| ControlError::Conf(e.to_string()))?;
+            return cfg.control.socket.ok_or_else(|| {
+                ControlError::Conf(format!("{} has no [control] socket; pass --socket PATH", c.display()))
+            });
+        }
+        Ok(PathBuf::from(DEFAULT_SOCKET))
+    }
+}
+
+/// `pollux ctl`: inspect and steer a running target over its control socket.
+#[derive(Debug, clap::Args)]
+pub struct CtlArgs {
+    /// The socket to use.
+    #[command(flatten)]
+    pub socket: SocketArgs,
+    /// Print the raw JSON result instead of a table.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: CtlCommand,
+}
+
+/// `pollux ctl` commands.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum CtlCommand {
+    /// Version and uptime.
+    Version,
+    /// Per-reactor mode, CPU, load and latency.
+    Reactors,
+    /// Subsystems, their namespaces and counters.
+    Subsystems,
+    /// Connected controllers and where their queues live.
+    Controllers,
+    /// Set a reactor's mode: poll, hybrid, interrupt or adaptive.
+    SetMode {
+        /// Reactor index.
+        reactor: u64,
+        /// poll | hybrid | interrupt | adaptive.
+        mode: String,
+    },
+    /// Set a reactor's adaptive CPU budget (0 < B <= 1).
+    SetCpuBudget {
+        /// Reactor index.
+        reactor: u64,
+        /// Fraction of a core.
+        budget: f64,
+    },
+}
+
+impl CtlCommand {
+    /// The JSON-RPC method and params.
+    pub fn request(&self) -> (&'static str, Value) {
+        match self {
+            CtlCommand::Version => ("version", Value::Null),
+            CtlCommand::Reactors => ("reactors", Value::Null),
+            CtlCommand::Subsystems => ("subsystems", Value::Null),
+            CtlCommand::Controllers => ("controllers", Value::Null),
+            CtlCommand::SetMode { reactor, mode } => ("set_mode", json!({"reactor": reactor, "mode": mode})),
+            CtlCommand::SetCpuBudget { reactor, budget } => {
+                ("set_cpu_budget", json!({"reactor": reactor, "budget": budget}))
+            }
+        }
+    }
+}
+
+/// Columns padded to their widest cell; the first row is the header.
+pub fn table(rows: &[Vec<String>]) -> String {
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..cols)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|s| s.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for r in rows {
+        let mut line = String::new();
+        for (c, cell) in r.iter().enumerate() {
+            let _ = write!(line, "{cell:<w$}  ", w = widths[c]);
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// A duration in ns, short: `850ns`, `12.3us`, `4.1ms`.
+pub fn ns(v: u64) -> String {
+    match v {
+        0 => "-".into(),
+        v if v < 1_000 => format!("{v}ns"),
+        v if v < 1_000_000 => format!("{:.1}us", v as f64 / 1e3),
+        v if v < 1_000_000_000 => format!("{:.1}ms", v as f64 / 1e6),
+        v => format!("{:.2}s", v as f64 / 1e9),
+    }
+}
+
+/// A byte count, short.
+pub fn bytes(v: u64) -> String {
+    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut x = v as f64;
+    let mut i = 0;
+    while x >= 1024.0 && i < U.len() - 1 {
+        x /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{v}B")
+    } else {
+        format!("{x:.1}{}", U[i])
+    }
+}
+
+fn opt(v: Option<u64>) -> String {
+    v.map_or("-".into(), |x| x.to_string())
+}
+
+/// The reactors table.
+pub fn format_reactors(rs: &[ReactorView]) -> String {
+    let mut rows = vec![
+        [
+            "REACTOR",
+            "CORE",
+            "MODE",
+            "ADAPTIVE",
+            "BUDGET",
+            "POLL%",
+            "HYBRID%",
+            "INTR%",
+            "SWITCHES",
+            "CPU%1S",
+            "CPU%",
+            "BUSY%",
+            "ITERATIONS",
+            "IOPS",
+            "CMDS",
+            "OUTST",
+            "PREDICTED",
+            "WAKECOST",
+            "LATE_P50/P99_US",
+            "STALLS",
+        ]
+        .map(String::from)
+        .to_vec(),
+    ];
+    for r in rs {
+        rows.push(vec![
+            r.id.to_string(),
+            r.core.map_or("-".into(), |c| c.to_string()),
+            r.mode.clone(),
+            if r.adaptive { "on" } else { "off" }.into(),
+            format!("{:.2}", r.cpu_budget),
+            format!("{:.1}", r.mode_pct.poll),
+            format!("{:.1}", r.mode_pct.hybrid),
+            format!("{:.1}", r.mode_pct.interrupt),
+            r.switches.to_string(),
+            format!("{:.1}", r.cpu_pct_1s),
+            format!("{:.1}", r.cpu_pct),
+            format!("{:.1}", r.busy_pct),
+            r.iterations.to_string(),
+            format!("{:.0}", r.iops),
+            r.commands.to_string(),
+            r.outstanding.to_string(),
+            ns(r.predicted_ns),
+            ns(r.wake_cost_ns),
+            format!("{}/{}", opt(r.wake_late_us.p50), opt(r.wake_late_us.p99)),
+            r.stalls.to_string(),
+        ]);
+    }
+    table(&rows)
+}
+
+/// The subsystems listing: one block per subsystem.
+pub fn format_subsystems(ss: &[SubsystemView]) -> String {
+    let mut out = String::new();
+    for s in ss {
+        let hosts = if s.allow_any_host {
+            "any".to_string()
+        } else {
+            s.hosts.join(", ")
+        };
+        let _ = writeln!(out, "{}", s.nqn);
+        let _ = writeln!(
+            out,
+            "  serial {}  model {}  controllers {}",
+            s.serial, s.model, s.controllers
+        );
+        let _ = writeln!(out, "  hosts {hosts}");
+        let _ = writeln!(out, "  listeners {}", s.listeners.join(", "));
+        let mut rows = vec![
+            [
+                "NSID", "SIZE", "BLOCK", "BACKEND", "UUID", "READS", "WRITES", "READ", "WRITTEN",
+            ]
+            .map(String::from)
+            .to_vec(),
+        ];
+        for n in &s.namespaces {
+            rows.push(vec![
+                n.nsid.to_string(),
+                bytes(n.size),
+                n.block_size.to_string(),
+                n.backend.clone(),
+                n.uuid.clone(),
+                n.read_cmds.to_string(),
+                n.write_cmds.to_string(),
+                bytes(n.read_bytes),
+                bytes(n.write_bytes),
+            ]);
+        }
+        for l in table(&rows).lines() {
+            let _ = writeln!(out, "  {l}");
+        }
+    }
+    if ss.is_empty() {
+        out.push_str("no subsystems (discovery only)\n");
+    }
+    out
+}
+
+/// The controllers table.
+pub fn format_controllers(c: &CtrlList) -> String {
+    let mut rows = vec![
+        [
+            "CNTLID",
+            "SUBSYSTEM",
+            "HOSTNQN",
+            "HOSTID",
+            "KATO_MS",
+            "READY",
+            "ADMIN",
+            "IO_QUEUES(qid:reactor)",
+            "AGE_S",
+        ]
+        .map(String::from)
+        .to_vec(),
+    ];
+    for x in &c.controllers {
+        let q: Vec<String> = x.io_queues.iter().map(|(q, r)| format!("{q}:{r}")).collect();
+        rows.push(vec![
+            x.cntlid.to_string(),
+            x.subsystem.clone(),
+            x.hostnqn.clone(),
+            x.hostid.clone(),
+            x.kato_ms.to_string(),
+            if x.ready { "yes" } else { "no" }.into(),
+            x.admin_reactor.to_string(),
+            if q.is_empty() { "-".into() } else { q.join(",") },
+            format!("{:.0}", x.age_s),
+        ]);
+    }
+    let mut out = if c.controllers.is_empty() {
+        "no controllers\n".to_string()
+    } else {
+        table(&rows)
+    };
+    if !c.unanswered.is_empty() {
+        let _ = writeln!(
+            out,
+            "warning: reactors {:?} did not answer; their controllers are missing",
+            c.unanswered
+        );
+    }
+    out
+}
+
+/// Format a result of `cmd` for people.
+pub fn format_result(cmd: &CtlCommand, v: Value) -> Result<String, ControlError> {
+    let de = |e: serde_json::Error| ControlError::Protocol(format!("unexpected result: {e}"));
+    Ok(match cmd {
+        CtlCommand::Version => {
+            let x: VersionView = serde_json::from_value(v).map_err(de)?;
+            format!(
+                "pollux {}  uptime {:.0}s  reactors {}  pid {}\n",
+                x.version, x.uptime_s, x.reactors, x.pid
+            )
+        }
+        CtlCommand::Reactors => format_reactors(&serde_json::from_value::<Vec<ReactorView>>(v).map_err(de)?),
+        CtlCommand::Subsystems => format_subsystems(&serde_json::from_value::<Vec<SubsystemView>>(v).map_err(de)?),
+        CtlCommand::Controllers => format_controllers(&serde_json::from_value::<CtrlList>(v).map_err(de)?),
+        CtlCommand::SetMode { .. } | CtlCommand::SetCpuBudget { .. } => {
+            let m: ModeView = serde_json::from_value(v).map_err(de)?;
+            format!(
+                "reactor {}: mode {}, adaptive {}, cpu budget {:.2}\n",
+                m.reactor,
+                m.mode,
+                if m.adaptive { "on" } else { "off" },
+                m.cpu_budget
+            )
+        }
+    })
+}
+
+/// Run one `ctl` command against the socket at `path`; the text to print.
+pub fn run(path: &Path, cmd: &CtlCommand, json_out: bool) -> Result<String, ControlError> {
+    let mut c = Client::connect(path)?;
+    let (method, params) = cmd.request();
+    let v = c.call(method, params)?;
+    if json_out {
+        let mut s = serde_json::to_string_pretty(&v).map_err(|e| ControlError::Protocol(e.to_string()))?;
+        s.push('\n');
+        Ok(s)
+    } else {
+        format_result(cmd, v)
+    }
+}
+
+/// `pollux ctl`: 0 on success, 1 if the call failed, 2 for a bad request.
+pub fn main(args: &CtlArgs) -> ExitCode {
+    let result = args
+        .socket
+        .resolve()
+        .and_then(|path| run(&path, &args.command, args.json));
+    match result {
+        Ok(text) => {
+            let mut so = std::io::stdout().lock();
+            let _ = so.write_all(text.as_bytes());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "pollux ctl: {e}");
+            match e {
+                ControlError::Rpc { code, .. } if code == super::rpc::INVALID_PARAMS => ExitCode::from(2),
+                _ => ExitCode::from(1),
+            }
+        }
+    }
+}

@@ -1,0 +1,400 @@
+//! The control thread: accepts control-socket clients and metrics scrapes, samples the
+//! reactors' accounting once a second, and stops (removing the socket file) when dropped.
+
+use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tracing::{debug, info, warn};
+
+use super::rpc::{Ctx, INVALID_REQUEST, error_response};
+use super::{ControlError, MAX_LINE};
+use crate::Target;
+
+/// How often blocked control threads look at the stop flag.
+const TICK: Duration = Duration::from_millis(200);
+/// Clients (socket and HTTP) served at once; more are refused.
+pub const MAX_CLIENTS: usize = 64;
+/// Largest HTTP request head accepted by the metrics endpoint.
+const MAX_HTTP_HEAD: usize = 8 * 1024;
+
+/// The endpoints of a `[control]` table, bound but not yet served: bind them before the
+/// target starts, so a second pollux on the same socket fails early and clearly.
+#[derive(Debug)]
+pub struct Bound {
+    socket: Option<(UnixListener, PathBuf)>,
+    metrics: Option<TcpListener>,
+}
+
+/// Bind the Unix socket at `path` with mode 0600, removing a stale socket file first.
+fn bind_socket(path: &Path) -> Result<UnixListener, ControlError> {
+    let endpoint = |what: &str, source| ControlError::Endpoint {
+        what: format!("{what} {}", path.display()),
+        source,
+    };
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => match UnixStream::connect(path) {
+            Ok(_) => {
+                return Err(ControlError::SocketInUse {
+                    path: path.to_path_buf(),
+                });
+            }
+            Err(_) => {
+                info!(path = %path.display(), "removing the stale control socket");
+                std::fs::remove_file(path).map_err(|e| endpoint("remove the stale control socket", e))?;
+            }
+        },
+        Ok(_) => {
+            return Err(ControlError::NotASocket {
+                path: path.to_path_buf(),
+            });
+        }
+        Err(e) if e.kind() == ErrorKind::NotFound => {}
+        Err(e) => return Err(endpoint("inspect the control socket path", e)),
+    }
+    // The socket is created 0600 (owner only) rather than chmod-ed after the fact, so no
+    // other user can ever connect to it. The umask is process-wide: this runs before the
+    // reactors start, and is restored at once.
+    // SAFETY: umask has no memory-safety preconditions.
+    let old = unsafe { libc::umask(0o177) };
+    let bound = UnixListener::bind(path);
+    // SAFETY: as above.
+    unsafe { libc::umask(old) };
+    let l = bound.map_err(|e| endpoint("bind the control socket", e))?;
+    // Belt and braces, should the umask have been raced.
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| endpoint("set the mode of the control socket", e))?;
+    l.set_nonblocking(true)
+        .map_err(|e| endpoint("make non-blocking the control socket", e))?;
+    Ok(l)
+}
+
+impl Bound {
+    /// Bind the endpoints `c` asks for (none: nothing to serve).
+    pub fn bind(c: &pollux_conf::Control) -> Result<Self, ControlError> {
+        let socket = match &c.socket {
+            Some(p) => Some((bind_socket(p)?, p.clone())),
+            None => None,
+        };
+        let metrics = match c.metrics {
+            Some(a) => {
+                let err = |source| ControlError::Endpoint {
+                    what: format!("listen for metrics on {a}"),
+                    source,
+                };
+                let l = TcpListener::bind(a).map_err(err)?;
+                l.set_nonblocking(true).map_err(err)?;
+                Some(l)
+            }
+            None => None,
+        };
+        Ok(Self { socket, metrics })
+    }
+
+    /// Serve the endpoints for `target` (its conf's `[reactors]` table gives the adaptive
+    /// policy settings) on a new control thread.
+    pub fn serve(self, target: &Target, reactors: &pollux_conf::Reactors) -> Result<ControlServer, ControlError> {
+        let ctx = Arc::new(Ctx::new(target, reactors));
+        let stop = Arc::new(AtomicBool::new(false));
+        let socket_path = self.socket.as_ref().map(|(_, p)| p.clone());
+        let metrics_addr = match &self.metrics {
+            Some(l) => Some(l.local_addr().map_err(|source| ControlError::Endpoint {
+                what: "read the metrics address".into(),
+                source,
+            })?),
+            None => None,
+        };
+        let thread = if self.socket.is_some() || self.metrics.is_some() {
+            let (c, s) = (ctx.clone(), stop.clone());
+            Some(
+                std::thread::Builder::new()
+                    .name("control".into())
+                    .spawn(move || control_loop(self, c, s))
+                    .map_err(|source| ControlError::Endpoint {
+                        what: "start the control thread".into(),
+                        source,
+                    })?,
+            )
+        } else {
+            None
+        };
+        if let Some(p) = &socket_path {
+            info!(path = %p.display(), "control socket (JSON-RPC 2.0, one request per line)");
+        }
+        if let Some(a) = metrics_addr {
+            info!(address = %a, "metrics (Prometheus text, GET /metrics)");
+        }
+        Ok(ControlServer {
+            ctx,
+            stop,
+            thread,
+            socket_path,
+            metrics_addr,
+        })
+    }
+}
+
+/// The running control plane; dropping it stops it and removes the socket file.
+#[derive(Debug)]
+pub struct ControlServer {
+    ctx: Arc<Ctx>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    socket_path: Option<PathBuf>,
+    metrics_addr: Option<SocketAddr>,
+}
+
+impl ControlServer {
+    /// Bind and serve `cfg`'s `[control]` endpoints for `target`.
+    pub fn start(target: &Target, cfg: &pollux_conf::Config) -> Result<Self, ControlError> {
+        Bound::bind(&cfg.control)?.serve(target, &cfg.reactors)
+    }
+
+    /// The control socket's path, if one is served.
+    pub fn socket_path(&self) -> Option<&Path> {
+        self.socket_path.as_deref()
+    }
+
+    /// The metrics endpoint's address (port resolved), if one is served.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
+    /// The methods, callable in-process.
+    pub fn ctx(&self) -> &Arc<Ctx> {
+        &self.ctx
+    }
+}
+
+impl Drop for ControlServer {
+    fn drop(&mut self) {
+        self.stop.store(true, SeqCst);
+        if let Some(t) = self.thread.take()
+            && t.join().is_err()
+        {
+            warn!("control thread panicked");
+        }
+        if let Some(p) = &self.socket_path {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// Wait up to [`TICK`] for either listener to be readable.
+fn wait_readable(fds: &[i32]) {
+    let mut pfds: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    // SAFETY: `pfds` is a valid array of `pfds.len()` initialised pollfd structs that lives
+    // across the call.
+    unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, TICK.as_millis() as i32) };
+}
+
+fn control_loop(b: Bound, ctx: Arc<Ctx>, stop: Arc<AtomicBool>) {
+    let clients = Arc::new(AtomicUsize::new(0));
+    let mut fds = Vec::new();
+    if let Some((l, _)) = &b.socket {
+        fds.push(l.as_raw_fd());
+    }
+    if let Some(l) = &b.metrics {
+        fds.push(l.as_raw_fd());
+    }
+    let mut last_sample = Instant::now();
+    while !stop.load(SeqCst) {
+        wait_readable(&fds);
+        if let Some((l, _)) = &b.socket {
+            while let Ok((s, _)) = l.accept() {
+                let c = ctx.clone();
+                spawn_client(&clients, &stop, "control-client", move |stop| serve_client(s, &c, stop));
+            }
+        }
+        if let Some(l) = &b.metrics {
+            while let Ok((s, _)) = l.accept() {
+                let c = ctx.clone();
+                spawn_client(&clients, &stop, "control-http", move |_| serve_http(s, &c));
+            }
+        }
+        if last_sample.elapsed() >= Duration::from_secs(1) {
+            last_sample = Instant::now();
+            ctx.sample();
+        }
+    }
+    debug!("control thread stopped");
+}
+
+/// Run `f` on a client thread, unless [`MAX_CLIENTS`] are already being served.
+fn spawn_client(
+    clients: &Arc<AtomicUsize>,
+    stop: &Arc<AtomicBool>,
+    name: &str,
+    f: impl FnOnce(&AtomicBool) + Send + 'static,
+) {
+    if clients.fetch_add(1, SeqCst) >= MAX_CLIENTS {
+        clients.fetch_sub(1, SeqCst);
+        warn!(limit = MAX_CLIENTS, "control: too many clients; connection refused");
+        return;
+    }
+    let (c, s) = (clients.clone(), stop.clone());
+    let spawned = std::thread::Builder::new().name(name.into()).spawn(move || {
+        f(&s);
+        c.fetch_sub(1, SeqCst);
+    });
+    if let Err(e) = spawned {
+        clients.fetch_sub(1, SeqCst);
+        warn!("control: cannot start a client thread: {e}");
+    }
+}
+
+/// What reading one request line gave.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Line {
+    /// A complete line (newline stripped) is in the buffer.
+    Complete,
+    /// The peer closed (a partial line is dropped).
+    Closed,
+    /// The line exceeds [`MAX_LINE`]; the rest was not read.
+    TooLong,
+    /// The server is stopping.
+    Stopped,
+}
+
+/// Read one line of at most [`MAX_LINE`] bytes into `buf` (cleared first). `r`'s stream has
+/// a read timeout, so `stop` is looked at every [`TICK`].
+pub fn read_line(r: &mut impl BufRead, buf: &mut Vec<u8>, stop: &AtomicBool) -> std::io::Result<Line> {
+    buf.clear();
+    loop {
+        let avail = match r.fill_buf() {
+            Ok(a) => a,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                ) =>
+            {
+                if stop.load(SeqCst) {
+                    return Ok(Line::Stopped);
+                }
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        if avail.is_empty() {
+            return Ok(Line::Closed);
+        }
+        let (take, done) = match avail.iter().position(|&b| b == b'\n') {
+            Some(i) => (i, true),
+            None => (avail.len(), false),
+        };
+        if buf.len() + take > MAX_LINE {
+            return Ok(Line::TooLong);
+        }
+        buf.extend_from_slice(&avail[..take]);
+        r.consume(if done { take + 1 } else { take });
+        if done {
+            if buf.last() == Some(&b'\r') {
+                buf.pop();
+            }
+            return Ok(Line::Complete);
+        }
+    }
+}
+
+fn serve_client(s: UnixStream, ctx: &Ctx, stop: &AtomicBool) {
+    if s.set_nonblocking(false).is_err()
+        || s.set_read_timeout(Some(TICK)).is_err()
+        || s.set_write_timeout(Some(Duration::from_secs(5))).is_err()
+    {
+        return;
+    }
+    let Ok(mut w) = s.try_clone() else { return };
+    let mut r = BufReader::with_capacity(16 * 1024, s);
+    let mut buf = Vec::new();
+    loop {
+        match read_line(&mut r, &mut buf, stop) {
+            Ok(Line::Complete) => {
+                if buf.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                if let Some(mut resp) = ctx.handle_line(&buf) {
+                    resp.push('\n');
+                    if w.write_all(resp.as_bytes()).is_err() {
+                        return;
+                    }
+                }
+            }
+            Ok(Line::TooLong) => {
+                let mut resp = error_response(
+                    &serde_json::Value::Null,
+                    INVALID_REQUEST,
+                    &format!("request line longer than {MAX_LINE} bytes; closing the connection"),
+                );
+                resp.push('\n');
+                let _ = w.write_all(resp.as_bytes());
+                let _ = w.shutdown(std::net::Shutdown::Both);
+                return;
+            }
+            Ok(Line::Closed | Line::Stopped) | Err(_) => return,
+        }
+    }
+}
+
+/// Serve one HTTP/1.1 request on the metrics endpoint, then close.
+fn serve_http(mut s: TcpStream, ctx: &Ctx) {
+    if s.set_nonblocking(false).is_err()
+        || s.set_read_timeout(Some(Duration::from_secs(2))).is_err()
+        || s.set_write_timeout(Some(Duration::from_secs(5))).is_err()
+    {
+        return;
+    }
+    let mut head = Vec::new();
+    let mut chunk = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && !head.windows(2).any(|w| w == b"\n\n") {
+        match s.read(&mut chunk) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => head.extend_from_slice(&chunk[..n]),
+        }
+        if head.len() > MAX_HTTP_HEAD {
+            let _ = respond(
+                &mut s,
+                "431 Request Header Fields Too Large",
+                "text/plain",
+                "request too large\n",
+            );
+            return;
+        }
+    }
+    let text = String::from_utf8_lossy(&head);
+    let mut first = text.lines().next().unwrap_or("").split_whitespace();
+    let (method, target) = (first.next().unwrap_or(""), first.next().unwrap_or(""));
+    let path = target.split('?').next().unwrap_or("");
+    let _ = match (method, path) {
+        ("GET" | "HEAD", "/metrics") => {
+            let body = if method == "GET" { ctx.metrics() } else { String::new() };
+            respond(&mut s, "200 OK", "text/plain; version=0.0.4; charset=utf-8", &body)
+        }
+        ("GET" | "HEAD", _) => respond(&mut s, "404 Not Found", "text/plain", "not found: try /metrics\n"),
+        _ => respond(&mut s, "405 Method Not Allowed", "text/plain", "only GET\n"),
+    };
+}
+
+fn respond(s: &mut TcpStream, status: &str, ctype: &str, body: &str) -> std::io::Result<()> {
+    let head = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes())?;
+    s.write_all(body.as_bytes())?;
+    s.flush()
+}

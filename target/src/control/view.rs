@@ -1,0 +1,222 @@
+//! What the control methods return: plain, serializable views shared by the server, the
+//! metrics endpoint, `pollux ctl` and `pollux top`.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// One value per reactor mode.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct PerMode<T> {
+    /// Busy-poll.
+    pub poll: T,
+    /// Hybrid.
+    pub hybrid: T,
+    /// Interrupt.
+    pub interrupt: T,
+}
+
+impl<T: Copy> PerMode<T> {
+    /// From an array in [`pollux_reactor::Mode::index`] order.
+    pub fn from_array(a: [T; 3]) -> Self {
+        Self {
+            poll: a[0],
+            hybrid: a[1],
+            interrupt: a[2],
+        }
+    }
+
+    /// `(mode name, value)` pairs in index order.
+    pub fn pairs(&self) -> [(&'static str, T); 3] {
+        [
+            ("poll", self.poll),
+            ("hybrid", self.hybrid),
+            ("interrupt", self.interrupt),
+        ]
+    }
+}
+
+/// Wake-up lateness percentiles from the reactor's log2 histogram (bucket upper bounds), us.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lateness {
+    /// Median.
+    pub p50: Option<u64>,
+    /// 90th percentile.
+    pub p90: Option<u64>,
+    /// 99th percentile.
+    pub p99: Option<u64>,
+}
+
+/// The `version` method's result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VersionView {
+    /// Crate version.
+    pub version: String,
+    /// Seconds since the control plane started (with the target).
+    pub uptime_s: f64,
+    /// Number of reactors.
+    pub reactors: usize,
+    /// Process id.
+    pub pid: u32,
+}
+
+/// One reactor, as `reactors` reports it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReactorView {
+    /// Reactor index.
+    pub id: usize,
+    /// Pinned core (None: unpinned).
+    pub core: Option<usize>,
+    /// Current mode: `poll`, `hybrid` or `interrupt`.
+    pub mode: String,
+    /// The adaptive policy chooses the mode.
+    pub adaptive: bool,
+    /// The CPU budget the adaptive policy uses (or would use once turned on).
+    pub cpu_budget: f64,
+    /// Wall time per mode, ns.
+    pub mode_ns: PerMode<u64>,
+    /// Wall time per mode, % of the reactor's life.
+    pub mode_pct: PerMode<f64>,
+    /// Mode switches made by the adaptive policy.
+    pub switches: u64,
+    /// Thread CPU time, ns.
+    pub cpu_ns: u64,
+    /// CPU % over the last second (or as much of it as has been sampled).
+    pub cpu_pct_1s: f64,
+    /// CPU % since start.
+    pub cpu_pct: f64,
+    /// Wall time in iterations that found work, ns.
+    pub busy_ns: u64,
+    /// Busy % of wall time since start.
+    pub busy_pct: f64,
+    /// Loop iterations.
+    pub iterations: u64,
+    /// NVMe I/O commands completed by this reactor's queues over the last second, per second.
+    pub iops: f64,
+    /// NVMe I/O commands completed by this reactor's queues since start.
+    pub commands: u64,
+    /// Device commands outstanding now.
+    pub outstanding: u64,
+    /// Device completions seen.
+    pub device_completions: u64,
+    /// The latency model's estimate of a device completion, ns (0: none).
+    pub predicted_ns: u64,
+    /// Measured cost of a timed wake-up, ns.
+    pub wake_cost_ns: u64,
+    /// Timed wake-ups counted.
+    pub wakeups: u64,
+    /// Wake-up lateness percentiles, us.
+    pub wake_late_us: Lateness,
+    /// Callbacks that ran longer than the stall threshold.
+    pub stalls: u64,
+    /// Registered work sources.
+    pub sources: u64,
+    /// Open NVMe/TCP connections placed on this reactor.
+    pub connections: u64,
+}
+
+/// One namespace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamespaceView {
+    /// Namespace id.
+    pub nsid: u32,
+    /// Size in bytes.
+    pub size: u64,
+    /// Logical block size in bytes.
+    pub block_size: u32,
+    /// Backend kind: `ram`, `sim` or `file`.
+    pub backend: String,
+    /// RFC 4122 UUID, hyphenated.
+    pub uuid: String,
+    /// Read commands completed.
+    pub read_cmds: u64,
+    /// Write commands completed.
+    pub write_cmds: u64,
+    /// Bytes read.
+    pub read_bytes: u64,
+    /// Bytes written.
+    pub write_bytes: u64,
+}
+
+/// One subsystem, as `subsystems` reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubsystemView {
+    /// NQN.
+    pub nqn: String,
+    /// Serial number.
+    pub serial: String,
+    /// Model number.
+    pub model: String,
+    /// Any host may connect.
+    pub allow_any_host: bool,
+    /// Allowed host NQNs.
+    pub hosts: Vec<String>,
+    /// Namespaces by nsid.
+    pub namespaces: Vec<NamespaceView>,
+    /// Listener addresses serving it.
+    pub listeners: Vec<String>,
+    /// Connected controllers.
+    pub controllers: usize,
+}
+
+/// One controller, as `controllers` reports it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CtrlView {
+    /// Controller id.
+    pub cntlid: u16,
+    /// Subsystem NQN (the discovery NQN for a discovery controller).
+    pub subsystem: String,
+    /// A discovery controller.
+    pub discovery: bool,
+    /// Host NQN.
+    pub hostnqn: String,
+    /// Host identifier, hyphenated.
+    pub hostid: String,
+    /// Keep-alive timeout, ms (0: none).
+    pub kato_ms: u32,
+    /// CSTS.RDY: enabled by the host.
+    pub ready: bool,
+    /// Reactor of the admin queue (which owns the controller).
+    pub admin_reactor: usize,
+    /// I/O queues: qid -> reactor.
+    pub io_queues: BTreeMap<u16, usize>,
+    /// Created, seconds since the Unix epoch.
+    pub created_unix_s: f64,
+    /// Age, seconds.
+    pub age_s: f64,
+}
+
+/// The `controllers` method's result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CtrlList {
+    /// Every controller that answered, by cntlid.
+    pub controllers: Vec<CtrlView>,
+    /// Reactors that did not answer in time (their controllers are missing).
+    pub unanswered: Vec<usize>,
+}
+
+/// The result of `set_mode` and `set_cpu_budget`: the reactor's state once applied.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModeView {
+    /// Reactor index.
+    pub reactor: usize,
+    /// Its mode now.
+    pub mode: String,
+    /// The adaptive policy is on.
+    pub adaptive: bool,
+    /// The adaptive policy's CPU budget.
+    pub cpu_budget: f64,
+}
+
+/// A 16-byte id in the hyphenated UUID form.
+pub fn uuid_string(b: &[u8; 16]) -> String {
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
