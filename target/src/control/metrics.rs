@@ -271,7 +271,10 @@ mod tests {
     /// Checks the exposition format: HELP then TYPE before each family's samples, every
     /// sample `name{k="v",...} value` with a known family name and a float value, names and
     /// label names valid identifiers, label values properly quoted.
-    fn validate(text: &str) -> Vec<(String, Vec<(String, String)>, f64)> {
+    /// A parsed sample: name, labels, value.
+    type Sample = (String, Vec<(String, String)>, f64);
+
+    fn validate(text: &str) -> Vec<Sample> {
         let ident = |s: &str| {
             !s.is_empty()
                 && s.chars()
@@ -314,7 +317,11 @@ mod tests {
                         let mut chars = r.char_indices();
                         let end = loop {
                             match chars.next().unwrap() {
-                                (_, '\\') => val.push(chars.next().unwrap().1),
+                                (_, '\\') => match chars.next().unwrap().1 {
+                                    'n' => val.push('\n'),
+                                    c @ ('\\' | '"') => val.push(c),
+                                    c => panic!("bad escape \\{c} in {line}"),
+                                },
                                 (i, '"') => break i,
                                 (_, c) => val.push(c),
                             }

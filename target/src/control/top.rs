@@ -203,15 +203,14 @@ fn run(term: &mut DefaultTerminal, path: &Path, every: Duration) -> std::io::Res
     loop {
         term.draw(|f| draw(f, path, &state))?;
         let wait = every.saturating_sub(last.elapsed());
-        if event::poll(wait)? {
-            if let Event::Key(k) = event::read()?
-                && k.kind == KeyEventKind::Press
-            {
-                match k.code {
-                    KeyCode::Char('q') | KeyCode::Esc => return Ok(()),
-                    KeyCode::Char('c') if k.modifiers.contains(KeyModifiers::CONTROL) => return Ok(()),
-                    _ => {}
-                }
+        if event::poll(wait)?
+            && let Event::Key(k) = event::read()?
+            && k.kind == KeyEventKind::Press
+        {
+            match k.code {
+                KeyCode::Char('q') | KeyCode::Esc => return Ok(()),
+                KeyCode::Char('c') if k.modifiers.contains(KeyModifiers::CONTROL) => return Ok(()),
+                _ => {}
             }
         }
         if last.elapsed() >= every {

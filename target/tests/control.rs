@@ -1,0 +1,496 @@
+//! The control socket and the metrics endpoint against an in-process target: every method,
+//! its error paths, socket permissions, oversized and broken requests, concurrent clients.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+use common::{HOST, NQN, NQN_PRIVATE};
+use pollux_conf::Config;
+use pollux_target::control::{Client, ControlError, ControlServer, MAX_LINE};
+use pollux_target::{Options, Target};
+use serde_json::{Value, json};
+
+static SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// A fresh socket path (short enough for sun_path).
+fn sock_path() -> PathBuf {
+    let n = SEQ.fetch_add(1, Relaxed);
+    let p = std::env::temp_dir().join(format!("pollux-ctl-{}-{n}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&p);
+    p
+}
+
+fn cfg_with(mode: &str, sock: &Path, metrics: bool) -> Config {
+    let mut control = format!("[control]\nsocket = \"{}\"\n", sock.display());
+    if metrics {
+        control.push_str("metrics = \"127.0.0.2:0\"\n");
+    }
+    Config::parse(&common::conf(mode, &control), "control-test.toml").unwrap()
+}
+
+struct Env {
+    // Dropped first: the control plane stops before the target.
+    ctl: ControlServer,
+    target: Option<Target>,
+    sock: PathBuf,
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        if let Some(t) = self.target.take() {
+            let _ = t.shutdown();
+        }
+    }
+}
+
+fn start_mode(mode: &str, metrics: bool) -> Env {
+    let sock = sock_path();
+    let cfg = cfg_with(mode, &sock, metrics);
+    let target = Target::start(&cfg, Options { pin: false }).unwrap();
+    let ctl = ControlServer::start(&target, &cfg).unwrap();
+    Env {
+        ctl,
+        target: Some(target),
+        sock,
+    }
+}
+
+fn start() -> Env {
+    start_mode("interrupt", false)
+}
+
+impl Env {
+    fn client(&self) -> Client {
+        Client::connect(&self.sock).unwrap()
+    }
+
+    fn target(&self) -> &Target {
+        self.target.as_ref().unwrap()
+    }
+}
+
+/// Send one raw line, read one response line.
+fn raw(sock: &Path, line: &[u8]) -> Value {
+    let mut s = UnixStream::connect(sock).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(line).unwrap();
+    s.write_all(b"\n").unwrap();
+    let mut r = BufReader::new(s);
+    let mut resp = String::new();
+    r.read_line(&mut resp).unwrap();
+    serde_json::from_str(&resp).unwrap()
+}
+
+fn rpc_code(r: Result<Value, ControlError>) -> (i64, String) {
+    match r {
+        Err(ControlError::Rpc { code, message }) => (code, message),
+        other => panic!("expected a JSON-RPC error, got {other:?}"),
+    }
+}
+
+#[test]
+fn socket_is_owner_only_and_version_answers() {
+    let env = start();
+    let mode = std::fs::metadata(&env.sock).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "socket mode {mode:o}");
+    let v = env.client().call("version", Value::Null).unwrap();
+    assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(v["reactors"], 2);
+    assert!(v["uptime_s"].as_f64().unwrap() >= 0.0);
+    let path = env.sock.clone();
+    drop(env);
+    assert!(!path.exists(), "the socket file is removed at stop");
+}
+
+#[test]
+fn stale_socket_is_replaced_and_a_live_one_refused() {
+    let sock = sock_path();
+    // A stale socket: bound, then its listener dropped.
+    drop(UnixListener::bind(&sock).unwrap());
+    assert!(sock.exists());
+    let cfg = cfg_with("interrupt", &sock, false);
+    let target = Target::start(&cfg, Options { pin: false }).unwrap();
+    let ctl = ControlServer::start(&target, &cfg).unwrap();
+    Client::connect(&sock).unwrap().call("version", Value::Null).unwrap();
+    // A second control plane on the same path is refused, and the first keeps serving.
+    let err = pollux_target::control::Bound::bind(&cfg.control).unwrap_err();
+    assert!(matches!(err, ControlError::SocketInUse { .. }), "{err}");
+    assert!(err.to_string().contains("another pollux"), "{err}");
+    Client::connect(&sock).unwrap().call("version", Value::Null).unwrap();
+    drop(ctl);
+    target.shutdown().unwrap();
+    // A regular file at the path is not ours to remove.
+    std::fs::write(&sock, b"precious").unwrap();
+    let err = pollux_target::control::Bound::bind(&cfg.control).unwrap_err();
+    assert!(matches!(err, ControlError::NotASocket { .. }), "{err}");
+    assert_eq!(std::fs::read(&sock).unwrap(), b"precious");
+    std::fs::remove_file(&sock).unwrap();
+}
+
+#[test]
+fn malformed_and_invalid_requests_get_json_rpc_errors() {
+    let env = start();
+    let e = raw(&env.sock, b"{not json");
+    assert_eq!(e["error"]["code"], -32700);
+    assert_eq!(e["id"], Value::Null);
+    let e = raw(&env.sock, b"[1,2]");
+    assert_eq!(e["error"]["code"], -32600);
+    let e = raw(&env.sock, b"42");
+    assert_eq!(e["error"]["code"], -32600);
+    let e = raw(&env.sock, br#"{"id":1,"method":"version"}"#);
+    assert_eq!(e["error"]["code"], -32600, "jsonrpc missing: {e}");
+    assert_eq!(e["id"], 1);
+    let e = raw(&env.sock, br#"{"jsonrpc":"2.0","id":2,"method":7}"#);
+    assert_eq!(e["error"]["code"], -32600);
+    let e = raw(&env.sock, br#"{"jsonrpc":"2.0","id":{"x":1},"method":"version"}"#);
+    assert_eq!(e["error"]["code"], -32600);
+    let e = raw(
+        &env.sock,
+        br#"{"jsonrpc":"2.0","id":"a","method":"version","params":"x"}"#,
+    );
+    assert_eq!(e["error"]["code"], -32602);
+    assert_eq!(e["id"], "a");
+    let (code, msg) = rpc_code(env.client().call("frobnicate", Value::Null));
+    assert_eq!(code, -32601);
+    assert!(msg.contains("frobnicate"), "{msg}");
+    // CRLF line ends are fine.
+    let ok = raw(&env.sock, b"{\"jsonrpc\":\"2.0\",\"id\":3,\"method\":\"version\"}\r");
+    assert!(ok["result"]["version"].is_string(), "{ok}");
+}
+
+#[test]
+fn set_mode_params_are_checked() {
+    let env = start();
+    let mut c = env.client();
+    let cases = [
+        (json!({"mode": "poll"}), "missing param 'reactor'"),
+        (
+            json!({"reactor": "0", "mode": "poll"}),
+            "'reactor' must be a non-negative integer",
+        ),
+        (
+            json!({"reactor": -1, "mode": "poll"}),
+            "'reactor' must be a non-negative integer",
+        ),
+        (
+            json!({"reactor": 1.5, "mode": "poll"}),
+            "'reactor' must be a non-negative integer",
+        ),
+        (json!({"reactor": 2, "mode": "poll"}), "reactor 2 out of range"),
+        (json!({"reactor": 99999999999u64, "mode": "poll"}), "out of range"),
+        (json!({"reactor": 0}), "missing param 'mode'"),
+        (json!({"reactor": 0, "mode": 3}), "'mode' must be a string"),
+        (json!({"reactor": 0, "mode": "turbo"}), "unknown mode 'turbo'"),
+        (json!([0, "sleepy"]), "unknown mode 'sleepy'"),
+    ];
+    for (params, want) in cases {
+        let (code, msg) = rpc_code(c.call("set_mode", params.clone()));
+        assert_eq!(code, -32602, "{params}");
+        assert!(msg.contains(want), "{params}: {msg}");
+    }
+    // Nothing changed.
+    let rs = c.call("reactors", Value::Null).unwrap();
+    assert!(rs.as_array().unwrap().iter().all(|r| r["mode"] == "interrupt"));
+}
+
+#[test]
+fn set_cpu_budget_params_are_checked() {
+    let env = start();
+    let mut c = env.client();
+    for (params, want) in [
+        (json!({"reactor": 0}), "missing param 'budget'"),
+        (json!({"reactor": 0, "budget": "half"}), "'budget' must be a number"),
+        (json!({"reactor": 0, "budget": 0}), "out of range"),
+        (json!({"reactor": 0, "budget": -0.5}), "out of range"),
+        (json!({"reactor": 0, "budget": 1.01}), "out of range"),
+        (json!({"reactor": 7, "budget": 0.5}), "reactor 7 out of range"),
+        (
+            json!({"reactor": null, "budget": 0.5}),
+            "'reactor' must be a non-negative integer",
+        ),
+    ] {
+        let (code, msg) = rpc_code(c.call("set_cpu_budget", params.clone()));
+        assert_eq!(code, -32602, "{params}");
+        assert!(msg.contains(want), "{params}: {msg}");
+    }
+    let ok = c.call("set_cpu_budget", json!({"reactor": 1, "budget": 1})).unwrap();
+    assert_eq!(ok["cpu_budget"], 1.0);
+}
+
+#[test]
+fn set_mode_and_budget_take_effect() {
+    let env = start_mode("adaptive", false);
+    let mut c = env.client();
+    let r = c.call("set_mode", json!({"reactor": 1, "mode": "poll"})).unwrap();
+    assert_eq!(
+        (r["mode"].as_str(), r["adaptive"].as_bool()),
+        (Some("poll"), Some(false))
+    );
+    let stats = env.target().reactor_stats();
+    assert_eq!(stats[1].mode.as_str(), "poll");
+    assert!(!stats[1].adaptive);
+    assert!(stats[0].adaptive, "reactor 0 untouched");
+    let rs = c.call("reactors", Value::Null).unwrap();
+    assert_eq!(rs[1]["mode"], "poll");
+    assert_eq!(rs[1]["adaptive"], false);
+    assert_eq!(rs[0]["adaptive"], true);
+    let r = c.call("set_mode", json!([1, "hybrid"])).unwrap();
+    assert_eq!(r["mode"], "hybrid");
+    let r = c.call("set_cpu_budget", json!({"reactor": 1, "budget": 0.75})).unwrap();
+    assert_eq!(
+        (r["adaptive"].as_bool(), r["cpu_budget"].as_f64()),
+        (Some(false), Some(0.75))
+    );
+    let r = c.call("set_mode", json!({"reactor": 1, "mode": "adaptive"})).unwrap();
+    assert_eq!(
+        (r["adaptive"].as_bool(), r["cpu_budget"].as_f64()),
+        (Some(true), Some(0.75))
+    );
+    assert!(env.target().reactor_stats()[1].adaptive);
+    let r = c.call("set_cpu_budget", json!({"reactor": 1, "budget": 0.1})).unwrap();
+    assert_eq!(r["adaptive"], true);
+    let rs = c.call("reactors", Value::Null).unwrap();
+    assert_eq!(rs[1]["cpu_budget"], 0.1);
+    assert_eq!(rs[0]["cpu_budget"], 0.3);
+}
+
+#[test]
+fn reactors_report_every_field_and_count_io() {
+    let env = start();
+    let mut ctrl = common::controller(common::addr(env.target()), 2);
+    let data = vec![0x5au8; 4096];
+    for i in 0..50u64 {
+        let q = &mut ctrl.io[(i % 2) as usize];
+        q.write(1, i * 8, 8, &data).unwrap();
+    }
+    let mut out = vec![0u8; 4096];
+    ctrl.io[0].read(1, 0, 8, &mut out).unwrap();
+    let rs = env.client().call("reactors", Value::Null).unwrap();
+    let rs = rs.as_array().unwrap();
+    assert_eq!(rs.len(), 2);
+    for key in [
+        "id",
+        "core",
+        "mode",
+        "adaptive",
+        "cpu_budget",
+        "mode_ns",
+        "mode_pct",
+        "switches",
+        "cpu_pct_1s",
+        "cpu_pct",
+        "busy_pct",
+        "iterations",
+        "iops",
+        "commands",
+        "outstanding",
+        "predicted_ns",
+        "wake_cost_ns",
+        "wake_late_us",
+        "stalls",
+    ] {
+        assert!(rs[0].get(key).is_some(), "missing {key}: {}", rs[0]);
+    }
+    let total: u64 = rs.iter().map(|r| r["commands"].as_u64().unwrap()).sum();
+    assert_eq!(total, 51, "{rs:?}");
+    assert!(rs.iter().map(|r| r["iops"].as_f64().unwrap()).sum::<f64>() > 0.0);
+    let pct = &rs[0]["mode_pct"];
+    let sum = pct["poll"].as_f64().unwrap() + pct["hybrid"].as_f64().unwrap() + pct["interrupt"].as_f64().unwrap();
+    assert!((sum - 100.0).abs() < 0.5 || sum == 0.0, "{pct}");
+    ctrl.shutdown().unwrap();
+}
+
+#[test]
+fn subsystems_and_controllers_show_connected_hosts() {
+    let env = start();
+    let mut c = env.client();
+    let empty = c.call("controllers", Value::Null).unwrap();
+    assert_eq!(empty["controllers"].as_array().unwrap().len(), 0);
+    let ctrl = common::controller(common::addr(env.target()), 3);
+    let list = c.call("controllers", Value::Null).unwrap();
+    assert_eq!(list["unanswered"], json!([]));
+    let cs = list["controllers"].as_array().unwrap();
+    assert_eq!(cs.len(), 1, "{list}");
+    let x = &cs[0];
+    assert_eq!(x["cntlid"], ctrl.cntlid);
+    assert_eq!(x["subsystem"], NQN);
+    assert_eq!(x["hostnqn"], HOST);
+    assert_eq!(x["discovery"], false);
+    assert_eq!(x["ready"], true);
+    let queues = x["io_queues"].as_object().unwrap();
+    assert_eq!(queues.keys().cloned().collect::<Vec<_>>(), ["1", "2", "3"]);
+    assert!(queues.values().all(|r| r.as_u64().unwrap() < 2));
+    assert!(x["admin_reactor"].as_u64().unwrap() < 2);
+    assert!(x["created_unix_s"].as_f64().unwrap() > 1.0e9);
+    let ss = c.call("subsystems", Value::Null).unwrap();
+    let ss = ss.as_array().unwrap();
+    assert_eq!(ss.len(), 2);
+    assert_eq!(ss[0]["nqn"], NQN);
+    assert_eq!(ss[0]["controllers"], 1);
+    assert_eq!(ss[0]["allow_any_host"], true);
+    assert_eq!(ss[1]["nqn"], NQN_PRIVATE);
+    assert_eq!(ss[1]["controllers"], 0);
+    assert_eq!(ss[1]["hosts"], json!([common::OTHER_HOST]));
+    let ns = &ss[0]["namespaces"][0];
+    assert_eq!(ns["nsid"], 1);
+    assert_eq!(ns["size"], 16 << 20);
+    assert_eq!(ns["block_size"], 512);
+    assert_eq!(ns["backend"], "ram");
+    assert_eq!(ns["uuid"].as_str().unwrap().len(), 36);
+    assert_eq!(ss[0]["listeners"], json!([common::addr(env.target()).to_string()]));
+    ctrl.shutdown().unwrap();
+    // The controller is gone once its admin queue is.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let n = c.call("controllers", Value::Null).unwrap()["controllers"]
+            .as_array()
+            .unwrap()
+            .len();
+        if n == 0 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "controller still listed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn an_oversized_line_is_refused_without_reading_it_all() {
+    let env = start();
+    let s = UnixStream::connect(&env.sock).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut w = s.try_clone().unwrap();
+    // Far more than the limit and no newline: the server must answer and close rather than
+    // keep reading. The writer gives up once the server has closed.
+    let writer = std::thread::spawn(move || {
+        let chunk = vec![b'x'; 64 * 1024];
+        let mut sent = 0usize;
+        while sent < 64 * MAX_LINE {
+            match w.write(&chunk) {
+                Ok(n) => sent += n,
+                Err(_) => break,
+            }
+        }
+        sent
+    });
+    let mut r = BufReader::new(s);
+    let mut resp = String::new();
+    r.read_line(&mut resp).unwrap();
+    let v: Value = serde_json::from_str(&resp).unwrap();
+    assert_eq!(v["error"]["code"], -32600, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("65536"), "{v}");
+    let mut rest = Vec::new();
+    let _ = r.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "connection closed after the error");
+    let sent = writer.join().unwrap();
+    assert!(sent < 64 * MAX_LINE, "the server stopped reading ({sent} bytes sent)");
+    // A line just under the limit is read (and is simply not JSON).
+    let mut line = vec![b' '; MAX_LINE - 10];
+    line[0] = b'{';
+    assert_eq!(raw(&env.sock, &line)["error"]["code"], -32700);
+    env.client().call("version", Value::Null).unwrap();
+}
+
+#[test]
+fn disconnects_mid_request_and_notifications_are_harmless() {
+    let env = start();
+    for _ in 0..10 {
+        let mut s = UnixStream::connect(&env.sock).unwrap();
+        s.write_all(br#"{"jsonrpc":"2.0","id":1,"meth"#).unwrap();
+        drop(s);
+    }
+    // A client that sends a request and leaves before the answer.
+    let mut s = UnixStream::connect(&env.sock).unwrap();
+    s.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"controllers\"}\n")
+        .unwrap();
+    drop(s);
+    // A notification gets no response: the next line's answer is the first one.
+    let mut s = UnixStream::connect(&env.sock).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(b"{\"jsonrpc\":\"2.0\",\"method\":\"version\"}\n\n")
+        .unwrap();
+    s.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":\"second\",\"method\":\"version\"}\n")
+        .unwrap();
+    let mut resp = String::new();
+    BufReader::new(s).read_line(&mut resp).unwrap();
+    let v: Value = serde_json::from_str(&resp).unwrap();
+    assert_eq!(v["id"], "second");
+    env.client().call("version", Value::Null).unwrap();
+}
+
+#[test]
+fn many_clients_at_once() {
+    let env = start();
+    let sock = env.sock.clone();
+    let threads: Vec<_> = (0..16)
+        .map(|i| {
+            let sock = sock.clone();
+            std::thread::spawn(move || {
+                let mut c = Client::connect(&sock).unwrap();
+                for j in 0..20 {
+                    let m = ["version", "reactors", "subsystems", "controllers"][(i + j) % 4];
+                    c.call(m, Value::Null).unwrap();
+                }
+            })
+        })
+        .collect();
+    // Idle clients do not hold the others up.
+    let idle: Vec<_> = (0..8).map(|_| UnixStream::connect(&sock).unwrap()).collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    drop(idle);
+}
+
+fn http_get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    let (head, body) = resp.split_once("\r\n\r\n").unwrap();
+    (head.to_string(), body.to_string())
+}
+
+#[test]
+fn metrics_endpoint_serves_prometheus_text() {
+    let env = start_mode("interrupt", true);
+    let ctrl = common::controller(common::addr(env.target()), 1);
+    let addr = env.ctl.metrics_addr().unwrap();
+    let (head, body) = http_get(addr, "/metrics");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(head.contains("text/plain; version=0.0.4"), "{head}");
+    for want in [
+        "pollux_reactor_mode{reactor=\"0\",mode=\"interrupt\"} 1",
+        "pollux_reactor_mode{reactor=\"1\",mode=\"poll\"} 0",
+        "# TYPE pollux_reactor_cpu_seconds_total counter",
+        "pollux_reactor_busy_seconds_total{reactor=\"1\"}",
+        "pollux_reactor_mode_seconds_total{reactor=\"0\",mode=\"hybrid\"}",
+        "pollux_reactor_switches_total{reactor=\"0\"} 0",
+        "pollux_reactor_stalls_total{reactor=\"0\"}",
+        "pollux_reactor_outstanding{reactor=\"0\"} 0",
+        "pollux_reactor_predicted_latency_seconds{reactor=\"0\"}",
+        "pollux_namespace_read_commands_total{subsystem=\"nqn.2026-11.io.pollux:test0\",nsid=\"1\"}",
+        "pollux_namespace_write_bytes_total{subsystem=\"nqn.2026-11.io.pollux:private\",nsid=\"1\"} 0",
+        "pollux_subsystem_controllers{subsystem=\"nqn.2026-11.io.pollux:test0\"} 1",
+        "pollux_subsystem_controllers{subsystem=\"nqn.2026-11.io.pollux:private\"} 0",
+    ] {
+        assert!(body.contains(want), "missing {want} in\n{body}");
+    }
+    let (head, _) = http_get(addr, "/");
+    assert!(head.starts_with("HTTP/1.1 404"), "{head}");
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(b"POST /metrics HTTP/1.1\r\n\r\n").unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    assert!(resp.starts_with("HTTP/1.1 405"), "{resp}");
+    ctrl.shutdown().unwrap();
+}
