@@ -284,6 +284,12 @@ fn errno_status(op_is_read: bool) -> Status {
     }
 }
 
+/// fallocate(mode | KEEP_SIZE): the file never grows past the namespace.
+fn fallocate(fd: RawFd, mode: libc::c_int, off: u64, len: u64) -> i64 {
+    // SAFETY: a plain syscall on our own fd; no memory is passed.
+    unsafe { libc::fallocate(fd, mode | libc::FALLOC_FL_KEEP_SIZE, off as i64, len as i64) as i64 }
+}
+
 fn run_job(fd: RawFd, job: &mut Job) -> i64 {
     let ret = match job.op {
         FileOp::Read { off, len } => {
@@ -309,28 +315,8 @@ fn run_job(fd: RawFd, job: &mut Job) -> i64 {
         }
         // SAFETY: plain syscalls on our fd.
         FileOp::Flush => unsafe { libc::fdatasync(fd) as i64 },
-        FileOp::Zero { off, len } => {
-            // SAFETY: as above.
-            unsafe {
-                libc::fallocate(
-                    fd,
-                    libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
-                    off as i64,
-                    len as i64,
-                ) as i64
-            }
-        }
-        FileOp::Deallocate { off, len } => {
-            // SAFETY: as above.
-            unsafe {
-                libc::fallocate(
-                    fd,
-                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                    off as i64,
-                    len as i64,
-                ) as i64
-            }
-        }
+        FileOp::Zero { off, len } => fallocate(fd, libc::FALLOC_FL_ZERO_RANGE, off, len),
+        FileOp::Deallocate { off, len } => fallocate(fd, libc::FALLOC_FL_PUNCH_HOLE, off, len),
     };
     if ret < 0 {
         -i64::from(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO))
