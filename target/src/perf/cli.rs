@@ -75,6 +75,12 @@ pub struct PerfArgs {
     /// Seed of the offset generators.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Before the warmup, write every I/O unit of the range once (so reads touch written data).
+    #[arg(long)]
+    pub fill: bool,
+    /// Wait for completions in poll(2) instead of busy-polling (needs --conns-per-core 1).
+    #[arg(long)]
+    pub blocking: bool,
     /// Start a pollux target from this conf in this process (reactors pinned to its cores)
     /// and also report the target's CPU per I/O and its reactors' mode mix.
     #[arg(long, value_name = "FILE")]
@@ -193,6 +199,8 @@ pub fn to_opts(a: &PerfArgs, target: Option<(SocketAddr, String)>) -> Result<Per
     o.span = a.span.as_deref().map(|s| size("--span", s)).transpose()?;
     o.timeout = secs("--timeout", a.timeout)?;
     o.seed = a.seed;
+    o.blocking = a.blocking;
+    o.fill = a.fill;
     Ok(o)
 }
 

@@ -32,7 +32,7 @@ use pollux_reactor::ReactorStats;
 use tracing::warn;
 
 use crate::host::{Controller, ControllerOpts, Digests, HostError};
-pub use report::{LatencySummary, PerfReport, ReactorReport, TargetReport};
+pub use report::{LatencySummary, PerfReport, ReactorReport, TargetReport, ThreadCpu};
 use worker::{Shared, ThreadPlan, ThreadResult};
 
 /// Everything that can end a perf run early.
@@ -209,6 +209,12 @@ pub struct PerfOpts {
     pub timeout: Duration,
     /// Seed of the offset generators.
     pub seed: u64,
+    /// Before the warmup, write every I/O unit of the range once (preconditioning: reads then
+    /// touch written data, not never-written holes).
+    pub fill: bool,
+    /// Wait for completions in poll(2) instead of busy-polling (one queue per thread only):
+    /// for counting the instructions an I/O costs, or a client that must not spin.
+    pub blocking: bool,
 }
 
 /// The host NQN perf connects as unless told otherwise.
@@ -239,6 +245,8 @@ impl PerfOpts {
             span: None,
             timeout: Duration::from_secs(5),
             seed: 1,
+            blocking: false,
+            fill: false,
         }
     }
 
@@ -260,6 +268,9 @@ impl PerfOpts {
             && !(r.is_finite() && r > 0.0)
         {
             return bad(format!("rate {r} IOPS"));
+        }
+        if self.blocking && self.conns_per_core != 1 {
+            return bad("--blocking waits on one queue: use --conns-per-core 1".into());
         }
         if self.ios == Some(0) {
             return bad("--ios 0".into());
@@ -346,6 +357,7 @@ fn run_inner(opts: &PerfOpts, stats: Option<&dyn Fn() -> Vec<ReactorStats>>) -> 
         phase: AtomicU8::new(worker::WARMUP),
         abort: AtomicBool::new(false),
         finished: std::sync::atomic::AtomicUsize::new(0),
+        ready: std::sync::atomic::AtomicUsize::new(0),
     });
     let threads = opts.cores.len();
     let mut queues = std::mem::take(&mut ctrl.io).into_iter();
@@ -361,6 +373,7 @@ fn run_inner(opts: &PerfOpts, stats: Option<&dyn Fn() -> Vec<ReactorStats>>) -> 
             queues: qs,
             block_size: bs,
             units_per_queue: per_queue,
+            total_queues: nq,
             quota,
             rate: opts.rate.map(|r| r / threads as f64),
         });
@@ -368,7 +381,7 @@ fn run_inner(opts: &PerfOpts, stats: Option<&dyn Fn() -> Vec<ReactorStats>>) -> 
     let extra: Vec<_> = queues.collect();
 
     type Joined = Vec<Result<ThreadResult, PerfError>>;
-    let (results, wall, before, after): (Joined, _, _, _) = std::thread::scope(|s| {
+    let (results, wall, before, after, tasks): (Joined, _, _, _, _) = std::thread::scope(|s| {
         let handles: Vec<_> = plans
             .into_iter()
             .map(|plan| {
@@ -383,8 +396,13 @@ fn run_inner(opts: &PerfOpts, stats: Option<&dyn Fn() -> Vec<ReactorStats>>) -> 
                 std::thread::sleep(Duration::from_millis(2).min(until.saturating_duration_since(Instant::now())));
             }
         };
+        // Connected, pinned and filled: only then does the clock start.
+        while shared.ready.load(Ordering::Acquire) < threads && !shared.abort.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         sleep_until(Instant::now() + opts.warmup);
         let before = stats.map(|f| f());
+        let tasks0 = report::task_times();
         let t0 = Instant::now();
         shared.phase.store(worker::MEASURE, Ordering::Release);
         match opts.ios {
@@ -397,6 +415,7 @@ fn run_inner(opts: &PerfOpts, stats: Option<&dyn Fn() -> Vec<ReactorStats>>) -> 
         }
         let wall = t0.elapsed();
         let after = stats.map(|f| f());
+        let tasks1 = report::task_times();
         shared.phase.store(worker::STOP, Ordering::Release);
         let joined = handles
             .into_iter()
@@ -407,7 +426,7 @@ fn run_inner(opts: &PerfOpts, stats: Option<&dyn Fn() -> Vec<ReactorStats>>) -> 
                 Err(e) => Err(PerfError::Thread(e.to_string())),
             })
             .collect();
-        (joined, wall, before, after)
+        (joined, wall, before, after, (tasks0, tasks1))
     });
     let mut done = Vec::with_capacity(threads);
     let mut first_err = None;
@@ -434,5 +453,7 @@ fn run_inner(opts: &PerfOpts, stats: Option<&dyn Fn() -> Vec<ReactorStats>>) -> 
         (Some(b), Some(a)) => Some(report::target_report(&b, &a, wall)),
         _ => None,
     };
-    Ok(report::build(opts, bs, units, wall, done, target))
+    let mut r = report::build(opts, bs, units, wall, done, target);
+    r.thread_cpu = report::task_delta(&tasks.0, &tasks.1, wall);
+    Ok(r)
 }

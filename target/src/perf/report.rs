@@ -138,6 +138,68 @@ pub struct PerfReport {
     pub verified_blocks: Option<u64>,
     /// The in-process target, when measured.
     pub target: Option<TargetReport>,
+    /// User and system CPU of this process's reactor and client threads over the measured
+    /// window (from /proc/self/task: where the kernel's TCP work shows).
+    pub thread_cpu: Vec<ThreadCpu>,
+}
+
+/// One thread's CPU split over the measured window, in fractions of wall time.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ThreadCpu {
+    /// Thread name (reactor-N, perf-N).
+    pub name: String,
+    /// User-mode CPU / wall.
+    pub user: f64,
+    /// Kernel-mode CPU / wall.
+    pub sys: f64,
+}
+
+/// (name, utime, stime) in clock ticks of this process's reactor and perf threads.
+pub(super) fn task_times() -> Vec<(String, u64, u64)> {
+    let mut v = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return v;
+    };
+    for e in dir.flatten() {
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        // pid (comm) state ... : comm may hold spaces, so split at the last ')'.
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let name = &stat[open + 1..close];
+        if !(name.starts_with("reactor-") || name.starts_with("perf-")) {
+            continue;
+        }
+        let f: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+        // After the comm: state is field 3, utime 14, stime 15 (1-based, proc(5)).
+        let (Some(u), Some(s)) = (
+            f.get(11).and_then(|x| x.parse().ok()),
+            f.get(12).and_then(|x| x.parse().ok()),
+        ) else {
+            continue;
+        };
+        v.push((name.to_string(), u, s));
+    }
+    v.sort();
+    v
+}
+
+pub(super) fn task_delta(a: &[(String, u64, u64)], b: &[(String, u64, u64)], wall: Duration) -> Vec<ThreadCpu> {
+    // SAFETY: sysconf has no memory effects; _SC_CLK_TCK is a valid name.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let w = wall.as_secs_f64().max(1e-9);
+    b.iter()
+        .filter_map(|(n, u1, s1)| {
+            let (_, u0, s0) = a.iter().find(|(m, _, _)| m == n)?;
+            Some(ThreadCpu {
+                name: n.clone(),
+                user: u1.saturating_sub(*u0) as f64 / hz / w,
+                sys: s1.saturating_sub(*s0) as f64 / hz / w,
+            })
+        })
+        .collect()
 }
 
 pub(super) fn target_report(before: &[ReactorStats], after: &[ReactorStats], wall: Duration) -> TargetReport {
@@ -230,6 +292,7 @@ pub(super) fn build(
         client_iterations_per_io: per_io(iters),
         verified_blocks: opts.verify.then_some(verified),
         target,
+        thread_cpu: Vec::new(),
     }
 }
 
@@ -288,6 +351,14 @@ impl PerfReport {
         }
         if let Some(v) = self.verified_blocks {
             let _ = writeln!(s, "  verify: {v} blocks read back and checked, no mismatch");
+        }
+        if !self.thread_cpu.is_empty() {
+            let parts: Vec<String> = self
+                .thread_cpu
+                .iter()
+                .map(|t| format!("{} {:.0}% user + {:.0}% sys", t.name, 100.0 * t.user, 100.0 * t.sys))
+                .collect();
+            let _ = writeln!(s, "  threads: {}", parts.join(", "));
         }
         if let Some(t) = &self.target {
             let _ = writeln!(s, "  target: CPU {:.3} cores, {:.0} ns per I/O", t.cpu, t.cpu_ns_per_io);

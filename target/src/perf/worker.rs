@@ -24,6 +24,8 @@ pub(super) struct Shared {
     pub abort: AtomicBool,
     /// Threads that completed their quota (count-based runs).
     pub finished: AtomicUsize,
+    /// Threads connected, pinned and done with --fill: the warmup starts when all are.
+    pub ready: AtomicUsize,
 }
 
 /// One thread's share of the job.
@@ -35,6 +37,8 @@ pub(super) struct ThreadPlan {
     pub block_size: u32,
     /// I/O units each queue may use (all the same range without verify; disjoint with it).
     pub units_per_queue: u64,
+    /// I/O queues of all threads.
+    pub total_queues: usize,
     /// Count-based: I/Os to measure.
     pub quota: Option<u64>,
     /// IOPS for this thread.
@@ -165,6 +169,7 @@ fn thread_body(opts: &PerfOpts, plan: ThreadPlan, shared: &Shared) -> Result<Thr
         mut queues,
         block_size,
         units_per_queue,
+        total_queues,
         quota,
         rate,
         ..
@@ -228,6 +233,22 @@ fn thread_body(opts: &PerfOpts, plan: ThreadPlan, shared: &Shared) -> Result<Thr
         completed: 0,
         verified_blocks: 0,
     };
+
+    if opts.fill {
+        fill(
+            opts,
+            &mut queues,
+            &mut qs,
+            &mut pool,
+            FillGeometry {
+                index,
+                total_queues,
+                bs,
+                nlb,
+            },
+        )?;
+    }
+    shared.ready.fetch_add(1, Ordering::AcqRel);
 
     let epoch = Instant::now();
     let now = || epoch.elapsed().as_nanos() as u64;
@@ -363,7 +384,12 @@ fn thread_body(opts: &PerfOpts, plan: ThreadPlan, shared: &Shared) -> Result<Thr
             }
             let mut tc = 0u64;
             let counting = phase == MEASURE && !quota_done;
-            let r = hq.poll_completions(None, |c: Completion| {
+            let wait = opts.blocking.then(|| {
+                let until_due = interval.map_or(u64::MAX, |_| next_due.saturating_sub(t));
+                // Long enough that a slow target (under valgrind) is not polled in vain.
+                Duration::from_nanos(until_due.min(50_000_000))
+            });
+            let r = hq.poll_completions(wait, |c: Completion| {
                 if tc == 0 {
                     tc = now();
                 }
@@ -398,6 +424,14 @@ fn thread_body(opts: &PerfOpts, plan: ThreadPlan, shared: &Shared) -> Result<Thr
             }
         }
         in_flight -= completed;
+        if opts.blocking
+            && in_flight == 0
+            && interval.is_some()
+            && !stopping
+            && let Some(d) = next_due.checked_sub(now())
+        {
+            std::thread::sleep(Duration::from_nanos(d.min(1_000_000)));
+        }
         if completed > 0 {
             last_progress = t;
         } else if in_flight > 0 && t.saturating_sub(last_progress) > timeout_ns {
@@ -514,4 +548,102 @@ fn complete(
     }
     pool.push(c.buf);
     free.push(ci as u32);
+}
+
+struct FillGeometry {
+    index: usize,
+    total_queues: usize,
+    bs: usize,
+    nlb: u32,
+}
+
+/// `--fill`: writes every I/O unit of this thread's share of the range once, in order,
+/// `queue_depth` at a time per queue (so reads later touch written memory, not holes).
+fn fill(
+    opts: &PerfOpts,
+    queues: &mut [HostQueue],
+    qs: &mut [QState],
+    pool: &mut Vec<Vec<u8>>,
+    g: FillGeometry,
+) -> Result<(), PerfError> {
+    let nq = queues.len();
+    // [next, end) per queue, relative to the queue's base.
+    let mut ranges: Vec<(u64, u64)> = qs
+        .iter()
+        .enumerate()
+        .map(|(i, q)| {
+            if opts.verify {
+                (0, q.units)
+            } else {
+                let gq = (g.index * nq + i) as u64;
+                let tq = g.total_queues as u64;
+                (q.units * gq / tq, q.units * (gq + 1) / tq)
+            }
+        })
+        .collect();
+    let mut in_flight = vec![0usize; nq];
+    let start = Instant::now();
+    let mut last = start;
+    loop {
+        let mut busy = false;
+        for (qi, hq) in queues.iter_mut().enumerate() {
+            let q = &mut qs[qi];
+            let (next, end) = &mut ranges[qi];
+            while in_flight[qi] < opts.queue_depth && *next < *end {
+                let Some(mut buf) = pool.pop() else { break };
+                let slba = (q.base + *next) * u64::from(g.nlb);
+                verify::fill(&mut buf, slba, g.bs, 1);
+                if let Some(gn) = q.gens.get_mut(*next as usize) {
+                    *gn = 1;
+                }
+                hq.submit_write(opts.nsid, slba, g.nlb, buf, slba)
+                    .map_err(|source| PerfError::Queue {
+                        qid: q.qid,
+                        ios: 0,
+                        source,
+                    })?;
+                *next += 1;
+                in_flight[qi] += 1;
+            }
+            if in_flight[qi] == 0 {
+                continue;
+            }
+            busy = true;
+            let mut failed = None;
+            let n = hq
+                .poll_completions(None, |c: Completion| {
+                    if !c.is_success() && failed.is_none() {
+                        failed = Some((c.tag, c.status));
+                    }
+                    pool.push(c.buf);
+                })
+                .map_err(|source| PerfError::Queue {
+                    qid: q.qid,
+                    ios: 0,
+                    source,
+                })?;
+            if let Some((lba, status)) = failed {
+                return Err(PerfError::IoFailed {
+                    op: "fill write",
+                    lba,
+                    nlb: g.nlb,
+                    qid: q.qid,
+                    status,
+                });
+            }
+            in_flight[qi] -= n;
+            if n > 0 {
+                last = Instant::now();
+            } else if last.elapsed() > opts.timeout {
+                return Err(PerfError::Stalled {
+                    qid: q.qid,
+                    in_flight: in_flight[qi],
+                    waited: last.elapsed(),
+                });
+            }
+        }
+        if !busy {
+            return Ok(());
+        }
+    }
 }

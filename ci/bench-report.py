@@ -1,0 +1,506 @@
+#!/usr/bin/python3
+"""Tables, JSON summaries and plots for ci/bench (see ci/BENCHMARKS.md).
+
+    bench-report.py rates RUNS.jsonl FRACTION   "ns qd rate" lines: FRACTION of poll mode's
+                                                 median saturating IOPS
+    bench-report.py perf OUTDIR                 perf.json, perf.md, perf-iops.png, perf-p99.png
+    bench-report.py modes OUTDIR                modes.json, modes.md, modes-cpu-p50.png
+    bench-report.py reactor OUTDIR              reactor.md, reactor-wakeup.png (reactor.json
+                                                 comes from the cargo bench)
+"""
+
+import glob
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+from collections import defaultdict
+
+# Issue 5 targets (shared/docs/prior-art.md: SPDK nvmf_tgt, 1 core, RAM bdev, spdk_nvme_perf).
+SPDK_QD1_P50_US = 13.5
+SPDK_QD1_IOPS = (71e3, 79e3)
+SPDK_QD32_IOPS = 400e3
+SPDK_QD32_RANGE = (378e3, 425e3)
+
+
+def load(path):
+    runs = []
+    if not os.path.exists(path):
+        return runs
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                runs.append(json.loads(line))
+    return runs
+
+
+def med(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def us(ns):
+    return None if ns is None else ns / 1000.0
+
+
+def fmt(x, nd=1):
+    if x is None:
+        return "-"
+    if isinstance(x, float) and abs(x) >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:.{nd}f}"
+
+
+def kiops(x):
+    return "-" if x is None else f"{x / 1000:.1f}K"
+
+
+def summarize(runs):
+    """Median over repeated runs of every figure of a pollux perf report."""
+    def m(f):
+        return med([f(r) for r in runs])
+
+    tgt = [r for r in runs if r.get("target")]
+
+    def tm(f):
+        return med([f(r["target"]) for r in tgt]) if tgt else None
+
+    iops = [r["iops"] for r in runs]
+    return {
+        "runs": len(runs),
+        "iops": m(lambda r: r["iops"]),
+        "iops_min": min(iops) if iops else None,
+        "iops_max": max(iops) if iops else None,
+        "mib_s": m(lambda r: r["mib_s"]),
+        "lat_us": {
+            k: m(lambda r, k=k: us(r["latency_ns"][k]))
+            for k in ["avg", "min", "p50", "p90", "p99", "p999", "p9999", "max"]
+        },
+        "lat_count": m(lambda r: r["latency_ns"]["count"]),
+        "client_cpu": m(lambda r: r["client_cpu"]),
+        "client_busy": m(lambda r: r["client_busy"]),
+        "client_ns_per_io": m(lambda r: r["client_ns_per_io"]),
+        "client_iterations_per_io": m(lambda r: r["client_iterations_per_io"]),
+        "target_cpu": tm(lambda t: t["cpu"]),
+        "target_ns_per_io": tm(lambda t: t["cpu_ns_per_io"]),
+        "target_busy": tm(lambda t: t["reactors"][0]["busy"] if t["reactors"] else None),
+        "mode_share": [tm(lambda t, i=i: t["reactors"][0]["mode_share"][i] if t["reactors"] else None) for i in range(3)],
+        "switches": tm(lambda t: t["reactors"][0]["switches"] if t["reactors"] else None),
+        "wakeups": tm(lambda t: t["reactors"][0]["wakeups"] if t["reactors"] else None),
+    }
+
+
+def plt_or_none():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        return plt
+    except ImportError:
+        print("bench-report: matplotlib missing: no plots", file=sys.stderr)
+        return None
+
+
+# ------------------------------------------------------------------ rates
+
+def cmd_rates(path, fraction):
+    groups = defaultdict(list)
+    for r in load(path):
+        t = r.get("tags", {})
+        if t.get("load") == "saturating" and t.get("mode") == "poll":
+            groups[(t["ns"], t["qd"])].append(r["iops"])
+    for (ns, qd), v in sorted(groups.items()):
+        print(ns, qd, f"{statistics.median(v) * fraction:.0f}")
+
+
+# ------------------------------------------------------------------ perf
+
+def callgrind_totals(path):
+    """(role, instructions) of one callgrind per-thread file: the reactor thread runs
+    Reactor::run, a client thread perf::worker::thread_body, the rest is the main thread."""
+    with open(path, errors="replace") as f:
+        text = f.read()
+    m = re.search(r"^totals:\s+(\d+)", text, re.M) or re.search(r"^summary:\s+(\d+)", text, re.M)
+    total = int(m.group(1)) if m else 0
+    if re.search(r"^c?fn=.*worker::thread_body", text, re.M):
+        role = "client"
+    elif re.search(r"^c?fn=.*pollux_reactor::reactor::Reactor.*::run", text, re.M):
+        role = "target"
+    else:
+        role = "main"
+    return role, total
+
+
+def callgrind_runs(cgdir):
+    """{name: {ios: {role: Ir}}} from build/bench/callgrind/NAME.IOS.PID-TT files."""
+    out = defaultdict(lambda: defaultdict(lambda: defaultdict(int)))
+    for p in glob.glob(os.path.join(cgdir, "*.*.*-*")):
+        m = re.match(r"(.+)\.(\d+)\.\d+-\d+$", os.path.basename(p))
+        if not m:
+            continue
+        role, total = callgrind_totals(p)
+        out[m.group(1)][int(m.group(2))][role] += total
+    return out
+
+
+def annotate(cgdir, name, ios, role):
+    """{function: self Ir} of the role's thread(s) in one run (callgrind_annotate)."""
+    res = defaultdict(int)
+    for p in glob.glob(os.path.join(cgdir, f"{name}.{ios}.*-*")):
+        if callgrind_totals(p)[0] != role:
+            continue
+        try:
+            txt = subprocess.run(["callgrind_annotate", "--inclusive=no", "--auto=no", "--threshold=100", p],
+                                 capture_output=True, text=True, check=False).stdout
+        except OSError:
+            return res
+        for line in txt.splitlines():
+            m = re.match(r"\s*([\d,]+)\s+\(\s*[\d.]+%\)\s+(.*)$", line)
+            if not m or "PROGRAM TOTALS" in line or m.group(2).startswith("=>"):
+                continue
+            fn = re.sub(r"\s+\[[^\]]*\]$", "", m.group(2))
+            fn = re.sub(r"^\./\S+/", "", fn)
+            fn = re.sub(r"^/rustc/[0-9a-f]+/library/", "std:", fn)
+            res[fn] += int(m.group(1).replace(",", ""))
+    return res
+
+
+def top_functions(cgdir, name, small, big, role, n=12):
+    """The functions with the most self instructions per I/O: the difference of the two runs
+    divided by the difference of their I/O counts (set-up, --fill and teardown cancel)."""
+    a, b = annotate(cgdir, name, small, role), annotate(cgdir, name, big, role)
+    d = big - small
+    rows = sorted(((b[f] - a.get(f, 0)) / d, f) for f in b)
+    rows.reverse()
+    total = sum(max(0.0, x) for x, _ in rows) or 1.0
+    return [(x, 100 * x / total, f[:120]) for x, f in rows[:n] if x > 0]
+
+
+def cmd_perf(out):
+    runs = load(os.path.join(out, "perf.runs.jsonl"))
+    by = defaultdict(list)
+    order = []
+    for r in runs:
+        n = r["tags"]["name"]
+        if n not in by:
+            order.append(n)
+        by[n].append(r)
+    jobs = {}
+    for n in order:
+        s = summarize(by[n])
+        r0 = by[n][0]
+        s.update(
+            workload=r0["workload"], io_size=r0["io_size"], qd=r0["queue_depth"],
+            digests=r0["hdgst"] or r0["ddgst"],
+        )
+        jobs[n] = s
+
+    # Instructions per I/O.
+    cgdir = os.path.join(out, "callgrind")
+    pmu = open(os.path.join(cgdir, "pmu.txt")).read().strip() if os.path.exists(os.path.join(cgdir, "pmu.txt")) else "?"
+    instr = {}
+    tops = {}
+    for name, counts in sorted(callgrind_runs(cgdir).items()):
+        ks = sorted(counts)
+        if len(ks) < 2:
+            continue
+        a, b = ks[0], ks[-1]
+        d = b - a
+        instr[name] = {
+            role: (counts[b][role] - counts[a][role]) / d for role in ("target", "client")
+        }
+        tops[name] = {role: top_functions(cgdir, name, a, b, role) for role in ("target", "client")}
+
+    goals = []
+    qd1 = jobs.get("4k-randread-qd1")
+    qd32 = jobs.get("4k-randread-qd32")
+    if qd1:
+        p50 = qd1["lat_us"]["p50"]
+        goals.append({
+            "goal": f"QD1 4K randread p50 <= {SPDK_QD1_P50_US} us (SPDK nvmf_tgt RAM bdev)",
+            "measured": f"{p50:.1f} us ({kiops(qd1['iops'])} IOPS; SPDK {SPDK_QD1_IOPS[0]/1e3:.0f}-{SPDK_QD1_IOPS[1]/1e3:.0f}K)",
+            "ratio": p50 / SPDK_QD1_P50_US,
+            "met": p50 <= SPDK_QD1_P50_US,
+        })
+    if qd32:
+        goals.append({
+            "goal": f"QD32 4K randread > {SPDK_QD32_IOPS/1e3:.0f}K IOPS (SPDK {SPDK_QD32_RANGE[0]/1e3:.0f}-{SPDK_QD32_RANGE[1]/1e3:.0f}K)",
+            "measured": f"{kiops(qd32['iops'])} IOPS (p50 {qd32['lat_us']['p50']:.1f} us)",
+            "ratio": qd32["iops"] / SPDK_QD32_IOPS,
+            "met": qd32["iops"] > SPDK_QD32_IOPS,
+        })
+    doc = {"jobs": jobs, "instructions_per_io": instr, "instructions_pmu": pmu, "goals": goals,
+           "top_functions_per_io": {k: {r: [{"ir_per_io": a, "pct": b, "fn": c} for a, b, c in v] for r, v in t.items()} for k, t in tops.items()}}
+    with open(os.path.join(out, "perf.json"), "w") as f:
+        json.dump(doc, f, indent=2)
+
+    L = ["# ci/bench perf", "",
+         "RAM namespace (256 MiB, preconditioned with `--fill`), one poll-mode reactor; target and "
+         "client in one process (`pollux perf --target-conf`), reactor and client pinned to "
+         "different cores. Medians of the repeated runs; latency in us; IOPS range = min-max over runs.", "",
+         "| job | IOPS | IOPS range | MiB/s | avg | p50 | p90 | p99 | p99.9 | p99.99 | max | target CPU | target ns/IO | client ns/IO | client busy |",
+         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for n, s in jobs.items():
+        l = s["lat_us"]
+        L.append(
+            f"| {n} | {kiops(s['iops'])} | {kiops(s['iops_min'])}-{kiops(s['iops_max'])} | {fmt(s['mib_s'])} | {fmt(l['avg'])} | {fmt(l['p50'])} | "
+            f"{fmt(l['p90'])} | {fmt(l['p99'])} | {fmt(l['p999'])} | {fmt(l['p9999'])} | {fmt(l['max'])} | "
+            f"{fmt(100 * s['target_cpu'] if s['target_cpu'] is not None else None, 0)}% | {fmt(s['target_ns_per_io'], 0)} | "
+            f"{fmt(s['client_ns_per_io'], 0)} | {fmt(100 * s['client_busy'], 0)}% |")
+    L += ["", "## Against the issue-5 targets", "", "| goal | measured | ratio | met |", "|---|---|---|---|"]
+    for g in goals:
+        L.append(f"| {g['goal']} | {g['measured']} | {g['ratio']:.2f} | {'yes' if g['met'] else '**no**'} |")
+    L += ["", "## Instructions per I/O", "",
+          f"Hardware counters: {pmu}. Counted with callgrind (user space only: the kernel's TCP "
+          "work is not in these figures) as the difference of two count-based runs, target reactor "
+          "in interrupt mode and client waiting in poll(2) so that idle spinning is not counted.", "",
+          "| job | target instructions/IO | client instructions/IO |", "|---|---|---|"]
+    for n, v in instr.items():
+        L.append(f"| {n} | {v['target']:,.0f} | {v['client']:,.0f} |")
+    for n, t in tops.items():
+        for role in ("target", "client"):
+            if not t[role]:
+                continue
+            L += ["", f"Top functions, {role}, {n} (self instructions per I/O; `file:function` names the inlined source):", "",
+                  "| Ir/IO | % | function |", "|---|---|---|"]
+            for a, b, c in t[role]:
+                L.append(f"| {a:,.0f} | {b:.1f} | `{c}` |")
+    with open(os.path.join(out, "perf.md"), "w") as f:
+        f.write("\n".join(L) + "\n")
+
+    plt = plt_or_none()
+    if not plt:
+        return
+    for metric, fname, ylabel in [("iops", "perf-iops.png", "IOPS (thousands)"), ("p99", "perf-p99.png", "p99 latency (us)")]:
+        fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
+        for wl, style in [("randread", "o-"), ("randwrite", "s-")]:
+            for dg in (False, True):
+                pts = sorted(
+                    (s["qd"], s["iops"] / 1e3 if metric == "iops" else s["lat_us"]["p99"])
+                    for s in jobs.values()
+                    if s["workload"] == wl and s["io_size"] == 4096 and s["digests"] == dg
+                )
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], style if not dg else style.replace("-", "--"),
+                            label=f"4K {wl}{' + digests' if dg else ''}")
+        if metric == "iops":
+            ax.axhline(SPDK_QD32_IOPS / 1e3, color="gray", ls=":", label="SPDK QD32 4K randread (400K)")
+            ax.set_ylim(bottom=0)
+        else:
+            ax.set_yscale("log")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks([1, 8, 32, 128])
+        ax.set_xticklabels(["1", "8", "32", "128"])
+        ax.set_xlabel("queue depth")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"pollux, RAM namespace, 1 poll-mode reactor: {ylabel.split(' (')[0]} vs QD")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, fname))
+        plt.close(fig)
+
+
+# ------------------------------------------------------------------ modes
+
+MODES = ["poll", "hybrid-linux", "hybrid", "interrupt", "adaptive"]
+NS = ["ram", "sim10", "sim80"]
+
+
+def cmd_modes(out):
+    runs = load(os.path.join(out, "modes.runs.jsonl"))
+    by = defaultdict(list)
+    for r in runs:
+        t = r["tags"]
+        by[(t["load"], t["mode"], t["ns"], int(t["qd"]))].append(r)
+    rows = {}
+    for k, rs in by.items():
+        s = summarize(rs)
+        s["rate"] = rs[0].get("rate")
+        rows[k] = s
+
+    def get(load, mode, ns, qd):
+        return rows.get((load, mode, ns, qd))
+
+    goals = []
+
+    def goal(text, measured, met):
+        goals.append({"goal": text, "measured": measured, "met": met})
+
+    # sim 80 us QD1: adaptive >= 97% of poll's IOPS, p50 within 5%, CPU <= 30% of poll's.
+    p, a = get("saturating", "poll", "sim80", 1), get("saturating", "adaptive", "sim80", 1)
+    if p and a:
+        ri, rp, rc = a["iops"] / p["iops"], a["lat_us"]["p50"] / p["lat_us"]["p50"], a["target_cpu"] / p["target_cpu"]
+        goal("sim 80 us QD1: adaptive IOPS >= 97% of poll", f"{ri:.1%} ({kiops(a['iops'])} vs {kiops(p['iops'])})", ri >= 0.97)
+        goal("sim 80 us QD1: adaptive p50 within 5% of poll", f"{rp:.3f}x ({a['lat_us']['p50']:.1f} vs {p['lat_us']['p50']:.1f} us)", rp <= 1.05)
+        goal("sim 80 us QD1: adaptive CPU <= 30% of poll", f"{rc:.1%} ({a['target_cpu']:.1%} vs {p['target_cpu']:.1%} of a core)", rc <= 0.30)
+    for ns in NS:
+        p, a = get("saturating", "poll", ns, 32), get("saturating", "adaptive", ns, 32)
+        if p and a:
+            r = a["iops"] / p["iops"]
+            goal(f"{ns} QD32 saturating: adaptive IOPS within 2% of poll", f"{r:.1%} ({kiops(a['iops'])} vs {kiops(p['iops'])})", r >= 0.98)
+    # RAM QD1: adaptive not worse than the poll-interrupt line at its own CPU.
+    for load, metric in [("saturating", "iops"), ("paced25", "p50")]:
+        p, i, a = (get(load, m, "ram", 1) for m in ("poll", "interrupt", "adaptive"))
+        if not (p and i and a):
+            continue
+        x0, x1, xa = i["target_cpu"], p["target_cpu"], a["target_cpu"]
+        v = (lambda s: s["iops"]) if metric == "iops" else (lambda s: s["lat_us"]["p50"])
+        y0, y1 = v(i), v(p)
+        frac = 0.0 if x1 == x0 else min(1.0, max(0.0, (xa - x0) / (x1 - x0)))
+        line = y0 + frac * (y1 - y0)
+        best = max(y0, y1) if metric == "iops" else min(y0, y1)
+        if metric == "iops":
+            met = v(a) >= 0.98 * line
+            txt = f"adaptive {kiops(v(a))} at {xa:.0%} CPU; line {kiops(line)}; interrupt {kiops(y0)} at {x0:.0%}, poll {kiops(y1)} at {x1:.0%}"
+        else:
+            met = v(a) <= 1.02 * line
+            txt = f"adaptive p50 {v(a):.1f} us at {xa:.0%} CPU; line {line:.1f}; interrupt {y0:.1f} at {x0:.0%}, poll {y1:.1f} at {x1:.0%}"
+        goal(f"RAM QD1 {load}: adaptive on or better than the poll-interrupt line at its CPU (best of the two: {fmt(best)})", txt, met)
+    idle = {m: get("idle", m, "ram", 0) for m in MODES}
+    wake = {m: get("wake", m, "ram", 1) for m in MODES}
+    base = get("saturating", "poll", "ram", 1)
+    for m in MODES:
+        # Poll mode spins by design; every other mode should sleep when idle.
+        if idle[m] and m != "poll":
+            c = idle[m]["target_cpu"]
+            goal(f"idle, {m}: <= 1% CPU per reactor", f"{c:.2%}", c <= 0.01)
+    for m in MODES:
+        if wake[m] and base:
+            add = wake[m]["lat_us"]["p50"] - base["lat_us"]["p50"]
+            wake[m]["added_us"] = add
+            if m in ("adaptive", "interrupt", "hybrid"):
+                goal(f"wake-up from 1 s idle, {m}: adds <= 50 us", f"+{add:.1f} us (first I/O {wake[m]['lat_us']['p50']:.1f} us vs {base['lat_us']['p50']:.1f} us polled)", add <= 50)
+
+    doc = {
+        "rows": [{"load": k[0], "mode": k[1], "ns": k[2], "qd": k[3], **v} for k, v in sorted(rows.items())],
+        "goals": goals,
+    }
+    with open(os.path.join(out, "modes.json"), "w") as f:
+        json.dump(doc, f, indent=2)
+
+    L = ["# ci/bench modes", "",
+         "4K random reads; one reactor pinned to its own core, in-process target; RAM (256 MiB, 64 MiB "
+         "span preconditioned) and simulated SSDs of 10 us and 80 us (lognormal, sigma 0.2). "
+         "`saturating`: as fast as the queue depth allows; `paced25`: paced at 25% of poll mode's "
+         "saturating IOPS (the same rate for every mode). Medians of the repeated runs. Target CPU is "
+         "the reactor thread's CPU time over wall time; `vs poll` is its ratio to poll mode's.", ""]
+    for ns in NS:
+        L += [f"## {ns}", "",
+              "| QD | load | mode | IOPS | p50 us | p99 us | p99.99 us | target CPU | vs poll | ns/IO | poll/hybrid/intr % | switches |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for qd in (1, 32):
+            for load in ("saturating", "paced25"):
+                pc = get(load, "poll", ns, qd)
+                for m in MODES:
+                    s = get(load, m, ns, qd)
+                    if not s:
+                        continue
+                    l = s["lat_us"]
+                    vs = s["target_cpu"] / pc["target_cpu"] if pc and pc["target_cpu"] else None
+                    ms = "/".join(fmt(100 * x, 0) if x is not None else "-" for x in s["mode_share"])
+                    L.append(f"| {qd} | {load} | {m} | {kiops(s['iops'])} | {fmt(l['p50'])} | {fmt(l['p99'])} | {fmt(l['p9999'])} | "
+                             f"{fmt(100 * s['target_cpu'], 1)}% | {fmt(vs, 2)} | {fmt(s['target_ns_per_io'], 0)} | {ms} | {fmt(s['switches'], 0)} |")
+        L.append("")
+    L += ["## Idle and wake-up", "",
+          "Idle: connected, no I/O for the measured seconds. Wake-up: one 4K read per second on RAM "
+          "(each after ~1 s without I/O), median latency of those reads; `added` is that minus "
+          "poll mode's saturating QD1 p50 on RAM.", "",
+          "| mode | idle target CPU | wake-up p50 us | wake-up max us | samples | added us |", "|---|---|---|---|---|---|"]
+    for m in MODES:
+        i, w = idle[m], wake[m]
+        L.append(f"| {m} | {fmt(100 * i['target_cpu'], 2) + '%' if i else '-'} | {fmt(w['lat_us']['p50']) if w else '-'} | "
+                 f"{fmt(w['lat_us']['max']) if w else '-'} | {fmt(w['lat_count'], 0) if w else '-'} | {fmt(w.get('added_us')) if w else '-'} |")
+    L += ["", "## Goals (issue 7)", "", "| goal | measured | met |", "|---|---|---|"]
+    for g in goals:
+        L.append(f"| {g['goal']} | {g['measured']} | {'yes' if g['met'] else '**no**'} |")
+    with open(os.path.join(out, "modes.md"), "w") as f:
+        f.write("\n".join(L) + "\n")
+
+    plt = plt_or_none()
+    if not plt:
+        return
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8.5), dpi=100)
+    colors = dict(zip(MODES, ["tab:red", "tab:orange", "tab:green", "tab:blue", "tab:purple"]))
+    markers = dict(zip(MODES, ["o", "v", "^", "s", "D"]))
+    for r, qd in enumerate((1, 32)):
+        for c, ns in enumerate(NS):
+            ax = axes[r][c]
+            for m in MODES:
+                for load, filled in (("saturating", True), ("paced25", False)):
+                    s = get(load, m, ns, qd)
+                    if not s:
+                        continue
+                    ax.scatter([100 * s["target_cpu"]], [s["lat_us"]["p50"]], s=70, marker=markers[m],
+                               facecolors=colors[m] if filled else "none", edgecolors=colors[m], linewidths=1.8,
+                               label=f"{m} ({'sat' if filled else '25%'})")
+            ax.set_title(f"{ns}, QD{qd}")
+            ax.set_xlabel("target reactor CPU (% of a core)")
+            ax.set_ylabel("p50 latency (us)")
+            ax.set_xlim(-5, 105)
+            ax.grid(True, alpha=0.3)
+    h, lab = axes[0][0].get_legend_handles_labels()
+    fig.legend(h, lab, loc="lower center", ncol=5, fontsize=9)
+    fig.suptitle("Reactor modes: median latency against target CPU (filled: saturating, hollow: paced at 25%)")
+    fig.tight_layout(rect=(0, 0.09, 1, 0.96))
+    fig.savefig(os.path.join(out, "modes-cpu-p50.png"))
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------ reactor
+
+def cmd_reactor(out):
+    path = os.path.join(out, "reactor.json")
+    with open(path) as f:
+        d = json.load(f)
+    L = ["# ci/bench reactor", "", "From `cargo bench -p pollux-reactor --bench reactor`.", "",
+         "| wake-up method | sleep us | late p50 us | late p99 us |", "|---|---|---|---|"]
+    for w in d.get("wakeup_error", []):
+        L.append(f"| {w['method']} | {w['sleep_us']} | {w['late_p50_ns'] / 1e3:.2f} | {w['late_p99_ns'] / 1e3:.2f} |")
+    L += ["", "| message round trip 0->1->0 | p50 us | p99 us |", "|---|---|---|"]
+    for m in d.get("message_rtt", []):
+        L.append(f"| {m['mode']} | {m['rtt_p50_ns'] / 1e3:.2f} | {m['rtt_p99_ns'] / 1e3:.2f} |")
+    L += ["", "| mode | idle CPU |", "|---|---|"]
+    for i in d.get("idle_cpu", []):
+        L.append(f"| {i['mode']} | {100 * i['idle_cpu_fraction']:.2f}% |")
+    with open(os.path.join(out, "reactor.md"), "w") as f:
+        f.write("\n".join(L) + "\n")
+    plt = plt_or_none()
+    if not plt or not d.get("wakeup_error"):
+        return
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+    ws = d["wakeup_error"]
+    labels = [f"{w['method']}\n{w['sleep_us']} us" for w in ws]
+    x = range(len(ws))
+    ax.bar([i - 0.2 for i in x], [w["late_p50_ns"] / 1e3 for w in ws], width=0.4, label="p50")
+    ax.bar([i + 0.2 for i in x], [w["late_p99_ns"] / 1e3 for w in ws], width=0.4, label="p99")
+    ax.set_xticks(list(x))
+    ax.set_xticklabels(labels, fontsize=8)
+    ax.set_ylabel("wake-up lateness (us)")
+    ax.set_yscale("log")
+    ax.set_title("Timed wake-up error by method and requested sleep")
+    ax.legend()
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "reactor-wakeup.png"))
+    plt.close(fig)
+
+
+def main(argv):
+    if len(argv) >= 3 and argv[1] == "rates":
+        cmd_rates(argv[2], float(argv[3]) if len(argv) > 3 else 0.25)
+    elif len(argv) == 3 and argv[1] in ("perf", "modes", "reactor"):
+        {"perf": cmd_perf, "modes": cmd_modes, "reactor": cmd_reactor}[argv[1]](argv[2])
+    else:
+        print(__doc__, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
