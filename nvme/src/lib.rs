@@ -22,6 +22,7 @@ compile_error!(
 );
 
 pub mod bindings;
+pub mod pci;
 pub mod spec;
 pub mod tcp;
 
