@@ -25,7 +25,7 @@ SPDK_QD32_IOPS = 400e3
 SPDK_QD32_RANGE = (378e3, 425e3)
 
 
-def load(path):
+def load_runs(path):
     runs = []
     if not os.path.exists(path):
         return runs
@@ -54,6 +54,10 @@ def fmt(x, nd=1):
     return f"{x:.{nd}f}"
 
 
+def pct(x):
+    return "-" if x is None else f"{100 * x:.0f}%"
+
+
 def kiops(x):
     return "-" if x is None else f"{x / 1000:.1f}K"
 
@@ -69,7 +73,15 @@ def summarize(runs):
         return med([f(r["target"]) for r in tgt]) if tgt else None
 
     iops = [r["iops"] for r in runs]
+
+    def thr(prefix, key):
+        return m(lambda r: sum(t[key] for t in r.get("thread_cpu", []) if t["name"].startswith(prefix)) if r.get("thread_cpu") else None)
+
     return {
+        "target_user": thr("reactor-", "user"),
+        "target_sys": thr("reactor-", "sys"),
+        "client_user": thr("perf-", "user"),
+        "client_sys": thr("perf-", "sys"),
         "runs": len(runs),
         "iops": m(lambda r: r["iops"]),
         "iops_min": min(iops) if iops else None,
@@ -93,6 +105,16 @@ def summarize(runs):
     }
 
 
+def load_note(out, name):
+    """The machine's load average when the benchmark started and ended (ci/bench writes it)."""
+    p = os.path.join(out, f"{name}.load")
+    if not os.path.exists(p):
+        return ""
+    lines = [l.strip() for l in open(p) if l.strip()]
+    return "Load average (1/5/15 min) at start and end: " + "; ".join(lines) + \
+        " (2 cores: anything above ~2 besides this benchmark means other work competed for the CPUs)."
+
+
 def plt_or_none():
     try:
         import matplotlib
@@ -110,7 +132,7 @@ def plt_or_none():
 
 def cmd_rates(path, fraction):
     groups = defaultdict(list)
-    for r in load(path):
+    for r in load_runs(path):
         t = r.get("tags", {})
         if t.get("load") == "saturating" and t.get("mode") == "poll":
             groups[(t["ns"], t["qd"])].append(r["iops"])
@@ -182,7 +204,7 @@ def top_functions(cgdir, name, small, big, role, n=12):
 
 
 def cmd_perf(out):
-    runs = load(os.path.join(out, "perf.runs.jsonl"))
+    runs = load_runs(os.path.join(out, "perf.runs.jsonl"))
     by = defaultdict(list)
     order = []
     for r in runs:
@@ -243,15 +265,15 @@ def cmd_perf(out):
          "RAM namespace (256 MiB, preconditioned with `--fill`), one poll-mode reactor; target and "
          "client in one process (`pollux perf --target-conf`), reactor and client pinned to "
          "different cores. Medians of the repeated runs; latency in us; IOPS range = min-max over runs.", "",
-         "| job | IOPS | IOPS range | MiB/s | avg | p50 | p90 | p99 | p99.9 | p99.99 | max | target CPU | target ns/IO | client ns/IO | client busy |",
-         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+         "| job | IOPS | IOPS range | MiB/s | avg | p50 | p90 | p99 | p99.9 | p99.99 | max | target CPU (user+sys) | target ns/IO | client ns/IO | client busy | client CPU (user+sys) |",
+         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for n, s in jobs.items():
         l = s["lat_us"]
         L.append(
             f"| {n} | {kiops(s['iops'])} | {kiops(s['iops_min'])}-{kiops(s['iops_max'])} | {fmt(s['mib_s'])} | {fmt(l['avg'])} | {fmt(l['p50'])} | "
             f"{fmt(l['p90'])} | {fmt(l['p99'])} | {fmt(l['p999'])} | {fmt(l['p9999'])} | {fmt(l['max'])} | "
-            f"{fmt(100 * s['target_cpu'] if s['target_cpu'] is not None else None, 0)}% | {fmt(s['target_ns_per_io'], 0)} | "
-            f"{fmt(s['client_ns_per_io'], 0)} | {fmt(100 * s['client_busy'], 0)}% |")
+            f"{pct(s['target_cpu'])} ({pct(s['target_user'])}+{pct(s['target_sys'])}) | {fmt(s['target_ns_per_io'], 0)} | "
+            f"{fmt(s['client_ns_per_io'], 0)} | {pct(s['client_busy'])} | {pct(s['client_user'])}+{pct(s['client_sys'])} |")
     L += ["", "## Against the issue-5 targets", "", "| goal | measured | ratio | met |", "|---|---|---|---|"]
     for g in goals:
         L.append(f"| {g['goal']} | {g['measured']} | {g['ratio']:.2f} | {'yes' if g['met'] else '**no**'} |")
@@ -270,6 +292,7 @@ def cmd_perf(out):
                   "| Ir/IO | % | function |", "|---|---|---|"]
             for a, b, c in t[role]:
                 L.append(f"| {a:,.0f} | {b:.1f} | `{c}` |")
+    L[2:2] = [load_note(out, "perf"), ""]
     with open(os.path.join(out, "perf.md"), "w") as f:
         f.write("\n".join(L) + "\n")
 
@@ -313,7 +336,7 @@ NS = ["ram", "sim10", "sim80"]
 
 
 def cmd_modes(out):
-    runs = load(os.path.join(out, "modes.runs.jsonl"))
+    runs = load_runs(os.path.join(out, "modes.runs.jsonl"))
     by = defaultdict(list)
     for r in runs:
         t = r["tags"]
@@ -419,6 +442,7 @@ def cmd_modes(out):
     L += ["", "## Goals (issue 7)", "", "| goal | measured | met |", "|---|---|---|"]
     for g in goals:
         L.append(f"| {g['goal']} | {g['measured']} | {'yes' if g['met'] else '**no**'} |")
+    L[2:2] = [load_note(out, "modes"), ""]
     with open(os.path.join(out, "modes.md"), "w") as f:
         f.write("\n".join(L) + "\n")
 

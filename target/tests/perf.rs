@@ -77,8 +77,10 @@ fn job(t: &pollux_target::Target, nqn: &str) -> PerfOpts {
 #[test]
 fn verify_runs_clean_on_ram_and_sim_namespaces_and_the_report_adds_up() {
     let t = target();
-    for nqn in [RAM, SIM] {
-        let o = job(&t, nqn);
+    for (nqn, fill) in [(RAM, false), (SIM, false), (RAM, true)] {
+        let mut o = job(&t, nqn);
+        // --fill writes generation 1 everywhere first: every read is then checked strictly.
+        o.fill = fill;
         let r = perf::run_with_stats(&o, &|| t.reactor_stats()).unwrap();
         sane(&r);
         assert!(r.reads > 0 && r.writes > 0, "{r:?}");

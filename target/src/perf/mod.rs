@@ -374,6 +374,9 @@ fn run_inner(opts: &PerfOpts, stats: Option<&dyn Fn() -> Vec<ReactorStats>>) -> 
             block_size: bs,
             units_per_queue: per_queue,
             total_queues: nq,
+            max_transfer: ctrl
+                .max_transfer()
+                .map_or(u32::MAX, |m| m.min(u64::from(u32::MAX)) as u32),
             quota,
             rate: opts.rate.map(|r| r / threads as f64),
         });

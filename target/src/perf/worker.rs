@@ -39,6 +39,8 @@ pub(super) struct ThreadPlan {
     pub units_per_queue: u64,
     /// I/O queues of all threads.
     pub total_queues: usize,
+    /// Largest transfer the controller takes (MDTS), bytes.
+    pub max_transfer: u32,
     /// Count-based: I/Os to measure.
     pub quota: Option<u64>,
     /// IOPS for this thread.
@@ -170,6 +172,7 @@ fn thread_body(opts: &PerfOpts, plan: ThreadPlan, shared: &Shared) -> Result<Thr
         block_size,
         units_per_queue,
         total_queues,
+        max_transfer,
         quota,
         rate,
         ..
@@ -239,7 +242,7 @@ fn thread_body(opts: &PerfOpts, plan: ThreadPlan, shared: &Shared) -> Result<Thr
             opts,
             &mut queues,
             &mut qs,
-            &mut pool,
+            max_transfer,
             FillGeometry {
                 index,
                 total_queues,
@@ -557,16 +560,25 @@ struct FillGeometry {
     nlb: u32,
 }
 
+/// Largest write of the fill.
+const FILL_CHUNK: u32 = 128 * 1024;
+
 /// `--fill`: writes every I/O unit of this thread's share of the range once, in order,
 /// `queue_depth` at a time per queue (so reads later touch written memory, not holes).
 fn fill(
     opts: &PerfOpts,
     queues: &mut [HostQueue],
     qs: &mut [QState],
-    pool: &mut Vec<Vec<u8>>,
+    max_transfer: u32,
     g: FillGeometry,
 ) -> Result<(), PerfError> {
     let nq = queues.len();
+    // Whole I/O units per write, up to 128 KiB (the pattern is per block, so a write of k
+    // units leaves what k single-unit writes would).
+    let k = (FILL_CHUNK.min(max_transfer.max(opts.io_size)) / opts.io_size).max(1);
+    let chunk = (k * opts.io_size) as usize;
+    let depth = opts.queue_depth.min(16);
+    let mut pool: Vec<Vec<u8>> = (0..nq * depth).map(|_| vec![0u8; chunk]).collect();
     // [next, end) per queue, relative to the queue's base.
     let mut ranges: Vec<(u64, u64)> = qs
         .iter()
@@ -589,14 +601,20 @@ fn fill(
         for (qi, hq) in queues.iter_mut().enumerate() {
             let q = &mut qs[qi];
             let (next, end) = &mut ranges[qi];
-            while in_flight[qi] < opts.queue_depth && *next < *end {
+            while in_flight[qi] < depth && *next < *end {
                 let Some(mut buf) = pool.pop() else { break };
+                let units = (*end - *next).min(u64::from(k));
+                buf.resize(units as usize * opts.io_size as usize, 0);
                 let slba = (q.base + *next) * u64::from(g.nlb);
                 verify::fill(&mut buf, slba, g.bs, 1);
-                if let Some(gn) = q.gens.get_mut(*next as usize) {
-                    *gn = 1;
+                for u in *next..*next + units {
+                    if let Some(gn) = q.gens.get_mut(u as usize) {
+                        *gn = 1;
+                    }
                 }
-                hq.submit_write(opts.nsid, slba, g.nlb, buf, slba)
+                let nlb = g.nlb * units as u32;
+                *next += units - 1;
+                hq.submit_write(opts.nsid, slba, nlb, buf, slba)
                     .map_err(|source| PerfError::Queue {
                         qid: q.qid,
                         ios: 0,
