@@ -14,7 +14,8 @@ pub(crate) fn mono_ns() -> u64 {
 /// [`mono_ns`] of a time already read (the loop has one: no second clock read).
 pub(crate) fn mono_ns_at(t: std::time::Instant) -> u64 {
     static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    t.saturating_duration_since(*EPOCH.get_or_init(std::time::Instant::now)).as_nanos() as u64
+    t.saturating_duration_since(*EPOCH.get_or_init(std::time::Instant::now))
+        .as_nanos() as u64
 }
 
 /// Buckets of the wake-up lateness histogram: bucket 0 is < 1 us late, bucket i (i >= 1) is
@@ -88,7 +89,11 @@ impl StatsCell {
         };
         let mode = self.mode.load(Relaxed).min(2);
         let started = self.iter_start_ns.load(Relaxed);
-        let pending = if started == 0 || self.exited.load(Relaxed) { 0 } else { mono_ns().saturating_sub(started) };
+        let pending = if started == 0 || self.exited.load(Relaxed) {
+            0
+        } else {
+            mono_ns().saturating_sub(started)
+        };
         ReactorStats {
             id,
             core: match self.core.load(Relaxed) {

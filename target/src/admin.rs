@@ -315,10 +315,10 @@ pub fn changed_ns_log(ctrl: &mut Ctrl, rae: bool) -> Vec<u8> {
 
 /// The discovery log (LID 70h, NVMe-oF 1.1 §5.3): one entry per subsystem the host may see
 /// on each listener. `local` stands in for a listener bound to an unspecified address.
-pub fn discovery_log(snapshot: &Snapshot, shared: &Shared, hostnqn: &str, local: SocketAddr) -> Vec<u8> {
+pub fn discovery_log(snapshot: &Snapshot, hostnqn: &str, local: SocketAddr) -> Vec<u8> {
     let visible: Vec<_> = snapshot.subsystems.iter().filter(|s| s.allows(hostnqn)).collect();
     let mut entries = Vec::new();
-    for (portid, l) in shared.listeners.iter().enumerate() {
+    for (portid, l) in snapshot.listeners.iter().enumerate() {
         let ip = if l.ip().is_unspecified() { local.ip() } else { l.ip() };
         for s in &visible {
             let mut e = vec![0u8; 1024];
@@ -538,7 +538,7 @@ pub struct LogEnv<'a> {
 /// Get Log Page for a controller: page `lid`, `len` bytes from byte `offset`.
 pub fn get_log_page(ctrl: &mut Ctrl, env: &LogEnv<'_>, lid: u8, rae: bool, offset: u64, len: u32) -> Reply {
     let log = match lid {
-        log_page::DISCOVERY if ctrl.is_discovery() => discovery_log(env.snapshot, env.shared, &ctrl.hostnqn, env.local),
+        log_page::DISCOVERY if ctrl.is_discovery() => discovery_log(env.snapshot, &ctrl.hostnqn, env.local),
         log_page::ERROR => error_log(ctrl),
         log_page::SMART if !ctrl.is_discovery() => smart_log(ctrl, env.started),
         log_page::FIRMWARE_SLOT if !ctrl.is_discovery() => firmware_log(),

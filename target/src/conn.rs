@@ -30,7 +30,7 @@ use crate::ctrl::{AER_LIMIT, Ctrl, Local, QueueRef, owner_of};
 use crate::file::{FileChannel, FileOp};
 use crate::ram::RamDisk;
 use crate::sim::{SimChannel, SimOp, Tag};
-use crate::subsystem::{Backend, Namespace, Shared, Subsystem, bump};
+use crate::subsystem::{Backend, Namespace, Shared, Snapshot, Subsystem, bump};
 
 /// In-capsule data accepted on the admin queue (NVMe/TCP §3.3.1: 8 KiB for fabrics and admin).
 const ADMIN_IN_CAPSULE: u32 = 8192;
@@ -1545,5 +1545,77 @@ pub fn for_each_ctrl(r: &mut Reactor, mut f: impl FnMut(&Ctrl)) {
         .unwrap_or_default();
     for id in ids {
         with_ctrl(r, id, |c, _| f(c));
+    }
+}
+
+/// AER completion dword 0 (base spec §5.2, Figure 146-148): Notice (type 2), Namespace
+/// Attribute Changed (info 00h, so bits 15:8 are zero), log page Changed Namespace List (04h).
+const AER_NS_ATTR_CHANGED: u32 = 0x2 | (0x04 << 16);
+/// Notice, Discovery Log Page Change (info F0h), log page Discovery (70h) (NVMe-oF §5.3).
+const AER_DISCOVERY_CHANGED: u32 = 0x2 | (0xF0 << 8) | (0x70 << 16);
+
+impl Conn {
+    /// The subsystems changed (a new snapshot was swapped in): bring this admin queue's
+    /// controller up to date — delete it if its subsystem is gone or its host no longer
+    /// allowed; otherwise record the changed namespaces, hand the new subsystem to its I/O
+    /// queues, and raise the AER the host enabled (masked while one of the kind is pending).
+    pub fn refresh_ctrl(&mut self, r: &mut Reactor, id: SourceId, snap: &Snapshot, discovery_changed: bool) {
+        let Queue::Admin(ctrl) = &mut self.q else { return };
+        let mut event = None;
+        match ctrl.subsys.clone() {
+            None => {
+                if discovery_changed && ctrl.aec & (1 << 31) != 0 {
+                    event = Some(AER_DISCOVERY_CHANGED);
+                }
+            }
+            Some(old) => {
+                let Some(new) = snap.subsystem(&old.nqn).cloned() else {
+                    return self.close(r, id, "subsystem removed");
+                };
+                if !new.allows(&ctrl.hostnqn) {
+                    return self.close(r, id, "host no longer allowed");
+                }
+                if Arc::ptr_eq(&new, &old) {
+                    return;
+                }
+                let mut changed: Vec<u32> = old.namespaces.keys().chain(new.namespaces.keys()).copied().collect();
+                changed.sort_unstable();
+                changed.dedup();
+                changed.retain(|nsid| match (old.namespace(*nsid), new.namespace(*nsid)) {
+                    (Some(a), Some(b)) => !Arc::ptr_eq(a, b),
+                    _ => true,
+                });
+                if !changed.is_empty() {
+                    for nsid in &changed {
+                        if !ctrl.changed_ns.contains(nsid) {
+                            ctrl.changed_ns.push(*nsid);
+                        }
+                    }
+                    if ctrl.aec & (1 << 8) != 0 {
+                        event = Some(AER_NS_ATTR_CHANGED);
+                    }
+                }
+                ctrl.subsys = Some(new.clone());
+                for q in ctrl.io_queues.values().copied() {
+                    let new = new.clone();
+                    r.send(q.reactor, move |r| {
+                        r.with_source::<Conn, _>(q.source, |c, _| {
+                            if c.serial == q.serial
+                                && let Queue::Io(io) = &mut c.q
+                            {
+                                io.subsys = new;
+                            }
+                        });
+                    });
+                }
+                info!(cntlid = ctrl.cntlid, changed = ?changed, "controller sees a changed subsystem");
+            }
+        }
+        if let Some(ev) = event
+            && !ctrl.events.contains(&ev)
+        {
+            ctrl.events.push_back(ev);
+        }
+        self.complete_events();
     }
 }

@@ -27,6 +27,9 @@ pub enum TargetError {
         /// What went wrong.
         message: String,
     },
+    /// A reload was asked of a target running the embedded default.
+    #[error("running the embedded default configuration: there is no conf file to reload")]
+    NoConfFile,
     /// The reactors could not be started or stopped.
     #[error(transparent)]
     Reactor(#[from] pollux_reactor::ReactorError),

@@ -18,6 +18,7 @@ pub mod error;
 pub mod file;
 pub mod host;
 pub mod listener;
+pub mod mutate;
 pub mod perf;
 pub mod ram;
 pub mod sim;
@@ -94,15 +95,16 @@ impl Target {
             addrs.push(s.local_addr().map_err(err)?);
             socks.push(s);
         }
-        let snapshot = build_snapshot(cfg, n)?;
+        let snapshot = build_snapshot(cfg, n, addrs.clone())?;
         let shared = Arc::new(Shared {
             transport: cfg.transport.clone(),
             keep_alive: cfg.keep_alive.clone(),
             snapshot: ArcSwap::from_pointee(snapshot),
-            listeners: addrs.clone(),
             reactors: n,
             conns_per_reactor: (0..n).map(|_| AtomicU64::new(0)).collect(),
             controllers_created: AtomicU64::new(0),
+            config: Mutex::new(cfg.clone()),
+            started,
         });
         let reactors = cfg
             .reactors
@@ -132,7 +134,11 @@ impl Target {
                         .take()
                         .unwrap_or_default();
                     for s in socks {
-                        listener::Listener::new(s, sh.clone(), placement, started).register(r)?;
+                        let addr = s.local_addr().map_err(|e| e.to_string())?;
+                        let id = listener::Listener::new(s, sh.clone(), placement, started).register(r)?;
+                        let mut set = r.take_local::<mutate::Listeners>().unwrap_or_default();
+                        set.by_addr.insert(addr, id);
+                        r.set_local(set);
                     }
                 }
                 Ok(())
@@ -145,8 +151,8 @@ impl Target {
     }
 
     /// The bound listener addresses, in conf order (ports resolved).
-    pub fn listen_addrs(&self) -> &[SocketAddr] {
-        &self.shared.listeners
+    pub fn listen_addrs(&self) -> Vec<SocketAddr> {
+        self.shared.snapshot.load().listeners.clone()
     }
 
     /// Accounting of every reactor.
@@ -162,6 +168,33 @@ impl Target {
     /// State shared by the reactors.
     pub fn shared(&self) -> &Arc<Shared> {
         &self.shared
+    }
+
+    /// Apply a new configuration without a restart (see [`mutate`]); on error nothing changes.
+    pub fn apply(&self, cfg: Config) -> Result<mutate::Changes, TargetError> {
+        mutate::reconcile(&self.shared, &self.runtime.remotes(), cfg)
+    }
+
+    /// Re-read the conf file the target runs from and apply the difference. An invalid file
+    /// changes nothing; the error names file, line and column.
+    pub fn reload(&self) -> Result<mutate::Changes, TargetError> {
+        let origin = self
+            .shared
+            .config
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .origin
+            .clone();
+        if origin == pollux_conf::EMBEDDED_ORIGIN {
+            return Err(TargetError::NoConfFile);
+        }
+        let cfg = Config::from_path(std::path::Path::new(&origin))?;
+        self.apply(cfg)
+    }
+
+    /// The running configuration as TOML (it loads back to the same state).
+    pub fn running_config(&self) -> String {
+        self.shared.config.lock().unwrap_or_else(|p| p.into_inner()).to_toml()
     }
 
     /// Stop accepting, close every connection, join the reactors.

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use pollux_conf::Config;
 use pollux_target::{Options, Target};
-use tracing::{error, info, warn};
+use tracing::{error, info};
 use tracing_subscriber::EnvFilter;
 
 /// pollux: a polled-mode NVMe-over-TCP storage target.
@@ -123,7 +123,10 @@ fn main() -> ExitCode {
     info!(origin = %cfg.origin, reactors = cfg.reactors.cores.len(), mode = %cfg.reactors.mode, "pollux running");
     loop {
         match wait_signal(&signals) {
-            libc::SIGHUP => warn!("SIGHUP: reload is not implemented yet; configuration unchanged"),
+            libc::SIGHUP => match target.reload() {
+                Ok(changes) => info!(?changes, "SIGHUP: configuration reloaded"),
+                Err(e) => error!("SIGHUP: reload refused, nothing changed: {e}"),
+            },
             sig => {
                 info!(signal = sig, "shutting down");
                 break;

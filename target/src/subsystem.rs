@@ -174,6 +174,8 @@ impl Subsystem {
 pub struct Snapshot {
     /// Subsystems in conf order.
     pub subsystems: Vec<Arc<Subsystem>>,
+    /// Bound listener addresses (ports resolved), in conf order.
+    pub listeners: Vec<SocketAddr>,
     /// Discovery log generation counter: changes whenever what a host may discover changes.
     pub genctr: u64,
 }
@@ -194,68 +196,92 @@ pub struct Shared {
     pub keep_alive: pollux_conf::KeepAlive,
     /// The current subsystems.
     pub snapshot: ArcSwap<Snapshot>,
-    /// Bound listener addresses (ports resolved).
-    pub listeners: Vec<SocketAddr>,
     /// Number of reactors.
     pub reactors: usize,
     /// Open connections per reactor (for least-loaded placement and stats).
     pub conns_per_reactor: Box<[AtomicU64]>,
     /// Controllers ever created (for logs).
     pub controllers_created: AtomicU64,
+    /// When the target started (SMART power-on hours).
+    pub started: std::time::Instant,
+    /// The configuration running now (changed only by the control plane, which serializes
+    /// its changes on this lock; reactors never take it).
+    pub config: std::sync::Mutex<Config>,
 }
 
-/// Build the namespaces and subsystems of a conf.
-pub fn build_snapshot(cfg: &Config, reactors: usize) -> Result<Snapshot, TargetError> {
-    let mut subsystems = Vec::new();
-    for s in &cfg.subsystems {
-        let mut namespaces = BTreeMap::new();
-        for n in &s.namespaces {
-            let backend = match &n.backend {
-                ConfBackend::Ram { size } => Backend::Ram(RamDisk::new(*size).map_err(|e| TargetError::Backend {
-                    nqn: s.nqn.clone(),
-                    nsid: n.nsid,
-                    message: format!("cannot map {size} bytes of RAM: {e}"),
-                })?),
-                ConfBackend::Sim(sim) => Backend::Sim(crate::sim::SimDisk {
-                    data: RamDisk::new(sim.size).map_err(|e| TargetError::Backend {
-                        nqn: s.nqn.clone(),
-                        nsid: n.nsid,
-                        message: format!("cannot map {} bytes of RAM for the simulated device: {e}", sim.size),
-                    })?,
-                    params: crate::sim::SimParams::from_conf(sim),
-                }),
-                ConfBackend::File(f) => Backend::File(
-                    crate::file::FileDisk::open(&f.path, f.size, f.direct, n.block_size).map_err(|message| {
-                        TargetError::Backend {
-                            nqn: s.nqn.clone(),
-                            nsid: n.nsid,
-                            message,
-                        }
-                    })?,
-                ),
-            };
-            let bytes = backend.len();
-            let ns = Namespace {
-                nsid: n.nsid,
-                block_size: n.block_size,
-                block_shift: n.block_size.trailing_zeros(),
-                blocks: bytes / u64::from(n.block_size),
-                uuid: n.uuid,
-                nguid: n.nguid,
-                eui64: n.eui64,
-                backend,
-                counters: (0..reactors.max(1)).map(|_| NsCounters::default()).collect(),
-            };
-            namespaces.insert(n.nsid, Arc::new(ns));
+/// Open a namespace's backend and build the namespace (`reactors` sets its counters).
+pub fn build_namespace(nqn: &str, n: &pollux_conf::Namespace, reactors: usize) -> Result<Arc<Namespace>, TargetError> {
+    let err = |message: String| TargetError::Backend {
+        nqn: nqn.to_string(),
+        nsid: n.nsid,
+        message,
+    };
+    let backend = match &n.backend {
+        ConfBackend::Ram { size } => {
+            Backend::Ram(RamDisk::new(*size).map_err(|e| err(format!("cannot map {size} bytes of RAM: {e}")))?)
         }
-        subsystems.push(Arc::new(Subsystem {
-            nqn: s.nqn.clone(),
-            serial: s.serial.clone(),
-            model: s.model.clone(),
-            allow_any_host: s.allow_any_host,
-            hosts: s.hosts.clone(),
-            namespaces,
-        }));
+        ConfBackend::Sim(sim) => Backend::Sim(crate::sim::SimDisk {
+            data: RamDisk::new(sim.size).map_err(|e| {
+                err(format!(
+                    "cannot map {} bytes of RAM for the simulated device: {e}",
+                    sim.size
+                ))
+            })?,
+            params: crate::sim::SimParams::from_conf(sim),
+        }),
+        ConfBackend::File(f) => {
+            Backend::File(crate::file::FileDisk::open(&f.path, f.size, f.direct, n.block_size).map_err(err)?)
+        }
+    };
+    let bytes = backend.len();
+    Ok(Arc::new(Namespace {
+        nsid: n.nsid,
+        block_size: n.block_size,
+        block_shift: n.block_size.trailing_zeros(),
+        blocks: bytes / u64::from(n.block_size),
+        uuid: n.uuid,
+        nguid: n.nguid,
+        eui64: n.eui64,
+        backend,
+        counters: (0..reactors.max(1)).map(|_| NsCounters::default()).collect(),
+    }))
+}
+
+/// Build a subsystem of a conf, reusing the namespaces `keep` offers (by nsid) instead of
+/// opening them again: their data and counters carry over.
+pub fn build_subsystem(
+    s: &pollux_conf::Subsystem,
+    reactors: usize,
+    keep: impl Fn(u32) -> Option<Arc<Namespace>>,
+) -> Result<Arc<Subsystem>, TargetError> {
+    let mut namespaces = BTreeMap::new();
+    for n in &s.namespaces {
+        let ns = match keep(n.nsid) {
+            Some(ns) => ns,
+            None => build_namespace(&s.nqn, n, reactors)?,
+        };
+        namespaces.insert(n.nsid, ns);
     }
-    Ok(Snapshot { subsystems, genctr: 1 })
+    Ok(Arc::new(Subsystem {
+        nqn: s.nqn.clone(),
+        serial: s.serial.clone(),
+        model: s.model.clone(),
+        allow_any_host: s.allow_any_host,
+        hosts: s.hosts.clone(),
+        namespaces,
+    }))
+}
+
+/// Build the namespaces and subsystems of a conf (`listeners`: the bound addresses).
+pub fn build_snapshot(cfg: &Config, reactors: usize, listeners: Vec<SocketAddr>) -> Result<Snapshot, TargetError> {
+    let subsystems = cfg
+        .subsystems
+        .iter()
+        .map(|s| build_subsystem(s, reactors, |_| None))
+        .collect::<Result<_, _>>()?;
+    Ok(Snapshot {
+        subsystems,
+        listeners,
+        genctr: 1,
+    })
 }

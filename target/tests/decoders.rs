@@ -21,7 +21,11 @@ fn subsystem() -> Arc<Subsystem> {
     static S: OnceLock<Arc<Subsystem>> = OnceLock::new();
     S.get_or_init(|| {
         let cfg = Config::parse(&conf("interrupt", ""), "decoders.toml").unwrap();
-        build_snapshot(&cfg, 1).unwrap().subsystem(NQN).unwrap().clone()
+        build_snapshot(&cfg, 1, Vec::new())
+            .unwrap()
+            .subsystem(NQN)
+            .unwrap()
+            .clone()
     })
     .clone()
 }

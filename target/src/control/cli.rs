@@ -76,6 +76,23 @@ pub enum CtlCommand {
         /// Fraction of a core.
         budget: f64,
     },
+    /// Re-read the conf file and apply the difference (an invalid file changes nothing).
+    Reload,
+    /// Write the running configuration as TOML (to the conf file, or PATH).
+    Save {
+        /// Where to write it.
+        path: Option<String>,
+    },
+    /// Any method with JSON params, e.g. `call add_namespace
+    /// '{"nqn":"nqn.2026-11.io.pollux:ram0","nsid":2,"backend":{"ram":{"size":"64MiB"}}}'`
+    /// (also remove_namespace, add_subsystem, remove_subsystem, add_host, remove_host,
+    /// set_allow_any_host, add_listener, remove_listener).
+    Call {
+        /// Method name.
+        method: String,
+        /// Params as a JSON object.
+        params: Option<String>,
+    },
 }
 
 impl CtlCommand {
@@ -90,8 +107,46 @@ impl CtlCommand {
             CtlCommand::SetCpuBudget { reactor, budget } => {
                 ("set_cpu_budget", json!({"reactor": reactor, "budget": budget}))
             }
+            CtlCommand::Reload => ("reload", Value::Null),
+            CtlCommand::Save { path } => ("save", path.as_ref().map_or(json!({}), |p| json!({"path": p}))),
+            CtlCommand::Call { method, params } => {
+                let p = params
+                    .as_deref()
+                    .map_or(Ok(json!({})), serde_json::from_str)
+                    .unwrap_or_else(|e| json!({"__invalid_params__": format!("params are not JSON: {e}")}));
+                (method_name(method), p)
+            }
         }
     }
+}
+
+/// The static name of a method given on the command line (unknown ones map to a name the
+/// server refuses with "method not found").
+fn method_name(m: &str) -> &'static str {
+    const KNOWN: [&str; 15] = [
+        "version",
+        "reactors",
+        "subsystems",
+        "controllers",
+        "set_mode",
+        "set_cpu_budget",
+        "reload",
+        "save",
+        "add_subsystem",
+        "remove_subsystem",
+        "add_namespace",
+        "remove_namespace",
+        "add_host",
+        "remove_host",
+        "set_allow_any_host",
+    ];
+    const MORE: [&str; 2] = ["add_listener", "remove_listener"];
+    KNOWN
+        .iter()
+        .chain(MORE.iter())
+        .find(|k| **k == m)
+        .copied()
+        .unwrap_or("unknown_method")
 }
 
 /// Columns padded to their widest cell; the first row is the header.
@@ -311,6 +366,11 @@ pub fn format_result(cmd: &CtlCommand, v: Value) -> Result<String, ControlError>
         CtlCommand::Reactors => format_reactors(&serde_json::from_value::<Vec<ReactorView>>(v).map_err(de)?),
         CtlCommand::Subsystems => format_subsystems(&serde_json::from_value::<Vec<SubsystemView>>(v).map_err(de)?),
         CtlCommand::Controllers => format_controllers(&serde_json::from_value::<CtrlList>(v).map_err(de)?),
+        CtlCommand::Reload | CtlCommand::Call { .. } | CtlCommand::Save { .. } => {
+            let mut o = serde_json::to_string_pretty(&v).map_err(de)?;
+            o.push('\n');
+            o
+        }
         CtlCommand::SetMode { .. } | CtlCommand::SetCpuBudget { .. } => {
             let m: ModeView = serde_json::from_value(v).map_err(de)?;
             format!(

@@ -1,0 +1,255 @@
+//! Changing a running target without a restart: every change (a control-socket mutation, a
+//! reload of the conf file) is a new, fully validated [`Config`] reconciled against the
+//! running one.
+//!
+//! Reconciling keeps what did not change: a namespace whose conf is unchanged keeps its
+//! backend, data and counters; a subsystem whose conf is unchanged keeps its `Arc`. The new
+//! [`Snapshot`] is swapped in whole (readers never lock), then every reactor refreshes the
+//! controllers it owns, by message: a controller whose subsystem went away, or whose host
+//! is no longer allowed, is deleted (its connections closed); one whose namespaces changed
+//! gets the Changed Namespace List and a Namespace Attribute Changed AER; discovery
+//! controllers get a Discovery Log Change AER when what they list changed (base spec
+//! §5.2, NVMe-oF §5.3). Connections that the change does not concern are not disturbed.
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
+
+use pollux_conf::Config;
+use pollux_reactor::{Reactor, Remote, SourceId};
+use tracing::{info, warn};
+
+use crate::conn::Conn;
+use crate::ctrl::Local;
+use crate::error::TargetError;
+use crate::listener::Listener;
+use crate::subsystem::{Shared, Snapshot, build_subsystem};
+
+/// What a reconciliation changed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Changes {
+    /// Subsystems added.
+    pub added_subsystems: Vec<String>,
+    /// Subsystems removed (their controllers deleted).
+    pub removed_subsystems: Vec<String>,
+    /// Subsystems whose hosts, identity or namespaces changed.
+    pub changed_subsystems: Vec<String>,
+    /// (subsystem, nsid) added.
+    pub added_namespaces: Vec<(String, u32)>,
+    /// (subsystem, nsid) removed.
+    pub removed_namespaces: Vec<(String, u32)>,
+    /// Listeners added (bound addresses).
+    pub added_listeners: Vec<SocketAddr>,
+    /// Listeners removed.
+    pub removed_listeners: Vec<SocketAddr>,
+    /// The reactors' mode or adaptive policy changed.
+    pub reactors_changed: bool,
+    /// Keys that differ but only take effect at the next start.
+    pub restart_needed: Vec<String>,
+}
+
+impl Changes {
+    /// Nothing changed.
+    pub fn is_empty(&self) -> bool {
+        *self == Changes::default()
+    }
+}
+
+/// The listeners reactor 0 serves, by bound address (reactor-local state).
+#[derive(Debug, Default)]
+pub struct Listeners {
+    /// Bound address -> listener source.
+    pub by_addr: HashMap<SocketAddr, SourceId>,
+}
+
+/// Reconcile `new` against the running configuration and apply the difference. On error
+/// nothing changes.
+pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Result<Changes, TargetError> {
+    let mut running = shared.config.lock().unwrap_or_else(|p| p.into_inner());
+    let old = shared.snapshot.load_full();
+    let n = shared.reactors;
+    let mut ch = Changes::default();
+    if new.reactors.cores != running.reactors.cores {
+        ch.restart_needed.push("reactors.cores".into());
+    }
+    if new.reactors.policy != running.reactors.policy {
+        ch.restart_needed.push("reactors.policy".into());
+    }
+    if new.transport != running.transport {
+        ch.restart_needed.push("transport".into());
+    }
+    if new.keep_alive != running.keep_alive {
+        ch.restart_needed.push("keep_alive".into());
+    }
+    if new.control != running.control {
+        ch.restart_needed.push("control".into());
+    }
+
+    // Subsystems and namespaces: build what is new before touching anything.
+    let mut subsystems = Vec::with_capacity(new.subsystems.len());
+    for s in &new.subsystems {
+        let before = running
+            .subsystems
+            .iter()
+            .find(|o| o.nqn == s.nqn)
+            .zip(old.subsystem(&s.nqn));
+        match before {
+            Some((oc, oa)) if oc == s => subsystems.push(oa.clone()),
+            Some((oc, oa)) => {
+                let keep = |nsid: u32| {
+                    let was = oc.namespaces.iter().find(|x| x.nsid == nsid)?;
+                    let now = s.namespaces.iter().find(|x| x.nsid == nsid)?;
+                    if was == now { oa.namespace(nsid).cloned() } else { None }
+                };
+                subsystems.push(build_subsystem(s, n, keep)?);
+                for nn in &s.namespaces {
+                    if oc.namespaces.iter().find(|x| x.nsid == nn.nsid) != Some(nn) {
+                        ch.added_namespaces.push((s.nqn.clone(), nn.nsid));
+                    }
+                }
+                for on in &oc.namespaces {
+                    if s.namespaces.iter().find(|x| x.nsid == on.nsid) != Some(on) {
+                        ch.removed_namespaces.push((s.nqn.clone(), on.nsid));
+                    }
+                }
+                ch.changed_subsystems.push(s.nqn.clone());
+            }
+            None => {
+                subsystems.push(build_subsystem(s, n, |_| None)?);
+                ch.added_subsystems.push(s.nqn.clone());
+            }
+        }
+    }
+    for o in &running.subsystems {
+        if !new.subsystems.iter().any(|s| s.nqn == o.nqn) {
+            ch.removed_subsystems.push(o.nqn.clone());
+        }
+    }
+
+    // Listeners: bind the new ones first (an address in use fails the whole change).
+    let mut bound = Vec::with_capacity(new.listeners.len());
+    let mut fresh = Vec::new();
+    for l in &new.listeners {
+        // The same listener: the same address as configured, or the address it is bound to
+        // (a conf that now names the port a `:0` listener got).
+        let was = running
+            .listeners
+            .iter()
+            .position(|o| o.address == l.address)
+            .or_else(|| old.listeners.iter().position(|b| *b == l.address));
+        match was.and_then(|i| old.listeners.get(i)) {
+            Some(addr) => bound.push(*addr),
+            None => {
+                let err = |source| TargetError::Listen {
+                    addr: l.address,
+                    source,
+                };
+                let sock = TcpListener::bind(l.address).map_err(err)?;
+                sock.set_nonblocking(true).map_err(err)?;
+                let addr = sock.local_addr().map_err(err)?;
+                bound.push(addr);
+                ch.added_listeners.push(addr);
+                fresh.push(sock);
+            }
+        }
+    }
+    for (i, o) in running.listeners.iter().enumerate() {
+        let Some(addr) = old.listeners.get(i) else { continue };
+        if !new
+            .listeners
+            .iter()
+            .any(|l| l.address == o.address || l.address == *addr)
+        {
+            ch.removed_listeners.push(*addr);
+        }
+    }
+    let reactors_changed = new.reactors.mode != running.reactors.mode
+        || new.reactors.cpu_budget != running.reactors.cpu_budget
+        || new.reactors.latency_target_us != running.reactors.latency_target_us;
+    ch.reactors_changed = reactors_changed;
+
+    // Swap: from here on nothing can fail.
+    let discovery_changed = !(ch.added_subsystems.is_empty()
+        && ch.removed_subsystems.is_empty()
+        && ch.changed_subsystems.is_empty()
+        && ch.added_listeners.is_empty()
+        && ch.removed_listeners.is_empty());
+    let snap = Arc::new(Snapshot {
+        subsystems,
+        listeners: bound,
+        genctr: if discovery_changed { old.genctr + 1 } else { old.genctr },
+    });
+    shared.snapshot.store(snap.clone());
+
+    if !fresh.is_empty() || !ch.removed_listeners.is_empty() {
+        let (sh, placement, gone) = (shared.clone(), new.reactors.placement, ch.removed_listeners.clone());
+        let started = shared.started;
+        if let Some(r0) = remotes.first() {
+            r0.send(move |r| {
+                for sock in fresh {
+                    let addr = sock.local_addr().ok();
+                    match Listener::new(sock, sh.clone(), placement, started).register(r) {
+                        Ok(id) => {
+                            if let Some(a) = addr {
+                                info!(address = %a, "listener added");
+                                local_listeners(r).by_addr.insert(a, id);
+                            }
+                        }
+                        Err(e) => warn!(error = %e, "cannot register a new listener"),
+                    }
+                }
+                for a in gone {
+                    if let Some(id) = local_listeners(r).by_addr.remove(&a) {
+                        r.remove_source(id);
+                        info!(address = %a, "listener removed (its connections stay)");
+                    }
+                }
+            });
+        }
+    }
+    if !ch.is_empty() {
+        for remote in remotes {
+            let snap = snap.clone();
+            remote.send(move |r| refresh_controllers(r, &snap, discovery_changed));
+        }
+    }
+    if reactors_changed {
+        let (mode, adaptive) = crate::modes_of(&new.reactors);
+        for remote in remotes {
+            remote.send(move |r| {
+                r.set_adaptive(adaptive);
+                if adaptive.is_none() {
+                    r.set_mode(mode);
+                }
+            });
+        }
+    }
+    if !ch.restart_needed.is_empty() {
+        warn!(keys = ?ch.restart_needed, "these changes take effect at the next start");
+    }
+    info!(changes = ?ch, genctr = snap.genctr, "configuration applied");
+    *running = new;
+    Ok(ch)
+}
+
+fn local_listeners(r: &mut Reactor) -> &mut Listeners {
+    if r.local::<Listeners>().is_none() {
+        r.set_local(Listeners::default());
+    }
+    r.local::<Listeners>().unwrap_or_else(|| unreachable!("set just above"))
+}
+
+/// On one reactor: bring every controller it owns up to date with `snap`.
+fn refresh_controllers(r: &mut Reactor, snap: &Arc<Snapshot>, discovery_changed: bool) {
+    let ctrls: Vec<_> = r
+        .local::<Local>()
+        .map(|l| l.ctrls.values().copied().collect())
+        .unwrap_or_default();
+    for q in ctrls {
+        r.with_source::<Conn, _>(q.source, |c, r| {
+            if c.serial() == q.serial {
+                c.refresh_ctrl(r, q.source, snap, discovery_changed);
+            }
+        });
+    }
+}
