@@ -5,6 +5,9 @@
 //!   Regenerate with `nvme/gen-bindings.sh`; the output is committed.
 //! - [`spec`]: hand-written NVMe base spec 2.0 wire structs (SQE, CQE, SGL descriptor),
 //!   status codes, opcodes and controller properties (CAP/VS/CC/CSTS).
+//! - [`pci`]: the userspace NVMe-over-PCIe driver: the hardware seam (registers, DMA memory,
+//!   MSI-X eventfds) with a VFIO implementation and a fake controller for tests, controller
+//!   bring-up/reset/shutdown and single-owner queue pairs (PRP lists, MDTS splitting).
 //! - [`tcp`]: the NVMe/TCP transport 1.0 PDUs, an incremental receive-side parser with typed
 //!   errors, allocation-free encoders and CRC32C digests.
 //!
