@@ -515,6 +515,10 @@ impl Engine {
                 self.sqs.iter_mut().for_each(|q| *q = None);
                 self.cqs.iter_mut().for_each(|q| *q = None);
                 self.pending.clear();
+                // Doorbells reset with the controller: no stale tail may replay old commands.
+                for r in &self.inner.regs[offset::DOORBELLS / 4..] {
+                    r.store(0, Ordering::Release);
+                }
                 self.set_csts(Csts(0));
             }
             return;
