@@ -198,6 +198,8 @@ pub struct Reactor {
     events: Events,
     slots: Slab<Slot>,
     sched: Vec<SourceId>,
+    sched_spare: Vec<SourceId>,
+    ready: Vec<SourceId>,
     fdless_polled: usize,
     timers: BinaryHeap<Reverse<(Instant, u64)>>,
     timer_fns: HashMap<u64, TimerFn>,
@@ -284,6 +286,8 @@ impl Reactor {
             events: Events::with_capacity(256),
             slots: Slab::new(),
             sched: Vec::new(),
+            sched_spare: Vec::new(),
+            ready: Vec::with_capacity(256),
             fdless_polled: 0,
             timers: BinaryHeap::new(),
             timer_fns: HashMap::new(),
@@ -727,10 +731,12 @@ impl Reactor {
 
     fn run_scheduled(&mut self, now: Instant) -> bool {
         let mode = self.effective_mode();
-        let list = std::mem::take(&mut self.sched);
+        // Two buffers swapped every pass: no allocation per iteration.
+        let mut list = std::mem::take(&mut self.sched);
+        let mut keep = std::mem::take(&mut self.sched_spare);
+        keep.clear();
         let mut work = false;
-        let mut keep = Vec::with_capacity(list.len());
-        for id in list {
+        for id in list.drain(..) {
             let Some(slot) = self.slots.get(id) else { continue };
             if slot.removed {
                 continue;
@@ -747,6 +753,7 @@ impl Reactor {
         // Sources scheduled during this pass were appended to self.sched.
         keep.append(&mut self.sched);
         self.sched = keep;
+        self.sched_spare = list;
         work
     }
 
@@ -857,7 +864,8 @@ impl Reactor {
             }
             return (false, slept);
         }
-        let mut ready: Vec<SourceId> = Vec::new();
+        let mut ready = std::mem::take(&mut self.ready);
+        ready.clear();
         let mut timer_fired = false;
         for ev in self.events.iter() {
             match ev.token() {
@@ -880,9 +888,10 @@ impl Reactor {
             self.timerfd_deadline = None;
         }
         let mut work = false;
-        for id in ready {
+        for &id in &ready {
             work |= self.run_source(id);
         }
+        self.ready = ready;
         (work, slept)
     }
 

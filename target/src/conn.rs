@@ -195,6 +195,8 @@ pub struct Conn {
     r2t: Slab<PendingH2c>,
     inflight: Slab<Inflight>,
     started: Instant,
+    /// The last fill emptied the socket (a short read or EAGAIN).
+    drained: bool,
 }
 
 impl Conn {
@@ -236,6 +238,7 @@ impl Conn {
             r2t: Slab::new(),
             inflight: Slab::new(),
             started,
+            drained: false,
         })
     }
 
@@ -392,7 +395,9 @@ impl Conn {
             self.rstart = 0;
         }
         let mut got = false;
+        self.drained = false;
         while self.rend < self.rbuf.len() {
+            let room = self.rbuf.len() - self.rend;
             match self.sock.read(&mut self.rbuf[self.rend..]) {
                 Ok(0) => {
                     return if got {
@@ -404,8 +409,17 @@ impl Conn {
                 Ok(n) => {
                     self.rend += n;
                     got = true;
+                    // A short read emptied the socket's receive queue: more data raises a new
+                    // edge, so reading again now would only return EAGAIN (a syscall per I/O).
+                    if n < room {
+                        self.drained = true;
+                        break;
+                    }
                 }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    self.drained = true;
+                    break;
+                }
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => return Err(format!("read: {e}")),
             }
@@ -1074,8 +1088,7 @@ impl Conn {
         let success = self.sqflow_off;
         self.c2h_header(cid, len, success);
         let start = self.wbuf.len();
-        self.wbuf.resize(start + len as usize, 0);
-        mem.read(off, &mut self.wbuf[start..]);
+        mem.read_append(off, len as usize, &mut self.wbuf);
         if self.ddgst {
             let dg = crc32c(&self.wbuf[start..]);
             self.wbuf.extend_from_slice(&dg.to_le_bytes());
@@ -1513,7 +1526,9 @@ impl Source for Conn {
                     next: pollux_reactor::Next::Asap,
                 };
             }
-            if !got && !progressed {
+            // Done when the socket is empty and every complete PDU has been handled (a partial
+            // one waits for the edge its remaining bytes will raise).
+            if self.drained || (!got && !progressed) {
                 break;
             }
         }

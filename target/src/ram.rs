@@ -80,6 +80,15 @@ impl RamDisk {
         }
     }
 
+    /// Append `len` bytes at `off` to `out` (no zero-fill of `out` first: a read's data goes
+    /// straight from the namespace into the send buffer).
+    pub fn read_append(&self, off: u64, len: usize, out: &mut Vec<u8>) {
+        out.reserve(len);
+        for w in self.words(off, len) {
+            out.extend_from_slice(&w.load(Relaxed).to_ne_bytes());
+        }
+    }
+
     /// Copy `data` to `off` (both multiples of 8).
     pub fn write(&self, off: u64, data: &[u8]) {
         for (w, d) in self.words(off, data.len()).iter().zip(data.chunks_exact(8)) {
