@@ -293,7 +293,13 @@ pub fn run_with_stats(opts: &PerfOpts, stats: &dyn Fn() -> Vec<ReactorStats>) ->
 fn run_inner(opts: &PerfOpts, stats: Option<&dyn Fn() -> Vec<ReactorStats>>) -> Result<PerfReport, PerfError> {
     opts.check()?;
     let nq = opts.cores.len() * opts.conns_per_core;
-    let mut co = ControllerOpts::new(&opts.subnqn, &opts.hostnqn, nq as u16, opts.queue_depth.max(2) as u16);
+    let mut co = ControllerOpts::new(
+        &opts.subnqn,
+        &opts.hostnqn,
+        nq as u16,
+        // Room for --fill's deeper queue; the run itself keeps queue_depth in flight.
+        opts.queue_depth.max(worker::FILL_DEPTH) as u16,
+    );
     co.digests = opts.digests;
     co.timeout = opts.timeout;
     let connect_err = |source| PerfError::Connect {

@@ -560,6 +560,9 @@ struct FillGeometry {
     nlb: u32,
 }
 
+/// Commands in flight per queue during --fill (the queues are opened at least this deep).
+pub(super) const FILL_DEPTH: usize = 16;
+
 /// Largest write of the fill.
 const FILL_CHUNK: u32 = 128 * 1024;
 
@@ -577,7 +580,12 @@ fn fill(
     // units leaves what k single-unit writes would).
     let k = (FILL_CHUNK.min(max_transfer.max(opts.io_size)) / opts.io_size).max(1);
     let chunk = (k * opts.io_size) as usize;
-    let depth = opts.queue_depth.min(16);
+    let depth = queues
+        .iter()
+        .map(HostQueue::depth)
+        .min()
+        .unwrap_or(1)
+        .clamp(1, FILL_DEPTH);
     let mut pool: Vec<Vec<u8>> = (0..nq * depth).map(|_| vec![0u8; chunk]).collect();
     // [next, end) per queue, relative to the queue's base.
     let mut ranges: Vec<(u64, u64)> = qs
