@@ -430,22 +430,28 @@ def cmd_modes(out):
         goal(f"RAM QD1 {load}: adaptive on or better than the poll-interrupt line at its CPU (best of the two: {fmt(best)})", txt, met)
     idle = {m: get("idle", m, "ram", 0) for m in MODES}
     wake = {m: get("wake", m, "ram", 1) for m in MODES}
-    base = get("saturating", "poll", "ram", 1)
     for m in MODES:
         # Poll mode spins by design; every other mode should sleep when idle.
         if idle[m] and m != "poll":
             c = idle[m]["target_cpu"]
             goal(f"idle, {m}: <= 1% CPU per reactor", f"{c:.2%}", c <= 0.01)
+    # An isolated I/O is slow on this platform whatever the reactor does (see the loopback
+    # ping-pong): a mode's wake-up cost is its first-I/O latency minus poll mode's, measured
+    # the same way (one read per second).
+    base = wake.get("poll")
     for m in MODES:
         if wake[m] and base:
             add = wake[m]["lat_us"]["p50"] - base["lat_us"]["p50"]
             wake[m]["added_us"] = add
-            if m in ("adaptive", "interrupt", "hybrid"):
-                goal(f"wake-up from 1 s idle, {m}: adds <= 50 us", f"+{add:.1f} us (first I/O {wake[m]['lat_us']['p50']:.1f} us vs {base['lat_us']['p50']:.1f} us polled)", add <= 50)
+            if m != "poll":
+                goal(f"wake-up from 1 s idle, {m}: adds <= 50 us to poll mode's", f"+{add:.1f} us (first I/O {wake[m]['lat_us']['p50']:.1f} us vs {base['lat_us']['p50']:.1f} us polled)", add <= 50)
+    pp_path = os.path.join(out, "pingpong.json")
+    pingpong = json.load(open(pp_path)) if os.path.exists(pp_path) else []
 
     doc = {
         "rows": [{"load": k[0], "mode": k[1], "ns": k[2], "qd": k[3], **v} for k, v in sorted(rows.items())],
         "goals": goals,
+        "loopback_pingpong": pingpong,
     }
     with open(os.path.join(out, "modes.json"), "w") as f:
         json.dump(doc, f, indent=2)
@@ -476,12 +482,20 @@ def cmd_modes(out):
     L += ["## Idle and wake-up", "",
           "Idle: connected, no I/O for the measured seconds. Wake-up: one 4K read per second on RAM "
           "(each after ~1 s without I/O), median latency of those reads; `added` is that minus "
-          "poll mode's saturating QD1 p50 on RAM.", "",
+          "poll mode's, measured the same way: on this platform an isolated round trip is slow "
+          "even when both sides spin (loopback ping-pong below), so steady-state QD1 latency is "
+          "not the baseline.", "",
           "| mode | idle target CPU | wake-up p50 us | wake-up max us | samples | added us |", "|---|---|---|---|---|---|"]
     for m in MODES:
         i, w = idle[m], wake[m]
         L.append(f"| {m} | {fmt(100 * i['target_cpu'], 2) + '%' if i else '-'} | {fmt(w['lat_us']['p50']) if w else '-'} | "
                  f"{fmt(w['lat_us']['max']) if w else '-'} | {fmt(w['lat_count'], 0) if w else '-'} | {fmt(w.get('added_us')) if w else '-'} |")
+    if pingpong:
+        L += ["", "Loopback TCP ping-pong without pollux (64 bytes, two busy-polling processes on the "
+              "client and target cores), after a gap without traffic:", "",
+              "| gap | p50 us | min us | samples |", "|---|---|---|---|"]
+        for p in pingpong:
+            L.append(f"| {p['gap_ms']:g} ms | {p['p50_us']:.1f} | {p['min_us']:.1f} | {p['samples']} |")
     L += ["", "## Goals (issue 7)", "", "| goal | measured | met |", "|---|---|---|"]
     for g in goals:
         L.append(f"| {g['goal']} | {g['measured']} | {'yes' if g['met'] else '**no**'} |")
