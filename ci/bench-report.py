@@ -436,17 +436,22 @@ def cmd_modes(out):
             c = idle[m]["target_cpu"]
             goal(f"idle, {m}: <= 1% CPU per reactor", f"{c:.2%}", c <= 0.01)
     # An isolated I/O is slow on this platform whatever the reactor does (see the loopback
-    # ping-pong): a mode's wake-up cost is its first-I/O latency minus poll mode's, measured
-    # the same way (one read per second).
-    base = wake.get("poll")
-    for m in MODES:
-        if wake[m] and base:
-            add = wake[m]["lat_us"]["p50"] - base["lat_us"]["p50"]
-            wake[m]["added_us"] = add
-            if m != "poll":
-                goal(f"wake-up from 1 s idle, {m}: adds <= 50 us to poll mode's", f"+{add:.1f} us (first I/O {wake[m]['lat_us']['p50']:.1f} us vs {base['lat_us']['p50']:.1f} us polled)", add <= 50)
+    # ping-pong): a mode's wake-up cost is its first-I/O latency minus the platform's, taken
+    # as the smaller of poll mode's first I/O after 1 s idle and the bare loopback ping-pong
+    # after 1 s (a single disturbed poll-mode sample must not make every mode look free).
     pp_path = os.path.join(out, "pingpong.json")
     pingpong = json.load(open(pp_path)) if os.path.exists(pp_path) else []
+    cands = []
+    if wake.get("poll"):
+        cands.append((wake["poll"]["lat_us"]["p50"], "poll mode's first I/O after 1 s idle"))
+    cands += [(p["p50_us"], "loopback ping-pong after 1 s idle") for p in pingpong if p["gap_ms"] >= 1000]
+    base_us, base_what = min(cands) if cands else (None, None)
+    for m in MODES:
+        if wake[m] and base_us is not None:
+            add = wake[m]["lat_us"]["p50"] - base_us
+            wake[m]["added_us"] = add
+            if m != "poll":
+                goal(f"wake-up from 1 s idle, {m}: adds <= 50 us", f"{add:+.1f} us (first I/O {wake[m]['lat_us']['p50']:.1f} us; baseline {base_us:.1f} us, {base_what})", add <= 50)
 
     doc = {
         "rows": [{"load": k[0], "mode": k[1], "ns": k[2], "qd": k[3], **v} for k, v in sorted(rows.items())],
@@ -481,10 +486,10 @@ def cmd_modes(out):
         L.append("")
     L += ["## Idle and wake-up", "",
           "Idle: connected, no I/O for the measured seconds. Wake-up: one 4K read per second on RAM "
-          "(each after ~1 s without I/O), median latency of those reads; `added` is that minus "
-          "poll mode's, measured the same way: on this platform an isolated round trip is slow "
-          "even when both sides spin (loopback ping-pong below), so steady-state QD1 latency is "
-          "not the baseline.", "",
+          "(each after ~1 s without I/O), median latency of those reads; `added` is that minus the "
+          "platform's own cost of an isolated round trip: the smaller of poll mode's first I/O after "
+          "idle and the bare loopback ping-pong after 1 s (below). On this VM an isolated round trip "
+          "is slow even when both sides spin, so steady-state QD1 latency is not the baseline.", "",
           "| mode | idle target CPU | wake-up p50 us | wake-up max us | samples | added us |", "|---|---|---|---|---|---|"]
     for m in MODES:
         i, w = idle[m], wake[m]
