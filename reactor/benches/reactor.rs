@@ -6,7 +6,6 @@
 
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use pollux_reactor::sys::{self, TimerFd};
@@ -64,28 +63,29 @@ fn rtt(mode: Mode, n: usize) -> (u64, u64) {
         [None, None]
     };
     let rt = Runtime::start(vec![cfg(cores[0]), cfg(cores[1])], Arc::new(|_| Ok(()))).unwrap();
-    let r0 = rt.remote(0).unwrap();
-    let mut lat = Vec::with_capacity(n);
-    let done = Arc::new(AtomicU64::new(0));
-    // At most 5 s: with both cores polling, the spinning main thread competes with the
-    // reactors and a round trip can take milliseconds (ci/bench must end in bounded time).
-    let budget = Instant::now() + Duration::from_secs(5);
-    for i in 0..n as u64 {
-        if Instant::now() > budget {
-            break;
+    // The ping-pong runs between the two reactors only: reactor 0 timestamps each round
+    // trip 0 -> 1 -> 0 and starts the next one; the main thread blocks on a channel (a third
+    // spinning thread on two cores would measure the scheduler, not the messages).
+    let (tx, rx) = std::sync::mpsc::channel::<Vec<u64>>();
+    fn ping(r: &mut pollux_reactor::Reactor, mut lat: Vec<u64>, left: usize, tx: std::sync::mpsc::Sender<Vec<u64>>) {
+        if left == 0 {
+            let _ = tx.send(lat);
+            return;
         }
-        let d = done.clone();
         let t0 = Instant::now();
-        // ping from reactor 0 to reactor 1 and back to reactor 0, which records completion
-        r0.send(move |r| {
-            r.send(1, move |r| {
-                r.send(0, move |_| d.store(i + 1, Ordering::Release));
+        r.send(1, move |r| {
+            r.send(0, move |r| {
+                lat.push(t0.elapsed().as_nanos() as u64);
+                ping(r, lat, left - 1, tx);
             });
         });
-        while done.load(Ordering::Acquire) != i + 1 {
-            std::hint::spin_loop();
-        }
-        lat.push(t0.elapsed().as_nanos() as u64);
+    }
+    rt.remote(0)
+        .unwrap()
+        .send(move |r| ping(r, Vec::with_capacity(n), n, tx));
+    let mut lat = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_default();
+    if lat.is_empty() {
+        lat.push(0);
     }
     rt.shutdown().unwrap();
     (pct(&mut lat, 0.5), pct(&mut lat, 0.99))
