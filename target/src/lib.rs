@@ -178,18 +178,7 @@ impl Target {
     /// Re-read the conf file the target runs from and apply the difference. An invalid file
     /// changes nothing; the error names file, line and column.
     pub fn reload(&self) -> Result<mutate::Changes, TargetError> {
-        let origin = self
-            .shared
-            .config
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .origin
-            .clone();
-        if origin == pollux_conf::EMBEDDED_ORIGIN {
-            return Err(TargetError::NoConfFile);
-        }
-        let cfg = Config::from_path(std::path::Path::new(&origin))?;
-        self.apply(cfg)
+        mutate::reload(&self.shared, &self.runtime.remotes())
     }
 
     /// The running configuration as TOML (it loads back to the same state).

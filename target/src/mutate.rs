@@ -232,6 +232,18 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
     Ok(ch)
 }
 
+/// Re-read the conf file the target runs from and apply the difference (SIGHUP, `ctl
+/// reload`). An invalid file changes nothing; its error names file, line and column.
+pub fn reload(shared: &Arc<Shared>, remotes: &[Remote]) -> Result<Changes, TargetError> {
+    let origin = shared.config.lock().unwrap_or_else(|p| p.into_inner()).origin.clone();
+    if origin == pollux_conf::EMBEDDED_ORIGIN {
+        return Err(TargetError::NoConfFile);
+    }
+    let cfg = Config::from_path(std::path::Path::new(&origin))?;
+    info!(file = %origin, "reloading the configuration");
+    reconcile(shared, remotes, cfg)
+}
+
 fn local_listeners(r: &mut Reactor) -> &mut Listeners {
     if r.local::<Listeners>().is_none() {
         r.set_local(Listeners::default());

@@ -631,23 +631,9 @@ impl Ctx {
     /// `reload`: re-read the conf file and apply the difference (an invalid file changes
     /// nothing; the error names file, line and column).
     fn reload(&self) -> Result<Value, RpcError> {
-        let origin = self
-            .shared
-            .config
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .origin
-            .clone();
-        if origin == pollux_conf::EMBEDDED_ORIGIN {
-            return Err(RpcError::new(
-                CONFIG_ERROR,
-                "running the embedded default: no conf file to reload",
-            ));
-        }
-        let cfg = pollux_conf::Config::from_path(std::path::Path::new(&origin))
+        let ch = crate::mutate::reload(&self.shared, &self.remotes)
             .map_err(|e| RpcError::new(CONFIG_ERROR, e.to_string()))?;
-        tracing::info!(file = %origin, "control: reload");
-        self.apply(cfg)
+        Ok(changes_json(&ch))
     }
 
     /// `save {path?}`: write the running configuration as TOML (to the conf file by default).
