@@ -1041,8 +1041,22 @@ impl Conn {
     fn on_io(&mut self, r: &mut Reactor, id: SourceId, sqe: &Sqe, data: &[u8]) {
         let cid = sqe.cid.get();
         let nsid = sqe.nsid.get();
-        let Queue::Io(q) = &self.q else { return };
-        let io = match cmd::decode_io(sqe, &q.subsys, self.shared.transport.max_io_size) {
+        let Queue::Io(q) = &mut self.q else { return };
+        let max_io = self.shared.transport.max_io_size;
+        let mut decoded = cmd::decode_io(sqe, &q.subsys, max_io);
+        if decoded.as_ref().err() == Some(&Status::INVALID_NAMESPACE.with_dnr()) {
+            // Slow path, on a miss only: the subsystem may have changed and the host may have
+            // heard of it (AER from the admin queue's reactor) before this queue's reactor got
+            // the update by message. The snapshot is the truth: catch up and decode again.
+            let snap = self.shared.snapshot.load();
+            if let Some(now) = snap.subsystem(&q.subsys.nqn)
+                && !Arc::ptr_eq(now, &q.subsys)
+            {
+                q.subsys = now.clone();
+                decoded = cmd::decode_io(sqe, &q.subsys, max_io);
+            }
+        }
+        let io = match decoded {
             Ok(io) => io,
             Err(s) => {
                 let slba = u64::from(sqe.cdw10.get()) | (u64::from(sqe.cdw11.get()) << 32);
