@@ -143,7 +143,8 @@ fn channel_for(r: &mut Reactor, ns: &Arc<Namespace>) -> Result<SourceId, Status>
     Ok(id)
 }
 
-/// A file channel completed a command (with the data of a read).
+/// A device channel completed a command (with the data of a read, for a file): hand it to
+/// its connection, which flushes on its next run.
 fn file_completed(r: &mut Reactor, tag: Tag, status: Status, data: Option<&[u8]>) {
     let done = r.with_source::<Conn, _>(tag.source, |c, r| {
         c.serial == tag.serial && {
@@ -159,15 +160,8 @@ fn file_completed(r: &mut Reactor, tag: Tag, status: Status, data: Option<&[u8]>
 /// A simulated device completed a command: hand it to its connection, which flushes on its
 /// next run (one write for all the completions of a poll).
 fn sim_completed(r: &mut Reactor, tag: Tag, status: Status, _device_latency: Duration) {
-    let done = r.with_source::<Conn, _>(tag.source, |c, r| {
-        c.serial == tag.serial && {
-            c.complete_async(r, tag.slot, status, None);
-            true
-        }
-    });
-    if done == Some(true) {
-        r.wake(tag.source);
-    }
+    // A read's data is in the namespace's memory: nothing comes with the completion.
+    file_completed(r, tag, status, None);
 }
 
 /// A connection source.
