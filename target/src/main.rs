@@ -34,6 +34,8 @@ enum Command {
     Ctl(pollux_target::control::cli::CtlArgs),
     /// A live terminal view of a running target (q quits).
     Top(pollux_target::control::top::TopArgs),
+    /// Prepare NVMe PCI functions for the userspace driver (bind to vfio-pci, hugepages).
+    Setup(pollux_target::setup::SetupArgs),
 }
 
 /// Block the signals the main thread waits for, before any reactor thread exists (threads
@@ -72,6 +74,7 @@ fn main() -> ExitCode {
     match &cli.command {
         Some(Command::Ctl(args)) => return pollux_target::control::cli::main(args),
         Some(Command::Top(args)) => return pollux_target::control::top::main(args),
+        Some(Command::Setup(args)) => return pollux_target::setup::main(args),
         _ => {}
     }
     if let Some(path) = cli.check {
