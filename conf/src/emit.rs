@@ -4,7 +4,7 @@ use std::fmt::Write;
 
 use crate::nqn::{format_uuid, hex};
 use crate::size::format_size;
-use crate::{Backend, Config, Latency};
+use crate::{Backend, Config, Latency, NvmeBackend, NvmeDevice};
 
 /// A TOML string literal for `s`, escaped by the toml crate itself so any
 /// NQN (which may hold arbitrary UTF-8 after the colon) survives.
@@ -120,7 +120,16 @@ pub(crate) fn to_toml(c: &Config) -> String {
         for n in &s.namespaces {
             let _ = writeln!(o, "\n[[subsystem.namespace]]");
             let _ = writeln!(o, "nsid = {}", n.nsid);
-            let _ = writeln!(o, "block_size = {}", n.block_size);
+            // A PCI NVMe namespace's block size is the device's format.
+            if !matches!(
+                &n.backend,
+                Backend::Nvme(NvmeBackend {
+                    device: NvmeDevice::Pci(_),
+                    ..
+                })
+            ) {
+                let _ = writeln!(o, "block_size = {}", n.block_size);
+            }
             let _ = writeln!(o, "uuid = {}", quote(&format_uuid(&n.uuid)));
             let _ = writeln!(o, "nguid = {}", quote(&hex(&n.nguid)));
             let _ = writeln!(o, "eui64 = {}", quote(&hex(&n.eui64)));
@@ -137,6 +146,18 @@ pub(crate) fn to_toml(c: &Config) -> String {
                     }
                     keys.push(format!("direct = {}", f.direct));
                     let _ = writeln!(o, "backend = {{ file = {{ {} }} }}", keys.join(", "));
+                }
+                Backend::Nvme(NvmeBackend { device, nsid }) => {
+                    let dev = match device {
+                        NvmeDevice::Pci(bdf) => format!("pci = {}", quote(bdf)),
+                        NvmeDevice::Fake { name, size, latency_us } => format!(
+                            "fake = {}, size = {}, latency_us = {}",
+                            quote(name),
+                            quote(&format_size(*size)),
+                            float(*latency_us)
+                        ),
+                    };
+                    let _ = writeln!(o, "backend = {{ nvme = {{ {dev}, nsid = {nsid} }} }}");
                 }
                 Backend::Sim(sim) => {
                     let _ = writeln!(o, "\n[subsystem.namespace.backend.sim]");

@@ -364,8 +364,8 @@ pub struct Namespace {
     pub eui64: [u8; 8],
 }
 
-/// The storage behind a namespace. More kinds (nvme) will be added; match
-/// on it with that in mind.
+/// The storage behind a namespace. More kinds may be added; match on it
+/// with that in mind.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Backend {
     /// Memory, zero-filled at start, lost at exit.
@@ -378,6 +378,10 @@ pub enum Backend {
     /// A simulated SSD: memory with modelled latencies, parallelism,
     /// bandwidth and interrupts.
     Sim(SimBackend),
+    /// A namespace of an NVMe controller driven by pollux's userspace
+    /// driver: a PCI function bound to vfio-pci, or the in-process fake
+    /// controller (testing).
+    Nvme(NvmeBackend),
 }
 
 impl Backend {
@@ -388,6 +392,49 @@ impl Backend {
             Backend::Ram { .. } => "ram",
             Backend::File(_) => "file",
             Backend::Sim(_) => "sim",
+            Backend::Nvme(_) => "nvme",
+        }
+    }
+}
+
+/// An `nvme` backend: namespace `nsid` of an NVMe controller.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NvmeBackend {
+    /// The controller.
+    pub device: NvmeDevice,
+    /// The controller's namespace ID (default 1); the pair (device, nsid) is
+    /// unique across the configuration.
+    pub nsid: u32,
+}
+
+/// The NVMe controller of an [`NvmeBackend`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum NvmeDevice {
+    /// A PCI function bound to vfio-pci, by its address, normalised to
+    /// `DDDD:BB:DD.F` (lower-case hex). Its namespace's block size is the
+    /// device's format, so `block_size` is not given for it.
+    Pci(String),
+    /// The driver's in-process fake controller (registers and queues in
+    /// memory, served by a thread): the whole userspace-driver path without
+    /// hardware, with fault injection over the control socket. Namespaces
+    /// naming the same fake device are namespaces of one controller.
+    Fake {
+        /// The device's name, for the control socket.
+        name: String,
+        /// This namespace's capacity in bytes (> 0, a multiple of the block
+        /// size).
+        size: u64,
+        /// Command latency in microseconds (finite, >= 0).
+        latency_us: f64,
+    },
+}
+
+impl NvmeDevice {
+    /// The name the device goes by: its BDF, or the fake device's name.
+    pub fn name(&self) -> &str {
+        match self {
+            NvmeDevice::Pci(b) => b,
+            NvmeDevice::Fake { name, .. } => name,
         }
     }
 }

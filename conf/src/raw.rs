@@ -100,6 +100,17 @@ pub(crate) struct RawBackend {
     pub ram: Option<RawRam>,
     pub file: Option<RawFile>,
     pub sim: Option<RawSim>,
+    pub nvme: Option<RawNvme>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawNvme {
+    pub pci: Option<Spanned<String>>,
+    pub fake: Option<Spanned<String>>,
+    pub nsid: Option<Spanned<i64>>,
+    pub size: Option<Spanned<RawSize>>,
+    pub latency_us: Option<Spanned<f64>>,
 }
 
 #[derive(Deserialize)]

@@ -14,13 +14,13 @@ use crate::error::{ConfError, line_col};
 use crate::ids::{derive_ids, derive_serial};
 use crate::nqn::{DISCOVERY_NQN, format_uuid, hex, parse_hex, parse_uuid, validate_nqn};
 use crate::raw::{
-    RawBackend, RawConfig, RawControl, RawFile, RawKeepAlive, RawLatency, RawListener, RawNamespace, RawReactors,
-    RawSim, RawSize, RawSubsystem, RawTransport,
+    RawBackend, RawConfig, RawControl, RawFile, RawKeepAlive, RawLatency, RawListener, RawNamespace, RawNvme,
+    RawReactors, RawSim, RawSize, RawSubsystem, RawTransport,
 };
 use crate::size::parse_size;
 use crate::{
-    Backend, Config, Control, FileBackend, KeepAlive, Latency, Listener, Namespace, Placement, ReactorMode, Reactors,
-    SimBackend, SleepPolicyKind, Subsystem, Transport,
+    Backend, Config, Control, FileBackend, KeepAlive, Latency, Listener, Namespace, NvmeBackend, NvmeDevice, Placement,
+    ReactorMode, Reactors, SimBackend, SleepPolicyKind, Subsystem, Transport,
 };
 
 /// The highest core index accepted: Linux's `cpu_set_t`, which
@@ -484,6 +484,10 @@ struct IdRegistry {
     euis: HashMap<[u8; 8], IdOwner>,
     /// Resolved file backend paths, with the line of their `path`.
     files: HashMap<PathBuf, (IdOwner, usize)>,
+    /// NVMe (device name, nsid) pairs in use, with the line naming them.
+    nvme: HashMap<(String, u32), (IdOwner, usize)>,
+    /// Whether each NVMe device name is a PCI function (true) or a fake one.
+    nvme_kinds: HashMap<String, (bool, usize)>,
 }
 
 fn subsystems(cx: &Cx<'_>, raw: Vec<RawSubsystem>) -> Result<Vec<Subsystem>, ConfError> {
@@ -627,7 +631,22 @@ fn namespace(
         },
     };
 
-    let backend = backend(cx, &n.backend, nqn, nsid, nsid_span.clone(), block_size, &mut ids.files)?;
+    let backend = backend(cx, &n.backend, nqn, nsid, nsid_span.clone(), block_size, ids)?;
+    if let (
+        Backend::Nvme(NvmeBackend {
+            device: NvmeDevice::Pci(bdf),
+            ..
+        }),
+        Some(v),
+    ) = (&backend, &n.block_size)
+    {
+        return Err(cx.at(
+            v.span(),
+            format!(
+                "namespace {nsid}: `block_size` cannot be given for an NVMe device ({bdf}): the namespace's format on the device decides it"
+            ),
+        ));
+    }
 
     let derived = derive_ids(nqn, nsid);
     let uuid = match &n.uuid {
@@ -746,14 +765,19 @@ fn backend(
     nsid: u32,
     nsid_span: Range<usize>,
     block_size: u32,
-    files: &mut HashMap<PathBuf, (IdOwner, usize)>,
+    ids: &mut IdRegistry,
 ) -> Result<Backend, ConfError> {
-    match (&b.ram, &b.file, &b.sim) {
-        (Some(ram), None, None) => Ok(Backend::Ram {
+    match (&b.ram, &b.file, &b.sim, &b.nvme) {
+        (Some(ram), None, None, None) => Ok(Backend::Ram {
             size: capacity(cx, &ram.size, "RAM", block_size)?,
         }),
-        (None, Some(file), None) => file_backend(cx, file, nqn, nsid, block_size, files).map(Backend::File),
-        (None, None, Some(sim)) => sim_backend(cx, sim, nsid, nsid_span, block_size).map(Backend::Sim),
+        (None, Some(file), None, None) => {
+            file_backend(cx, file, nqn, nsid, block_size, &mut ids.files).map(Backend::File)
+        }
+        (None, None, Some(sim), None) => sim_backend(cx, sim, nsid, nsid_span, block_size).map(Backend::Sim),
+        (None, None, None, Some(nvme)) => {
+            nvme_backend(cx, nvme, nqn, nsid, nsid_span, block_size, ids).map(Backend::Nvme)
+        }
         _ => {
             // None or several. toml 0.8 cannot give the span of an (implicit)
             // table, so each kind is located by its required key.
@@ -766,6 +790,9 @@ fn backend(
             }
             if let Some(s) = &b.sim {
                 kinds.push(("sim", s.size.span()));
+            }
+            if let Some(span) = b.nvme.as_ref().and_then(|n| n.pci.as_ref().or(n.fake.as_ref())) {
+                kinds.push(("nvme", span.span()));
             }
             kinds.sort_by_key(|(_, span)| span.start);
             Err(match kinds.as_slice() {
@@ -838,6 +865,149 @@ fn file_backend(
         }
     }
     Ok(FileBackend { path, size, direct })
+}
+
+/// A PCI address `[DDDD:]BB:DD.F` (hex; domain 0000 when omitted), normalised
+/// to lower case `DDDD:BB:DD.F`, or why it is not one.
+pub(crate) fn parse_bdf(s: &str) -> Result<String, String> {
+    let parts: Vec<&str> = s.split(':').collect();
+    let (domain, bus, rest) = match parts.as_slice() {
+        [d, b, r] => (*d, *b, *r),
+        [b, r] => ("0000", *b, *r),
+        _ => return Err("expected DDDD:BB:DD.F, e.g. \"0000:00:04.0\"".into()),
+    };
+    let (dev, func) = rest.split_once('.').ok_or("no `.function` (e.g. `00:04.0`)")?;
+    let hex = |t: &str, max_len: usize, max: u32, what: &str| -> Result<u32, String> {
+        if t.is_empty() || t.len() > max_len {
+            return Err(format!("bad {what} {t:?}"));
+        }
+        match u32::from_str_radix(t, 16) {
+            Ok(v) if v <= max => Ok(v),
+            _ => Err(format!("bad {what} {t:?}")),
+        }
+    };
+    let d = hex(domain, 4, 0xFFFF, "domain")?;
+    let b = hex(bus, 2, 0xFF, "bus")?;
+    let v = hex(dev, 2, 0x1F, "device")?;
+    let f = hex(func, 1, 7, "function")?;
+    Ok(format!("{d:04x}:{b:02x}:{v:02x}.{f:x}"))
+}
+
+fn nvme_backend(
+    cx: &Cx<'_>,
+    n: &RawNvme,
+    nqn: &str,
+    nsid: u32,
+    nsid_span: Range<usize>,
+    block_size: u32,
+    ids: &mut IdRegistry,
+) -> Result<NvmeBackend, ConfError> {
+    let dev_nsid = match &n.nsid {
+        None => 1,
+        // 1..=MAX_NSID fits u32.
+        Some(v) => u32::try_from(cx.int(v, "nsid", 1, MAX_NSID)?).unwrap_or(1),
+    };
+    let (device, span) = match (&n.pci, &n.fake) {
+        (Some(p), None) => {
+            let bdf = parse_bdf(p.get_ref())
+                .map_err(|e| cx.at(p.span(), format!("invalid `pci` address {:?}: {e}", p.get_ref())))?;
+            for (key, given) in [("size", n.size.is_some()), ("latency_us", n.latency_us.is_some())] {
+                if given {
+                    return Err(cx.at(
+                        p.span(),
+                        format!("`{key}` is for a `fake` NVMe device; a PCI device's namespace has the size it has"),
+                    ));
+                }
+            }
+            (NvmeDevice::Pci(bdf), p.span())
+        }
+        (None, Some(f)) => {
+            let name = f.get_ref().trim().to_string();
+            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+                return Err(cx.at(
+                    f.span(),
+                    format!(
+                        "invalid fake device name {:?}: use letters, digits, `-` and `_`",
+                        f.get_ref()
+                    ),
+                ));
+            }
+            let Some(size) = &n.size else {
+                return Err(cx.at(
+                    f.span(),
+                    format!("fake NVMe device {name:?}: give the namespace's `size`, e.g. size = \"64MiB\""),
+                ));
+            };
+            let size = capacity(cx, size, "fake NVMe", block_size)?;
+            let latency_us = cx.float_or(&n.latency_us, "latency_us", 0.0, non_negative)?;
+            (NvmeDevice::Fake { name, size, latency_us }, f.span())
+        }
+        (Some(_), Some(f)) => {
+            return Err(cx.at(
+                f.span(),
+                "an `nvme` backend names either `pci` or `fake`, not both".into(),
+            ));
+        }
+        (None, None) => {
+            return Err(cx.at(
+                nsid_span,
+                format!(
+                    "namespace {nsid}: the `nvme` backend needs `pci` (e.g. `nvme = {{ pci = \"0000:00:04.0\", nsid = 1 }}`) or `fake`"
+                ),
+            ));
+        }
+    };
+    let line = cx.line(&span);
+    let is_pci = matches!(device, NvmeDevice::Pci(_));
+    let name = device.name().to_string();
+    match ids.nvme_kinds.entry(name.clone()) {
+        Entry::Occupied(e) if e.get().0 != is_pci => {
+            return Err(cx.at(
+                span,
+                format!(
+                    "{name:?} names a {} device here but a {} one on line {}",
+                    if is_pci { "PCI" } else { "fake" },
+                    if is_pci { "fake" } else { "PCI" },
+                    e.get().1
+                ),
+            ));
+        }
+        Entry::Occupied(e) if !is_pci => {
+            return Err(cx.at(
+                span,
+                format!(
+                    "fake NVMe device {name:?} already backs a namespace (line {}); a fake device has one namespace: name another one",
+                    e.get().1
+                ),
+            ));
+        }
+        Entry::Occupied(_) => {}
+        Entry::Vacant(v) => {
+            v.insert((is_pci, line));
+        }
+    }
+    match ids.nvme.entry((name.clone(), dev_nsid)) {
+        Entry::Occupied(owner) => {
+            let (owner, line) = owner.get();
+            return Err(cx.at(
+                span,
+                format!(
+                    "namespace {dev_nsid} of NVMe device {name} is already the backend of namespace {} in {:?} (line {line}); a device namespace can back only one namespace",
+                    owner.nsid, owner.nqn
+                ),
+            ));
+        }
+        Entry::Vacant(v) => {
+            v.insert((
+                IdOwner {
+                    nqn: nqn.to_owned(),
+                    nsid,
+                },
+                line,
+            ));
+        }
+    }
+    Ok(NvmeBackend { device, nsid: dev_nsid })
 }
 
 fn sim_backend(

@@ -81,10 +81,10 @@ fn unknown_keys_are_rejected_with_position() {
     assert_err(&format!("{BASE}[keep_alive]\nmin = 4\n"), 6, 1, "unknown key `min`");
     assert_err(&format!("{BASE}{SUB}nsqn = 1\n"), 8, 1, "unknown key `nsqn`");
     assert_err(
-        &format!("{BASE}{SUB}[[subsystem.namespace]]\nnsid = 1\nbackend = {{ nvme = {{ pci = \"0000:01:00.0\" }} }}\n"),
+        &format!("{BASE}{SUB}[[subsystem.namespace]]\nnsid = 1\nbackend = {{ nbd = {{ host = \"h\" }} }}\n"),
         10,
         13,
-        "unknown key `nvme`, expected one of `ram`, `file`, `sim`",
+        "unknown key `nbd`, expected one of `ram`, `file`, `sim`, `nvme`",
     );
     assert_err(
         &format!("{BASE}{SUB}[[subsystem.namespace]]\nnsid = 1\nbackend = {{ ram = {{ size = 512, sise = 1 }} }}\n"),
@@ -760,6 +760,87 @@ fn file_checks() {
         39,
         "unknown key `o_direct`, expected one of `path`, `size`, `direct`",
     );
+}
+
+#[test]
+fn nvme_checks() {
+    assert_err(
+        &ns("nsid = 1\nbackend = { nvme = { pci = \"00:04\" } }"),
+        10,
+        28,
+        "invalid `pci` address \"00:04\": no `.function`",
+    );
+    assert_err(
+        &ns("nsid = 1\nbackend = { nvme = { pci = \"0000:00:20.0\" } }"),
+        10,
+        28,
+        "bad device \"20\"",
+    );
+    assert_err(
+        &ns("nsid = 1\nbackend = { nvme = { nsid = 1 } }"),
+        9,
+        8,
+        "the `nvme` backend needs `pci`",
+    );
+    assert_err(
+        &ns("nsid = 1\nblock_size = 4096\nbackend = { nvme = { pci = \"00:04.0\" } }"),
+        10,
+        14,
+        "`block_size` cannot be given for an NVMe device (0000:00:04.0)",
+    );
+    assert_err(
+        &ns("nsid = 1\nbackend = { nvme = { pci = \"00:04.0\", size = \"1GiB\" } }"),
+        10,
+        28,
+        "`size` is for a `fake` NVMe device",
+    );
+    assert_err(
+        &ns("nsid = 1\nbackend = { nvme = { fake = \"f0\" } }"),
+        10,
+        29,
+        "give the namespace's `size`",
+    );
+    assert_err(
+        &ns("nsid = 1\nbackend = { nvme = { fake = \"f 0\", size = 512 } }"),
+        10,
+        29,
+        "invalid fake device name",
+    );
+    assert_err(
+        &ns("nsid = 1\nbackend = { nvme = { pci = \"00:04.0\", nsid = 0 } }"),
+        10,
+        46,
+        "`nsid`",
+    );
+    // One device namespace backs one namespace; the address is compared normalised.
+    assert_err(
+        &ns("nsid = 1\nbackend = { nvme = { pci = \"00:04.0\" } }\n\
+             [[subsystem.namespace]]\nnsid = 2\nbackend = { nvme = { pci = \"0000:00:04.0\", nsid = 1 } }"),
+        13,
+        28,
+        "namespace 1 of NVMe device 0000:00:04.0 is already the backend of namespace 1",
+    );
+    // A name is either a PCI function or a fake device.
+    assert_err(
+        &ns(
+            "nsid = 1\nbackend = { nvme = { fake = \"0000:00:04.0\", size = 512 } }\n\
+             [[subsystem.namespace]]\nnsid = 2\nbackend = { nvme = { pci = \"0000:00:04.0\" } }",
+        ),
+        10,
+        29,
+        "invalid fake device name",
+    );
+    assert_err(
+        &ns("nsid = 1\nbackend = { nvme = { fake = \"f0\", size = 512 } }\n\
+             [[subsystem.namespace]]\nnsid = 2\nbackend = { nvme = { fake = \"f0\", size = 512, nsid = 2 } }"),
+        13,
+        29,
+        "fake NVMe device \"f0\" already backs a namespace (line 10)",
+    );
+    // Two namespaces of one device are fine.
+    let text = ns("nsid = 1\nbackend = { nvme = { pci = \"00:04.0\" } }\n\
+             [[subsystem.namespace]]\nnsid = 2\nbackend = { nvme = { pci = \"0000:00:04.0\", nsid = 2 } }");
+    Config::parse(&text, "test.toml").expect("two namespaces of one device");
 }
 
 #[test]

@@ -167,3 +167,17 @@ fn file_example() {
     );
     assert_eq!(ns.backend.kind(), "file");
 }
+
+#[test]
+fn nvme_example() {
+    let c = example("nvme.toml");
+    let ns = &c.subsystems[0].namespaces[0];
+    assert_eq!(
+        ns.backend,
+        Backend::Nvme(pollux_conf::NvmeBackend {
+            device: pollux_conf::NvmeDevice::Pci("0000:00:04.0".into()),
+            nsid: 1,
+        })
+    );
+    assert_eq!(ns.backend.kind(), "nvme");
+}

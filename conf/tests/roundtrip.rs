@@ -4,8 +4,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use pollux_conf::{
-    Backend, Config, Control, FileBackend, KeepAlive, Latency, Placement, ReactorMode, SimBackend, SleepPolicyKind,
-    Transport, derive_ids, parse_size, validate_nqn,
+    Backend, Config, Control, FileBackend, KeepAlive, Latency, NvmeBackend, NvmeDevice, Placement, ReactorMode,
+    SimBackend, SleepPolicyKind, Transport, derive_ids, parse_size, validate_nqn,
 };
 use proptest::prelude::*;
 
@@ -545,6 +545,7 @@ proptest! {
         policy in prop::sample::select(vec![SleepPolicyKind::Pollux, SleepPolicyKind::LinuxHalfMean]),
         sim in sim_backend(),
         file in file_backend(),
+        nvme in nvme_backends(),
         control in control(),
     ) {
         let mut c = Config::embedded_default();
@@ -561,7 +562,19 @@ proptest! {
         second.nsid = 2;
         (second.uuid, second.nguid, second.eui64) = (ids.uuid, ids.nguid, ids.eui64);
         second.backend = Backend::File(file);
-        s.namespaces.push(second);
+        s.namespaces.push(second.clone());
+        for (i, b) in nvme.into_iter().enumerate() {
+            let mut n = second.clone();
+            n.nsid = 3 + i as u32;
+            let ids = derive_ids(&s.nqn, n.nsid);
+            (n.uuid, n.nguid, n.eui64) = (ids.uuid, ids.nguid, ids.eui64);
+            // A PCI namespace's block size is the device's: it is not written.
+            if matches!(b.device, NvmeDevice::Pci(_)) {
+                n.block_size = 512;
+            }
+            n.backend = Backend::Nvme(b);
+            s.namespaces.push(n);
+        }
         let text = c.to_toml();
         let back = Config::parse(&text, "generated");
         prop_assert!(back.is_ok(), "{:?}\n{}", back.err(), text);
@@ -651,6 +664,34 @@ prop_compose! {
     ) -> FileBackend {
         FileBackend { path, size: blocks.map(|b| b * 512), direct }
     }
+}
+
+/// A PCI NVMe namespace and a fake one (distinct devices).
+fn nvme_backends() -> impl Strategy<Value = Vec<NvmeBackend>> {
+    (
+        (0u32..=0xFFFF, 0u32..=0xFF, 0u32..=0x1F, 0u32..=7),
+        1..=0xFFFF_FFFEu32,
+        "[a-z][a-z0-9_-]{0,11}",
+        1..=u64::MAX / 512,
+        us(),
+        1..=0xFFFF_FFFEu32,
+    )
+        .prop_map(|((d, b, v, f), nsid, name, blocks, latency_us, fnsid)| {
+            vec![
+                NvmeBackend {
+                    device: NvmeDevice::Pci(format!("{d:04x}:{b:02x}:{v:02x}.{f:x}")),
+                    nsid,
+                },
+                NvmeBackend {
+                    device: NvmeDevice::Fake {
+                        name,
+                        size: blocks * 512,
+                        latency_us,
+                    },
+                    nsid: fnsid,
+                },
+            ]
+        })
 }
 
 fn control() -> impl Strategy<Value = Control> {
