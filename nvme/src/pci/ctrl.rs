@@ -95,6 +95,10 @@ pub struct ControllerInfo {
     pub io_queues: u16,
     /// MSI-X vectors wired (0: polled only).
     pub vectors: u16,
+    /// A volatile write cache is present (VWC bit 0): writes are durable after a Flush.
+    pub volatile_write_cache: bool,
+    /// Optional NVM Command Support (ONCS): bit 2 Dataset Management, bit 3 Write Zeroes.
+    pub oncs: u16,
 }
 
 /// What [`Controller::service`] did.
@@ -315,6 +319,8 @@ impl Controller {
         self.info.model = ascii(&id.mn);
         self.info.firmware = ascii(&id.fr);
         self.info.nn = id.nn;
+        self.info.volatile_write_cache = id.vwc & 1 != 0;
+        self.info.oncs = id.oncs;
         // MDTS (byte 77): 2^MDTS units of CAP.MPSMIN pages; 0 = no limit.
         self.info.mdts_bytes = (id.mdts != 0).then(|| page_min << id.mdts);
         let lim = self.info.mdts_bytes.unwrap_or(usize::MAX).min(self.cfg.max_transfer);

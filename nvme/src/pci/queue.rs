@@ -88,6 +88,10 @@ pub struct IoRequest {
     pub buf: Option<DmaBuf>,
     /// Returned in the completion.
     pub tag: u64,
+    /// Flag bits OR-ed into CDW12 of each of its commands: FUA (bit 30) for Read/Write, DEAC
+    /// (bit 25) for Write Zeroes (NVM command set spec 1.0 §3.2.4, §3.2.8). The NLB field
+    /// (bits 15:0) is the queue's.
+    pub cdw12_flags: u32,
 }
 
 impl IoRequest {
@@ -111,6 +115,7 @@ impl IoRequest {
             blocks,
             buf: Some(buf),
             tag,
+            cdw12_flags: 0,
         }
     }
 
@@ -124,6 +129,7 @@ impl IoRequest {
             blocks: 0,
             buf: None,
             tag,
+            cdw12_flags: 0,
         }
     }
 
@@ -137,6 +143,7 @@ impl IoRequest {
             blocks,
             buf: None,
             tag,
+            cdw12_flags: 0,
         }
     }
 }
@@ -477,9 +484,8 @@ impl QueuePair {
             let slba = req.slba + done;
             sqe.cdw10.set(slba as u32);
             sqe.cdw11.set((slba >> 32) as u32);
-            if n > 0 {
-                sqe.cdw12.set((n - 1) as u32);
-            }
+            let nlb = if n > 0 { (n - 1) as u32 } else { 0 };
+            sqe.cdw12.set(nlb | (req.cdw12_flags & !0xFFFF));
             let xfer = req
                 .buf
                 .as_ref()
