@@ -14,6 +14,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use pollux_conf::{DISCOVERY_NQN, validate_nqn};
+use pollux_nvme::pci::DmaBuf;
 use pollux_nvme::spec::{Cqe, Sqe, Status, opcode};
 use pollux_nvme::tcp::{
     CommonHeader, DataHdr, Direction, IcReq, PduError, PduHeader, PduLimits, PduType, check_data_digest, crc32c,
@@ -30,6 +31,7 @@ use crate::ctrl::{AER_LIMIT, Ctrl, Local, QueueRef, owner_of};
 use crate::file::{FileChannel, FileOp};
 use crate::ram::RamDisk;
 use crate::sim::{SimChannel, SimOp, Tag};
+use crate::ssd::{SsdChannel, SsdOp};
 use crate::subsystem::{Backend, Namespace, Shared, Snapshot, Subsystem, bump};
 
 /// In-capsule data accepted on the admin queue (NVMe/TCP §3.3.1: 8 KiB for fabrics and admin).
@@ -113,7 +115,11 @@ impl Default for Channels {
 /// The map key is the namespace's address: the channel holds an `Arc` of it, so the address
 /// cannot be reused while the entry exists.
 fn channel_for(r: &mut Reactor, ns: &Arc<Namespace>) -> Result<SourceId, Status> {
-    let key = Arc::as_ptr(ns) as usize;
+    // One channel per device for SSD namespaces: its namespaces share the queue pair.
+    let key = match &ns.backend {
+        Backend::Nvme(s) => Arc::as_ptr(&s.dev) as usize,
+        _ => Arc::as_ptr(ns) as usize,
+    };
     if r.local::<Channels>().is_none() {
         r.set_local(Channels::default());
     }
@@ -131,6 +137,11 @@ fn channel_for(r: &mut Reactor, ns: &Arc<Namespace>) -> Result<SourceId, Status>
                 .map_err(|e| e.to_string())
                 .and_then(|ch| ch.register(r).map_err(|e| e.to_string()))
         }
+        Backend::Nvme(s) => {
+            let max_io = r.local::<Channels>().map_or(1 << 20, |c| c.max_io) as usize;
+            SsdChannel::new(s.dev.clone(), r.id(), max_io, model, ssd_completed)
+                .and_then(|ch| ch.register(r).map_err(|e| e.to_string()))
+        }
         Backend::Ram(_) => return Err(Status::INTERNAL_ERROR),
     };
     let id = registered.map_err(|e| {
@@ -146,6 +157,46 @@ fn channel_for(r: &mut Reactor, ns: &Arc<Namespace>) -> Result<SourceId, Status>
 /// A device channel completed a command (with the data of a read, for a file): hand it to
 /// its connection, which flushes on its next run.
 fn file_completed(r: &mut Reactor, tag: Tag, status: Status, data: Option<&[u8]>) {
+    deliver(r, tag, status, data.map(ReadData::Bytes));
+}
+
+/// An SSD channel completed a command (with the DMA buffer of a read).
+fn ssd_completed(r: &mut Reactor, tag: Tag, status: Status, data: Option<&DmaBuf>) {
+    deliver(r, tag, status, data.map(ReadData::Dma));
+}
+
+/// Where a completed read's data is.
+#[derive(Debug, Clone, Copy)]
+pub enum ReadData<'a> {
+    /// In memory.
+    Bytes(&'a [u8]),
+    /// In a DMA buffer (read with volatile accesses only).
+    Dma(&'a DmaBuf),
+}
+
+impl ReadData<'_> {
+    fn len(&self) -> usize {
+        match self {
+            ReadData::Bytes(b) => b.len(),
+            ReadData::Dma(d) => d.len(),
+        }
+    }
+
+    /// Append the first `len` bytes to `out`.
+    fn append_to(&self, len: usize, out: &mut Vec<u8>) {
+        let len = len.min(self.len());
+        match self {
+            ReadData::Bytes(b) => out.extend_from_slice(&b[..len]),
+            ReadData::Dma(d) => {
+                let start = out.len();
+                out.resize(start + len, 0);
+                d.read(&mut out[start..]);
+            }
+        }
+    }
+}
+
+fn deliver(r: &mut Reactor, tag: Tag, status: Status, data: Option<ReadData<'_>>) {
     let done = r.with_source::<Conn, _>(tag.source, |c, r| {
         c.serial == tag.serial && {
             c.complete_async(r, tag.slot, status, data);
@@ -1161,7 +1212,7 @@ impl Conn {
 
     /// An asynchronous backend completed the command in `slot`; a read's data comes with it
     /// (a file) or is in the namespace's memory (a simulated device).
-    pub fn complete_async(&mut self, r: &mut Reactor, slot: usize, status: Status, data: Option<&[u8]>) {
+    pub fn complete_async(&mut self, r: &mut Reactor, slot: usize, status: Status, data: Option<ReadData<'_>>) {
         let Some(inf) = self.inflight.try_remove(slot) else {
             return;
         };
@@ -1176,10 +1227,11 @@ impl Conn {
                     bump(&c.read_bytes, u64::from(len));
                     let success = self.sqflow_off;
                     self.c2h_header(inf.cid, len, success);
-                    self.wbuf.extend_from_slice(&d[..(len as usize).min(d.len())]);
+                    let start = self.wbuf.len();
+                    d.append_to(len as usize, &mut self.wbuf);
                     if self.ddgst {
-                        self.wbuf
-                            .extend_from_slice(&crc32c(&d[..(len as usize).min(d.len())]).to_le_bytes());
+                        let dg = crc32c(&self.wbuf[start..]);
+                        self.wbuf.extend_from_slice(&dg.to_le_bytes());
                     }
                     if !success {
                         self.resp(inf.cid, Status::SUCCESS, 0, 0);
@@ -1304,6 +1356,7 @@ impl Conn {
             Backend::Ram(mem) => mem,
             Backend::Sim(_) => return self.submit_sim(r, id, cid, io, data),
             Backend::File(_) => return self.submit_file(r, id, cid, io, data),
+            Backend::Nvme(_) => return self.submit_ssd(r, id, cid, io, data),
         };
         match io {
             Io::Read { off, len, .. } => self.send_read(cid, mem, &ns, off, len),
@@ -1382,6 +1435,77 @@ impl Conn {
         if let Err(s) = res {
             self.inflight.remove(slot);
             self.fail(r, cid, s, ns.nsid, 0);
+        }
+    }
+}
+
+impl Conn {
+    /// Submit to this reactor's queue pair on the namespace's NVMe device. Write data is
+    /// copied into a DMA buffer; read data is appended to the send buffer from the DMA buffer
+    /// at completion.
+    fn submit_ssd(&mut self, r: &mut Reactor, id: SourceId, cid: u16, io: Io, data: &[u8]) {
+        let Some(ns) = io.namespace().cloned() else { return };
+        let Backend::Nvme(dev_ns) = &ns.backend else {
+            return self.fail(r, cid, Status::INTERNAL_ERROR, ns.nsid, 0);
+        };
+        let ch = match channel_for(r, &ns) {
+            Ok(ch) => ch,
+            Err(s) => return self.fail(r, cid, s, ns.nsid, 0),
+        };
+        let shift = ns.block_shift;
+        let ranges: Vec<(u64, u64)>;
+        let op = match &io {
+            Io::Read { off, len, .. } => SsdOp::Read {
+                slba: off >> shift,
+                blocks: u64::from(*len) >> shift,
+            },
+            Io::Write { off, len, fua, .. } => SsdOp::Write {
+                slba: off >> shift,
+                data: &data[..*len as usize],
+                fua: *fua,
+            },
+            Io::WriteZeroes { off, len, .. } => {
+                ranges = vec![(off >> shift, len >> shift)];
+                SsdOp::Zero {
+                    ranges: &ranges,
+                    deallocate: false,
+                }
+            }
+            Io::Flush { .. } => SsdOp::Flush,
+            Io::DatasetManagement { deallocate, .. } => match cmd::dsm_ranges(data, &ns) {
+                Ok(r) if *deallocate && r.iter().any(|&(_, len)| len > 0) => {
+                    ranges = r.iter().map(|&(off, len)| (off >> shift, len >> shift)).collect();
+                    SsdOp::Zero {
+                        ranges: &ranges,
+                        deallocate: true,
+                    }
+                }
+                // Without deallocate (or no blocks): advisory, nothing to do.
+                Ok(_) => return self.resp(cid, Status::SUCCESS, 0, 0),
+                Err(s) => return self.fail(r, cid, s, ns.nsid, 0),
+            },
+        };
+        if let Io::Write { len, .. } = &io {
+            let c = ns.counters(self.reactor);
+            bump(&c.write_cmds, 1);
+            bump(&c.write_bytes, u64::from(*len));
+        }
+        let slot = self.inflight.insert(Inflight { cid, io });
+        let tag = Tag {
+            source: id,
+            serial: self.serial,
+            slot,
+        };
+        let res = r
+            .with_source::<SsdChannel, _>(ch, |c, r| c.submit(r, tag, &dev_ns.ns, op))
+            .unwrap_or(Err(Status::INTERNAL_ERROR));
+        match res {
+            // Run the channel: it says when the completion is expected (hybrid mode).
+            Ok(()) => r.wake(ch),
+            Err(s) => {
+                self.inflight.remove(slot);
+                self.fail(r, cid, s, ns.nsid, 0);
+            }
         }
     }
 }

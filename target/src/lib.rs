@@ -23,6 +23,7 @@ pub mod perf;
 pub mod ram;
 pub mod setup;
 pub mod sim;
+pub mod ssd;
 pub mod subsystem;
 
 use std::net::{SocketAddr, TcpListener};
@@ -191,6 +192,15 @@ impl Target {
     pub fn shutdown(self) -> Result<(), TargetError> {
         let before = self.runtime.stats();
         self.runtime.shutdown()?;
+        // The reactors gave their queue pairs back: shut the NVMe controllers down now
+        // (CC.SHN, §3.6.1) rather than whenever the last namespace reference goes.
+        for s in &self.shared.snapshot.load().subsystems {
+            for ns in s.namespaces.values() {
+                if let subsystem::Backend::Nvme(n) = &ns.backend {
+                    n.dev.shutdown();
+                }
+            }
+        }
         for st in before {
             let wall: u64 = st.mode_ns.iter().sum::<u64>().max(1);
             info!(

@@ -21,6 +21,8 @@ pub enum Backend {
     Sim(crate::sim::SimDisk),
     /// A regular file or block device, through io_uring.
     File(crate::file::FileDisk),
+    /// A namespace of an NVMe SSD, through pollux's userspace driver.
+    Nvme(crate::ssd::SsdNamespace),
 }
 
 impl Backend {
@@ -29,7 +31,7 @@ impl Backend {
         match self {
             Backend::Ram(d) => Some(d),
             Backend::Sim(s) => Some(&s.data),
-            Backend::File(_) => None,
+            Backend::File(_) | Backend::Nvme(_) => None,
         }
     }
 
@@ -39,6 +41,7 @@ impl Backend {
             Backend::Ram(d) => d.len(),
             Backend::Sim(s) => s.data.len(),
             Backend::File(f) => f.len,
+            Backend::Nvme(n) => n.ns.bytes(),
         }
     }
 
@@ -49,7 +52,11 @@ impl Backend {
 
     /// Writes may sit in a volatile cache until a Flush (the page cache, a device cache).
     pub fn volatile_cache(&self) -> bool {
-        matches!(self, Backend::File(_))
+        match self {
+            Backend::File(_) => true,
+            Backend::Nvme(n) => n.dev.volatile_write_cache(),
+            Backend::Ram(_) | Backend::Sim(_) => false,
+        }
     }
 }
 
@@ -232,13 +239,19 @@ pub fn build_namespace(nqn: &str, n: &pollux_conf::Namespace, reactors: usize) -
         ConfBackend::File(f) => {
             Backend::File(crate::file::FileDisk::open(&f.path, f.size, f.direct, n.block_size).map_err(err)?)
         }
+        ConfBackend::Nvme(b) => Backend::Nvme(crate::ssd::SsdDevice::open(b, n.block_size, reactors).map_err(err)?),
+    };
+    // An NVMe namespace has its device format's block size.
+    let block_size = match &backend {
+        Backend::Nvme(s) => s.ns.block_size() as u32,
+        _ => n.block_size,
     };
     let bytes = backend.len();
     Ok(Arc::new(Namespace {
         nsid: n.nsid,
-        block_size: n.block_size,
-        block_shift: n.block_size.trailing_zeros(),
-        blocks: bytes / u64::from(n.block_size),
+        block_size,
+        block_shift: block_size.trailing_zeros(),
+        blocks: bytes / u64::from(block_size),
         uuid: n.uuid,
         nguid: n.nguid,
         eui64: n.eui64,
