@@ -82,6 +82,11 @@ struct PendingH2c {
     done: Option<Status>,
 }
 
+/// R2T data buffers a connection keeps for reuse, and their total size at most (memory per
+/// connection stays bounded however many connections there are).
+const H2C_POOL: usize = 8;
+const H2C_POOL_BYTES: usize = 1 << 20;
+
 /// A command submitted to an asynchronous backend, waiting for its completion.
 struct Inflight {
     cid: u16,
@@ -238,6 +243,8 @@ pub struct Conn {
     sqhd: u32,
     sqflow_off: bool,
     r2t: Slab<PendingH2c>,
+    /// Data buffers of finished R2T transfers, for reuse.
+    h2c_pool: Vec<Vec<u8>>,
     inflight: Slab<Inflight>,
     started: Instant,
     /// The last fill emptied the socket (a short read or EAGAIN).
@@ -281,6 +288,7 @@ impl Conn {
             sqhd: 0,
             sqflow_off: false,
             r2t: Slab::new(),
+            h2c_pool: Vec::new(),
             inflight: Slab::new(),
             started,
             drained: false,
@@ -1273,10 +1281,14 @@ impl Conn {
         if dead.len() > self.sq_entries as usize {
             self.r2t.remove(dead[0]);
         }
+        // A recycled buffer: no allocation (for large writes an mmap and its page faults).
+        let mut buf = self.h2c_pool.pop().unwrap_or_default();
+        buf.clear();
+        buf.resize(len as usize, 0);
         let ttag = self.r2t.insert(PendingH2c {
             cid,
             io,
-            buf: vec![0u8; len as usize],
+            buf,
             len,
             received: 0,
             done: None,
@@ -1336,6 +1348,10 @@ impl Conn {
             if p.done.is_none() {
                 let need = p.io.h2c_len() as usize;
                 self.exec_io(r, id, p.cid, p.io, &p.buf[..need]);
+            }
+            let pooled: usize = self.h2c_pool.iter().map(Vec::capacity).sum();
+            if self.h2c_pool.len() < H2C_POOL && pooled + p.buf.capacity() <= H2C_POOL_BYTES {
+                self.h2c_pool.push(p.buf);
             }
         }
     }
