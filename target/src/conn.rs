@@ -75,6 +75,9 @@ struct PendingH2c {
     cid: u16,
     io: Io,
     buf: Vec<u8>,
+    /// For a write to an NVMe SSD: the DMA buffer the data is received into (then `buf` is
+    /// empty), so it is copied once, from the receive buffer to DMA memory.
+    dma: Option<DmaBuf>,
     /// Bytes the R2T asked for (the buffer is dropped when the command completes early).
     len: u32,
     received: u32,
@@ -1067,6 +1070,7 @@ impl Conn {
         // already on its way for this TTAG is drained, not treated as a protocol error.
         p.done = Some(Status::ABORT_REQUESTED);
         p.buf = Vec::new();
+        p.dma = None;
         self.resp(cid, Status::ABORT_REQUESTED, 0, 0);
         if let Err(e) = self.flush() {
             self.close(r, id, &format!("write: {e}"));
@@ -1281,14 +1285,25 @@ impl Conn {
         if dead.len() > self.sq_entries as usize {
             self.r2t.remove(dead[0]);
         }
+        let dma = match &io {
+            Io::Write { ns, .. } if matches!(ns.backend, Backend::Nvme(_)) => channel_for(r, ns)
+                .ok()
+                .and_then(|ch| r.with_source::<SsdChannel, _>(ch, |c, _| c.take_buf(len as usize)))
+                .flatten(),
+            _ => None,
+        };
         // A recycled buffer: no allocation (for large writes an mmap and its page faults).
-        let mut buf = self.h2c_pool.pop().unwrap_or_default();
-        buf.clear();
-        buf.resize(len as usize, 0);
+        let mut buf = Vec::new();
+        if dma.is_none() {
+            buf = self.h2c_pool.pop().unwrap_or_default();
+            buf.clear();
+            buf.resize(len as usize, 0);
+        }
         let ttag = self.r2t.insert(PendingH2c {
             cid,
             io,
             buf,
+            dma,
             len,
             received: 0,
             done: None,
@@ -1335,7 +1350,11 @@ impl Conn {
             );
         }
         if p.done.is_none() {
-            p.buf[datao as usize..(datao + datal) as usize].copy_from_slice(data);
+            match &p.dma {
+                // Volatile stores: the device reads this memory.
+                Some(d) => d.region().write_bytes(d.offset() + datao as usize, data),
+                None => p.buf[datao as usize..(datao + datal) as usize].copy_from_slice(data),
+            }
         }
         p.received += datal;
         if !digest_ok && p.done.is_none() {
@@ -1344,10 +1363,15 @@ impl Conn {
         }
         let Some(p) = self.r2t.get(ttag) else { return };
         if p.received == p.len {
-            let p = self.r2t.remove(ttag);
+            let mut p = self.r2t.remove(ttag);
             if p.done.is_none() {
-                let need = p.io.h2c_len() as usize;
-                self.exec_io(r, id, p.cid, p.io, &p.buf[..need]);
+                match p.dma.take() {
+                    Some(d) => self.submit_ssd_buf(r, id, p.cid, p.io, d),
+                    None => {
+                        let need = p.io.h2c_len() as usize;
+                        self.exec_io(r, id, p.cid, p.io, &p.buf[..need]);
+                    }
+                }
             }
             let pooled: usize = self.h2c_pool.iter().map(Vec::capacity).sum();
             if self.h2c_pool.len() < H2C_POOL && pooled + p.buf.capacity() <= H2C_POOL_BYTES {
@@ -1501,7 +1525,45 @@ impl Conn {
                 Err(s) => return self.fail(r, cid, s, ns.nsid, 0),
             },
         };
-        if let Io::Write { len, .. } = &io {
+        let dev_ns = dev_ns.ns;
+        self.ssd_submit_op(r, id, ch, cid, io, dev_ns, op);
+    }
+
+    /// A write whose data was received into the DMA buffer `buf`.
+    fn submit_ssd_buf(&mut self, r: &mut Reactor, id: SourceId, cid: u16, io: Io, buf: DmaBuf) {
+        let (Io::Write { ns, off, len, fua }, Some(ns_arc)) = (&io, io.namespace().cloned()) else {
+            return;
+        };
+        let Backend::Nvme(dev_ns) = &ns.backend else {
+            return self.fail(r, cid, Status::INTERNAL_ERROR, ns.nsid, 0);
+        };
+        let ch = match channel_for(r, &ns_arc) {
+            Ok(ch) => ch,
+            Err(s) => return self.fail(r, cid, s, ns.nsid, 0),
+        };
+        let op = SsdOp::WriteBuf {
+            slba: off >> ns.block_shift,
+            buf,
+            len: *len as usize,
+            fua: *fua,
+        };
+        let dev_ns = dev_ns.ns;
+        self.ssd_submit_op(r, id, ch, cid, io, dev_ns, op);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn ssd_submit_op(
+        &mut self,
+        r: &mut Reactor,
+        id: SourceId,
+        ch: SourceId,
+        cid: u16,
+        io: Io,
+        dev_ns: pollux_nvme::pci::Namespace,
+        op: SsdOp<'_>,
+    ) {
+        let nsid = io.namespace().map_or(0, |n| n.nsid);
+        if let Io::Write { ns, len, .. } = &io {
             let c = ns.counters(self.reactor);
             bump(&c.write_cmds, 1);
             bump(&c.write_bytes, u64::from(*len));
@@ -1513,14 +1575,14 @@ impl Conn {
             slot,
         };
         let res = r
-            .with_source::<SsdChannel, _>(ch, |c, r| c.submit(r, tag, &dev_ns.ns, op))
+            .with_source::<SsdChannel, _>(ch, |c, r| c.submit(r, tag, &dev_ns, op))
             .unwrap_or(Err(Status::INTERNAL_ERROR));
         match res {
             // Run the channel: it says when the completion is expected (hybrid mode).
             Ok(()) => r.wake(ch),
             Err(s) => {
                 self.inflight.remove(slot);
-                self.fail(r, cid, s, ns.nsid, 0);
+                self.fail(r, cid, s, nsid, 0);
             }
         }
     }

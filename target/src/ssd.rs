@@ -468,7 +468,7 @@ impl Pool {
 }
 
 /// One operation of a target command on an SSD namespace, in logical blocks.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub enum SsdOp<'a> {
     /// Read `blocks` from `slba`.
     Read {
@@ -483,6 +483,18 @@ pub enum SsdOp<'a> {
         slba: u64,
         /// The data (a whole number of blocks).
         data: &'a [u8],
+        /// Force unit access.
+        fua: bool,
+    },
+    /// Write the first `len` bytes of `buf` (from [`SsdChannel::take_buf`], the host's data
+    /// received straight into it) at `slba`.
+    WriteBuf {
+        /// First LBA.
+        slba: u64,
+        /// The buffer.
+        buf: DmaBuf,
+        /// Bytes (a whole number of blocks).
+        len: usize,
         /// Force unit access.
         fua: bool,
     },
@@ -581,34 +593,38 @@ impl SsdChannel {
             return Err(Status::NAMESPACE_NOT_READY);
         }
         let shift = ns.lba_shift;
-        let (is_read, bytes) = match op {
+        let (is_read, bytes) = match &op {
             SsdOp::Read { blocks, .. } => (true, (blocks << shift) as usize),
             SsdOp::Write { data, .. } => (false, data.len()),
+            SsdOp::WriteBuf { len, .. } => (false, *len),
             _ => (false, 0),
         };
         let key = self.cmds.vacant_key();
         let mut reqs: Vec<IoRequest> = Vec::with_capacity(1);
         let mut buf = None;
         match op {
-            SsdOp::Read { slba, .. } | SsdOp::Write { slba, .. } => {
+            SsdOp::Read { slba, .. } | SsdOp::Write { slba, .. } | SsdOp::WriteBuf { slba, .. } => {
                 if bytes == 0 || bytes > self.max_io || bytes % ns.block_size() != 0 {
                     return Err(Status::INVALID_FIELD.with_dnr());
                 }
-                let class = self.pool.take(bytes).map_err(|e| {
-                    warn!(channel = %self.name, error = %e, "no DMA memory for a command");
-                    Status::INTERNAL_ERROR
-                })?;
+                let (class, fua, data) = match op {
+                    SsdOp::WriteBuf { buf, fua, .. } if buf.len() >= bytes => (buf, fua, None),
+                    SsdOp::WriteBuf { .. } => return Err(Status::INTERNAL_ERROR),
+                    SsdOp::Write { fua, data, .. } => (self.alloc(bytes)?, fua, Some(data)),
+                    _ => (self.alloc(bytes)?, false, None),
+                };
                 let sub = DmaBuf::new(class.region().clone(), class.offset(), bytes).ok_or(Status::INTERNAL_ERROR)?;
-                let req = match op {
-                    SsdOp::Write { data, fua, .. } => {
+                let req = if is_read {
+                    IoRequest::read(ns, slba, sub, key as u64)
+                } else {
+                    if let Some(data) = data {
                         sub.write(data);
-                        let mut q = IoRequest::write(ns, slba, sub, key as u64);
-                        if fua {
-                            q.cdw12_flags |= FUA;
-                        }
-                        q
                     }
-                    _ => IoRequest::read(ns, slba, sub, key as u64),
+                    let mut q = IoRequest::write(ns, slba, sub, key as u64);
+                    if fua {
+                        q.cdw12_flags |= FUA;
+                    }
+                    q
                 };
                 reqs.push(req);
                 buf = Some(class);
@@ -679,6 +695,22 @@ impl SsdChannel {
             qp.flush();
         }
         Ok(())
+    }
+
+    fn alloc(&mut self, bytes: usize) -> Result<DmaBuf, Status> {
+        self.pool.take(bytes).map_err(|e| {
+            warn!(channel = %self.name, error = %e, "no DMA memory for a command");
+            Status::INTERNAL_ERROR
+        })
+    }
+
+    /// A DMA buffer of at least `len` bytes for a write's data to be received into (then
+    /// submitted with [`SsdOp::WriteBuf`]): the data is copied once, from the receive buffer
+    /// into DMA memory. `None` beyond the transfer limit or without DMA memory.
+    pub fn take_buf(&mut self, len: usize) -> Option<DmaBuf> {
+        (len > 0 && len <= self.max_io)
+            .then(|| self.pool.take(len).ok())
+            .flatten()
     }
 
     /// One device command of target command `key` finished with `status`.
