@@ -213,6 +213,10 @@ pub struct PolicyConfig {
     pub confirmations: u32,
     /// Sleeping pays off when the predicted latency exceeds this many wake-up costs.
     pub sleep_payoff: f64,
+    /// Under sustained load in a sleeping mode, try busy-poll this often (doubling after
+    /// each try that did not stay, up to 16 times): see [`ModePolicy::evaluate`]. `None`:
+    /// never probe.
+    pub probe_interval: Option<Duration>,
 }
 
 impl Default for PolicyConfig {
@@ -223,6 +227,7 @@ impl Default for PolicyConfig {
             min_dwell: Duration::from_millis(50),
             confirmations: 4,
             sleep_payoff: 3.0,
+            probe_interval: Some(Duration::from_secs(1)),
         }
     }
 }
@@ -254,18 +259,71 @@ pub struct ModePolicy {
     since: Option<Instant>,
     pending: Option<(Mode, u32)>,
     switches: u64,
+    /// Consecutive evaluations with sustained load in a sleeping mode.
+    loaded: u32,
+    /// The current probe interval (grows after failed probes).
+    probe_every: Duration,
+    last_probe: Option<Instant>,
+    /// When the running busy-poll period started as a probe.
+    probing_since: Option<Instant>,
+    probes: u64,
 }
+
+/// Busy fraction from which a sleeping reactor counts as loaded (a probe candidate).
+pub const PROBE_MIN_BUSY: f64 = 0.25;
+/// Evaluations of sustained load before a probe.
+pub const PROBE_SUSTAIN: u32 = 16;
+/// A probe that kept busy-poll this long succeeded: the interval goes back to its base.
+pub const PROBE_SUCCESS: Duration = Duration::from_secs(1);
+/// The probe interval grows at most to this many times its base.
+pub const PROBE_BACKOFF_MAX: u32 = 16;
 
 impl ModePolicy {
     /// A policy that starts in `initial`.
     pub fn new(cfg: PolicyConfig, initial: Mode) -> Self {
         Self {
+            probe_every: cfg.probe_interval.unwrap_or_default(),
             cfg,
             current: initial,
             since: None,
             pending: None,
             switches: 0,
+            loaded: 0,
+            last_probe: None,
+            probing_since: None,
+            probes: 0,
         }
+    }
+
+    /// Busy-poll probes started.
+    pub fn probes(&self) -> u64 {
+        self.probes
+    }
+
+    /// The current probe interval.
+    pub fn probe_interval(&self) -> Duration {
+        self.probe_every
+    }
+
+    fn switch(&mut self, to: Mode, now: Instant) -> Option<Mode> {
+        if self.current == Mode::Poll
+            && to != Mode::Poll
+            && let Some(start) = self.probing_since.take()
+            && let Some(base) = self.cfg.probe_interval
+        {
+            // A probe that did not hold: polling did not raise the load enough (it was not
+            // saturated, or it only burned the budget). Try less often.
+            self.probe_every = if now.saturating_duration_since(start) >= PROBE_SUCCESS {
+                base
+            } else {
+                (self.probe_every * 2).min(base * PROBE_BACKOFF_MAX)
+            };
+        }
+        self.current = to;
+        self.since = Some(now);
+        self.pending = None;
+        self.switches += 1;
+        Some(to)
     }
 
     /// The mode it last chose.
@@ -313,8 +371,39 @@ impl ModePolicy {
     }
 
     /// Evaluate: returns Some(mode) when the policy switches.
+    ///
+    /// Besides the thresholds of [`desired`](Self::desired), it *probes*: a sleeping reactor
+    /// under sustained load ([`PROBE_MIN_BUSY`] for [`PROBE_SUSTAIN`] evaluations) cannot
+    /// tell from its own accounting whether it is saturated, because each wake-up's latency
+    /// throttles a closed-loop client: the reactor looks half idle while the client waits
+    /// on it. So every probe interval it switches to busy-poll, where the saturation rule
+    /// decides with real numbers: if polling lifted the load so that the idle share fits the
+    /// budget, it stays; otherwise it leaves after the minimum dwell and the interval
+    /// doubles (a failed probe costs one dwell of polling; at most 5% of a core at the base
+    /// interval, decaying 16-fold).
     pub fn evaluate(&mut self, i: &PolicyInputs) -> Option<Mode> {
         let want = self.desired(i);
+        let dwelt = self
+            .since
+            .is_none_or(|s| i.now.saturating_duration_since(s) >= self.cfg.min_dwell);
+        if self.current != Mode::Poll && want != Mode::Poll && i.busy_fraction >= PROBE_MIN_BUSY {
+            self.loaded += 1;
+        } else {
+            self.loaded = 0;
+        }
+        if self.cfg.probe_interval.is_some()
+            && self.loaded >= PROBE_SUSTAIN
+            && dwelt
+            && self
+                .last_probe
+                .is_none_or(|t| i.now.saturating_duration_since(t) >= self.probe_every)
+        {
+            self.loaded = 0;
+            self.last_probe = Some(i.now);
+            self.probing_since = Some(i.now);
+            self.probes += 1;
+            return self.switch(Mode::Poll, i.now);
+        }
         if want == self.current {
             self.pending = None;
             return None;
@@ -324,15 +413,8 @@ impl ModePolicy {
             _ => 1,
         };
         self.pending = Some((want, n));
-        let dwelt = self
-            .since
-            .is_none_or(|s| i.now.saturating_duration_since(s) >= self.cfg.min_dwell);
         if n >= self.cfg.confirmations && dwelt {
-            self.current = want;
-            self.since = Some(i.now);
-            self.pending = None;
-            self.switches += 1;
-            return Some(want);
+            return self.switch(want, i.now);
         }
         None
     }
@@ -530,6 +612,75 @@ mod tests {
         assert_eq!(p.evaluate(&inputs(t3, 0.0, 0, 0.0, None)), Some(Mode::Interrupt));
         assert_eq!(p.evaluate(&inputs(t3 + ms, 0.0, 0, 0.0, None)), None);
         assert_eq!(p.switches(), 2);
+    }
+
+    #[test]
+    fn sustained_load_in_a_sleeping_mode_probes_busy_poll_and_backs_off() {
+        let cfg = PolicyConfig::default();
+        let base = cfg.probe_interval.unwrap_or_default();
+        let mut p = ModePolicy::new(cfg, Mode::Interrupt);
+        let t0 = Instant::now();
+        let ms = Duration::from_millis(1);
+        // A reactor half busy in interrupt mode on a fast device: interrupt by the thresholds,
+        // but after PROBE_SUSTAIN loaded evaluations it tries busy-poll.
+        let mut t = t0;
+        let mut probed_at = None;
+        for _ in 0..PROBE_SUSTAIN + 1 {
+            t += 2 * ms;
+            if p.evaluate(&inputs(t, 0.45, 20_000, 8.0, Some(5))) == Some(Mode::Poll) {
+                probed_at = Some(t);
+                break;
+            }
+        }
+        let probed_at = probed_at.expect("no probe under sustained load");
+        assert_eq!(p.probes(), 1);
+        // Polling did not saturate it (still half idle: over budget): back to interrupt after
+        // the dwell, and the next probe waits twice as long.
+        let mut back = None;
+        while back.is_none() {
+            t += 2 * ms;
+            back = p.evaluate(&inputs(t, 0.45, 20_000, 8.0, Some(5)));
+        }
+        assert_eq!(back, Some(Mode::Interrupt));
+        assert!(t - probed_at >= cfg.min_dwell);
+        assert_eq!(p.probe_interval(), base * 2);
+        // No probe before the doubled interval.
+        while t - probed_at < base * 2 - 10 * ms {
+            t += 2 * ms;
+            assert_eq!(p.evaluate(&inputs(t, 0.45, 20_000, 8.0, Some(5))), None);
+        }
+        // The second probe finds saturation (busy-poll made the reactor 90% busy): it stays,
+        // and a long stay resets the interval.
+        let mut second = None;
+        for _ in 0..200 {
+            t += 2 * ms;
+            if let Some(m) = p.evaluate(&inputs(t, 0.45, 20_000, 8.0, Some(5))) {
+                second = Some(m);
+                break;
+            }
+        }
+        assert_eq!(second, Some(Mode::Poll));
+        for _ in 0..1000 {
+            t += 2 * ms;
+            assert_eq!(
+                p.evaluate(&inputs(t, 0.9, 200_000, 32.0, Some(5))),
+                None,
+                "saturated: stays"
+            );
+        }
+        let mut left = None;
+        while left.is_none() {
+            t += 2 * ms;
+            left = p.evaluate(&inputs(t, 0.0, 0, 0.0, None));
+        }
+        assert_eq!(left, Some(Mode::Interrupt));
+        assert_eq!(p.probe_interval(), base, "a probe that held resets the interval");
+        // An idle reactor never probes.
+        for _ in 0..5000 {
+            t += 2 * ms;
+            assert_eq!(p.evaluate(&inputs(t, 0.01, 0, 0.0, None)), None);
+        }
+        assert_eq!(p.probes(), 2);
     }
 
     #[test]
