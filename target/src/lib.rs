@@ -202,7 +202,14 @@ impl Target {
             }
         }
         for st in before {
-            let wall: u64 = st.mode_ns.iter().sum::<u64>().max(1);
+            // Time per mode is booked at switches and evaluations; busy + idle + sleep covers
+            // every iteration, so a short run is not divided by almost nothing.
+            let wall: u64 = st
+                .mode_ns
+                .iter()
+                .sum::<u64>()
+                .max(st.busy_ns + st.idle_ns + st.sleep_ns)
+                .max(1);
             info!(
                 reactor = st.id,
                 mode = %st.mode,

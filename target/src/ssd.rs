@@ -11,7 +11,7 @@
 //!   and hybrid mode; busy-poll reads the completion queue's phase bits. Every completion's
 //!   latency feeds the reactor's latency model (hybrid sleeps, the adaptive policy).
 //! - The admin queue belongs to a small admin thread per device, off the I/O path: every
-//!   50 ms it checks CSTS.CFS and the queues' command timeouts and resets the controller
+//!   100 ms it checks CSTS.CFS and the queues' command timeouts and resets the controller
 //!   (§3.7.2) when needed. In-flight commands then complete with Command Aborted By Host
 //!   (the host retries them), new ones wait in the channel until their queue is created
 //!   again, and a controller that cannot be brought back fails I/O with Namespace Not Ready
@@ -43,7 +43,7 @@ use crate::sim::Tag;
 /// Entries per I/O queue (capped by CAP.MQES).
 const QUEUE_DEPTH: u16 = 256;
 /// How often the admin thread looks at the controller.
-const SERVICE_PERIOD: Duration = Duration::from_millis(50);
+const SERVICE_PERIOD: Duration = Duration::from_millis(100);
 /// How often a busy channel is run even without an interrupt: it notices lost completions
 /// (command timeout) and a controller reset.
 const WATCHDOG: Duration = Duration::from_millis(100);

@@ -145,6 +145,7 @@ pub fn open(bdf: &str) -> Result<Hardware> {
         regs: Arc::new(bar),
         dma: Arc::new(VfioDma(Arc::new(VfioDmaInner {
             container,
+            _dev: dev.clone(),
             iova: Mutex::new(IovaAllocator::new(
                 IovaAllocator::DEFAULT_BASE,
                 IovaAllocator::DEFAULT_LIMIT,
@@ -312,6 +313,10 @@ impl Drop for VfioBar {
 
 struct VfioDmaInner {
     container: Arc<VfioContainer>,
+    /// Held so the device (its group in the container) outlives every mapping: dropping the
+    /// device detaches the group, which takes the container's IOMMU mappings with it, and a
+    /// later VFIO_IOMMU_UNMAP_DMA of a region dropped after it fails with EINVAL.
+    _dev: Arc<VfioDevice>,
     iova: Mutex<IovaAllocator>,
     bdf: String,
 }
