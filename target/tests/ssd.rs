@@ -222,3 +222,62 @@ fn a_lost_completion_times_out_resets_and_the_host_sees_an_abort() {
     c.shutdown().unwrap();
     t.shutdown().unwrap();
 }
+
+#[test]
+fn several_devices_behind_one_subsystem_keep_their_data_apart() {
+    let text = format!(
+        r#"
+[reactors]
+cores = [0, 1]
+mode = "adaptive"
+
+[[listener]]
+address = "127.0.0.1:0"
+
+[[subsystem]]
+nqn = "{SSD_NQN}"
+allow_any_host = true
+
+[[subsystem.namespace]]
+nsid = 1
+block_size = 512
+backend = {{ nvme = {{ fake = "pair-a", size = "8MiB" }} }}
+
+[[subsystem.namespace]]
+nsid = 2
+block_size = 4096
+backend = {{ nvme = {{ fake = "pair-b", size = "16MiB", nsid = 7 }} }}
+"#
+    );
+    let t = start_text(&text);
+    let cfg = pollux_conf::Config::parse(&text, "test.toml").unwrap();
+    let ctx = Ctx::new(&t, &cfg.reactors);
+    let mut c = connect(&t, 2);
+    assert_eq!(c.admin.identify_namespace(1).unwrap().nsze, 16384);
+    assert_eq!(
+        c.admin.identify_namespace(2).unwrap().nsze,
+        4096,
+        "4 KiB blocks of device nsid 7"
+    );
+    // The same LBAs on both namespaces, different data, from both queues.
+    let a = pattern(11, 0, 8 * 512);
+    let b = pattern(12, 0, 8 * 4096);
+    c.io[0].write(1, 0, 8, &a).unwrap();
+    c.io[1].write(2, 0, 8, &b).unwrap();
+    let mut back = vec![0u8; 8 * 512];
+    c.io[1].read(1, 0, 8, &mut back).unwrap();
+    assert!(back == a);
+    let mut back = vec![0u8; 8 * 4096];
+    c.io[0].read(2, 0, 8, &mut back).unwrap();
+    assert!(back == b);
+    let v = ctx.call("nvme_devices", &Value::Null).unwrap();
+    let names: Vec<&str> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|d| d["name"].as_str())
+        .collect();
+    assert_eq!(names, ["pair-a", "pair-b"]);
+    c.shutdown().unwrap();
+    t.shutdown().unwrap();
+}
