@@ -17,6 +17,7 @@
 use std::time::{Duration, Instant};
 
 use crate::mode::{Mode, SleepPolicy};
+use crate::reactor::Next;
 
 /// Size classes: <= 4 KiB, <= 16 KiB, <= 64 KiB, <= 256 KiB, larger; times read/write.
 pub const SIZE_CLASSES: usize = 5;
@@ -109,6 +110,21 @@ impl LatencyModel {
     /// Estimated completion time of class `c` (None until it has samples).
     pub fn estimate(&self, c: usize) -> Option<Duration> {
         self.classes.get(c)?.est_ns.map(Duration::from_nanos)
+    }
+
+    /// When a channel with commands `pending` (submission time, class) next needs to run:
+    /// [`Next::Expect`] at the earliest predicted completion, [`Next::Asap`] while some class
+    /// has no estimate yet (it is being learned: poll), [`Next::Idle`] with nothing pending.
+    pub fn next_run(&self, pending: impl IntoIterator<Item = (Instant, usize)>) -> Next {
+        let mut earliest: Option<Instant> = None;
+        for (submitted, class) in pending {
+            let Some(e) = self.estimate(class) else {
+                return Next::Asap;
+            };
+            let t = submitted + e;
+            earliest = Some(earliest.map_or(t, |x| x.min(t)));
+        }
+        earliest.map_or(Next::Idle, Next::Expect)
     }
 
     /// A completion of class `c` observed `seen` after submission. `exact`: it was found

@@ -1458,7 +1458,23 @@ impl Conn {
             // Dataset Management without deallocate (or no ranges): an advisory no-op.
             return self.resp(cid, Status::SUCCESS, 0, 0);
         }
-        if let Io::Write { len, .. } = &io {
+        self.submit_to::<FileChannel>(r, id, ch, cid, io, |c, r, tag| c.submit(r, tag, &ops, payload));
+    }
+
+    /// Hand command `cid` to the device channel `ch` (a source of type `T`) with `submit`,
+    /// keeping it in flight until the channel completes it; count a write; wake the channel
+    /// so that it tells the reactor when the completion is expected (hybrid mode).
+    fn submit_to<T: Source>(
+        &mut self,
+        r: &mut Reactor,
+        id: SourceId,
+        ch: SourceId,
+        cid: u16,
+        io: Io,
+        submit: impl FnOnce(&mut T, &mut Reactor, Tag) -> Result<(), Status>,
+    ) {
+        let nsid = io.namespace().map_or(0, |n| n.nsid);
+        if let Io::Write { ns, len, .. } = &io {
             let c = ns.counters(self.reactor);
             bump(&c.write_cmds, 1);
             bump(&c.write_bytes, u64::from(*len));
@@ -1470,11 +1486,14 @@ impl Conn {
             slot,
         };
         let res = r
-            .with_source::<FileChannel, _>(ch, |c, r| c.submit(r, tag, &ops, payload))
+            .with_source::<T, _>(ch, |c, r| submit(c, r, tag))
             .unwrap_or(Err(Status::INTERNAL_ERROR));
-        if let Err(s) = res {
-            self.inflight.remove(slot);
-            self.fail(r, cid, s, ns.nsid, 0);
+        match res {
+            Ok(()) => r.wake(ch),
+            Err(s) => {
+                self.inflight.remove(slot);
+                self.fail(r, cid, s, nsid, 0);
+            }
         }
     }
 }
@@ -1526,7 +1545,7 @@ impl Conn {
             },
         };
         let dev_ns = dev_ns.ns;
-        self.ssd_submit_op(r, id, ch, cid, io, dev_ns, op);
+        self.submit_to::<SsdChannel>(r, id, ch, cid, io, |c, r, tag| c.submit(r, tag, &dev_ns, op));
     }
 
     /// A write whose data was received into the DMA buffer `buf`.
@@ -1548,43 +1567,7 @@ impl Conn {
             fua: *fua,
         };
         let dev_ns = dev_ns.ns;
-        self.ssd_submit_op(r, id, ch, cid, io, dev_ns, op);
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn ssd_submit_op(
-        &mut self,
-        r: &mut Reactor,
-        id: SourceId,
-        ch: SourceId,
-        cid: u16,
-        io: Io,
-        dev_ns: pollux_nvme::pci::Namespace,
-        op: SsdOp<'_>,
-    ) {
-        let nsid = io.namespace().map_or(0, |n| n.nsid);
-        if let Io::Write { ns, len, .. } = &io {
-            let c = ns.counters(self.reactor);
-            bump(&c.write_cmds, 1);
-            bump(&c.write_bytes, u64::from(*len));
-        }
-        let slot = self.inflight.insert(Inflight { cid, io });
-        let tag = Tag {
-            source: id,
-            serial: self.serial,
-            slot,
-        };
-        let res = r
-            .with_source::<SsdChannel, _>(ch, |c, r| c.submit(r, tag, &dev_ns, op))
-            .unwrap_or(Err(Status::INTERNAL_ERROR));
-        match res {
-            // Run the channel: it says when the completion is expected (hybrid mode).
-            Ok(()) => r.wake(ch),
-            Err(s) => {
-                self.inflight.remove(slot);
-                self.fail(r, cid, s, nsid, 0);
-            }
-        }
+        self.submit_to::<SsdChannel>(r, id, ch, cid, io, |c, r, tag| c.submit(r, tag, &dev_ns, op));
     }
 }
 

@@ -22,7 +22,7 @@ use crossbeam_queue::SegQueue;
 use io_uring::{IoUring, opcode, types};
 use pollux_nvme::spec::Status;
 use pollux_reactor::sys::EventFd;
-use pollux_reactor::{LatencyModel, Next, Progress, Reactor, Source, SourceId, SourceOpts};
+use pollux_reactor::{LatencyModel, Progress, Reactor, Source, SourceId, SourceOpts};
 use tracing::{info, warn};
 
 use crate::sim::Tag;
@@ -539,26 +539,11 @@ impl Source for FileChannel {
         for (key, res, buf) in done {
             self.finish_one(r, key, res, buf, now, exact);
         }
-        if self.cmds.is_empty() {
-            return Progress {
-                did_work: did,
-                next: Next::Idle,
-            };
-        }
-        let mut earliest: Option<Instant> = None;
-        for (_, c) in self.cmds.iter() {
-            let Some(e) = self.model.estimate(c.class) else {
-                return Progress {
-                    did_work: did,
-                    next: Next::Asap,
-                };
-            };
-            let t = c.submitted + e;
-            earliest = Some(earliest.map_or(t, |x| x.min(t)));
-        }
         Progress {
             did_work: did,
-            next: earliest.map_or(Next::Asap, Next::Expect),
+            next: self
+                .model
+                .next_run(self.cmds.iter().map(|(_, c)| (c.submitted, c.class))),
         }
     }
 

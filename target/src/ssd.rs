@@ -669,31 +669,9 @@ impl SsdChannel {
             class: LatencyModel::class(is_read, bytes as u32),
         });
         r.device_load().outstanding += 1;
-        let mut reqs = reqs.into_iter();
         // Behind a backlog, keep the order: queue behind it.
-        if self.backlog.is_empty() {
-            for req in reqs.by_ref() {
-                let Some(qp) = self.qp.as_mut() else { break };
-                match qp.submit(req) {
-                    Ok(()) => {}
-                    Err(rej) => match rej.error {
-                        QueueError::Full { .. } | QueueError::Resetting => {
-                            self.backlog.push_back(*rej.request);
-                            break;
-                        }
-                        e => {
-                            // Completed on the next run: the caller's source is busy now.
-                            warn!(channel = %self.name, error = %e, "the queue refused a command");
-                            self.deferred.push((key, Status::INTERNAL_ERROR));
-                        }
-                    },
-                }
-            }
-        }
         self.backlog.extend(reqs);
-        if let Some(qp) = self.qp.as_mut() {
-            qp.flush();
-        }
+        self.drain_backlog();
         Ok(())
     }
 
@@ -745,17 +723,20 @@ impl SsdChannel {
         }
     }
 
-    /// Resubmit what waited for queue slots or for the end of a reset.
-    fn drain_backlog(&mut self, r: &mut Reactor) {
+    /// Submit what waits for queue slots or for the end of a reset, in order, and ring the
+    /// doorbell. Refused commands complete on the next run (the caller's source may be the
+    /// connection that is submitting: it cannot take a completion now).
+    fn drain_backlog(&mut self) {
         if self.dev.failed() {
-            let now = Instant::now();
-            while let Some(req) = self.backlog.pop_front() {
-                self.part_done(r, req.tag as usize, Status::NAMESPACE_NOT_READY, now, false);
-            }
+            self.deferred.extend(
+                self.backlog
+                    .drain(..)
+                    .map(|q| (q.tag as usize, Status::NAMESPACE_NOT_READY)),
+            );
             return;
         }
+        let Some(qp) = self.qp.as_mut() else { return };
         while let Some(req) = self.backlog.pop_front() {
-            let Some(qp) = self.qp.as_mut() else { return };
             match qp.submit(req) {
                 Ok(()) => {}
                 Err(rej) => match rej.error {
@@ -765,17 +746,12 @@ impl SsdChannel {
                     }
                     e => {
                         warn!(channel = %self.name, error = %e, "the queue refused a command");
-                        self.part_done(
-                            r,
-                            rej.request.tag as usize,
-                            Status::INTERNAL_ERROR,
-                            Instant::now(),
-                            false,
-                        );
+                        self.deferred.push((rej.request.tag as usize, Status::INTERNAL_ERROR));
                     }
                 },
             }
         }
+        qp.flush();
     }
 }
 
@@ -814,48 +790,28 @@ impl Source for SsdChannel {
         self.last_poll = now;
         let mut done = std::mem::take(&mut self.done);
         qp.poll(|c| done.push(c));
-        let did = !done.is_empty() || !self.deferred.is_empty();
-        for (key, status) in std::mem::take(&mut self.deferred) {
-            self.part_done(r, key, status, now, false);
-        }
+        let completed = !done.is_empty();
         for c in done.drain(..) {
             self.part_done(r, c.tag as usize, c.status, now, exact);
         }
         self.done = done;
         if !self.backlog.is_empty() {
-            self.drain_backlog(r);
-            if let Some(qp) = self.qp.as_mut() {
-                qp.flush();
-            }
+            self.drain_backlog();
         }
-        if self.cmds.is_empty() {
-            return Progress {
-                did_work: did,
-                next: Next::Idle,
-            };
+        let did = completed || !self.deferred.is_empty();
+        for (key, status) in std::mem::take(&mut self.deferred) {
+            self.part_done(r, key, status, now, false);
         }
-        if !self.backlog.is_empty() {
+        let next = if !self.deferred.is_empty() {
+            Next::Asap
+        } else if !self.backlog.is_empty() {
             // Waiting for a reset to finish or for slots: look again soon.
-            return Progress {
-                did_work: did,
-                next: Next::At(now + Duration::from_millis(1)),
-            };
-        }
-        let mut earliest: Option<Instant> = None;
-        for (_, c) in self.cmds.iter() {
-            let Some(e) = self.model.estimate(c.class) else {
-                return Progress {
-                    did_work: did,
-                    next: Next::Asap,
-                };
-            };
-            let t = c.submitted + e;
-            earliest = Some(earliest.map_or(t, |x| x.min(t)));
-        }
-        Progress {
-            did_work: did,
-            next: earliest.map_or(Next::Asap, Next::Expect),
-        }
+            Next::At(now + Duration::from_millis(1))
+        } else {
+            self.model
+                .next_run(self.cmds.iter().map(|(_, c)| (c.submitted, c.class)))
+        };
+        Progress { did_work: did, next }
     }
 
     fn shutdown(&mut self, _r: &mut Reactor, _id: SourceId) {
