@@ -684,8 +684,9 @@ impl Engine {
             if cq.ien {
                 let irqs = self.inner.irqs.lock().unwrap_or_else(|p| p.into_inner());
                 if let Some(e) = irqs.get(usize::from(cq.iv)) {
-                    let _ = e.write(1);
+                    // Counted before it is raised: whoever it wakes sees the count.
                     self.inner.interrupts.fetch_add(1, Ordering::Relaxed);
+                    let _ = e.write(1);
                 }
             }
             self.pending.remove(i);
