@@ -494,3 +494,26 @@ fn metrics_endpoint_serves_prometheus_text() {
     assert!(resp.starts_with("HTTP/1.1 405"), "{resp}");
     ctrl.shutdown().unwrap();
 }
+
+#[test]
+fn every_listed_method_is_dispatched() {
+    // `pollux ctl call` accepts rpc::METHODS: each must reach a handler (a missing or bad
+    // parameter is fine here), and nothing else may.
+    let env = start();
+    let cfg = Config::parse(&common::conf("interrupt", ""), "t.toml").unwrap();
+    let ctx = pollux_target::control::rpc::Ctx::new(env.target(), &cfg.reactors);
+    for m in pollux_target::control::rpc::METHODS {
+        // Methods that change or write the running state are not run: a wrong parameter
+        // stops them before they do anything.
+        let params = match m {
+            "version" | "reactors" | "subsystems" | "controllers" | "nvme_devices" => Value::Null,
+            "save" => json!({"path": 1}),
+            _ => json!({"__not_a_param__": true}),
+        };
+        if let Err(e) = ctx.call(m, &params) {
+            assert_ne!(e.code, -32601, "{m} is listed but not dispatched: {}", e.message);
+        }
+    }
+    let e = ctx.call("no_such_method", &Value::Null).unwrap_err();
+    assert_eq!(e.code, -32601);
+}

@@ -123,27 +123,8 @@ impl CtlCommand {
 /// The static name of a method given on the command line (unknown ones map to a name the
 /// server refuses with "method not found").
 fn method_name(m: &str) -> &'static str {
-    const KNOWN: [&str; 15] = [
-        "version",
-        "reactors",
-        "subsystems",
-        "controllers",
-        "set_mode",
-        "set_cpu_budget",
-        "reload",
-        "save",
-        "add_subsystem",
-        "remove_subsystem",
-        "add_namespace",
-        "remove_namespace",
-        "add_host",
-        "remove_host",
-        "set_allow_any_host",
-    ];
-    const MORE: [&str; 4] = ["add_listener", "remove_listener", "nvme_devices", "nvme_fault"];
-    KNOWN
+    super::rpc::METHODS
         .iter()
-        .chain(MORE.iter())
         .find(|k| **k == m)
         .copied()
         .unwrap_or("unknown_method")
@@ -426,29 +407,10 @@ mod tests {
 
     #[test]
     fn call_reaches_every_method() {
-        // Every method the server dispatches (rpc.rs) must survive `ctl call NAME`: an unknown
-        // name becomes "unknown_method", which the server refuses.
-        for m in [
-            "version",
-            "reactors",
-            "subsystems",
-            "controllers",
-            "set_mode",
-            "set_cpu_budget",
-            "reload",
-            "save",
-            "add_subsystem",
-            "remove_subsystem",
-            "add_namespace",
-            "remove_namespace",
-            "add_host",
-            "remove_host",
-            "set_allow_any_host",
-            "add_listener",
-            "remove_listener",
-            "nvme_devices",
-            "nvme_fault",
-        ] {
+        // Every method the server dispatches (rpc::METHODS, checked against the dispatch in
+        // tests/control.rs) must survive `ctl call NAME`: an unknown name becomes
+        // "unknown_method", which the server refuses.
+        for m in super::super::rpc::METHODS {
             let c = CtlCommand::Call {
                 method: m.into(),
                 params: None,

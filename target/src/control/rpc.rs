@@ -609,6 +609,29 @@ impl Ctx {
     }
 }
 
+/// Every method [`Ctx::call`] dispatches (what `pollux ctl call` accepts).
+pub const METHODS: [&str; 19] = [
+    "version",
+    "reactors",
+    "subsystems",
+    "controllers",
+    "set_mode",
+    "set_cpu_budget",
+    "nvme_devices",
+    "nvme_fault",
+    "reload",
+    "save",
+    "add_subsystem",
+    "remove_subsystem",
+    "add_namespace",
+    "remove_namespace",
+    "add_host",
+    "remove_host",
+    "set_allow_any_host",
+    "add_listener",
+    "remove_listener",
+];
+
 /// Param `name` (object) or `pos` (array); Ok(None) if absent.
 fn param<'a>(params: &'a Value, name: &str, pos: usize) -> Result<Option<&'a Value>, RpcError> {
     match params {
