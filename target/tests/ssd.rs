@@ -14,7 +14,7 @@ use common::*;
 use pollux_nvme::spec::Status;
 use pollux_target::Target;
 use pollux_target::control::rpc::Ctx;
-use pollux_target::host::{Controller, Digests, DsmRange, sqe};
+use pollux_target::host::{Controller, Digests};
 use serde_json::{Value, json};
 
 const SSD_NQN: &str = "nqn.2026-11.io.pollux:ssd";
@@ -22,37 +22,28 @@ const SSD_NQN: &str = "nqn.2026-11.io.pollux:ssd";
 const SSD_BLOCKS: u64 = 65536;
 
 fn ssd_conf(mode: &str, device: &str, latency_us: f64) -> String {
-    format!(
-        r#"
-[reactors]
-cores = [0, 1]
-mode = "{mode}"
-
-[[listener]]
-address = "127.0.0.1:0"
-
-# 1 MiB commands: the driver splits them by the fake controller's 128 KiB MDTS.
-[transport]
-max_io_size = "1MiB"
-
-[[subsystem]]
-nqn = "{SSD_NQN}"
-allow_any_host = true
-
-[[subsystem.namespace]]
-nsid = 1
-block_size = 512
-backend = {{ nvme = {{ fake = "{device}", size = "32MiB", latency_us = {latency_us:?} }} }}
-"#
+    conf_with(
+        mode,
+        // 1 MiB commands: the driver splits them by the fake controller's 128 KiB MDTS.
+        "[transport]\nmax_io_size = \"1MiB\"",
+        SSD_NQN,
+        &format!(
+            "[[subsystem.namespace]]\nnsid = 1\nblock_size = 512\n\
+             backend = {{ nvme = {{ fake = \"{device}\", size = \"32MiB\", latency_us = {latency_us:?} }} }}"
+        ),
     )
 }
 
-fn start_ssd(mode: &str, device: &str, latency_us: f64) -> (Target, Ctx) {
-    let text = ssd_conf(mode, device, latency_us);
-    let t = start_text(&text);
-    let cfg = pollux_conf::Config::parse(&text, "test.toml").unwrap();
+/// A target from `text` and its control-socket methods.
+fn start_with_ctx(text: &str) -> (Target, Ctx) {
+    let t = start_text(text);
+    let cfg = pollux_conf::Config::parse(text, "test.toml").unwrap();
     let ctx = Ctx::new(&t, &cfg.reactors);
     (t, ctx)
+}
+
+fn start_ssd(mode: &str, device: &str, latency_us: f64) -> (Target, Ctx) {
+    start_with_ctx(&ssd_conf(mode, device, latency_us))
 }
 
 fn connect(t: &Target, io: u16) -> Controller {
@@ -79,32 +70,15 @@ fn data_round_trips_through_the_userspace_driver_in_every_mode() {
         assert_eq!(id.nsze, SSD_BLOCKS, "{mode}");
         // 512 B to 1 MiB (beyond the fake's 128 KiB MDTS: split into several commands), on
         // both queues, at block offsets that are not aligned to anything.
-        for (k, nlb) in [1u32, 7, 8, 64, 255, 256, 1024, 2048].into_iter().enumerate() {
-            let slba = 3 + (k as u64) * 4099;
-            let data = pattern(i as u64, slba, nlb as usize * 512);
-            let q = &mut c.io[k % 2];
-            q.write(1, slba, nlb, &data).unwrap();
-            let mut back = vec![0u8; data.len()];
-            c.io[(k + 1) % 2].read(1, slba, nlb, &mut back).unwrap();
-            assert!(back == data, "{mode}: {nlb} blocks at {slba} differ");
-        }
+        let sizes = [1u32, 7, 8, 64, 255, 256, 1024, 2048];
+        assert_round_trips(&mut c, 512, &sizes, |k| 3 + k as u64 * 4099, i as u64, mode);
         // The last block, and one past it.
         let last = SSD_BLOCKS - 1;
         c.io[0].write(1, last, 1, &[0xA5; 512]).unwrap();
         let e = c.io[0].write(1, last, 2, &[0xA5; 1024]).unwrap_err();
         assert_eq!(e.status().map(code), Some((0, 0x80)), "{mode}: LBA out of range");
         // Write Zeroes and deallocate read back zeroes.
-        c.io[0].write(1, 100, 16, &[0xFF; 16 * 512]).unwrap();
-        c.io[0].write_zeroes(1, 100, 8).unwrap();
-        let range = DsmRange {
-            cattr: 0,
-            nlb: 8,
-            slba: 108,
-        };
-        c.io[0].dataset_management(1, &[range], sqe::DSM_DEALLOCATE).unwrap();
-        let mut back = vec![1u8; 16 * 512];
-        c.io[1].read(1, 100, 16, &mut back).unwrap();
-        assert!(back.iter().all(|&b| b == 0), "{mode}: zeroed blocks read back non-zero");
+        assert_zeroing_reads_zeroes(&mut c, 100, mode);
         c.io[0].flush(1).unwrap();
         let d = device(&ctx, &name);
         assert_eq!(d["kind"], "fake");
@@ -225,33 +199,23 @@ fn a_lost_completion_times_out_resets_and_the_host_sees_an_abort() {
 
 #[test]
 fn several_devices_behind_one_subsystem_keep_their_data_apart() {
-    let text = format!(
+    let text = conf_with(
+        "adaptive",
+        "",
+        SSD_NQN,
         r#"
-[reactors]
-cores = [0, 1]
-mode = "adaptive"
-
-[[listener]]
-address = "127.0.0.1:0"
-
-[[subsystem]]
-nqn = "{SSD_NQN}"
-allow_any_host = true
-
 [[subsystem.namespace]]
 nsid = 1
 block_size = 512
-backend = {{ nvme = {{ fake = "pair-a", size = "8MiB" }} }}
+backend = { nvme = { fake = "pair-a", size = "8MiB" } }
 
 [[subsystem.namespace]]
 nsid = 2
 block_size = 4096
-backend = {{ nvme = {{ fake = "pair-b", size = "16MiB", nsid = 7 }} }}
-"#
+backend = { nvme = { fake = "pair-b", size = "16MiB", nsid = 7 } }
+"#,
     );
-    let t = start_text(&text);
-    let cfg = pollux_conf::Config::parse(&text, "test.toml").unwrap();
-    let ctx = Ctx::new(&t, &cfg.reactors);
+    let (t, ctx) = start_with_ctx(&text);
     let mut c = connect(&t, 2);
     assert_eq!(c.admin.identify_namespace(1).unwrap().nsze, 16384);
     assert_eq!(

@@ -68,6 +68,67 @@ pub fn start_text(text: &str) -> Target {
     Target::start(&cfg, Options { pin: false }).unwrap()
 }
 
+/// A conf with reactors on cores 0 and 1 in `mode`, one listener on 127.0.0.1:0, the
+/// `extra` tables, and subsystem `nqn` (any host) holding the `namespaces` tables.
+pub fn conf_with(mode: &str, extra: &str, nqn: &str, namespaces: &str) -> String {
+    format!(
+        r#"
+[reactors]
+cores = [0, 1]
+mode = "{mode}"
+
+[[listener]]
+address = "127.0.0.1:0"
+
+{extra}
+
+[[subsystem]]
+nqn = "{nqn}"
+allow_any_host = true
+
+{namespaces}
+"#
+    )
+}
+
+/// Writes data of `nlbs` blocks (`block` bytes each) at `slba(k)` on namespace 1 by one
+/// queue and reads it back by the other (`c` has two I/O queues); `what` names the case.
+pub fn assert_round_trips(
+    c: &mut Controller,
+    block: usize,
+    nlbs: &[u32],
+    slba: impl Fn(usize) -> u64,
+    seed: u64,
+    what: &str,
+) {
+    for (k, &nlb) in nlbs.iter().enumerate() {
+        let lba = slba(k);
+        let data = pattern(seed, lba, nlb as usize * block);
+        c.io[k % 2].write(1, lba, nlb, &data).unwrap();
+        let mut back = vec![0u8; data.len()];
+        c.io[(k + 1) % 2].read(1, lba, nlb, &mut back).unwrap();
+        assert!(back == data, "{what}: {nlb} blocks at {lba} differ");
+    }
+}
+
+/// Fills 16 blocks of 512 bytes at `slba` on namespace 1, zeroes the first 8 with Write
+/// Zeroes and deallocates the next 8 (Dataset Management): all 16 must read back as zeroes.
+pub fn assert_zeroing_reads_zeroes(c: &mut Controller, slba: u64, what: &str) {
+    c.io[0].write(1, slba, 16, &[0xEE; 16 * 512]).unwrap();
+    c.io[0].write_zeroes(1, slba, 8).unwrap();
+    let range = pollux_target::host::DsmRange {
+        cattr: 0,
+        nlb: 8,
+        slba: slba + 8,
+    };
+    c.io[1]
+        .dataset_management(1, &[range], pollux_target::host::sqe::DSM_DEALLOCATE)
+        .unwrap();
+    let mut back = vec![1u8; 16 * 512];
+    c.io[0].read(1, slba, 16, &mut back).unwrap();
+    assert!(back.iter().all(|&b| b == 0), "{what}: zeroed blocks read back non-zero");
+}
+
 /// Starts a target with [`conf`] in interrupt mode.
 pub fn start(extra: &str) -> Target {
     start_text(&conf("interrupt", extra))
