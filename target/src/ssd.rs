@@ -382,26 +382,10 @@ impl Drop for SsdDevice {
     }
 }
 
-/// The short form of a device name for a thread name (15 bytes at most).
+/// A device name without the usual `0000:` domain, for thread and source names (Linux cuts
+/// thread names at 15 bytes: more of the BDF shows).
 fn short(name: &str) -> &str {
     name.strip_prefix("0000:").unwrap_or(name)
-}
-
-/// Every open device.
-pub fn devices() -> Vec<Arc<SsdDevice>> {
-    lock(&DEVICES).values().filter_map(Weak::upgrade).collect()
-}
-
-/// The open device called `name`.
-pub fn device(name: &str) -> Option<Arc<SsdDevice>> {
-    lock(&DEVICES).get(name).and_then(Weak::upgrade)
-}
-
-/// Shuts down every open device (target shutdown, after the reactors stopped).
-pub fn shutdown_all() {
-    for d in devices() {
-        d.shutdown();
-    }
 }
 
 /// DMA buffers of one channel: power-of-two size classes from 4 KiB, carved from 2 MiB
