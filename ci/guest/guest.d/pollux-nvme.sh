@@ -221,9 +221,10 @@ echo "$e"
 echo "$e" | grep -q "$bdf: already bound to vfio-pci" || die "second bind: $e"
 "$P" setup status
 
-step pollux-start
-conf=/tmp/pollux-nvme.toml
-cat > "$conf" <<EOF
+# write_conf FILE NQN BACKEND: pollux on the guest's CPUs in interrupt mode, listening on
+# 127.0.0.1:$port with the control socket $sock, serving namespace 1 of subsystem NQN.
+write_conf() {
+    cat > "$1" <<EOF
 [reactors]
 cores = $cores
 mode = "interrupt"
@@ -235,13 +236,18 @@ address = "127.0.0.1:$port"
 socket = "$sock"
 
 [[subsystem]]
-nqn = "$nqn"
+nqn = "$2"
 allow_any_host = true
 
 [[subsystem.namespace]]
 nsid = 1
-backend = { nvme = { pci = "$bdf", nsid = 1 } }
+backend = $3
 EOF
+}
+
+step pollux-start
+conf=/tmp/pollux-nvme.toml
+write_conf "$conf" "$nqn" "{ nvme = { pci = \"$bdf\", nsid = 1 } }"
 "$P" --check "$conf" || die "pollux --check rejects $conf"
 pollux_start "$conf"
 ctl subsystems
@@ -322,25 +328,7 @@ echo "the kernel reads pollux's pattern back intact"
 
 step fault-start
 conf=/tmp/pollux-fake.toml
-cat > "$conf" <<EOF
-[reactors]
-cores = $cores
-mode = "interrupt"
-
-[[listener]]
-address = "127.0.0.1:$port"
-
-[control]
-socket = "$sock"
-
-[[subsystem]]
-nqn = "$fnqn"
-allow_any_host = true
-
-[[subsystem.namespace]]
-nsid = 1
-backend = { nvme = { fake = "fake0", size = "64MiB", nsid = 1 } }
-EOF
+write_conf "$conf" "$fnqn" '{ nvme = { fake = "fake0", size = "64MiB", nsid = 1 } }'
 "$P" --check "$conf" || die "pollux --check rejects $conf"
 pollux_start "$conf"
 fdev=$(pconnect "$fnqn")
