@@ -81,10 +81,19 @@ pub struct PerfArgs {
     /// Wait for completions in poll(2) instead of busy-polling (needs --conns-per-core 1).
     #[arg(long)]
     pub blocking: bool,
+    /// Keep SQ flow control on (by default perf disables it at Connect, like
+    /// `nvme connect --disable-sqflow`, so reads complete with one C2HData PDU).
+    #[arg(long)]
+    pub sqflow: bool,
     /// Start a pollux target from this conf in this process (reactors pinned to its cores)
     /// and also report the target's CPU per I/O and its reactors' mode mix.
     #[arg(long, value_name = "FILE")]
     pub target_conf: Option<PathBuf>,
+    /// Measure the platform's loopback floor instead of a target: a thread pinned to CORE
+    /// answers each QD1 read or write with the bytes pollux would, over plain TCP (no
+    /// NVMe/TCP); run next to pollux's QD1 run it tells what pollux adds.
+    #[arg(long, value_name = "CORE", conflicts_with = "target_conf")]
+    pub floor: Option<usize>,
     /// Print the report as one line of JSON.
     #[arg(long)]
     pub json: bool,
@@ -201,6 +210,7 @@ pub fn to_opts(a: &PerfArgs, target: Option<(SocketAddr, String)>) -> Result<Per
     o.seed = a.seed;
     o.blocking = a.blocking;
     o.fill = a.fill;
+    o.sqflow = a.sqflow;
     Ok(o)
 }
 
@@ -247,6 +257,11 @@ enum CliError {
 }
 
 fn run_cli(a: &PerfArgs) -> Result<PerfReport, CliError> {
+    if let Some(core) = a.floor {
+        // The floor needs no target: any address satisfies the options' parser.
+        let o = to_opts(a, Some((SocketAddr::from(([127, 0, 0, 1], 0)), "nqn.floor".into()))).map_err(usage)?;
+        return Ok(super::floor::run(&o, core)?);
+    }
     let Some(path) = &a.target_conf else {
         let o = to_opts(a, None).map_err(usage)?;
         return Ok(super::run(&o)?);

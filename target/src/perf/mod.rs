@@ -19,6 +19,7 @@
 //! block is always known.
 
 pub mod cli;
+mod floor;
 mod report;
 mod verify;
 mod worker;
@@ -215,7 +216,15 @@ pub struct PerfOpts {
     /// Wait for completions in poll(2) instead of busy-polling (one queue per thread only):
     /// for counting the instructions an I/O costs, or a client that must not spin.
     pub blocking: bool,
+    /// Keep SQ flow control on the I/O queues. Off by default (Connect CATTR bit 2,
+    /// NVMe-oF 1.1 §3.3.1; Linux's `nvme connect --disable-sqflow`): the host never needs
+    /// SQHD, and the controller may then answer a read with one C2HData PDU carrying
+    /// SUCCESS instead of the data plus a response capsule (NVMe/TCP §3.6.2.8).
+    pub sqflow: bool,
 }
+
+/// Connect CATTR bit 2: SQ flow control disable (NVMe-oF 1.1 §3.3.1).
+const CATTR_DISABLE_SQFLOW: u8 = 1 << 2;
 
 /// The host NQN perf connects as unless told otherwise.
 pub const DEFAULT_HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:70011000-7065-7266-0000-000000000001";
@@ -247,6 +256,7 @@ impl PerfOpts {
             seed: 1,
             blocking: false,
             fill: false,
+            sqflow: false,
         }
     }
 
@@ -302,6 +312,9 @@ fn run_inner(opts: &PerfOpts, stats: Option<&dyn Fn() -> Vec<ReactorStats>>) -> 
     );
     co.digests = opts.digests;
     co.timeout = opts.timeout;
+    if !opts.sqflow {
+        co.io_cattr |= CATTR_DISABLE_SQFLOW;
+    }
     let connect_err = |source| PerfError::Connect {
         addr: opts.addr,
         subnqn: opts.subnqn.clone(),

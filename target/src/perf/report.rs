@@ -34,7 +34,7 @@ pub struct LatencySummary {
 }
 
 impl LatencySummary {
-    fn of(h: &Histogram<u64>) -> Self {
+    pub(super) fn of(h: &Histogram<u64>) -> Self {
         if h.is_empty() {
             return Self::default();
         }
