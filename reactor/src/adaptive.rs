@@ -265,6 +265,8 @@ pub struct PolicyInputs {
     pub predicted: Option<Duration>,
     /// What a timed or interrupt wake-up costs (its measured lateness).
     pub wake_cost: Duration,
+    /// Length of the window the counts cover.
+    pub window: Duration,
 }
 
 /// Chooses a reactor's mode; see the module docs.
@@ -375,8 +377,23 @@ impl ModePolicy {
             if p.as_secs_f64() >= self.cfg.sleep_payoff * i.wake_cost.as_secs_f64() {
                 return Mode::Hybrid;
             }
-            // A fast device: an interrupt adds a wake-up to each command. Poll only if the
-            // latency target demands it.
+            // A fast device: sleeping for each completion adds a wake-up's latency and its
+            // CPU (two context switches and a timer; on a VM often more than a 10 us spin).
+            // Hybrid mode spins through a wait shorter than its learned wake-up margin and
+            // still sleeps in epoll between commands, so it costs at most one predicted wait
+            // of spinning per completion: take it while that fits the budget (with the same
+            // band as polling, so a load near the limit does not flip the mode).
+            let spin = i.completions as f64 * p.as_secs_f64() / i.window.as_secs_f64().max(1e-9);
+            let band = if self.current == Mode::Hybrid {
+                HYSTERESIS_BAND
+            } else {
+                -HYSTERESIS_BAND
+            };
+            if spin <= self.cfg.cpu_budget + band {
+                return Mode::Hybrid;
+            }
+            // Over budget: an interrupt per command. Poll only if the latency target
+            // demands it.
             if let Some(t) = self.cfg.latency_target
                 && p + i.wake_cost > t
             {
@@ -557,6 +574,7 @@ mod tests {
             outstanding,
             predicted: predicted_us.map(Duration::from_micros),
             wake_cost: 8 * US,
+            window: Duration::from_secs(1),
         }
     }
 
@@ -578,7 +596,20 @@ mod tests {
         assert_eq!(
             p.desired(&inputs(t, 0.1, 50_000, 1.0, Some(10))),
             Mode::Interrupt,
-            "fast device, budget"
+            "fast device, spinning through every completion would take half the core"
+        );
+        assert_eq!(
+            p.desired(&inputs(t, 0.1, 20_000, 1.0, Some(10))),
+            Mode::Hybrid,
+            "fast device, spinning through its completions fits the budget (20%)"
+        );
+        let h = ModePolicy::new(PolicyConfig::default(), Mode::Hybrid);
+        let near = inputs(t, 0.1, 33_000, 1.0, Some(10));
+        assert_eq!(h.desired(&near), Mode::Hybrid, "band: hybrid stays at 33% of spinning");
+        assert_eq!(
+            p.desired(&near),
+            Mode::Interrupt,
+            "band: interrupt does not leave for 33%"
         );
         let strict = ModePolicy::new(
             PolicyConfig {
@@ -637,13 +668,14 @@ mod tests {
         let mut p = ModePolicy::new(cfg, Mode::Interrupt);
         let t0 = Instant::now();
         let ms = Duration::from_millis(1);
-        // A reactor half busy in interrupt mode on a fast device: interrupt by the thresholds,
+        // A reactor half busy in interrupt mode on a fast device (spinning through its
+        // completions would take half the core): interrupt by the thresholds,
         // but after PROBE_SUSTAIN loaded evaluations it tries busy-poll.
         let mut t = t0;
         let mut probed_at = None;
         for _ in 0..PROBE_SUSTAIN + 1 {
             t += 2 * ms;
-            if p.evaluate(&inputs(t, 0.45, 20_000, 8.0, Some(5))) == Some(Mode::Poll) {
+            if p.evaluate(&inputs(t, 0.45, 100_000, 8.0, Some(5))) == Some(Mode::Poll) {
                 probed_at = Some(t);
                 break;
             }
@@ -655,7 +687,7 @@ mod tests {
         let mut back = None;
         while back.is_none() {
             t += 2 * ms;
-            back = p.evaluate(&inputs(t, 0.45, 20_000, 8.0, Some(5)));
+            back = p.evaluate(&inputs(t, 0.45, 100_000, 8.0, Some(5)));
         }
         assert_eq!(back, Some(Mode::Interrupt));
         assert!(t - probed_at >= cfg.min_dwell);
@@ -663,14 +695,14 @@ mod tests {
         // No probe before the doubled interval.
         while t - probed_at < base * 2 - 10 * ms {
             t += 2 * ms;
-            assert_eq!(p.evaluate(&inputs(t, 0.45, 20_000, 8.0, Some(5))), None);
+            assert_eq!(p.evaluate(&inputs(t, 0.45, 100_000, 8.0, Some(5))), None);
         }
         // The second probe finds saturation (busy-poll made the reactor 90% busy): it stays,
         // and a long stay resets the interval.
         let mut second = None;
         for _ in 0..200 {
             t += 2 * ms;
-            if let Some(m) = p.evaluate(&inputs(t, 0.45, 20_000, 8.0, Some(5))) {
+            if let Some(m) = p.evaluate(&inputs(t, 0.45, 100_000, 8.0, Some(5))) {
                 second = Some(m);
                 break;
             }

@@ -961,6 +961,7 @@ impl Reactor {
             outstanding: (self.load.outstanding + self.eval.outstanding) as f64 / 2.0,
             predicted: (self.predicted_ewma_ns > 0.0).then(|| Duration::from_nanos(self.predicted_ewma_ns as u64)),
             wake_cost: Duration::from_nanos(self.wake_cost_ns as u64),
+            window: now.duration_since(self.eval.at),
         };
         self.eval = EvalMark {
             at: now,
