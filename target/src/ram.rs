@@ -57,6 +57,16 @@ impl RamDisk {
         if p == libc::MAP_FAILED {
             return Err(std::io::Error::last_os_error());
         }
+        // Transparent huge pages where the system allows them (THP "madvise" or "always"):
+        // random 4 KiB reads over a large disk otherwise miss the TLB on nearly every
+        // command, and in a VM each miss is a two-dimensional page walk: a RAM namespace
+        // over 64 MiB measured ~1.5-2 us slower per QD1 read than one over 16 KiB. SPDK's
+        // RAM bdev sits in hugetlbfs memory for the same reason. Advice only: without THP
+        // the disk works on 4 KiB pages.
+        // SAFETY: advice on the mapping just made; it changes no content.
+        if unsafe { libc::madvise(p, len as usize, libc::MADV_HUGEPAGE) } != 0 {
+            tracing::debug!(error = %std::io::Error::last_os_error(), "RAM disk: no transparent huge pages");
+        }
         let base = NonNull::new(p.cast::<u8>()).ok_or_else(std::io::Error::last_os_error)?;
         Ok(Self { base, len })
     }
@@ -178,6 +188,25 @@ mod tests {
         d.read_append(4096, 4096, &mut out);
         assert_eq!(&out[..6], b"header");
         assert_eq!(&out[6..], &data[..]);
+    }
+
+    #[test]
+    fn zeroing_inside_huge_pages_keeps_the_rest() {
+        // 2 MiB-aligned regions may be transparent huge pages: MADV_DONTNEED on part of
+        // one splits it, and only the zeroed range may change.
+        const MIB: u64 = 1 << 20;
+        let d = RamDisk::new(8 * MIB).unwrap_or_else(|e| panic!("{e}"));
+        let data: Vec<u8> = (0..4 * MIB).map(|i| (i % 251) as u8).collect();
+        d.write(MIB, &data);
+        let (zoff, zlen) = (2 * MIB - 4096 + 512, 2 * MIB + 8192);
+        d.zero(zoff, zlen);
+        let mut back = vec![0u8; data.len()];
+        d.read(MIB, &mut back);
+        for (i, (&b, &w)) in back.iter().zip(&data).enumerate() {
+            let off = MIB + i as u64;
+            let want = if (zoff..zoff + zlen).contains(&off) { 0 } else { w };
+            assert_eq!(b, want, "byte at {off}");
+        }
     }
 
     #[test]
