@@ -202,14 +202,9 @@ impl Target {
             }
         }
         for st in before {
-            // Time per mode is booked at switches and evaluations; busy + idle + sleep covers
-            // every iteration, so a short run is not divided by almost nothing.
-            let wall: u64 = st
-                .mode_ns
-                .iter()
-                .sum::<u64>()
-                .max(st.busy_ns + st.idle_ns + st.sleep_ns)
-                .max(1);
+            // Every iteration is booked whole to its mode and to busy or idle (sleep_ns is
+            // part of those, not beside them), so either sum is the reactor's wall time.
+            let wall: u64 = st.mode_ns.iter().sum::<u64>().max(st.busy_ns + st.idle_ns).max(1);
             info!(
                 reactor = st.id,
                 mode = %st.mode,
