@@ -30,21 +30,8 @@ pub const WAIT: Duration = Duration::from_secs(5);
 /// tables (transport, keep_alive, more listeners), [`NQN`] with a 16 MiB namespace and
 /// [`NQN_PRIVATE`] with one too.
 pub fn conf(mode: &str, extra: &str) -> String {
-    format!(
+    let namespaces = format!(
         r#"
-[reactors]
-cores = [0, 1]
-mode = "{mode}"
-
-[[listener]]
-address = "127.0.0.1:0"
-
-{extra}
-
-[[subsystem]]
-nqn = "{NQN}"
-allow_any_host = true
-
 [[subsystem.namespace]]
 nsid = 1
 block_size = 512
@@ -59,7 +46,8 @@ nsid = 1
 block_size = 4096
 backend = {{ ram = {{ size = "16MiB" }} }}
 "#
-    )
+    );
+    conf_with(mode, extra, NQN, &namespaces)
 }
 
 /// Starts a target from conf text (unpinned reactors, ports chosen by the OS).
