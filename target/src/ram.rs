@@ -7,9 +7,10 @@
 //! longer than a word), not a loop of word accesses: a 4 KiB read is ~100 instructions
 //! instead of ~1,400, the largest single item of the target's work per I/O. NVMe leaves the
 //! content of overlapping concurrent writes undefined beyond the atomic write unit (NVMe 1.4
-//! §6.4 "Atomic Operations", AWUN), which is what a concurrent copy gives. Pages are committed on first write;
-//! deallocated ranges are handed back with MADV_DONTNEED, which makes them read as zeroes
-//! (NVMe DLFEAT "deallocated blocks read as zeroes").
+//! §6.4 "Atomic Operations", AWUN), which is what a concurrent copy gives. Pages (transparent
+//! huge pages where allowed, see `new`) are committed on first write; deallocated ranges are
+//! handed back with MADV_DONTNEED, which makes them read as zeroes (NVMe DLFEAT "deallocated
+//! blocks read as zeroes").
 
 use std::ptr::NonNull;
 
