@@ -6,7 +6,7 @@
 //! responses of a whole batch of PDUs are gathered in one buffer and written with one
 //! syscall. Fatal protocol errors answer C2HTermReq and close (§3.6.2.3).
 
-use std::io::{ErrorKind, Read, Write};
+use std::io::{ErrorKind, Read};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
@@ -30,6 +30,7 @@ use crate::cmd::{self, Admin, DataPtr, Fabrics, Io, Xfer, connect_off, connect_s
 use crate::ctrl::{AER_LIMIT, Ctrl, Local, QueueRef, owner_of};
 use crate::file::{FileChannel, FileOp};
 use crate::ram::RamDisk;
+use crate::sendq::SendQueue;
 use crate::sim::{SimChannel, SimOp, Tag};
 use crate::ssd::{SsdChannel, SsdOp};
 use crate::subsystem::{Backend, Namespace, Shared, Snapshot, Subsystem, bump};
@@ -238,8 +239,8 @@ pub struct Conn {
     rbuf: Box<[u8]>,
     rstart: usize,
     rend: usize,
-    wbuf: Vec<u8>,
-    woff: usize,
+    /// Bytes for the host: PDUs built here, with RAM read data sent in place.
+    out: SendQueue,
     q: Queue,
     qid: u16,
     sq_entries: u32,
@@ -283,8 +284,7 @@ impl Conn {
             rbuf: vec![0u8; cap].into_boxed_slice(),
             rstart: 0,
             rend: 0,
-            wbuf: Vec::with_capacity(64 * 1024),
-            woff: 0,
+            out: SendQueue::with_capacity(64 * 1024),
             q: Queue::Unbound,
             qid: 0,
             sq_entries: 32,
@@ -311,27 +311,11 @@ impl Conn {
     // ---------------------------------------------------------------- output
 
     fn flush(&mut self) -> std::io::Result<()> {
-        while self.woff < self.wbuf.len() {
-            match self.sock.write(&self.wbuf[self.woff..]) {
-                Ok(0) => return Err(ErrorKind::WriteZero.into()),
-                Ok(n) => self.woff += n,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        if self.woff == self.wbuf.len() {
-            self.wbuf.clear();
-            self.woff = 0;
-        } else if self.woff > (1 << 20) {
-            self.wbuf.drain(..self.woff);
-            self.woff = 0;
-        }
-        Ok(())
+        self.out.flush(self.sock.as_raw_fd())
     }
 
     fn pending_out(&self) -> usize {
-        self.wbuf.len() - self.woff
+        self.out.pending()
     }
 
     fn sqhd(&self) -> u16 {
@@ -342,19 +326,19 @@ impl Conn {
         let mut cqe = Cqe::new(cid, self.qid, self.sqhd(), status, dw0);
         cqe.dw1.set(dw1);
         let (b, n) = encode_capsule_resp(&cqe, self.hdgst);
-        self.wbuf.extend_from_slice(&b[..n]);
+        self.out.extend_from_slice(&b[..n]);
     }
 
     fn c2h_header(&mut self, cid: u16, len: u32, success: bool) {
         let (h, n) = encode_c2h_data_hdr(cid, 0, len, true, success, self.hdgst, self.ddgst);
-        self.wbuf.extend_from_slice(&h[..n]);
+        self.out.extend_from_slice(&h[..n]);
     }
 
     fn c2h(&mut self, cid: u16, data: &[u8]) {
         self.c2h_header(cid, data.len() as u32, false);
-        self.wbuf.extend_from_slice(data);
+        self.out.extend_from_slice(data);
         if self.ddgst {
-            self.wbuf.extend_from_slice(&crc32c(data).to_le_bytes());
+            self.out.extend_from_slice(&crc32c(data).to_le_bytes());
         }
     }
 
@@ -394,7 +378,7 @@ impl Conn {
     fn fatal(&mut self, r: &mut Reactor, id: SourceId, fes_value: u16, fei: u32, header: &[u8], why: &str) {
         warn!(peer = %self.peer, reactor = self.reactor, fes = fes_value, fei, "fatal NVMe/TCP error: {why}; sending C2HTermReq");
         let (b, n) = encode_term_req(true, fes_value, fei, header);
-        self.wbuf.extend_from_slice(&b[..n]);
+        self.out.extend_from_slice(&b[..n]);
         let _ = self.flush();
         self.close(r, id, why);
     }
@@ -403,7 +387,7 @@ impl Conn {
         match encode_term_req_for(e, Direction::ControllerToHost, header) {
             Some((b, n)) => {
                 warn!(peer = %self.peer, reactor = self.reactor, error = %e, "bad PDU; sending C2HTermReq");
-                self.wbuf.extend_from_slice(&b[..n]);
+                self.out.extend_from_slice(&b[..n]);
                 let _ = self.flush();
                 self.close(r, id, &e.to_string());
             }
@@ -624,7 +608,7 @@ impl Conn {
         }
         let (hd, dd) = (req.hdgst(), req.ddgst());
         let resp = encode_ic_resp(hd, dd, self.shared.transport.max_h2c_data, 0);
-        self.wbuf.extend_from_slice(&resp);
+        self.out.extend_from_slice(&resp);
         self.hdgst = hd;
         self.ddgst = dd;
         self.ic_done = true;
@@ -1153,16 +1137,27 @@ impl Conn {
         self.exec_io(r, id, cid, io, &[]);
     }
 
-    /// C2HData with `len` bytes read straight from memory into the send buffer, then the CQE
-    /// (or DATA_SUCCESS instead of a CQE when SQ flow control is off, NVMe/TCP §3.6.2.8).
-    fn send_read(&mut self, cid: u16, mem: &RamDisk, ns: &Namespace, off: u64, len: u32) {
+    /// C2HData with `len` bytes of a RAM (or simulated) namespace, then the CQE (or DATA_SUCCESS instead of
+    /// a CQE when SQ flow control is off, NVMe/TCP §3.6.2.8). Without a data digest the
+    /// bytes are sent from the namespace in place (see `sendq`); with one they are copied
+    /// first, so that the digest covers exactly the bytes sent.
+    fn send_read(&mut self, cid: u16, ns: Arc<Namespace>, off: u64, len: u32) {
+        // Only RAM and simulated namespaces come here: both keep their data in a RamDisk.
+        let Some(mem) = ns.backend.memory() else { return };
         let success = self.sqflow_off;
         self.c2h_header(cid, len, success);
-        let start = self.wbuf.len();
-        mem.read_append(off, len as usize, &mut self.wbuf);
         if self.ddgst {
-            let dg = crc32c(&self.wbuf[start..]);
-            self.wbuf.extend_from_slice(&dg.to_le_bytes());
+            let buf = self.out.owned();
+            let start = buf.len();
+            mem.read_append(off, len as usize, buf);
+            let dg = crc32c(&buf[start..]);
+            buf.extend_from_slice(&dg.to_le_bytes());
+        } else {
+            let base = mem.range_ptr(off, len as usize);
+            let keep: Arc<dyn std::any::Any + Send + Sync> = ns.clone();
+            // SAFETY: the range is inside the RAM disk's mapping (range_ptr checks it),
+            // which lives as long as the namespace that `keep` holds.
+            unsafe { self.out.push_external(base, len as usize, keep) };
         }
         let c = ns.counters(self.reactor);
         bump(&c.read_cmds, 1);
@@ -1239,17 +1234,18 @@ impl Conn {
                     bump(&c.read_bytes, u64::from(len));
                     let success = self.sqflow_off;
                     self.c2h_header(inf.cid, len, success);
-                    let start = self.wbuf.len();
-                    d.append_to(len as usize, &mut self.wbuf);
+                    let buf = self.out.owned();
+                    let start = buf.len();
+                    d.append_to(len as usize, buf);
                     if self.ddgst {
-                        let dg = crc32c(&self.wbuf[start..]);
-                        self.wbuf.extend_from_slice(&dg.to_le_bytes());
+                        let dg = crc32c(&buf[start..]);
+                        buf.extend_from_slice(&dg.to_le_bytes());
                     }
                     if !success {
                         self.resp(inf.cid, Status::SUCCESS, 0, 0);
                     }
                 }
-                (None, Some(mem)) => self.send_read(inf.cid, mem, &ns, off, len),
+                (None, Some(_)) => self.send_read(inf.cid, ns, off, len),
                 (None, None) => self.fail(r, inf.cid, Status::INTERNAL_ERROR, ns.nsid, 0),
             },
             io => {
@@ -1311,7 +1307,7 @@ impl Conn {
         // One R2T for the whole transfer (as Linux nvmet and SPDK do); the host splits it into
         // H2CData PDUs of at most MAXH2CDATA.
         let (b, n) = encode_r2t(cid, ttag as u16, 0, len, self.hdgst);
-        self.wbuf.extend_from_slice(&b[..n]);
+        self.out.extend_from_slice(&b[..n]);
     }
 
     fn on_h2c_data(
@@ -1399,7 +1395,7 @@ impl Conn {
             Backend::Nvme(_) => return self.submit_ssd(r, id, cid, io, data),
         };
         match io {
-            Io::Read { off, len, .. } => self.send_read(cid, mem, &ns, off, len),
+            Io::Read { off, len, .. } => self.send_read(cid, ns.clone(), off, len),
             Io::Write { off, len, .. } => {
                 apply_write(mem, &ns, reactor, off, &data[..len as usize]);
                 self.resp(cid, Status::SUCCESS, 0, 0);

@@ -21,6 +21,7 @@ pub mod listener;
 pub mod mutate;
 pub mod perf;
 pub mod ram;
+pub mod sendq;
 pub mod setup;
 pub mod sim;
 pub mod ssd;

@@ -82,15 +82,30 @@ impl RamDisk {
         self.len == 0
     }
 
-    /// The bytes `[off, off + len)` of the disk.
-    fn slice(&self, off: u64, len: usize) -> VolatileSlice<'_> {
+    /// Callers check ranges against the namespace's size; a range outside the mapping here
+    /// is a bug of pollux, not of the host.
+    fn check(&self, off: u64, len: usize) {
         assert!(
             off.checked_add(len as u64).is_some_and(|end| end <= self.len),
             "RAM access out of bounds"
         );
+    }
+
+    /// The bytes `[off, off + len)` of the disk.
+    fn slice(&self, off: u64, len: usize) -> VolatileSlice<'_> {
+        self.check(off, len);
         // SAFETY: the range is inside the mapping (checked above), which lives as long as
         // self; VolatileSlice never creates a reference to the bytes.
         unsafe { VolatileSlice::new(self.base.as_ptr().add(off as usize), len) }
+    }
+
+    /// Where `[off, off + len)` lives, for the kernel to read in place (a read's data sent
+    /// straight from the namespace, see `sendq`). No Rust reference to the bytes is made.
+    pub fn range_ptr(&self, off: u64, len: usize) -> NonNull<u8> {
+        self.check(off, len);
+        // SAFETY: `off <= self.len` (checked), so the pointer stays inside the mapping or
+        // one past its end, and the mapping's base is not null.
+        unsafe { self.base.add(off as usize) }
     }
 
     /// Copy `out.len()` bytes at `off` into `out` (callers check the range).

@@ -106,6 +106,54 @@ fn an_added_namespace_is_announced_by_aer_and_served_without_reconnecting() {
     t.shutdown().unwrap();
 }
 
+/// Read data of a RAM namespace is sent from the namespace in place (no copy), so a read
+/// whose bytes still wait for a host that is not reading must keep the namespace's memory
+/// alive when the namespace is removed meanwhile: every byte arrives, unchanged.
+#[test]
+fn reads_waiting_for_a_slow_host_survive_the_removal_of_their_namespace() {
+    const CHUNK: usize = 128 * 1024;
+    const READS: u64 = 32;
+    let t = start(&conf("allow_any_host = true", NS2, ""));
+    let mut c = Controller::connect(addr(&t), NQN, HOST, 1, 64, Digests::NONE).unwrap();
+    let nlb = (CHUNK / 512) as u32;
+    let chunk = |i: u64| -> Vec<u8> {
+        (0..CHUNK)
+            .map(|j| (i as usize * 131 + j * 7 + j / 4096) as u8)
+            .collect()
+    };
+    for i in 0..READS {
+        c.io[0].write(2, i * u64::from(nlb), nlb, &chunk(i)).unwrap();
+    }
+    // 4 MiB of reads, far more than the sockets buffer while the host does not read.
+    for i in 0..READS {
+        c.io[0]
+            .submit_read(2, i * u64::from(nlb), nlb, vec![0u8; CHUNK], i)
+            .unwrap();
+    }
+    c.io[0].send_pending().unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let ch = t.apply(next(&t, "allow_any_host = true", "", "")).unwrap();
+    assert_eq!(ch.removed_namespaces, vec![(NQN.to_string(), 2)]);
+    std::thread::sleep(Duration::from_millis(100));
+    let mut done = 0;
+    let t0 = Instant::now();
+    while done < READS && t0.elapsed() < Duration::from_secs(10) {
+        c.io[0]
+            .poll_completions(Some(Duration::from_millis(100)), |cpl| {
+                assert!(cpl.is_success(), "read {} failed: {:?}", cpl.tag, cpl.status);
+                assert!(cpl.buf == chunk(cpl.tag), "read {} returned other bytes", cpl.tag);
+                done += 1;
+            })
+            .unwrap();
+    }
+    assert_eq!(done, READS);
+    // The namespace is gone for new commands.
+    let mut back = vec![0u8; 4096];
+    let err = c.io[0].read(2, 0, 8, &mut back).unwrap_err();
+    assert_eq!(err.status().map(|s| (s.sct(), s.sc())), Some((0, 0x0B)), "{err}");
+    t.shutdown().unwrap();
+}
+
 #[test]
 fn removing_a_host_deletes_its_controller_and_refuses_it_while_others_stay() {
     let t = start(&conf(&format!("hosts = [\"{HOST}\", \"{OTHER}\"]"), "", ""));
