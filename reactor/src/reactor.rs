@@ -34,6 +34,13 @@ use crate::sys::TimerFd;
 /// Index of a source within its reactor.
 pub type SourceId = usize;
 
+/// At most this many sources per reactor are polled outside epoll at once: each costs a
+/// system call per iteration even when it has nothing, and with many connections one
+/// `epoll_wait` that names the ready ones is cheaper than trying them all.
+const HOT_MAX: usize = 8;
+/// A hot source that found no work for this long goes back to epoll.
+const COLD_AFTER: Duration = Duration::from_millis(1);
+
 const TIMER_TOKEN: Token = Token(usize::MAX - 1);
 const INBOX_TOKEN: Token = Token(usize::MAX - 2);
 
@@ -97,6 +104,11 @@ pub struct SourceOpts {
     /// Poll it every iteration in busy-poll mode (device completion queues). A polled source
     /// without an fd cannot sleep: in interrupt mode it forces polling, with a warning.
     pub polled: bool,
+    /// Running it without an event is a valid way to look for work (a non-blocking socket
+    /// that the source reads until EAGAIN). In busy-poll mode such a source, once it finds
+    /// work, leaves the epoll set and runs every iteration ("hot") until it has found none
+    /// for [`COLD_AFTER`]; see [`Reactor::run_source`] for why.
+    pub pollable: bool,
 }
 
 impl SourceOpts {
@@ -106,6 +118,15 @@ impl SourceOpts {
             fd: Some(fd),
             interest: Interest::READABLE | Interest::WRITABLE,
             polled: false,
+            pollable: false,
+        }
+    }
+    /// A non-blocking socket, read and written until EAGAIN: fd-driven, and polled outside
+    /// epoll while it is busy in busy-poll mode.
+    pub fn socket(fd: RawFd) -> Self {
+        Self {
+            pollable: true,
+            ..Self::fd(fd)
         }
     }
     /// A readable-only fd-driven source.
@@ -114,6 +135,7 @@ impl SourceOpts {
             fd: Some(fd),
             interest: Interest::READABLE,
             polled: false,
+            pollable: false,
         }
     }
     /// A polled source that can also be woken by `fd` (e.g. an MSI-X eventfd).
@@ -122,6 +144,7 @@ impl SourceOpts {
             fd: Some(fd),
             interest: Interest::READABLE,
             polled: true,
+            pollable: false,
         }
     }
     /// A polled source without an fd.
@@ -130,6 +153,7 @@ impl SourceOpts {
             fd: None,
             interest: Interest::READABLE,
             polled: true,
+            pollable: false,
         }
     }
     /// A source with neither fd nor polling: run only when woken or due.
@@ -138,6 +162,7 @@ impl SourceOpts {
             fd: None,
             interest: Interest::READABLE,
             polled: false,
+            pollable: false,
         }
     }
 }
@@ -145,7 +170,13 @@ impl SourceOpts {
 struct Slot {
     src: Option<Box<dyn Source>>,
     fd: Option<RawFd>,
+    interest: Interest,
     polled: bool,
+    pollable: bool,
+    /// Out of the epoll set and run every iteration (a pollable source in busy-poll mode).
+    hot: bool,
+    /// When a pollable source last found work.
+    last_work: Instant,
     next: Next,
     scheduled: bool,
     removed: bool,
@@ -201,6 +232,8 @@ pub struct Reactor {
     sched_spare: Vec<SourceId>,
     ready: Vec<SourceId>,
     fdless_polled: usize,
+    /// Sources that are hot (see [`SourceOpts::pollable`]).
+    hot: usize,
     timers: BinaryHeap<Reverse<(Instant, u64)>>,
     timer_fns: HashMap<u64, TimerFn>,
     timer_seq: u64,
@@ -289,6 +322,7 @@ impl Reactor {
             sched_spare: Vec::new(),
             ready: Vec::with_capacity(256),
             fdless_polled: 0,
+            hot: 0,
             timers: BinaryHeap::new(),
             timer_fns: HashMap::new(),
             timer_seq: 0,
@@ -446,7 +480,11 @@ impl Reactor {
         entry.insert(Slot {
             src: Some(src),
             fd: opts.fd,
+            interest: opts.interest,
             polled: opts.polled,
+            pollable: opts.pollable && opts.fd.is_some(),
+            hot: false,
+            last_work: Instant::now(),
             next: if opts.polled { Next::Asap } else { Next::Idle },
             scheduled: false,
             removed: false,
@@ -488,7 +526,10 @@ impl Reactor {
 
     fn finish_removal(&mut self, id: SourceId) -> Option<Box<dyn Source>> {
         let slot = self.slots.try_remove(id)?;
-        if let Some(fd) = slot.fd {
+        if slot.hot {
+            self.hot -= 1;
+            self.stats.hot_sources.store(self.hot as u64, Relaxed);
+        } else if let Some(fd) = slot.fd {
             // The fd may already be closed by its owner: then epoll has dropped it already.
             let _ = self.poll.registry().deregister(&mut SourceFd(&fd));
         }
@@ -633,13 +674,80 @@ impl Reactor {
             Some(s) => {
                 s.src = Some(src);
                 s.next = p.next;
+                let pollable = s.pollable;
                 if p.next != Next::Idle {
                     self.schedule(id);
+                }
+                if pollable {
+                    self.update_heat(id, p.did_work, t0);
                 }
             }
             None => {}
         }
         p.did_work
+    }
+
+    /// Busy-poll mode takes a pollable source that finds work out of epoll and runs it every
+    /// iteration; it goes back when it has been idle for [`COLD_AFTER`] or the mode changes.
+    ///
+    /// Why: a socket in an epoll set has epoll's wake-up callback on its data-ready path, so
+    /// the peer's `send` (which on loopback runs this socket's receive in its own softirq)
+    /// takes the epoll lock and queues the socket on the ready list, and this reactor needs
+    /// an `epoll_wait` before its `recv`. A polling reactor needs neither: measured on a QD1
+    /// 4 KiB read over loopback, 20 alternating pairs, the p50 fell by 1.9 us (median of the
+    /// pairs' differences) and the target's CPU per I/O by 8.5 %, where skipping only the
+    /// `epoll_wait` (the socket still registered) gained 0.3 us.
+    fn update_heat(&mut self, id: SourceId, did_work: bool, now: Instant) {
+        let polling = self.effective_mode() == Mode::Poll;
+        let Some(s) = self.slots.get_mut(id) else { return };
+        if did_work {
+            s.last_work = now;
+        }
+        if s.hot {
+            if !polling || now.duration_since(s.last_work) >= COLD_AFTER {
+                self.cool(id);
+            }
+        } else if did_work && polling && self.hot < HOT_MAX {
+            self.heat(id);
+        }
+    }
+
+    fn heat(&mut self, id: SourceId) {
+        let Some(s) = self.slots.get_mut(id) else { return };
+        let Some(fd) = s.fd else { return };
+        match self.poll.registry().deregister(&mut SourceFd(&fd)) {
+            Ok(()) => {
+                s.hot = true;
+                self.hot += 1;
+                self.stats.hot_sources.store(self.hot as u64, Relaxed);
+                self.schedule(id);
+            }
+            Err(e) => debug!(reactor = self.id, error = %e, "cannot take a socket out of epoll: it stays there"),
+        }
+    }
+
+    /// Back into epoll. Registering reports readiness that is already there (the kernel polls
+    /// the file when it is added), so bytes that arrived meanwhile are not missed.
+    fn cool(&mut self, id: SourceId) {
+        let Some(s) = self.slots.get_mut(id) else { return };
+        let Some(fd) = s.fd else { return };
+        match self.poll.registry().register(&mut SourceFd(&fd), Token(id), s.interest) {
+            Ok(()) => {
+                s.hot = false;
+                self.hot -= 1;
+                self.stats.hot_sources.store(self.hot as u64, Relaxed);
+            }
+            // It stays hot, and a reactor with a hot source polls: nothing is lost.
+            Err(e) => warn!(reactor = self.id, error = %e, "cannot put a socket back into epoll: it stays polled"),
+        }
+    }
+
+    /// Put every hot source back into epoll (the reactor stopped busy-polling).
+    fn cool_all(&mut self) {
+        let ids: Vec<SourceId> = self.slots.iter().filter(|(_, s)| s.hot).map(|(id, _)| id).collect();
+        for id in ids {
+            self.cool(id);
+        }
     }
 
     /// Count a stall and log it, at most once a second per reactor (wall time also grows when
@@ -718,6 +826,9 @@ impl Reactor {
     }
 
     fn due(&self, slot: &Slot, mode: Mode, now: Instant) -> bool {
+        if slot.hot {
+            return true;
+        }
         match slot.next {
             Next::Asap => true,
             Next::At(t) => t <= now || (mode == Mode::Poll && slot.polled),
@@ -731,6 +842,9 @@ impl Reactor {
 
     fn run_scheduled(&mut self, now: Instant) -> bool {
         let mode = self.effective_mode();
+        if self.hot > 0 && mode != Mode::Poll {
+            self.cool_all();
+        }
         // Two buffers swapped every pass: no allocation per iteration.
         let mut list = std::mem::take(&mut self.sched);
         let mut keep = std::mem::take(&mut self.sched_spare);
@@ -745,7 +859,7 @@ impl Reactor {
                 work |= self.run_source(id);
             }
             match self.slots.get_mut(id) {
-                Some(s) if !s.removed && (s.polled || s.next != Next::Idle) => keep.push(id),
+                Some(s) if !s.removed && (s.polled || s.hot || s.next != Next::Idle) => keep.push(id),
                 Some(s) => s.scheduled = false,
                 None => {}
             }
@@ -785,7 +899,8 @@ impl Reactor {
     /// Some(deadline) to sleep until then, None to block until an fd is ready.
     fn plan_wait(&mut self, now: Instant) -> WaitPlan {
         let mode = self.effective_mode();
-        if mode == Mode::Poll {
+        // A hot source left over (it could not go back into epoll) is only found by polling.
+        if mode == Mode::Poll || self.hot > 0 {
             return WaitPlan::Poll;
         }
         let (deadline, asap, expect) = self.next_deadline(mode);

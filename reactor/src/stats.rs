@@ -43,6 +43,7 @@ pub struct StatsCell {
     pub(crate) msgs_received: AtomicU64,
     pub(crate) stalls: AtomicU64,
     pub(crate) sources: AtomicU64,
+    pub(crate) hot_sources: AtomicU64,
     pub(crate) forced_poll: AtomicU64,
     pub(crate) adaptive: AtomicU64,
     pub(crate) switches: AtomicU64,
@@ -115,6 +116,7 @@ impl StatsCell {
             msgs_received: self.msgs_received.load(Relaxed),
             stalls: self.stalls.load(Relaxed),
             sources: self.sources.load(Relaxed),
+            hot_sources: self.hot_sources.load(Relaxed),
             forced_poll: self.forced_poll.load(Relaxed) != 0,
             adaptive: self.adaptive.load(Relaxed) != 0,
             switches: self.switches.load(Relaxed),
@@ -163,6 +165,8 @@ pub struct ReactorStats {
     pub stalls: u64,
     /// Registered work sources.
     pub sources: u64,
+    /// Sources polled outside epoll right now (busy-poll mode's active sockets).
+    pub hot_sources: u64,
     /// True while a source without an fd forces an interrupt-mode reactor to poll.
     pub forced_poll: bool,
     /// The mode is chosen by the adaptive policy.
@@ -223,6 +227,7 @@ impl ReactorStats {
             msgs_received: d(self.msgs_received, earlier.msgs_received),
             stalls: d(self.stalls, earlier.stalls),
             sources: self.sources,
+            hot_sources: self.hot_sources,
             forced_poll: self.forced_poll,
             adaptive: self.adaptive,
             switches: d(self.switches, earlier.switches),

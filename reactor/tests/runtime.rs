@@ -437,3 +437,128 @@ fn mode_switches_at_run_time_are_counted() {
     wait_for("stop", Duration::from_secs(5), || stopped.load(SeqCst));
     rt.shutdown().unwrap();
 }
+
+/// Echoes what it reads; did work only when there were bytes (a socket polled outside epoll
+/// must say when it found nothing, or it would stay hot forever).
+struct PollableEcho {
+    sock: TcpStream,
+}
+
+impl Source for PollableEcho {
+    fn name(&self) -> &str {
+        "test-pollable-echo"
+    }
+    fn run(&mut self, r: &mut Reactor, id: SourceId) -> Progress {
+        let mut buf = [0u8; 256];
+        let mut did = false;
+        loop {
+            match self.sock.read(&mut buf) {
+                Ok(0) => {
+                    r.remove_source(id);
+                    return Progress::WORKED;
+                }
+                Ok(n) => {
+                    did = true;
+                    self.sock.write_all(&buf[..n]).unwrap();
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    return Progress {
+                        did_work: did,
+                        next: Next::Idle,
+                    };
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+}
+
+/// Connected clients whose server ends are pollable sockets on reactor 0.
+fn pollable_echoes(rt: &Runtime, n: usize) -> Vec<TcpStream> {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut clients = Vec::new();
+    for _ in 0..n {
+        let client = TcpStream::connect(addr).unwrap();
+        client.set_nodelay(true).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        server.set_nonblocking(true).unwrap();
+        let (tx, rx) = mpsc::channel();
+        rt.remote(0).unwrap().send(move |r| {
+            let fd = server.as_raw_fd();
+            r.add_sleepable_source(Box::new(PollableEcho { sock: server }), SourceOpts::socket(fd))
+                .unwrap();
+            tx.send(()).unwrap();
+        });
+        rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        clients.push(client);
+    }
+    clients
+}
+
+fn echo(c: &mut TcpStream, msg: &[u8]) {
+    c.write_all(msg).unwrap();
+    let mut back = vec![0u8; msg.len()];
+    c.read_exact(&mut back).unwrap();
+    assert_eq!(back, msg);
+}
+
+#[test]
+fn busy_poll_takes_a_busy_socket_out_of_epoll_and_puts_it_back() {
+    let rt = start(&[Mode::Poll]);
+    let mut c = pollable_echoes(&rt, 1).pop().unwrap();
+    let hot = |rt: &Runtime| rt.stats()[0].hot_sources;
+    echo(&mut c, b"one");
+    wait_for(
+        "the busy socket to be polled outside epoll",
+        Duration::from_secs(5),
+        || hot(&rt) == 1,
+    );
+    echo(&mut c, b"two: served by polling");
+    // Idle for longer than the cold threshold: back into epoll, and still served from there.
+    wait_for("the idle socket to go back into epoll", Duration::from_secs(5), || {
+        hot(&rt) == 0
+    });
+    echo(&mut c, b"three: served through epoll");
+    wait_for("the socket to be hot again", Duration::from_secs(5), || hot(&rt) == 1);
+    // Leaving busy-poll mode puts it back, so that the reactor can sleep and still hear it.
+    rt.set_mode(0, Mode::Interrupt).unwrap();
+    wait_for("interrupt mode, nothing hot", Duration::from_secs(5), || {
+        let s = &rt.stats()[0];
+        s.mode == Mode::Interrupt && s.hot_sources == 0
+    });
+    std::thread::sleep(Duration::from_millis(20));
+    let before = rt.stats()[0].sleep_ns;
+    echo(&mut c, b"four: woke a sleeping reactor");
+    wait_for("the sleep to be counted", Duration::from_secs(5), || {
+        rt.stats()[0].sleep_ns > before
+    });
+    assert_eq!(hot(&rt), 0, "nothing is hot outside busy-poll mode");
+    // A hot source that closes leaves the count right.
+    rt.set_mode(0, Mode::Poll).unwrap();
+    wait_for("poll mode", Duration::from_secs(5), || rt.stats()[0].mode == Mode::Poll);
+    echo(&mut c, b"five");
+    wait_for("hot again in busy-poll mode", Duration::from_secs(5), || hot(&rt) == 1);
+    drop(c);
+    wait_for("the closed source to be gone", Duration::from_secs(5), || {
+        let s = &rt.stats()[0];
+        s.hot_sources == 0 && s.sources == 0
+    });
+    rt.shutdown().unwrap();
+}
+
+#[test]
+fn only_a_few_sockets_are_polled_outside_epoll_and_all_are_served() {
+    let rt = start(&[Mode::Poll]);
+    let mut clients = pollable_echoes(&rt, 12);
+    let mut most = 0;
+    for round in 0..50u32 {
+        for (i, c) in clients.iter_mut().enumerate() {
+            echo(c, format!("round {round} client {i}").as_bytes());
+        }
+        most = most.max(rt.stats()[0].hot_sources);
+    }
+    assert!(most >= 1, "busy sockets were polled");
+    assert!(most <= 8, "at most 8 polled outside epoll, saw {most}");
+    rt.shutdown().unwrap();
+}

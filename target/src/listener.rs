@@ -71,7 +71,7 @@ pub fn add_connection(r: &mut Reactor, sock: TcpStream, shared: Arc<Shared>, sta
         Err(e) => return fail(&shared, e.to_string()),
     };
     let fd = conn.raw_fd();
-    match r.add_sleepable_source(Box::new(conn), SourceOpts::fd(fd)) {
+    match r.add_sleepable_source(Box::new(conn), SourceOpts::socket(fd)) {
         // Bytes may have arrived before registration: run it once now.
         Ok(id) => r.wake(id),
         Err(e) => fail(&shared, e.to_string()),
