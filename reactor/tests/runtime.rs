@@ -122,6 +122,8 @@ impl Source for EfdSource {
 }
 
 /// Echoes what it reads.
+/// Echoes what it reads. It did work only when there were bytes: a socket polled outside
+/// epoll must say when it found nothing, or it would stay hot forever.
 struct EchoSource {
     sock: TcpStream,
     bytes: Arc<AtomicU64>,
@@ -133,6 +135,7 @@ impl Source for EchoSource {
     }
     fn run(&mut self, r: &mut Reactor, id: SourceId) -> Progress {
         let mut buf = [0u8; 256];
+        let mut did = false;
         loop {
             match self.sock.read(&mut buf) {
                 Ok(0) => {
@@ -140,10 +143,16 @@ impl Source for EchoSource {
                     return Progress::WORKED;
                 }
                 Ok(n) => {
+                    did = true;
                     self.bytes.fetch_add(n as u64, SeqCst);
                     self.sock.write_all(&buf[..n]).unwrap();
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Progress::WORKED,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    return Progress {
+                        did_work: did,
+                        next: Next::Idle,
+                    };
+                }
                 Err(e) => panic!("{e}"),
             }
         }
@@ -438,41 +447,6 @@ fn mode_switches_at_run_time_are_counted() {
     rt.shutdown().unwrap();
 }
 
-/// Echoes what it reads; did work only when there were bytes (a socket polled outside epoll
-/// must say when it found nothing, or it would stay hot forever).
-struct PollableEcho {
-    sock: TcpStream,
-}
-
-impl Source for PollableEcho {
-    fn name(&self) -> &str {
-        "test-pollable-echo"
-    }
-    fn run(&mut self, r: &mut Reactor, id: SourceId) -> Progress {
-        let mut buf = [0u8; 256];
-        let mut did = false;
-        loop {
-            match self.sock.read(&mut buf) {
-                Ok(0) => {
-                    r.remove_source(id);
-                    return Progress::WORKED;
-                }
-                Ok(n) => {
-                    did = true;
-                    self.sock.write_all(&buf[..n]).unwrap();
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    return Progress {
-                        did_work: did,
-                        next: Next::Idle,
-                    };
-                }
-                Err(e) => panic!("{e}"),
-            }
-        }
-    }
-}
-
 /// Connected clients whose server ends are pollable sockets on reactor 0.
 fn pollable_echoes(rt: &Runtime, n: usize) -> Vec<TcpStream> {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -486,8 +460,11 @@ fn pollable_echoes(rt: &Runtime, n: usize) -> Vec<TcpStream> {
         let (tx, rx) = mpsc::channel();
         rt.remote(0).unwrap().send(move |r| {
             let fd = server.as_raw_fd();
-            r.add_sleepable_source(Box::new(PollableEcho { sock: server }), SourceOpts::socket(fd))
-                .unwrap();
+            let echo = EchoSource {
+                sock: server,
+                bytes: Arc::new(AtomicU64::new(0)),
+            };
+            r.add_sleepable_source(Box::new(echo), SourceOpts::socket(fd)).unwrap();
             tx.send(()).unwrap();
         });
         rx.recv_timeout(Duration::from_secs(5)).unwrap();
