@@ -251,6 +251,8 @@ def cmd_perf(out):
         by[n].append(r)
     jobs = {}
     for n in order:
+        if n.startswith("pair-"):
+            continue  # the QD1 pairs have their own section
         s = summarize(by[n])
         r0 = by[n][0]
         s.update(
@@ -319,7 +321,32 @@ def cmd_perf(out):
         for g in goals:
             if f["job"] == "4k-randread-qd1" and g["goal"].startswith("QD1 "):
                 g["measured"] += f"; the loopback floor in the same reps: {f['floor_p50_us']:.1f} us (pollux adds {f['added_us']:+.1f} us)"
+    # QD1 in alternating 1 s pairs (floor, then pollux): the distribution of the differences.
+    pairs = None
+    fl = {r["tags"]["pair"]: us(r["latency_ns"]["p50"]) for r in by.get("pair-floor", [])}
+    px = {r["tags"]["pair"]: us(r["latency_ns"]["p50"]) for r in by.get("pair-pollux", [])}
+    keys = sorted(set(fl) & set(px), key=int)
+    if keys:
+        d = [px[k] - fl[k] for k in keys]
+        q = statistics.quantiles(d, n=4) if len(d) >= 2 else [d[0], d[0], d[0]]
+        pairs = {
+            "pairs": len(keys),
+            "seconds": round(med([r["seconds"] for r in by["pair-pollux"]]), 1),
+            "floor_p50_us": med([fl[k] for k in keys]),
+            "floor_range_us": [min(fl.values()), max(fl.values())],
+            "pollux_p50_us": med([px[k] for k in keys]),
+            "added_us": med(d),
+            "added_quartiles_us": [q[0], q[2]],
+            "pollux_at_goal": sum(px[k] <= SPDK_QD1_P50_US for k in keys),
+            "floor_at_goal": sum(fl[k] <= SPDK_QD1_P50_US for k in keys),
+            "per_pair": [{"pair": k, "pollux_p50_us": px[k], "floor_p50_us": fl[k]} for k in keys],
+        }
+        for g in goals:
+            if g["goal"].startswith("QD1 "):
+                g["measured"] += (f"; in {len(keys)} alternating {pairs['seconds']:g} s pairs pollux adds {pairs['added_us']:+.1f} us "
+                                  f"to a floor of {pairs['floor_p50_us']:.1f} us")
     doc = {"jobs": jobs, "instructions_per_io": instr, "instructions_pmu": pmu, "goals": goals, "qd1_floor": floors,
+           "qd1_pairs": pairs,
            "top_functions_per_io": {k: {r: [{"ir_per_io": a, "pct": b, "fn": c} for a, b, c in v] for r, v in t.items()} for k, t in tops.items()}}
     with open(os.path.join(out, "perf.json"), "w") as f:
         json.dump(doc, f, indent=2)
@@ -354,6 +381,18 @@ def cmd_perf(out):
         for f in floors:
             per = ", ".join(f"{p['pollux_p50_us']:.1f} / {p['floor_p50_us']:.1f}" for p in f["per_rep"])
             L.append(f"| {f['job']} | {f['pollux_p50_us']:.1f} | {f['floor_p50_us']:.1f} | {f['added_us']:+.1f} | {f['ratio']:.2f} | {per} |")
+    if pairs:
+        L += ["", "## QD1 in alternating pairs", "",
+              f"{pairs['pairs']} pairs of {pairs['seconds']:g} s QD1 4K random-read runs, `pollux perf --floor` then pollux, "
+              "seconds apart: the difference within a pair is what pollux adds, with the spread that "
+              "the few long reps above cannot give.", "",
+              "| floor p50 median (range) | pollux p50 median | pollux - floor: median (quartiles) | "
+              f"runs at or under {SPDK_QD1_P50_US} us: pollux / floor |", "|---|---|---|---|",
+              f"| {pairs['floor_p50_us']:.1f} us ({pairs['floor_range_us'][0]:.1f}-{pairs['floor_range_us'][1]:.1f}) | "
+              f"{pairs['pollux_p50_us']:.1f} us | {pairs['added_us']:+.2f} us ({pairs['added_quartiles_us'][0]:+.2f} / "
+              f"{pairs['added_quartiles_us'][1]:+.2f}) | {pairs['pollux_at_goal']} / {pairs['floor_at_goal']} of {pairs['pairs']} |",
+              "", "Per pair (pollux / floor): " + ", ".join(
+                  f"{p['pollux_p50_us']:.1f} / {p['floor_p50_us']:.1f}" for p in pairs["per_pair"])]
     L += ["", "## Instructions per I/O", "",
           f"Hardware counters: {pmu}. Counted with callgrind (user space only: the kernel's TCP "
           "work is not in these figures) as the difference of two count-based runs, target reactor "
