@@ -1,8 +1,11 @@
 #!/bin/bash
 # Scenario pollux-modes: simulated-SSD namespaces served in each reactor mode (adaptive,
-# hybrid, interrupt) to the guest's kernel NVMe/TCP host, with crc32c-verified fio through
-# each. Afterwards each pollux must stop cleanly on SIGTERM and its reactor summary must show
-# the mode it ran in (and, for adaptive, at least one policy switch).
+# hybrid, interrupt, then busy-poll) to the guest's kernel NVMe/TCP host, with
+# crc32c-verified fio through each. Afterwards each pollux must stop cleanly on SIGTERM and
+# its reactor summary must show the mode it ran in (and, for adaptive, at least one policy
+# switch). The busy-poll target runs alone, with a second guest boot: its reactor spins a
+# core for as long as it runs, which the sleeping modes' targets on the same core and the
+# TCG guest must not have to share.
 set -euo pipefail
 # shellcheck source=ci/lib.sh
 . "$(dirname "$0")/../lib.sh"
@@ -10,7 +13,9 @@ need_pollux
 
 nqn=nqn.2026-11.io.pollux.ci:sim
 declare -A port pid logf
-for mode in adaptive hybrid interrupt; do
+# start_target MODE: a pollux in MODE on a free port, left running.
+start_target() {
+    local mode=$1 p conf
     p=$(free_port)
     port[$mode]=$p
     conf=$CI_LOG_DIR/$mode.toml
@@ -39,18 +44,36 @@ TOML
     logf[$mode]=$POLLUX_LOG
     # start_pollux tracks one pollux at a time: keep this one running, start the next.
     POLLUX_PID=""
+}
+# stop_target MODE: SIGTERM, a clean stop, and its reactor summary in the log.
+stop_target() {
+    local mode=$1 summary
+    POLLUX_PID=${pid[$mode]} POLLUX_LOG=${logf[$mode]}
+    stop_pollux || fail "pollux ($mode) did not stop cleanly"
+    summary=$(grep "reactor summary" "${logf[$mode]}") || fail "no reactor summary from pollux ($mode)"
+    log "$mode: ${summary#*INFO }"
+}
+for mode in adaptive hybrid interrupt; do
+    start_target "$mode"
 done
 run_guest pollux-modes.sh --timeout 600 --guestfwd "4420=${port[adaptive]}" \
     --guestfwd "4421=${port[hybrid]}" --guestfwd "4422=${port[interrupt]}" --env "NQN=$nqn" ||
     fail "pollux-modes guest failed"
 for mode in adaptive hybrid interrupt; do
-    POLLUX_PID=${pid[$mode]} POLLUX_LOG=${logf[$mode]}
-    stop_pollux || fail "pollux ($mode) did not stop cleanly"
-    summary=$(grep "reactor summary" "${logf[$mode]}") || fail "no reactor summary from pollux ($mode)"
-    log "$mode: ${summary#*INFO }"
+    stop_target "$mode"
 done
 grep "reactor summary" "${logf[adaptive]}" | grep -qE 'adaptive=true switches=[1-9]' ||
     fail "the adaptive reactor never switched mode under load"
 grep "reactor summary" "${logf[hybrid]}" | grep -qE 'wakeups=[1-9]' ||
     fail "the hybrid reactor took no timed sleep"
+
+# Busy-poll: connections that carry I/O leave epoll and are read every iteration.
+start_target poll
+run_guest pollux-modes.sh --timeout 600 --guestfwd "4420=${port[poll]}" --env "NQN=$nqn" \
+    --env "PORTS=4420" || fail "pollux-modes guest failed against the busy-poll target"
+stop_target poll
+grep "reactor summary" "${logf[poll]}" | grep -qE 'mode=poll .*poll_pct="100.0"' ||
+    fail "the busy-poll reactor did not poll all the time"
+grep "reactor summary" "${logf[poll]}" | grep -qE 'hot_entries=[1-9]' ||
+    fail "no connection of the busy-poll reactor was ever polled outside epoll"
 log "PASS"

@@ -720,6 +720,7 @@ impl Reactor {
                 s.hot = true;
                 self.hot += 1;
                 self.stats.hot_sources.store(self.hot as u64, Relaxed);
+                bump(&self.stats.hot_entries, 1);
                 self.schedule(id);
             }
             Err(e) => debug!(reactor = self.id, error = %e, "cannot take a socket out of epoll: it stays there"),

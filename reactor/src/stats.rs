@@ -44,6 +44,7 @@ pub struct StatsCell {
     pub(crate) stalls: AtomicU64,
     pub(crate) sources: AtomicU64,
     pub(crate) hot_sources: AtomicU64,
+    pub(crate) hot_entries: AtomicU64,
     pub(crate) forced_poll: AtomicU64,
     pub(crate) adaptive: AtomicU64,
     pub(crate) switches: AtomicU64,
@@ -117,6 +118,7 @@ impl StatsCell {
             stalls: self.stalls.load(Relaxed),
             sources: self.sources.load(Relaxed),
             hot_sources: self.hot_sources.load(Relaxed),
+            hot_entries: self.hot_entries.load(Relaxed),
             forced_poll: self.forced_poll.load(Relaxed) != 0,
             adaptive: self.adaptive.load(Relaxed) != 0,
             switches: self.switches.load(Relaxed),
@@ -167,6 +169,8 @@ pub struct ReactorStats {
     pub sources: u64,
     /// Sources polled outside epoll right now (busy-poll mode's active sockets).
     pub hot_sources: u64,
+    /// Times a source was taken out of epoll to be polled (cumulative).
+    pub hot_entries: u64,
     /// True while a source without an fd forces an interrupt-mode reactor to poll.
     pub forced_poll: bool,
     /// The mode is chosen by the adaptive policy.
@@ -228,6 +232,7 @@ impl ReactorStats {
             stalls: d(self.stalls, earlier.stalls),
             sources: self.sources,
             hot_sources: self.hot_sources,
+            hot_entries: d(self.hot_entries, earlier.hot_entries),
             forced_poll: self.forced_poll,
             adaptive: self.adaptive,
             switches: d(self.switches, earlier.switches),

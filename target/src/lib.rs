@@ -218,6 +218,7 @@ impl Target {
                 completions = st.completions,
                 predicted_us = st.predicted_ns / 1000,
                 wakeups = st.wakeups(),
+                hot_entries = st.hot_entries,
                 stalls = st.stalls,
                 "reactor summary"
             );
