@@ -6,19 +6,10 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 
+mod common;
+use common::{cfg, start};
 use pollux_reactor::sys::EventFd;
-use pollux_reactor::{Mode, Progress, Reactor, ReactorConfig, Runtime, Source, SourceId, SourceOpts};
-
-fn cfg(mode: Mode) -> ReactorConfig {
-    ReactorConfig {
-        mode,
-        ..Default::default()
-    }
-}
-
-fn start(modes: &[Mode]) -> Runtime {
-    Runtime::start(modes.iter().map(|&m| cfg(m)).collect(), Arc::new(|_| Ok(()))).unwrap()
-}
+use pollux_reactor::{Mode, Progress, Reactor, Runtime, Source, SourceId, SourceOpts};
 
 fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()

@@ -9,29 +9,12 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+mod common;
+use common::{EchoSource, cfg, start, wait_for};
 use pollux_reactor::sys::EventFd;
 use pollux_reactor::{
     Mode, Next, Progress, Reactor, ReactorConfig, ReactorError, Runtime, Source, SourceId, SourceOpts,
 };
-
-fn cfg(mode: Mode) -> ReactorConfig {
-    ReactorConfig {
-        mode,
-        ..Default::default()
-    }
-}
-
-fn start(modes: &[Mode]) -> Runtime {
-    Runtime::start(modes.iter().map(|&m| cfg(m)).collect(), Arc::new(|_| Ok(()))).unwrap()
-}
-
-fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !f() {
-        assert!(t0.elapsed() < timeout, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_micros(200));
-    }
-}
 
 #[test]
 fn messages_cross_reactors_in_every_pair_of_modes() {
@@ -122,43 +105,6 @@ impl Source for EfdSource {
 }
 
 /// Echoes what it reads.
-/// Echoes what it reads. It did work only when there were bytes: a socket polled outside
-/// epoll must say when it found nothing, or it would stay hot forever.
-struct EchoSource {
-    sock: TcpStream,
-    bytes: Arc<AtomicU64>,
-}
-
-impl Source for EchoSource {
-    fn name(&self) -> &str {
-        "test-echo"
-    }
-    fn run(&mut self, r: &mut Reactor, id: SourceId) -> Progress {
-        let mut buf = [0u8; 256];
-        let mut did = false;
-        loop {
-            match self.sock.read(&mut buf) {
-                Ok(0) => {
-                    r.remove_source(id);
-                    return Progress::WORKED;
-                }
-                Ok(n) => {
-                    did = true;
-                    self.bytes.fetch_add(n as u64, SeqCst);
-                    self.sock.write_all(&buf[..n]).unwrap();
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    return Progress {
-                        did_work: did,
-                        next: Next::Idle,
-                    };
-                }
-                Err(e) => panic!("{e}"),
-            }
-        }
-    }
-}
-
 #[test]
 fn interrupt_mode_wakes_on_eventfd_socket_and_message() {
     let rt = start(&[Mode::Interrupt]);
@@ -444,109 +390,5 @@ fn mode_switches_at_run_time_are_counted() {
         s.store(true, SeqCst);
     });
     wait_for("stop", Duration::from_secs(5), || stopped.load(SeqCst));
-    rt.shutdown().unwrap();
-}
-
-/// Connected clients whose server ends are pollable sockets on reactor 0.
-fn pollable_echoes(rt: &Runtime, n: usize) -> Vec<TcpStream> {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let mut clients = Vec::new();
-    for _ in 0..n {
-        let client = TcpStream::connect(addr).unwrap();
-        client.set_nodelay(true).unwrap();
-        let (server, _) = listener.accept().unwrap();
-        server.set_nonblocking(true).unwrap();
-        let (tx, rx) = mpsc::channel();
-        rt.remote(0).unwrap().send(move |r| {
-            let fd = server.as_raw_fd();
-            let echo = EchoSource {
-                sock: server,
-                bytes: Arc::new(AtomicU64::new(0)),
-            };
-            r.add_sleepable_source(Box::new(echo), SourceOpts::socket(fd)).unwrap();
-            tx.send(()).unwrap();
-        });
-        rx.recv_timeout(Duration::from_secs(5)).unwrap();
-        clients.push(client);
-    }
-    clients
-}
-
-fn echo(c: &mut TcpStream, msg: &[u8]) {
-    c.write_all(msg).unwrap();
-    let mut back = vec![0u8; msg.len()];
-    c.read_exact(&mut back).unwrap();
-    assert_eq!(back, msg);
-}
-
-#[test]
-fn busy_poll_takes_a_busy_socket_out_of_epoll_and_puts_it_back() {
-    let rt = start(&[Mode::Poll]);
-    let mut c = pollable_echoes(&rt, 1).pop().unwrap();
-    // The gauge of hot sources is only 1 for a millisecond after the last bytes (then the
-    // socket goes cold), so waits on it keep the socket busy, and the cumulative count of
-    // entries says that a socket went hot at all.
-    let hot = |rt: &Runtime| rt.stats()[0].hot_sources;
-    let entries = |rt: &Runtime| rt.stats()[0].hot_entries;
-    let serve_until_hot = |c: &mut TcpStream, what: &str| {
-        let t0 = Instant::now();
-        loop {
-            echo(c, what.as_bytes());
-            if hot(&rt) == 1 {
-                return;
-            }
-            assert!(t0.elapsed() < Duration::from_secs(5), "never hot while serving {what}");
-        }
-    };
-    serve_until_hot(&mut c, "served by polling");
-    // Idle for longer than the cold threshold: back into epoll, and still served from there.
-    wait_for("the idle socket to go back into epoll", Duration::from_secs(5), || {
-        hot(&rt) == 0
-    });
-    let before = entries(&rt);
-    echo(&mut c, b"served through epoll");
-    wait_for("the socket to be hot again", Duration::from_secs(5), || {
-        entries(&rt) > before
-    });
-    // Leaving busy-poll mode puts it back, so that the reactor can sleep and still hear it.
-    rt.set_mode(0, Mode::Interrupt).unwrap();
-    wait_for("interrupt mode, nothing hot", Duration::from_secs(5), || {
-        let s = &rt.stats()[0];
-        s.mode == Mode::Interrupt && s.hot_sources == 0
-    });
-    std::thread::sleep(Duration::from_millis(20));
-    let (slept, before) = (rt.stats()[0].sleep_ns, entries(&rt));
-    echo(&mut c, b"woke a sleeping reactor");
-    wait_for("the sleep to be counted", Duration::from_secs(5), || {
-        rt.stats()[0].sleep_ns > slept
-    });
-    assert_eq!(entries(&rt), before, "nothing goes hot outside busy-poll mode");
-    // Back to busy-poll; a hot source that closes leaves the count right.
-    rt.set_mode(0, Mode::Poll).unwrap();
-    wait_for("poll mode", Duration::from_secs(5), || rt.stats()[0].mode == Mode::Poll);
-    serve_until_hot(&mut c, "hot again in busy-poll mode");
-    drop(c);
-    wait_for("the closed source to be gone", Duration::from_secs(5), || {
-        let s = &rt.stats()[0];
-        s.hot_sources == 0 && s.sources == 0
-    });
-    assert!(entries(&rt) >= 3, "hot at least three times: {}", entries(&rt));
-    rt.shutdown().unwrap();
-}
-
-#[test]
-fn only_a_few_sockets_are_polled_outside_epoll_and_all_are_served() {
-    let rt = start(&[Mode::Poll]);
-    let mut clients = pollable_echoes(&rt, 12);
-    let mut most = 0;
-    for round in 0..50u32 {
-        for (i, c) in clients.iter_mut().enumerate() {
-            echo(c, format!("round {round} client {i}").as_bytes());
-        }
-        most = most.max(rt.stats()[0].hot_sources);
-    }
-    assert!(rt.stats()[0].hot_entries >= 1, "busy sockets were polled");
-    assert!(most <= 8, "at most 8 polled outside epoll, saw {most}");
     rt.shutdown().unwrap();
 }

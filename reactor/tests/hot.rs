@@ -1,0 +1,120 @@
+//! Busy-poll mode's hot sockets: taken out of epoll while busy, put back when idle or when
+//! the mode changes. In their own test binary: their spinning reactors would take the CPU
+//! from the timing-sensitive tests of `runtime.rs` if they ran beside them.
+#![allow(missing_docs, clippy::unwrap_used)]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+mod common;
+use common::{EchoSource, start, wait_for};
+use pollux_reactor::{Mode, Runtime, SourceOpts};
+
+/// Connected clients whose server ends are pollable sockets on reactor 0.
+fn pollable_echoes(rt: &Runtime, n: usize) -> Vec<TcpStream> {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut clients = Vec::new();
+    for _ in 0..n {
+        let client = TcpStream::connect(addr).unwrap();
+        client.set_nodelay(true).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        server.set_nonblocking(true).unwrap();
+        let (tx, rx) = mpsc::channel();
+        rt.remote(0).unwrap().send(move |r| {
+            let fd = server.as_raw_fd();
+            let echo = EchoSource {
+                sock: server,
+                bytes: Arc::new(AtomicU64::new(0)),
+            };
+            r.add_sleepable_source(Box::new(echo), SourceOpts::socket(fd)).unwrap();
+            tx.send(()).unwrap();
+        });
+        rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        clients.push(client);
+    }
+    clients
+}
+
+fn echo(c: &mut TcpStream, msg: &[u8]) {
+    c.write_all(msg).unwrap();
+    let mut back = vec![0u8; msg.len()];
+    c.read_exact(&mut back).unwrap();
+    assert_eq!(back, msg);
+}
+
+#[test]
+fn busy_poll_takes_a_busy_socket_out_of_epoll_and_puts_it_back() {
+    let rt = start(&[Mode::Poll]);
+    let mut c = pollable_echoes(&rt, 1).pop().unwrap();
+    // The gauge of hot sources is only 1 for a millisecond after the last bytes (then the
+    // socket goes cold), so waits on it keep the socket busy, and the cumulative count of
+    // entries says that a socket went hot at all.
+    let hot = |rt: &Runtime| rt.stats()[0].hot_sources;
+    let entries = |rt: &Runtime| rt.stats()[0].hot_entries;
+    let serve_until_hot = |c: &mut TcpStream, what: &str| {
+        let t0 = Instant::now();
+        loop {
+            echo(c, what.as_bytes());
+            if hot(&rt) == 1 {
+                return;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(5), "never hot while serving {what}");
+        }
+    };
+    serve_until_hot(&mut c, "served by polling");
+    // Idle for longer than the cold threshold: back into epoll, and still served from there.
+    wait_for("the idle socket to go back into epoll", Duration::from_secs(5), || {
+        hot(&rt) == 0
+    });
+    let before = entries(&rt);
+    echo(&mut c, b"served through epoll");
+    wait_for("the socket to be hot again", Duration::from_secs(5), || {
+        entries(&rt) > before
+    });
+    // Leaving busy-poll mode puts it back, so that the reactor can sleep and still hear it.
+    rt.set_mode(0, Mode::Interrupt).unwrap();
+    wait_for("interrupt mode, nothing hot", Duration::from_secs(5), || {
+        let s = &rt.stats()[0];
+        s.mode == Mode::Interrupt && s.hot_sources == 0
+    });
+    std::thread::sleep(Duration::from_millis(20));
+    let (slept, before) = (rt.stats()[0].sleep_ns, entries(&rt));
+    echo(&mut c, b"woke a sleeping reactor");
+    wait_for("the sleep to be counted", Duration::from_secs(5), || {
+        rt.stats()[0].sleep_ns > slept
+    });
+    assert_eq!(entries(&rt), before, "nothing goes hot outside busy-poll mode");
+    // Back to busy-poll; a hot source that closes leaves the count right.
+    rt.set_mode(0, Mode::Poll).unwrap();
+    wait_for("poll mode", Duration::from_secs(5), || rt.stats()[0].mode == Mode::Poll);
+    serve_until_hot(&mut c, "hot again in busy-poll mode");
+    drop(c);
+    wait_for("the closed source to be gone", Duration::from_secs(5), || {
+        let s = &rt.stats()[0];
+        s.hot_sources == 0 && s.sources == 0
+    });
+    assert!(entries(&rt) >= 3, "hot at least three times: {}", entries(&rt));
+    rt.shutdown().unwrap();
+}
+
+#[test]
+fn only_a_few_sockets_are_polled_outside_epoll_and_all_are_served() {
+    let rt = start(&[Mode::Poll]);
+    let mut clients = pollable_echoes(&rt, 12);
+    let mut most = 0;
+    for round in 0..50u32 {
+        for (i, c) in clients.iter_mut().enumerate() {
+            echo(c, format!("round {round} client {i}").as_bytes());
+        }
+        most = most.max(rt.stats()[0].hot_sources);
+    }
+    assert!(rt.stats()[0].hot_entries >= 1, "busy sockets were polled");
+    assert!(most <= 8, "at most 8 polled outside epoll, saw {most}");
+    rt.shutdown().unwrap();
+}
