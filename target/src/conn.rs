@@ -181,6 +181,8 @@ pub enum ReadData<'a> {
     Bytes(&'a [u8]),
     /// In a DMA buffer (read with volatile accesses only).
     Dma(&'a DmaBuf),
+    /// In a RAM (or simulated) namespace's memory, from this byte offset.
+    Ram(&'a RamDisk, u64),
 }
 
 impl ReadData<'_> {
@@ -188,6 +190,7 @@ impl ReadData<'_> {
         match self {
             ReadData::Bytes(b) => b.len(),
             ReadData::Dma(d) => d.len(),
+            ReadData::Ram(m, off) => m.len().saturating_sub(*off) as usize,
         }
     }
 
@@ -201,6 +204,7 @@ impl ReadData<'_> {
                 out.resize(start + len, 0);
                 d.read(&mut out[start..]);
             }
+            ReadData::Ram(m, off) => m.read_append(*off, len, out),
         }
     }
 }
@@ -1137,27 +1141,43 @@ impl Conn {
         self.exec_io(r, id, cid, io, &[]);
     }
 
-    /// C2HData with `len` bytes of a RAM (or simulated) namespace, then the CQE (or DATA_SUCCESS instead of
-    /// a CQE when SQ flow control is off, NVMe/TCP §3.6.2.8). Without a data digest the
-    /// bytes are sent from the namespace in place (see `sendq`); with one they are copied
-    /// first, so that the digest covers exactly the bytes sent.
-    fn send_read(&mut self, cid: u16, ns: Arc<Namespace>, off: u64, len: u32) {
-        // Only RAM and simulated namespaces come here: both keep their data in a RamDisk.
-        let Some(mem) = ns.backend.memory() else { return };
+    /// A successful read's reply: C2HData with its `len` bytes, then the CQE (or DATA_SUCCESS
+    /// instead of a CQE when SQ flow control is off, NVMe/TCP §3.6.2.8). `data` is what came
+    /// with the completion (a file's buffer, an SSD's DMA buffer); without it the bytes are
+    /// in the namespace's memory (RAM, simulated SSD). Those are sent from the namespace in
+    /// place (see `sendq`) unless a data digest must cover them: the digest is computed over
+    /// a copy, so that it covers exactly the bytes sent.
+    fn send_read(
+        &mut self,
+        r: &mut Reactor,
+        cid: u16,
+        ns: Arc<Namespace>,
+        off: u64,
+        len: u32,
+        data: Option<ReadData<'_>>,
+    ) {
+        let Some(data) = data.or_else(|| ns.backend.memory().map(|m| ReadData::Ram(m, off))) else {
+            return self.fail(r, cid, Status::INTERNAL_ERROR, ns.nsid, 0);
+        };
         let success = self.sqflow_off;
         self.c2h_header(cid, len, success);
-        if self.ddgst {
-            let buf = self.out.owned();
-            let start = buf.len();
-            mem.read_append(off, len as usize, buf);
-            let dg = crc32c(&buf[start..]);
-            buf.extend_from_slice(&dg.to_le_bytes());
-        } else {
-            let base = mem.range_ptr(off, len as usize);
-            let keep: Arc<dyn std::any::Any + Send + Sync> = ns.clone();
-            // SAFETY: the range is inside the RAM disk's mapping (range_ptr checks it),
-            // which lives as long as the namespace that `keep` holds.
-            unsafe { self.out.push_external(base, len as usize, keep) };
+        match data {
+            ReadData::Ram(mem, off) if !self.ddgst => {
+                let base = mem.range_ptr(off, len as usize);
+                let keep: Arc<dyn std::any::Any + Send + Sync> = ns.clone();
+                // SAFETY: the range is inside the RAM disk's mapping (range_ptr checks it),
+                // which lives as long as the namespace that `keep` holds.
+                unsafe { self.out.push_external(base, len as usize, keep) };
+            }
+            data => {
+                let buf = self.out.owned();
+                let start = buf.len();
+                data.append_to(len as usize, buf);
+                if self.ddgst {
+                    let dg = crc32c(&buf[start..]);
+                    buf.extend_from_slice(&dg.to_le_bytes());
+                }
+            }
         }
         let c = ns.counters(self.reactor);
         bump(&c.read_cmds, 1);
@@ -1218,7 +1238,7 @@ impl Conn {
     }
 
     /// An asynchronous backend completed the command in `slot`; a read's data comes with it
-    /// (a file) or is in the namespace's memory (a simulated device).
+    /// (a file, an SSD) or is in the namespace's memory (a simulated device).
     pub fn complete_async(&mut self, r: &mut Reactor, slot: usize, status: Status, data: Option<ReadData<'_>>) {
         let Some(inf) = self.inflight.try_remove(slot) else {
             return;
@@ -1227,27 +1247,7 @@ impl Conn {
             return;
         }
         match inf.io {
-            Io::Read { ns, off, len } if status.is_success() => match (data, ns.backend.memory()) {
-                (Some(d), _) => {
-                    let c = ns.counters(self.reactor);
-                    bump(&c.read_cmds, 1);
-                    bump(&c.read_bytes, u64::from(len));
-                    let success = self.sqflow_off;
-                    self.c2h_header(inf.cid, len, success);
-                    let buf = self.out.owned();
-                    let start = buf.len();
-                    d.append_to(len as usize, buf);
-                    if self.ddgst {
-                        let dg = crc32c(&buf[start..]);
-                        buf.extend_from_slice(&dg.to_le_bytes());
-                    }
-                    if !success {
-                        self.resp(inf.cid, Status::SUCCESS, 0, 0);
-                    }
-                }
-                (None, Some(_)) => self.send_read(inf.cid, ns, off, len),
-                (None, None) => self.fail(r, inf.cid, Status::INTERNAL_ERROR, ns.nsid, 0),
-            },
+            Io::Read { ns, off, len } if status.is_success() => self.send_read(r, inf.cid, ns, off, len, data),
             io => {
                 if status.is_success() {
                     self.resp(inf.cid, status, 0, 0);
@@ -1395,7 +1395,7 @@ impl Conn {
             Backend::Nvme(_) => return self.submit_ssd(r, id, cid, io, data),
         };
         match io {
-            Io::Read { off, len, .. } => self.send_read(cid, ns.clone(), off, len),
+            Io::Read { off, len, .. } => self.send_read(r, cid, ns, off, len, None),
             Io::Write { off, len, .. } => {
                 apply_write(mem, &ns, reactor, off, &data[..len as usize]);
                 self.resp(cid, Status::SUCCESS, 0, 0);
