@@ -104,7 +104,6 @@ impl Source for EfdSource {
     }
 }
 
-/// Echoes what it reads.
 #[test]
 fn interrupt_mode_wakes_on_eventfd_socket_and_message() {
     let rt = start(&[Mode::Interrupt]);

@@ -149,11 +149,10 @@ impl SendQueue {
     fn gather(&self, iov: &mut [MaybeUninit<libc::iovec>]) -> usize {
         let mut n = 0;
         let mut pos = self.sent;
-        let mut ext = self.ext.iter();
+        let mut ext = self.ext.iter().enumerate();
         let mut next = ext.next();
-        let mut first = true;
         while n < iov.len() {
-            let until = next.map_or(self.buf.len(), |e| e.at);
+            let until = next.map_or(self.buf.len(), |(_, e)| e.at);
             if pos < until {
                 iov[n] = MaybeUninit::new(libc::iovec {
                     iov_base: self.buf[pos..until].as_ptr().cast_mut().cast(),
@@ -161,8 +160,9 @@ impl SendQueue {
                 });
                 n += 1;
                 pos = until;
-            } else if let Some(e) = next {
-                let skip = if first { self.ext_sent } else { 0 };
+            } else if let Some((i, e)) = next {
+                // Only the front segment can be partly sent.
+                let skip = if i == 0 { self.ext_sent } else { 0 };
                 // SAFETY: `skip < e.len` (a fully sent segment is popped), so the pointer
                 // stays inside the segment.
                 let base = unsafe { e.base.as_ptr().add(skip) };
@@ -171,7 +171,6 @@ impl SendQueue {
                     iov_len: e.len - skip,
                 });
                 n += 1;
-                first = false;
                 next = ext.next();
             } else {
                 break;
