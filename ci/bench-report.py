@@ -7,8 +7,12 @@
     bench-report.py modes OUTDIR                modes.json, modes.md, modes-cpu-p50.png
     bench-report.py reactor OUTDIR              reactor.md, reactor-wakeup.png (reactor.json
                                                  comes from the cargo bench)
+    bench-report.py results OUTDIR              results.json: every summary in OUTDIR (perf,
+                                                 modes, reactor, file), each with when it was
+                                                 written and the load average around it
 """
 
+import datetime
 import glob
 import json
 import os
@@ -674,11 +678,47 @@ def cmd_reactor(out):
     plt.close(fig)
 
 
+RESULT_SECTIONS = ("perf", "modes", "reactor", "file")
+
+
+def cmd_results(out):
+    """One file with every benchmark's summary, so that a run's figures travel together.
+
+    A section is whatever its last run wrote (`ci/bench perf` alone leaves the modes from an
+    earlier run): `written` and `load` say when, and under what load, each was measured."""
+    results = {"generated": _utc(None), "sections": {}}
+    for name in RESULT_SECTIONS:
+        path = os.path.join(out, f"{name}.json")
+        if not os.path.exists(path):
+            continue
+        with open(path) as f:
+            summary = json.load(f)
+        load_path = os.path.join(out, f"{name}.load")
+        load = None
+        if os.path.exists(load_path):
+            with open(load_path) as f:
+                load = [line.split() for line in f if line.strip()]
+        results["sections"][name] = {
+            "written": _utc(os.path.getmtime(path)),
+            "load_before_after": load,
+            "summary": summary,
+        }
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+
+
+def _utc(t):
+    """`t` (seconds since the epoch, or now when None) as an ISO 8601 UTC time."""
+    utc = datetime.timezone.utc
+    ts = datetime.datetime.now(utc) if t is None else datetime.datetime.fromtimestamp(t, utc)
+    return ts.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def main(argv):
     if len(argv) >= 3 and argv[1] == "rates":
         cmd_rates(argv[2], float(argv[3]) if len(argv) > 3 else 0.25)
-    elif len(argv) == 3 and argv[1] in ("perf", "modes", "reactor"):
-        {"perf": cmd_perf, "modes": cmd_modes, "reactor": cmd_reactor}[argv[1]](argv[2])
+    elif len(argv) == 3 and argv[1] in ("perf", "modes", "reactor", "results"):
+        {"perf": cmd_perf, "modes": cmd_modes, "reactor": cmd_reactor, "results": cmd_results}[argv[1]](argv[2])
     else:
         print(__doc__, file=sys.stderr)
         return 2
