@@ -38,13 +38,15 @@ struct External {
     at: usize,
     base: NonNull<u8>,
     len: usize,
-    /// Keeps the memory mapped until the bytes are sent (the namespace that owns it).
-    _keep: Arc<dyn Any + Send + Sync>,
+    /// Keeps the memory mapped until the bytes are sent (the namespace that owns it); None
+    /// when the caller answers for that ([`SendQueue::push_borrowed`]).
+    _keep: Option<Arc<dyn Any + Send + Sync>>,
 }
 
-// SAFETY: `base` points into memory owned by `_keep`, which is Send + Sync, and is only
-// passed to the kernel (never dereferenced by Rust code), so the segment may move between
-// threads with its owner.
+// SAFETY: `base` points into memory owned by `_keep`, which is Send + Sync, or by the
+// caller of `push_borrowed`, who keeps it valid until the bytes are sent wherever the queue
+// goes; it is only passed to the kernel (never dereferenced by Rust code), so the segment
+// may move between threads with its owner.
 unsafe impl Send for External {}
 
 /// Ordered bytes waiting for the socket.
@@ -58,6 +60,18 @@ pub struct SendQueue {
     ext_sent: usize,
     /// Bytes of external segments not yet sent.
     ext_pending: usize,
+    /// Bytes sent since the queue was made: a position in the stream.
+    sent_total: u64,
+}
+
+impl std::fmt::Debug for SendQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SendQueue")
+            .field("pending", &self.pending())
+            .field("external_segments", &self.ext.len())
+            .field("sent_total", &self.sent_total)
+            .finish()
+    }
 }
 
 impl SendQueue {
@@ -98,9 +112,40 @@ impl SendQueue {
             at: self.buf.len(),
             base,
             len,
-            _keep: keep,
+            _keep: Some(keep),
         });
         self.ext_pending += len;
+    }
+
+    /// Append `len` bytes at `base` to be sent in place, the caller keeping them alive;
+    /// returns the stream position at their end, which [`SendQueue::sent_total`] reaches
+    /// once they are sent.
+    ///
+    /// # Safety
+    /// `base..base + len` must stay allocated and readable until `sent_total()` reaches the
+    /// returned position, or until the queue is dropped or no longer flushed. Writes to the
+    /// bytes meanwhile change what is sent.
+    pub unsafe fn push_borrowed(&mut self, base: NonNull<u8>, len: usize) -> u64 {
+        if len > 0 {
+            self.ext.push_back(External {
+                at: self.buf.len(),
+                base,
+                len,
+                _keep: None,
+            });
+            self.ext_pending += len;
+        }
+        self.stream_end()
+    }
+
+    /// Bytes sent since the queue was made.
+    pub fn sent_total(&self) -> u64 {
+        self.sent_total
+    }
+
+    /// The stream position after everything queued so far.
+    pub fn stream_end(&self) -> u64 {
+        self.sent_total + self.pending() as u64
     }
 
     /// Send as much as the socket takes. Ok when everything went or the socket is full
@@ -181,6 +226,7 @@ impl SendQueue {
 
     /// Account `n` bytes as sent.
     fn advance(&mut self, mut n: usize) {
+        self.sent_total += n as u64;
         while n > 0 {
             let until = self.ext.front().map_or(self.buf.len(), |e| e.at);
             if self.sent < until {
@@ -266,6 +312,43 @@ mod tests {
         assert!(got == want, "stream differs from what was queued");
         // The namespace stand-in is released once its bytes are sent.
         assert_eq!(Arc::strong_count(&mem), 1);
+    }
+
+    /// A borrowed segment's returned position is where `sent_total` says it has gone: not
+    /// before its last byte is sent, and exactly then.
+    #[test]
+    fn borrowed_bytes_are_sent_by_the_position_returned() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        a.set_nonblocking(true).unwrap();
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();
+        let mut q = SendQueue::default();
+        q.extend_from_slice(&[1; 10]);
+        // SAFETY: `data` outlives the queue and nothing writes to it.
+        let by = unsafe { q.push_borrowed(NonNull::from(&data[..]).cast(), data.len()) };
+        q.extend_from_slice(&[2; 5]);
+        assert_eq!(by, 10 + data.len() as u64);
+        assert_eq!(q.stream_end(), by + 5);
+        let mut got = Vec::new();
+        let mut chunk = vec![0u8; 64 * 1024];
+        let mut seen_partial = false;
+        while q.pending() > 0 {
+            q.flush(a.as_raw_fd()).unwrap();
+            assert_eq!(q.sent_total() + q.pending() as u64, by + 5);
+            seen_partial |= q.sent_total() < by && q.pending() > 0;
+            let n = b.read(&mut chunk).unwrap();
+            got.extend_from_slice(&chunk[..n]);
+            // What the reader has is at most what was sent; the borrowed bytes are all out
+            // once `sent_total` reaches `by`.
+            assert!(got.len() as u64 <= q.sent_total());
+        }
+        assert!(seen_partial, "the socket took the data in several calls");
+        assert_eq!(q.sent_total(), by + 5);
+        drop(a);
+        b.read_to_end(&mut got).unwrap();
+        let mut want = vec![1u8; 10];
+        want.extend_from_slice(&data);
+        want.extend_from_slice(&[2; 5]);
+        assert!(got == want);
     }
 
     /// More segments than one sendmsg takes go out in several calls, still in order.

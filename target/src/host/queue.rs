@@ -1,16 +1,20 @@
 //! One NVMe-oF queue on one NVMe/TCP connection, as the host sees it.
 //!
-//! The socket is non-blocking. Submissions are appended to one send buffer and go out with
-//! one `write` when the caller polls ([`HostQueue::poll_completions`]) or calls
-//! [`HostQueue::send_pending`]; received bytes land in one reusable buffer, complete PDUs are
-//! parsed in place ([`parse_pdu_header`], direction controller-to-host) and their data copied
-//! once, into the buffer the command was submitted with. Waiting is `poll(2)` on the socket
-//! with a deadline.
+//! The socket is non-blocking. Submissions are appended to one send queue and go out with
+//! one `sendmsg` when the caller polls ([`HostQueue::poll_completions`]) or calls
+//! [`HostQueue::send_pending`]; write data of 2 KiB or more is not copied into it but sent
+//! from the buffer the command was submitted with, which the queue holds until the command
+//! completes (and, should a completion come before its data went, keeps until the data did:
+//! see [`HostQueue::complete`]). Received bytes land in one reusable buffer, complete PDUs
+//! are parsed in place ([`parse_pdu_header`], direction controller-to-host) and their data
+//! copied once, into the buffer the command was submitted with. Waiting is `poll(2)` on the
+//! socket with a deadline.
 
 use std::collections::VecDeque;
-use std::io::{ErrorKind, Read, Write};
+use std::io::{ErrorKind, Read};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
+use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
 use pollux_nvme::spec::{SglDescriptor, Sqe, Status};
@@ -23,6 +27,7 @@ use zerocopy::little_endian::U16;
 
 use super::error::HostError;
 use super::sqe::{self, DsmRange};
+use crate::sendq::SendQueue;
 
 /// In-capsule data a controller accepts on the admin queue (NVMe/TCP 1.0 §3.3.1: 8 KiB for
 /// fabrics and admin commands).
@@ -31,6 +36,11 @@ pub const ADMIN_IN_CAPSULE: u32 = 8192;
 const RBUF_INITIAL: usize = 128 * 1024;
 /// Largest PDU [`HostQueue::recv_raw`] accepts.
 const MAX_RAW_PLEN: u32 = 64 << 20;
+/// Write data at least this long is sent from the command's buffer, not copied into the
+/// send queue: at QD32 the copy of each 4 KiB block was a third of the client's user-space
+/// instructions, and a 128 KiB write's copy kept the client's core busy. Shorter data is
+/// cheaper to copy than to describe with an iovec.
+const BORROW_MIN: usize = 2048;
 /// Fabrics Connect data length (NVMe-oF 1.1 §6.3).
 const CONNECT_DATA_LEN: usize = 1024;
 
@@ -229,9 +239,12 @@ struct Slot {
     buf: Vec<u8>,
     dir: Dir,
     len: u32,
-    /// Bytes moved so far (C2H received / H2C sent).
+    /// Bytes moved so far (C2H received / H2C queued).
     done: u32,
     ddgst_error: bool,
+    /// Stream position after the last bytes of `buf` queued in place: `buf` must live until
+    /// the send queue's `sent_total` reaches it.
+    sent_by: u64,
 }
 
 /// A complete PDU at the front of the receive buffer.
@@ -255,8 +268,10 @@ pub struct HostQueue {
     rend: usize,
     /// Bytes the PDU at `rstart` needs (8 until its header is known).
     need: usize,
-    wbuf: Vec<u8>,
-    woff: usize,
+    out: SendQueue,
+    /// Buffers of commands that completed before the data queued from them was sent (only
+    /// a misbehaving controller does that), each with the stream position it waits for.
+    parked: VecDeque<(u64, Vec<u8>)>,
     slots: Vec<Slot>,
     free: Vec<u16>,
     /// Completions read while waiting for another command ([`HostQueue::exec`]).
@@ -293,8 +308,8 @@ impl HostQueue {
             rstart: 0,
             rend: 0,
             need: 8,
-            wbuf: Vec::with_capacity(64 * 1024),
-            woff: 0,
+            out: SendQueue::with_capacity(64 * 1024),
+            parked: VecDeque::new(),
             slots: (0..entries).map(|_| Slot::default()).collect(),
             free: (0..entries).rev().map(|i| i as u16).collect(),
             stash: VecDeque::new(),
@@ -537,17 +552,18 @@ impl HostQueue {
         } else {
             SglDescriptor::transport_data_block(if dir == Dir::None { 0 } else { len })
         });
-        let (h, n) = encode_capsule_cmd(&sqe, if in_capsule { len } else { 0 }, self.hdgst, self.ddgst);
-        self.wbuf.extend_from_slice(&h[..n]);
-        if in_capsule {
-            self.wbuf.extend_from_slice(&buf);
-            if self.ddgst {
-                self.wbuf.extend_from_slice(&crc32c(&buf).to_le_bytes());
-            }
-        }
         let Some(slot) = self.slots.get_mut(usize::from(cid)) else {
             return Err(HostError::Invalid("command id outside the queue"));
         };
+        let (h, n) = encode_capsule_cmd(&sqe, if in_capsule { len } else { 0 }, self.hdgst, self.ddgst);
+        self.out.extend_from_slice(&h[..n]);
+        let mut sent_by = 0;
+        if in_capsule {
+            sent_by = queue_data(&mut self.out, &buf);
+            if self.ddgst {
+                self.out.extend_from_slice(&crc32c(&buf).to_le_bytes());
+            }
+        }
         *slot = Slot {
             busy: true,
             tag,
@@ -556,6 +572,7 @@ impl HostQueue {
             len,
             done: if in_capsule { len } else { 0 },
             ddgst_error: false,
+            sent_by,
         };
         Ok(cid)
     }
@@ -845,11 +862,11 @@ impl HostQueue {
                     let chunk = (end - u64::from(off)).min(u64::from(max)) as u32;
                     let last = u64::from(off + chunk) == end;
                     let (h, n) = encode_h2c_data_hdr(cid, r.ttag.get(), off, chunk, last, self.hdgst, self.ddgst);
-                    self.wbuf.extend_from_slice(&h[..n]);
+                    self.out.extend_from_slice(&h[..n]);
                     let data = &slot.buf[off as usize..(off + chunk) as usize];
-                    self.wbuf.extend_from_slice(data);
+                    slot.sent_by = slot.sent_by.max(queue_data(&mut self.out, data));
                     if self.ddgst {
-                        self.wbuf.extend_from_slice(&crc32c(data).to_le_bytes());
+                        self.out.extend_from_slice(&crc32c(data).to_le_bytes());
                     }
                     off += chunk;
                 }
@@ -867,18 +884,28 @@ impl HostQueue {
         }
     }
 
+    /// Hands command `cid`'s buffer back with its completion. A controller completes a
+    /// command only after it has all its data, so the data queued from the buffer has been
+    /// sent by then; one that does not (a bug or a hostile peer) gets the buffer's bytes
+    /// copied for the caller, and the buffer itself stays parked until the socket took them.
     fn complete<F: FnMut(Completion)>(&mut self, cid: u16, status: Status, dw0: u32, dw1: u32, f: &mut F) {
         let Some(slot) = self.slots.get_mut(usize::from(cid)) else {
             return;
         };
         slot.busy = false;
+        let mut buf = std::mem::take(&mut slot.buf);
+        if slot.sent_by > self.out.sent_total() {
+            let copy = buf.clone();
+            self.parked.push_back((slot.sent_by, std::mem::replace(&mut buf, copy)));
+        }
+        slot.sent_by = 0;
         let c = Completion {
             cid,
             tag: slot.tag,
             status,
             dw0,
             dw1,
-            buf: std::mem::take(&mut slot.buf),
+            buf,
             transferred: slot.done,
         };
         self.free.push(cid);
@@ -929,31 +956,31 @@ impl HostQueue {
     // ------------------------------------------------------------------ send path
 
     fn pending_out(&self) -> usize {
-        self.wbuf.len() - self.woff
+        self.out.pending()
     }
 
     /// Writes what the socket takes now, without blocking.
     fn send_some(&mut self) -> Result<(), HostError> {
-        while self.woff < self.wbuf.len() {
-            match self.sock.write(&self.wbuf[self.woff..]) {
-                Ok(0) => {
-                    self.closed = true;
-                    return Err(HostError::Closed);
-                }
-                Ok(n) => self.woff += n,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => {
-                    self.closed = true;
-                    return Err(io_err(e));
-                }
-            }
+        if self.out.pending() == 0 {
+            return Ok(());
         }
-        if self.woff == self.wbuf.len() {
-            self.wbuf.clear();
-            self.woff = 0;
+        if let Err(e) = self.out.flush(self.sock.as_raw_fd()) {
+            self.closed = true;
+            return Err(match e.kind() {
+                ErrorKind::WriteZero => HostError::Closed,
+                _ => io_err(e),
+            });
+        }
+        if !self.parked.is_empty() {
+            let sent = self.out.sent_total();
+            self.parked.retain(|&(by, _)| by > sent);
         }
         Ok(())
+    }
+
+    /// Bytes queued for the socket and not yet taken by it.
+    pub fn queued_bytes(&self) -> usize {
+        self.out.pending()
     }
 
     /// Sends everything queued, waiting for the socket up to the timeout.
@@ -1010,7 +1037,7 @@ impl HostQueue {
         if self.closed {
             return Err(HostError::Closed);
         }
-        self.wbuf.extend_from_slice(bytes);
+        self.out.extend_from_slice(bytes);
         self.send_pending()
     }
 
@@ -1107,4 +1134,18 @@ impl HostQueue {
         self.closed = true;
         let _ = self.sock.shutdown(std::net::Shutdown::Both);
     }
+}
+
+/// Queues `data` for sending: in place when it is long enough to be worth an iovec, else
+/// copied. Returns the stream position its last byte is sent by (0 when copied).
+fn queue_data(out: &mut SendQueue, data: &[u8]) -> u64 {
+    if data.len() < BORROW_MIN {
+        out.extend_from_slice(data);
+        return 0;
+    }
+    // SAFETY: `data` is (part of) the buffer of a command in flight, held in its slot, which
+    // nothing resizes or writes while the command is in flight; when the command completes,
+    // `complete` parks the buffer until `sent_total` passes the position returned here, and
+    // a dropped `HostQueue` drops its send queue unflushed.
+    unsafe { out.push_borrowed(NonNull::from(data).cast(), data.len()) }
 }

@@ -162,6 +162,63 @@ fn r2t_writes_split_at_maxh2cdata_with_and_without_digests() {
     t.shutdown().unwrap();
 }
 
+/// Write data goes out from the command's own buffer. A controller that completes a write
+/// before it has read the data (none should) must not make the host send a buffer it has
+/// handed back: the caller gets a copy, and the bytes sent afterwards are still the ones
+/// submitted even after the caller scribbles over and drops what it got back.
+#[test]
+fn a_write_completed_before_its_data_was_sent_still_sends_the_submitted_bytes() {
+    const LEN: usize = 32 << 20; // more than loopback's socket buffers take unread
+    const CHUNK: usize = 128 << 10;
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let (a, h) = fake(move |s| {
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        s.write_all(&encode_ic_resp(false, false, CHUNK as u32, 0)).unwrap();
+        let mut cmd = [0u8; 72];
+        s.read_exact(&mut cmd).unwrap();
+        let cid = u16::from_le_bytes([cmd[10], cmd[11]]);
+        let (r2t, n) = tcp::encode_r2t(cid, 7, 0, LEN as u32, false);
+        s.write_all(&r2t[..n]).unwrap();
+        let (resp, n) = encode_capsule_resp(&Cqe::new(cid, 0, 0, Status::SUCCESS, 0), false);
+        s.write_all(&resp[..n]).unwrap();
+        // Read nothing until the host has its completion.
+        rx.recv_timeout(Duration::from_secs(20)).unwrap();
+        let mut data = Vec::with_capacity(LEN);
+        let mut hdr = [0u8; 24];
+        while data.len() < LEN {
+            s.read_exact(&mut hdr).unwrap();
+            assert_eq!(hdr[0], 0x06, "H2CData");
+            let dl = u32::from_le_bytes([hdr[16], hdr[17], hdr[18], hdr[19]]) as usize; // DATAL
+            let at = data.len();
+            data.resize(at + dl, 0);
+            s.read_exact(&mut data[at..]).unwrap();
+        }
+        assert!(data == pattern(9, 0, LEN), "the bytes sent are not the ones submitted");
+    });
+    let mut o = opts();
+    o.timeout = Duration::from_secs(20);
+    let mut q = HostQueue::initialized(a, o).unwrap();
+    q.submit_write(1, 0, (LEN / 512) as u32, pattern(9, 0, LEN), 0).unwrap();
+    let mut done = None;
+    while done.is_none() {
+        q.poll_completions(Some(Duration::from_secs(20)), |c| done = Some(c))
+            .unwrap();
+    }
+    let mut c = done.unwrap();
+    assert!(c.is_success());
+    assert!(
+        q.queued_bytes() > 0,
+        "the data must still be queued for this test to mean anything"
+    );
+    assert!(c.buf == pattern(9, 0, LEN), "the caller gets the bytes it submitted");
+    c.buf.fill(0xEE);
+    drop(c);
+    tx.send(()).unwrap();
+    q.send_pending().unwrap();
+    assert_eq!(q.queued_bytes(), 0);
+    h.join().unwrap();
+}
+
 #[test]
 fn reads_complete_on_data_success_when_sq_flow_control_is_off() {
     let t = start("");
