@@ -152,47 +152,32 @@ impl SendQueue {
     /// (`pending` says which); an error is the connection's end.
     pub fn flush(&mut self, fd: RawFd) -> io::Result<()> {
         while self.pending() > 0 {
-            if self.ext.is_empty() {
-                // Only owned bytes (capsules, responses): one plain send, no iovec to build.
+            let rc = if self.ext.is_empty() {
+                // Only owned bytes (capsules, responses): a plain send, no iovec to build.
                 let rest = &self.buf[self.sent..];
                 // SAFETY: `rest` is a live slice of `buf` for the whole call; the kernel
                 // only reads it.
-                let rc = unsafe {
+                unsafe {
                     libc::send(
                         fd,
                         rest.as_ptr().cast(),
                         rest.len(),
                         libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
                     )
-                };
-                match rc {
-                    0 => return Err(io::ErrorKind::WriteZero.into()),
-                    n if n > 0 => {
-                        self.sent += n as usize;
-                        self.sent_total += n as u64;
-                        continue;
-                    }
-                    _ => {
-                        let e = io::Error::last_os_error();
-                        match e.kind() {
-                            io::ErrorKind::WouldBlock => break,
-                            io::ErrorKind::Interrupted => continue,
-                            _ => return Err(e),
-                        }
-                    }
                 }
-            }
-            let mut iov = [MaybeUninit::<libc::iovec>::uninit(); MAX_IOV];
-            let n = self.gather(&mut iov);
-            // SAFETY: a zeroed msghdr is valid (no name, no control data); its iovec array
-            // is the first `n` entries of `iov`, initialised by `gather`, each pointing at
-            // queued bytes that stay valid for this call (owned by `buf` or kept alive by
-            // an `External`). The kernel only reads them.
-            let rc = unsafe {
-                let mut msg: libc::msghdr = std::mem::zeroed();
-                msg.msg_iov = iov.as_mut_ptr().cast::<libc::iovec>();
-                msg.msg_iovlen = n;
-                libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT)
+            } else {
+                let mut iov = [MaybeUninit::<libc::iovec>::uninit(); MAX_IOV];
+                let n = self.gather(&mut iov);
+                // SAFETY: a zeroed msghdr is valid (no name, no control data); its iovec
+                // array is the first `n` entries of `iov`, initialised by `gather`, each
+                // pointing at queued bytes that stay valid for this call (owned by `buf` or
+                // kept alive by an `External`). The kernel only reads them.
+                unsafe {
+                    let mut msg: libc::msghdr = std::mem::zeroed();
+                    msg.msg_iov = iov.as_mut_ptr().cast::<libc::iovec>();
+                    msg.msg_iovlen = n;
+                    libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT)
+                }
             };
             if rc < 0 {
                 let e = io::Error::last_os_error();

@@ -1,8 +1,8 @@
 # shellcheck shell=sh
 # Guest side of ci/scenarios/pollux-modes.sh: the kernel NVMe/TCP host against pollux
 # instances on the host, one per reactor mode (adaptive on guest port 4420, hybrid on 4421,
-# interrupt on 4422; PORTS names others, e.g. the busy-poll target alone on 4420), each serving a simulated SSD (lognormal 80 us reads) and a fast one
-# (fixed 10 us). Verified I/O through each proves completions arrive in every mode.
+# interrupt on 4422; PORTS names others, e.g. the busy-poll target alone on 4420), each
+# serving a simulated SSD (lognormal 80 us reads) and a fast one (fixed 10 us). Verified I/O through each proves completions arrive in every mode.
 # shellcheck source=ci/guest/guest.d/lib.sh
 . /guest/lib.sh
 nqn=${NQN:?}

@@ -618,7 +618,7 @@ impl HostQueue {
             if Instant::now() >= d {
                 return Ok(0);
             }
-            let pending = self.pending_out() > 0;
+            let pending = self.queued_bytes() > 0;
             self.wait_fd(d, true, pending)?;
         }
     }
@@ -898,7 +898,6 @@ impl HostQueue {
             let copy = buf.clone();
             self.parked.push_back((slot.sent_by, std::mem::replace(&mut buf, copy)));
         }
-        slot.sent_by = 0;
         let c = Completion {
             cid,
             tag: slot.tag,
@@ -955,15 +954,8 @@ impl HostQueue {
 
     // ------------------------------------------------------------------ send path
 
-    fn pending_out(&self) -> usize {
-        self.out.pending()
-    }
-
     /// Writes what the socket takes now, without blocking.
     fn send_some(&mut self) -> Result<(), HostError> {
-        if self.out.pending() == 0 {
-            return Ok(());
-        }
         if let Err(e) = self.out.flush(self.sock.as_raw_fd()) {
             self.closed = true;
             return Err(match e.kind() {
@@ -989,7 +981,7 @@ impl HostQueue {
         let deadline = start + self.opts.timeout;
         loop {
             self.send_some()?;
-            if self.pending_out() == 0 {
+            if self.queued_bytes() == 0 {
                 return Ok(());
             }
             if Instant::now() >= deadline {
