@@ -2,7 +2,11 @@
 //! parses each once, runs the command, writes C2HData/R2T/CapsuleResp PDUs back.
 //!
 //! Receive: socket bytes go into a linear buffer big enough for the largest PDU accepted;
-//! complete PDUs are parsed in place (no copy before the data reaches the namespace). Send:
+//! complete PDUs are parsed in place (no copy before the data reaches the namespace). An
+//! H2CData PDU whose data is mostly still in the socket when its header is parsed has the
+//! rest read straight into its command's buffer (the R2T buffer, or an SSD write's DMA
+//! buffer), with the next header read in the same `readv`, as nvmet-tcp and SPDK receive
+//! data into the request; its digest is checked there before the command runs. Send:
 //! responses of a whole batch of PDUs are gathered in one buffer and written with one
 //! syscall. Fatal protocol errors answer C2HTermReq and close (§3.6.2.3).
 
@@ -17,9 +21,9 @@ use pollux_conf::{DISCOVERY_NQN, validate_nqn};
 use pollux_nvme::pci::DmaBuf;
 use pollux_nvme::spec::{Cqe, Sqe, Status, opcode};
 use pollux_nvme::tcp::{
-    CommonHeader, DataHdr, Direction, IcReq, PduError, PduHeader, PduLimits, PduType, check_data_digest, crc32c,
-    encode_c2h_data_hdr, encode_capsule_resp, encode_ic_resp, encode_r2t, encode_term_req, encode_term_req_for, fes,
-    parse_pdu_header,
+    CommonHeader, Crc32c, DataHdr, Direction, IcReq, PduError, PduHeader, PduLimits, PduType, check_data_digest,
+    crc32c, encode_c2h_data_hdr, encode_capsule_resp, encode_ic_resp, encode_r2t, encode_term_req, encode_term_req_for,
+    fes, parse_pdu_header,
 };
 use pollux_reactor::{Progress, Reactor, Source, SourceId};
 use slab::Slab;
@@ -84,6 +88,78 @@ struct PendingH2c {
     received: u32,
     /// Completed early (aborted or failed): the data is still drained, then dropped.
     done: Option<Status>,
+}
+
+impl PendingH2c {
+    /// Copy `data` to offset `at` of the buffer the command's data is received into (callers
+    /// checked the range against the R2T's length).
+    fn place(&mut self, at: u32, data: &[u8]) {
+        let at = at as usize;
+        match &self.dma {
+            // Volatile stores: the device reads this memory.
+            Some(d) => d.region().write_bytes(d.offset() + at, data),
+            None => self.buf[at..at + data.len()].copy_from_slice(data),
+        }
+    }
+
+    /// `[at, at + len)` of that buffer as raw memory, for the kernel to write into (readv).
+    /// No Rust reference to DMA memory is made.
+    fn dest_ptr(&mut self, at: u32, len: usize) -> *mut u8 {
+        let at = at as usize;
+        match &self.dma {
+            Some(d) => {
+                assert!(at + len <= d.len(), "in-place data past its DMA buffer");
+                d.region().as_ptr().wrapping_add(d.offset() + at)
+            }
+            None => self.buf[at..at + len].as_mut_ptr(),
+        }
+    }
+
+    /// CRC32C of `[at, at + len)`: the data digest of data received in place. DMA memory is
+    /// read with volatile copies, a page at a time.
+    fn crc(&self, at: u32, len: u32) -> u32 {
+        let (at, len) = (at as usize, len as usize);
+        match &self.dma {
+            Some(d) => {
+                let mut crc = Crc32c::new();
+                let mut chunk = [0u8; 4096];
+                let mut done = 0;
+                while done < len {
+                    let n = (len - done).min(chunk.len());
+                    d.region().read_bytes(d.offset() + at + done, &mut chunk[..n]);
+                    crc.update(&chunk[..n]);
+                    done += n;
+                }
+                crc.finish()
+            }
+            None => crc32c(&self.buf[at..at + len]),
+        }
+    }
+}
+
+/// An H2CData PDU with at least this many data bytes still to come when its header is parsed
+/// has them received from the socket straight into its command's buffer (the R2T buffer, or
+/// the DMA buffer of an SSD write) instead of into the receive buffer and then a copy.
+const DIRECT_MIN: usize = 4096;
+/// While data is received in place, the same `readv` reads at most this much of what follows
+/// into the receive buffer: enough for the next PDU's header (and a stream of small PDUs), so
+/// that a large next payload mostly goes in place too.
+const DIRECT_TAIL: usize = 8192;
+
+/// An H2CData PDU whose data is being received in place (see `DIRECT_MIN`). Until all of it
+/// is in, no other PDU can be parsed: the stream is in the middle of this one.
+struct DirectRx {
+    /// The R2T it answers (key in `Conn::r2t`) and that command's CID.
+    ttag: usize,
+    cid: u16,
+    /// Where the next data byte goes in the command's buffer, and how many are still to come.
+    at: u32,
+    left: u32,
+    /// DATAO and DATAL of the PDU: its digest covers `[datao, datao + datal)`.
+    datao: u32,
+    datal: u32,
+    /// A data digest follows the data (NVMe/TCP §3.6.2.7, negotiated in ICReq).
+    ddgst: bool,
 }
 
 /// R2T data buffers a connection keeps for reuse, and their total size at most (memory per
@@ -257,6 +333,8 @@ pub struct Conn {
     started: Instant,
     /// The last fill emptied the socket (a short read or EAGAIN).
     drained: bool,
+    /// H2CData being received in place.
+    direct: Option<DirectRx>,
 }
 
 impl Conn {
@@ -299,6 +377,7 @@ impl Conn {
             inflight: Slab::new(),
             started,
             drained: false,
+            direct: None,
         })
     }
 
@@ -440,6 +519,53 @@ impl Conn {
         }
         let mut got = false;
         self.drained = false;
+        if self.rstart == self.rend
+            && let Some(d) = self.direct.as_mut().filter(|d| d.left > 0)
+            // An aborted command's buffer is gone: its data is drained through the receive
+            // buffer instead (process drops it).
+            && let Some(p) = self.r2t.get_mut(d.ttag).filter(|p| p.cid == d.cid && p.done.is_none())
+        {
+            let left = d.left as usize;
+            let tail = (self.rbuf.len() - self.rend).min(DIRECT_TAIL);
+            let iov = [
+                libc::iovec {
+                    iov_base: p.dest_ptr(d.at, left).cast(),
+                    iov_len: left,
+                },
+                libc::iovec {
+                    iov_base: self.rbuf[self.rend..].as_mut_ptr().cast(),
+                    iov_len: tail,
+                },
+            ];
+            loop {
+                // SAFETY: both iovecs are memory this connection owns exclusively for the
+                // call: the rest of the command's buffer (in range: dest_ptr checked it, and
+                // the device has not been given a DMA buffer whose data is still arriving)
+                // and free space at the end of the receive buffer.
+                let n = unsafe { libc::readv(self.sock.as_raw_fd(), iov.as_ptr(), 2) };
+                if n < 0 {
+                    let e = std::io::Error::last_os_error();
+                    match e.kind() {
+                        ErrorKind::Interrupted => continue,
+                        ErrorKind::WouldBlock => {
+                            self.drained = true;
+                            return Ok(false);
+                        }
+                        _ => return Err(format!("read: {e}")),
+                    }
+                }
+                if n == 0 {
+                    return Err("peer closed the connection".into());
+                }
+                let n = n as usize;
+                let placed = n.min(left);
+                d.at += placed as u32;
+                d.left -= placed as u32;
+                self.rend += n - placed;
+                self.drained = n < left + tail;
+                return Ok(true);
+            }
+        }
         while self.rend < self.rbuf.len() {
             let room = self.rbuf.len() - self.rend;
             match self.sock.read(&mut self.rbuf[self.rend..]) {
@@ -500,6 +626,16 @@ impl Conn {
                 break;
             }
             let avail = &rbuf[self.rstart..self.rend];
+            if self.direct.is_some() {
+                // The stream is inside an H2CData PDU whose data goes in place.
+                let Some(used) = self.direct_continue(r, id, avail) else {
+                    break;
+                };
+                self.rstart += used;
+                bytes += used;
+                progressed = true;
+                continue;
+            }
             let Some(ch_bytes) = avail.first_chunk::<8>() else {
                 break;
             };
@@ -553,6 +689,18 @@ impl Conn {
                 break;
             }
             if avail.len() < plen {
+                // Most of an H2CData PDU's data still to come: receive it in place.
+                if kind == PduType::H2CData
+                    && plen - avail.len() >= DIRECT_MIN
+                    && avail.len() >= hdr.data_offset()
+                    && let Some(used) = self.direct_start(r, id, &hdr, avail, hl)
+                {
+                    self.rstart += used;
+                    bytes += plen;
+                    *budget -= 1;
+                    progressed = true;
+                    continue;
+                }
                 break;
             }
             let pdu = &avail[..plen];
@@ -1292,7 +1440,8 @@ impl Conn {
         let mut buf = Vec::new();
         if dma.is_none() {
             buf = self.h2c_pool.pop().unwrap_or_default();
-            buf.clear();
+            // Only growth is zeroed: every byte up to `len` is overwritten by the H2CData
+            // PDUs (contiguous from offset 0, §3.6.2.7) before the command uses the buffer.
             buf.resize(len as usize, 0);
         }
         let ttag = self.r2t.insert(PendingH2c {
@@ -1319,12 +1468,24 @@ impl Conn {
         digest_ok: bool,
         header: &[u8],
     ) {
+        let Some(ttag) = self.h2c_target(r, id, hdr, header) else {
+            return;
+        };
+        let p = &mut self.r2t[ttag];
+        if p.done.is_none() {
+            p.place(hdr.datao.get(), data);
+        }
+        self.h2c_received(r, id, ttag, hdr.datal.get(), digest_ok);
+    }
+
+    /// The R2T (its TTAG) that an H2CData header continues; a header that continues none is
+    /// fatal (and None).
+    fn h2c_target(&mut self, r: &mut Reactor, id: SourceId, hdr: &DataHdr, header: &[u8]) -> Option<usize> {
         let ttag = usize::from(hdr.ttag.get());
-        let cccid = hdr.cccid.get();
         let (datao, datal) = (hdr.datao.get(), hdr.datal.get());
-        let Some(p) = self.r2t.get_mut(ttag).filter(|p| p.cid == cccid) else {
+        let Some(p) = self.r2t.get(ttag).filter(|p| p.cid == hdr.cccid.get()) else {
             let fei = u32::from(DataHdr::OFFSET_TTAG);
-            return self.fatal(
+            self.fatal(
                 r,
                 id,
                 fes::INVALID_HEADER_FIELD,
@@ -1332,11 +1493,12 @@ impl Conn {
                 header,
                 "H2CData for no outstanding R2T",
             );
+            return None;
         };
         // Each H2CData continues where the last ended (NVMe/TCP §3.6.2.7).
         if datao != p.received || u64::from(datao) + u64::from(datal) > u64::from(p.len) {
             let fei = u32::from(DataHdr::OFFSET_DATAO);
-            return self.fatal(
+            self.fatal(
                 r,
                 id,
                 fes::DATA_TRANSFER_OUT_OF_RANGE,
@@ -1344,18 +1506,21 @@ impl Conn {
                 header,
                 "H2CData outside its R2T",
             );
+            return None;
         }
-        if p.done.is_none() {
-            match &p.dma {
-                // Volatile stores: the device reads this memory.
-                Some(d) => d.region().write_bytes(d.offset() + datao as usize, data),
-                None => p.buf[datao as usize..(datao + datal) as usize].copy_from_slice(data),
-            }
-        }
+        Some(ttag)
+    }
+
+    /// `datal` more bytes of R2T `ttag` are in its buffer: fail the command on a bad digest,
+    /// run it when all its data is in.
+    fn h2c_received(&mut self, r: &mut Reactor, id: SourceId, ttag: usize, datal: u32, digest_ok: bool) {
+        let Some(p) = self.r2t.get_mut(ttag) else { return };
         p.received += datal;
         if !digest_ok && p.done.is_none() {
+            // NVMe/TCP §3.6.2.4: a data digest error fails the command, not the queue.
             p.done = Some(Status::TRANSIENT_TRANSPORT_ERROR);
-            self.resp(cccid, Status::TRANSIENT_TRANSPORT_ERROR, 0, 0);
+            let cid = p.cid;
+            self.resp(cid, Status::TRANSIENT_TRANSPORT_ERROR, 0, 0);
         }
         let Some(p) = self.r2t.get(ttag) else { return };
         if p.received == p.len {
@@ -1374,6 +1539,76 @@ impl Conn {
                 self.h2c_pool.push(p.buf);
             }
         }
+    }
+
+    /// An H2CData header whose data has not all arrived: copy what did into the command's
+    /// buffer and receive the rest in place (`fill`). Returns the receive-buffer bytes used
+    /// (header, padding and data), or None to wait for the whole PDU as usual (a fatal
+    /// header, or a command already completed, whose data is only drained).
+    fn direct_start(
+        &mut self,
+        r: &mut Reactor,
+        id: SourceId,
+        pdu: &PduHeader,
+        avail: &[u8],
+        hl: usize,
+    ) -> Option<usize> {
+        let PduHeader::H2CData { hdr, ddgst, .. } = pdu else {
+            return None;
+        };
+        let (ddgst, data_off) = (*ddgst, pdu.data_offset());
+        let ttag = self.h2c_target(r, id, hdr, &avail[..hl])?;
+        let p = &mut self.r2t[ttag];
+        if p.done.is_some() {
+            return None;
+        }
+        let (datao, datal) = (hdr.datao.get(), hdr.datal.get());
+        let have = (avail.len() - data_off).min(datal as usize);
+        p.place(datao, &avail[data_off..data_off + have]);
+        self.direct = Some(DirectRx {
+            ttag,
+            cid: p.cid,
+            at: datao + have as u32,
+            left: datal - have as u32,
+            datao,
+            datal,
+            ddgst,
+        });
+        Some(data_off + have)
+    }
+
+    /// Continue the in-place H2CData with the receive buffer's bytes: data that a plain read
+    /// brought (copied into place, or dropped when the command is already complete), then its
+    /// digest. Returns the bytes used, or None to wait for more.
+    fn direct_continue(&mut self, r: &mut Reactor, id: SourceId, avail: &[u8]) -> Option<usize> {
+        let d = self.direct.as_mut()?;
+        let live = self.r2t.get_mut(d.ttag).filter(|p| p.cid == d.cid && p.done.is_none());
+        if d.left > 0 {
+            if avail.is_empty() {
+                return None;
+            }
+            let n = avail.len().min(d.left as usize);
+            if let Some(p) = live {
+                p.place(d.at, &avail[..n]);
+            }
+            d.at += n as u32;
+            d.left -= n as u32;
+            return Some(n);
+        }
+        let used = if d.ddgst { 4 } else { 0 };
+        let digest = avail.first_chunk::<4>().map(|b| u32::from_le_bytes(*b));
+        if d.ddgst && digest.is_none() {
+            return None;
+        }
+        // The digest is checked over the bytes in place, before the command may run.
+        let digest_ok = match (digest.filter(|_| d.ddgst), live) {
+            (Some(got), Some(p)) => p.crc(d.datao, d.datal) == got,
+            _ => true,
+        };
+        let (ttag, datal) = (d.ttag, d.datal);
+        self.direct = None;
+        self.h2c_received(r, id, ttag, datal, digest_ok);
+        Some(used)
     }
 
     fn exec_io(&mut self, r: &mut Reactor, id: SourceId, cid: u16, io: Io, data: &[u8]) {

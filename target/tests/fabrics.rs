@@ -12,8 +12,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use pollux_conf::DISCOVERY_NQN;
 use pollux_nvme::spec::{SglDescriptor, Sqe, feature, property};
-use pollux_nvme::tcp::PduHeader;
-use pollux_target::host::{Controller, ControllerOpts, HostError, HostQueue, QueueOpts, RawReply, sqe};
+use pollux_target::host::{Controller, ControllerOpts, HostError, HostQueue, QueueOpts, sqe};
 
 /// Connect Invalid Parameters / Invalid Host with IATTR = 1 (the offset is in the Connect
 /// data) and IPO `offset` (NVMe-oF 1.1 §6.3, Figure 21).
@@ -156,44 +155,11 @@ fn keep_alive_every_half_kato_keeps_the_controller() {
     t.shutdown().unwrap();
 }
 
-/// Sends a write by transport SGL with CID `cid` on `q` and waits for its R2T.
-fn write_waiting_for_data(q: &mut HostQueue, cid: u16, slba: u64) -> u16 {
-    let mut s = sqe::write(1, slba, 16);
-    s.cid.set(cid);
-    s.set_psdt(Sqe::PSDT_SGL_MPTR_CONTIGUOUS);
-    s.set_sgl(&SglDescriptor::transport_data_block(8192));
-    let pdu = q.capsule_pdu(&s, &[]);
-    q.send_raw(&pdu).unwrap();
-    match q.recv_raw(WAIT).unwrap() {
-        RawReply::Pdu {
-            hdr: Some(PduHeader::R2T(r)),
-            ..
-        } => {
-            assert_eq!(r.cccid.get(), cid);
-            r.ttag.get()
-        }
-        other => panic!("expected R2T, got {other:?}"),
-    }
-}
-
-fn expect_resp(q: &mut HostQueue, cid: u16) -> (u8, u8) {
-    match q.recv_raw(WAIT).unwrap() {
-        RawReply::Pdu {
-            hdr: Some(PduHeader::CapsuleResp { cqe }),
-            ..
-        } => {
-            assert_eq!(cqe.cid.get(), cid);
-            code(cqe.status())
-        }
-        other => panic!("expected a CapsuleResp for CID {cid}, got {other:?}"),
-    }
-}
-
 #[test]
 fn abort_completes_a_write_waiting_for_its_data() {
     let t = start("");
     let mut c = controller(addr(&t), 1);
-    write_waiting_for_data(&mut c.io[0], 42, 100);
+    r2t_write(&mut c.io[0], 42, 100, 8192);
     let dw0 = c.admin.abort(1, 42).unwrap();
     assert_eq!(dw0 & 1, 0, "Abort dw0 bit 0: 0 = aborted");
     assert_eq!(expect_resp(&mut c.io[0], 42), (0, 0x07), "Abort Requested");
@@ -216,12 +182,12 @@ fn abort_completes_a_write_waiting_for_its_data() {
 fn an_aborted_commands_cid_is_free_again() {
     let t = start("");
     let mut c = controller(addr(&t), 1);
-    write_waiting_for_data(&mut c.io[0], 42, 100);
+    r2t_write(&mut c.io[0], 42, 100, 8192);
     assert_eq!(c.admin.abort(1, 42).unwrap() & 1, 0);
     assert_eq!(expect_resp(&mut c.io[0], 42), (0, 0x07));
     // The command completed: the host may reuse CID 42 (base spec §4.2: a CID is unique
     // among the commands outstanding on the queue).
-    let ttag = write_waiting_for_data(&mut c.io[0], 42, 300);
+    let ttag = r2t_write(&mut c.io[0], 42, 300, 8192);
     let data = pattern(2, 300, 8192);
     let pdu = c.io[0].h2c_data_pdu(42, ttag, 0, &data, true);
     c.io[0].send_raw(&pdu).unwrap();
@@ -320,7 +286,7 @@ fn shutdown_with_hosts_connected_is_prompt_and_hosts_see_eof() {
     let t = start("");
     let a = addr(&t);
     let mut c = controller(a, 2);
-    write_waiting_for_data(&mut c.io[1], 7, 0);
+    r2t_write(&mut c.io[1], 7, 0, 8192);
     let mut d = HostQueue::connect(a, QueueOpts::admin(DISCOVERY_NQN, HOST)).unwrap();
     d.enable().unwrap();
     let mut idle = HostQueue::tcp(a, QueueOpts::admin(NQN, HOST)).unwrap();

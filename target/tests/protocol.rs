@@ -242,24 +242,8 @@ fn a_truncated_pdu_then_silence_does_not_stall_other_hosts() {
 /// returns the controller and the R2T's TTAG.
 fn write_waiting_for_data(a: SocketAddr) -> (Controller, u16) {
     let mut c = controller(a, 1);
-    let q = &mut c.io[0];
-    let mut s = sqe::write(1, 5000, 16);
-    s.cid.set(42);
-    s.set_psdt(Sqe::PSDT_SGL_MPTR_CONTIGUOUS);
-    s.set_sgl(&SglDescriptor::transport_data_block(8192));
-    let pdu = q.capsule_pdu(&s, &[]);
-    q.send_raw(&pdu).unwrap();
-    match q.recv_raw(WAIT).unwrap() {
-        RawReply::Pdu {
-            hdr: Some(PduHeader::R2T(r)),
-            ..
-        } => {
-            assert_eq!((r.cccid.get(), r.r2to.get(), r.r2tl.get()), (42, 0, 8192));
-            let ttag = r.ttag.get();
-            (c, ttag)
-        }
-        other => panic!("expected R2T, got {other:?}"),
-    }
+    let ttag = r2t_write(&mut c.io[0], 42, 5000, 8192);
+    (c, ttag)
 }
 
 #[test]

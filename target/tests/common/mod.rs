@@ -9,8 +9,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use pollux_conf::Config;
-use pollux_nvme::spec::Status;
-use pollux_target::host::{Controller, Digests, HostError, HostQueue, QueueOpts, RawReply};
+use pollux_nvme::spec::{SglDescriptor, Sqe, Status};
+use pollux_nvme::tcp::PduHeader;
+use pollux_target::host::{Controller, Digests, HostError, HostQueue, QueueOpts, RawReply, sqe};
 use pollux_target::{Options, Target};
 
 /// The subsystem every test connects to (any host).
@@ -176,6 +177,52 @@ pub fn expect_eof(q: &mut HostQueue) {
     match q.recv_raw(WAIT) {
         Ok(RawReply::Eof) | Err(HostError::Closed) => {}
         other => panic!("expected EOF, got {other:?}"),
+    }
+}
+
+/// Sends a write of `len` bytes at `slba` (512-byte blocks) on namespace 1 with a transport
+/// SGL (no in-capsule data), CID `cid`, and returns the TTAG of the target's R2T for it.
+pub fn r2t_write(q: &mut HostQueue, cid: u16, slba: u64, len: u32) -> u16 {
+    let mut s = sqe::write(1, slba, len / 512);
+    s.cid.set(cid);
+    s.set_psdt(Sqe::PSDT_SGL_MPTR_CONTIGUOUS);
+    s.set_sgl(&SglDescriptor::transport_data_block(len));
+    let pdu = q.capsule_pdu(&s, &[]);
+    q.send_raw(&pdu).unwrap();
+    match q.recv_raw(WAIT).unwrap() {
+        RawReply::Pdu {
+            hdr: Some(PduHeader::R2T(r)),
+            ..
+        } => {
+            assert_eq!((r.cccid.get(), r.r2to.get(), r.r2tl.get()), (cid, 0, len));
+            r.ttag.get()
+        }
+        other => panic!("expected R2T, got {other:?}"),
+    }
+}
+
+/// Reads the next PDU and expects the CapsuleResp of `cid`; returns its (SCT, SC).
+pub fn expect_resp(q: &mut HostQueue, cid: u16) -> (u8, u8) {
+    match q.recv_raw(WAIT).unwrap() {
+        RawReply::Pdu {
+            hdr: Some(PduHeader::CapsuleResp { cqe }),
+            ..
+        } => {
+            assert_eq!(cqe.cid.get(), cid);
+            code(cqe.status())
+        }
+        other => panic!("expected a CapsuleResp for CID {cid}, got {other:?}"),
+    }
+}
+
+/// Sends `bytes` cut at the offsets `cuts`, pausing after each piece so that the target
+/// reads it on its own: a PDU header arrives before (most of) its data.
+pub fn send_in_pieces(q: &mut HostQueue, bytes: &[u8], cuts: &[usize]) {
+    let mut at = 0;
+    for &cut in cuts.iter().chain([&bytes.len()]) {
+        q.send_raw(&bytes[at..cut]).unwrap();
+        at = cut;
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

@@ -1,0 +1,167 @@
+//! H2CData whose data has not all arrived when its header is parsed is received from the
+//! socket straight into the command's buffer (`readv`), not through the receive buffer. These
+//! tests make a host send R2T data in pieces, pausing between them, so that the target sees a
+//! header with most of its data still to come, data cut anywhere (inside the data, inside its
+//! digest, together with the next PDU's header), and check what ends up in the namespace: the
+//! data whole, nothing of a write whose digest is wrong or that was aborted mid-transfer, and
+//! other hosts unaffected by one that vanishes mid-transfer.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use pollux_target::host::{Controller, Digests, HostQueue};
+
+const ALL_DIGESTS: [Digests; 4] = [
+    Digests::NONE,
+    Digests {
+        hdgst: true,
+        ddgst: false,
+    },
+    Digests {
+        hdgst: false,
+        ddgst: true,
+    },
+    Digests::BOTH,
+];
+
+/// Length of an H2CData header (and header digest) on `d`'s connection.
+fn h2c_header_len(d: Digests) -> usize {
+    24 + if d.hdgst { 4 } else { 0 }
+}
+
+/// Two H2CData PDUs carrying `data` for R2T `ttag` of CID `cid`: the first 40 KiB, then the
+/// rest. Returns the stream and where the second PDU starts.
+fn two_pdus(q: &HostQueue, cid: u16, ttag: u16, data: &[u8]) -> (Vec<u8>, usize) {
+    let mut stream = q.h2c_data_pdu(cid, ttag, 0, &data[..40960], false);
+    let second = stream.len();
+    stream.extend(q.h2c_data_pdu(cid, ttag, 40960, &data[40960..], true));
+    (stream, second)
+}
+
+fn read_back(q: &mut HostQueue, slba: u64, len: usize) -> Vec<u8> {
+    let mut back = vec![0u8; len];
+    q.read(1, slba, (len / 512) as u32, &mut back).unwrap();
+    back
+}
+
+#[test]
+fn data_arriving_in_pieces_is_written_whole_with_and_without_digests() {
+    let t = start("");
+    for (i, d) in ALL_DIGESTS.into_iter().enumerate() {
+        let mut c = Controller::connect(addr(&t), NQN, HOST, 1, 32, d).unwrap();
+        let q = &mut c.io[0];
+        let h = h2c_header_len(d);
+        let digest = if d.ddgst { 4 } else { 0 };
+        let slba = 1000 + 200 * i as u64;
+        let data = pattern(i as u64, slba, 65536);
+        let (stream, second) = {
+            let ttag = r2t_write(q, 7, slba, 65536);
+            two_pdus(q, 7, ttag, &data)
+        };
+        // The first header with 10 bytes of data, 20000 more, the rest of the first PDU
+        // with the second's header and 100 of its bytes, then the rest.
+        send_in_pieces(q, &stream, &[h + 10, h + 20010, second + h + 100]);
+        assert_eq!(expect_resp(q, 7), (0, 0), "{d:?}");
+        assert_eq!(read_back(q, slba, 65536), data, "{d:?}");
+
+        // Cut inside the first PDU's digest (or right at its data's end), and right after
+        // the second PDU's header.
+        let data = pattern(10 + i as u64, slba, 65536);
+        let ttag = r2t_write(q, 8, slba, 65536);
+        let (stream, second) = two_pdus(q, 8, ttag, &data);
+        send_in_pieces(q, &stream, &[h + 4096, second - digest / 2, second + h]);
+        assert_eq!(expect_resp(q, 8), (0, 0), "{d:?}");
+        assert_eq!(read_back(q, slba, 65536), data, "{d:?}");
+
+        // The whole stream at once, as a fast host sends it.
+        let data = pattern(20 + i as u64, slba, 65536);
+        let ttag = r2t_write(q, 9, slba, 65536);
+        let (stream, _) = two_pdus(q, 9, ttag, &data);
+        q.send_raw(&stream).unwrap();
+        assert_eq!(expect_resp(q, 9), (0, 0), "{d:?}");
+        assert_eq!(read_back(q, slba, 65536), data, "{d:?}");
+        c.shutdown().unwrap();
+    }
+    t.shutdown().unwrap();
+}
+
+#[test]
+fn a_bad_digest_on_data_received_in_place_fails_the_write_and_keeps_the_old_data() {
+    let t = start("");
+    for d in [ALL_DIGESTS[2], ALL_DIGESTS[3]] {
+        let mut c = Controller::connect(addr(&t), NQN, HOST, 1, 32, d).unwrap();
+        let q = &mut c.io[0];
+        let h = h2c_header_len(d);
+        let slba = 3000;
+        let old = pattern(1, slba, 65536);
+        q.write(1, slba, 128, &old).unwrap();
+        // One flipped bit in a part of the first PDU's data that goes in place, then one in
+        // the second PDU's digest itself.
+        for flip in [h + 30000, 0] {
+            let ttag = r2t_write(q, 9, slba, 65536);
+            let (mut stream, second) = two_pdus(q, 9, ttag, &pattern(2, slba, 65536));
+            let at = if flip == 0 { stream.len() - 1 } else { flip };
+            stream[at] ^= 0x10;
+            send_in_pieces(q, &stream, &[h + 10, second + h + 100]);
+            assert_eq!(expect_resp(q, 9), (0, 0x22), "{d:?}: Transient Transport Error");
+            assert_eq!(read_back(q, slba, 65536), old, "{d:?}: flip at {at}");
+        }
+        // The connection keeps working.
+        let new = pattern(3, slba, 65536);
+        q.write(1, slba, 128, &new).unwrap();
+        assert_eq!(read_back(q, slba, 65536), new);
+        c.shutdown().unwrap();
+    }
+    t.shutdown().unwrap();
+}
+
+#[test]
+fn abort_while_data_is_received_in_place_drops_the_rest_of_it() {
+    let t = start("");
+    let mut c = controller(addr(&t), 1);
+    let slba = 5000;
+    let old = pattern(4, slba, 131072);
+    c.io[0].write(1, slba, 256, &old).unwrap();
+    let ttag = r2t_write(&mut c.io[0], 42, slba, 131072);
+    let pdu = c.io[0].h2c_data_pdu(42, ttag, 0, &pattern(5, slba, 131072), true);
+    // The header and some data: the rest would go in place.
+    c.io[0].send_raw(&pdu[..24 + 5000]).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    assert_eq!(c.admin.abort(1, 42).unwrap() & 1, 0, "Abort dw0 bit 0: 0 = aborted");
+    assert_eq!(expect_resp(&mut c.io[0], 42), (0, 0x07), "Abort Requested");
+    // The rest of the data still comes; the target drains it.
+    send_in_pieces(&mut c.io[0], &pdu[24 + 5000..], &[55000]);
+    assert_eq!(read_back(&mut c.io[0], slba, 131072), old);
+    let new = pattern(6, slba, 131072);
+    c.io[0].write(1, slba, 256, &new).unwrap();
+    assert_eq!(read_back(&mut c.io[0], slba, 131072), new);
+    drop(c);
+    t.shutdown().unwrap();
+}
+
+#[test]
+fn a_host_that_vanishes_mid_data_leaves_other_hosts_working() {
+    let t = start("");
+    let a = addr(&t);
+    let mut h = Healthy::start(a, 30000);
+    h.progress(3);
+    let mut c = controller(a, 1);
+    let slba = 7000;
+    let old = pattern(7, slba, 65536);
+    c.io[0].write(1, slba, 128, &old).unwrap();
+    let ttag = r2t_write(&mut c.io[0], 5, slba, 65536);
+    let pdu = c.io[0].h2c_data_pdu(5, ttag, 0, &pattern(8, slba, 65536), true);
+    c.io[0].send_raw(&pdu[..24 + 100]).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    c.io[0].send_raw(&pdu[24 + 100..30000]).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    c.io[0].close();
+    h.progress(3);
+    // The write never completed: nothing of it is visible.
+    let mut c = controller(a, 1);
+    assert_eq!(read_back(&mut c.io[0], slba, 65536), old);
+    h.finish();
+    drop(c);
+    t.shutdown().unwrap();
+}
