@@ -312,19 +312,30 @@ def cmd_perf(out):
         reps = sorted(set(fl) & set(px))
         if not reps:
             continue
+        fi = {r["tags"]["rep"]: r["iops"] for r in by[n]}
+        pi = {r["tags"]["rep"]: r["iops"] for r in by[job]}
         floors.append({
             "job": job,
+            "qd": by[job][0]["queue_depth"],
+            "pollux_iops": med([pi[k] for k in reps]),
+            "floor_iops": med([fi[k] for k in reps]),
+            "iops_ratio": med([pi[k] / fi[k] for k in reps]),
             "pollux_p50_us": med([px[k] for k in reps]),
             "floor_p50_us": med([fl[k] for k in reps]),
             "added_us": med([px[k] - fl[k] for k in reps]),
             "ratio": med([px[k] / fl[k] for k in reps]),
             "reps": len(reps),
-            "per_rep": [{"rep": k, "pollux_p50_us": px[k], "floor_p50_us": fl[k]} for k in reps],
+            "per_rep": [{"rep": k, "pollux_p50_us": px[k], "floor_p50_us": fl[k],
+                         "pollux_iops": pi[k], "floor_iops": fi[k]} for k in reps],
         })
     for f in floors:
         for g in goals:
             if f["job"] == "4k-randread-qd1" and g["goal"].startswith("QD1 "):
                 g["measured"] += f"; the loopback floor in the same reps: {f['floor_p50_us']:.1f} us (pollux adds {f['added_us']:+.1f} us)"
+            if f["job"] == "4k-randread-qd32" and g["goal"].startswith("QD32 "):
+                g["measured"] += (f"; the loopback floor (plain TCP, the same bytes from random blocks of a RAM region "
+                                  f"as large) in the same reps: {kiops(f['floor_iops'])} IOPS, pollux reaches "
+                                  f"{f['iops_ratio']:.0%} of it")
     # QD1 in alternating 1 s pairs (floor, then pollux): the distribution of the differences.
     pairs = None
     fl = {r["tags"]["pair"]: us(r["latency_ns"]["p50"]) for r in by.get("pair-floor", [])}
@@ -373,7 +384,7 @@ def cmd_perf(out):
     for g in goals:
         L.append(f"| {g['goal']} | {g['measured']} | {g['ratio']:.2f} | {'yes' if g['met'] else '**no**'} |")
     if floors:
-        L += ["", "## QD1 against the loopback floor", "",
+        L += ["", "## Against the loopback floor", "",
               "`floor-*` rows: `pollux perf --floor`, the same bytes per command (a 72-byte capsule "
               "answered by a C2HData header and 4 KiB, or a capsule with 4 KiB answered by a 24-byte "
               "response) over plain loopback TCP between the same two cores, both sides busy-polling, "
@@ -383,8 +394,23 @@ def cmd_perf(out):
               "cancelled.", "",
               "| job | pollux p50 us | floor p50 us | added us | ratio | per rep (pollux / floor) |", "|---|---|---|---|---|---|"]
         for f in floors:
+            if f["qd"] != 1:
+                continue
             per = ", ".join(f"{p['pollux_p50_us']:.1f} / {p['floor_p50_us']:.1f}" for p in f["per_rep"])
             L.append(f"| {f['job']} | {f['pollux_p50_us']:.1f} | {f['floor_p50_us']:.1f} | {f['added_us']:+.1f} | {f['ratio']:.2f} | {per} |")
+        deep = [f for f in floors if f["qd"] != 1]
+        if deep:
+            L += ["", "Deeper queues against the floor: `pollux perf --floor -q N --span S`, the client keeping N "
+                  "requests in flight and the floor's server answering every complete request of one read with "
+                  "one `writev`, each block read from a random place of a region as large as pollux's span (the "
+                  "DRAM reads a RAM namespace pays too). The ratio is the median over reps of pollux's IOPS over "
+                  "the floor's in the same rep: the share of what plain TCP does on this machine that pollux reaches.", "",
+                  "| job | pollux IOPS | floor IOPS | ratio | pollux p50 us | floor p50 us | per rep IOPS (pollux / floor) |",
+                  "|---|---|---|---|---|---|---|"]
+            for f in deep:
+                per = ", ".join(f"{kiops(p['pollux_iops'])} / {kiops(p['floor_iops'])}" for p in f["per_rep"])
+                L.append(f"| {f['job']} | {kiops(f['pollux_iops'])} | {kiops(f['floor_iops'])} | {f['iops_ratio']:.2f} | "
+                         f"{f['pollux_p50_us']:.1f} | {f['floor_p50_us']:.1f} | {per} |")
     if pairs:
         L += ["", "## QD1 in alternating pairs", "",
               f"{pairs['pairs']} pairs of {pairs['seconds']:g} s QD1 4K random-read runs, `pollux perf --floor` then pollux, "

@@ -90,8 +90,10 @@ pub struct PerfArgs {
     #[arg(long, value_name = "FILE")]
     pub target_conf: Option<PathBuf>,
     /// Measure the platform's loopback floor instead of a target: a thread pinned to CORE
-    /// answers each QD1 read or write with the bytes pollux would, over plain TCP (no
-    /// NVMe/TCP); run next to pollux's QD1 run it tells what pollux adds.
+    /// answers each read or write with the bytes pollux would, over plain TCP (no NVMe/TCP),
+    /// at the queue depth given; with --span, from random blocks of a region that large (as a
+    /// RAM namespace), else from one cache-hot block. Run next to pollux's run of the same
+    /// job it tells what pollux adds.
     #[arg(long, value_name = "CORE", conflicts_with = "target_conf")]
     pub floor: Option<usize>,
     /// Print the report as one line of JSON.

@@ -1,5 +1,5 @@
-//! `pollux perf --floor CORE`: the platform's own QD1 round trip over loopback TCP, without
-//! NVMe/TCP.
+//! `pollux perf --floor CORE`: the platform's own loopback round trip and throughput over
+//! TCP, without NVMe/TCP.
 //!
 //! A thread pinned to CORE (where a benchmark pins the target's reactor) answers each request
 //! with the bytes pollux would return for the same command, and the client sends exactly the
@@ -7,14 +7,24 @@
 //! SQE, NVMe/TCP §3.6.2.4) answered by a 24-byte C2HData header and the data; for a write,
 //! the capsule with the data in it answered by a 24-byte response capsule (8 + 16-byte CQE).
 //! Both sides busy-poll non-blocking sockets with TCP_NODELAY, as pollux's poll-mode reactor
-//! and client do, and do nothing else: no parsing, no epoll, no copy out of a namespace.
+//! and client do, and do nothing else: no parsing, no namespace. At a queue depth above 1 the
+//! client keeps that many requests in flight and the server answers every complete request
+//! that one read brought with one `writev`, reading again once epoll reports new input, as
+//! pollux's reactor batches and waits (see `serve`).
 //!
-//! On a shared VM the loopback round trip itself drifts by tens of percent from minute to
-//! minute, so an absolute QD1 latency says little on its own; run next to pollux's QD1 run,
-//! this one tells how much of it is pollux (its p50 minus the floor's).
+//! Without `--span` the data is one cache-hot buffer. With `--span` the server reads (or
+//! writes) each block at a random place in a memory region of that size, as a RAM namespace
+//! does: the floor then includes the DRAM traffic that pollux's target pays too.
+//!
+//! On a shared VM the loopback itself drifts by tens of percent from minute to minute, so an
+//! absolute figure says little on its own; run next to pollux's run of the same job, this one
+//! tells how much of the latency is pollux (its p50 minus the floor's) and what fraction of the
+//! platform's throughput pollux reaches.
 
-use std::io::{ErrorKind, Read, Write};
+use std::collections::VecDeque;
+use std::io::{ErrorKind, IoSlice, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::Instant;
@@ -35,8 +45,8 @@ const CAPSULE_RESP: usize = 8 + 16;
 /// Request and response sizes of one command of `opts`.
 fn sizes(opts: &PerfOpts) -> Result<(usize, usize), PerfError> {
     let bad = |s: &str| Err(PerfError::Options(format!("--floor: {s}")));
-    if opts.queue_depth != 1 {
-        return bad("measures QD1 round trips only (-q 1)");
+    if opts.queue_depth == 0 {
+        return bad("a queue depth of at least 1");
     }
     if opts.cores.len() != 1 || opts.conns_per_core != 1 {
         return bad("one client core and one connection");
@@ -45,31 +55,17 @@ fn sizes(opts: &PerfOpts) -> Result<(usize, usize), PerfError> {
         return bad("no digests, --verify, --rate or --blocking");
     }
     let io = opts.io_size as usize;
+    if let Some(span) = opts.span
+        && span < io as u64
+    {
+        return bad("--span smaller than one I/O");
+    }
     match (opts.workload.access, opts.workload.read_pct) {
         (Access::Idle, _) => bad("an idle workload has no round trips"),
         (_, 100) => Ok((CAPSULE_CMD, C2H_HDR + io)),
         (_, 0) => Ok((CAPSULE_CMD + io, CAPSULE_RESP)),
         _ => bad("reads or writes, not a mix"),
     }
-}
-
-/// Reads exactly `buf.len()` bytes from a non-blocking socket, spinning; false when the peer
-/// closed or `stop` was raised.
-fn read_spin(s: &mut TcpStream, buf: &mut [u8], stop: &AtomicBool) -> std::io::Result<bool> {
-    let mut got = 0;
-    while got < buf.len() {
-        match s.read(&mut buf[got..]) {
-            Ok(0) => return Ok(false),
-            Ok(n) => got += n,
-            Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => {
-                if stop.load(Relaxed) {
-                    return Ok(false);
-                }
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(true)
 }
 
 /// Writes all of `buf` to a non-blocking socket, spinning while its send buffer is full.
@@ -86,31 +82,190 @@ fn write_spin(s: &mut TcpStream, buf: &[u8]) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Writes all of `bufs` with `writev`, spinning while the send buffer is full.
+fn writev_spin(s: &mut TcpStream, mut bufs: &mut [IoSlice<'_>]) -> std::io::Result<()> {
+    while !bufs.is_empty() {
+        match s.write_vectored(bufs) {
+            Ok(0) => return Err(ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut bufs, n),
+            Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 fn io_err(what: &str) -> impl Fn(std::io::Error) -> PerfError + '_ {
     move |e| PerfError::Thread(format!("floor {what}: {e}"))
 }
 
-/// Runs the loopback floor for `opts` (QD1, reads or writes of `opts.io_size`), the answering
-/// thread pinned to `server_core`.
+/// The blocks a floor server reads or writes: one hot buffer, or a region with a random
+/// block per request (xorshift64; the floor needs no reproducible sequence).
+struct Blocks {
+    mem: Vec<u8>,
+    io: usize,
+    rng: u64,
+}
+
+impl Blocks {
+    fn new(io: usize, span: Option<u64>) -> Self {
+        let len = span.map_or(io, |s| (s as usize / io).max(1) * io);
+        // Non-zero bytes: every page is written now, not faulted in during the run.
+        Self {
+            mem: vec![0x5a; len],
+            io,
+            rng: 0x9e37_79b9_7f4a_7c15,
+        }
+    }
+
+    fn next_off(&mut self) -> usize {
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        (self.rng % (self.mem.len() / self.io) as u64) as usize * self.io
+    }
+}
+
+/// An edge-triggered epoll instance watching one socket for input, polled without blocking.
+struct EpollGate(OwnedFd);
+
+impl EpollGate {
+    fn new(s: &TcpStream) -> std::io::Result<Self> {
+        // SAFETY: epoll_create1 takes no pointers; a non-negative result is a new fd.
+        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if ep < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `ep` is a new descriptor that nothing else owns.
+        let gate = Self(unsafe { OwnedFd::from_raw_fd(ep) });
+        let mut ev = libc::epoll_event {
+            events: (libc::EPOLLIN | libc::EPOLLET) as u32,
+            u64: 0,
+        };
+        // SAFETY: both descriptors are open for the call and `ev` is a valid event.
+        if unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, s.as_raw_fd(), &mut ev) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(gate)
+    }
+
+    /// Whether input arrived since the socket was last read empty.
+    fn ready(&self) -> std::io::Result<bool> {
+        let mut ev = [libc::epoll_event { events: 0, u64: 0 }];
+        // SAFETY: `ev` has room for the one event asked for; timeout 0 never blocks.
+        let n = unsafe { libc::epoll_wait(self.0.as_raw_fd(), ev.as_mut_ptr(), 1, 0) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            return if e.kind() == ErrorKind::Interrupted {
+                Ok(false)
+            } else {
+                Err(e)
+            };
+        }
+        Ok(n > 0)
+    }
+}
+
+/// The answering side: reads what the socket has, answers every complete request in it.
+///
+/// With `gated` (queue depth above 1), a socket read empty is read again only when epoll
+/// reports new input, as pollux's reactor does: a read spinning on an empty socket takes the
+/// socket lock that the client's sends need to deliver into it, which cost a QD32 floor ~12%
+/// of its IOPS here. At QD1 it spins on the read itself, the lowest-latency way to wait.
+fn serve(
+    s: &mut TcpStream,
+    req_len: usize,
+    read: bool,
+    gated: bool,
+    mut blocks: Blocks,
+    stop: &AtomicBool,
+) -> std::io::Result<()> {
+    let mut rbuf = vec![0u8; (req_len * 64).max(256 * 1024)];
+    let (mut rstart, mut rend) = (0usize, 0usize);
+    let hdr = [0x5au8; C2H_HDR];
+    let resp = [0x5au8; CAPSULE_RESP];
+    let mut offs: Vec<usize> = Vec::new();
+    let mut resps: Vec<u8> = Vec::new();
+    let gate = if gated { Some(EpollGate::new(s)?) } else { None };
+    let mut drained = false;
+    loop {
+        if drained && let Some(g) = &gate {
+            while !g.ready()? {
+                if stop.load(Relaxed) {
+                    return Ok(());
+                }
+            }
+        }
+        let room = rbuf.len() - rend;
+        match s.read(&mut rbuf[rend..]) {
+            Ok(0) => return Ok(()),
+            Ok(n) => {
+                rend += n;
+                // A short read emptied the socket.
+                drained = n < room;
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => {
+                drained = true;
+                if stop.load(Relaxed) {
+                    return Ok(());
+                }
+            }
+            Err(e) => return Err(e),
+        }
+        let n = (rend - rstart) / req_len;
+        if n == 0 {
+            continue;
+        }
+        if read {
+            offs.clear();
+            offs.extend((0..n).map(|_| blocks.next_off()));
+            let io = blocks.io;
+            let mut iov: Vec<IoSlice<'_>> = Vec::with_capacity(2 * n);
+            for &off in &offs {
+                iov.push(IoSlice::new(&hdr));
+                iov.push(IoSlice::new(&blocks.mem[off..off + io]));
+            }
+            writev_spin(s, &mut iov)?;
+        } else {
+            for k in 0..n {
+                let data = rstart + k * req_len + CAPSULE_CMD;
+                let off = blocks.next_off();
+                let io = blocks.io;
+                blocks.mem[off..off + io].copy_from_slice(&rbuf[data..data + io]);
+            }
+            resps.clear();
+            (0..n).for_each(|_| resps.extend_from_slice(&resp));
+            write_spin(s, &resps)?;
+        }
+        rstart += n * req_len;
+        if rstart == rend {
+            (rstart, rend) = (0, 0);
+        } else if rend > rbuf.len() / 2 {
+            rbuf.copy_within(rstart..rend, 0);
+            (rstart, rend) = (0, rend - rstart);
+        }
+    }
+}
+
+/// Runs the loopback floor for `opts` (reads or writes of `opts.io_size` at its queue depth),
+/// the answering thread pinned to `server_core`.
 pub fn run(opts: &PerfOpts, server_core: usize) -> Result<PerfReport, PerfError> {
     let (req_len, resp_len) = sizes(opts)?;
     let listener = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))).map_err(io_err("bind"))?;
     let addr = listener.local_addr().map_err(io_err("bind"))?;
     let stop = Arc::new(AtomicBool::new(false));
     let server_stop = Arc::clone(&stop);
+    let read = opts.workload.read_pct == 100;
+    let (io, span, gated) = (opts.io_size as usize, opts.span, opts.queue_depth > 1);
     let server = std::thread::Builder::new()
         .name("floor-server".into())
         .spawn(move || -> std::io::Result<()> {
             sys::pin_current_thread(server_core)?;
+            let blocks = Blocks::new(io, span);
             let (mut s, _) = listener.accept()?;
             s.set_nodelay(true)?;
             s.set_nonblocking(true)?;
-            let mut req = vec![0u8; req_len];
-            let resp = vec![0x5au8; resp_len];
-            while read_spin(&mut s, &mut req, &server_stop)? {
-                write_spin(&mut s, &resp)?;
-            }
-            Ok(())
+            serve(&mut s, req_len, read, gated, blocks, &server_stop)
         })
         .map_err(io_err("spawn"))?;
     let result = client(opts, addr, req_len, resp_len, &stop);
@@ -134,49 +289,77 @@ fn client(
     if let Some(core) = opts.cores.first().copied().flatten() {
         sys::pin_current_thread(core).map_err(io_err("pin"))?;
     }
+    let qd = opts.queue_depth;
     let mut s = TcpStream::connect_timeout(&addr, opts.timeout).map_err(io_err("connect"))?;
     s.set_nodelay(true).map_err(io_err("socket"))?;
     s.set_nonblocking(true).map_err(io_err("socket"))?;
-    let req = vec![0x3cu8; req_len];
-    let mut resp = vec![0u8; resp_len];
+    let reqs = vec![0x3cu8; req_len * qd];
+    let mut rbuf = vec![0u8; (resp_len * qd).max(64 * 1024)];
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)
         .map_err(|e| PerfError::Thread(format!("histogram: {e}")))?;
-    let mut round_trip = |s: &mut TcpStream| -> Result<u64, PerfError> {
-        let t0 = Instant::now();
-        write_spin(s, &req).map_err(io_err("send"))?;
-        if !read_spin(s, &mut resp, stop).map_err(io_err("recv"))? {
-            return Err(PerfError::Thread("floor server closed the connection".into()));
-        }
-        Ok(t0.elapsed().as_nanos() as u64)
-    };
+    // Send times of the requests in flight: responses come back in order.
+    let mut sent: VecDeque<Instant> = VecDeque::with_capacity(qd);
+    let t = Instant::now();
+    write_spin(&mut s, &reqs).map_err(io_err("send"))?;
+    sent.extend(std::iter::repeat_n(t, qd));
     let warm_end = Instant::now() + opts.warmup;
-    while Instant::now() < warm_end {
-        round_trip(&mut s)?;
-    }
-    let cpu0 = sys::thread_cpu_ns();
-    let start = Instant::now();
-    let end = start + opts.duration;
-    let mut ios = 0u64;
-    loop {
-        let done = match opts.ios {
-            Some(n) => ios >= n,
-            None => Instant::now() >= end,
+    let mut measuring: Option<(Instant, u64)> = None;
+    let (mut ios, mut partial) = (0u64, 0usize);
+    // When the measured part ended: its length and the client's CPU then.
+    let mut ended: Option<(f64, u64)> = None;
+    while !sent.is_empty() {
+        let n = match s.read(&mut rbuf) {
+            Ok(0) => return Err(PerfError::Thread("floor server closed the connection".into())),
+            Ok(n) => n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => {
+                if stop.load(Relaxed) {
+                    return Err(PerfError::Thread("floor stopped".into()));
+                }
+                continue;
+            }
+            Err(e) => return Err(io_err("recv")(e)),
         };
-        if done {
-            break;
+        partial += n;
+        let done = partial / resp_len;
+        partial %= resp_len;
+        if done == 0 {
+            continue;
         }
-        hist.saturating_record(round_trip(&mut s)?.max(1));
-        ios += 1;
+        let now = Instant::now();
+        for t in sent.drain(..done) {
+            if measuring.is_some() && ended.is_none() && opts.ios.is_none_or(|n| ios < n) {
+                hist.saturating_record(now.duration_since(t).as_nanos().max(1) as u64);
+                ios += 1;
+            }
+        }
+        if measuring.is_none() && now >= warm_end {
+            measuring = Some((now, sys::thread_cpu_ns()));
+        }
+        if let Some((start, _)) = measuring
+            && ended.is_none()
+            && match opts.ios {
+                Some(n) => ios >= n,
+                None => now >= start + opts.duration,
+            }
+        {
+            ended = Some((now.duration_since(start).as_secs_f64(), sys::thread_cpu_ns()));
+        }
+        if ended.is_none() {
+            write_spin(&mut s, &reqs[..done * req_len]).map_err(io_err("send"))?;
+            sent.extend(std::iter::repeat_n(Instant::now(), done));
+        }
     }
-    let seconds = start.elapsed().as_secs_f64().max(f64::MIN_POSITIVE);
-    let cpu_ns = sys::thread_cpu_ns().saturating_sub(cpu0) as f64;
+    let cpu0 = measuring.map_or(0, |(_, c)| c);
+    let (seconds, cpu1) = ended.unwrap_or((0.0, cpu0));
+    let seconds = seconds.max(f64::MIN_POSITIVE);
+    let cpu_ns = cpu1.saturating_sub(cpu0) as f64;
     let per_io = |x: f64| if ios > 0 { x / ios as f64 } else { 0.0 };
     let reads = if opts.workload.read_pct == 100 { ios } else { 0 };
     Ok(PerfReport {
         workload: format!("floor-{}", opts.workload.name()),
         read_pct: opts.workload.read_pct,
         io_size: opts.io_size,
-        queue_depth: 1,
+        queue_depth: qd,
         threads: 1,
         queues: 1,
         hdgst: false,
@@ -222,8 +405,11 @@ mod tests {
         assert!(sizes(&opts("randrw")).is_err());
         assert!(sizes(&opts("idle")).is_err());
         let mut o = opts("randread");
-        o.queue_depth = 2;
+        o.queue_depth = 0;
         assert!(sizes(&o).is_err());
+        o.queue_depth = 32;
+        o.span = Some(2048);
+        assert!(sizes(&o).is_err(), "a span smaller than one I/O");
     }
 
     #[test]
@@ -235,5 +421,18 @@ mod tests {
         assert_eq!(r.latency_ns.count, 500);
         assert!(r.latency_ns.min > 0 && r.latency_ns.p50 >= r.latency_ns.min);
         assert_eq!(r.workload, "floor-randread");
+    }
+
+    #[test]
+    fn a_deep_floor_run_keeps_its_queue_full_and_counts_each_response_once() {
+        for w in ["randread", "randwrite"] {
+            let mut o = opts(w);
+            o.queue_depth = 8;
+            o.span = Some(1 << 20);
+            o.ios = Some(2000);
+            let r = run(&o, 0).unwrap();
+            assert_eq!((r.ios, r.latency_ns.count, r.queue_depth), (2000, 2000, 8), "{w}");
+            assert!(r.seconds > 0.0 && r.iops > 0.0, "{w}");
+        }
     }
 }
