@@ -158,7 +158,7 @@ struct DirectRx {
     /// DATAO and DATAL of the PDU: its digest covers `[datao, datao + datal)`.
     datao: u32,
     datal: u32,
-    /// A data digest follows the data (NVMe/TCP §3.6.2.7, negotiated in ICReq).
+    /// A data digest follows the data (negotiated in ICReq/ICResp).
     ddgst: bool,
 }
 

@@ -345,8 +345,10 @@ fn client(
             ended = Some((now.duration_since(start).as_secs_f64(), sys::thread_cpu_ns()));
         }
         if ended.is_none() {
+            // Latency counts from before the send, as a host's does from submission.
+            let t = Instant::now();
             write_spin(&mut s, &reqs[..done * req_len]).map_err(io_err("send"))?;
-            sent.extend(std::iter::repeat_n(Instant::now(), done));
+            sent.extend(std::iter::repeat_n(t, done));
         }
     }
     let cpu0 = measuring.map_or(0, |(_, c)| c);
