@@ -388,7 +388,8 @@ def cmd_perf(out):
               "`floor-*` rows: `pollux perf --floor`, the same bytes per command (a 72-byte capsule "
               "answered by a C2HData header and 4 KiB, or a capsule with 4 KiB answered by a 24-byte "
               "response) over plain loopback TCP between the same two cores, both sides busy-polling, "
-              "no NVMe/TCP at all, run right before pollux's QD1 job in every rep. `added` is the median "
+              "no NVMe/TCP at all, each block read from or written to a random place of a 128 MiB region "
+              "(the DRAM traffic of pollux's RAM namespace), run right before pollux's QD1 job in every rep. `added` is the median "
               "over reps of pollux's p50 minus the floor's in the same rep: what pollux (target and "
               "client) costs on top of the kernel's own round trip, with this VM's drift between reps "
               "cancelled.", "",
