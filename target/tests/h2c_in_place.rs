@@ -4,13 +4,16 @@
 //! header with most of its data still to come, data cut anywhere (inside the data, inside its
 //! digest, together with the next PDU's header), and check what ends up in the namespace: the
 //! data whole, nothing of a write whose digest is wrong or that was aborted mid-transfer, and
-//! other hosts unaffected by one that vanishes mid-transfer.
+//! other hosts unaffected by one that vanishes mid-transfer; and, for any split of a write
+//! into PDUs and of the stream into pieces, the data whole.
 #![allow(clippy::unwrap_used)]
 
 mod common;
 
 use common::*;
 use pollux_target::host::{Controller, Digests, HostQueue};
+use proptest::prelude::*;
+use proptest::test_runner::{Config as PropConfig, TestRunner};
 
 const ALL_DIGESTS: [Digests; 4] = [
     Digests::NONE,
@@ -163,5 +166,81 @@ fn a_host_that_vanishes_mid_data_leaves_other_hosts_working() {
     assert_eq!(read_back(&mut c.io[0], slba, 65536), old);
     h.finish();
     drop(c);
+    t.shutdown().unwrap();
+}
+
+/// A write of `blocks` 512-byte blocks sent as H2CData PDUs of `pdu` bytes at most, the stream
+/// cut at `cuts` (fractions of its length) with a pause after each piece.
+#[derive(Debug, Clone)]
+struct Split {
+    digests: usize,
+    blocks: u32,
+    pdu: u32,
+    cuts: Vec<f64>,
+}
+
+fn split() -> impl Strategy<Value = Split> {
+    (
+        0..4usize,
+        1..=256u32,
+        1..=32u32,
+        proptest::collection::vec(0.0..1.0f64, 0..6),
+    )
+        .prop_map(|(digests, blocks, pdu_kib, mut cuts)| {
+            cuts.sort_by(f64::total_cmp);
+            Split {
+                digests,
+                blocks,
+                // Not a multiple of anything: PDUs may end anywhere in a block.
+                pdu: pdu_kib * 4096 - 100,
+                cuts,
+            }
+        })
+}
+
+#[test]
+fn any_split_of_the_data_into_pdus_and_pieces_writes_it_whole() {
+    let t = start("");
+    // One connection per digest setting for all cases (the runner's closure is `Fn`).
+    let conns: std::cell::RefCell<Vec<Controller>> = std::cell::RefCell::new(
+        ALL_DIGESTS
+            .iter()
+            .map(|&d| Controller::connect(addr(&t), NQN, HOST, 1, 32, d).unwrap())
+            .collect(),
+    );
+    let mut runner = TestRunner::new(PropConfig {
+        cases: 24,
+        failure_persistence: None,
+        ..PropConfig::default()
+    });
+    let case = std::cell::Cell::new(0u64);
+    runner
+        .run(&split(), |s| {
+            let seed = case.get() + 1;
+            case.set(seed);
+            let mut conns = conns.borrow_mut();
+            let q = &mut conns[s.digests].io[0];
+            let len = s.blocks * 512;
+            let slba = 10000 + 300 * seed % 9000;
+            let data = pattern(seed, slba, len as usize);
+            let ttag = r2t_write(q, 11, slba, len);
+            let mut stream = Vec::new();
+            let mut at = 0;
+            while at < len {
+                let n = s.pdu.min(len - at);
+                let last = at + n == len;
+                stream.extend(q.h2c_data_pdu(11, ttag, at, &data[at as usize..(at + n) as usize], last));
+                at += n;
+            }
+            let mut cuts: Vec<usize> = s.cuts.iter().map(|c| (c * stream.len() as f64) as usize).collect();
+            cuts.retain(|&c| c > 0 && c < stream.len());
+            cuts.dedup();
+            send_in_pieces(q, &stream, &cuts);
+            prop_assert_eq!(expect_resp(q, 11), (0, 0));
+            prop_assert!(read_back(q, slba, len as usize) == data, "{:?}: data differs", s);
+            Ok(())
+        })
+        .unwrap();
+    drop(conns);
     t.shutdown().unwrap();
 }
