@@ -155,11 +155,19 @@ struct DirectRx {
     /// Where the next data byte goes in the command's buffer, and how many are still to come.
     at: u32,
     left: u32,
-    /// DATAO and DATAL of the PDU: its digest covers `[datao, datao + datal)`.
-    datao: u32,
+    /// DATAL of the PDU: once all of it is in (`left` 0), its digest covers
+    /// `[at - datal, at)`.
     datal: u32,
     /// A data digest follows the data (negotiated in ICReq/ICResp).
     ddgst: bool,
+}
+
+impl DirectRx {
+    /// The command whose buffer the data goes into, while that buffer exists: None once the
+    /// command completed early (an Abort freed its buffer), when its data is only drained.
+    fn live<'a>(&self, r2t: &'a mut Slab<PendingH2c>) -> Option<&'a mut PendingH2c> {
+        r2t.get_mut(self.ttag).filter(|p| p.cid == self.cid && p.done.is_none())
+    }
 }
 
 /// R2T data buffers a connection keeps for reuse, and their total size at most (memory per
@@ -523,7 +531,7 @@ impl Conn {
             && let Some(d) = self.direct.as_mut().filter(|d| d.left > 0)
             // An aborted command's buffer is gone: its data is drained through the receive
             // buffer instead (process drops it).
-            && let Some(p) = self.r2t.get_mut(d.ttag).filter(|p| p.cid == d.cid && p.done.is_none())
+            && let Some(p) = d.live(&mut self.r2t)
         {
             let left = d.left as usize;
             let tail = (self.rbuf.len() - self.rend).min(DIRECT_TAIL);
@@ -1570,7 +1578,6 @@ impl Conn {
             cid: p.cid,
             at: datao + have as u32,
             left: datal - have as u32,
-            datao,
             datal,
             ddgst,
         });
@@ -1582,7 +1589,7 @@ impl Conn {
     /// digest. Returns the bytes used, or None to wait for more.
     fn direct_continue(&mut self, r: &mut Reactor, id: SourceId, avail: &[u8]) -> Option<usize> {
         let d = self.direct.as_mut()?;
-        let live = self.r2t.get_mut(d.ttag).filter(|p| p.cid == d.cid && p.done.is_none());
+        let live = d.live(&mut self.r2t);
         if d.left > 0 {
             if avail.is_empty() {
                 return None;
@@ -1602,7 +1609,7 @@ impl Conn {
         }
         // The digest is checked over the bytes in place, before the command may run.
         let digest_ok = match (digest.filter(|_| d.ddgst), live) {
-            (Some(got), Some(p)) => p.crc(d.datao, d.datal) == got,
+            (Some(got), Some(p)) => p.crc(d.at - d.datal, d.datal) == got,
             _ => true,
         };
         let (ttag, datal) = (d.ttag, d.datal);

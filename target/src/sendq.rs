@@ -105,16 +105,7 @@ impl SendQueue {
     /// `keep` until the bytes are sent). Others may write to the bytes meanwhile: the kernel
     /// sends whatever they hold when it copies them.
     pub unsafe fn push_external(&mut self, base: NonNull<u8>, len: usize, keep: Arc<dyn Any + Send + Sync>) {
-        if len == 0 {
-            return;
-        }
-        self.ext.push_back(External {
-            at: self.buf.len(),
-            base,
-            len,
-            _keep: Some(keep),
-        });
-        self.ext_pending += len;
+        self.push_segment(base, len, Some(keep));
     }
 
     /// Append `len` bytes at `base` to be sent in place, the caller keeping them alive;
@@ -126,16 +117,23 @@ impl SendQueue {
     /// returned position, or until the queue is dropped or no longer flushed. Writes to the
     /// bytes meanwhile change what is sent.
     pub unsafe fn push_borrowed(&mut self, base: NonNull<u8>, len: usize) -> u64 {
-        if len > 0 {
-            self.ext.push_back(External {
-                at: self.buf.len(),
-                base,
-                len,
-                _keep: None,
-            });
-            self.ext_pending += len;
-        }
+        self.push_segment(base, len, None);
         self.stream_end()
+    }
+
+    /// Queue an external segment after the owned bytes queued so far (callers hold the
+    /// safety contract of `push_external` or `push_borrowed`).
+    fn push_segment(&mut self, base: NonNull<u8>, len: usize, keep: Option<Arc<dyn Any + Send + Sync>>) {
+        if len == 0 {
+            return;
+        }
+        self.ext.push_back(External {
+            at: self.buf.len(),
+            base,
+            len,
+            _keep: keep,
+        });
+        self.ext_pending += len;
     }
 
     /// Bytes sent since the queue was made.

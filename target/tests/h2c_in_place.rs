@@ -42,6 +42,16 @@ fn two_pdus(q: &HostQueue, cid: u16, ttag: u16, data: &[u8]) -> (Vec<u8>, usize)
     (stream, second)
 }
 
+/// Writes `len` bytes of old data at `slba`, then starts a write of new data there with CID
+/// `cid` and returns the old data and the whole H2CData PDU of the new, not yet sent.
+fn old_data_and_new_pdu(q: &mut HostQueue, cid: u16, slba: u64, len: u32, seed: u64) -> (Vec<u8>, Vec<u8>) {
+    let old = pattern(seed, slba, len as usize);
+    q.write(1, slba, len / 512, &old).unwrap();
+    let ttag = r2t_write(q, cid, slba, len);
+    let pdu = q.h2c_data_pdu(cid, ttag, 0, &pattern(seed + 1, slba, len as usize), true);
+    (old, pdu)
+}
+
 fn read_back(q: &mut HostQueue, slba: u64, len: usize) -> Vec<u8> {
     let mut back = vec![0u8; len];
     q.read(1, slba, (len / 512) as u32, &mut back).unwrap();
@@ -124,13 +134,9 @@ fn abort_while_data_is_received_in_place_drops_the_rest_of_it() {
     let t = start("");
     let mut c = controller(addr(&t), 1);
     let slba = 5000;
-    let old = pattern(4, slba, 131072);
-    c.io[0].write(1, slba, 256, &old).unwrap();
-    let ttag = r2t_write(&mut c.io[0], 42, slba, 131072);
-    let pdu = c.io[0].h2c_data_pdu(42, ttag, 0, &pattern(5, slba, 131072), true);
+    let (old, pdu) = old_data_and_new_pdu(&mut c.io[0], 42, slba, 131072, 4);
     // The header and some data: the rest would go in place.
-    c.io[0].send_raw(&pdu[..24 + 5000]).unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(20));
+    send_in_pieces(&mut c.io[0], &pdu[..24 + 5000], &[]);
     assert_eq!(c.admin.abort(1, 42).unwrap() & 1, 0, "Abort dw0 bit 0: 0 = aborted");
     assert_eq!(expect_resp(&mut c.io[0], 42), (0, 0x07), "Abort Requested");
     // The rest of the data still comes; the target drains it.
@@ -151,14 +157,8 @@ fn a_host_that_vanishes_mid_data_leaves_other_hosts_working() {
     h.progress(3);
     let mut c = controller(a, 1);
     let slba = 7000;
-    let old = pattern(7, slba, 65536);
-    c.io[0].write(1, slba, 128, &old).unwrap();
-    let ttag = r2t_write(&mut c.io[0], 5, slba, 65536);
-    let pdu = c.io[0].h2c_data_pdu(5, ttag, 0, &pattern(8, slba, 65536), true);
-    c.io[0].send_raw(&pdu[..24 + 100]).unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(20));
-    c.io[0].send_raw(&pdu[24 + 100..30000]).unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(20));
+    let (old, pdu) = old_data_and_new_pdu(&mut c.io[0], 5, slba, 65536, 7);
+    send_in_pieces(&mut c.io[0], &pdu[..30000], &[24 + 100]);
     c.io[0].close();
     h.progress(3);
     // The write never completed: nothing of it is visible.

@@ -70,16 +70,7 @@ fn sizes(opts: &PerfOpts) -> Result<(usize, usize), PerfError> {
 
 /// Writes all of `buf` to a non-blocking socket, spinning while its send buffer is full.
 fn write_spin(s: &mut TcpStream, buf: &[u8]) -> std::io::Result<()> {
-    let mut off = 0;
-    while off < buf.len() {
-        match s.write(&buf[off..]) {
-            Ok(0) => return Err(ErrorKind::WriteZero.into()),
-            Ok(n) => off += n,
-            Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
+    writev_spin(s, &mut [IoSlice::new(buf)])
 }
 
 /// Writes all of `bufs` with `writev`, spinning while the send buffer is full.
