@@ -35,6 +35,7 @@ pub struct StatsCell {
     pub(crate) sleep_ns: AtomicU64,
     pub(crate) iterations: AtomicU64,
     pub(crate) busy_iterations: AtomicU64,
+    pub(crate) fd_polls: AtomicU64,
     pub(crate) mode_ns: [AtomicU64; 3],
     pub(crate) mode_entries: [AtomicU64; 3],
     pub(crate) wake_late: [AtomicU64; WAKE_BUCKETS],
@@ -109,6 +110,7 @@ impl StatsCell {
             sleep_ns: self.sleep_ns.load(Relaxed),
             iterations: self.iterations.load(Relaxed),
             busy_iterations: self.busy_iterations.load(Relaxed),
+            fd_polls: self.fd_polls.load(Relaxed),
             mode_ns: std::array::from_fn(|i| self.mode_ns[i].load(Relaxed) + if i == mode { pending } else { 0 }),
             mode_entries: std::array::from_fn(|i| self.mode_entries[i].load(Relaxed)),
             wake_late: std::array::from_fn(|i| self.wake_late[i].load(Relaxed)),
@@ -151,6 +153,8 @@ pub struct ReactorStats {
     pub iterations: u64,
     /// Iterations that found work.
     pub busy_iterations: u64,
+    /// `epoll_wait` calls (fewer than iterations while busy-poll mode has hot sources).
+    pub fd_polls: u64,
     /// Wall time per mode (index: [`Mode::index`]), ns.
     pub mode_ns: [u64; 3],
     /// Times each mode was entered.
@@ -223,6 +227,7 @@ impl ReactorStats {
             sleep_ns: d(self.sleep_ns, earlier.sleep_ns),
             iterations: d(self.iterations, earlier.iterations),
             busy_iterations: d(self.busy_iterations, earlier.busy_iterations),
+            fd_polls: d(self.fd_polls, earlier.fd_polls),
             mode_ns: std::array::from_fn(|i| d(self.mode_ns[i], earlier.mode_ns[i])),
             mode_entries: std::array::from_fn(|i| d(self.mode_entries[i], earlier.mode_entries[i])),
             wake_late: std::array::from_fn(|i| d(self.wake_late[i], earlier.wake_late[i])),

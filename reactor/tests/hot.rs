@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 use common::{EchoSource, start, wait_for};
-use pollux_reactor::{Mode, Runtime, SourceOpts};
+use pollux_reactor::{Mode, ReactorConfig, Runtime, SourceOpts};
 
 /// Connected clients whose server ends are pollable sockets on reactor 0.
 fn pollable_echoes(rt: &Runtime, n: usize) -> Vec<TcpStream> {
@@ -116,5 +116,56 @@ fn only_a_few_sockets_are_polled_outside_epoll_and_all_are_served() {
     }
     assert!(rt.stats()[0].hot_entries >= 1, "busy sockets were polled");
     assert!(most <= 8, "at most 8 polled outside epoll, saw {most}");
+    rt.shutdown().unwrap();
+}
+
+#[test]
+fn with_a_hot_socket_epoll_is_checked_less_often_and_idle_sockets_are_still_served() {
+    // A long interval, so that the count below does not depend on how fast iterations are.
+    let cfg = ReactorConfig {
+        fd_poll_interval: Duration::from_millis(1),
+        ..common::cfg(Mode::Poll)
+    };
+    let rt = Runtime::start(vec![cfg], Arc::new(|_| Ok(()))).unwrap();
+    let mut clients = pollable_echoes(&rt, 2);
+    let mut cold = clients.pop().unwrap();
+    let mut busy = clients.pop().unwrap();
+    let stats = |rt: &Runtime| rt.stats()[0].clone();
+    let t0 = Instant::now();
+    while stats(&rt).hot_sources != 1 {
+        echo(&mut busy, b"warm up");
+        assert!(t0.elapsed() < Duration::from_secs(5), "the busy socket never went hot");
+    }
+    // Keep one socket hot; the other, idle in epoll since it was registered, must still be
+    // served (it waits for the next epoll check, at most the interval).
+    let before = stats(&rt);
+    for round in 0..200u32 {
+        echo(&mut busy, format!("busy {round}").as_bytes());
+        if round % 50 == 0 {
+            echo(&mut cold, format!("cold {round}").as_bytes());
+        }
+    }
+    let after = stats(&rt);
+    let (iters, polls) = (after.iterations - before.iterations, after.fd_polls - before.fd_polls);
+    assert!(iters > 0 && polls > 0, "iterations {iters}, epoll checks {polls}");
+    // Not far fewer: the busy socket goes cold whenever this thread is kept off the CPU
+    // for a millisecond (other tests spin too), and then every iteration checks epoll.
+    assert!(
+        polls * 10 < iters * 9,
+        "with a hot socket some iterations skip epoll: checked on {polls} of {iters}"
+    );
+    rt.shutdown().unwrap();
+
+    // Without hot sockets (interrupt mode), every iteration checks epoll.
+    let rt = start(&[Mode::Interrupt]);
+    let mut c = pollable_echoes(&rt, 1).pop().unwrap();
+    let before = stats(&rt);
+    for round in 0..50u32 {
+        echo(&mut c, format!("interrupt {round}").as_bytes());
+    }
+    let after = stats(&rt);
+    let (iters, polls) = (after.iterations - before.iterations, after.fd_polls - before.fd_polls);
+    // Give or take the iteration in progress when a snapshot was taken.
+    assert!(polls.abs_diff(iters) <= 1, "epoll checks {polls}, iterations {iters}");
     rt.shutdown().unwrap();
 }

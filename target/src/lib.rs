@@ -117,9 +117,9 @@ impl Target {
                 core: opts.pin.then_some(core),
                 mode,
                 stall_threshold: Duration::from_micros(cfg.reactors.stall_threshold_us),
-                fd_poll_interval: Duration::ZERO,
                 adaptive,
                 model,
+                ..Default::default()
             })
             .collect();
         let pending = Mutex::new(Some(socks));
