@@ -96,6 +96,15 @@ pub struct PerfArgs {
     /// job it tells what pollux adds.
     #[arg(long, value_name = "CORE", conflicts_with = "target_conf")]
     pub floor: Option<usize>,
+    /// Right before and after the run, time a cache line's round trip between the client's
+    /// first core and this one (default: the in-process target's first reactor core, or the
+    /// floor's core): it tells how near the host placed the two CPUs for this run, which on
+    /// a VM moves the loopback round trip by half (reported as "placement").
+    #[arg(long, value_name = "CORE")]
+    pub probe_core: Option<usize>,
+    /// Do not probe the placement (see --probe-core).
+    #[arg(long, conflicts_with = "probe_core")]
+    pub no_probe: bool,
     /// Print the report as one line of JSON.
     #[arg(long)]
     pub json: bool,
@@ -258,23 +267,59 @@ enum CliError {
     Target(String),
 }
 
+/// The two cores to probe (client, target) when both are known and pinned.
+fn probe_cores(a: &PerfArgs, target_core: Option<usize>) -> Result<Option<(usize, usize)>, CliError> {
+    if a.no_probe || a.no_pin {
+        return Ok(None);
+    }
+    let client = parse_cores(&a.cores).map_err(usage)?[0];
+    Ok(a.probe_core.or(target_core).map(|t| (client, t)))
+}
+
+/// Runs `run` between two placement probes of `cores` (when set). The probes run while no
+/// client or target thread does: a spinning reactor would share the probe's core.
+fn bracketed(
+    cores: Option<(usize, usize)>,
+    run: impl FnOnce() -> Result<PerfReport, CliError>,
+) -> Result<PerfReport, CliError> {
+    let Some((client_core, target_core)) = cores else {
+        return run();
+    };
+    let before_ns = super::probe_placement(client_core, target_core)?;
+    let mut r = run()?;
+    let after_ns = super::probe_placement(client_core, target_core)?;
+    r.placement = Some(super::Placement {
+        client_core,
+        target_core,
+        before_ns,
+        after_ns,
+    });
+    Ok(r)
+}
+
 fn run_cli(a: &PerfArgs) -> Result<PerfReport, CliError> {
     if let Some(core) = a.floor {
         // The floor needs no target: any address satisfies the options' parser.
         let o = to_opts(a, Some((SocketAddr::from(([127, 0, 0, 1], 0)), "nqn.floor".into()))).map_err(usage)?;
-        return Ok(super::floor::run(&o, core)?);
+        return bracketed(probe_cores(a, Some(core))?, || Ok(super::floor::run(&o, core)?));
     }
     let Some(path) = &a.target_conf else {
         let o = to_opts(a, None).map_err(usage)?;
-        return Ok(super::run(&o)?);
+        return bracketed(probe_cores(a, None)?, || Ok(super::run(&o)?));
     };
     let cfg = Config::from_path(path).map_err(|e| CliError::Usage(e.to_string()))?;
+    let cores = probe_cores(a, cfg.reactors.cores.first().copied())?;
+    bracketed(cores, || run_target(a, path, &cfg))
+}
+
+/// Starts the in-process target from `cfg`, runs the job against it, and stops it.
+fn run_target(a: &PerfArgs, path: &std::path::Path, cfg: &Config) -> Result<PerfReport, CliError> {
     let nqn = cfg
         .subsystems
         .first()
         .map(|s| s.nqn.clone())
         .ok_or_else(|| CliError::Usage(format!("{}: no subsystem", path.display())))?;
-    let target = Target::start(&cfg, Options { pin: !a.no_pin }).map_err(|e| CliError::Target(e.to_string()))?;
+    let target = Target::start(cfg, Options { pin: !a.no_pin }).map_err(|e| CliError::Target(e.to_string()))?;
     let addr = target.listen_addrs().first().copied();
     let result = match addr {
         None => Err(CliError::Usage(format!("{}: no listener", path.display()))),
@@ -309,5 +354,32 @@ mod tests {
         assert!(parse_cores("").is_err());
         assert!(Workload::parse("randrw", 70).is_ok_and(|w| w.read_pct == 70));
         assert!(Workload::parse("trim", 0).is_err());
+    }
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        perf: PerfArgs,
+    }
+
+    fn args(extra: &[&str]) -> PerfArgs {
+        use clap::Parser as _;
+        let base = ["perf", "--floor", "1", "--cores", "0", "--ios", "200", "-t", "1"];
+        Cli::parse_from(base.iter().chain(extra)).perf
+    }
+
+    #[test]
+    fn a_run_is_bracketed_by_placement_probes_of_its_two_cores_unless_told_not_to() {
+        if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+            return;
+        }
+        let r = run_cli(&args(&[])).unwrap();
+        let p = r.placement.expect("probed");
+        assert_eq!((p.client_core, p.target_core), (0, 1));
+        assert!(p.before_ns > 0 && p.after_ns > 0, "{p:?}");
+        assert!(run_cli(&args(&["--no-probe"])).unwrap().placement.is_none());
+        assert!(run_cli(&args(&["--no-pin"])).unwrap().placement.is_none());
+        let e = run_cli(&args(&["--probe-core", "4095"])).unwrap_err();
+        assert!(e.to_string().contains("4095"), "{e}");
     }
 }

@@ -387,6 +387,7 @@ fn client(
         verified_blocks: None,
         target: None,
         thread_cpu: Vec::new(),
+        placement: None,
     })
 }
 

@@ -20,6 +20,7 @@
 
 pub mod cli;
 mod floor;
+mod placement;
 mod report;
 mod verify;
 mod worker;
@@ -33,6 +34,7 @@ use pollux_reactor::ReactorStats;
 use tracing::warn;
 
 use crate::host::{Controller, ControllerOpts, Digests, HostError};
+pub use placement::{Placement, probe as probe_placement};
 pub use report::{LatencySummary, PerfReport, ReactorReport, TargetReport, ThreadCpu};
 use worker::{Shared, ThreadPlan, ThreadResult};
 

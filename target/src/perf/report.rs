@@ -8,6 +8,7 @@ use pollux_reactor::ReactorStats;
 use serde::Serialize;
 
 use super::PerfOpts;
+use super::placement::Placement;
 use super::worker::ThreadResult;
 
 /// Completion latency from submission to the completion being seen, ns.
@@ -141,6 +142,10 @@ pub struct PerfReport {
     /// User and system CPU of this process's reactor and client threads over the measured
     /// window (from /proc/self/task: where the kernel's TCP work shows).
     pub thread_cpu: Vec<ThreadCpu>,
+    /// The cache-line round trip between the client's core and the target's right before
+    /// and after the run: which of the host's placements of the two (virtual) CPUs the run
+    /// had (see [`Placement`]). None when either core is unknown or unpinned.
+    pub placement: Option<Placement>,
 }
 
 /// One thread's CPU split over the measured window, in fractions of wall time.
@@ -293,6 +298,7 @@ pub(super) fn build(
         verified_blocks: opts.verify.then_some(verified),
         target,
         thread_cpu: Vec::new(),
+        placement: None,
     }
 }
 
@@ -359,6 +365,13 @@ impl PerfReport {
                 .map(|t| format!("{} {:.0}% user + {:.0}% sys", t.name, 100.0 * t.user, 100.0 * t.sys))
                 .collect();
             let _ = writeln!(s, "  threads: {}", parts.join(", "));
+        }
+        if let Some(p) = &self.placement {
+            let _ = writeln!(
+                s,
+                "  cores {} and {}: a cache line's round trip {} ns before the run, {} ns after",
+                p.client_core, p.target_core, p.before_ns, p.after_ns
+            );
         }
         if let Some(t) = &self.target {
             let _ = writeln!(s, "  target: CPU {:.3} cores, {:.0} ns per I/O", t.cpu, t.cpu_ns_per_io);
