@@ -1045,7 +1045,10 @@ impl Reactor {
         while !self.stop {
             let mut work = self.drain_inbox();
             work |= self.run_timers(t_iter);
-            let (w, now) = self.run_scheduled(t_iter);
+            // Messages or timers ran: a fresh time, or the first source's run would seem to
+            // include theirs (and a stall be blamed on it).
+            let t_sched = if work { Instant::now() } else { t_iter };
+            let (w, now) = self.run_scheduled(t_sched);
             work |= w;
             let plan = if work || self.stop {
                 WaitPlan::Poll

@@ -99,7 +99,8 @@ pub struct PerfArgs {
     /// Right before and after the run, time a cache line's round trip between the client's
     /// first core and this one (default: the in-process target's first reactor core, or the
     /// floor's core): it tells how near the host placed the two CPUs for this run, which on
-    /// a VM moves the loopback round trip by half (reported as "placement").
+    /// a VM moves the loopback round trip by half (reported as "placement"). Not when the two
+    /// cores are the same; a default probe that fails is logged, an asked-for one fails the run.
     #[arg(long, value_name = "CORE")]
     pub probe_core: Option<usize>,
     /// Do not probe the placement (see --probe-core).
@@ -267,27 +268,48 @@ enum CliError {
     Target(String),
 }
 
-/// The two cores to probe (client, target) when both are known and pinned.
-fn probe_cores(a: &PerfArgs, target_core: Option<usize>) -> Result<Option<(usize, usize)>, CliError> {
+/// What to probe: the client's and the target's core, and whether a failed probe fails the
+/// run (asked for with --probe-core) or is only logged (the default).
+struct Probe {
+    client: usize,
+    target: usize,
+    required: bool,
+}
+
+/// The two cores to probe when both are known, pinned and not the same.
+fn probe_cores(a: &PerfArgs, target_core: Option<usize>) -> Result<Option<Probe>, CliError> {
     if a.no_probe || a.no_pin {
         return Ok(None);
     }
     let client = parse_cores(&a.cores).map_err(usage)?[0];
-    Ok(a.probe_core.or(target_core).map(|t| (client, t)))
+    Ok(a.probe_core
+        .or(target_core)
+        .filter(|&t| t != client)
+        .map(|target| Probe {
+            client,
+            target,
+            required: a.probe_core.is_some(),
+        }))
 }
 
-/// Runs `run` between two placement probes of `cores` (when set). The probes run while no
-/// client or target thread does: a spinning reactor would share the probe's core.
-fn bracketed(
-    cores: Option<(usize, usize)>,
-    run: impl FnOnce() -> Result<PerfReport, CliError>,
-) -> Result<PerfReport, CliError> {
-    let Some((client_core, target_core)) = cores else {
-        return run();
+/// Runs `run` between two placement probes (when asked). The probes run while no client or
+/// target thread does: a spinning reactor would share the probe's core.
+fn bracketed(probe: Option<Probe>, run: impl FnOnce() -> Result<PerfReport, CliError>) -> Result<PerfReport, CliError> {
+    let Some(p) = probe else { return run() };
+    let once = || match super::probe_placement(p.client, p.target) {
+        Ok(ns) => Ok(Some(ns)),
+        Err(e) if p.required => Err(CliError::from(e)),
+        Err(e) => {
+            tracing::warn!(error = %e, "placement probe failed: the report has no placement");
+            Ok(None)
+        }
     };
-    let before_ns = super::probe_placement(client_core, target_core)?;
+    let before = once()?;
     let mut r = run()?;
-    let after_ns = super::probe_placement(client_core, target_core)?;
+    let (Some(before_ns), Some(after_ns)) = (before, once()?) else {
+        return Ok(r);
+    };
+    let (client_core, target_core) = (p.client, p.target);
     r.placement = Some(super::Placement {
         client_core,
         target_core,
@@ -379,6 +401,9 @@ mod tests {
         assert!(p.before_ns > 0 && p.after_ns > 0, "{p:?}");
         assert!(run_cli(&args(&["--no-probe"])).unwrap().placement.is_none());
         assert!(run_cli(&args(&["--no-pin"])).unwrap().placement.is_none());
+        // The client's own core: nothing to measure.
+        assert!(run_cli(&args(&["--probe-core", "0"])).unwrap().placement.is_none());
+        // A probe asked for that cannot run fails the run; the default one only is left out.
         let e = run_cli(&args(&["--probe-core", "4095"])).unwrap_err();
         assert!(e.to_string().contains("4095"), "{e}");
     }
