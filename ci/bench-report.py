@@ -391,41 +391,38 @@ def cmd_perf(out):
     # are below this VM's loopback floor with the vCPUs apart (19-22 us), so they were taken
     # with them near each other: the like-for-like comparison is the "near" group.
     by_place = {}
-    groups = {
-        "qd1_p50_us": (["4k-randread-qd1", "pair-pollux"], ["floor-4k-randread-qd1", "pair-floor"],
-                       lambda r: us(r["latency_ns"]["p50"])),
-        "qd32_iops": (["4k-randread-qd32", "pair32-pollux"], ["floor-4k-randread-qd32", "pair32-floor"], lambda r: r["iops"]),
+    # Each figure: its runs (pollux's and the floor's jobs), the value of a run, and the goal its
+    # near median is held to (met when `meets`; quoted once `min_runs` near runs exist).
+    figures = {
+        "qd1_p50_us": dict(label="QD1 4K randread p50 us (reps and pairs)", pollux=["4k-randread-qd1", "pair-pollux"],
+                           floor=["floor-4k-randread-qd1", "pair-floor"], val=lambda r: us(r["latency_ns"]["p50"]),
+                           show=fmt, unit="us", spdk=SPDK_QD1_P50_US, meets=lambda x: x <= SPDK_QD1_P50_US, min_runs=3,
+                           goal=f"QD1 4K randread p50 <= {SPDK_QD1_P50_US} us, the two vCPUs near each other (as in SPDK's quiet runs)"),
+        "qd32_iops": dict(label="QD32 4K randread IOPS (reps and pairs)", pollux=["4k-randread-qd32", "pair32-pollux"],
+                          floor=["floor-4k-randread-qd32", "pair32-floor"], val=lambda r: r["iops"],
+                          show=kiops, unit="IOPS", spdk=SPDK_QD32_IOPS, meets=lambda x: x > SPDK_QD32_IOPS, min_runs=2,
+                          goal=f"QD32 4K randread > {SPDK_QD32_IOPS/1e3:.0f}K IOPS, the two vCPUs near each other"),
     }
-    for key, (pj, fj, val) in groups.items():
+    for key, fig in figures.items():
         g = {}
         for cls in ("near", "apart", "moved"):
-            pv = [val(r) for n in pj for r in by.get(n, []) if placement(r) == cls]
-            fv = [val(r) for n in fj for r in by.get(n, []) if placement(r) == cls]
+            pv = [fig["val"](r) for n in fig["pollux"] for r in by.get(n, []) if placement(r) == cls]
+            fv = [fig["val"](r) for n in fig["floor"] for r in by.get(n, []) if placement(r) == cls]
             g[cls] = {"pollux": med(pv), "pollux_runs": len(pv), "floor": med(fv), "floor_runs": len(fv)}
-        if any(v["pollux_runs"] or v["floor_runs"] for v in g.values()):
-            by_place[key] = g
-    near1 = by_place.get("qd1_p50_us", {}).get("near")
-    if near1 and near1["pollux_runs"] >= 3:
-        p50 = near1["pollux"]
-        goals.append({
-            "goal": f"QD1 4K randread p50 <= {SPDK_QD1_P50_US} us, the two vCPUs near each other (as in SPDK's quiet runs)",
-            "measured": (f"median {p50:.1f} us over the {near1['pollux_runs']} QD1 runs (reps and pairs) with a cache-line "
-                         f"round trip under {NEAR_NS} ns before and after; the floor in its {near1['floor_runs']} such runs: "
-                         f"{fmt(near1['floor'])} us"),
-            "ratio": p50 / SPDK_QD1_P50_US,
-            "met": p50 <= SPDK_QD1_P50_US,
-        })
-    near32 = by_place.get("qd32_iops", {}).get("near")
-    if near32 and near32["pollux_runs"] >= 2:
-        iops = near32["pollux"]
-        goals.append({
-            "goal": f"QD32 4K randread > {SPDK_QD32_IOPS/1e3:.0f}K IOPS, the two vCPUs near each other",
-            "measured": (f"median {kiops(iops)} IOPS over the {near32['pollux_runs']} QD32 runs (reps and pairs) with a cache-line "
-                         f"round trip under {NEAR_NS} ns before and after; the floor in its {near32['floor_runs']} such runs: "
-                         f"{kiops(near32['floor'])}"),
-            "ratio": iops / SPDK_QD32_IOPS,
-            "met": iops > SPDK_QD32_IOPS,
-        })
+        if not any(v["pollux_runs"] or v["floor_runs"] for v in g.values()):
+            continue
+        by_place[key] = g
+        near = g["near"]
+        if near["pollux_runs"] >= fig["min_runs"]:
+            show, unit = fig["show"], fig["unit"]
+            goals.append({
+                "goal": fig["goal"],
+                "measured": (f"median {show(near['pollux'])} {unit} over the {near['pollux_runs']} runs (reps and pairs) with a "
+                             f"cache-line round trip under {NEAR_NS} ns before and after; the floor in its "
+                             f"{near['floor_runs']} such runs: {show(near['floor'])} {unit}"),
+                "ratio": near["pollux"] / fig["spdk"],
+                "met": fig["meets"](near["pollux"]),
+            })
     doc = {"jobs": jobs, "instructions_per_io": instr, "instructions_pmu": pmu, "goals": goals, "qd1_floor": floors,
            "qd1_pairs": pairs, "qd32_pairs": pairs32, "by_placement": by_place,
            "top_functions_per_io": {k: {r: [{"ir_per_io": a, "pct": b, "fn": c} for a, b, c in v] for r, v in t.items()} for k, t in tops.items()}}
@@ -501,8 +498,7 @@ def cmd_perf(out):
               "the floor with the vCPUs apart, so they compare with the near rows.", "",
               "| figure | placement | pollux: median (runs) | floor: median (runs) |", "|---|---|---|---|"]
         for key, g in by_place.items():
-            label = "QD1 4K randread p50 us (reps and pairs)" if key == "qd1_p50_us" else "QD32 4K randread IOPS (reps and pairs)"
-            show = fmt if key == "qd1_p50_us" else kiops
+            label, show = figures[key]["label"], figures[key]["show"]
             for cls, v in g.items():
                 if v["pollux_runs"] or v["floor_runs"]:
                     L.append(f"| {label} | {cls} | {show(v['pollux'])} ({v['pollux_runs']}) | {show(v['floor'])} ({v['floor_runs']}) |")
