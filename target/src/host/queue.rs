@@ -7,8 +7,9 @@
 //! completes (and, should a completion come before its data went, keeps until the data did:
 //! see [`HostQueue::complete`]). Received bytes land in one reusable buffer, complete PDUs
 //! are parsed in place ([`parse_pdu_header`], direction controller-to-host) and their data
-//! copied once, into the buffer the command was submitted with. Waiting is `poll(2)` on the
-//! socket with a deadline.
+//! copied once, into the buffer the command was submitted with; a lone read's data is received
+//! straight into that buffer instead (see [`HostQueue::fill_in_place`]). Waiting is `poll(2)`
+//! on the socket with a deadline.
 
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Read};
@@ -19,8 +20,8 @@ use std::time::{Duration, Instant};
 
 use pollux_nvme::spec::{SglDescriptor, Sqe, Status};
 use pollux_nvme::tcp::{
-    CommonHeader, Direction, PduHeader, PduLimits, PduType, TermReqHdr, check_data_digest, crc32c, encode_capsule_cmd,
-    encode_h2c_data_hdr, encode_ic_req, parse_pdu_header,
+    CommonHeader, DataHdr, Direction, PduHeader, PduLimits, PduType, TermReqHdr, check_data_digest, crc32c,
+    encode_capsule_cmd, encode_h2c_data_hdr, encode_ic_req, parse_pdu_header,
 };
 use zerocopy::FromBytes;
 use zerocopy::little_endian::U16;
@@ -41,6 +42,11 @@ const MAX_RAW_PLEN: u32 = 64 << 20;
 /// instructions, and a 128 KiB write's copy kept the client's core busy. Shorter data is
 /// cheaper to copy than to describe with an iovec.
 const BORROW_MIN: usize = 2048;
+/// Reads at least this long are received in place when they are alone in flight (see
+/// [`HostQueue::fill_in_place`]); shorter data is cheaper to copy than to give an iovec.
+const IN_PLACE_MIN: usize = 2048;
+/// A C2HData PDU header (NVMe/TCP 1.0 §3.6.2.8), without its header digest.
+const C2H_HLEN: usize = 24;
 /// Fabrics Connect data length (NVMe-oF 1.1 §6.3).
 const CONNECT_DATA_LEN: usize = 1024;
 
@@ -278,6 +284,14 @@ pub struct HostQueue {
     stash: VecDeque<Completion>,
     scratch: Vec<u8>,
     closed: bool,
+    /// The command id submitted last: when it is the only one in flight, the next PDU is
+    /// expected to be its data.
+    last_cid: u16,
+    /// A C2HData header whose data [`HostQueue::fill_in_place`] received in place, to be
+    /// handled before the bytes that followed it (at `rstart`).
+    landed: Option<PduHeader>,
+    /// Reads whose data was received in place.
+    in_place_reads: u64,
 }
 
 fn io_err(e: std::io::Error) -> HostError {
@@ -315,6 +329,9 @@ impl HostQueue {
             stash: VecDeque::new(),
             scratch: Vec::new(),
             closed: false,
+            last_cid: 0,
+            landed: None,
+            in_place_reads: 0,
             opts,
         })
     }
@@ -376,6 +393,12 @@ impl HostQueue {
     /// Commands submitted and not completed.
     pub fn in_flight(&self) -> usize {
         self.slots.len() - self.free.len()
+    }
+
+    /// Reads whose data was received straight into their buffer (see
+    /// [`HostQueue::fill_in_place`]), since the queue was opened.
+    pub fn in_place_reads(&self) -> u64 {
+        self.in_place_reads
     }
 
     /// Command ids free for [`HostQueue::submit`].
@@ -545,6 +568,7 @@ impl HostQueue {
             return Err(HostError::QueueFull(self.slots.len()));
         };
         sqe.cid = U16::new(cid);
+        self.last_cid = cid;
         sqe.set_psdt(Sqe::PSDT_SGL_MPTR_CONTIGUOUS);
         let in_capsule = dir == Dir::H2cInCapsule;
         sqe.set_sgl(&if in_capsule {
@@ -611,7 +635,7 @@ impl HostQueue {
                 self.send_some()?;
                 return Ok(n);
             }
-            if self.fill()? {
+            if self.fill_in_place()? {
                 continue;
             }
             let Some(d) = deadline else { return Ok(0) };
@@ -733,6 +757,31 @@ impl HostQueue {
     /// Handles the complete PDUs in the receive buffer; returns the completions delivered.
     fn process<F: FnMut(Completion)>(&mut self, f: &mut F) -> Result<usize, HostError> {
         let mut n = 0;
+        if let Some(PduHeader::C2HData {
+            hdr,
+            data_len,
+            success,
+            ddgst,
+            ..
+        }) = self.landed.take()
+        {
+            // The data is in the command's buffer already; its digest, if any, came next
+            // (`in_place_header` checked that it did).
+            let digest = if ddgst {
+                let d = self
+                    .rbuf
+                    .get(self.rstart..self.rstart + 4)
+                    .and_then(|d| d.first_chunk::<4>());
+                let Some(&d) = d else {
+                    return Err(self.protocol("data digest outside the receive buffer".into()));
+                };
+                self.rstart += 4;
+                Some(u32::from_le_bytes(d))
+            } else {
+                None
+            };
+            n += self.c2h_data(&hdr, data_len, success, ddgst, None, digest, f)?;
+        }
         while let Some(p) = self.peek_pdu()? {
             let start = self.rstart;
             self.rstart += p.plen;
@@ -798,45 +847,15 @@ impl HostQueue {
                 ddgst,
                 ..
             } => {
-                let cid = hdr.cccid.get();
                 let off = p.hdr.data_offset();
                 let dl = data_len as usize;
                 let (Some(data), digest) = (pdu.get(off..off + dl), pdu.get(off + dl..off + dl + 4)) else {
                     return Err(self.protocol("C2HData data outside the PDU".into()));
                 };
-                let digest_ok = match (ddgst, digest) {
-                    (false, _) => true,
-                    (true, Some(d)) => check_data_digest(data, u32::from_le_bytes([d[0], d[1], d[2], d[3]])).is_ok(),
-                    (true, None) => false,
-                };
-                let datao = hdr.datao.get();
-                let Some(slot) = self.slots.get_mut(usize::from(cid)).filter(|s| s.busy) else {
-                    return Err(self.protocol(format!("C2HData for command id {cid}, not in flight")));
-                };
-                if slot.dir != Dir::C2h {
-                    return Err(self.protocol(format!("C2HData for command id {cid}, which reads nothing")));
-                }
-                let end = u64::from(datao) + u64::from(data_len);
-                if datao != slot.done || end > u64::from(slot.len) {
-                    let (done, len) = (slot.done, slot.len);
-                    return Err(self.protocol(format!(
-                        "C2HData offset {datao} length {data_len} for command id {cid}: expected offset {done} of {len}"
-                    )));
-                }
-                slot.buf[datao as usize..end as usize].copy_from_slice(data);
-                slot.done = end as u32;
-                slot.ddgst_error |= !digest_ok;
-                if success {
-                    // DATA_SUCCESS: no CapsuleResp follows (NVMe/TCP §3.6.2.8).
-                    let status = if slot.ddgst_error {
-                        Status::DATA_TRANSFER_ERROR
-                    } else {
-                        Status::SUCCESS
-                    };
-                    self.complete(cid, status, 0, 0, f);
-                    return Ok(1);
-                }
-                Ok(0)
+                let digest = digest
+                    .and_then(|d| d.first_chunk::<4>())
+                    .map(|d| u32::from_le_bytes(*d));
+                self.c2h_data(&hdr, data_len, success, ddgst, Some(data), digest, f)
             }
             PduHeader::R2T(r) => {
                 let cid = r.cccid.get();
@@ -882,6 +901,59 @@ impl HostQueue {
             }
             other => Err(self.protocol(format!("unexpected {:?} PDU", other.pdu_type()))),
         }
+    }
+
+    /// A C2HData PDU (NVMe/TCP §3.6.2.8) for a command in flight: its data is copied into the
+    /// command's buffer, or, with `data` None, is there already (received in place). With
+    /// `ddgst` a data digest was due: `digest` is it, or None if it was missing.
+    #[allow(clippy::too_many_arguments)]
+    fn c2h_data<F: FnMut(Completion)>(
+        &mut self,
+        hdr: &DataHdr,
+        data_len: u32,
+        success: bool,
+        ddgst: bool,
+        data: Option<&[u8]>,
+        digest: Option<u32>,
+        f: &mut F,
+    ) -> Result<usize, HostError> {
+        let cid = hdr.cccid.get();
+        let datao = hdr.datao.get();
+        let Some(slot) = self.slots.get_mut(usize::from(cid)).filter(|s| s.busy) else {
+            return Err(self.protocol(format!("C2HData for command id {cid}, not in flight")));
+        };
+        if slot.dir != Dir::C2h {
+            return Err(self.protocol(format!("C2HData for command id {cid}, which reads nothing")));
+        }
+        let end = u64::from(datao) + u64::from(data_len);
+        if datao != slot.done || end > u64::from(slot.len) {
+            let (done, len) = (slot.done, slot.len);
+            return Err(self.protocol(format!(
+                "C2HData offset {datao} length {data_len} for command id {cid}: expected offset {done} of {len}"
+            )));
+        }
+        let dest = &mut slot.buf[datao as usize..end as usize];
+        if let Some(data) = data {
+            dest.copy_from_slice(data);
+        }
+        let digest_ok = match (ddgst, digest) {
+            (false, _) => true,
+            (true, Some(d)) => check_data_digest(dest, d).is_ok(),
+            (true, None) => false,
+        };
+        slot.done = end as u32;
+        slot.ddgst_error |= !digest_ok;
+        if success {
+            // DATA_SUCCESS: no CapsuleResp follows (NVMe/TCP §3.6.2.8).
+            let status = if slot.ddgst_error {
+                Status::DATA_TRANSFER_ERROR
+            } else {
+                Status::SUCCESS
+            };
+            self.complete(cid, status, 0, 0, f);
+            return Ok(1);
+        }
+        Ok(0)
     }
 
     /// Hands command `cid`'s buffer back with its completion. A controller completes a
@@ -950,6 +1022,135 @@ impl HostQueue {
                 }
             }
         }
+    }
+
+    /// [`HostQueue::fill`], except that a lone read's data is received straight into its
+    /// buffer. At queue depth 1 every read's data was otherwise copied once more, from the
+    /// receive buffer into the command's, on the path from the data's arrival to the next
+    /// command (a third of the instructions the host spent there). When nothing is buffered
+    /// and the only command in flight is a read that has received nothing, the next PDU is
+    /// almost surely its one C2HData: the read's header goes to the receive buffer, its
+    /// data to the command's buffer and whatever follows (a data digest, a CapsuleResp) to
+    /// the receive buffer after the header, with one `readv`. If the bytes are not that PDU
+    /// whole (another PDU, data split over several PDUs, a short read), they are moved
+    /// back into stream order in the receive buffer and handled as any others.
+    fn fill_in_place(&mut self) -> Result<bool, HostError> {
+        let hl = C2H_HLEN + if self.hdgst { 4 } else { 0 };
+        let cid = self.last_cid;
+        let lone = self.rstart == self.rend && self.landed.is_none() && self.in_flight() == 1 && !self.closed;
+        let len = match self.slots.get(usize::from(cid)) {
+            Some(s)
+                if lone
+                    && s.busy
+                    && s.dir == Dir::C2h
+                    && s.done == 0
+                    && s.len as usize >= IN_PLACE_MIN
+                    && s.buf.len() == s.len as usize
+                    // Room after the data's place for what follows, and for the data itself
+                    // should it have to be moved back.
+                    && hl + s.len as usize + 4096 <= self.rbuf.len() =>
+            {
+                s.len as usize
+            }
+            _ => return self.fill(),
+        };
+        self.rstart = 0;
+        self.rend = 0;
+        let tail = self.rbuf.len() - hl - len;
+        let (head, rest) = self.rbuf.split_at_mut(hl);
+        let Some(slot) = self.slots.get_mut(usize::from(cid)) else {
+            return self.fill();
+        };
+        let iov = [
+            libc::iovec {
+                iov_base: head.as_mut_ptr().cast(),
+                iov_len: hl,
+            },
+            libc::iovec {
+                iov_base: slot.buf.as_mut_ptr().cast(),
+                iov_len: len,
+            },
+            libc::iovec {
+                iov_base: rest.as_mut_ptr().cast(),
+                iov_len: tail,
+            },
+        ];
+        let n = loop {
+            // SAFETY: the three iovecs are disjoint memory this queue owns for the call: the
+            // first `hl` bytes of the receive buffer, the read's buffer (`len` bytes long, and
+            // not handed out until the command completes) and `tail` bytes of the receive
+            // buffer after the header (`hl + len + tail` is its length).
+            let n = unsafe { libc::readv(self.sock.as_raw_fd(), iov.as_ptr(), iov.len() as libc::c_int) };
+            if n > 0 {
+                break n as usize;
+            }
+            if n == 0 {
+                self.closed = true;
+                return Err(HostError::Closed);
+            }
+            let e = std::io::Error::last_os_error();
+            match e.kind() {
+                ErrorKind::WouldBlock => return Ok(false),
+                ErrorKind::Interrupted => {}
+                _ => {
+                    self.closed = true;
+                    return Err(io_err(e));
+                }
+            }
+        };
+        if n <= hl {
+            self.rend = n;
+            return Ok(true);
+        }
+        let got = (n - hl).min(len);
+        let after = n - hl - got;
+        if got == len
+            && let Some(hdr) = self.in_place_header(cid, hl, len, after)
+        {
+            self.landed = Some(hdr);
+            self.in_place_reads += 1;
+            self.rstart = hl;
+            self.rend = hl + after;
+            return Ok(true);
+        }
+        // Not the lone read's data PDU whole: back into stream order. `hl + got + after` is
+        // `n`, within the receive buffer.
+        self.rbuf.copy_within(hl..hl + after, hl + got);
+        if let Some(slot) = self.slots.get(usize::from(cid)) {
+            self.rbuf[hl..hl + got].copy_from_slice(&slot.buf[..got]);
+        }
+        self.rend = n;
+        Ok(true)
+    }
+
+    /// The header at the front of the receive buffer if it is command `cid`'s one C2HData
+    /// PDU for all its `len` bytes, with the data right after the header (PDO = HLEN plus
+    /// header digest: CPDA is 0) and, when data digests are on, its digest among the
+    /// `after` bytes that followed.
+    fn in_place_header(&self, cid: u16, hl: usize, len: usize, after: usize) -> Option<PduHeader> {
+        let ch = CommonHeader::parse(self.rbuf.first_chunk::<8>()?).ok()?;
+        let limits = self.limits();
+        if ch.pdu_type != PduType::C2HData as u8 || ch.header_len(&limits) != hl {
+            return None;
+        }
+        let hdr = parse_pdu_header(&ch, self.rbuf.get(..hl)?, &limits, Direction::ControllerToHost).ok()?;
+        let PduHeader::C2HData {
+            hdr: h,
+            data_len,
+            ddgst,
+            ..
+        } = hdr
+        else {
+            return None;
+        };
+        let dg = if ddgst { 4 } else { 0 };
+        let whole = h.cccid.get() == cid
+            && h.datao.get() == 0
+            && data_len as usize == len
+            && usize::from(h.ch.pdo) == hl
+            && ch.plen.get() as usize == hl + len + dg
+            && after >= dg;
+        whole.then_some(hdr)
     }
 
     // ------------------------------------------------------------------ send path
