@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use pollux_nvme::spec::{SglDescriptor, Sqe, Status};
 use pollux_nvme::tcp::{
     CommonHeader, DataHdr, Direction, PduHeader, PduLimits, PduType, TermReqHdr, check_data_digest, crc32c,
-    encode_capsule_cmd, encode_h2c_data_hdr, encode_ic_req, parse_pdu_header,
+    encode_c2h_data_hdr, encode_capsule_cmd, encode_h2c_data_hdr, encode_ic_req, parse_pdu_header,
 };
 use zerocopy::FromBytes;
 use zerocopy::little_endian::U16;
@@ -1128,6 +1128,26 @@ impl HostQueue {
     /// header digest: CPDA is 0) and, when data digests are on, its digest among the
     /// `after` bytes that followed.
     fn in_place_header(&self, cid: u16, hl: usize, len: usize, after: usize) -> Option<PduHeader> {
+        let dg = if self.ddgst { 4 } else { 0 };
+        if !self.hdgst && after >= dg {
+            // What a target sends for this read is known to the byte, with or without SUCCESS:
+            // comparing with that is a tenth of the instructions of a field-by-field parse,
+            // on the way from the data's arrival to its completion.
+            for success in [true, false] {
+                let (b, n) = encode_c2h_data_hdr(cid, 0, len as u32, true, success, false, self.ddgst);
+                if self.rbuf.get(..n) == b.get(..n)
+                    && let Ok(hdr) = DataHdr::read_from_bytes(&b[..n])
+                {
+                    return Some(PduHeader::C2HData {
+                        hdr,
+                        data_len: len as u32,
+                        last: true,
+                        success,
+                        ddgst: self.ddgst,
+                    });
+                }
+            }
+        }
         let ch = CommonHeader::parse(self.rbuf.first_chunk::<8>()?).ok()?;
         let limits = self.limits();
         if ch.pdu_type != PduType::C2HData as u8 || ch.header_len(&limits) != hl {
@@ -1157,6 +1177,9 @@ impl HostQueue {
 
     /// Writes what the socket takes now, without blocking.
     fn send_some(&mut self) -> Result<(), HostError> {
+        if self.out.pending() == 0 && self.parked.is_empty() {
+            return Ok(());
+        }
         if let Err(e) = self.out.flush(self.sock.as_raw_fd()) {
             self.closed = true;
             return Err(match e.kind() {

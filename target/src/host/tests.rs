@@ -460,9 +460,10 @@ fn data_digest_errors_on_c2h_data_fail_the_command_only() {
 
 /// How a fake target answers a 4 KiB read of `data` (command id `cid`); each inner vector is
 /// one `write`, with a pause before the next.
-fn c2h_replies(cid: u16, data: &[u8], ddgst: bool, how: &str) -> Vec<Vec<u8>> {
+fn c2h_replies(cid: u16, data: &[u8], (hdgst, ddgst): (bool, bool), how: &str) -> Vec<Vec<u8>> {
+    let hl = if hdgst { 28 } else { 24 };
     let c2h = |off: usize, len: usize, last: bool, success: bool| {
-        let (b, n) = encode_c2h_data_hdr(cid, off as u32, len as u32, last, success, false, ddgst);
+        let (b, n) = encode_c2h_data_hdr(cid, off as u32, len as u32, last, success, hdgst, ddgst);
         let mut v = b[..n].to_vec();
         v.extend_from_slice(&data[off..off + len]);
         if ddgst {
@@ -471,7 +472,7 @@ fn c2h_replies(cid: u16, data: &[u8], ddgst: bool, how: &str) -> Vec<Vec<u8>> {
         v
     };
     let resp = |status: Status| {
-        let (b, n) = encode_capsule_resp(&Cqe::new(cid, 1, 0, status, 0), false);
+        let (b, n) = encode_capsule_resp(&Cqe::new(cid, 1, 0, status, 0), hdgst);
         b[..n].to_vec()
     };
     let len = data.len();
@@ -494,12 +495,12 @@ fn c2h_replies(cid: u16, data: &[u8], ddgst: bool, how: &str) -> Vec<Vec<u8>> {
         // The header alone, then the rest.
         "header-first" => {
             let v = [c2h(0, len, true, false), resp(Status::SUCCESS)].concat();
-            vec![v[..24].to_vec(), v[24..].to_vec()]
+            vec![v[..hl].to_vec(), v[hl..].to_vec()]
         }
         // The header and part of the data, then the rest.
         "partial" => {
             let v = [c2h(0, len, true, false), resp(Status::SUCCESS)].concat();
-            vec![v[..24 + 1000].to_vec(), v[24 + 1000..].to_vec()]
+            vec![v[..hl + 1000].to_vec(), v[hl + 1000..].to_vec()]
         }
         // A data digest that does not match.
         "bad-digest" => {
@@ -517,7 +518,7 @@ fn c2h_replies(cid: u16, data: &[u8], ddgst: bool, how: &str) -> Vec<Vec<u8>> {
 /// before, with the same data and status.
 #[test]
 fn a_lone_reads_data_lands_in_its_buffer_and_any_other_reply_is_read_in_order() {
-    for ddgst in [false, true] {
+    for (hdgst, ddgst) in [(false, false), (false, true), (true, false), (true, true)] {
         let mut shapes = vec!["whole", "success", "split", "error", "header-first", "partial"];
         if ddgst {
             shapes.push("bad-digest");
@@ -526,19 +527,19 @@ fn a_lone_reads_data_lands_in_its_buffer_and_any_other_reply_is_read_in_order() 
         let data = pattern(7, 3, 4096);
         let d = data.clone();
         let (a, h) = fake(move |s| {
-            s.write_all(&encode_ic_resp(false, ddgst, 131072, 0)).unwrap();
+            s.write_all(&encode_ic_resp(hdgst, ddgst, 131072, 0)).unwrap();
             for how in script {
-                let mut cmd = [0u8; 72];
+                let mut cmd = vec![0u8; if hdgst { 76 } else { 72 }];
                 s.read_exact(&mut cmd).unwrap();
                 let cid = u16::from_le_bytes([cmd[10], cmd[11]]);
-                for w in c2h_replies(cid, &d, ddgst, how) {
+                for w in c2h_replies(cid, &d, (hdgst, ddgst), how) {
                     s.write_all(&w).unwrap();
                     std::thread::sleep(Duration::from_millis(20));
                 }
             }
             std::thread::sleep(Duration::from_millis(100));
         });
-        let mut q = HostQueue::initialized(a, opts().digests(false, ddgst)).unwrap();
+        let mut q = HostQueue::initialized(a, opts().digests(hdgst, ddgst)).unwrap();
         let mut landed = 0;
         for &how in &shapes {
             let mut back = vec![0u8; 4096];
@@ -547,8 +548,8 @@ fn a_lone_reads_data_lands_in_its_buffer_and_any_other_reply_is_read_in_order() 
                 "error" => assert_eq!(r.unwrap_err().status(), Some(Status::LBA_OUT_OF_RANGE), "{how}"),
                 "bad-digest" => assert_eq!(r.unwrap_err().status(), Some(Status::DATA_TRANSFER_ERROR), "{how}"),
                 _ => {
-                    r.unwrap_or_else(|e| panic!("{how} (ddgst {ddgst}): {e}"));
-                    assert!(back == data, "{how} (ddgst {ddgst}): data differs");
+                    r.unwrap_or_else(|e| panic!("{how} (digests {hdgst} {ddgst}): {e}"));
+                    assert!(back == data, "{how} (digests {hdgst} {ddgst}): data differs");
                 }
             }
             // Only a whole C2HData that came in one read lands in place (a bad digest too: it
@@ -556,7 +557,7 @@ fn a_lone_reads_data_lands_in_its_buffer_and_any_other_reply_is_read_in_order() 
             if matches!(how, "whole" | "success" | "bad-digest") {
                 landed += 1;
             }
-            assert_eq!(q.in_place_reads(), landed, "{how} (ddgst {ddgst})");
+            assert_eq!(q.in_place_reads(), landed, "{how} (digests {hdgst} {ddgst})");
             assert_eq!(q.in_flight(), 0);
         }
         h.join().unwrap();
