@@ -212,7 +212,7 @@ def annotate(cgdir, name, ios, role):
     return res
 
 
-SYSCALLS = re.compile(r"^(recv|read|write|send|sendmsg|recvmsg|epoll_wait|epoll_pwait|poll|malloc|free|realloc|calloc)$")
+SYSCALLS = re.compile(r"^(recv|read|readv|write|writev|send|sendmsg|recvmsg|epoll_wait|epoll_pwait|poll|malloc|free|realloc|calloc)$")
 
 
 def call_counts(path):
