@@ -860,19 +860,10 @@ impl HostQueue {
             PduHeader::R2T(r) => {
                 let cid = r.cccid.get();
                 let (r2to, r2tl) = (r.r2to.get(), r.r2tl.get());
-                let Some(slot) = self.slots.get_mut(usize::from(cid)).filter(|s| s.busy) else {
-                    return Err(self.protocol(format!("R2T for command id {cid}, not in flight")));
+                let end = u64::from(self.data_pdu_end("R2T", cid, Dir::H2cR2t, r2to, r2tl)?);
+                let Some(slot) = self.slots.get_mut(usize::from(cid)) else {
+                    return Ok(0);
                 };
-                if slot.dir != Dir::H2cR2t {
-                    return Err(self.protocol(format!("R2T for command id {cid}, which has no data to send")));
-                }
-                let end = u64::from(r2to) + u64::from(r2tl);
-                if r2to != slot.done || end > u64::from(slot.len) {
-                    let (done, len) = (slot.done, slot.len);
-                    return Err(self.protocol(format!(
-                        "R2T offset {r2to} length {r2tl} for command id {cid}: expected offset {done} of {len}"
-                    )));
-                }
                 // H2CData PDUs of at most MAXH2CDATA each, in order (NVMe/TCP §3.6.2.7);
                 // LAST_PDU on the last one of this R2T.
                 let max = self.maxh2cdata.max(4096);
@@ -919,20 +910,13 @@ impl HostQueue {
     ) -> Result<usize, HostError> {
         let cid = hdr.cccid.get();
         let datao = hdr.datao.get();
-        let Some(slot) = self.slots.get_mut(usize::from(cid)).filter(|s| s.busy) else {
-            return Err(self.protocol(format!("C2HData for command id {cid}, not in flight")));
+        let end = self.data_pdu_end("C2HData", cid, Dir::C2h, datao, data_len)?;
+        let Some(slot) = self.slots.get_mut(usize::from(cid)) else {
+            return Ok(0);
         };
-        if slot.dir != Dir::C2h {
-            return Err(self.protocol(format!("C2HData for command id {cid}, which reads nothing")));
-        }
-        let end = u64::from(datao) + u64::from(data_len);
-        if datao != slot.done || end > u64::from(slot.len) {
-            let (done, len) = (slot.done, slot.len);
-            return Err(self.protocol(format!(
-                "C2HData offset {datao} length {data_len} for command id {cid}: expected offset {done} of {len}"
-            )));
-        }
-        let dest = &mut slot.buf[datao as usize..end as usize];
+        let Some(dest) = slot.buf.get_mut(datao as usize..end as usize) else {
+            return Err(self.protocol(format!("C2HData beyond command id {cid}'s buffer")));
+        };
         if let Some(data) = data {
             dest.copy_from_slice(data);
         }
@@ -941,7 +925,7 @@ impl HostQueue {
             (true, Some(d)) => check_data_digest(dest, d).is_ok(),
             (true, None) => false,
         };
-        slot.done = end as u32;
+        slot.done = end;
         slot.ddgst_error |= !digest_ok;
         if success {
             // DATA_SUCCESS: no CapsuleResp follows (NVMe/TCP §3.6.2.8).
@@ -954,6 +938,38 @@ impl HostQueue {
             return Ok(1);
         }
         Ok(0)
+    }
+
+    /// Where a `what` PDU (C2HData or R2T) moving `len` bytes at offset `off` of command
+    /// `cid` ends, once it is checked: the command is in flight, moves data in direction
+    /// `dir`, and the PDU continues where the last one ended, within the transfer (data PDUs
+    /// come in order, NVMe/TCP §3.6.2.7-8). Anything else is a protocol error.
+    fn data_pdu_end(&mut self, what: &str, cid: u16, dir: Dir, off: u32, len: u32) -> Result<u32, HostError> {
+        let slot = self.slots.get(usize::from(cid)).filter(|s| s.busy);
+        let Some(&Slot {
+            dir: slot_dir,
+            done,
+            len: total,
+            ..
+        }) = slot
+        else {
+            return Err(self.protocol(format!("{what} for command id {cid}, not in flight")));
+        };
+        if slot_dir != dir {
+            let why = if dir == Dir::C2h {
+                "which reads nothing"
+            } else {
+                "which has no data to send"
+            };
+            return Err(self.protocol(format!("{what} for command id {cid}, {why}")));
+        }
+        let end = u64::from(off) + u64::from(len);
+        if off != done || end > u64::from(total) {
+            return Err(self.protocol(format!(
+                "{what} offset {off} length {len} for command id {cid}: expected offset {done} of {total}"
+            )));
+        }
+        Ok(end as u32)
     }
 
     /// Hands command `cid`'s buffer back with its completion. A controller completes a
