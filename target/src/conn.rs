@@ -172,12 +172,12 @@ impl DirectRx {
 
 /// R2T data buffers a reactor keeps for its connections to reuse, shared by them (reactor-local
 /// state: no lock). A write whose data comes by R2T needs a buffer of its length until its data
-/// has arrived and it ran; allocating and zero-filling a new one per write costs as much as
-/// the rest of the target's work: 128 KiB sequential writes at QD32 had 24 of their 32 buffers
-/// new each round under the old pool of 8 per connection; with this one, IOPS x1.055 and
-/// target CPU per I/O x0.950 (10 alternating pairs; the client is then the limit). The pool is bounded in bytes
-/// per reactor, however many connections it serves, as SPDK bounds its transport's shared
-/// data buffers (511 of 128 KiB by default); what it does not keep is freed.
+/// has arrived and it ran, and allocating and zero-filling a new one per write is costly: 128
+/// KiB sequential writes at QD32 had 24 of their 32 buffers new each round under the old pool
+/// of 8 per connection; with this one, IOPS x1.055 and target CPU per I/O x0.950 (10
+/// alternating pairs; the client is then the limit). The pool is bounded in bytes per
+/// reactor, however many connections it serves, as SPDK bounds its transport's shared data
+/// buffers (511 of 128 KiB by default); what it does not keep is freed.
 #[derive(Debug, Default)]
 pub struct H2cPool {
     bufs: Vec<Vec<u8>>,
