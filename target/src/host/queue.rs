@@ -294,6 +294,29 @@ pub struct HostQueue {
     in_place_reads: u64,
 }
 
+/// The header at the front of `bytes` if it is, to the byte, the one C2HData PDU a target
+/// sends for command `cid`'s read of `len` bytes (NVMe/TCP §3.6.2.8: LAST_PDU, with or
+/// without SUCCESS, data right after the header, DDGSTF as negotiated, no header digest).
+/// Comparing with those 24 bytes is a tenth of the instructions of a field-by-field parse,
+/// and accepts nothing that the parse would refuse; any other header takes the parse.
+pub(super) fn expected_c2h(bytes: &[u8], cid: u16, len: u32, ddgst: bool) -> Option<PduHeader> {
+    for success in [true, false] {
+        let (b, n) = encode_c2h_data_hdr(cid, 0, len, true, success, false, ddgst);
+        if bytes.get(..n) == b.get(..n)
+            && let Ok(hdr) = DataHdr::read_from_bytes(&b[..n])
+        {
+            return Some(PduHeader::C2HData {
+                hdr,
+                data_len: len,
+                last: true,
+                success,
+                ddgst,
+            });
+        }
+    }
+    None
+}
+
 fn io_err(e: std::io::Error) -> HostError {
     match e.kind() {
         ErrorKind::ConnectionReset
@@ -804,6 +827,26 @@ impl HostQueue {
             self.need = 8;
             return Ok(None);
         };
+        // A read's one C2HData, as a target sends it, needs no field-by-field parse (see
+        // `expected_c2h`): at QD32 that parse was a tenth of the host's instructions.
+        if !self.hdgst
+            && ch8[0] == PduType::C2HData as u8
+            && let Some(&[c0, c1]) = avail.get(8..10)
+            && let cid = u16::from_le_bytes([c0, c1])
+            && let Some(s) = self.slots.get(usize::from(cid))
+            && s.busy
+            && s.dir == Dir::C2h
+            && s.done == 0
+            && s.len <= self.opts.max_data
+            && let Some(hdr) = expected_c2h(avail, cid, s.len, self.ddgst)
+        {
+            let plen = C2H_HLEN + s.len as usize + if self.ddgst { 4 } else { 0 };
+            if avail.len() < plen {
+                self.need = plen;
+                return Ok(None);
+            }
+            return Ok(Some(Peeked { hdr, plen }));
+        }
         let ch = CommonHeader::parse(ch8).inspect_err(|_| self.closed = true)?;
         let limits = self.limits();
         let hl = ch.header_len(&limits);
@@ -1148,24 +1191,11 @@ impl HostQueue {
     /// `after` bytes that followed.
     fn in_place_header(&self, cid: u16, hl: usize, len: usize, after: usize) -> Option<PduHeader> {
         let dg = if self.ddgst { 4 } else { 0 };
-        if !self.hdgst && after >= dg {
-            // What a target sends for this read is known to the byte, with or without SUCCESS:
-            // comparing with that is a tenth of the instructions of a field-by-field parse,
-            // on the way from the data's arrival to its completion.
-            for success in [true, false] {
-                let (b, n) = encode_c2h_data_hdr(cid, 0, len as u32, true, success, false, self.ddgst);
-                if self.rbuf.get(..n) == b.get(..n)
-                    && let Ok(hdr) = DataHdr::read_from_bytes(&b[..n])
-                {
-                    return Some(PduHeader::C2HData {
-                        hdr,
-                        data_len: len as u32,
-                        last: true,
-                        success,
-                        ddgst: self.ddgst,
-                    });
-                }
-            }
+        if !self.hdgst
+            && after >= dg
+            && let Some(hdr) = expected_c2h(&self.rbuf, cid, len as u32, self.ddgst)
+        {
+            return Some(hdr);
         }
         let ch = CommonHeader::parse(self.rbuf.first_chunk::<8>()?).ok()?;
         let limits = self.limits();

@@ -613,3 +613,32 @@ proptest! {
         h.join().unwrap();
     }
 }
+
+/// The byte-for-byte C2HData check accepts exactly what the full parse makes of the same
+/// header, and nothing else: a header that differs in any byte takes the parse.
+#[test]
+fn expected_c2h_agrees_with_the_full_parse() {
+    for ddgst in [false, true] {
+        let limits = tcp::PduLimits {
+            hdgst: false,
+            ddgst,
+            max_data: 1 << 20,
+        };
+        for (cid, len) in [(0u16, 4096u32), (77, 512), (0xFFFE, 131072)] {
+            for success in [false, true] {
+                let (b, n) = encode_c2h_data_hdr(cid, 0, len, true, success, false, ddgst);
+                let ch = tcp::CommonHeader::parse(b[..8].try_into().unwrap()).unwrap();
+                let parsed = tcp::parse_pdu_header(&ch, &b[..n], &limits, tcp::Direction::ControllerToHost).unwrap();
+                assert_eq!(super::queue::expected_c2h(&b[..n], cid, len, ddgst), Some(parsed));
+                // Another command, another length, or any changed byte: not this read's PDU.
+                assert_eq!(super::queue::expected_c2h(&b[..n], cid ^ 1, len, ddgst), None);
+                assert_eq!(super::queue::expected_c2h(&b[..n], cid, len + 512, ddgst), None);
+                for i in 0..n {
+                    let mut m = b;
+                    m[i] ^= 0x10;
+                    assert_eq!(super::queue::expected_c2h(&m[..n], cid, len, ddgst), None, "byte {i}");
+                }
+            }
+        }
+    }
+}
