@@ -100,6 +100,21 @@ fn verify_runs_clean_on_ram_and_sim_namespaces_and_the_report_adds_up() {
         assert_eq!(r.ios, 1000);
         assert_eq!(o.workload.access, Access::Sequential);
     }
+    // At queue depth 1 every read is alone in flight: received in place, and verified.
+    let mut o = job(&t, RAM);
+    o.queue_depth = 1;
+    o.conns_per_core = 1;
+    o.io_size = 4096;
+    let r = perf::run(&o).unwrap();
+    sane(&r);
+    assert!(r.reads > 0 && r.verified_blocks.unwrap() > 0, "{r:?}");
+    // (A reply split across two reads would take the usual path: not seen on loopback.)
+    assert!(
+        r.in_place_reads * 10 >= r.reads * 9,
+        "{} of {} reads in place",
+        r.in_place_reads,
+        r.reads
+    );
     t.shutdown().unwrap();
 }
 

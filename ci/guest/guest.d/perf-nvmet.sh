@@ -5,7 +5,8 @@
 #   1. --verify (every block written carries its LBA and a generation; every read is
 #      checked) with 4 KiB in-capsule writes, with 64 KiB writes (R2T + H2CData) and header
 #      and data digests, and with SQ flow control kept on (--sqflow: completions in
-#      response capsules instead of C2HData SUCCESS);
+#      response capsules instead of C2HData SUCCESS), and at QD1, where reads are
+#      received in place;
 #   2. QD1 4k random-read latency of pollux perf and of fio through the kernel host on the
 #      same target, one after the other; the host compares them.
 # Reports go to the share as perf-NAME.json and fio-qd1.json.
@@ -50,6 +51,20 @@ verified verify-64k-digests
 step perf-verify-sqflow
 perf verify-sqflow -w randrw -q 8 -o 4096 -t 2 --span 16MiB --verify --sqflow
 verified verify-sqflow
+
+# A read alone in flight is received straight into its buffer (HostQueue::fill_in_place),
+# its header checked against the bytes expected; anything else the kernel sends goes the
+# usual way. Verified with and without SQ flow control (SUCCESS or a response capsule
+# after the data), and with header digests (the full header parse).
+step perf-verify-qd1-in-place
+for v in "qd1 " "qd1-sqflow --sqflow" "qd1-hdgst --hdgst --ddgst"; do
+    name=verify-${v%% *}
+    # shellcheck disable=SC2086 # the options after the name split on purpose
+    perf "$name" -w randrw -q 1 -o 8192 -t 2 --span 16MiB --verify ${v#* }
+    verified "$name"
+    grep -q '"in_place_reads":[1-9]' "$share/perf-$name.json" ||
+        { cat "$share/perf-$name.json"; die "pollux perf $name received no read in place"; }
+done
 
 step latency-perf
 perf qd1 -w randread -q 1 -o 4096 -t 4 --warmup 1 --span 64MiB

@@ -388,6 +388,7 @@ fn client(
         target: None,
         thread_cpu: Vec::new(),
         placement: None,
+        in_place_reads: 0,
     })
 }
 

@@ -465,6 +465,11 @@ fn run_inner(opts: &PerfOpts, stats: Option<&dyn Fn() -> Vec<ReactorStats>>) -> 
     if let Some(e) = first_err {
         return Err(e);
     }
+    let in_place_reads = done
+        .iter()
+        .flat_map(|t| &t.queues)
+        .map(crate::host::HostQueue::in_place_reads)
+        .sum();
     // Orderly goodbye: Disconnect every I/O queue, shut the controller down.
     for t in &mut done {
         ctrl.io.append(&mut t.queues);
@@ -479,5 +484,6 @@ fn run_inner(opts: &PerfOpts, stats: Option<&dyn Fn() -> Vec<ReactorStats>>) -> 
     };
     let mut r = report::build(opts, bs, units, wall, done, target);
     r.thread_cpu = report::task_delta(&tasks.0, &tasks.1, wall);
+    r.in_place_reads = in_place_reads;
     Ok(r)
 }

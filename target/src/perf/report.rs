@@ -146,6 +146,9 @@ pub struct PerfReport {
     /// and after the run: which of the host's placements of the two (virtual) CPUs the run
     /// had (see [`Placement`]). None when either core is unknown or unpinned.
     pub placement: Option<Placement>,
+    /// Reads whose data the client received straight into their buffer (a read alone in
+    /// flight, warm-up included; see `HostQueue::fill_in_place`).
+    pub in_place_reads: u64,
 }
 
 /// One thread's CPU split over the measured window, in fractions of wall time.
@@ -299,6 +302,7 @@ pub(super) fn build(
         target,
         thread_cpu: Vec::new(),
         placement: None,
+        in_place_reads: 0,
     }
 }
 
