@@ -129,6 +129,38 @@ proptest! {
         prop_assert_eq!(h.data_offset(), if has { n } else { 0 });
     }
 
+    /// The bare-capsule shortcut accepts exactly what the full parse accepts as a capsule
+    /// without data or header digest, and gives the same SQE; any other header goes to the
+    /// full parse.
+    #[test]
+    fn bare_capsule_cmd_agrees_with_the_full_parse(
+        sqe_bytes in proptest::collection::vec(any::<u8>(), 64),
+        data_len in prop_oneof![Just(0u32), 1u32..=8192],
+        hdgst: bool, ddgst: bool,
+        flip in proptest::option::of((0usize..8, 1u8..=255)),
+        tail in proptest::collection::vec(any::<u8>(), 0..16),
+    ) {
+        let sqe = Sqe::read_from_bytes(&sqe_bytes).expect("64 bytes");
+        let (buf, n) = encode_capsule_cmd(&sqe, data_len, hdgst, ddgst);
+        let mut pdu = buf[..n].to_vec();
+        if let Some((pos, x)) = flip {
+            pdu[pos] ^= x;
+        }
+        pdu.extend_from_slice(&tail);
+        let fast = parse_bare_capsule_cmd(&pdu);
+        let full = parse(&pdu, &lim(hdgst, ddgst), Direction::HostToController);
+        if let Some(fast) = fast {
+            prop_assert!(!hdgst && data_len == 0 && flip.is_none());
+            prop_assert_eq!(full.and_then(Result::ok), Some(PduHeader::CapsuleCmd {
+                sqe: fast, pdo: 0, data_len: 0, ddgst: false }));
+            prop_assert_eq!(fast, sqe);
+        } else {
+            prop_assert!(hdgst || data_len > 0 || flip.is_some());
+        }
+        // Too short: never taken.
+        prop_assert_eq!(parse_bare_capsule_cmd(&pdu[..pdu.len().min(BARE_CAPSULE_CMD_LEN - 1)]), None);
+    }
+
     #[test]
     fn capsule_resp_round_trip(cqe_bytes in proptest::collection::vec(any::<u8>(), 16), hdgst: bool) {
         let cqe = Cqe::read_from_bytes(&cqe_bytes).expect("16 bytes");

@@ -21,9 +21,9 @@ use pollux_conf::{DISCOVERY_NQN, validate_nqn};
 use pollux_nvme::pci::DmaBuf;
 use pollux_nvme::spec::{Cqe, Sqe, Status, opcode};
 use pollux_nvme::tcp::{
-    CommonHeader, Crc32c, DataHdr, Direction, IcReq, PduError, PduHeader, PduLimits, PduType, check_data_digest,
-    crc32c, encode_c2h_data_hdr, encode_capsule_resp, encode_ic_resp, encode_r2t, encode_term_req, encode_term_req_for,
-    fes, parse_pdu_header,
+    BARE_CAPSULE_CMD_LEN, CommonHeader, Crc32c, DataHdr, Direction, IcReq, PduError, PduHeader, PduLimits, PduType,
+    check_data_digest, crc32c, encode_c2h_data_hdr, encode_capsule_resp, encode_ic_resp, encode_r2t, encode_term_req,
+    encode_term_req_for, fes, parse_bare_capsule_cmd, parse_pdu_header,
 };
 use pollux_reactor::{Progress, Reactor, Source, SourceId};
 use slab::Slab;
@@ -675,6 +675,19 @@ impl Conn {
                 progressed = true;
                 continue;
             }
+            // The PDU of every read and of every write that waits for R2T: a command
+            // capsule without data, recognised by its exact common header.
+            if self.ic_done
+                && !self.hdgst
+                && let Some(sqe) = parse_bare_capsule_cmd(avail)
+            {
+                self.rstart += BARE_CAPSULE_CMD_LEN;
+                bytes += BARE_CAPSULE_CMD_LEN;
+                *budget -= 1;
+                progressed = true;
+                self.on_capsule_pdu(r, id, &sqe, &[], true);
+                continue;
+            }
             let Some(ch_bytes) = avail.first_chunk::<8>() else {
                 break;
             };
@@ -766,16 +779,7 @@ impl Conn {
                 info!(peer = %self.peer, fes = hdr.fes.get(), "host sent H2CTermReq");
                 self.close(r, id, "host terminated the connection");
             }
-            PduHeader::CapsuleCmd { sqe, .. } => {
-                self.sqhd = (self.sqhd + 1) % self.sq_entries.max(1);
-                if !digest_ok {
-                    // NVMe/TCP §3.6.2.4: a data digest error fails the command, not the queue.
-                    let cid = sqe.cid.get();
-                    self.fail(r, cid, Status::TRANSIENT_TRANSPORT_ERROR, sqe.nsid.get(), 0);
-                    return;
-                }
-                self.on_capsule(r, id, &sqe, data);
-            }
+            PduHeader::CapsuleCmd { sqe, .. } => self.on_capsule_pdu(r, id, &sqe, data, digest_ok),
             PduHeader::H2CData { hdr, .. } => self.on_h2c_data(r, id, &hdr, data, digest_ok, header),
             other => {
                 let why = format!("{:?} is not a host-to-controller PDU", other.pdu_type());
@@ -804,6 +808,17 @@ impl Conn {
         self.ddgst = dd;
         self.ic_done = true;
         debug!(peer = %self.peer, hdgst = hd, ddgst = dd, "ICReq accepted");
+    }
+
+    /// A command capsule PDU, `data` its in-capsule data.
+    fn on_capsule_pdu(&mut self, r: &mut Reactor, id: SourceId, sqe: &Sqe, data: &[u8], digest_ok: bool) {
+        self.sqhd = (self.sqhd + 1) % self.sq_entries.max(1);
+        if !digest_ok {
+            // NVMe/TCP §3.6.2.4: a data digest error fails the command, not the queue.
+            self.fail(r, sqe.cid.get(), Status::TRANSIENT_TRANSPORT_ERROR, sqe.nsid.get(), 0);
+            return;
+        }
+        self.on_capsule(r, id, sqe, data);
     }
 
     fn on_capsule(&mut self, r: &mut Reactor, id: SourceId, sqe: &Sqe, data: &[u8]) {
