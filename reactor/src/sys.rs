@@ -67,6 +67,12 @@ pub fn clock_ns(clock: libc::clockid_t) -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// CLOCK_MONOTONIC (the clock `Instant` reads) in nanoseconds. A loop that needs only
+/// differences subtracts two of these (one instruction) instead of two `Instant`s (~25).
+pub fn monotonic_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
+}
+
 /// CPU time of the calling thread in nanoseconds.
 pub fn thread_cpu_ns() -> u64 {
     clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)

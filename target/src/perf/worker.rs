@@ -253,8 +253,8 @@ fn thread_body(opts: &PerfOpts, plan: ThreadPlan, shared: &Shared) -> Result<Thr
     }
     shared.ready.fetch_add(1, Ordering::AcqRel);
 
-    let epoch = Instant::now();
-    let now = || epoch.elapsed().as_nanos() as u64;
+    let epoch = sys::monotonic_ns();
+    let now = || sys::monotonic_ns().saturating_sub(epoch);
     let interval = rate.map(|r| (1e9 / r) as u64);
     let mut next_due = 0u64;
     let mut phase = WARMUP;
