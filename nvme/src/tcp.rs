@@ -981,7 +981,8 @@ pub fn parse_pdu_header(
 pub const BARE_CAPSULE_CMD_LEN: usize = 72;
 
 /// The common header of a command capsule without in-capsule data, sent without a header
-/// digest: PDO 0 and PLEN = HLEN (§3.6.2.6; DDGSTF clear, as no data follows).
+/// digest: PDO 0 and PLEN = HLEN, DDGSTF clear as no data follows (NVMe/TCP 1.0 §3.6.2,
+/// "CapsuleCmd"; §3.6.1 for the flags).
 const BARE_CAPSULE_CMD_CH: [u8; 8] = zerocopy::transmute!(CommonHeader::new(
     PduType::CapsuleCmd,
     0,
