@@ -209,6 +209,20 @@ impl H2cPool {
     }
 }
 
+/// Give the buffers of an R2T whose command will not run back: its DMA buffer to its SSD
+/// channel's pool (the one it came from: a reactor has one channel per device), its heap
+/// buffer to the reactor's [`H2cPool`]. A channel already gone (reactor shutdown) frees it.
+fn recycle_h2c(r: &mut Reactor, p: PendingH2c) {
+    if let (Some(d), Io::Write { ns, .. }) = (p.dma, &p.io)
+        && let Some(ch) = existing_channel(r, ns)
+    {
+        r.with_source::<SsdChannel, _>(ch, |c, _| c.give_buf(d));
+    }
+    if let Some(pool) = r.local::<H2cPool>() {
+        pool.give(p.buf);
+    }
+}
+
 /// A command submitted to an asynchronous backend, waiting for its completion.
 struct Inflight {
     cid: u16,
@@ -241,16 +255,27 @@ impl Default for Channels {
 /// The channel of this reactor on `ns` (a simulated device or a file), created on first use.
 /// The map key is the namespace's address: the channel holds an `Arc` of it, so the address
 /// cannot be reused while the entry exists.
-fn channel_for(r: &mut Reactor, ns: &Arc<Namespace>) -> Result<SourceId, Status> {
-    // One channel per device for SSD namespaces: its namespaces share the queue pair.
-    let key = match &ns.backend {
+/// The key of `ns`'s channel: one channel per device for SSD namespaces (its namespaces
+/// share the queue pair), one per namespace otherwise.
+fn channel_key(ns: &Arc<Namespace>) -> usize {
+    match &ns.backend {
         Backend::Nvme(s) => Arc::as_ptr(&s.dev) as usize,
         _ => Arc::as_ptr(ns) as usize,
-    };
+    }
+}
+
+/// This reactor's channel on `ns`, if it has opened one.
+fn existing_channel(r: &mut Reactor, ns: &Arc<Namespace>) -> Option<SourceId> {
+    let key = channel_key(ns);
+    r.local::<Channels>().and_then(|c| c.by_ns.get(&key).copied())
+}
+
+fn channel_for(r: &mut Reactor, ns: &Arc<Namespace>) -> Result<SourceId, Status> {
+    let key = channel_key(ns);
     if r.local::<Channels>().is_none() {
         r.set_local(Channels::default());
     }
-    if let Some(id) = r.local::<Channels>().and_then(|c| c.by_ns.get(&key).copied()) {
+    if let Some(id) = existing_channel(r, ns) {
         return Ok(id);
     }
     let model = pollux_reactor::LatencyModel::new(r.model_kind());
@@ -525,6 +550,11 @@ impl Conn {
         self.closed = true;
         let _ = self.flush();
         let _ = self.sock.shutdown(Shutdown::Both);
+        // Writes still waiting for their data never run: their buffers go back to the pools,
+        // or a host that reconnects in a loop mid-write would have the target allocate anew.
+        for p in std::mem::take(&mut self.r2t) {
+            recycle_h2c(r, p.1);
+        }
         match std::mem::replace(&mut self.q, Queue::Unbound) {
             Queue::Admin(ctrl) => teardown_ctrl(r, ctrl, reason),
             Queue::Io(q) => {
@@ -1481,7 +1511,8 @@ impl Conn {
             .map(|(k, _)| k)
             .collect();
         if dead.len() > self.sq_entries as usize {
-            self.r2t.remove(dead[0]);
+            let p = self.r2t.remove(dead[0]);
+            recycle_h2c(r, p);
         }
         let dma = match &io {
             Io::Write { ns, .. } if matches!(ns.backend, Backend::Nvme(_)) => channel_for(r, ns)
@@ -1582,13 +1613,14 @@ impl Conn {
         let Some(p) = self.r2t.get(ttag) else { return };
         if p.received == p.len {
             let mut p = self.r2t.remove(ttag);
-            if p.done.is_none() {
-                match p.dma.take() {
-                    Some(d) => self.submit_ssd_buf(r, id, p.cid, p.io, d),
-                    None => {
-                        let need = p.io.h2c_len() as usize;
-                        self.exec_io(r, id, p.cid, p.io, &p.buf[..need]);
-                    }
+            if p.done.is_some() {
+                return recycle_h2c(r, p);
+            }
+            match p.dma.take() {
+                Some(d) => self.submit_ssd_buf(r, id, p.cid, p.io, d),
+                None => {
+                    let need = p.io.h2c_len() as usize;
+                    self.exec_io(r, id, p.cid, p.io, &p.buf[..need]);
                 }
             }
             if let Some(pool) = r.local::<H2cPool>() {

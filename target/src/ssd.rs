@@ -142,6 +142,10 @@ pub struct SsdDevice {
     /// The I/O queue pair of each reactor, until it takes it (and back when its channel goes).
     queues: Mutex<Vec<Option<QueuePair>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// DMA memory the channels' data-buffer pools have allocated, bytes. Buffers are
+    /// recycled, so it grows with the most data in flight, not with the I/O done: growth
+    /// beyond that is a buffer not given back.
+    data_dma_bytes: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for SsdDevice {
@@ -189,6 +193,8 @@ pub struct DeviceView {
     pub max_transfer: usize,
     /// Volatile write cache present.
     pub volatile_write_cache: bool,
+    /// DMA memory allocated for data buffers, bytes (grows with the data in flight only).
+    pub data_dma_bytes: u64,
     /// "ok" or "failed".
     pub state: String,
     /// Controller resets done.
@@ -291,6 +297,7 @@ impl SsdDevice {
             admin,
             queues: Mutex::new(queues),
             thread: Mutex::new(Some(thread)),
+            data_dma_bytes: Arc::new(AtomicU64::new(0)),
         })
     }
 
@@ -331,6 +338,7 @@ impl SsdDevice {
             vectors: self.info.vectors,
             max_transfer: self.info.max_transfer,
             volatile_write_cache: self.info.volatile_write_cache,
+            data_dma_bytes: self.data_dma_bytes.load(Ordering::Relaxed),
             state: if self.failed() { "failed" } else { "ok" }.into(),
             resets: self.admin.resets.load(Ordering::Relaxed),
             failed_resets: self.admin.failed_resets.load(Ordering::Relaxed),
@@ -396,12 +404,15 @@ struct Pool {
     chunk: Option<Arc<DmaRegion>>,
     used: usize,
     zeroes: Option<DmaBuf>,
+    /// The device's [`SsdDevice::data_dma_bytes`].
+    allocated: Arc<AtomicU64>,
 }
 
 impl Pool {
-    fn new(dma: Arc<dyn DmaAllocator>) -> Self {
+    fn new(dma: Arc<dyn DmaAllocator>, allocated: Arc<AtomicU64>) -> Self {
         Self {
             dma,
+            allocated,
             free: Vec::new(),
             chunk: None,
             used: 0,
@@ -422,7 +433,9 @@ impl Pool {
         }
         let room = self.chunk.as_ref().map_or(0, |c| c.len() - self.used);
         if room < size {
-            self.chunk = Some(Arc::new(self.dma.allocate(size.max(CHUNK))?));
+            let chunk = self.dma.allocate(size.max(CHUNK))?;
+            self.allocated.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+            self.chunk = Some(Arc::new(chunk));
             self.used = 0;
         }
         let chunk = self.chunk.clone().ok_or(pci::PciError::IovaExhausted { len: size })?;
@@ -540,7 +553,7 @@ impl SsdChannel {
             .ok_or_else(|| format!("{}: no I/O queue pair for reactor {reactor}", dev.name))?;
         Ok(Self {
             name: format!("nvme-{}-q{}", short(&dev.name), qp.qid()),
-            pool: Pool::new(dev.dma.clone()),
+            pool: Pool::new(dev.dma.clone(), dev.data_dma_bytes.clone()),
             dev,
             reactor,
             qp: Some(qp),
@@ -673,6 +686,12 @@ impl SsdChannel {
         (len > 0 && len <= self.max_io)
             .then(|| self.pool.take(len).ok())
             .flatten()
+    }
+
+    /// Take back a buffer from [`Self::take_buf`] whose command did not run (aborted, or its
+    /// connection closed before its data came).
+    pub fn give_buf(&mut self, buf: DmaBuf) {
+        self.pool.give(buf);
     }
 
     /// One device command of target command `key` finished with `status`.

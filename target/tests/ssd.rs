@@ -126,6 +126,41 @@ fn write_data_in_pieces_goes_in_place_into_dma_buffers_and_is_digest_checked() {
 }
 
 #[test]
+fn writes_cut_off_before_their_data_give_their_dma_buffers_back() {
+    let (t, ctx) = start_ssd("poll", "churn", 0.0);
+    let name = "churn";
+    // A host that connects, asks for 8 x 128 KiB of R2T writes, aborts one and vanishes
+    // before sending any data, over and over: each round's buffers are reused by the next,
+    // so the DMA memory the channels allocate stays at one round's worth.
+    const ROUNDS: u16 = 24;
+    for round in 0..ROUNDS {
+        let mut c = connect(&t, 1);
+        for cid in 1..=8 {
+            r2t_write(&mut c.io[0], cid, u64::from(cid) * 256, 131072);
+        }
+        // Aborted: its R2T stays to drain data that never comes.
+        assert_eq!(c.admin.abort(1, 1 + round % 8).unwrap() & 1, 0, "round {round}");
+        drop(c);
+    }
+    // The device still serves a clean connection.
+    let mut c = connect(&t, 1);
+    let data = pattern(9, 0, 131072);
+    c.io[0].write(1, 0, 256, &data).unwrap();
+    let mut back = vec![0u8; 131072];
+    c.io[0].read(1, 0, 256, &mut back).unwrap();
+    assert!(back == data);
+    c.shutdown().unwrap();
+    // Two reactors, a 2 MiB chunk each for a round's 1 MiB, and slack for a connection's
+    // close that lands after the next one's writes; without recycling it is ROUNDS MiB.
+    let allocated = device(&ctx, name)["data_dma_bytes"].as_u64().unwrap();
+    assert!(
+        allocated > 0 && allocated <= 8 << 20,
+        "{allocated} bytes of DMA data buffers"
+    );
+    t.shutdown().unwrap();
+}
+
+#[test]
 fn many_commands_in_flight_on_both_reactors() {
     let (t, _ctx) = start_ssd("interrupt", "qd", 20.0);
     let mut c = connect(&t, 2);
