@@ -252,11 +252,10 @@ impl Default for Channels {
     }
 }
 
-/// The channel of this reactor on `ns` (a simulated device or a file), created on first use.
-/// The map key is the namespace's address: the channel holds an `Arc` of it, so the address
-/// cannot be reused while the entry exists.
 /// The key of `ns`'s channel: one channel per device for SSD namespaces (its namespaces
-/// share the queue pair), one per namespace otherwise.
+/// share the queue pair), one per namespace otherwise. The key is the address of the device
+/// or namespace: the channel holds an `Arc` of it, so the address cannot be reused while the
+/// entry exists.
 fn channel_key(ns: &Arc<Namespace>) -> usize {
     match &ns.backend {
         Backend::Nvme(s) => Arc::as_ptr(&s.dev) as usize,
@@ -270,13 +269,14 @@ fn existing_channel(r: &mut Reactor, ns: &Arc<Namespace>) -> Option<SourceId> {
     r.local::<Channels>().and_then(|c| c.by_ns.get(&key).copied())
 }
 
+/// The channel of this reactor on `ns` (a simulated device, a file or an SSD), created on
+/// first use.
 fn channel_for(r: &mut Reactor, ns: &Arc<Namespace>) -> Result<SourceId, Status> {
-    let key = channel_key(ns);
-    if r.local::<Channels>().is_none() {
-        r.set_local(Channels::default());
-    }
     if let Some(id) = existing_channel(r, ns) {
         return Ok(id);
+    }
+    if r.local::<Channels>().is_none() {
+        r.set_local(Channels::default());
     }
     let model = pollux_reactor::LatencyModel::new(r.model_kind());
     let registered = match &ns.backend {
@@ -301,7 +301,7 @@ fn channel_for(r: &mut Reactor, ns: &Arc<Namespace>) -> Result<SourceId, Status>
         Status::INTERNAL_ERROR
     })?;
     if let Some(c) = r.local::<Channels>() {
-        c.by_ns.insert(key, id);
+        c.by_ns.insert(channel_key(ns), id);
     }
     Ok(id)
 }
@@ -552,8 +552,8 @@ impl Conn {
         let _ = self.sock.shutdown(Shutdown::Both);
         // Writes still waiting for their data never run: their buffers go back to the pools,
         // or a host that reconnects in a loop mid-write would have the target allocate anew.
-        for p in std::mem::take(&mut self.r2t) {
-            recycle_h2c(r, p.1);
+        for (_, p) in std::mem::take(&mut self.r2t) {
+            recycle_h2c(r, p);
         }
         match std::mem::replace(&mut self.q, Queue::Unbound) {
             Queue::Admin(ctrl) => teardown_ctrl(r, ctrl, reason),
@@ -1522,16 +1522,12 @@ impl Conn {
             _ => None,
         };
         // A recycled buffer: no allocation (for large writes an mmap and its page faults).
-        let mut buf = Vec::new();
-        if dma.is_none() {
-            if r.local::<H2cPool>().is_none() {
-                r.set_local(H2cPool::default());
-            }
-            buf = match r.local::<H2cPool>() {
-                Some(pool) => pool.take(len as usize),
-                None => vec![0; len as usize],
-            };
-        }
+        // Every reactor of a target has a pool from its start.
+        let buf = match (&dma, r.local::<H2cPool>()) {
+            (Some(_), _) => Vec::new(),
+            (None, Some(pool)) => pool.take(len as usize),
+            (None, None) => vec![0; len as usize],
+        };
         let ttag = self.r2t.insert(PendingH2c {
             cid,
             io,

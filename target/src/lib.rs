@@ -130,6 +130,7 @@ impl Target {
             Arc::new(move |r: &mut pollux_reactor::Reactor| {
                 r.set_local(ctrl::Local::default());
                 r.set_local(conn::Channels::new(max_io));
+                r.set_local(conn::H2cPool::default());
                 if r.id() == 0 {
                     let socks = pending
                         .lock()
