@@ -9,23 +9,23 @@
 //! [`host`] is the other side: an NVMe/TCP host library for tests and the `pollux perf` load
 //! generator; the target's server code never uses it.
 
-pub mod admin;
-pub mod cmd;
+pub mod backend;
 pub mod conn;
 pub mod control;
 pub mod ctrl;
 pub mod error;
-pub mod file;
 pub mod host;
+pub mod io;
 pub mod listener;
 pub mod mutate;
 pub mod perf;
-pub mod ram;
-pub mod sendq;
+pub mod request;
 pub mod setup;
-pub mod sim;
-pub mod ssd;
+pub mod sgl;
 pub mod subsystem;
+pub mod tcp;
+
+pub use tcp::sendq;
 
 use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::AtomicU64;
@@ -129,8 +129,8 @@ impl Target {
             reactors,
             Arc::new(move |r: &mut pollux_reactor::Reactor| {
                 r.set_local(ctrl::Local::default());
-                r.set_local(conn::Channels::new(max_io));
-                r.set_local(conn::H2cPool::default());
+                r.set_local(backend::Channels::new(max_io, conn::deliver));
+                r.set_local(tcp::h2c::H2cPool::default());
                 if r.id() == 0 {
                     let socks = pending
                         .lock()
@@ -198,7 +198,7 @@ impl Target {
         // (CC.SHN, §3.6.1) rather than whenever the last namespace reference goes.
         for s in &self.shared.snapshot.load().subsystems {
             for ns in s.namespaces.values() {
-                if let subsystem::Backend::Nvme(n) = &ns.backend {
+                if let Some(n) = ns.backend.as_any().downcast_ref::<backend::nvme::SsdNamespace>() {
                     n.dev.shutdown();
                 }
             }

@@ -7,58 +7,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use arc_swap::ArcSwap;
-use pollux_conf::{Backend as ConfBackend, Config, Transport};
+use pollux_conf::{Config, Transport};
 
+use crate::backend::Backend;
 use crate::error::TargetError;
-use crate::ram::RamDisk;
-
-/// Where a namespace's blocks live.
-#[derive(Debug)]
-pub enum Backend {
-    /// Memory shared by all reactors; commands complete at once.
-    Ram(RamDisk),
-    /// A simulated SSD: data in memory, completions after a simulated device latency.
-    Sim(crate::sim::SimDisk),
-    /// A regular file or block device, through io_uring.
-    File(crate::file::FileDisk),
-    /// A namespace of an NVMe SSD, through pollux's userspace driver.
-    Nvme(crate::ssd::SsdNamespace),
-}
-
-impl Backend {
-    /// The memory holding the data of a RAM or simulated namespace.
-    pub fn memory(&self) -> Option<&RamDisk> {
-        match self {
-            Backend::Ram(d) => Some(d),
-            Backend::Sim(s) => Some(&s.data),
-            Backend::File(_) | Backend::Nvme(_) => None,
-        }
-    }
-
-    /// Size in bytes.
-    pub fn len(&self) -> u64 {
-        match self {
-            Backend::Ram(d) => d.len(),
-            Backend::Sim(s) => s.data.len(),
-            Backend::File(f) => f.len,
-            Backend::Nvme(n) => n.ns.bytes(),
-        }
-    }
-
-    /// Always false: a backend has a size.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Writes may sit in a volatile cache until a Flush (the page cache, a device cache).
-    pub fn volatile_cache(&self) -> bool {
-        match self {
-            Backend::File(_) => true,
-            Backend::Nvme(n) => n.dev.volatile_write_cache(),
-            Backend::Ram(_) | Backend::Sim(_) => false,
-        }
-    }
-}
 
 /// I/O counters of one namespace on one reactor: written by that reactor only (relaxed
 /// load + store, no locked instruction), summed by readers. Padded to a cache line so
@@ -113,7 +65,7 @@ pub struct Namespace {
     /// IEEE extended unique identifier.
     pub eui64: [u8; 8],
     /// Data store.
-    pub backend: Backend,
+    pub backend: Box<dyn Backend>,
     /// Per-reactor counters (index: reactor id).
     pub counters: Box<[NsCounters]>,
 }
@@ -162,7 +114,7 @@ pub struct Subsystem {
 impl Subsystem {
     /// Some namespace has a volatile write cache (Identify Controller VWC, Flush semantics).
     pub fn volatile_cache(&self) -> bool {
-        self.namespaces.values().any(|n| n.backend.volatile_cache())
+        self.namespaces.values().any(|n| n.backend.caps().volatile_cache)
     }
 
     /// Whether `hostnqn` may connect and see this subsystem in the discovery log.
@@ -218,34 +170,13 @@ pub struct Shared {
 
 /// Open a namespace's backend and build the namespace (`reactors` sets its counters).
 pub fn build_namespace(nqn: &str, n: &pollux_conf::Namespace, reactors: usize) -> Result<Arc<Namespace>, TargetError> {
-    let err = |message: String| TargetError::Backend {
+    let backend = crate::backend::open(n, reactors).map_err(|message| TargetError::Backend {
         nqn: nqn.to_string(),
         nsid: n.nsid,
         message,
-    };
-    let backend = match &n.backend {
-        ConfBackend::Ram { size } => {
-            Backend::Ram(RamDisk::new(*size).map_err(|e| err(format!("cannot map {size} bytes of RAM: {e}")))?)
-        }
-        ConfBackend::Sim(sim) => Backend::Sim(crate::sim::SimDisk {
-            data: RamDisk::new(sim.size).map_err(|e| {
-                err(format!(
-                    "cannot map {} bytes of RAM for the simulated device: {e}",
-                    sim.size
-                ))
-            })?,
-            params: crate::sim::SimParams::from_conf(sim),
-        }),
-        ConfBackend::File(f) => {
-            Backend::File(crate::file::FileDisk::open(&f.path, f.size, f.direct, n.block_size).map_err(err)?)
-        }
-        ConfBackend::Nvme(b) => Backend::Nvme(crate::ssd::SsdDevice::open(b, n.block_size, reactors).map_err(err)?),
-    };
+    })?;
     // An NVMe namespace has its device format's block size.
-    let block_size = match &backend {
-        Backend::Nvme(s) => s.ns.block_size() as u32,
-        _ => n.block_size,
-    };
+    let block_size = backend.block_size().unwrap_or(n.block_size);
     let bytes = backend.len();
     Ok(Arc::new(Namespace {
         nsid: n.nsid,

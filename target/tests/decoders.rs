@@ -1,4 +1,4 @@
-//! Property tests of the command decoders in `pollux_target::cmd` over arbitrary SQE bytes
+//! Property tests of the command decoders (`pollux_target::io`, `ctrl`, `sgl`) over arbitrary SQE bytes
 //! and data: they never panic, and `decode_io` never yields a range outside the namespace
 //! (NVM command set spec §3: SLBA + NLB within NSZE) or a transfer above MDTS.
 #![allow(clippy::unwrap_used)]
@@ -10,7 +10,10 @@ use std::sync::{Arc, OnceLock};
 use common::*;
 use pollux_conf::Config;
 use pollux_nvme::spec::{SglDescriptor, Sqe, opcode};
-use pollux_target::cmd::{self, DataPtr, Io};
+use pollux_target::ctrl::admin::decode_admin;
+use pollux_target::ctrl::connect::{decode_fabrics, parse_connect_data};
+use pollux_target::io::{Io, decode_io, dsm_ranges};
+use pollux_target::sgl::{DataPtr, data_ptr, xfer};
 use pollux_target::subsystem::{Subsystem, build_snapshot};
 use proptest::prelude::*;
 use zerocopy::FromBytes;
@@ -124,7 +127,7 @@ proptest! {
         let bs = u64::from(ns.block_size);
         let slba = u64::from(s.cdw10.get()) | (u64::from(s.cdw11.get()) << 32);
         let nlb = u64::from(s.cdw12.get() & 0xFFFF) + 1;
-        match cmd::decode_io(&s, &subsys, max) {
+        match decode_io(&s, &subsys, max) {
             Err(status) => prop_assert!(!status.is_success()),
             Ok(Io::Read { ns: n, off, len }) | Ok(Io::Write { ns: n, off, len, .. }) => {
                 prop_assert_eq!(n.nsid, s.nsid.get());
@@ -151,10 +154,10 @@ proptest! {
 
     #[test]
     fn the_other_decoders_never_panic(s in sqe(), data in prop::collection::vec(any::<u8>(), 0..1100)) {
-        let _ = cmd::decode_fabrics(&s);
-        let _ = cmd::decode_admin(&s);
-        let _ = cmd::xfer(&s);
-        match cmd::data_ptr(&s) {
+        let _ = decode_fabrics(&s);
+        let _ = decode_admin(&s);
+        let _ = xfer(&s);
+        match data_ptr(&s) {
             Ok(DataPtr::InCapsule(len)) => {
                 prop_assert_eq!(s.sgl().id, SglDescriptor::ID_DATA_BLOCK_OFFSET);
                 prop_assert!(len > 0 && s.sgl().address.get() == 0);
@@ -163,7 +166,7 @@ proptest! {
             Ok(DataPtr::None) => prop_assert_eq!(s.sgl().length.get(), 0),
             Err(status) => prop_assert!(!status.is_success()),
         }
-        match cmd::parse_connect_data(&data) {
+        match parse_connect_data(&data) {
             Ok(d) => {
                 prop_assert!(data.len() >= 1024);
                 prop_assert_eq!(d.cntlid, u16::from_le_bytes([data[16], data[17]]));
@@ -176,7 +179,7 @@ proptest! {
     fn dsm_ranges_stay_inside_the_namespace(data in dsm_data()) {
         let subsys = subsystem();
         let ns = subsys.namespace(1).unwrap();
-        if let Ok(ranges) = cmd::dsm_ranges(&data, ns) {
+        if let Ok(ranges) = dsm_ranges(&data, ns) {
             prop_assert!(ranges.len() <= data.len() / 16);
             for (off, len) in ranges {
                 prop_assert!(len > 0 && off % 512 == 0 && len % 512 == 0);
@@ -192,9 +195,9 @@ fn connect_data_with_a_valid_layout_parses() {
     d[16..18].copy_from_slice(&0xFFFFu16.to_le_bytes());
     d[256..256 + NQN.len()].copy_from_slice(NQN.as_bytes());
     d[512..512 + HOST.len()].copy_from_slice(HOST.as_bytes());
-    let c = cmd::parse_connect_data(&d).unwrap();
+    let c = parse_connect_data(&d).unwrap();
     assert_eq!((c.cntlid, c.subnqn.as_str(), c.hostnqn.as_str()), (0xFFFF, NQN, HOST));
     // Invalid UTF-8 in SUBNQN points at SUBNQN.
     d[256] = 0xFF;
-    assert_eq!(cmd::parse_connect_data(&d), Err(256));
+    assert_eq!(parse_connect_data(&d), Err(256));
 }

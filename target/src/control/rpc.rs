@@ -29,7 +29,8 @@ use super::view::{
     uuid_string,
 };
 use crate::Target;
-use crate::subsystem::{Backend, Shared};
+use crate::backend::nvme::SsdNamespace;
+use crate::subsystem::Shared;
 
 /// JSON-RPC: invalid JSON.
 pub const PARSE_ERROR: i64 = -32700;
@@ -361,13 +362,7 @@ impl Ctx {
                             nsid: n.nsid,
                             size: n.bytes(),
                             block_size: n.block_size,
-                            backend: match n.backend {
-                                Backend::Ram(_) => "ram",
-                                Backend::Sim(_) => "sim",
-                                Backend::File(_) => "file",
-                                Backend::Nvme(_) => "nvme",
-                            }
-                            .to_string(),
+                            backend: n.backend.kind().to_string(),
                             uuid: uuid_string(&n.uuid),
                             read_cmds: t.read_cmds,
                             write_cmds: t.write_cmds,
@@ -489,12 +484,12 @@ impl Ctx {
     // --------------------------------------------------------------- NVMe devices
 
     /// The NVMe devices behind this target's namespaces, by name.
-    fn ssd_devices(&self) -> std::collections::BTreeMap<String, Arc<crate::ssd::SsdDevice>> {
+    fn ssd_devices(&self) -> std::collections::BTreeMap<String, Arc<crate::backend::nvme::SsdDevice>> {
         let snap = self.shared.snapshot.load();
         let mut out = std::collections::BTreeMap::new();
         for s in &snap.subsystems {
             for ns in s.namespaces.values() {
-                if let Backend::Nvme(n) = &ns.backend {
+                if let Some(n) = ns.backend.as_any().downcast_ref::<SsdNamespace>() {
                     out.insert(n.dev.name().to_string(), n.dev.clone());
                 }
             }
@@ -503,7 +498,7 @@ impl Ctx {
     }
 
     /// Every NVMe device of the target: identity, queues, state, resets.
-    pub fn nvme_devices(&self) -> Vec<crate::ssd::DeviceView> {
+    pub fn nvme_devices(&self) -> Vec<crate::backend::nvme::DeviceView> {
         self.ssd_devices().values().map(|d| d.view()).collect()
     }
 

@@ -191,12 +191,13 @@ pub fn connect_data(hostid: &[u8; 16], cntlid: u16, subnqn: &str, hostnqn: &str)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cmd::{self, Admin, Fabrics};
+    use crate::ctrl::admin::{Admin, decode_admin};
+    use crate::ctrl::connect::{Fabrics, decode_fabrics, parse_connect_data};
 
     #[test]
     fn builders_decode_as_the_target_reads_them() {
         assert_eq!(
-            cmd::decode_fabrics(&connect(3, 127, 4, 5000)),
+            decode_fabrics(&connect(3, 127, 4, 5000)),
             Fabrics::Connect {
                 recfmt: 0,
                 qid: 3,
@@ -206,7 +207,7 @@ mod tests {
             }
         );
         assert_eq!(
-            cmd::decode_fabrics(&property_set(0x14, 0x46_0001, false)),
+            decode_fabrics(&property_set(0x14, 0x46_0001, false)),
             Fabrics::PropertySet {
                 size8: false,
                 offset: 0x14,
@@ -214,7 +215,7 @@ mod tests {
             }
         );
         assert_eq!(
-            cmd::decode_admin(&get_log_page(0x70, 0x4_0000 + 8, 1024, true)),
+            decode_admin(&get_log_page(0x70, 0x4_0000 + 8, 1024, true)),
             Admin::GetLogPage {
                 lid: 0x70,
                 lsp: 0,
@@ -223,7 +224,7 @@ mod tests {
                 len: 0x4_0000 + 8
             }
         );
-        assert_eq!(cmd::decode_admin(&abort(2, 77)), Admin::Abort { sqid: 2, cid: 77 });
+        assert_eq!(decode_admin(&abort(2, 77)), Admin::Abort { sqid: 2, cid: 77 });
         let r = read(1, 0x1_0000_0002, 65536);
         assert_eq!((r.cdw10.get(), r.cdw11.get(), r.cdw12.get()), (2, 1, 0xFFFF));
         let d = DsmRange {
@@ -235,7 +236,7 @@ mod tests {
         assert_eq!(&d[4..8], &8u32.to_le_bytes());
         assert_eq!(&d[8..16], &3u64.to_le_bytes());
         let cd = connect_data(&[7; 16], 0xFFFF, "nqn.a", "nqn.b");
-        let parsed = cmd::parse_connect_data(&cd).expect("valid");
+        let parsed = parse_connect_data(&cd).expect("valid");
         assert_eq!(
             (parsed.cntlid, parsed.subnqn.as_str(), parsed.hostnqn.as_str()),
             (0xFFFF, "nqn.a", "nqn.b")

@@ -22,6 +22,7 @@
 //!   buffer, both with volatile accesses (the device may write that memory).
 
 use std::collections::{BTreeMap, VecDeque};
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
@@ -30,15 +31,18 @@ use std::time::{Duration, Instant};
 use pollux_conf::{NvmeBackend, NvmeDevice};
 use pollux_nvme::pci::fake::{FakeConfig, FakeController, FakeNamespace};
 use pollux_nvme::pci::{
-    self, Completion, Controller, ControllerConfig, ControllerInfo, DmaAllocator, DmaBuf, DmaRegion, IoRequest,
-    QueueError, QueuePair,
+    self, Completion as DeviceCompletion, Controller, ControllerConfig, ControllerInfo, DmaAllocator, DmaBuf,
+    DmaRegion, IoRequest, QueueError, QueuePair,
 };
 use pollux_nvme::spec::Status;
-use pollux_reactor::{LatencyModel, Mode, Next, Progress, Reactor, Source, SourceId, SourceOpts};
+use pollux_reactor::{LatencyModel, Mode, Next, Progress, Reactor};
 use serde::Serialize;
 use tracing::{error, info, warn};
 
-use crate::sim::Tag;
+use super::{
+    Backend, BlockOp, Caps, Channel, ChannelEnv, CompleteFn, Completion, ReadData, Tag, WriteData, account_completion,
+};
+use crate::subsystem::Namespace;
 
 /// Entries per I/O queue (capped by CAP.MQES).
 const QUEUE_DEPTH: u16 = 256;
@@ -164,6 +168,40 @@ pub struct SsdNamespace {
     pub dev: Arc<SsdDevice>,
     /// The namespace on it.
     pub ns: pci::Namespace,
+}
+
+impl Backend for SsdNamespace {
+    fn kind(&self) -> &'static str {
+        "nvme"
+    }
+
+    fn len(&self) -> u64 {
+        self.ns.bytes()
+    }
+
+    fn caps(&self) -> Caps {
+        Caps {
+            volatile_cache: self.dev.volatile_write_cache(),
+            dma_data: true,
+        }
+    }
+
+    fn block_size(&self) -> Option<u32> {
+        Some(self.ns.block_size() as u32)
+    }
+
+    /// The device's namespaces share its queue pair on each reactor: one channel per device.
+    fn channel_key(&self, _ns: &Arc<Namespace>) -> usize {
+        Arc::as_ptr(&self.dev) as usize
+    }
+
+    fn open_channel(&self, _ns: &Arc<Namespace>, env: &ChannelEnv) -> Result<Box<dyn Channel>, String> {
+        Ok(Box::new(SsdChannel::new(self.dev.clone(), env)?))
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }
 
 /// Open devices by name (BDF or fake name). Weak: a device lives as long as a namespace or a
@@ -506,9 +544,6 @@ pub enum SsdOp<'a> {
     },
 }
 
-/// Called per completed command: (reactor, tag, status, the data of a read).
-pub type SsdCompleteFn = fn(&mut Reactor, Tag, Status, Option<&DmaBuf>);
-
 struct Cmd {
     tag: Tag,
     buf: Option<DmaBuf>,
@@ -528,8 +563,8 @@ pub struct SsdChannel {
     backlog: VecDeque<IoRequest>,
     pool: Pool,
     model: LatencyModel,
-    complete: SsdCompleteFn,
-    done: Vec<Completion>,
+    complete: CompleteFn,
+    done: Vec<DeviceCompletion>,
     /// Largest target command, bytes (the queue splits it by MDTS).
     max_io: usize,
     /// Device commands refused at submission, completed on the next run.
@@ -540,13 +575,8 @@ pub struct SsdChannel {
 
 impl SsdChannel {
     /// Take reactor `reactor`'s queue pair on `dev`.
-    pub fn new(
-        dev: Arc<SsdDevice>,
-        reactor: usize,
-        max_io: usize,
-        model: LatencyModel,
-        complete: SsdCompleteFn,
-    ) -> Result<Self, String> {
+    pub fn new(dev: Arc<SsdDevice>, env: &ChannelEnv) -> Result<Self, String> {
+        let (reactor, max_io, model, complete) = (env.reactor, env.max_io as usize, env.model.clone(), env.complete);
         let qp = lock(&dev.queues)
             .get_mut(reactor)
             .and_then(Option::take)
@@ -568,24 +598,9 @@ impl SsdChannel {
         })
     }
 
-    /// Register on the reactor (woken by the queue's MSI-X eventfd; polled without one) and
-    /// start its watchdog.
-    pub fn register(self, r: &mut Reactor) -> pollux_reactor::Result<SourceId> {
-        let fd = self.qp.as_ref().and_then(QueuePair::eventfd);
-        let id = match fd {
-            Some(fd) => r.add_sleepable_source(Box::new(self), SourceOpts::polled_with_fd(fd))?,
-            None => {
-                warn!(device = %self.dev.name, "no MSI-X vector for this queue: it is polled, the reactor cannot sleep on it");
-                r.add_source(Box::new(self), SourceOpts::polled())?
-            }
-        };
-        arm_watchdog(r, id);
-        Ok(id)
-    }
-
     /// Submit one target command; it completes (through the completion function, never from
     /// within this call) when all of its device commands have. Wake the channel afterwards.
-    pub fn submit(&mut self, r: &mut Reactor, tag: Tag, ns: &pci::Namespace, op: SsdOp<'_>) -> Result<(), Status> {
+    pub fn submit_op(&mut self, r: &mut Reactor, tag: Tag, ns: &pci::Namespace, op: SsdOp<'_>) -> Result<(), Status> {
         if self.dev.failed() {
             return Err(Status::NAMESPACE_NOT_READY);
         }
@@ -679,21 +694,6 @@ impl SsdChannel {
         })
     }
 
-    /// A DMA buffer of at least `len` bytes for a write's data to be received into (then
-    /// submitted with [`SsdOp::WriteBuf`]): the data is copied once, from the receive buffer
-    /// into DMA memory. `None` beyond the transfer limit or without DMA memory.
-    pub fn take_buf(&mut self, len: usize) -> Option<DmaBuf> {
-        (len > 0 && len <= self.max_io)
-            .then(|| self.pool.take(len).ok())
-            .flatten()
-    }
-
-    /// Take back a buffer from [`Self::take_buf`] whose command did not run (aborted, or its
-    /// connection closed before its data came).
-    pub fn give_buf(&mut self, buf: DmaBuf) {
-        self.pool.give(buf);
-    }
-
     /// One device command of target command `key` finished with `status`.
     fn part_done(&mut self, r: &mut Reactor, key: usize, status: Status, now: Instant, exact: bool) {
         let Some(c) = self.cmds.get_mut(key) else { return };
@@ -705,14 +705,13 @@ impl SsdChannel {
             return;
         }
         let c = self.cmds.remove(key);
-        self.model
-            .observe(c.class, now.saturating_duration_since(c.submitted), exact);
-        let load = r.device_load();
-        load.outstanding = load.outstanding.saturating_sub(1);
-        load.completions += 1;
-        if let Some(e) = self.model.estimate(c.class) {
-            load.predicted_ns = e.as_nanos() as u64;
-        }
+        account_completion(
+            r,
+            &mut self.model,
+            c.class,
+            now.saturating_duration_since(c.submitted),
+            exact,
+        );
         let data = (c.read_len > 0 && c.status.is_success())
             .then(|| {
                 c.buf
@@ -720,7 +719,12 @@ impl SsdChannel {
                     .and_then(|b| DmaBuf::new(b.region().clone(), b.offset(), c.read_len))
             })
             .flatten();
-        (self.complete)(r, c.tag, c.status, data.as_ref());
+        let done = Completion {
+            tag: c.tag,
+            status: c.status,
+            data: data.as_ref().map(ReadData::Dma),
+        };
+        (self.complete)(r, done);
         if let Some(b) = c.buf {
             self.pool.give(b);
         }
@@ -758,25 +762,97 @@ impl SsdChannel {
     }
 }
 
-/// Run channel `id` every WATCHDOG while it has work, even with no interrupt.
-fn arm_watchdog(r: &mut Reactor, id: SourceId) {
-    r.add_timer(Instant::now() + WATCHDOG, move |r| {
-        let busy = r.with_source::<SsdChannel, _>(id, |c, _| !c.cmds.is_empty() || !c.backlog.is_empty());
-        if let Some(busy) = busy {
-            if busy {
-                r.wake(id);
-            }
-            arm_watchdog(r, id);
-        }
-    });
-}
-
-impl Source for SsdChannel {
+impl Channel for SsdChannel {
     fn name(&self) -> &str {
         &self.name
     }
 
-    fn run(&mut self, r: &mut Reactor, _id: SourceId) -> Progress {
+    /// Byte ranges become LBA ranges of the device's namespace. Write data is copied into a
+    /// DMA buffer (unless it was received into one); read data goes to the send buffer from
+    /// the DMA buffer at completion.
+    fn submit(&mut self, r: &mut Reactor, tag: Tag, ns: &Namespace, op: BlockOp<'_>) -> Result<(), Status> {
+        let Some(dev_ns) = ns.backend.as_any().downcast_ref::<SsdNamespace>() else {
+            return Err(Status::INTERNAL_ERROR);
+        };
+        let shift = ns.block_shift;
+        let ranges: Vec<(u64, u64)>;
+        let op = match op {
+            BlockOp::Read { off, len } => SsdOp::Read {
+                slba: off >> shift,
+                blocks: u64::from(len) >> shift,
+            },
+            BlockOp::Write {
+                off,
+                data: WriteData::Bytes(data),
+                fua,
+            } => SsdOp::Write {
+                slba: off >> shift,
+                data,
+                fua,
+            },
+            BlockOp::Write {
+                off,
+                data: WriteData::Dma { buf, len },
+                fua,
+            } => SsdOp::WriteBuf {
+                slba: off >> shift,
+                buf,
+                len,
+                fua,
+            },
+            BlockOp::WriteZeroes { off, len } => {
+                ranges = vec![(off >> shift, len >> shift)];
+                SsdOp::Zero {
+                    ranges: &ranges,
+                    deallocate: false,
+                }
+            }
+            BlockOp::Deallocate { ranges: r } => {
+                ranges = r.iter().map(|&(off, len)| (off >> shift, len >> shift)).collect();
+                SsdOp::Zero {
+                    ranges: &ranges,
+                    deallocate: true,
+                }
+            }
+            BlockOp::Flush => SsdOp::Flush,
+        };
+        let dev_ns = dev_ns.ns;
+        self.submit_op(r, tag, &dev_ns, op)
+    }
+
+    fn interrupt_fd(&self) -> Option<RawFd> {
+        self.qp.as_ref().and_then(QueuePair::eventfd)
+    }
+
+    fn outstanding(&self) -> usize {
+        self.cmds.len() + self.backlog.len()
+    }
+
+    fn watchdog(&self) -> Option<Duration> {
+        Some(WATCHDOG)
+    }
+
+    fn path(&self) -> &'static str {
+        match self.dev.kind {
+            "pci" => "vfio",
+            _ => "fake controller",
+        }
+    }
+
+    /// A DMA buffer of at least `len` bytes for a write's data to be received into: the
+    /// data is copied once, from the socket into DMA memory. `None` beyond the transfer limit
+    /// or without DMA memory.
+    fn take_buf(&mut self, len: usize) -> Option<DmaBuf> {
+        (len > 0 && len <= self.max_io)
+            .then(|| self.pool.take(len).ok())
+            .flatten()
+    }
+
+    fn give_buf(&mut self, buf: DmaBuf) {
+        self.pool.give(buf);
+    }
+
+    fn poll(&mut self, r: &mut Reactor) -> Progress {
         let Some(qp) = self.qp.as_mut() else {
             return Progress {
                 did_work: false,
@@ -817,7 +893,7 @@ impl Source for SsdChannel {
         Progress { did_work: did, next }
     }
 
-    fn shutdown(&mut self, _r: &mut Reactor, _id: SourceId) {
+    fn shutdown(&mut self) {
         // Wait (bounded) for what the device still holds, so no buffer is reused under it.
         let Some(qp) = self.qp.as_mut() else { return };
         let deadline = Instant::now() + Duration::from_secs(5);

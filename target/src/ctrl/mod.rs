@@ -1,4 +1,8 @@
-//! Controllers: the state of an admin queue and what its I/O queues need from it.
+//! Controllers: the state of an admin queue and what its I/O queues need from it (SPDK:
+//! `ctrlr.c`). Fabrics commands and queue creation are in [`connect`], admin commands,
+//! features and properties in [`admin`], log pages in [`log`], the discovery log in
+//! [`discovery`]. Everything here is controller state and decisions, without sockets or
+//! reactors: the connection ([`crate::conn`]) applies them.
 //!
 //! A controller lives inside its admin queue's connection, on that connection's reactor. Its
 //! I/O queues may be on other reactors; they reach it by message (connect, disconnect, abort,
@@ -6,14 +10,21 @@
 //! that owns it (`(cntlid - 1) % reactors`), so no shared registry or lock is needed to find
 //! it.
 
+pub mod admin;
+pub mod connect;
+pub mod discovery;
+pub mod log;
+pub mod property;
+
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use pollux_nvme::spec::Status;
 use pollux_reactor::{SourceId, TimerId};
+use tracing::info;
 
-use crate::subsystem::Subsystem;
+use crate::subsystem::{Snapshot, Subsystem};
 
 /// Largest controller id (NVMe-oF 1.1 §4.2: FFF0h..FFFFh are reserved).
 pub const MAX_CNTLID: u32 = 0xFFEF;
@@ -141,6 +152,105 @@ impl Ctrl {
             nsid,
             lba,
         });
+    }
+}
+
+/// AER completion dword 0 (NVMe 2.0 §5.2, Figures 146-148): Notice (type 2), Namespace
+/// Attribute Changed (info 00h, so bits 15:8 are zero), log page Changed Namespace List (04h).
+pub const AER_NS_ATTR_CHANGED: u32 = 0x2 | (0x04 << 16);
+/// Notice, Discovery Log Page Change (info F0h), log page Discovery (70h) (NVMe-oF 1.1 §5.3).
+pub const AER_DISCOVERY_CHANGED: u32 = 0x2 | (0xF0 << 8) | (0x70 << 16);
+
+/// What a controller does about a new snapshot of the subsystems.
+#[derive(Debug, Clone)]
+pub enum SubsystemUpdate {
+    /// Nothing changed for it.
+    Unchanged,
+    /// It must go: its subsystem is gone or its host no longer allowed.
+    Delete(&'static str),
+    /// Its subsystem changed: its I/O queues must get the new one.
+    Changed(Arc<Subsystem>),
+}
+
+impl Ctrl {
+    /// The subsystems changed (a new snapshot was swapped in): record the changed
+    /// namespaces and queue the asynchronous event the host enabled (masked while one of
+    /// the kind is pending), or say the controller must go.
+    pub fn update_subsystem(&mut self, snap: &Snapshot, discovery_changed: bool) -> SubsystemUpdate {
+        let mut event = None;
+        let mut update = SubsystemUpdate::Unchanged;
+        match self.subsys.clone() {
+            None => {
+                if discovery_changed && self.aec & (1 << 31) != 0 {
+                    event = Some(AER_DISCOVERY_CHANGED);
+                }
+            }
+            Some(old) => {
+                let Some(new) = snap.subsystem(&old.nqn).cloned() else {
+                    return SubsystemUpdate::Delete("subsystem removed");
+                };
+                if !new.allows(&self.hostnqn) {
+                    return SubsystemUpdate::Delete("host no longer allowed");
+                }
+                if Arc::ptr_eq(&new, &old) {
+                    return SubsystemUpdate::Unchanged;
+                }
+                let mut changed: Vec<u32> = old.namespaces.keys().chain(new.namespaces.keys()).copied().collect();
+                changed.sort_unstable();
+                changed.dedup();
+                changed.retain(|nsid| match (old.namespace(*nsid), new.namespace(*nsid)) {
+                    (Some(a), Some(b)) => !Arc::ptr_eq(a, b),
+                    _ => true,
+                });
+                if !changed.is_empty() {
+                    for nsid in &changed {
+                        if !self.changed_ns.contains(nsid) {
+                            self.changed_ns.push(*nsid);
+                        }
+                    }
+                    if self.aec & (1 << 8) != 0 {
+                        event = Some(AER_NS_ATTR_CHANGED);
+                    }
+                }
+                self.subsys = Some(new.clone());
+                info!(cntlid = self.cntlid, changed = ?changed, "controller sees a changed subsystem");
+                update = SubsystemUpdate::Changed(new);
+            }
+        }
+        if let Some(ev) = event
+            && !self.events.contains(&ev)
+        {
+            self.events.push_back(ev);
+        }
+        update
+    }
+
+    /// Pair held AERs with queued events: (AER command id, completion dword 0) to complete.
+    pub fn ready_events(&mut self) -> Vec<(u16, u32)> {
+        let mut done = Vec::new();
+        while !self.aers.is_empty() && !self.events.is_empty() {
+            if let (Some(cid), Some(ev)) = (self.aers.pop_front(), self.events.pop_front()) {
+                done.push((cid, ev));
+            }
+        }
+        done
+    }
+
+    /// Abort a held AER (the only commands ever pending on the admin queue): whether `cid`
+    /// was one.
+    pub fn abort_aer(&mut self, cid: u16) -> bool {
+        match self.aers.iter().position(|&c| c == cid) {
+            Some(pos) => {
+                self.aers.remove(pos);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// When the keep-alive timer expires (NVMe 2.0 §3.9): None when KATO is 0 (disabled).
+    pub fn keep_alive_deadline(&self) -> Option<Instant> {
+        (self.kato_ms != 0).then(|| self.last_keep_alive + Duration::from_millis(u64::from(self.kato_ms)))
     }
 }
 

@@ -12,9 +12,15 @@
 //! handed back with MADV_DONTNEED, which makes them read as zeroes (NVMe DLFEAT "deallocated
 //! blocks read as zeroes").
 
+use std::any::Any;
 use std::ptr::NonNull;
+use std::sync::Arc;
 
+use pollux_nvme::spec::Status;
 use vm_memory::VolatileSlice;
+
+use super::{Backend, BlockOp, Channel, ChannelEnv, WriteData};
+use crate::subsystem::Namespace;
 
 const PAGE: u64 = 4096;
 
@@ -165,6 +171,55 @@ impl RamDisk {
             self.write(from, &ZEROES[..n as usize]);
             from += n;
         }
+    }
+}
+
+impl RamDisk {
+    /// Apply a write-side operation to the memory (a RAM namespace inline, a simulated SSD
+    /// at submission: its data is visible at once, its completion comes later). Reads and
+    /// flushes change nothing: a read's data is sent from the memory, and there is no
+    /// volatile cache to flush.
+    pub fn apply(&self, op: &BlockOp<'_>) -> Status {
+        match op {
+            BlockOp::Write {
+                off,
+                data: WriteData::Bytes(b),
+                ..
+            } => self.write(*off, b),
+            // DMA buffers come from NVMe channels only.
+            BlockOp::Write { .. } => return Status::INTERNAL_ERROR,
+            BlockOp::WriteZeroes { off, len } => self.zero(*off, *len),
+            BlockOp::Deallocate { ranges } => ranges.iter().for_each(|&(off, len)| self.zero(off, len)),
+            BlockOp::Read { .. } | BlockOp::Flush => {}
+        }
+        Status::SUCCESS
+    }
+}
+
+/// A RAM namespace: every command completes inline, on the reactor that received it.
+impl Backend for RamDisk {
+    fn kind(&self) -> &'static str {
+        "ram"
+    }
+
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn memory(&self) -> Option<&RamDisk> {
+        Some(self)
+    }
+
+    fn run_inline(&self, op: &BlockOp<'_>) -> Option<Status> {
+        Some(self.apply(op))
+    }
+
+    fn open_channel(&self, _ns: &Arc<Namespace>, _env: &ChannelEnv) -> Result<Box<dyn Channel>, String> {
+        Err("a RAM namespace completes inline and has no channel".into())
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
     }
 }
 

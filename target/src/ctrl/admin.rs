@@ -1,23 +1,27 @@
-//! Admin and fabrics property commands of a controller, as pure functions from the controller
-//! state to a [`Reply`]: Identify (base spec §5.17), Get Log Page (§5.16), Get/Set Features
-//! (§5.15, §5.27), Property Get/Set (NVMe-oF §6.5, §6.6) and the discovery log (NVMe-oF §5.3).
+//! Admin commands of a controller (NVMe 2.0 §5): their decoding from the SQE, their checks,
+//! and their execution as pure functions from the controller state to a [`Reply`]: Identify
+//! (NVMe 2.0 §5.17), Get/Set Features (NVMe 2.0 §5.15, §5.27), Keep Alive (NVMe 2.0 §5.19),
+//! Asynchronous Event Request (NVMe 2.0 §5.2) and Abort (NVMe 2.0 §5.1), which the
+//! connection completes with the reactor's help. Log pages are in [`super::log`].
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
+use std::time::Instant;
 
 use pollux_conf::DISCOVERY_NQN;
-use pollux_nvme::bindings::{nvme_id_ctrl, nvme_id_ns, nvme_smart_log};
-use pollux_nvme::spec::{Cap, Cc, Csts, Status, Vs, cns, feature, log_page, opcode, property};
+use pollux_nvme::bindings::{nvme_id_ctrl, nvme_id_ns};
+use pollux_nvme::spec::{Sqe, Status, Vs, cns, feature, opcode};
 use zerocopy::{FromZeros, IntoBytes};
 
-use crate::ctrl::{AER_LIMIT, Ctrl, ERROR_LOG_ENTRIES};
-use crate::subsystem::{Shared, Snapshot};
+use super::log::{LogEnv, get_log_page};
+use super::{AER_LIMIT, Ctrl, ERROR_LOG_ENTRIES};
+use crate::sgl::{DataPtr, Xfer, data_ptr, xfer};
+use crate::subsystem::Shared;
+use crate::tcp::ADMIN_IN_CAPSULE;
 
 /// NVMe version this controller reports (as Linux nvmet does).
 pub const VERSION: Vs = Vs::V1_3;
 /// Keep-alive granularity reported in KAS, in 100 ms units.
 pub const KAS_100MS: u16 = 10;
-/// Discovery log entries advertise this admin queue size.
-pub const ADMIN_QUEUE_SIZE: u16 = 32;
 
 /// The result of a command: status, completion dwords and data for the host.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,7 +70,7 @@ impl Reply {
     }
 }
 
-fn pad_ascii(dst: &mut [u8], s: &str) {
+pub(super) fn pad_ascii(dst: &mut [u8], s: &str) {
     dst.fill(b' ');
     for (d, c) in dst.iter_mut().zip(s.bytes()) {
         *d = c;
@@ -210,154 +214,6 @@ pub fn identify(ctrl: &Ctrl, shared: &Shared, cns_value: u8, nsid: u32) -> Reply
     }
 }
 
-fn le128(dst: &mut [u8; 16], v: u64) {
-    *dst = u128::from(v).to_le_bytes();
-}
-
-/// SMART / Health Information (LID 02h), base spec §5.16.1.3, controller-wide: the sum over
-/// the subsystem's namespaces of every reactor's counters.
-pub fn smart_log(ctrl: &Ctrl, started: std::time::Instant) -> Vec<u8> {
-    let mut log = nvme_smart_log::new_zeroed();
-    let (mut rc, mut wc, mut rb, mut wb) = (0u64, 0u64, 0u64, 0u64);
-    if let Some(s) = &ctrl.subsys {
-        for ns in s.namespaces.values() {
-            let t = ns.totals();
-            rc += t.read_cmds;
-            wc += t.write_cmds;
-            rb += t.read_bytes;
-            wb += t.write_bytes;
-        }
-    }
-    log.avail_spare = 100;
-    log.spare_thresh = 10;
-    // Data units are thousands of 512-byte units, rounded up (§5.16.1.3, Figure 207).
-    le128(&mut log.data_units_read, (rb / 512).div_ceil(1000));
-    le128(&mut log.data_units_written, (wb / 512).div_ceil(1000));
-    le128(&mut log.host_reads, rc);
-    le128(&mut log.host_writes, wc);
-    le128(&mut log.power_cycles, 1);
-    le128(&mut log.power_on_hours, started.elapsed().as_secs() / 3600);
-    le128(&mut log.num_err_log_entries, ctrl.error_count);
-    log.as_bytes().to_vec()
-}
-
-/// Error Information (LID 01h): 64-byte entries, newest first.
-pub fn error_log(ctrl: &Ctrl) -> Vec<u8> {
-    let mut out = vec![0u8; 64 * ERROR_LOG_ENTRIES];
-    for (i, e) in ctrl.errors.iter().rev().enumerate() {
-        let b = &mut out[i * 64..i * 64 + 64];
-        b[0..8].copy_from_slice(&e.count.to_le_bytes());
-        b[8..10].copy_from_slice(&e.sqid.to_le_bytes());
-        b[10..12].copy_from_slice(&e.cid.to_le_bytes());
-        b[12..14].copy_from_slice(&e.status.to_cqe_field().to_le_bytes());
-        b[14..16].copy_from_slice(&0xFFFFu16.to_le_bytes()); // parameter error location: n/a
-        b[16..24].copy_from_slice(&e.lba.to_le_bytes());
-        b[24..28].copy_from_slice(&e.nsid.to_le_bytes());
-        b[29] = 3; // transport type: TCP
-    }
-    out
-}
-
-/// Commands Supported and Effects (LID 05h), base spec §5.16.1.6.
-pub fn effects_log() -> Vec<u8> {
-    use opcode::{admin, io};
-    let mut out = vec![0u8; 4096];
-    let mut set = |base: usize, op: u8, lbcc: bool| {
-        let v: u32 = 1 | if lbcc { 1 << 1 } else { 0 };
-        out[base + op as usize * 4..base + op as usize * 4 + 4].copy_from_slice(&v.to_le_bytes());
-    };
-    for op in [
-        admin::GET_LOG_PAGE,
-        admin::IDENTIFY,
-        admin::ABORT,
-        admin::SET_FEATURES,
-        admin::GET_FEATURES,
-        admin::ASYNC_EVENT_REQUEST,
-        admin::KEEP_ALIVE,
-    ] {
-        set(0, op, false);
-    }
-    for (op, lbcc) in [
-        (io::FLUSH, false),
-        (io::WRITE, true),
-        (io::READ, false),
-        (io::WRITE_ZEROES, true),
-        (io::DATASET_MANAGEMENT, true),
-    ] {
-        set(1024, op, lbcc);
-    }
-    out
-}
-
-/// Firmware Slot Information (LID 03h).
-pub fn firmware_log() -> Vec<u8> {
-    let mut out = vec![0u8; 512];
-    out[0] = 1; // slot 1 active
-    pad_ascii(&mut out[8..16], env!("CARGO_PKG_VERSION"));
-    out
-}
-
-/// Changed Namespace List (LID 04h): up to 1024 NSIDs; FFFFFFFFh first if more changed.
-pub fn changed_ns_log(ctrl: &mut Ctrl, rae: bool) -> Vec<u8> {
-    let mut out = vec![0u8; 4096];
-    if ctrl.changed_ns.len() > 1024 {
-        out[0..4].copy_from_slice(&u32::MAX.to_le_bytes());
-    } else {
-        for (i, n) in ctrl.changed_ns.iter().enumerate() {
-            out[i * 4..i * 4 + 4].copy_from_slice(&n.to_le_bytes());
-        }
-    }
-    if !rae {
-        ctrl.changed_ns.clear();
-    }
-    out
-}
-
-/// The discovery log (LID 70h, NVMe-oF 1.1 §5.3): one entry per subsystem the host may see
-/// on each listener. `local` stands in for a listener bound to an unspecified address.
-pub fn discovery_log(snapshot: &Snapshot, hostnqn: &str, local: SocketAddr) -> Vec<u8> {
-    let visible: Vec<_> = snapshot.subsystems.iter().filter(|s| s.allows(hostnqn)).collect();
-    let mut entries = Vec::new();
-    for (portid, l) in snapshot.listeners.iter().enumerate() {
-        let ip = if l.ip().is_unspecified() { local.ip() } else { l.ip() };
-        for s in &visible {
-            let mut e = vec![0u8; 1024];
-            e[0] = 3; // TRTYPE: TCP
-            e[1] = if matches!(ip, IpAddr::V4(_)) { 1 } else { 2 }; // ADRFAM
-            e[2] = 2; // SUBTYPE: NVM subsystem
-            e[3] = 1 << 2; // TREQ: secure channel not specified; SQ flow control disable supported
-            e[4..6].copy_from_slice(&(portid as u16).to_le_bytes());
-            e[6..8].copy_from_slice(&0xFFFFu16.to_le_bytes()); // CNTLID: dynamic
-            e[8..10].copy_from_slice(&ADMIN_QUEUE_SIZE.to_le_bytes());
-            copy_str(&mut e[32..64], &l.port().to_string()); // TRSVCID
-            copy_str(&mut e[256..512], &s.nqn);
-            copy_str(&mut e[512..768], &ip.to_string());
-            // TSAS for TCP: SECTYPE 0 (none), already zero.
-            entries.push(e);
-        }
-    }
-    let mut out = vec![0u8; 1024];
-    out[0..8].copy_from_slice(&snapshot.genctr.to_le_bytes());
-    out[8..16].copy_from_slice(&(entries.len() as u64).to_le_bytes());
-    for e in entries {
-        out.extend_from_slice(&e);
-    }
-    out
-}
-
-/// Slice `[offset, offset + len)` out of a whole log page.
-pub fn log_slice(log: Vec<u8>, offset: u64, len: u32) -> Reply {
-    if offset > log.len() as u64 || !offset.is_multiple_of(4) {
-        return Reply::err(Status::INVALID_FIELD.with_dnr());
-    }
-    let start = offset as usize;
-    let end = (start + len as usize).min(log.len());
-    let mut data = log[start..end].to_vec();
-    // A host may ask for more than the page holds: the rest reads as zeroes.
-    data.resize(len as usize, 0);
-    Reply::data(data)
-}
-
 /// Number of Queues result dword: NSQA and NCQA, 0's based (base spec §5.27.1.5).
 pub fn queues_dw0(n: u16) -> u32 {
     let z = u32::from(n.max(1) - 1);
@@ -446,105 +302,207 @@ pub fn set_features(ctrl: &mut Ctrl, shared: &Shared, fid: u8, save: bool, cdw11
     }
 }
 
-/// The CAP property (base spec §3.1.3.1): MQES, CQR, TO 7.5 s, NVM command set, 4 KiB pages.
-pub fn cap(shared: &Shared) -> u64 {
-    let mqes = (shared.transport.io_queue_depth.clamp(2, 65536) - 1) as u16;
-    Cap(0)
-        .with_mqes(mqes)
-        .with_cqr(true)
-        .with_to(15)
-        .with_css(Cap::CSS_NVM)
-        .0
-}
-
-/// Property Get.
-pub fn property_get(ctrl: &Ctrl, shared: &Shared, size8: bool, offset: u32) -> Reply {
-    let (value, is8) = match offset {
-        property::CAP => (cap(shared), true),
-        property::VS => (u64::from(VERSION.0), false),
-        property::CC => (u64::from(ctrl.cc), false),
-        property::CSTS => (u64::from(ctrl.csts), false),
-        _ => return Reply::err(Status::INVALID_FIELD.with_dnr()),
-    };
-    if size8 != is8 {
-        return Reply::err(Status::INVALID_FIELD.with_dnr());
-    }
-    Reply {
-        status: Status::SUCCESS,
-        dw0: value as u32,
-        dw1: (value >> 32) as u32,
-        data: Vec::new(),
-    }
-}
-
-/// What a Property Set changed that the connection must act on.
+/// Admin commands this target implements (base spec §5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CcEffect {
-    /// Nothing beyond the registers.
-    None,
-    /// Enabled.
-    Enabled,
-    /// Disabled (reset): I/O queues go away.
-    Disabled,
-    /// Shutdown requested.
-    Shutdown,
+pub enum Admin {
+    /// Identify (§5.17).
+    Identify {
+        /// Controller or namespace structure.
+        cns: u8,
+        /// Namespace id.
+        nsid: u32,
+    },
+    /// Get Log Page (§5.16).
+    GetLogPage {
+        /// Log page id.
+        lid: u8,
+        /// Log specific field.
+        lsp: u8,
+        /// Retain asynchronous event.
+        rae: bool,
+        /// Byte offset.
+        offset: u64,
+        /// Bytes wanted.
+        len: u32,
+    },
+    /// Set Features (§5.27).
+    SetFeatures {
+        /// Feature id.
+        fid: u8,
+        /// Save.
+        save: bool,
+        /// Value.
+        cdw11: u32,
+    },
+    /// Get Features (§5.15).
+    GetFeatures {
+        /// Feature id.
+        fid: u8,
+        /// Select (current/default/saved/capabilities).
+        sel: u8,
+        /// Feature specific.
+        cdw11: u32,
+    },
+    /// Keep Alive (§5.19).
+    KeepAlive,
+    /// Asynchronous Event Request (§5.2).
+    AsyncEventRequest,
+    /// Abort (§5.1).
+    Abort {
+        /// Queue of the command to abort.
+        sqid: u16,
+        /// Its command id.
+        cid: u16,
+    },
+    /// Not implemented.
+    Unsupported(u8),
 }
 
-/// Property Set (only CC is writable): EN 0->1 sets CSTS.RDY if the queue entry sizes, page
-/// size and command set are ones we serve, CSTS.CFS otherwise; EN 1->0 resets; SHN sets
-/// SHST complete (nothing to flush: completed writes are already in the namespace).
-pub fn property_set(ctrl: &mut Ctrl, size8: bool, offset: u32, value: u64) -> (Reply, CcEffect) {
-    if offset != property::CC || size8 {
-        return (Reply::err(Status::INVALID_FIELD.with_dnr()), CcEffect::None);
-    }
-    let old = Cc(ctrl.cc);
-    let new = Cc(value as u32);
-    ctrl.cc = new.0;
-    let mut csts = Csts(ctrl.csts);
-    let mut effect = CcEffect::None;
-    if new.en() && !old.en() {
-        let ok = new.iosqes() == 6 && new.iocqes() == 4 && new.mps() == 0 && new.css() == Cc::CSS_NVM;
-        csts = if ok { csts.with_rdy(true) } else { csts.with_cfs(true) };
-        if ok {
-            effect = CcEffect::Enabled;
+/// Decode an admin command.
+pub fn decode_admin(sqe: &Sqe) -> Admin {
+    use opcode::admin::*;
+    let cdw10 = sqe.cdw10.get();
+    let cdw11 = sqe.cdw11.get();
+    match sqe.opcode {
+        IDENTIFY => Admin::Identify {
+            cns: cdw10 as u8,
+            nsid: sqe.nsid.get(),
+        },
+        GET_LOG_PAGE => {
+            let numd = ((cdw10 >> 16) | ((cdw11 & 0xFFFF) << 16)) as u64 + 1;
+            Admin::GetLogPage {
+                lid: cdw10 as u8,
+                lsp: ((cdw10 >> 8) & 0x7F) as u8,
+                rae: cdw10 & (1 << 15) != 0,
+                offset: u64::from(sqe.cdw12.get()) | (u64::from(sqe.cdw13.get()) << 32),
+                len: (numd * 4).min(u64::from(u32::MAX)) as u32,
+            }
         }
-    } else if !new.en() && old.en() {
-        csts = csts.with_rdy(false).with_cfs(false).with_shst(Csts::SHST_NORMAL);
-        effect = CcEffect::Disabled;
+        SET_FEATURES => Admin::SetFeatures {
+            fid: cdw10 as u8,
+            save: cdw10 & (1 << 31) != 0,
+            cdw11,
+        },
+        GET_FEATURES => Admin::GetFeatures {
+            fid: cdw10 as u8,
+            sel: ((cdw10 >> 8) & 7) as u8,
+            cdw11,
+        },
+        KEEP_ALIVE => Admin::KeepAlive,
+        ASYNC_EVENT_REQUEST => Admin::AsyncEventRequest,
+        ABORT => Admin::Abort {
+            sqid: cdw10 as u16,
+            cid: (cdw10 >> 16) as u16,
+        },
+        other => Admin::Unsupported(other),
     }
-    if new.shn() != Cc::SHN_NONE && old.shn() == Cc::SHN_NONE {
-        csts = csts.with_shst(Csts::SHST_COMPLETE);
-        effect = CcEffect::Shutdown;
-    } else if new.shn() == Cc::SHN_NONE && old.shn() != Cc::SHN_NONE {
-        csts = csts.with_shst(Csts::SHST_NORMAL);
-    }
-    ctrl.csts = csts.0;
-    (Reply::ok(), effect)
 }
 
-/// What a log page may depend on besides the controller.
+/// What an admin command asks of the connection.
+#[derive(Debug)]
+pub enum Outcome {
+    /// Send this reply (data of at most `max_len` bytes, then the CQE).
+    Reply {
+        /// The reply.
+        rep: Reply,
+        /// The host's buffer for the data.
+        max_len: u32,
+    },
+    /// The keep-alive timer restarted (Keep Alive, or Set Features Keep Alive Timer): send
+    /// the reply and reschedule the timer.
+    KeepAlive(Reply),
+    /// An AER is held until an event (NVMe 2.0 §5.2): nothing to send now.
+    Held,
+    /// Abort command `cid` of queue `sqid` (NVMe 2.0 §5.1): it may be on another reactor.
+    Abort {
+        /// Queue of the command.
+        sqid: u16,
+        /// Its command id.
+        cid: u16,
+    },
+}
+
+/// What admin commands may depend on besides the controller.
 #[derive(Debug, Clone, Copy)]
-pub struct LogEnv<'a> {
+pub struct AdminEnv<'a> {
     /// Target-wide state.
     pub shared: &'a Shared,
-    /// The subsystems now.
-    pub snapshot: &'a Snapshot,
     /// The connection's local address (stands in for unspecified listener addresses).
     pub local: SocketAddr,
     /// When the target started (power-on hours).
-    pub started: std::time::Instant,
+    pub started: Instant,
 }
 
-/// Get Log Page for a controller: page `lid`, `len` bytes from byte `offset`.
-pub fn get_log_page(ctrl: &mut Ctrl, env: &LogEnv<'_>, lid: u8, rae: bool, offset: u64, len: u32) -> Reply {
-    let log = match lid {
-        log_page::DISCOVERY if ctrl.is_discovery() => discovery_log(env.snapshot, &ctrl.hostnqn, env.local),
-        log_page::ERROR => error_log(ctrl),
-        log_page::SMART if !ctrl.is_discovery() => smart_log(ctrl, env.started),
-        log_page::FIRMWARE_SLOT if !ctrl.is_discovery() => firmware_log(),
-        log_page::CHANGED_NAMESPACE_LIST if !ctrl.is_discovery() => changed_ns_log(ctrl, rae),
-        log_page::COMMANDS_SUPPORTED_AND_EFFECTS if !ctrl.is_discovery() => effects_log(),
-        _ => return Reply::err(Status::INVALID_LOG_PAGE.with_dnr()),
+/// The host's buffer length for a controller-to-host command, or the status to fail with.
+pub fn c2h_len(sqe: &Sqe, max_io_size: u32) -> Result<u32, Status> {
+    match data_ptr(sqe)? {
+        DataPtr::None => Ok(0),
+        DataPtr::InCapsule(_) => Err(Status::SGL_DESCRIPTOR_TYPE_INVALID.with_dnr()),
+        DataPtr::Transport(len) if len > max_io_size.max(ADMIN_IN_CAPSULE) => {
+            Err(Status::DATA_SGL_LENGTH_INVALID.with_dnr())
+        }
+        DataPtr::Transport(len) => Ok(len),
+    }
+}
+
+/// Check and run admin command `sqe` (command id `cid`) of an enabled controller.
+pub fn execute(ctrl: &mut Ctrl, env: &AdminEnv<'_>, sqe: &Sqe) -> Outcome {
+    let reply = |rep: Reply| Outcome::Reply { rep, max_len: 0 };
+    // Admin commands need an enabled controller (NVMe 2.0 §3.5.1).
+    if !ctrl.ready() {
+        return reply(Reply::err(Status::COMMAND_SEQUENCE_ERROR.with_dnr()));
+    }
+    if xfer(sqe) == Xfer::HostToCtrl && !matches!(data_ptr(sqe), Ok(DataPtr::None)) {
+        // No admin command we serve takes data from the host.
+        return reply(Reply::err(Status::INVALID_FIELD.with_dnr()));
+    }
+    let max_len = match xfer(sqe) {
+        Xfer::CtrlToHost => match c2h_len(sqe, env.shared.transport.max_io_size) {
+            Ok(l) => l,
+            Err(s) => return reply(Reply::err(s)),
+        },
+        _ => 0,
     };
-    log_slice(log, offset, len)
+    let rep = match decode_admin(sqe) {
+        Admin::Identify { cns, nsid } => identify(ctrl, env.shared, cns, nsid),
+        Admin::GetLogPage {
+            lid, rae, offset, len, ..
+        } => {
+            let snap = env.shared.snapshot.load();
+            let log_env = LogEnv {
+                shared: env.shared,
+                snapshot: &snap,
+                local: env.local,
+                started: env.started,
+            };
+            get_log_page(ctrl, &log_env, lid, rae, offset, len.min(max_len))
+        }
+        Admin::GetFeatures { fid, cdw11, .. } => get_features(ctrl, env.shared, fid, cdw11),
+        Admin::SetFeatures { fid, save, cdw11 } => {
+            let (rep, effect) = set_features(ctrl, env.shared, fid, save, cdw11);
+            if effect == FeatureEffect::KeepAlive {
+                ctrl.last_keep_alive = Instant::now();
+                return Outcome::KeepAlive(rep);
+            }
+            rep
+        }
+        Admin::KeepAlive => {
+            // The timer is not rescheduled: its check finds the new deadline when it fires.
+            ctrl.last_keep_alive = Instant::now();
+            Reply::ok()
+        }
+        Admin::AsyncEventRequest => {
+            if ctrl.aers.len() >= AER_LIMIT {
+                Reply::err(Status::ASYNC_EVENT_REQUEST_LIMIT_EXCEEDED)
+            } else if let Some(ev) = ctrl.events.pop_front() {
+                Reply::dw0(ev)
+            } else {
+                ctrl.aers.push_back(sqe.cid.get());
+                return Outcome::Held;
+            }
+        }
+        Admin::Abort { sqid, cid } => return Outcome::Abort { sqid, cid },
+        Admin::Unsupported(_) => Reply::err(Status::INVALID_OPCODE.with_dnr()),
+    };
+    Outcome::Reply { rep, max_len }
 }

@@ -7,18 +7,19 @@
 //! reactor is woken by the channel's timerfd at the due time plus the interrupt delivery delay
 //! (with optional coalescing), as an SSD's MSI-X would.
 
+use std::any::Any;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pollux_nvme::spec::Status;
 use pollux_reactor::sys::TimerFd;
-use pollux_reactor::{LatencyModel, Mode, Next, Progress, Reactor, Source, SourceId, SourceOpts};
+use pollux_reactor::{LatencyModel, Mode, Next, Progress, Reactor};
 use tracing::warn;
 
-use crate::ram::RamDisk;
+use super::{Backend, BlockOp, Channel, ChannelEnv, CompleteFn, Completion, RamDisk, Tag, account_completion};
 use crate::subsystem::Namespace;
 
 /// A latency distribution, in microseconds.
@@ -122,6 +123,41 @@ pub struct SimDisk {
     pub params: SimParams,
 }
 
+impl SimDisk {
+    /// The device the conf's `sim` backend describes, its memory zeroed.
+    pub fn open(c: &pollux_conf::SimBackend) -> Result<Self, String> {
+        let data = RamDisk::new(c.size)
+            .map_err(|e| format!("cannot map {} bytes of RAM for the simulated device: {e}", c.size))?;
+        Ok(Self {
+            data,
+            params: SimParams::from_conf(c),
+        })
+    }
+}
+
+impl Backend for SimDisk {
+    fn kind(&self) -> &'static str {
+        "sim"
+    }
+
+    fn len(&self) -> u64 {
+        self.data.len()
+    }
+
+    fn memory(&self) -> Option<&RamDisk> {
+        Some(&self.data)
+    }
+
+    fn open_channel(&self, ns: &Arc<Namespace>, env: &ChannelEnv) -> Result<Box<dyn Channel>, String> {
+        let ch = SimChannel::new(ns.clone(), self.params.clone(), env).map_err(|e| e.to_string())?;
+        Ok(Box::new(ch))
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
 /// SplitMix64: small, fast, and good enough for latency sampling.
 #[derive(Debug, Clone)]
 pub struct Rng(u64);
@@ -182,17 +218,6 @@ pub enum SimOp {
     Write,
 }
 
-/// Who to tell when a command completes: a connection and its in-flight slot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Tag {
-    /// The connection's source id.
-    pub source: SourceId,
-    /// The connection's serial (guards against id reuse).
-    pub serial: u64,
-    /// Its in-flight slot.
-    pub slot: usize,
-}
-
 #[derive(Debug, Clone, Copy)]
 struct Req {
     tag: Tag,
@@ -204,9 +229,6 @@ struct Req {
 /// A completion found within this long of the previous poll was timed exactly: the reactor
 /// was polling, not sleeping, when it landed.
 const EXACT_GAP: Duration = Duration::from_micros(5);
-
-/// Called by the channel for each completion: (reactor, tag, status, device latency).
-pub type CompleteFn = fn(&mut Reactor, Tag, Status, Duration);
 
 /// One reactor's queue pair on a simulated device.
 pub struct SimChannel {
@@ -228,13 +250,8 @@ pub struct SimChannel {
 
 impl SimChannel {
     /// A channel for namespace `ns` (whose backend is a [`SimDisk`]) on reactor `reactor`.
-    pub fn new(
-        ns: Arc<Namespace>,
-        params: SimParams,
-        reactor: usize,
-        model: LatencyModel,
-        complete: CompleteFn,
-    ) -> std::io::Result<Self> {
+    pub fn new(ns: Arc<Namespace>, params: SimParams, env: &ChannelEnv) -> std::io::Result<Self> {
+        let (reactor, model, complete) = (env.reactor, env.model.clone(), env.complete);
         let seed = params.seed ^ (reactor as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(ns.nsid);
         Ok(Self {
             name: format!("sim-ns{}-r{reactor}", ns.nsid),
@@ -254,20 +271,9 @@ impl SimChannel {
         })
     }
 
-    /// Register the channel on its reactor: polled, and woken by its interrupt timerfd.
-    pub fn register(self, r: &mut Reactor) -> pollux_reactor::Result<SourceId> {
-        let fd = self.irq.as_raw_fd();
-        r.add_sleepable_source(Box::new(self), SourceOpts::polled_with_fd(fd))
-    }
-
     /// The namespace it serves.
     pub fn namespace(&self) -> &Arc<Namespace> {
         &self.ns
-    }
-
-    /// Commands submitted and not yet completed.
-    pub fn outstanding(&self) -> usize {
-        self.reqs.len() + self.waiting.len()
     }
 
     fn service_time(&mut self, op: SimOp, len: u32) -> Duration {
@@ -294,8 +300,8 @@ impl SimChannel {
         self.in_service.push(Reverse((due, self.seq, key)));
     }
 
-    /// Submit a command at `now`.
-    pub fn submit(&mut self, r: &mut Reactor, now: Instant, tag: Tag, op: SimOp, len: u32) {
+    /// Queue a command at `now`.
+    fn enqueue(&mut self, r: &mut Reactor, now: Instant, tag: Tag, op: SimOp, len: u32) {
         r.device_load().outstanding += 1;
         let req = Req {
             tag,
@@ -365,12 +371,41 @@ impl SimChannel {
     }
 }
 
-impl Source for SimChannel {
+impl Channel for SimChannel {
     fn name(&self) -> &str {
         &self.name
     }
 
-    fn run(&mut self, r: &mut Reactor, _id: SourceId) -> Progress {
+    /// Writes land in the memory now (visible to every reactor at once, as with a device
+    /// that acknowledges from its cache) and complete after the device latency; reads are
+    /// sent from the memory at completion.
+    fn submit(&mut self, r: &mut Reactor, tag: Tag, ns: &Namespace, op: BlockOp<'_>) -> Result<(), Status> {
+        let status = ns.backend.memory().map_or(Status::INTERNAL_ERROR, |m| m.apply(&op));
+        if !status.is_success() {
+            return Err(status);
+        }
+        let (kind, len) = match op {
+            BlockOp::Read { len, .. } => (SimOp::Read, len),
+            BlockOp::Write { data, .. } => (SimOp::Write, data.len() as u32),
+            _ => (SimOp::Write, 0),
+        };
+        self.enqueue(r, Instant::now(), tag, kind, len);
+        Ok(())
+    }
+
+    fn interrupt_fd(&self) -> Option<RawFd> {
+        Some(self.irq.as_raw_fd())
+    }
+
+    fn outstanding(&self) -> usize {
+        self.reqs.len() + self.waiting.len()
+    }
+
+    fn path(&self) -> &'static str {
+        "simulated"
+    }
+
+    fn poll(&mut self, r: &mut Reactor) -> Progress {
         let fired = self.irq.consume();
         if fired {
             self.irq_at = None;
@@ -390,15 +425,14 @@ impl Source for SimChannel {
             did = true;
             // What the reactor can know: when it found the completion, and whether it was
             // polling closely then (exact) or had slept (an upper bound).
-            self.model
-                .observe(req.class, now.saturating_duration_since(submitted), exact);
-            let load = r.device_load();
-            load.outstanding = load.outstanding.saturating_sub(1);
-            load.completions += 1;
-            if let Some(e) = self.model.estimate(req.class) {
-                load.predicted_ns = e.as_nanos() as u64;
-            }
-            (self.complete)(r, req.tag, Status::SUCCESS, due.saturating_duration_since(submitted));
+            let took = now.saturating_duration_since(submitted);
+            account_completion(r, &mut self.model, req.class, took, exact);
+            let done = Completion {
+                tag: req.tag,
+                status: Status::SUCCESS,
+                data: None,
+            };
+            (self.complete)(r, done);
         }
         while self.in_service.len() < self.params.parallelism as usize {
             let Some((_, req)) = self.waiting.pop_front() else {

@@ -22,10 +22,12 @@ use crossbeam_queue::SegQueue;
 use io_uring::{IoUring, opcode, types};
 use pollux_nvme::spec::Status;
 use pollux_reactor::sys::EventFd;
-use pollux_reactor::{LatencyModel, Progress, Reactor, Source, SourceId, SourceOpts};
+use pollux_reactor::{LatencyModel, Progress, Reactor};
 use tracing::{info, warn};
 
-use crate::sim::Tag;
+use super::{
+    Backend, BlockOp, Caps, Channel, ChannelEnv, CompleteFn, Completion, ReadData, Tag, WriteData, account_completion,
+};
 use crate::subsystem::Namespace;
 
 /// Buffer alignment for O_DIRECT (covers 512- and 4096-byte logical blocks).
@@ -137,6 +139,34 @@ impl FileDisk {
     }
 }
 
+impl Backend for FileDisk {
+    fn kind(&self) -> &'static str {
+        "file"
+    }
+
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// The page cache (and the device's own cache below it) holds writes until a Flush.
+    fn caps(&self) -> Caps {
+        Caps {
+            volatile_cache: true,
+            dma_data: false,
+        }
+    }
+
+    fn open_channel(&self, ns: &Arc<Namespace>, env: &ChannelEnv) -> Result<Box<dyn Channel>, String> {
+        let ch = FileChannel::new(ns.clone(), self.file.as_raw_fd(), env)
+            .map_err(|e| format!("{}: cannot open an io_uring channel: {e}", self.path.display()))?;
+        Ok(Box::new(ch))
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
 /// A heap buffer aligned for O_DIRECT.
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
@@ -225,9 +255,6 @@ impl FileOp {
     }
 }
 
-/// Called per completed command: (reactor, tag, status, data read).
-pub type FileCompleteFn = fn(&mut Reactor, Tag, Status, Option<&[u8]>);
-
 struct Cmd {
     tag: Tag,
     buf: Option<AlignedBuf>,
@@ -261,14 +288,15 @@ enum Engine {
 
 /// One reactor's channel on a file namespace.
 pub struct FileChannel {
-    ns: Arc<Namespace>,
+    /// The namespace: its address is the channel's key, so it must outlive the channel.
+    _ns: Arc<Namespace>,
     fd: RawFd,
     engine: Engine,
     efd: Arc<EventFd>,
     cmds: slab::Slab<Cmd>,
     pool: Vec<AlignedBuf>,
     max_io: usize,
-    complete: FileCompleteFn,
+    complete: CompleteFn,
     model: LatencyModel,
     last_poll: Instant,
     name: String,
@@ -327,14 +355,8 @@ fn run_job(fd: RawFd, job: &mut Job) -> i64 {
 
 impl FileChannel {
     /// A channel for `ns` (a file namespace) on reactor `reactor`.
-    pub fn new(
-        ns: Arc<Namespace>,
-        fd: RawFd,
-        reactor: usize,
-        max_io: u32,
-        model: LatencyModel,
-        complete: FileCompleteFn,
-    ) -> std::io::Result<Self> {
+    pub fn new(ns: Arc<Namespace>, fd: RawFd, env: &ChannelEnv) -> std::io::Result<Self> {
+        let (reactor, max_io, model, complete) = (env.reactor, env.max_io, env.model.clone(), env.complete);
         let efd = Arc::new(EventFd::new()?);
         let engine = match IoUring::new(RING_ENTRIES) {
             Ok(ring) => {
@@ -366,7 +388,7 @@ impl FileChannel {
         };
         Ok(Self {
             name: format!("file-ns{}-r{reactor}", ns.nsid),
-            ns,
+            _ns: ns,
             fd,
             engine,
             efd,
@@ -379,23 +401,12 @@ impl FileChannel {
         })
     }
 
-    /// Register on the reactor: polled, and woken by the completion eventfd.
-    pub fn register(self, r: &mut Reactor) -> pollux_reactor::Result<SourceId> {
-        let fd = self.efd.as_raw_fd();
-        r.add_sleepable_source(Box::new(self), SourceOpts::polled_with_fd(fd))
-    }
-
-    /// The namespace.
-    pub fn namespace(&self) -> &Arc<Namespace> {
-        &self.ns
-    }
-
     fn take_buf(&mut self) -> AlignedBuf {
         self.pool.pop().unwrap_or_else(|| AlignedBuf::new(self.max_io))
     }
 
     /// Submit the operations of one command; it completes when all of them have.
-    pub fn submit(&mut self, r: &mut Reactor, tag: Tag, ops: &[FileOp], data: Option<&[u8]>) -> Result<(), Status> {
+    fn submit_ops(&mut self, r: &mut Reactor, tag: Tag, ops: &[FileOp], data: Option<&[u8]>) -> Result<(), Status> {
         if ops.is_empty() {
             return Err(Status::INTERNAL_ERROR);
         }
@@ -493,18 +504,22 @@ impl FileChannel {
             return false;
         }
         let c = self.cmds.remove(key);
-        self.model
-            .observe(c.class, now.saturating_duration_since(c.submitted), exact);
-        let load = r.device_load();
-        load.outstanding = load.outstanding.saturating_sub(1);
-        load.completions += 1;
-        if let Some(e) = self.model.estimate(c.class) {
-            load.predicted_ns = e.as_nanos() as u64;
-        }
+        account_completion(
+            r,
+            &mut self.model,
+            c.class,
+            now.saturating_duration_since(c.submitted),
+            exact,
+        );
         let data = (is_read && c.status.is_success())
-            .then(|| c.buf.as_ref().map(|b| b.slice(c.read_len as usize)))
+            .then(|| c.buf.as_ref().map(|b| ReadData::Bytes(b.slice(c.read_len as usize))))
             .flatten();
-        (self.complete)(r, c.tag, c.status, data);
+        let done = Completion {
+            tag: c.tag,
+            status: c.status,
+            data,
+        };
+        (self.complete)(r, done);
         if let Some(b) = c.buf {
             self.pool.push(b);
         }
@@ -512,12 +527,57 @@ impl FileChannel {
     }
 }
 
-impl Source for FileChannel {
+impl Channel for FileChannel {
     fn name(&self) -> &str {
         &self.name
     }
 
-    fn run(&mut self, r: &mut Reactor, _id: SourceId) -> Progress {
+    /// Write data is copied into an aligned buffer of the channel (O_DIRECT); read data
+    /// comes back with the completion.
+    fn submit(&mut self, r: &mut Reactor, tag: Tag, _ns: &Namespace, op: BlockOp<'_>) -> Result<(), Status> {
+        let mut ops: Vec<FileOp> = Vec::with_capacity(1);
+        let mut payload: Option<&[u8]> = None;
+        match op {
+            BlockOp::Read { off, len } => ops.push(FileOp::Read { off, len }),
+            BlockOp::Write {
+                off,
+                data: WriteData::Bytes(data),
+                fua,
+            } => {
+                ops.push(FileOp::Write {
+                    off,
+                    len: data.len() as u32,
+                    fua,
+                });
+                payload = Some(data);
+            }
+            // DMA buffers come from NVMe channels only.
+            BlockOp::Write { .. } => return Err(Status::INTERNAL_ERROR),
+            BlockOp::WriteZeroes { off, len } => ops.push(FileOp::Zero { off, len }),
+            BlockOp::Deallocate { ranges } => {
+                ops.extend(ranges.iter().map(|&(off, len)| FileOp::Deallocate { off, len }));
+            }
+            BlockOp::Flush => ops.push(FileOp::Flush),
+        }
+        self.submit_ops(r, tag, &ops, payload)
+    }
+
+    fn interrupt_fd(&self) -> Option<RawFd> {
+        Some(self.efd.as_raw_fd())
+    }
+
+    fn outstanding(&self) -> usize {
+        self.cmds.len()
+    }
+
+    fn path(&self) -> &'static str {
+        match self.engine {
+            Engine::Ring(_) => "io_uring",
+            Engine::Worker { .. } => "worker thread",
+        }
+    }
+
+    fn poll(&mut self, r: &mut Reactor) -> Progress {
         self.efd.drain();
         let now = Instant::now();
         let exact = now.duration_since(self.last_poll) <= EXACT_GAP;
@@ -547,7 +607,7 @@ impl Source for FileChannel {
         }
     }
 
-    fn shutdown(&mut self, _r: &mut Reactor, _id: SourceId) {
+    fn shutdown(&mut self) {
         // Wait for what the kernel still holds buffers of, so none is freed under it.
         if let Engine::Ring(ring) = &mut self.engine {
             let deadline = Instant::now() + Duration::from_secs(5);

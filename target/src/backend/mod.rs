@@ -1,0 +1,417 @@
+//! Namespace backends behind one interface (SPDK: a bdev and its per-thread io_channel).
+//!
+//! A [`Backend`] is a namespace's data store, shared by every reactor: RAM ([`ram`]), a
+//! simulated SSD ([`sim`]), a file or block device through io_uring ([`file`]), a namespace of
+//! a local NVMe SSD through pollux's userspace driver ([`nvme`]). A backend that completes
+//! commands asynchronously opens one [`Channel`] per reactor (for an SSD its own queue pair,
+//! for a file its own io_uring): the channel takes typed operations ([`BlockOp`]), completes
+//! each with one [`Completion`] type through the function its reactor gave it, and tells the
+//! reactor when its next completion is due (hybrid sleep) and which fd raises it (interrupt
+//! mode). RAM completes inline and has no channel.
+//!
+//! Adding a backend: a file here implementing [`Backend`] (and [`Channel`] if it is
+//! asynchronous), and its line in [`open`]. Nothing else names a backend type.
+
+pub mod file;
+pub mod nvme;
+pub mod ram;
+pub mod sim;
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::os::fd::RawFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pollux_nvme::pci::DmaBuf;
+use pollux_nvme::spec::Status;
+use pollux_reactor::{LatencyModel, Progress, Reactor, Source, SourceId, SourceOpts};
+use tracing::warn;
+
+use crate::subsystem::Namespace;
+pub use ram::RamDisk;
+
+/// Who to tell when a command completes: a connection and the slot of its request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tag {
+    /// The connection's source id.
+    pub source: SourceId,
+    /// The connection's serial (guards against source id reuse).
+    pub serial: u64,
+    /// Its request slot.
+    pub slot: usize,
+}
+
+/// One operation on a namespace, in bytes (validated against the namespace by
+/// [`crate::io`]: in range, a whole number of blocks).
+#[derive(Debug)]
+pub enum BlockOp<'a> {
+    /// Read `len` bytes at `off`.
+    Read {
+        /// Byte offset.
+        off: u64,
+        /// Length.
+        len: u32,
+    },
+    /// Write `data` at `off`.
+    Write {
+        /// Byte offset.
+        off: u64,
+        /// The data.
+        data: WriteData<'a>,
+        /// Force unit access: durable when it completes.
+        fua: bool,
+    },
+    /// Write zeroes over `len` bytes at `off`.
+    WriteZeroes {
+        /// Byte offset.
+        off: u64,
+        /// Length.
+        len: u64,
+    },
+    /// Deallocate these (offset, length) ranges: they read back as zeroes.
+    Deallocate {
+        /// The byte ranges, none empty.
+        ranges: &'a [(u64, u64)],
+    },
+    /// Make completed writes durable (flush a volatile cache).
+    Flush,
+}
+
+impl BlockOp<'_> {
+    /// A read (for the latency model's classes).
+    pub fn is_read(&self) -> bool {
+        matches!(self, BlockOp::Read { .. })
+    }
+
+    /// Bytes of data the operation moves (reads and writes; 0 for the others).
+    pub fn data_len(&self) -> u32 {
+        match self {
+            BlockOp::Read { len, .. } => *len,
+            BlockOp::Write { data, .. } => data.len() as u32,
+            _ => 0,
+        }
+    }
+}
+
+/// Where a write's data is.
+#[derive(Debug)]
+pub enum WriteData<'a> {
+    /// In memory (in-capsule data, or an R2T buffer).
+    Bytes(&'a [u8]),
+    /// The first `len` bytes of a DMA buffer the data was received into (from
+    /// [`Channel::take_buf`] of the channel it is submitted to).
+    Dma {
+        /// The buffer.
+        buf: DmaBuf,
+        /// Bytes of data in it.
+        len: usize,
+    },
+}
+
+impl WriteData<'_> {
+    /// Bytes of data.
+    pub fn len(&self) -> usize {
+        match self {
+            WriteData::Bytes(b) => b.len(),
+            WriteData::Dma { len, .. } => *len,
+        }
+    }
+
+    /// No data.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Where a completed read's data is.
+#[derive(Debug, Clone, Copy)]
+pub enum ReadData<'a> {
+    /// In memory (a file channel's buffer).
+    Bytes(&'a [u8]),
+    /// In a DMA buffer (read with volatile accesses only).
+    Dma(&'a DmaBuf),
+    /// In a RAM (or simulated) namespace's memory, from this byte offset.
+    Ram(&'a RamDisk, u64),
+}
+
+impl ReadData<'_> {
+    /// Bytes available.
+    pub fn len(&self) -> usize {
+        match self {
+            ReadData::Bytes(b) => b.len(),
+            ReadData::Dma(d) => d.len(),
+            ReadData::Ram(m, off) => m.len().saturating_sub(*off) as usize,
+        }
+    }
+
+    /// Nothing available.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Append the first `len` bytes to `out`.
+    pub fn append_to(&self, len: usize, out: &mut Vec<u8>) {
+        let len = len.min(self.len());
+        match self {
+            ReadData::Bytes(b) => out.extend_from_slice(&b[..len]),
+            ReadData::Dma(d) => {
+                let start = out.len();
+                out.resize(start + len, 0);
+                d.read(&mut out[start..]);
+            }
+            ReadData::Ram(m, off) => m.read_append(*off, len, out),
+        }
+    }
+}
+
+/// A command's completion, as every channel reports it. A read's data comes with it (a
+/// file's buffer, an SSD's DMA buffer) or is in the namespace's memory (a simulated SSD:
+/// `data` is None).
+#[derive(Debug)]
+pub struct Completion<'a> {
+    /// Whose command.
+    pub tag: Tag,
+    /// Its status.
+    pub status: Status,
+    /// A successful read's data, when it is not in the namespace's memory.
+    pub data: Option<ReadData<'a>>,
+}
+
+/// Called by a channel for every completion, never from within [`Channel::submit`] (the
+/// submitting connection is busy then).
+pub type CompleteFn = fn(&mut Reactor, Completion<'_>);
+
+/// What a reactor gives a channel it opens.
+#[derive(Debug, Clone)]
+pub struct ChannelEnv {
+    /// The reactor's id.
+    pub reactor: usize,
+    /// Largest transfer of one command, bytes (buffer sizes).
+    pub max_io: u32,
+    /// The channel's latency model (kind chosen by the conf).
+    pub model: LatencyModel,
+    /// Where completions go.
+    pub complete: CompleteFn,
+}
+
+/// What a backend can do beyond read and write (Identify, Flush and Dataset Management
+/// semantics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Caps {
+    /// Writes may sit in a volatile cache until a Flush (the page cache, a device cache).
+    pub volatile_cache: bool,
+    /// Its channels lend DMA buffers that write data can be received into
+    /// ([`Channel::take_buf`]).
+    pub dma_data: bool,
+}
+
+/// A namespace's data store, shared by all reactors.
+pub trait Backend: Send + Sync + std::fmt::Debug + Any {
+    /// "ram", "sim", "file" or "nvme" (the conf's name; shown by `pollux ctl`).
+    fn kind(&self) -> &'static str;
+    /// Size in bytes.
+    fn len(&self) -> u64;
+    /// Always false: a backend has a size.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Capabilities.
+    fn caps(&self) -> Caps {
+        Caps::default()
+    }
+    /// The block size the store dictates (an NVMe namespace's format), if any.
+    fn block_size(&self) -> Option<u32> {
+        None
+    }
+    /// The memory holding the data, for a store whose data reads can be sent in place (RAM,
+    /// simulated SSD).
+    fn memory(&self) -> Option<&RamDisk> {
+        None
+    }
+    /// Run `op` now, on the calling reactor, if this store completes inline (RAM): its
+    /// status. None: submit it to a channel.
+    fn run_inline(&self, _op: &BlockOp<'_>) -> Option<Status> {
+        None
+    }
+    /// The key of this namespace's channel on a reactor: one channel per namespace unless
+    /// namespaces share a device queue (NVMe: one channel per device). The key is an address
+    /// that the channel keeps alive (an `Arc` it holds), so it cannot be reused while the
+    /// channel exists.
+    fn channel_key(&self, ns: &Arc<Namespace>) -> usize {
+        Arc::as_ptr(ns) as usize
+    }
+    /// Open this reactor's channel on `ns` (whose backend is `self`).
+    fn open_channel(&self, ns: &Arc<Namespace>, env: &ChannelEnv) -> Result<Box<dyn Channel>, String>;
+    /// As `Any`, for what only one kind has (an NVMe device's view and error injection).
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// One reactor's channel on a backend: it alone submits to and reaps from its queue.
+pub trait Channel: 'static {
+    /// A name for logs and the stall detector.
+    fn name(&self) -> &str;
+    /// Start `op` of namespace `ns`; it completes through [`ChannelEnv::complete`], never
+    /// from within this call. Err: refused, nothing was started.
+    fn submit(&mut self, r: &mut Reactor, tag: Tag, ns: &Namespace, op: BlockOp<'_>) -> Result<(), Status>;
+    /// Reap what completed; say when the next completion is expected ([`pollux_reactor::Next`]).
+    fn poll(&mut self, r: &mut Reactor) -> Progress;
+    /// The fd that becomes readable on a completion (interrupt mode), if the channel has one;
+    /// without one it can only be polled.
+    fn interrupt_fd(&self) -> Option<RawFd>;
+    /// Commands submitted and not yet completed.
+    fn outstanding(&self) -> usize;
+    /// Run the channel at least this often while it has work, fd or not (it notices lost
+    /// completions and device resets).
+    fn watchdog(&self) -> Option<Duration> {
+        None
+    }
+    /// How the channel reaches its store, for operators (e.g. "io_uring", "worker thread").
+    fn path(&self) -> &'static str;
+    /// A DMA buffer of at least `len` bytes that a write's data can be received into and
+    /// then submitted as [`WriteData::Dma`] (one copy from the socket, none after). None:
+    /// the channel has no such memory, or not now.
+    fn take_buf(&mut self, _len: usize) -> Option<DmaBuf> {
+        None
+    }
+    /// Take back a buffer from [`Self::take_buf`] whose write never ran.
+    fn give_buf(&mut self, _buf: DmaBuf) {}
+    /// The reactor is stopping: wait (bounded) for what the store still holds buffers of.
+    fn shutdown(&mut self) {}
+}
+
+/// A channel as a reactor source: the one source type of every backend.
+pub struct ChannelSource(Box<dyn Channel>);
+
+impl Source for ChannelSource {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+
+    fn run(&mut self, r: &mut Reactor, _id: SourceId) -> Progress {
+        self.0.poll(r)
+    }
+
+    fn shutdown(&mut self, _r: &mut Reactor, _id: SourceId) {
+        self.0.shutdown();
+    }
+}
+
+/// Run channel `id` every `every` while it has work, even with no interrupt.
+fn arm_watchdog(r: &mut Reactor, id: SourceId, every: Duration) {
+    r.add_timer(Instant::now() + every, move |r| {
+        let busy = r.with_source::<ChannelSource, _>(id, |c, _| c.0.outstanding() > 0);
+        if let Some(busy) = busy {
+            if busy {
+                r.wake(id);
+            }
+            arm_watchdog(r, id, every);
+        }
+    });
+}
+
+/// A completion seen by a channel: feed its latency to the model and the reactor's load.
+pub fn account_completion(r: &mut Reactor, model: &mut LatencyModel, class: usize, took: Duration, exact: bool) {
+    model.observe(class, took, exact);
+    let load = r.device_load();
+    load.outstanding = load.outstanding.saturating_sub(1);
+    load.completions += 1;
+    if let Some(e) = model.estimate(class) {
+        load.predicted_ns = e.as_nanos() as u64;
+    }
+}
+
+/// Per-reactor map from namespace to that reactor's channel on it (a source), opened on
+/// first use.
+pub struct Channels {
+    by_key: HashMap<usize, SourceId>,
+    max_io: u32,
+    complete: CompleteFn,
+}
+
+impl Channels {
+    /// No channel yet; channels will size buffers for `max_io` bytes and complete to
+    /// `complete`.
+    pub fn new(max_io: u32, complete: CompleteFn) -> Self {
+        Self {
+            by_key: HashMap::new(),
+            max_io,
+            complete,
+        }
+    }
+}
+
+/// This reactor's channel on `ns`, if it has opened one.
+pub fn existing_channel(r: &mut Reactor, ns: &Arc<Namespace>) -> Option<SourceId> {
+    let key = ns.backend.channel_key(ns);
+    r.local::<Channels>().and_then(|c| c.by_key.get(&key).copied())
+}
+
+/// The channel of this reactor on `ns`, opened on first use.
+pub fn channel_for(r: &mut Reactor, ns: &Arc<Namespace>) -> Result<SourceId, Status> {
+    let key = ns.backend.channel_key(ns);
+    let Some(c) = r.local::<Channels>() else {
+        warn!(nsid = ns.nsid, "this reactor has no channel registry");
+        return Err(Status::INTERNAL_ERROR);
+    };
+    if let Some(id) = c.by_key.get(&key) {
+        return Ok(*id);
+    }
+    let (max_io, complete) = (c.max_io, c.complete);
+    let env = ChannelEnv {
+        reactor: r.id(),
+        max_io,
+        model: LatencyModel::new(r.model_kind()),
+        complete,
+    };
+    let opened = ns.backend.open_channel(ns, &env).and_then(|ch| {
+        let (fd, watchdog) = (ch.interrupt_fd(), ch.watchdog());
+        let src = Box::new(ChannelSource(ch));
+        let id = match fd {
+            Some(fd) => r.add_sleepable_source(src, SourceOpts::polled_with_fd(fd)),
+            None => {
+                warn!(
+                    nsid = ns.nsid,
+                    "a channel without an interrupt fd: it is polled, the reactor cannot sleep on it"
+                );
+                r.add_source(src, SourceOpts::polled())
+            }
+        }
+        .map_err(|e| e.to_string())?;
+        if let Some(every) = watchdog {
+            arm_watchdog(r, id, every);
+        }
+        Ok(id)
+    });
+    let id = opened.map_err(|e| {
+        warn!(nsid = ns.nsid, error = %e, "cannot open a device channel");
+        Status::INTERNAL_ERROR
+    })?;
+    if let Some(c) = r.local::<Channels>() {
+        c.by_key.insert(key, id);
+    }
+    Ok(id)
+}
+
+/// Run `f` on channel `id` of this reactor.
+pub fn with_channel<R>(
+    r: &mut Reactor,
+    id: SourceId,
+    f: impl FnOnce(&mut dyn Channel, &mut Reactor) -> R,
+) -> Option<R> {
+    r.with_source::<ChannelSource, _>(id, |c, r| f(c.0.as_mut(), r))
+}
+
+/// Open a namespace's store as the conf describes it (`reactors`: one queue pair each for an
+/// NVMe device). The one place that names the backend kinds.
+pub fn open(n: &pollux_conf::Namespace, reactors: usize) -> Result<Box<dyn Backend>, String> {
+    use pollux_conf::Backend as Conf;
+    Ok(match &n.backend {
+        Conf::Ram { size } => {
+            Box::new(RamDisk::new(*size).map_err(|e| format!("cannot map {size} bytes of RAM: {e}"))?)
+        }
+        Conf::Sim(sim) => Box::new(sim::SimDisk::open(sim)?),
+        Conf::File(f) => Box::new(file::FileDisk::open(&f.path, f.size, f.direct, n.block_size)?),
+        Conf::Nvme(b) => Box::new(nvme::SsdDevice::open(b, n.block_size, reactors)?),
+    })
+}

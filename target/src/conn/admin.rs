@@ -1,0 +1,351 @@
+//! The admin side of a connection: fabrics commands and Connect, the admin queue's controller
+//! and what it needs of the reactor — its keep-alive timer, held AERs, Abort of a command on
+//! another reactor's queue, the attachment and teardown of its I/O queues by message, and its
+//! update when the subsystems change.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
+
+use pollux_nvme::spec::{Sqe, Status};
+use pollux_reactor::{Reactor, SourceId};
+use tracing::{debug, info, warn};
+
+use super::{Conn, IoQueue, Queue};
+use crate::ctrl::admin::{self, AdminEnv, Outcome};
+use crate::ctrl::connect::{self, ConnectCmd, Fabrics, Refusal, decode_fabrics};
+use crate::ctrl::property::{self, CcEffect};
+use crate::ctrl::{Ctrl, Local, SubsystemUpdate, owner_of};
+use crate::subsystem::{Snapshot, Subsystem};
+
+type AttachResult = Result<Arc<Subsystem>, Refusal>;
+
+impl Conn {
+    /// A fabrics command (NVMe-oF 1.1 §6).
+    pub(super) fn on_fabrics(&mut self, r: &mut Reactor, id: SourceId, sqe: &Sqe, data: &[u8]) {
+        let cid = sqe.cid.get();
+        match decode_fabrics(sqe) {
+            Fabrics::Connect {
+                recfmt,
+                qid,
+                sqsize,
+                cattr,
+                kato,
+            } => {
+                if !matches!(self.q, Queue::Unbound) {
+                    return self.fail(r, cid, Status::COMMAND_SEQUENCE_ERROR.with_dnr(), 0, 0);
+                }
+                let c = ConnectCmd {
+                    recfmt,
+                    qid,
+                    sqsize,
+                    cattr,
+                    kato,
+                };
+                self.connect(r, id, cid, sqe, c, data);
+            }
+            Fabrics::PropertyGet { size8, offset } => match &self.q {
+                Queue::Admin(ctrl) => {
+                    let rep = property::property_get(ctrl, &self.shared, size8, offset);
+                    self.reply(cid, rep, 0);
+                }
+                _ => self.fail(r, cid, Status::INVALID_OPCODE.with_dnr(), 0, 0),
+            },
+            Fabrics::PropertySet { size8, offset, value } => {
+                let Queue::Admin(ctrl) = &mut self.q else {
+                    return self.fail(r, cid, Status::INVALID_OPCODE.with_dnr(), 0, 0);
+                };
+                let (rep, effect) = property::property_set(ctrl, size8, offset, value);
+                let cntlid = ctrl.cntlid;
+                match effect {
+                    CcEffect::Enabled => info!(cntlid, peer = %self.tcp.peer, "controller enabled"),
+                    CcEffect::Disabled => {
+                        info!(cntlid, "controller disabled (reset): deleting its I/O queues");
+                        close_io_queues(r, ctrl, "controller reset");
+                    }
+                    CcEffect::Shutdown => info!(cntlid, "controller shutdown"),
+                    CcEffect::None => {}
+                }
+                self.reply(cid, rep, 0);
+            }
+            Fabrics::Disconnect => {
+                if matches!(self.q, Queue::Io(_)) {
+                    self.resp(cid, Status::SUCCESS, 0, 0);
+                    self.close(r, id, "Disconnect command");
+                } else {
+                    self.fail(r, cid, Status::INVALID_FIELD.with_dnr(), 0, 0);
+                }
+            }
+            Fabrics::Other(_) => self.fail(r, cid, Status::INVALID_OPCODE.with_dnr(), 0, 0),
+        }
+    }
+
+    /// Connect (NVMe-oF 1.1 §6.3): an admin queue creates its controller here; an I/O queue
+    /// asks its controller's reactor to attach it and is answered when that replies.
+    fn connect(&mut self, r: &mut Reactor, id: SourceId, cid: u16, sqe: &Sqe, c: ConnectCmd, data: &[u8]) {
+        let req = match connect::check(&self.shared, sqe, c, data) {
+            Ok(req) => req,
+            Err(no) => {
+                info!(peer = %self.tcp.peer, qid = c.qid, status = %no.status, "connect refused: {}", no.why);
+                return self.resp(cid, no.status, no.dw0, 0);
+            }
+        };
+        self.sq.qid = req.qid;
+        self.sq.entries = req.entries;
+        self.sq.head = 1 % req.entries; // the Connect itself was consumed
+        self.sq.flow_off = req.sqflow_off;
+        let d = req.data;
+        if req.qid == 0 {
+            let (n, me) = (r.reactor_count(), self.reactor);
+            let Some(cntlid) = r.local::<Local>().and_then(|l| l.alloc_cntlid(me, n)) else {
+                info!(peer = %self.tcp.peer, qid = 0, "connect refused: no controller id left");
+                return self.resp(cid, Status::CONNECT_CONTROLLER_BUSY, 0, 0);
+            };
+            let me_ref = self.me(id);
+            if let Some(l) = r.local::<Local>() {
+                l.ctrls.insert(cntlid, me_ref);
+            }
+            let kato = self.shared.keep_alive.clamp(req.kato);
+            let ctrl = Ctrl::new(cntlid, req.subsys, d.hostnqn.clone(), d.hostid, kato);
+            info!(
+                cntlid, reactor = me, peer = %self.tcp.peer, subnqn = %d.subnqn, hostnqn = %d.hostnqn, kato_ms = kato,
+                "controller created"
+            );
+            self.shared.controllers_created.fetch_add(1, Relaxed);
+            self.q = Queue::Admin(Box::new(ctrl));
+            self.schedule_keep_alive(r, id);
+            self.resp(cid, Status::SUCCESS, u32::from(cntlid), 0);
+            return;
+        }
+        let (qid, cntlid) = (req.qid, d.cntlid);
+        let owner = owner_of(cntlid, r.reactor_count());
+        let me = self.me(id);
+        self.q = Queue::Connecting;
+        let sent = r.send(owner, move |r| {
+            let res = with_ctrl(r, cntlid, |ctrl, _| connect::attach_io(ctrl, qid, &d, me))
+                .unwrap_or_else(|| Err(connect::no_such_controller()));
+            r.send(me.reactor, move |r| {
+                r.with_source::<Conn, _>(me.source, |c, r| {
+                    if c.serial == me.serial {
+                        c.io_connected(r, me.source, cid, cntlid, owner, res);
+                    }
+                });
+            });
+        });
+        if !sent {
+            self.q = Queue::Unbound;
+            self.resp(cid, Status::CONNECT_CONTROLLER_BUSY, 0, 0);
+        }
+    }
+
+    fn io_connected(&mut self, r: &mut Reactor, id: SourceId, cid: u16, cntlid: u16, owner: usize, res: AttachResult) {
+        if self.closed {
+            return;
+        }
+        match res {
+            Ok(subsys) => {
+                debug!(cntlid, qid = self.sq.qid, reactor = self.reactor, peer = %self.tcp.peer, "I/O queue connected");
+                self.q = Queue::Io(IoQueue { cntlid, owner, subsys });
+                self.resp(cid, Status::SUCCESS, u32::from(cntlid), 0);
+            }
+            Err(no) => {
+                info!(peer = %self.tcp.peer, qid = self.sq.qid, cntlid, status = %no.status, "I/O queue connect refused: {}", no.why);
+                self.q = Queue::Unbound;
+                self.resp(cid, no.status, no.dw0, 0);
+            }
+        }
+        self.flush_or_close(r, id);
+    }
+
+    // ---------------------------------------------------------------- keep-alive
+
+    /// (Re)arm the keep-alive check at the controller's deadline (NVMe 2.0 §3.9).
+    fn schedule_keep_alive(&mut self, r: &mut Reactor, id: SourceId) {
+        let Queue::Admin(ctrl) = &mut self.q else { return };
+        if let Some(t) = ctrl.ka_timer.take() {
+            r.cancel_timer(t);
+        }
+        let Some(at) = ctrl.keep_alive_deadline() else { return };
+        let serial = self.serial;
+        ctrl.ka_timer = Some(r.add_timer(at, move |r| {
+            r.with_source::<Conn, _>(id, |c, r| {
+                if c.serial == serial {
+                    c.keep_alive_check(r, id);
+                }
+            });
+        }));
+    }
+
+    fn keep_alive_check(&mut self, r: &mut Reactor, id: SourceId) {
+        let Queue::Admin(ctrl) = &mut self.q else { return };
+        ctrl.ka_timer = None;
+        if ctrl.keep_alive_deadline().is_some_and(|d| Instant::now() >= d) {
+            warn!(cntlid = ctrl.cntlid, peer = %self.tcp.peer, kato_ms = ctrl.kato_ms, "keep-alive timeout: deleting the controller");
+            self.close(r, id, "keep-alive timeout");
+        } else {
+            self.schedule_keep_alive(r, id);
+        }
+    }
+
+    // ---------------------------------------------------------------- admin commands
+
+    /// An admin command (NVMe 2.0 §5) on the admin queue.
+    pub(super) fn on_admin(&mut self, r: &mut Reactor, id: SourceId, sqe: &Sqe) {
+        let (cid, nsid) = (sqe.cid.get(), sqe.nsid.get());
+        let Queue::Admin(ctrl) = &mut self.q else { return };
+        let env = AdminEnv {
+            shared: &self.shared,
+            local: self.tcp.local,
+            started: self.started,
+        };
+        let (rep, max_len) = match admin::execute(ctrl, &env, sqe) {
+            Outcome::Reply { rep, max_len } => (rep, max_len),
+            Outcome::KeepAlive(rep) => {
+                self.schedule_keep_alive(r, id);
+                (rep, 0)
+            }
+            Outcome::Held => return,
+            Outcome::Abort { sqid, cid: target } => return self.abort(r, id, cid, sqid, target),
+        };
+        let status = rep.status;
+        self.reply(cid, rep, max_len);
+        if !status.is_success() {
+            self.log_error(r, cid, status, nsid, 0);
+        }
+    }
+
+    /// Abort (NVMe 2.0 §5.1): dw0 bit 0 is 0 if the command was aborted, 1 if not.
+    fn abort(&mut self, r: &mut Reactor, id: SourceId, cid: u16, sqid: u16, target: u16) {
+        let Queue::Admin(ctrl) = &mut self.q else { return };
+        if sqid == 0 {
+            if ctrl.abort_aer(target) {
+                self.resp(target, Status::ABORT_REQUESTED, 0, 0);
+                self.resp(cid, Status::SUCCESS, 0, 0);
+            } else {
+                self.resp(cid, Status::SUCCESS, 1, 0);
+            }
+            return;
+        }
+        let Some(q) = ctrl.io_queues.get(&sqid).copied() else {
+            return self.resp(cid, Status::SUCCESS, 1, 0);
+        };
+        let (me, serial) = (self.reactor, self.serial);
+        let sent = r.send(q.reactor, move |r| {
+            let aborted = r
+                .with_source::<Conn, _>(q.source, |c, r| {
+                    c.serial == q.serial && c.abort_pending(r, q.source, target)
+                })
+                .unwrap_or(false);
+            r.send(me, move |r| {
+                r.with_source::<Conn, _>(id, |c, r| {
+                    if c.serial == serial {
+                        c.resp(cid, Status::SUCCESS, u32::from(!aborted), 0);
+                        c.flush_or_close(r, id);
+                    }
+                });
+            });
+        });
+        if !sent {
+            self.resp(cid, Status::SUCCESS, 1, 0);
+        }
+    }
+
+    /// Complete held AERs with queued events (called when an event is raised).
+    pub fn complete_events(&mut self) {
+        let Queue::Admin(ctrl) = &mut self.q else { return };
+        for (cid, ev) in ctrl.ready_events() {
+            self.resp(cid, Status::SUCCESS, ev, 0);
+        }
+        let _ = self.tcp.flush();
+    }
+
+    /// The subsystems changed (a new snapshot was swapped in): bring this admin queue's
+    /// controller up to date — delete it if its subsystem is gone or its host no longer
+    /// allowed; otherwise hand the new subsystem to its I/O queues and raise the AER the
+    /// host enabled.
+    pub fn refresh_ctrl(&mut self, r: &mut Reactor, id: SourceId, snap: &Snapshot, discovery_changed: bool) {
+        let Queue::Admin(ctrl) = &mut self.q else { return };
+        match ctrl.update_subsystem(snap, discovery_changed) {
+            SubsystemUpdate::Delete(why) => return self.close(r, id, why),
+            SubsystemUpdate::Changed(new) => {
+                for q in ctrl.io_queues.values().copied() {
+                    let new = new.clone();
+                    r.send(q.reactor, move |r| {
+                        r.with_source::<Conn, _>(q.source, |c, _| {
+                            if c.serial == q.serial
+                                && let Queue::Io(io) = &mut c.q
+                            {
+                                io.subsys = new;
+                            }
+                        });
+                    });
+                }
+            }
+            SubsystemUpdate::Unchanged => {}
+        }
+        self.complete_events();
+    }
+}
+
+/// Run `f` on controller `cntlid` owned by this reactor, if it exists.
+pub(super) fn with_ctrl<R>(r: &mut Reactor, cntlid: u16, f: impl FnOnce(&mut Ctrl, &mut Reactor) -> R) -> Option<R> {
+    let aref = r.local::<Local>()?.ctrls.get(&cntlid).copied()?;
+    r.with_source::<Conn, _>(aref.source, |c, r| {
+        if c.serial != aref.serial {
+            return None;
+        }
+        match &mut c.q {
+            Queue::Admin(ctrl) => Some(f(ctrl, r)),
+            _ => None,
+        }
+    })
+    .flatten()
+}
+
+/// Tell I/O queue `qid`'s controller (on its reactor) that the queue is gone.
+pub(super) fn detach_io(r: &mut Reactor, q: &IoQueue, qid: u16, serial: u64) {
+    let cntlid = q.cntlid;
+    r.send(q.owner, move |r| {
+        with_ctrl(r, cntlid, |ctrl, _| {
+            if ctrl.io_queues.get(&qid).is_some_and(|x| x.serial == serial) {
+                ctrl.io_queues.remove(&qid);
+            }
+        });
+    });
+}
+
+/// Ask every I/O queue of `ctrl` to close.
+fn close_io_queues(r: &mut Reactor, ctrl: &mut Ctrl, reason: &'static str) {
+    for (_, q) in std::mem::take(&mut ctrl.io_queues) {
+        r.send(q.reactor, move |r| {
+            r.with_source::<Conn, _>(q.source, |c, r| {
+                if c.serial == q.serial {
+                    c.close(r, q.source, reason);
+                }
+            });
+        });
+    }
+}
+
+/// Delete a controller: its timer, its registry entry, its I/O queues.
+pub(super) fn teardown_ctrl(r: &mut Reactor, mut ctrl: Box<Ctrl>, reason: &str) {
+    if let Some(t) = ctrl.ka_timer.take() {
+        r.cancel_timer(t);
+    }
+    if let Some(l) = r.local::<Local>() {
+        l.ctrls.remove(&ctrl.cntlid);
+    }
+    close_io_queues(r, &mut ctrl, "controller deleted");
+    info!(cntlid = ctrl.cntlid, hostnqn = %ctrl.hostnqn, reason, lifetime_s = ctrl.created.elapsed().as_secs(), "controller deleted");
+}
+
+/// Run `f` on every controller this reactor owns (the control socket's `controllers`).
+pub fn for_each_ctrl(r: &mut Reactor, mut f: impl FnMut(&Ctrl)) {
+    let ids: Vec<u16> = r
+        .local::<Local>()
+        .map(|l| l.ctrls.keys().copied().collect())
+        .unwrap_or_default();
+    for id in ids {
+        with_ctrl(r, id, |c, _| f(c));
+    }
+}

@@ -1,0 +1,449 @@
+//! The I/O side of a connection: a command capsule of an I/O queue is parsed into a validated
+//! command ([`crate::io::parse`]), gets its data (in the capsule, or by R2T and H2CData into a
+//! buffer, possibly received in place), runs inline (RAM) or on this reactor's channel of its
+//! namespace, and completes here: C2HData and CapsuleResp go out through the transport.
+
+use std::sync::Arc;
+
+use pollux_nvme::spec::{Sqe, Status};
+use pollux_nvme::tcp::{DataHdr, PduHeader};
+use pollux_reactor::{Reactor, SourceId};
+
+use super::{Conn, Queue};
+use crate::backend::{Completion, ReadData, Tag, WriteData, channel_for, existing_channel, with_channel};
+use crate::io::{self, DataIn, Io};
+use crate::request::{ReqState, Request, Requests};
+use crate::subsystem::{Namespace, bump};
+use crate::tcp::h2c::{DataBuf, DirectRx, H2cPool, R2tProgress, unknown_ttag};
+
+/// A channel completed a command: hand it to its connection, which flushes on its next run
+/// (one write for all the completions of a poll).
+pub fn deliver(r: &mut Reactor, c: Completion<'_>) {
+    let tag = c.tag;
+    let done = r.with_source::<Conn, _>(tag.source, |conn, r| {
+        conn.serial == tag.serial && {
+            conn.complete(r, tag.slot, c.status, c.data);
+            true
+        }
+    });
+    if done == Some(true) {
+        r.wake(tag.source);
+    }
+}
+
+/// Give the buffer of a request whose write will not run back: a DMA buffer to its SSD
+/// channel's pool (the one it came from: a reactor has one channel per device), a heap
+/// buffer to the reactor's [`H2cPool`]. A channel already gone (reactor shutdown) frees it.
+fn recycle_buf(r: &mut Reactor, ns: Option<&Arc<Namespace>>, buf: DataBuf) {
+    match buf {
+        DataBuf::Dma(d) => {
+            if let Some(ch) = ns.and_then(|ns| existing_channel(r, ns)) {
+                with_channel(r, ch, |c, _| c.give_buf(d));
+            }
+        }
+        DataBuf::Heap(v) => {
+            if let Some(pool) = r.local::<H2cPool>() {
+                pool.give(v);
+            }
+        }
+    }
+}
+
+/// A request that will not run: its buffer goes back.
+pub(super) fn recycle(r: &mut Reactor, req: Request) {
+    if let ReqState::AwaitingData { buf, .. } = req.state {
+        recycle_buf(r, req.io.namespace(), buf);
+    }
+}
+
+/// The buffer that in-place data of `d` goes into, while it exists: None once the command
+/// completed early (an Abort freed its buffer), when its data is only drained.
+pub(super) fn live_buf<'a>(reqs: &'a mut Requests, d: &DirectRx) -> Option<&'a mut DataBuf> {
+    match reqs.get_mut(d.ttag) {
+        Some(Request {
+            cid,
+            state: ReqState::AwaitingData { buf, .. },
+            ..
+        }) if *cid == d.cid => Some(buf),
+        _ => None,
+    }
+}
+
+impl Conn {
+    /// An NVM command on an I/O queue.
+    pub(super) fn on_io(&mut self, r: &mut Reactor, id: SourceId, sqe: &Sqe, data: &[u8]) {
+        let (cid, nsid) = (sqe.cid.get(), sqe.nsid.get());
+        let Queue::Io(q) = &mut self.q else { return };
+        let max_io = self.shared.transport.max_io_size;
+        let mut parsed = io::parse(sqe, &q.subsys, max_io, data);
+        if matches!(parsed, Err((s, _)) if s == Status::INVALID_NAMESPACE.with_dnr()) {
+            // Slow path, on a miss only: the subsystem may have changed and the host may have
+            // heard of it (AER from the admin queue's reactor) before this queue's reactor got
+            // the update by message. The snapshot is the truth: catch up and parse again.
+            let snap = self.shared.snapshot.load();
+            if let Some(now) = snap.subsystem(&q.subsys.nqn)
+                && !Arc::ptr_eq(now, &q.subsys)
+            {
+                q.subsys = now.clone();
+                parsed = io::parse(sqe, &q.subsys, max_io, data);
+            }
+        }
+        let cmd = match parsed {
+            Ok(cmd) => cmd,
+            Err((s, lba)) => return self.fail(r, cid, s, nsid, lba),
+        };
+        match cmd.data {
+            DataIn::None => self.execute(r, id, cid, cmd.io, WriteData::Bytes(&[]), None),
+            DataIn::InCapsule => {
+                let need = cmd.io.h2c_len() as usize;
+                self.execute(r, id, cid, cmd.io, WriteData::Bytes(&data[..need]), None);
+            }
+            DataIn::R2t(len) => self.start_r2t(r, cid, cmd.io, len),
+        }
+    }
+
+    /// Run a command whose data is all here: inline on a RAM namespace, else on this
+    /// reactor's channel of its namespace. `slot`: its request, when it has one already (its
+    /// data came by R2T).
+    fn execute(&mut self, r: &mut Reactor, id: SourceId, cid: u16, io: Io, data: WriteData<'_>, slot: Option<usize>) {
+        let ns = io.namespace().cloned();
+        let nsid = ns.as_ref().map_or(u32::MAX, |n| n.nsid);
+        let mut ranges = Vec::new();
+        let op = match io::block_op(&io, data, &mut ranges) {
+            Ok(Some(op)) => op,
+            res => {
+                self.free(slot);
+                return match res {
+                    Err(s) => self.fail(r, cid, s, nsid, 0),
+                    _ => self.resp(cid, Status::SUCCESS, 0, 0),
+                };
+            }
+        };
+        let Some(ns) = ns else { return };
+        let c = ns.counters(self.reactor);
+        match &io {
+            Io::Write { len, .. } => {
+                bump(&c.write_cmds, 1);
+                bump(&c.write_bytes, u64::from(*len));
+            }
+            Io::WriteZeroes { .. } => bump(&c.write_cmds, 1),
+            _ => {}
+        }
+        if let Some(status) = ns.backend.run_inline(&op) {
+            self.free(slot);
+            return match io {
+                Io::Read { off, len, .. } if status.is_success() => self.send_read(r, cid, ns, off, len, None),
+                _ if status.is_success() => self.resp(cid, status, 0, 0),
+                _ => self.fail(r, cid, status, nsid, 0),
+            };
+        }
+        let ch = match channel_for(r, &ns) {
+            Ok(ch) => ch,
+            Err(s) => {
+                self.free(slot);
+                return self.fail(r, cid, s, nsid, 0);
+            }
+        };
+        let slot = match slot.and_then(|s| self.reqs.get_mut(s).map(|req| (s, req))) {
+            Some((s, req)) => {
+                req.state = ReqState::Submitted;
+                s
+            }
+            None => self.reqs.insert(Request {
+                cid,
+                io,
+                state: ReqState::Submitted,
+            }),
+        };
+        let tag = Tag {
+            source: id,
+            serial: self.serial,
+            slot,
+        };
+        let res = with_channel(r, ch, |c, r| c.submit(r, tag, &ns, op)).unwrap_or(Err(Status::INTERNAL_ERROR));
+        match res {
+            // Woken, the channel tells the reactor when the completion is expected (hybrid).
+            Ok(()) => r.wake(ch),
+            Err(s) => {
+                self.reqs.remove(slot);
+                self.fail(r, cid, s, nsid, 0);
+            }
+        }
+    }
+
+    /// Free a request's slot, if it has one.
+    fn free(&mut self, slot: Option<usize>) {
+        if let Some(s) = slot {
+            self.reqs.remove(s);
+        }
+    }
+
+    /// A successful read's reply: C2HData with its `len` bytes, then the CQE (or DATA_SUCCESS
+    /// instead of a CQE when SQ flow control is off, NVMe/TCP 1.0 §3.6.2.8). `data` is what
+    /// came with the completion (a file's buffer, an SSD's DMA buffer); without it the bytes
+    /// are in the namespace's memory (RAM, simulated SSD). Those are sent from the namespace
+    /// in place (see `tcp::sendq`) unless a data digest must cover them: the digest is
+    /// computed over a copy, so that it covers exactly the bytes sent.
+    fn send_read(
+        &mut self,
+        r: &mut Reactor,
+        cid: u16,
+        ns: Arc<Namespace>,
+        off: u64,
+        len: u32,
+        data: Option<ReadData<'_>>,
+    ) {
+        let Some(data) = data.or_else(|| ns.backend.memory().map(|m| ReadData::Ram(m, off))) else {
+            return self.fail(r, cid, Status::INTERNAL_ERROR, ns.nsid, 0);
+        };
+        let success = self.sq.flow_off;
+        self.tcp.c2h_header(cid, len, success);
+        match data {
+            ReadData::Ram(mem, off) if !self.tcp.ddgst => {
+                let base = mem.range_ptr(off, len as usize);
+                let keep: Arc<dyn std::any::Any + Send + Sync> = ns.clone();
+                // SAFETY: the range is inside the RAM disk's mapping (range_ptr checks it),
+                // which lives as long as the namespace that `keep` holds.
+                unsafe { self.tcp.c2h_data_in_place(base, len as usize, keep) };
+            }
+            data => self.tcp.c2h_data_copied(|buf| data.append_to(len as usize, buf)),
+        }
+        let c = ns.counters(self.reactor);
+        bump(&c.read_cmds, 1);
+        bump(&c.read_bytes, u64::from(len));
+        if !success {
+            self.resp(cid, Status::SUCCESS, 0, 0);
+        }
+    }
+
+    /// A channel completed the request in `slot`; a read's data comes with it (a file, an
+    /// SSD) or is in the namespace's memory (a simulated device).
+    fn complete(&mut self, r: &mut Reactor, slot: usize, status: Status, data: Option<ReadData<'_>>) {
+        let Some(req) = self.reqs.remove(slot) else { return };
+        if self.closed {
+            return;
+        }
+        match req.io {
+            Io::Read { ns, off, len } if status.is_success() => self.send_read(r, req.cid, ns, off, len, data),
+            _ if status.is_success() => self.resp(req.cid, status, 0, 0),
+            io => {
+                let nsid = io.namespace().map_or(0, |n| n.nsid);
+                self.fail(r, req.cid, status, nsid, 0);
+            }
+        }
+    }
+
+    /// Abort command `cid` if it still waits for data on this I/O queue.
+    pub(super) fn abort_pending(&mut self, r: &mut Reactor, id: SourceId, cid: u16) -> bool {
+        let Some(slot) = self.reqs.awaiting_by_cid(cid) else {
+            return false;
+        };
+        // The command is complete: its CID and queue slot are free now (a host may reuse
+        // them at once). Its buffer goes; the request stays only as a tombstone so that data
+        // already on its way for this TTAG is drained, not treated as a protocol error.
+        if let Some(buf) = self.reqs.complete_early(slot, Status::ABORT_REQUESTED) {
+            let ns = self.reqs.get_mut(slot).and_then(|q| q.io.namespace().cloned());
+            recycle_buf(r, ns.as_ref(), buf);
+        }
+        self.resp(cid, Status::ABORT_REQUESTED, 0, 0);
+        self.flush_or_close(r, id);
+        true
+    }
+
+    // ---------------------------------------------------------------- R2T and H2CData
+
+    /// Ask for a command's `len` bytes of data with one R2T (NVMe/TCP 1.0 §3.6.2.6).
+    fn start_r2t(&mut self, r: &mut Reactor, cid: u16, io: Io, len: u32) {
+        // Command ids are the host's: two commands in flight with one id is a host bug.
+        // Completed (aborted) requests kept only to drain late data do not count.
+        if self.reqs.awaiting_by_cid(cid).is_some() {
+            return self.fail(r, cid, Status::CID_CONFLICT.with_dnr(), 0, 0);
+        }
+        if self.reqs.awaiting_count() >= self.sq.entries as usize {
+            return self.fail(r, cid, Status::COMMAND_SEQUENCE_ERROR, 0, 0);
+        }
+        // Tombstones whose data never came are bounded: beyond a queue's worth, drop the
+        // oldest (late data for it is then an unknown TTAG: fatal, which a host that aborts
+        // a command and still sends its data much later has earned).
+        if let Some(old) = self.reqs.excess_draining(self.sq.entries as usize)
+            && let Some(req) = self.reqs.remove(old)
+        {
+            recycle(r, req);
+        }
+        let dma = match &io {
+            Io::Write { ns, .. } if ns.backend.caps().dma_data => channel_for(r, ns)
+                .ok()
+                .and_then(|ch| with_channel(r, ch, |c, _| c.take_buf(len as usize)))
+                .flatten(),
+            _ => None,
+        };
+        // A recycled buffer: no allocation (for large writes an mmap and its page faults).
+        // Every reactor of a target has a pool from its start.
+        let buf = match (dma, r.local::<H2cPool>()) {
+            (Some(d), _) => DataBuf::Dma(d),
+            (None, Some(pool)) => DataBuf::Heap(pool.take(len as usize)),
+            (None, None) => DataBuf::Heap(vec![0; len as usize]),
+        };
+        let progress = R2tProgress { len, received: 0 };
+        let state = ReqState::AwaitingData { buf, progress };
+        let ttag = self.reqs.insert(Request { cid, io, state });
+        self.tcp.r2t(cid, ttag as u16, len);
+    }
+
+    /// A whole H2CData PDU with its data.
+    pub(super) fn on_h2c_data(
+        &mut self,
+        r: &mut Reactor,
+        id: SourceId,
+        hdr: &DataHdr,
+        data: &[u8],
+        digest_ok: bool,
+        header: &[u8],
+    ) {
+        let Some(ttag) = self.h2c_target(r, id, hdr, header) else {
+            return;
+        };
+        if let Some(Request {
+            state: ReqState::AwaitingData { buf, .. },
+            ..
+        }) = self.reqs.get_mut(ttag)
+        {
+            buf.place(hdr.datao.get(), data);
+        }
+        self.h2c_received(r, id, ttag, hdr.datal.get(), digest_ok);
+    }
+
+    /// The request (its TTAG) whose R2T an H2CData header continues; a header that continues
+    /// none is fatal (and None).
+    fn h2c_target(&mut self, r: &mut Reactor, id: SourceId, hdr: &DataHdr, header: &[u8]) -> Option<usize> {
+        let checked = match self.reqs.r2t_target(usize::from(hdr.ttag.get()), hdr.cccid.get()) {
+            None => Err(unknown_ttag()),
+            Some((ttag, progress)) => progress.check(hdr).map(|()| ttag),
+        };
+        match checked {
+            Ok(ttag) => Some(ttag),
+            Err(f) => {
+                self.fatal(r, id, f, header);
+                None
+            }
+        }
+    }
+
+    /// `datal` more bytes of R2T `ttag` are in its buffer: fail the command on a bad digest,
+    /// run it when all its data is in.
+    fn h2c_received(&mut self, r: &mut Reactor, id: SourceId, ttag: usize, datal: u32, digest_ok: bool) {
+        let Some(req) = self.reqs.get_mut(ttag) else { return };
+        let progress = match &mut req.state {
+            ReqState::AwaitingData { progress, .. } | ReqState::Draining { progress, .. } => {
+                progress.received += datal;
+                *progress
+            }
+            ReqState::Submitted => return,
+        };
+        if !digest_ok && req.awaiting_data() {
+            // NVMe/TCP 1.0 §3.6.2.4: a data digest error fails the command, not the queue.
+            let cid = req.cid;
+            if let Some(buf) = self.reqs.complete_early(ttag, Status::TRANSIENT_TRANSPORT_ERROR) {
+                let ns = self.reqs.get_mut(ttag).and_then(|q| q.io.namespace().cloned());
+                recycle_buf(r, ns.as_ref(), buf);
+            }
+            self.resp(cid, Status::TRANSIENT_TRANSPORT_ERROR, 0, 0);
+        }
+        if !progress.complete() {
+            return;
+        }
+        let Some(req) = self.reqs.get_mut(ttag) else { return };
+        // All the data is in: run the command in the same slot (drained ones just go).
+        let ReqState::AwaitingData { buf, .. } = std::mem::replace(&mut req.state, ReqState::Submitted) else {
+            self.reqs.remove(ttag);
+            return;
+        };
+        let (cid, io) = (req.cid, req.io.clone());
+        let need = io.h2c_len() as usize;
+        match buf {
+            DataBuf::Dma(d) => {
+                let data = WriteData::Dma { buf: d, len: need };
+                self.execute(r, id, cid, io, data, Some(ttag));
+            }
+            DataBuf::Heap(v) => {
+                self.execute(r, id, cid, io, WriteData::Bytes(&v[..need]), Some(ttag));
+                if let Some(pool) = r.local::<H2cPool>() {
+                    pool.give(v);
+                }
+            }
+        }
+    }
+
+    /// An H2CData header whose data has not all arrived: copy what did into the command's
+    /// buffer and receive the rest in place (`fill`). Returns the receive-buffer bytes used
+    /// (header, padding and data), or None to wait for the whole PDU as usual (a fatal
+    /// header, or a command already completed, whose data is only drained).
+    pub(super) fn direct_start(
+        &mut self,
+        r: &mut Reactor,
+        id: SourceId,
+        pdu: &PduHeader,
+        avail: &[u8],
+        hl: usize,
+    ) -> Option<usize> {
+        let PduHeader::H2CData { hdr, ddgst, .. } = pdu else {
+            return None;
+        };
+        let (ddgst, data_off) = (*ddgst, pdu.data_offset());
+        let ttag = self.h2c_target(r, id, hdr, &avail[..hl])?;
+        let Some(Request {
+            cid,
+            state: ReqState::AwaitingData { buf, .. },
+            ..
+        }) = self.reqs.get_mut(ttag)
+        else {
+            return None;
+        };
+        let (datao, datal) = (hdr.datao.get(), hdr.datal.get());
+        let have = (avail.len() - data_off).min(datal as usize);
+        buf.place(datao, &avail[data_off..data_off + have]);
+        self.direct = Some(DirectRx {
+            ttag,
+            cid: *cid,
+            at: datao + have as u32,
+            left: datal - have as u32,
+            datal,
+            ddgst,
+        });
+        Some(data_off + have)
+    }
+
+    /// Continue the in-place H2CData with the receive buffer's bytes: data that a plain read
+    /// brought (copied into place, or dropped when the command is already complete), then its
+    /// digest. Returns the bytes used, or None to wait for more.
+    pub(super) fn direct_continue(&mut self, r: &mut Reactor, id: SourceId, avail: &[u8]) -> Option<usize> {
+        let d = self.direct.as_mut()?;
+        let live = live_buf(&mut self.reqs, d);
+        if d.left > 0 {
+            if avail.is_empty() {
+                return None;
+            }
+            let n = avail.len().min(d.left as usize);
+            if let Some(buf) = live {
+                buf.place(d.at, &avail[..n]);
+            }
+            d.at += n as u32;
+            d.left -= n as u32;
+            return Some(n);
+        }
+        let used = if d.ddgst { 4 } else { 0 };
+        let digest = avail.first_chunk::<4>().map(|b| u32::from_le_bytes(*b));
+        if d.ddgst && digest.is_none() {
+            return None;
+        }
+        // The digest is checked over the bytes in place, before the command may run.
+        let digest_ok = match (digest.filter(|_| d.ddgst), live) {
+            (Some(got), Some(buf)) => buf.crc(d.at - d.datal, d.datal) == got,
+            _ => true,
+        };
+        let (ttag, datal) = (d.ttag, d.datal);
+        self.direct = None;
+        self.h2c_received(r, id, ttag, datal, digest_ok);
+        Some(used)
+    }
+}

@@ -1,0 +1,471 @@
+//! One NVMe/TCP connection (one NVMe-oF queue) on its reactor: the glue between its
+//! transport ([`crate::tcp`]), its controller ([`crate::ctrl`]) or the I/O path
+//! ([`crate::io`], [`crate::backend`]), and its requests ([`crate::request`]).
+//!
+//! A command capsule goes: the receive loop here frames the PDU, [`Conn::on_capsule`] routes
+//! it by queue, then the admin queue ([`admin`]: fabrics, Connect, admin commands, keep-alive,
+//! AER, Abort) or the I/O queue ([`io`]: parse, R2T/H2CData, submission, completion) runs it;
+//! its completion goes out through the transport. The controller logic itself is pure
+//! ([`crate::ctrl`]); what needs the reactor (timers, messages to other reactors' queues)
+//! is done here.
+
+mod admin;
+mod io;
+
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
+
+use pollux_nvme::spec::{Cqe, Sqe, Status, opcode};
+use pollux_nvme::tcp::{
+    BARE_CAPSULE_CMD_LEN, CommonHeader, Direction, PduHeader, PduType, check_data_digest, fes, parse_bare_capsule_cmd,
+    parse_pdu_header,
+};
+use pollux_reactor::{Next, Progress, Reactor, Source, SourceId};
+use tracing::info;
+
+pub use admin::for_each_ctrl;
+pub use io::deliver;
+
+use crate::ctrl::admin::Reply;
+use crate::ctrl::{Ctrl, QueueRef};
+use crate::request::Requests;
+use crate::subsystem::{Shared, Subsystem};
+use crate::tcp::h2c::{DIRECT_MIN, DirectRx};
+use crate::tcp::{Fatal, InPlace, Transport, WBUF_HIGH};
+
+/// PDUs handled per run before yielding to other sources.
+const PDU_BUDGET: u32 = 64;
+/// Bytes of PDUs handled per run before yielding (large writes would otherwise hold the
+/// reactor for milliseconds).
+const BYTE_BUDGET: usize = 512 * 1024;
+
+/// What a queue is.
+enum Queue {
+    /// No Connect yet.
+    Unbound,
+    /// An I/O queue Connect waits for its controller's answer.
+    Connecting,
+    /// Admin queue: owns the controller.
+    Admin(Box<Ctrl>),
+    /// I/O queue of a controller on reactor `owner`.
+    Io(IoQueue),
+}
+
+struct IoQueue {
+    cntlid: u16,
+    owner: usize,
+    subsys: Arc<Subsystem>,
+}
+
+/// The submission queue's state that completions report (NVMe-oF 1.1 §3.3, NVMe 2.0 §4.6).
+struct Sq {
+    qid: u16,
+    entries: u32,
+    head: u32,
+    /// SQ flow control disabled at Connect: SQHD is reserved (0).
+    flow_off: bool,
+}
+
+/// A connection source.
+pub struct Conn {
+    serial: u64,
+    shared: Arc<Shared>,
+    reactor: usize,
+    closed: bool,
+    tcp: Transport,
+    q: Queue,
+    sq: Sq,
+    reqs: Requests,
+    started: Instant,
+    /// H2CData being received in place.
+    direct: Option<DirectRx>,
+}
+
+impl Conn {
+    /// Wrap an accepted, non-blocking socket.
+    pub fn new(
+        sock: TcpStream,
+        shared: Arc<Shared>,
+        reactor: usize,
+        serial: u64,
+        started: Instant,
+    ) -> std::io::Result<Self> {
+        let tcp = Transport::new(sock, &shared.transport)?;
+        Ok(Self {
+            serial,
+            shared,
+            reactor,
+            closed: false,
+            tcp,
+            q: Queue::Unbound,
+            sq: Sq {
+                qid: 0,
+                entries: 32,
+                head: 0,
+                flow_off: false,
+            },
+            reqs: Requests::default(),
+            started,
+            direct: None,
+        })
+    }
+
+    /// The socket's fd (for registration).
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        self.tcp.raw_fd()
+    }
+
+    /// The connection's serial number (unique in this process).
+    pub fn serial(&self) -> u64 {
+        self.serial
+    }
+
+    fn me(&self, id: SourceId) -> QueueRef {
+        QueueRef {
+            reactor: self.reactor,
+            source: id,
+            serial: self.serial,
+        }
+    }
+
+    // ---------------------------------------------------------------- responses
+
+    fn sqhd(&self) -> u16 {
+        if self.sq.flow_off { 0 } else { self.sq.head as u16 }
+    }
+
+    /// Queue a CapsuleResp.
+    fn resp(&mut self, cid: u16, status: Status, dw0: u32, dw1: u32) {
+        let mut cqe = Cqe::new(cid, self.sq.qid, self.sqhd(), status, dw0);
+        cqe.dw1.set(dw1);
+        self.tcp.send_cqe(&cqe);
+    }
+
+    /// Send a command's reply: its data (at most what the host's SGL asked for), then the CQE.
+    fn reply(&mut self, cid: u16, rep: Reply, max_len: u32) {
+        if rep.status.is_success() && !rep.data.is_empty() && max_len > 0 {
+            let n = rep.data.len().min(max_len as usize);
+            self.tcp.c2h(cid, &rep.data[..n]);
+        }
+        self.resp(cid, rep.status, rep.dw0, rep.dw1);
+    }
+
+    /// Send an error status, logging it for the controller's error log.
+    fn fail(&mut self, r: &mut Reactor, cid: u16, status: Status, nsid: u32, lba: u64) {
+        self.resp(cid, status, 0, 0);
+        self.log_error(r, cid, status, nsid, lba);
+    }
+
+    /// Record a failed command in its controller's error log (NVMe 2.0 §5.16.1.2).
+    fn log_error(&mut self, r: &mut Reactor, cid: u16, status: Status, nsid: u32, lba: u64) {
+        let sqid = self.sq.qid;
+        match &mut self.q {
+            Queue::Admin(ctrl) => ctrl.log_error(sqid, cid, status, nsid, lba),
+            Queue::Io(q) => {
+                // Errors are rare: one message to the controller's reactor for its log.
+                let (cntlid, owner) = (q.cntlid, q.owner);
+                r.send(owner, move |r| {
+                    admin::with_ctrl(r, cntlid, |ctrl, _| ctrl.log_error(sqid, cid, status, nsid, lba));
+                });
+            }
+            _ => {}
+        }
+    }
+
+    /// Flush the send queue; close on a socket error.
+    fn flush_or_close(&mut self, r: &mut Reactor, id: SourceId) {
+        if let Err(e) = self.tcp.flush() {
+            self.close(r, id, &format!("write: {e}"));
+        }
+    }
+
+    // ---------------------------------------------------------------- teardown
+
+    /// Fatal transport error: C2HTermReq with the offending header, then close.
+    fn fatal(&mut self, r: &mut Reactor, id: SourceId, f: Fatal, header: &[u8]) {
+        self.tcp.term_req(&f, header);
+        self.close(r, id, &f.why);
+    }
+
+    /// Close the connection: tear down its controller (admin queue) or leave it (I/O queue).
+    pub fn close(&mut self, r: &mut Reactor, id: SourceId, reason: &str) {
+        if self.closed {
+            return;
+        }
+        self.closed = true;
+        self.tcp.shutdown();
+        // Writes still waiting for their data never run: their buffers go back to the pools,
+        // or a host that reconnects in a loop mid-write would have the target allocate anew.
+        for req in self.reqs.drain().collect::<Vec<_>>() {
+            io::recycle(r, req);
+        }
+        match std::mem::replace(&mut self.q, Queue::Unbound) {
+            Queue::Admin(ctrl) => admin::teardown_ctrl(r, ctrl, reason),
+            Queue::Io(q) => admin::detach_io(r, &q, self.sq.qid, self.serial),
+            _ => {}
+        }
+        self.shared.conns_per_reactor[self.reactor].fetch_sub(1, Relaxed);
+        info!(peer = %self.tcp.peer, reactor = self.reactor, qid = self.sq.qid, reason, "connection closed");
+        r.remove_source(id);
+    }
+
+    // ---------------------------------------------------------------- receive
+
+    /// Parse and run the complete PDUs in the receive buffer (NVMe/TCP 1.0 §3.6).
+    fn process(&mut self, r: &mut Reactor, id: SourceId, budget: &mut u32) -> bool {
+        let mut progressed = false;
+        let mut bytes = 0usize;
+        let (rbuf, mut rstart, rend) = self.tcp.take_rbuf();
+        let io_queue = matches!(self.q, Queue::Io(_));
+        while !self.closed && *budget > 0 && self.tcp.pending_out() < WBUF_HIGH {
+            if bytes >= BYTE_BUDGET {
+                *budget = 0;
+                break;
+            }
+            let avail = &rbuf[rstart..rend];
+            if self.direct.is_some() {
+                // The stream is inside an H2CData PDU whose data goes in place.
+                let Some(used) = self.direct_continue(r, id, avail) else {
+                    break;
+                };
+                rstart += used;
+                bytes += used;
+                progressed = true;
+                continue;
+            }
+            // The PDU of every read and of every write that waits for R2T: a command
+            // capsule without data, recognised by its exact common header.
+            if self.tcp.ic_done
+                && !self.tcp.hdgst
+                && let Some(sqe) = parse_bare_capsule_cmd(avail)
+            {
+                rstart += BARE_CAPSULE_CMD_LEN;
+                bytes += BARE_CAPSULE_CMD_LEN;
+                *budget -= 1;
+                progressed = true;
+                self.on_capsule_pdu(r, id, &sqe, &[], true);
+                continue;
+            }
+            let Some(ch_bytes) = avail.first_chunk::<8>() else {
+                break;
+            };
+            let ch = match CommonHeader::parse(ch_bytes) {
+                Ok(ch) => ch,
+                Err(e) => {
+                    let why = self.tcp.term_req_for(&e, &avail[..avail.len().min(128)]);
+                    self.close(r, id, &why);
+                    break;
+                }
+            };
+            let kind = match ch.kind() {
+                Ok(k) => k,
+                Err(e) => {
+                    let why = self.tcp.term_req_for(&e, ch_bytes);
+                    self.close(r, id, &why);
+                    break;
+                }
+            };
+            // NVMe/TCP 1.0 §3.6.2.1: ICReq first and only once.
+            if (kind == PduType::IcReq) == self.tcp.ic_done {
+                let why = if self.tcp.ic_done {
+                    "a second ICReq"
+                } else {
+                    "a PDU before ICReq"
+                };
+                self.fatal(r, id, Fatal::new(fes::PDU_SEQUENCE_ERROR, 0, why), ch_bytes);
+                break;
+            }
+            let limits = self.tcp.limits(kind, io_queue);
+            let hl = ch.header_len(&limits);
+            if avail.len() < hl {
+                break;
+            }
+            let hdr = match parse_pdu_header(&ch, &avail[..hl], &limits, Direction::HostToController) {
+                Ok(h) => h,
+                Err(e) => {
+                    let why = self.tcp.term_req_for(&e, &avail[..hl.min(128)]);
+                    self.close(r, id, &why);
+                    break;
+                }
+            };
+            let plen = ch.plen.get() as usize;
+            if plen > rbuf.len() {
+                // Cannot happen after parse_pdu_header bounded the data; keep it a clean error.
+                let f = Fatal::new(fes::DATA_TRANSFER_LIMIT_EXCEEDED, 4, "PDU larger than the buffer");
+                self.fatal(r, id, f, &avail[..hl.min(128)]);
+                break;
+            }
+            if avail.len() < plen {
+                // Most of an H2CData PDU's data still to come: receive it in place.
+                if kind == PduType::H2CData
+                    && plen - avail.len() >= DIRECT_MIN
+                    && avail.len() >= hdr.data_offset()
+                    && let Some(used) = self.direct_start(r, id, &hdr, avail, hl)
+                {
+                    rstart += used;
+                    bytes += plen;
+                    *budget -= 1;
+                    progressed = true;
+                    continue;
+                }
+                break;
+            }
+            let pdu = &avail[..plen];
+            let (off, dl) = (hdr.data_offset(), hdr.data_len() as usize);
+            let data = if dl > 0 { &pdu[off..off + dl] } else { &[][..] };
+            let digest_ok = !hdr.has_data_digest() || {
+                let d = &pdu[off + dl..off + dl + 4];
+                check_data_digest(data, u32::from_le_bytes([d[0], d[1], d[2], d[3]])).is_ok()
+            };
+            rstart += plen;
+            bytes += plen;
+            *budget -= 1;
+            progressed = true;
+            self.dispatch(r, id, hdr, data, digest_ok, &pdu[..hl]);
+        }
+        self.tcp.put_rbuf(rbuf, rstart);
+        progressed
+    }
+
+    fn dispatch(&mut self, r: &mut Reactor, id: SourceId, hdr: PduHeader, data: &[u8], digest_ok: bool, header: &[u8]) {
+        match hdr {
+            PduHeader::IcReq(req) => {
+                if let Err(f) = self.tcp.on_icreq(&req) {
+                    self.fatal(r, id, f, header);
+                }
+            }
+            PduHeader::TermReq { hdr, .. } => {
+                info!(peer = %self.tcp.peer, fes = hdr.fes.get(), "host sent H2CTermReq");
+                self.close(r, id, "host terminated the connection");
+            }
+            PduHeader::CapsuleCmd { sqe, .. } => self.on_capsule_pdu(r, id, &sqe, data, digest_ok),
+            PduHeader::H2CData { hdr, .. } => self.on_h2c_data(r, id, &hdr, data, digest_ok, header),
+            other => {
+                let why = format!("{:?} is not a host-to-controller PDU", other.pdu_type());
+                self.fatal(r, id, Fatal::new(fes::INVALID_HEADER_FIELD, 0, why), header);
+            }
+        }
+    }
+
+    /// A command capsule PDU, `data` its in-capsule data.
+    fn on_capsule_pdu(&mut self, r: &mut Reactor, id: SourceId, sqe: &Sqe, data: &[u8], digest_ok: bool) {
+        self.sq.head = (self.sq.head + 1) % self.sq.entries.max(1);
+        if !digest_ok {
+            // NVMe/TCP 1.0 §3.6.2.4: a data digest error fails the command, not the queue.
+            self.fail(r, sqe.cid.get(), Status::TRANSIENT_TRANSPORT_ERROR, sqe.nsid.get(), 0);
+            return;
+        }
+        self.on_capsule(r, id, sqe, data);
+    }
+
+    /// Route a command by the queue it arrived on.
+    fn on_capsule(&mut self, r: &mut Reactor, id: SourceId, sqe: &Sqe, data: &[u8]) {
+        let cid = sqe.cid.get();
+        if sqe.opcode == opcode::FABRICS {
+            return self.on_fabrics(r, id, sqe, data);
+        }
+        match self.q {
+            Queue::Unbound | Queue::Connecting => self.fail(r, cid, Status::COMMAND_SEQUENCE_ERROR.with_dnr(), 0, 0),
+            Queue::Admin(_) => self.on_admin(r, id, sqe),
+            Queue::Io(_) => self.on_io(r, id, sqe, data),
+        }
+    }
+}
+
+impl Source for Conn {
+    fn name(&self) -> &str {
+        "nvme-tcp-connection"
+    }
+
+    fn run(&mut self, r: &mut Reactor, id: SourceId) -> Progress {
+        if self.closed {
+            return Progress::IDLE;
+        }
+        let mut did = false;
+        let mut budget = PDU_BUDGET;
+        loop {
+            if let Err(e) = self.tcp.flush() {
+                self.close(r, id, &format!("write: {e}"));
+                return Progress::WORKED;
+            }
+            if self.tcp.pending_out() >= WBUF_HIGH {
+                // The host is not reading: wait for the socket to drain (writable event).
+                return Progress {
+                    did_work: did,
+                    next: Next::Idle,
+                };
+            }
+            let got = match self.fill() {
+                Ok(g) => g,
+                Err(why) => {
+                    // Process what did arrive (e.g. a final H2CTermReq) before closing.
+                    self.process(r, id, &mut budget);
+                    self.close(r, id, &why);
+                    return Progress::WORKED;
+                }
+            };
+            let progressed = self.process(r, id, &mut budget);
+            if self.closed {
+                return Progress::WORKED;
+            }
+            did |= got || progressed;
+            if budget == 0 {
+                let _ = self.tcp.flush();
+                return Progress {
+                    did_work: true,
+                    next: Next::Asap,
+                };
+            }
+            // Done when the socket is empty and every complete PDU has been handled (a partial
+            // one waits for the edge its remaining bytes will raise).
+            if self.tcp.drained || (!got && !progressed) {
+                break;
+            }
+        }
+        if let Err(e) = self.tcp.flush() {
+            self.close(r, id, &format!("write: {e}"));
+            return Progress::WORKED;
+        }
+        Progress {
+            did_work: did,
+            next: Next::Idle,
+        }
+    }
+
+    fn shutdown(&mut self, _r: &mut Reactor, _id: SourceId) {
+        // The target is stopping: send what is queued, then close. Commands waiting for data
+        // are never completed; the host sees the connection close and retries elsewhere.
+        self.tcp.shutdown();
+        self.shared.conns_per_reactor[self.reactor].fetch_sub(1, Relaxed);
+        tracing::debug!(peer = %self.tcp.peer, "connection closed at shutdown");
+    }
+}
+
+impl Conn {
+    /// Read what the socket has, in place when an H2CData PDU's data is being received into
+    /// its command's buffer. Ok(true) if bytes arrived.
+    fn fill(&mut self) -> Result<bool, String> {
+        let mut in_place = None;
+        if self.tcp.rbuf_empty()
+            && let Some(d) = self.direct.as_ref().filter(|d| d.left > 0)
+            // An aborted command's buffer is gone: its data is drained through the receive
+            // buffer instead (process drops it).
+            && let Some(buf) = io::live_buf(&mut self.reqs, d)
+        {
+            in_place = Some(InPlace {
+                dest: buf.dest_ptr(d.at, d.left as usize),
+                left: d.left as usize,
+            });
+        }
+        let filled = self.tcp.fill(in_place)?;
+        if filled.placed > 0
+            && let Some(d) = self.direct.as_mut()
+        {
+            d.at += filled.placed as u32;
+            d.left -= filled.placed as u32;
+        }
+        Ok(filled.buffered || filled.placed > 0)
+    }
+}

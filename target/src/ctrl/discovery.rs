@@ -1,0 +1,48 @@
+//! The discovery log page (NVMe-oF 1.1 §5.3, log page 70h) that a discovery controller
+//! returns: one entry per subsystem the host may see, on each listener (SPDK:
+//! `ctrlr_discovery.c`).
+
+use std::net::{IpAddr, SocketAddr};
+
+use crate::subsystem::Snapshot;
+
+/// Discovery log entries advertise this admin queue size.
+pub const ADMIN_QUEUE_SIZE: u16 = 32;
+
+fn copy_str(dst: &mut [u8], s: &str) {
+    dst.fill(0);
+    let n = s.len().min(dst.len().saturating_sub(1));
+    dst[..n].copy_from_slice(&s.as_bytes()[..n]);
+}
+
+/// The discovery log (LID 70h, NVMe-oF 1.1 §5.3): one entry per subsystem the host may see
+/// on each listener. `local` stands in for a listener bound to an unspecified address.
+pub fn discovery_log(snapshot: &Snapshot, hostnqn: &str, local: SocketAddr) -> Vec<u8> {
+    let visible: Vec<_> = snapshot.subsystems.iter().filter(|s| s.allows(hostnqn)).collect();
+    let mut entries = Vec::new();
+    for (portid, l) in snapshot.listeners.iter().enumerate() {
+        let ip = if l.ip().is_unspecified() { local.ip() } else { l.ip() };
+        for s in &visible {
+            let mut e = vec![0u8; 1024];
+            e[0] = 3; // TRTYPE: TCP
+            e[1] = if matches!(ip, IpAddr::V4(_)) { 1 } else { 2 }; // ADRFAM
+            e[2] = 2; // SUBTYPE: NVM subsystem
+            e[3] = 1 << 2; // TREQ: secure channel not specified; SQ flow control disable supported
+            e[4..6].copy_from_slice(&(portid as u16).to_le_bytes());
+            e[6..8].copy_from_slice(&0xFFFFu16.to_le_bytes()); // CNTLID: dynamic
+            e[8..10].copy_from_slice(&ADMIN_QUEUE_SIZE.to_le_bytes());
+            copy_str(&mut e[32..64], &l.port().to_string()); // TRSVCID
+            copy_str(&mut e[256..512], &s.nqn);
+            copy_str(&mut e[512..768], &ip.to_string());
+            // TSAS for TCP: SECTYPE 0 (none), already zero.
+            entries.push(e);
+        }
+    }
+    let mut out = vec![0u8; 1024];
+    out[0..8].copy_from_slice(&snapshot.genctr.to_le_bytes());
+    out[8..16].copy_from_slice(&(entries.len() as u64).to_le_bytes());
+    for e in entries {
+        out.extend_from_slice(&e);
+    }
+    out
+}

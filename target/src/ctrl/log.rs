@@ -1,0 +1,157 @@
+//! Log pages of a controller (NVMe 2.0 §5.16): SMART / Health, Error Information, Firmware
+//! Slot, Changed Namespace List, Commands Supported and Effects, and the discovery log
+//! ([`super::discovery`]) of a discovery controller.
+
+use std::net::SocketAddr;
+
+use pollux_nvme::bindings::nvme_smart_log;
+use pollux_nvme::spec::{Status, log_page, opcode};
+use zerocopy::{FromZeros, IntoBytes};
+
+use super::admin::{Reply, pad_ascii};
+use super::discovery::discovery_log;
+use super::{Ctrl, ERROR_LOG_ENTRIES};
+use crate::subsystem::{Shared, Snapshot};
+
+fn le128(dst: &mut [u8; 16], v: u64) {
+    *dst = u128::from(v).to_le_bytes();
+}
+
+/// SMART / Health Information (LID 02h), base spec §5.16.1.3, controller-wide: the sum over
+/// the subsystem's namespaces of every reactor's counters.
+pub fn smart_log(ctrl: &Ctrl, started: std::time::Instant) -> Vec<u8> {
+    let mut log = nvme_smart_log::new_zeroed();
+    let (mut rc, mut wc, mut rb, mut wb) = (0u64, 0u64, 0u64, 0u64);
+    if let Some(s) = &ctrl.subsys {
+        for ns in s.namespaces.values() {
+            let t = ns.totals();
+            rc += t.read_cmds;
+            wc += t.write_cmds;
+            rb += t.read_bytes;
+            wb += t.write_bytes;
+        }
+    }
+    log.avail_spare = 100;
+    log.spare_thresh = 10;
+    // Data units are thousands of 512-byte units, rounded up (§5.16.1.3, Figure 207).
+    le128(&mut log.data_units_read, (rb / 512).div_ceil(1000));
+    le128(&mut log.data_units_written, (wb / 512).div_ceil(1000));
+    le128(&mut log.host_reads, rc);
+    le128(&mut log.host_writes, wc);
+    le128(&mut log.power_cycles, 1);
+    le128(&mut log.power_on_hours, started.elapsed().as_secs() / 3600);
+    le128(&mut log.num_err_log_entries, ctrl.error_count);
+    log.as_bytes().to_vec()
+}
+
+/// Error Information (LID 01h): 64-byte entries, newest first.
+pub fn error_log(ctrl: &Ctrl) -> Vec<u8> {
+    let mut out = vec![0u8; 64 * ERROR_LOG_ENTRIES];
+    for (i, e) in ctrl.errors.iter().rev().enumerate() {
+        let b = &mut out[i * 64..i * 64 + 64];
+        b[0..8].copy_from_slice(&e.count.to_le_bytes());
+        b[8..10].copy_from_slice(&e.sqid.to_le_bytes());
+        b[10..12].copy_from_slice(&e.cid.to_le_bytes());
+        b[12..14].copy_from_slice(&e.status.to_cqe_field().to_le_bytes());
+        b[14..16].copy_from_slice(&0xFFFFu16.to_le_bytes()); // parameter error location: n/a
+        b[16..24].copy_from_slice(&e.lba.to_le_bytes());
+        b[24..28].copy_from_slice(&e.nsid.to_le_bytes());
+        b[29] = 3; // transport type: TCP
+    }
+    out
+}
+
+/// Commands Supported and Effects (LID 05h), base spec §5.16.1.6.
+pub fn effects_log() -> Vec<u8> {
+    use opcode::{admin, io};
+    let mut out = vec![0u8; 4096];
+    let mut set = |base: usize, op: u8, lbcc: bool| {
+        let v: u32 = 1 | if lbcc { 1 << 1 } else { 0 };
+        out[base + op as usize * 4..base + op as usize * 4 + 4].copy_from_slice(&v.to_le_bytes());
+    };
+    for op in [
+        admin::GET_LOG_PAGE,
+        admin::IDENTIFY,
+        admin::ABORT,
+        admin::SET_FEATURES,
+        admin::GET_FEATURES,
+        admin::ASYNC_EVENT_REQUEST,
+        admin::KEEP_ALIVE,
+    ] {
+        set(0, op, false);
+    }
+    for (op, lbcc) in [
+        (io::FLUSH, false),
+        (io::WRITE, true),
+        (io::READ, false),
+        (io::WRITE_ZEROES, true),
+        (io::DATASET_MANAGEMENT, true),
+    ] {
+        set(1024, op, lbcc);
+    }
+    out
+}
+
+/// Firmware Slot Information (LID 03h).
+pub fn firmware_log() -> Vec<u8> {
+    let mut out = vec![0u8; 512];
+    out[0] = 1; // slot 1 active
+    pad_ascii(&mut out[8..16], env!("CARGO_PKG_VERSION"));
+    out
+}
+
+/// Changed Namespace List (LID 04h): up to 1024 NSIDs; FFFFFFFFh first if more changed.
+pub fn changed_ns_log(ctrl: &mut Ctrl, rae: bool) -> Vec<u8> {
+    let mut out = vec![0u8; 4096];
+    if ctrl.changed_ns.len() > 1024 {
+        out[0..4].copy_from_slice(&u32::MAX.to_le_bytes());
+    } else {
+        for (i, n) in ctrl.changed_ns.iter().enumerate() {
+            out[i * 4..i * 4 + 4].copy_from_slice(&n.to_le_bytes());
+        }
+    }
+    if !rae {
+        ctrl.changed_ns.clear();
+    }
+    out
+}
+
+/// Slice `[offset, offset + len)` out of a whole log page.
+pub fn log_slice(log: Vec<u8>, offset: u64, len: u32) -> Reply {
+    if offset > log.len() as u64 || !offset.is_multiple_of(4) {
+        return Reply::err(Status::INVALID_FIELD.with_dnr());
+    }
+    let start = offset as usize;
+    let end = (start + len as usize).min(log.len());
+    let mut data = log[start..end].to_vec();
+    // A host may ask for more than the page holds: the rest reads as zeroes.
+    data.resize(len as usize, 0);
+    Reply::data(data)
+}
+
+/// What a log page may depend on besides the controller.
+#[derive(Debug, Clone, Copy)]
+pub struct LogEnv<'a> {
+    /// Target-wide state.
+    pub shared: &'a Shared,
+    /// The subsystems now.
+    pub snapshot: &'a Snapshot,
+    /// The connection's local address (stands in for unspecified listener addresses).
+    pub local: SocketAddr,
+    /// When the target started (power-on hours).
+    pub started: std::time::Instant,
+}
+
+/// Get Log Page for a controller: page `lid`, `len` bytes from byte `offset`.
+pub fn get_log_page(ctrl: &mut Ctrl, env: &LogEnv<'_>, lid: u8, rae: bool, offset: u64, len: u32) -> Reply {
+    let log = match lid {
+        log_page::DISCOVERY if ctrl.is_discovery() => discovery_log(env.snapshot, &ctrl.hostnqn, env.local),
+        log_page::ERROR => error_log(ctrl),
+        log_page::SMART if !ctrl.is_discovery() => smart_log(ctrl, env.started),
+        log_page::FIRMWARE_SLOT if !ctrl.is_discovery() => firmware_log(),
+        log_page::CHANGED_NAMESPACE_LIST if !ctrl.is_discovery() => changed_ns_log(ctrl, rae),
+        log_page::COMMANDS_SUPPORTED_AND_EFFECTS if !ctrl.is_discovery() => effects_log(),
+        _ => return Reply::err(Status::INVALID_LOG_PAGE.with_dnr()),
+    };
+    log_slice(log, offset, len)
+}

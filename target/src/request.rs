@@ -1,0 +1,143 @@
+//! A queue's requests and their life (SPDK: `nvmf_tcp_req_state` in `tcp.c`), in one place so
+//! that abort, timeouts and teardown have one place to look.
+//!
+//! A command capsule is *received* and parsed into a validated command ([`crate::io`]) in one
+//! step; one that needs no more data runs at once. Those that outlive the PDU that brought
+//! them take a slot of the queue's [`Requests`], whose key is the R2T's TTAG and the tag a
+//! backend completes with:
+//! - [`ReqState::AwaitingData`]: an R2T was sent, H2CData PDUs are arriving into its buffer;
+//! - [`ReqState::Draining`]: it completed before all its data came (aborted, or a data digest
+//!   error): the rest of its data is drained, not treated as a protocol error, then the slot
+//!   goes;
+//! - [`ReqState::Submitted`]: its namespace's channel has it.
+//!
+//! *Completing* and *sending* are not states a request waits in: a completion's C2HData and
+//! CapsuleResp go into the send queue as it is handled, and the slot is free (*done*) at
+//! once, as the host may reuse the command id as soon as it has the completion.
+
+use pollux_nvme::spec::Status;
+use slab::Slab;
+
+use crate::io::Io;
+use crate::tcp::h2c::{DataBuf, R2tProgress};
+
+/// Where a request is.
+#[derive(Debug)]
+pub enum ReqState {
+    /// R2T sent: its data arrives into `buf`.
+    AwaitingData {
+        /// The buffer the data goes into.
+        buf: DataBuf,
+        /// How much of it came.
+        progress: R2tProgress,
+    },
+    /// Completed early with this status while its data still comes: drained, then dropped.
+    Draining {
+        /// How much of its data came.
+        progress: R2tProgress,
+        /// The status it completed with.
+        status: Status,
+    },
+    /// Submitted to its namespace's channel.
+    Submitted,
+}
+
+/// One request.
+#[derive(Debug)]
+pub struct Request {
+    /// The host's command id.
+    pub cid: u16,
+    /// The command.
+    pub io: Io,
+    /// Where it is.
+    pub state: ReqState,
+}
+
+impl Request {
+    /// Waiting for its data (not completed yet).
+    pub fn awaiting_data(&self) -> bool {
+        matches!(self.state, ReqState::AwaitingData { .. })
+    }
+
+    /// Its R2T's progress, while data is still expected (awaited or drained).
+    pub fn r2t(&self) -> Option<R2tProgress> {
+        match &self.state {
+            ReqState::AwaitingData { progress, .. } | ReqState::Draining { progress, .. } => Some(*progress),
+            ReqState::Submitted => None,
+        }
+    }
+}
+
+/// A queue's outstanding requests, by slot.
+#[derive(Debug, Default)]
+pub struct Requests {
+    slots: Slab<Request>,
+}
+
+impl Requests {
+    /// Add a request; its slot.
+    pub fn insert(&mut self, req: Request) -> usize {
+        self.slots.insert(req)
+    }
+
+    /// The request in `slot`.
+    pub fn get_mut(&mut self, slot: usize) -> Option<&mut Request> {
+        self.slots.get_mut(slot)
+    }
+
+    /// Remove the request in `slot`.
+    pub fn remove(&mut self, slot: usize) -> Option<Request> {
+        self.slots.try_remove(slot)
+    }
+
+    /// Remove every request (the queue is closing).
+    pub fn drain(&mut self) -> impl Iterator<Item = Request> + '_ {
+        self.slots.drain()
+    }
+
+    /// The slot of the request that R2T `ttag` of command `cccid` asked data for (awaited or
+    /// drained): the H2CData header's TTAG and CCCID must both match (NVMe/TCP 1.0 §3.6.2.7).
+    pub fn r2t_target(&self, ttag: usize, cccid: u16) -> Option<(usize, R2tProgress)> {
+        let req = self.slots.get(ttag).filter(|r| r.cid == cccid)?;
+        req.r2t().map(|p| (ttag, p))
+    }
+
+    /// The slot of the live (not yet completed) request waiting for data with command id
+    /// `cid`.
+    pub fn awaiting_by_cid(&self, cid: u16) -> Option<usize> {
+        self.slots
+            .iter()
+            .find(|(_, r)| r.cid == cid && r.awaiting_data())
+            .map(|(k, _)| k)
+    }
+
+    /// Requests waiting for their data.
+    pub fn awaiting_count(&self) -> usize {
+        self.slots.iter().filter(|(_, r)| r.awaiting_data()).count()
+    }
+
+    /// The oldest drained request (lowest slot), if more than `max` are drained: tombstones
+    /// whose data never came are bounded.
+    pub fn excess_draining(&self, max: usize) -> Option<usize> {
+        let mut draining = self
+            .slots
+            .iter()
+            .filter(|(_, r)| matches!(r.state, ReqState::Draining { .. }));
+        let first = draining.next()?.0;
+        (draining.count() + 1 > max).then_some(first)
+    }
+
+    /// Complete the request in `slot` early with `status` while its data is still coming:
+    /// its buffer is returned, it stays as a tombstone that drains the rest of its data.
+    pub fn complete_early(&mut self, slot: usize, status: Status) -> Option<DataBuf> {
+        let req = self.slots.get_mut(slot)?;
+        let progress = req.r2t()?;
+        match std::mem::replace(&mut req.state, ReqState::Draining { progress, status }) {
+            ReqState::AwaitingData { buf, .. } => Some(buf),
+            other => {
+                req.state = other;
+                None
+            }
+        }
+    }
+}

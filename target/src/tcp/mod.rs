@@ -1,0 +1,377 @@
+//! The NVMe/TCP transport of one connection (NVMe/TCP 1.0 §3): the socket, the receive
+//! buffer and its PDU framing, ICReq/ICResp, the PDUs the controller sends (CapsuleResp,
+//! C2HData, R2T, C2HTermReq) with their digests, and the send queue. It knows PDUs and
+//! buffers, not controllers or namespaces (SPDK: `lib/nvmf/tcp.c`'s PDU layer).
+//!
+//! Receive: socket bytes go into a linear buffer big enough for the largest PDU accepted;
+//! complete PDUs are parsed in place (no copy before the data reaches the namespace). An
+//! H2CData PDU whose data is mostly still in the socket when its header is parsed has the
+//! rest read straight into its command's buffer ([`h2c`]), with the next header read in the
+//! same `readv`, as nvmet-tcp and SPDK receive data into the request. Send: the responses of
+//! a whole batch of PDUs are gathered ([`sendq`]) and written with one syscall. Fatal
+//! protocol errors answer C2HTermReq and close (NVMe/TCP 1.0 §3.6.2.3).
+
+pub mod h2c;
+pub mod sendq;
+
+use std::io::{ErrorKind, Read};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use pollux_conf::Transport as TransportConf;
+use pollux_nvme::spec::Cqe;
+use pollux_nvme::tcp::{
+    Direction, IcReq, PduError, PduLimits, PduType, crc32c, encode_c2h_data_hdr, encode_capsule_resp, encode_ic_resp,
+    encode_r2t, encode_term_req, encode_term_req_for, fes,
+};
+use tracing::{debug, warn};
+
+use sendq::SendQueue;
+
+/// In-capsule data accepted on the admin queue (NVMe/TCP 1.0 §3.3.1: 8 KiB for fabrics and
+/// admin commands).
+pub const ADMIN_IN_CAPSULE: u32 = 8192;
+/// Stop reading new commands while this much output waits for the socket.
+pub const WBUF_HIGH: usize = 8 << 20;
+
+/// Where the rest of an H2CData PDU's data goes while it is received in place: raw memory
+/// of the command's buffer (possibly DMA memory: no Rust reference is made to it).
+#[derive(Debug, Clone, Copy)]
+pub struct InPlace {
+    /// First byte still to come.
+    pub dest: *mut u8,
+    /// Bytes still to come.
+    pub left: usize,
+}
+
+/// What a fill of the receive buffer brought.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Filled {
+    /// Bytes that went into the receive buffer.
+    pub buffered: bool,
+    /// Bytes that went in place (out of [`InPlace::left`]).
+    pub placed: usize,
+}
+
+/// A fatal transport error: the C2HTermReq to send before closing.
+#[derive(Debug)]
+pub struct Fatal {
+    /// Fatal error status (NVMe/TCP 1.0 §3.6.2.3, Figure 18).
+    pub fes: u16,
+    /// Fatal error information (the offending field's offset).
+    pub fei: u32,
+    /// Why, for the log.
+    pub why: String,
+}
+
+impl Fatal {
+    /// A fatal error with its status, field offset and reason.
+    pub fn new(fes: u16, fei: u32, why: impl Into<String>) -> Self {
+        Self {
+            fes,
+            fei,
+            why: why.into(),
+        }
+    }
+}
+
+/// One connection's transport.
+pub struct Transport {
+    sock: TcpStream,
+    /// The host's address.
+    pub peer: SocketAddr,
+    /// Our listener's address the host connected to.
+    pub local: SocketAddr,
+    /// Header digests negotiated.
+    pub hdgst: bool,
+    /// Data digests negotiated.
+    pub ddgst: bool,
+    /// ICReq/ICResp done.
+    pub ic_done: bool,
+    max_h2c_data: u32,
+    in_capsule_data_size: u32,
+    rbuf: Box<[u8]>,
+    rstart: usize,
+    rend: usize,
+    /// The last fill emptied the socket (a short read or EAGAIN).
+    pub drained: bool,
+    /// Bytes for the host: PDUs built here, with RAM read data sent in place.
+    pub out: SendQueue,
+}
+
+impl Transport {
+    /// Wrap an accepted, non-blocking socket.
+    pub fn new(sock: TcpStream, t: &TransportConf) -> std::io::Result<Self> {
+        let peer = sock.peer_addr()?;
+        let local = sock.local_addr()?;
+        // Room for the largest PDU we accept (header, digests, data) plus slack for the next.
+        let max_data = t.max_h2c_data.max(t.in_capsule_data_size).max(ADMIN_IN_CAPSULE) as usize;
+        let cap = (max_data + 256).max(64 * 1024) * 2;
+        Ok(Self {
+            sock,
+            peer,
+            local,
+            hdgst: false,
+            ddgst: false,
+            ic_done: false,
+            max_h2c_data: t.max_h2c_data,
+            in_capsule_data_size: t.in_capsule_data_size,
+            rbuf: vec![0u8; cap].into_boxed_slice(),
+            rstart: 0,
+            rend: 0,
+            drained: false,
+            out: SendQueue::with_capacity(64 * 1024),
+        })
+    }
+
+    /// The socket's fd.
+    pub fn raw_fd(&self) -> RawFd {
+        self.sock.as_raw_fd()
+    }
+
+    /// The largest PDU the receive buffer holds.
+    pub fn rbuf_len(&self) -> usize {
+        self.rbuf.len()
+    }
+
+    /// What the receiver accepts of a PDU of type `kind` (digests only once ICReq/ICResp
+    /// negotiated them). `io_queue`: in-capsule data beyond the admin queue's 8 KiB is only
+    /// for I/O queues.
+    pub fn limits(&self, kind: PduType, io_queue: bool) -> PduLimits {
+        let max_data = match kind {
+            PduType::CapsuleCmd if io_queue => self.in_capsule_data_size,
+            PduType::CapsuleCmd => ADMIN_IN_CAPSULE.max(self.in_capsule_data_size),
+            PduType::H2CData => self.max_h2c_data,
+            _ => 0,
+        };
+        PduLimits {
+            hdgst: self.hdgst,
+            ddgst: self.ddgst,
+            max_data,
+        }
+    }
+
+    // ------------------------------------------------------------------------- receive
+
+    /// Take the receive buffer out (to parse it while the connection handles its PDUs);
+    /// [`Self::put_rbuf`] gives it back.
+    pub fn take_rbuf(&mut self) -> (Box<[u8]>, usize, usize) {
+        (std::mem::take(&mut self.rbuf), self.rstart, self.rend)
+    }
+
+    /// Give the receive buffer back, `rstart` the first byte not yet handled.
+    pub fn put_rbuf(&mut self, rbuf: Box<[u8]>, rstart: usize) {
+        self.rbuf = rbuf;
+        self.rstart = rstart;
+    }
+
+    /// Nothing unparsed is buffered.
+    pub fn rbuf_empty(&self) -> bool {
+        self.rstart == self.rend
+    }
+
+    /// Read what the socket has. With `in_place` (and nothing buffered), the first
+    /// `left` bytes go straight to its destination, and what follows into the receive
+    /// buffer, in one `readv`. Err on EOF or a socket error (the reason, for the log).
+    pub fn fill(&mut self, in_place: Option<InPlace>) -> Result<Filled, String> {
+        if self.rstart == self.rend {
+            self.rstart = 0;
+            self.rend = 0;
+        } else if self.rstart > 0 && self.rend > self.rbuf.len() / 2 {
+            self.rbuf.copy_within(self.rstart..self.rend, 0);
+            self.rend -= self.rstart;
+            self.rstart = 0;
+        }
+        self.drained = false;
+        let mut filled = Filled {
+            buffered: false,
+            placed: 0,
+        };
+        if self.rstart == self.rend
+            && let Some(p) = in_place.filter(|p| p.left > 0)
+        {
+            let tail = (self.rbuf.len() - self.rend).min(h2c::DIRECT_TAIL);
+            let iov = [
+                libc::iovec {
+                    iov_base: p.dest.cast(),
+                    iov_len: p.left,
+                },
+                libc::iovec {
+                    iov_base: self.rbuf[self.rend..].as_mut_ptr().cast(),
+                    iov_len: tail,
+                },
+            ];
+            loop {
+                // SAFETY: the first iovec is the rest of the command's buffer, which the
+                // caller owns exclusively for the call (in range: its `dest_ptr` checked it,
+                // and the device has not been given a DMA buffer whose data is still
+                // arriving); the second is free space at the end of the receive buffer.
+                let n = unsafe { libc::readv(self.sock.as_raw_fd(), iov.as_ptr(), 2) };
+                if n < 0 {
+                    let e = std::io::Error::last_os_error();
+                    match e.kind() {
+                        ErrorKind::Interrupted => continue,
+                        ErrorKind::WouldBlock => {
+                            self.drained = true;
+                            return Ok(filled);
+                        }
+                        _ => return Err(format!("read: {e}")),
+                    }
+                }
+                if n == 0 {
+                    return Err("peer closed the connection".into());
+                }
+                let n = n as usize;
+                filled.placed = n.min(p.left);
+                self.rend += n - filled.placed;
+                filled.buffered = n > p.left;
+                self.drained = n < p.left + tail;
+                return Ok(filled);
+            }
+        }
+        while self.rend < self.rbuf.len() {
+            let room = self.rbuf.len() - self.rend;
+            match self.sock.read(&mut self.rbuf[self.rend..]) {
+                Ok(0) => {
+                    return if filled.buffered {
+                        Ok(filled)
+                    } else {
+                        Err("peer closed the connection".into())
+                    };
+                }
+                Ok(n) => {
+                    self.rend += n;
+                    filled.buffered = true;
+                    // A short read emptied the socket's receive queue: more data raises a new
+                    // edge, so reading again now would only return EAGAIN (a syscall per I/O).
+                    if n < room {
+                        self.drained = true;
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    self.drained = true;
+                    break;
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(format!("read: {e}")),
+            }
+        }
+        Ok(filled)
+    }
+
+    /// ICReq (NVMe/TCP 1.0 §3.6.2.2): negotiate digests, answer ICResp.
+    pub fn on_icreq(&mut self, req: &IcReq) -> Result<(), Fatal> {
+        // We place C2H data right after the header: only HPDA 0 (no padding) is served.
+        if req.hpda != 0 {
+            let fei = u32::from(IcReq::OFFSET_HPDA);
+            return Err(Fatal::new(fes::UNSUPPORTED_PARAMETER, fei, "HPDA other than 0"));
+        }
+        let (hd, dd) = (req.hdgst(), req.ddgst());
+        let resp = encode_ic_resp(hd, dd, self.max_h2c_data, 0);
+        self.out.extend_from_slice(&resp);
+        self.hdgst = hd;
+        self.ddgst = dd;
+        self.ic_done = true;
+        debug!(peer = %self.peer, hdgst = hd, ddgst = dd, "ICReq accepted");
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------------- send
+
+    /// Write what is queued (as much as the socket takes).
+    pub fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush(self.sock.as_raw_fd())
+    }
+
+    /// Bytes queued for the socket.
+    pub fn pending_out(&self) -> usize {
+        self.out.pending()
+    }
+
+    /// A CapsuleResp with `cqe`.
+    pub fn send_cqe(&mut self, cqe: &Cqe) {
+        let (b, n) = encode_capsule_resp(cqe, self.hdgst);
+        self.out.extend_from_slice(&b[..n]);
+    }
+
+    /// The header of a C2HData PDU carrying all `len` bytes of command `cid`'s data, with
+    /// SUCCESS when no CapsuleResp follows (NVMe/TCP 1.0 §3.6.2.8).
+    pub fn c2h_header(&mut self, cid: u16, len: u32, success: bool) {
+        let (h, n) = encode_c2h_data_hdr(cid, 0, len, true, success, self.hdgst, self.ddgst);
+        self.out.extend_from_slice(&h[..n]);
+    }
+
+    /// A C2HData PDU with `data` (and its digest).
+    pub fn c2h(&mut self, cid: u16, data: &[u8]) {
+        self.c2h_header(cid, data.len() as u32, false);
+        self.out.extend_from_slice(data);
+        if self.ddgst {
+            self.out.extend_from_slice(&crc32c(data).to_le_bytes());
+        }
+    }
+
+    /// The data of a C2HData PDU whose header was queued, appended by `append` to the send
+    /// buffer (a copy), with its digest.
+    pub fn c2h_data_copied(&mut self, append: impl FnOnce(&mut Vec<u8>)) {
+        let buf = self.out.owned();
+        let start = buf.len();
+        append(buf);
+        if self.ddgst {
+            let dg = crc32c(&buf[start..]);
+            buf.extend_from_slice(&dg.to_le_bytes());
+        }
+    }
+
+    /// The data of a C2HData PDU whose header was queued, sent from where it is (no copy;
+    /// only without a data digest, which must cover exactly the bytes sent).
+    ///
+    /// # Safety
+    /// `base..base + len` must stay mapped and readable while `keep` lives.
+    pub unsafe fn c2h_data_in_place(
+        &mut self,
+        base: NonNull<u8>,
+        len: usize,
+        keep: Arc<dyn std::any::Any + Send + Sync>,
+    ) {
+        debug_assert!(!self.ddgst);
+        // SAFETY: the caller's contract is push_external's.
+        unsafe { self.out.push_external(base, len, keep) };
+    }
+
+    /// An R2T for all `len` bytes of command `cid` (one R2T per command, as Linux nvmet and
+    /// SPDK do; the host splits the data into H2CData PDUs of at most MAXH2CDATA).
+    pub fn r2t(&mut self, cid: u16, ttag: u16, len: u32) {
+        let (b, n) = encode_r2t(cid, ttag, 0, len, self.hdgst);
+        self.out.extend_from_slice(&b[..n]);
+    }
+
+    /// Queue a C2HTermReq for `f` with the offending `header` and try to send it.
+    pub fn term_req(&mut self, f: &Fatal, header: &[u8]) {
+        warn!(peer = %self.peer, fes = f.fes, fei = f.fei, "fatal NVMe/TCP error: {}; sending C2HTermReq", f.why);
+        let (b, n) = encode_term_req(true, f.fes, f.fei, header);
+        self.out.extend_from_slice(&b[..n]);
+        let _ = self.flush();
+    }
+
+    /// Queue the C2HTermReq a PDU error calls for and try to send it; the reason to log.
+    pub fn term_req_for(&mut self, e: &PduError, header: &[u8]) -> String {
+        match encode_term_req_for(e, Direction::ControllerToHost, header) {
+            Some((b, n)) => {
+                warn!(peer = %self.peer, error = %e, "bad PDU; sending C2HTermReq");
+                self.out.extend_from_slice(&b[..n]);
+                let _ = self.flush();
+            }
+            None => self.term_req(&Fatal::new(fes::INVALID_HEADER_FIELD, 0, e.to_string()), header),
+        }
+        e.to_string()
+    }
+
+    /// Send what is queued (best effort) and shut the socket down.
+    pub fn shutdown(&mut self) {
+        let _ = self.flush();
+        let _ = self.sock.shutdown(Shutdown::Both);
+    }
+}
