@@ -44,12 +44,13 @@ pub enum ReactorError {
         source_name: String,
     },
     /// The reactor's init function failed.
-    #[error("reactor {reactor}: init failed: {message}")]
+    #[error("reactor {reactor}: init failed: {source}")]
     Init {
         /// Reactor index.
         reactor: usize,
         /// Why.
-        message: String,
+        #[source]
+        source: crate::runtime::InitError,
     },
     /// A reactor thread panicked or could not be spawned/joined.
     #[error("reactor {reactor}: thread failed: {message}")]

@@ -26,5 +26,5 @@ pub use error::{ReactorError, Result};
 pub use inbox::{Message, Remote};
 pub use mode::{FractionSleep, Mode, SleepPolicy};
 pub use reactor::{DeviceLoad, Next, Progress, Reactor, ReactorConfig, Source, SourceId, SourceOpts, TimerId};
-pub use runtime::{InitFn, Runtime};
+pub use runtime::{InitError, InitFn, Runtime};
 pub use stats::{ReactorStats, StatsCell, WAKE_BUCKETS};

@@ -16,7 +16,10 @@ use crate::sys;
 
 /// What each reactor runs once on its own thread before its loop starts (register listeners,
 /// open device queues, set reactor-local state).
-pub type InitFn = dyn Fn(&mut Reactor) -> std::result::Result<(), String> + Send + Sync;
+pub type InitFn = dyn Fn(&mut Reactor) -> std::result::Result<(), InitError> + Send + Sync;
+
+/// Why a reactor's init function failed (the caller's own error type).
+pub type InitError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The set of running reactors. The thread that owns it only supervises.
 pub struct Runtime {
@@ -253,6 +256,6 @@ fn prepare(
     })?;
     cell.cpu_clock.store(clock as i64 as u64, Relaxed);
     let mut r = Reactor::new(id, cfg, inbox, peers, cell)?;
-    init(&mut r).map_err(|message| ReactorError::Init { reactor: id, message })?;
+    init(&mut r).map_err(|source| ReactorError::Init { reactor: id, source })?;
     Ok(r)
 }

@@ -1,6 +1,8 @@
 //! The target crate's one error type.
 
+use std::io;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
 /// Errors from starting or running the target.
 #[derive(Debug, thiserror::Error)]
@@ -18,14 +20,105 @@ pub enum TargetError {
         source: std::io::Error,
     },
     /// A namespace backend could not be opened.
-    #[error("subsystem {nqn} namespace {nsid}: {message}")]
+    #[error("subsystem {nqn} namespace {nsid}: {source}")]
     Backend {
         /// Subsystem NQN.
         nqn: String,
         /// Namespace id.
         nsid: u32,
         /// What went wrong.
-        message: String,
+        #[source]
+        source: Box<TargetError>,
+    },
+    /// Memory for a RAM or simulated namespace could not be mapped.
+    #[error("cannot map {bytes} bytes of RAM: {source}")]
+    Ram {
+        /// The size asked for.
+        bytes: u64,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// A backing file is missing and the conf gives no size to create it.
+    #[error("{} does not exist and no `size` is given to create it", path.display())]
+    FileMissing {
+        /// The file.
+        path: PathBuf,
+    },
+    /// A backing file is locked by another process (another pollux serving it).
+    #[error("{} is already in use by another process (it holds the lock)", path.display())]
+    FileLocked {
+        /// The file.
+        path: PathBuf,
+    },
+    /// O_DIRECT was asked of a filesystem without it.
+    #[error("{}: the filesystem does not support O_DIRECT (e.g. tmpfs): set `direct = false`", path.display())]
+    FileNoDirect {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The backing store is neither a regular file nor a block device.
+    #[error("{} is neither a regular file nor a block device", path.display())]
+    FileKind {
+        /// The path.
+        path: PathBuf,
+    },
+    /// The backing store's size does not fit the block size.
+    #[error("{}: size {size} is not a non-zero multiple of the block size {block_size}", path.display())]
+    FileSize {
+        /// The file.
+        path: PathBuf,
+        /// Its size.
+        size: u64,
+        /// The namespace's block size.
+        block_size: u32,
+    },
+    /// A system call on a backing file failed.
+    #[error("{}: {what}: {source}", path.display())]
+    FileIo {
+        /// The file.
+        path: PathBuf,
+        /// What was being done.
+        what: &'static str,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// An NVMe device could not be brought up or used.
+    #[error("NVMe device {device}: {source}")]
+    Nvme {
+        /// BDF or fake device name.
+        device: String,
+        /// The driver's error.
+        #[source]
+        source: pollux_nvme::pci::PciError,
+    },
+    /// An NVMe device cannot serve this target as configured.
+    #[error("NVMe device {device}: {reason}")]
+    NvmeUnfit {
+        /// BDF or fake device name.
+        device: String,
+        /// Why (no such namespace, too few queue pairs, ...).
+        reason: String,
+    },
+    /// A thread could not be started.
+    #[error("cannot start thread {name}: {source}")]
+    Thread {
+        /// The thread's name.
+        name: String,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// A per-reactor channel on a namespace could not be opened.
+    #[error("namespace {nsid}: cannot open a channel on reactor {reactor}: {reason}")]
+    Channel {
+        /// Namespace id.
+        nsid: u32,
+        /// Reactor id.
+        reactor: usize,
+        /// Why.
+        reason: String,
     },
     /// A reload was asked of a target running the embedded default.
     #[error("running the embedded default configuration: there is no conf file to reload")]

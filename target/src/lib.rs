@@ -134,11 +134,11 @@ impl Target {
                 if r.id() == 0 {
                     let socks = pending
                         .lock()
-                        .map_err(|_| "listener hand-off poisoned".to_string())?
+                        .map_err(|_| "listener hand-off poisoned")?
                         .take()
                         .unwrap_or_default();
                     for s in socks {
-                        let addr = s.local_addr().map_err(|e| e.to_string())?;
+                        let addr = s.local_addr()?;
                         let id = listener::Listener::new(s, sh.clone(), placement, started).register(r)?;
                         let mut set = r.take_local::<mutate::Listeners>().unwrap_or_default();
                         set.by_addr.insert(addr, id);

@@ -38,10 +38,9 @@ impl Listener {
     }
 
     /// Register it on reactor `r`.
-    pub fn register(self, r: &mut Reactor) -> Result<SourceId, String> {
+    pub fn register(self, r: &mut Reactor) -> pollux_reactor::Result<SourceId> {
         let fd = self.sock.as_raw_fd();
         r.add_sleepable_source(Box::new(self), SourceOpts::readable(fd))
-            .map_err(|e| e.to_string())
     }
 
     fn pick(&mut self) -> usize {

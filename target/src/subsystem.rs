@@ -170,10 +170,10 @@ pub struct Shared {
 
 /// Open a namespace's backend and build the namespace (`reactors` sets its counters).
 pub fn build_namespace(nqn: &str, n: &pollux_conf::Namespace, reactors: usize) -> Result<Arc<Namespace>, TargetError> {
-    let backend = crate::backend::open(n, reactors).map_err(|message| TargetError::Backend {
+    let backend = crate::backend::open(n, reactors).map_err(|e| TargetError::Backend {
         nqn: nqn.to_string(),
         nsid: n.nsid,
-        message,
+        source: Box::new(e),
     })?;
     // An NVMe namespace has its device format's block size.
     let block_size = backend.block_size().unwrap_or(n.block_size);

@@ -28,6 +28,7 @@ use tracing::{info, warn};
 use super::{
     Backend, BlockOp, Caps, Channel, ChannelEnv, CompleteFn, Completion, ReadData, Tag, WriteData, account_completion,
 };
+use crate::error::TargetError;
 use crate::subsystem::Namespace;
 
 /// Buffer alignment for O_DIRECT (covers 512- and 4096-byte logical blocks).
@@ -65,63 +66,61 @@ fn block_device_size(f: &File) -> std::io::Result<u64> {
 impl FileDisk {
     /// Open (creating a regular file of `size` if it is missing), lock and size-check the
     /// backing store. Errors are sentences for the operator.
-    pub fn open(path: &Path, size: Option<u64>, direct: bool, block_size: u32) -> Result<Self, String> {
+    pub fn open(path: &Path, size: Option<u64>, direct: bool, block_size: u32) -> Result<Self, TargetError> {
+        let path_buf = || path.to_path_buf();
+        let io = |what: &'static str| {
+            move |source| TargetError::FileIo {
+                path: path.to_path_buf(),
+                what,
+                source,
+            }
+        };
         let exists = path.exists();
         if !exists && size.is_none() {
-            return Err(format!(
-                "{} does not exist and no `size` is given to create it",
-                path.display()
-            ));
+            return Err(TargetError::FileMissing { path: path_buf() });
         }
         let mut opts = OpenOptions::new();
         opts.read(true).write(true).create(!exists);
         if direct {
             opts.custom_flags(libc::O_DIRECT);
         }
-        let file = opts.open(path).map_err(|e| match e.kind() {
-            std::io::ErrorKind::PermissionDenied => format!("{}: permission denied", path.display()),
-            _ if e.raw_os_error() == Some(libc::EINVAL) && direct => format!(
-                "{}: the filesystem does not support O_DIRECT (e.g. tmpfs): set `direct = false`",
-                path.display()
-            ),
-            _ => format!("{}: {e}", path.display()),
+        let file = opts.open(path).map_err(|e| {
+            if e.raw_os_error() == Some(libc::EINVAL) && direct {
+                TargetError::FileNoDirect { path: path_buf() }
+            } else {
+                io("cannot open")(e)
+            }
         })?;
         // One pollux per backing store: a second one would corrupt it.
         // SAFETY: flock on our own open fd; no memory is involved.
         if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
             let e = std::io::Error::last_os_error();
             return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                format!(
-                    "{} is already in use by another process (it holds the lock)",
-                    path.display()
-                )
+                TargetError::FileLocked { path: path_buf() }
             } else {
-                format!("{}: cannot lock: {e}", path.display())
+                io("cannot lock")(e)
             });
         }
-        let meta = file.metadata().map_err(|e| format!("{}: {e}", path.display()))?;
+        let meta = file.metadata().map_err(io("cannot read its metadata"))?;
         let block_device = meta.file_type().is_block_device();
         let len = if block_device {
-            block_device_size(&file).map_err(|e| format!("{}: cannot read the device size: {e}", path.display()))?
+            block_device_size(&file).map_err(io("cannot read the device size"))?
         } else if !exists {
             let want = size.unwrap_or(0);
-            file.set_len(want)
-                .map_err(|e| format!("{}: cannot size the new file: {e}", path.display()))?;
+            file.set_len(want).map_err(io("cannot size the new file"))?;
             info!(path = %path.display(), bytes = want, "created the backing file");
             want
         } else if meta.is_file() {
             meta.len()
         } else {
-            return Err(format!(
-                "{} is neither a regular file nor a block device",
-                path.display()
-            ));
+            return Err(TargetError::FileKind { path: path_buf() });
         };
         if len == 0 || len % u64::from(block_size) != 0 {
-            return Err(format!(
-                "{}: size {len} is not a non-zero multiple of the block size {block_size}",
-                path.display()
-            ));
+            return Err(TargetError::FileSize {
+                path: path_buf(),
+                size: len,
+                block_size,
+            });
         }
         if let Some(s) = size
             && exists
@@ -156,9 +155,12 @@ impl Backend for FileDisk {
         }
     }
 
-    fn open_channel(&self, ns: &Arc<Namespace>, env: &ChannelEnv) -> Result<Box<dyn Channel>, String> {
-        let ch = FileChannel::new(ns.clone(), self.file.as_raw_fd(), env)
-            .map_err(|e| format!("{}: cannot open an io_uring channel: {e}", self.path.display()))?;
+    fn open_channel(&self, ns: &Arc<Namespace>, env: &ChannelEnv) -> Result<Box<dyn Channel>, TargetError> {
+        let ch = FileChannel::new(ns.clone(), self.file.as_raw_fd(), env).map_err(|source| TargetError::FileIo {
+            path: self.path.clone(),
+            what: "cannot open a channel (io_uring or its worker thread)",
+            source,
+        })?;
         Ok(Box::new(ch))
     }
 
@@ -638,18 +640,20 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
         let p = dir.join("disk.img");
         let _ = std::fs::remove_file(&p);
-        let e = FileDisk::open(&p, None, false, 512).unwrap_err();
+        let e = FileDisk::open(&p, None, false, 512).unwrap_err().to_string();
         assert!(e.contains("does not exist"), "{e}");
         let d = FileDisk::open(&p, Some(1 << 20), false, 512).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(d.len, 1 << 20);
         // A second opener (another pollux) is refused while the first holds the lock.
-        let e = FileDisk::open(&p, None, false, 512).unwrap_err();
+        let e = FileDisk::open(&p, None, false, 512).unwrap_err().to_string();
         assert!(e.contains("already in use"), "{e}");
         drop(d);
         let d = FileDisk::open(&p, None, false, 512).unwrap_or_else(|e| panic!("{e}"));
         drop(d);
         std::fs::write(dir.join("odd.img"), vec![0u8; 1000]).unwrap_or_else(|e| panic!("{e}"));
-        let e = FileDisk::open(&dir.join("odd.img"), None, false, 512).unwrap_err();
+        let e = FileDisk::open(&dir.join("odd.img"), None, false, 512)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("multiple of the block size"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -28,6 +28,7 @@ use pollux_nvme::spec::Status;
 use pollux_reactor::{LatencyModel, Progress, Reactor, Source, SourceId, SourceOpts};
 use tracing::warn;
 
+use crate::error::TargetError;
 use crate::subsystem::Namespace;
 pub use ram::RamDisk;
 
@@ -242,7 +243,7 @@ pub trait Backend: Send + Sync + std::fmt::Debug + Any {
         Arc::as_ptr(ns) as usize
     }
     /// Open this reactor's channel on `ns` (whose backend is `self`).
-    fn open_channel(&self, ns: &Arc<Namespace>, env: &ChannelEnv) -> Result<Box<dyn Channel>, String>;
+    fn open_channel(&self, ns: &Arc<Namespace>, env: &ChannelEnv) -> Result<Box<dyn Channel>, TargetError>;
     /// As `Any`, for what only one kind has (an NVMe device's view and error injection).
     fn as_any(&self) -> &dyn Any;
 }
@@ -376,8 +377,7 @@ pub fn channel_for(r: &mut Reactor, ns: &Arc<Namespace>) -> Result<SourceId, Sta
                 );
                 r.add_source(src, SourceOpts::polled())
             }
-        }
-        .map_err(|e| e.to_string())?;
+        }?;
         if let Some(every) = watchdog {
             arm_watchdog(r, id, every);
         }
@@ -404,11 +404,11 @@ pub fn with_channel<R>(
 
 /// Open a namespace's store as the conf describes it (`reactors`: one queue pair each for an
 /// NVMe device). The one place that names the backend kinds.
-pub fn open(n: &pollux_conf::Namespace, reactors: usize) -> Result<Box<dyn Backend>, String> {
+pub fn open(n: &pollux_conf::Namespace, reactors: usize) -> Result<Box<dyn Backend>, TargetError> {
     use pollux_conf::Backend as Conf;
     Ok(match &n.backend {
         Conf::Ram { size } => {
-            Box::new(RamDisk::new(*size).map_err(|e| format!("cannot map {size} bytes of RAM: {e}"))?)
+            Box::new(RamDisk::new(*size).map_err(|source| TargetError::Ram { bytes: *size, source })?)
         }
         Conf::Sim(sim) => Box::new(sim::SimDisk::open(sim)?),
         Conf::File(f) => Box::new(file::FileDisk::open(&f.path, f.size, f.direct, n.block_size)?),

@@ -42,6 +42,7 @@ use tracing::{error, info, warn};
 use super::{
     Backend, BlockOp, Caps, Channel, ChannelEnv, CompleteFn, Completion, ReadData, Tag, WriteData, account_completion,
 };
+use crate::error::TargetError;
 use crate::subsystem::Namespace;
 
 /// Entries per I/O queue (capped by CAP.MQES).
@@ -195,7 +196,7 @@ impl Backend for SsdNamespace {
         Arc::as_ptr(&self.dev) as usize
     }
 
-    fn open_channel(&self, _ns: &Arc<Namespace>, env: &ChannelEnv) -> Result<Box<dyn Channel>, String> {
+    fn open_channel(&self, _ns: &Arc<Namespace>, env: &ChannelEnv) -> Result<Box<dyn Channel>, TargetError> {
         Ok(Box::new(SsdChannel::new(self.dev.clone(), env)?))
     }
 
@@ -245,7 +246,7 @@ impl SsdDevice {
     /// The device `b` names, opened (and brought up with one queue pair per reactor) unless
     /// another namespace already did; and its namespace `b.nsid`. `block_size` is the conf's
     /// (a fake device's format).
-    pub fn open(b: &NvmeBackend, block_size: u32, reactors: usize) -> Result<SsdNamespace, String> {
+    pub fn open(b: &NvmeBackend, block_size: u32, reactors: usize) -> Result<SsdNamespace, TargetError> {
         let name = b.device.name().to_string();
         let mut devices = lock(&DEVICES);
         let dev = match devices.get(&name).and_then(Weak::upgrade) {
@@ -259,19 +260,26 @@ impl SsdDevice {
         drop(devices);
         let Some(ns) = dev.info.namespaces.iter().find(|n| n.nsid == b.nsid).copied() else {
             let active: Vec<u32> = dev.info.namespaces.iter().map(|n| n.nsid).collect();
-            return Err(format!(
-                "NVMe device {name} has no usable namespace {} (active, without metadata: {active:?})",
-                b.nsid
-            ));
+            return Err(TargetError::NvmeUnfit {
+                device: name,
+                reason: format!("no usable namespace {} (active, without metadata: {active:?})", b.nsid),
+            });
         };
         Ok(SsdNamespace { dev, ns })
     }
 
-    fn bring_up(device: &NvmeDevice, nsid: u32, block_size: u32, reactors: usize) -> Result<Self, String> {
+    fn bring_up(device: &NvmeDevice, nsid: u32, block_size: u32, reactors: usize) -> Result<Self, TargetError> {
         let reactors = reactors.max(1);
-        let want = u16::try_from(reactors).map_err(|_| format!("{reactors} reactors: too many I/O queues"))?;
+        let driver = |source| TargetError::Nvme {
+            device: device.name().to_string(),
+            source,
+        };
+        let want = u16::try_from(reactors).map_err(|_| TargetError::NvmeUnfit {
+            device: device.name().to_string(),
+            reason: format!("{reactors} reactors: too many I/O queues"),
+        })?;
         let (hw, fake, kind) = match device {
-            NvmeDevice::Pci(bdf) => (pci::vfio::open(bdf).map_err(|e| e.to_string())?, None, "pci"),
+            NvmeDevice::Pci(bdf) => (pci::vfio::open(bdf).map_err(driver)?, None, "pci"),
             NvmeDevice::Fake { name, size, latency_us } => {
                 let cfg = FakeConfig {
                     max_io_queues: want.max(1),
@@ -297,18 +305,21 @@ impl SsdDevice {
             interrupts: true,
             ..ControllerConfig::default()
         };
-        let mut ctrl = Controller::new(hw, cfg).map_err(|e| e.to_string())?;
+        let mut ctrl = Controller::new(hw, cfg).map_err(driver)?;
         let info = ctrl.info().clone();
         if usize::from(info.io_queues) < reactors {
-            return Err(format!(
-                "{name}: the controller grants {} I/O queue pairs; pollux needs one per reactor ({reactors})",
-                info.io_queues
-            ));
+            return Err(TargetError::NvmeUnfit {
+                device: name,
+                reason: format!(
+                    "the controller grants {} I/O queue pairs; pollux needs one per reactor ({reactors})",
+                    info.io_queues
+                ),
+            });
         }
         let depth = QUEUE_DEPTH.min(info.cap.mqes().saturating_add(1)).max(2);
         let mut queues = Vec::with_capacity(reactors);
         for _ in 0..reactors {
-            queues.push(Some(ctrl.create_io_queue_pair(depth).map_err(|e| e.to_string())?));
+            queues.push(Some(ctrl.create_io_queue_pair(depth).map_err(driver)?));
         }
         info!(device = %name, model = %info.model, serial = %info.serial, io_queues = reactors, depth,
             vectors = info.vectors, "NVMe device ready: one queue pair per reactor");
@@ -323,10 +334,14 @@ impl SsdDevice {
             wake: Condvar::new(),
         });
         let a = admin.clone();
+        let thread_name = format!("nvme-admin-{}", short(&name));
         let thread = std::thread::Builder::new()
-            .name(format!("nvme-admin-{}", short(&name)))
+            .name(thread_name.clone())
             .spawn(move || a.run())
-            .map_err(|e| format!("{name}: cannot start the admin thread: {e}"))?;
+            .map_err(|source| TargetError::Thread {
+                name: thread_name,
+                source,
+            })?;
         Ok(Self {
             name,
             kind,
@@ -386,18 +401,21 @@ impl SsdDevice {
     /// Injects a fault into a fake device: `cfs` (controller fatal status: the admin thread
     /// resets it), `lose` (the next `count` completions are never posted: the command timeout
     /// resets it), `fail` (the next `count` I/O commands fail with `status`).
-    pub fn inject(&self, kind: &str, count: u32, status: Status) -> Result<(), String> {
+    pub fn inject(&self, kind: &str, count: u32, status: Status) -> Result<(), TargetError> {
+        let unfit = |reason: String| TargetError::NvmeUnfit {
+            device: self.name.clone(),
+            reason,
+        };
         let Some(fake) = &self.admin.fake else {
-            return Err(format!(
-                "{} is a PCI device: faults can be injected into fake devices only",
-                self.name
+            return Err(unfit(
+                "a PCI device: faults can be injected into fake devices only".into(),
             ));
         };
         match kind {
             "cfs" => fake.inject_cfs(),
             "lose" => fake.lose_completions(count),
             "fail" => fake.fail_io(count, status),
-            other => return Err(format!("unknown fault {other:?}: cfs, lose or fail")),
+            other => return Err(unfit(format!("unknown fault {other:?}: cfs, lose or fail"))),
         }
         warn!(device = %self.name, fault = kind, count, "fault injected");
         Ok(())
@@ -575,12 +593,15 @@ pub struct SsdChannel {
 
 impl SsdChannel {
     /// Take reactor `reactor`'s queue pair on `dev`.
-    pub fn new(dev: Arc<SsdDevice>, env: &ChannelEnv) -> Result<Self, String> {
+    pub fn new(dev: Arc<SsdDevice>, env: &ChannelEnv) -> Result<Self, TargetError> {
         let (reactor, max_io, model, complete) = (env.reactor, env.max_io as usize, env.model.clone(), env.complete);
         let qp = lock(&dev.queues)
             .get_mut(reactor)
             .and_then(Option::take)
-            .ok_or_else(|| format!("{}: no I/O queue pair for reactor {reactor}", dev.name))?;
+            .ok_or_else(|| TargetError::NvmeUnfit {
+                device: dev.name.clone(),
+                reason: format!("no I/O queue pair for reactor {reactor}"),
+            })?;
         Ok(Self {
             name: format!("nvme-{}-q{}", short(&dev.name), qp.qid()),
             pool: Pool::new(dev.dma.clone(), dev.data_dma_bytes.clone()),

@@ -20,6 +20,7 @@ use pollux_nvme::spec::Status;
 use vm_memory::VolatileSlice;
 
 use super::{Backend, BlockOp, Channel, ChannelEnv, WriteData};
+use crate::error::TargetError;
 use crate::subsystem::Namespace;
 
 const PAGE: u64 = 4096;
@@ -214,8 +215,12 @@ impl Backend for RamDisk {
         Some(self.apply(op))
     }
 
-    fn open_channel(&self, _ns: &Arc<Namespace>, _env: &ChannelEnv) -> Result<Box<dyn Channel>, String> {
-        Err("a RAM namespace completes inline and has no channel".into())
+    fn open_channel(&self, ns: &Arc<Namespace>, env: &ChannelEnv) -> Result<Box<dyn Channel>, TargetError> {
+        Err(TargetError::Channel {
+            nsid: ns.nsid,
+            reactor: env.reactor,
+            reason: "a RAM namespace completes inline and has no channel".into(),
+        })
     }
 
     fn as_any(&self) -> &dyn Any {

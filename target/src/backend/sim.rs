@@ -20,6 +20,7 @@ use pollux_reactor::{LatencyModel, Mode, Next, Progress, Reactor};
 use tracing::warn;
 
 use super::{Backend, BlockOp, Channel, ChannelEnv, CompleteFn, Completion, RamDisk, Tag, account_completion};
+use crate::error::TargetError;
 use crate::subsystem::Namespace;
 
 /// A latency distribution, in microseconds.
@@ -125,9 +126,8 @@ pub struct SimDisk {
 
 impl SimDisk {
     /// The device the conf's `sim` backend describes, its memory zeroed.
-    pub fn open(c: &pollux_conf::SimBackend) -> Result<Self, String> {
-        let data = RamDisk::new(c.size)
-            .map_err(|e| format!("cannot map {} bytes of RAM for the simulated device: {e}", c.size))?;
+    pub fn open(c: &pollux_conf::SimBackend) -> Result<Self, TargetError> {
+        let data = RamDisk::new(c.size).map_err(|source| TargetError::Ram { bytes: c.size, source })?;
         Ok(Self {
             data,
             params: SimParams::from_conf(c),
@@ -148,8 +148,12 @@ impl Backend for SimDisk {
         Some(&self.data)
     }
 
-    fn open_channel(&self, ns: &Arc<Namespace>, env: &ChannelEnv) -> Result<Box<dyn Channel>, String> {
-        let ch = SimChannel::new(ns.clone(), self.params.clone(), env).map_err(|e| e.to_string())?;
+    fn open_channel(&self, ns: &Arc<Namespace>, env: &ChannelEnv) -> Result<Box<dyn Channel>, TargetError> {
+        let ch = SimChannel::new(ns.clone(), self.params.clone(), env).map_err(|e| TargetError::Channel {
+            nsid: ns.nsid,
+            reactor: env.reactor,
+            reason: format!("cannot make the simulated interrupt's timerfd: {e}"),
+        })?;
         Ok(Box::new(ch))
     }
 

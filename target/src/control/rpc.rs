@@ -530,7 +530,8 @@ impl Ctx {
                 "no NVMe device {name:?} in this target (devices: {names:?})"
             )));
         };
-        dev.inject(kind, count, status).map_err(RpcError::params)?;
+        dev.inject(kind, count, status)
+            .map_err(|e| RpcError::params(e.to_string()))?;
         Ok(json!({"device": name, "kind": kind, "count": count}))
     }
 
