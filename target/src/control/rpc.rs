@@ -26,7 +26,6 @@ use serde_json::{Value, json};
 
 use super::view::{
     CtrlList, CtrlView, Lateness, ModeView, NamespaceView, PerMode, ReactorView, SubsystemView, VersionView,
-    uuid_string,
 };
 use crate::Target;
 use crate::subsystem::{Backend, Shared};
@@ -293,7 +292,7 @@ impl Ctx {
                         subsystem: c.subsys.as_ref().map_or(DISCOVERY_NQN.to_string(), |s| s.nqn.clone()),
                         discovery: c.is_discovery(),
                         hostnqn: c.hostnqn.clone(),
-                        hostid: uuid_string(&c.hostid),
+                        hostid: uuid::Uuid::from_bytes(c.hostid).hyphenated().to_string(),
                         kato_ms: c.kato_ms,
                         ready: c.ready(),
                         admin_reactor: id,
@@ -368,7 +367,7 @@ impl Ctx {
                                 Backend::Nvme(_) => "nvme",
                             }
                             .to_string(),
-                            uuid: uuid_string(&n.uuid),
+                            uuid: uuid::Uuid::from_bytes(n.uuid).hyphenated().to_string(),
                             read_cmds: t.read_cmds,
                             write_cmds: t.write_cmds,
                             read_bytes: t.read_bytes,
