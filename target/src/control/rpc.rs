@@ -390,11 +390,9 @@ impl Ctx {
         self.subsystems_with(&self.controllers())
     }
 
-    /// The Prometheus text of the metrics endpoint.
-    pub fn metrics(&self) -> String {
-        let reactors = self.reactors();
-        let subsystems = self.subsystems();
-        super::metrics::render(&reactors, &subsystems, self.started.elapsed().as_secs_f64())
+    /// The Prometheus text of the metrics endpoint (an error is the encoder's).
+    pub fn metrics(&self) -> Result<String, std::fmt::Error> {
+        super::metrics::render(self.reactors(), self.subsystems(), self.started.elapsed().as_secs_f64())
     }
 
     // -------------------------------------------------------------- mutations
