@@ -118,33 +118,21 @@ fn digits(b: &[u8]) -> u32 {
 
 /// Parses a UUID in its RFC 9562 (formerly RFC 4122) text form,
 /// `xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, hex digits in either case.
+///
+/// Only the hyphenated form, not the bare-hex, braced and URN forms that
+/// `Uuid::parse_str` also takes: it is the form NVMe's `uuid:` NQNs use
+/// (NVMe Base §4.5) and the one the conf has always taken. The uuid crate's
+/// own reason is left out of the message: it counts characters and groups
+/// from 0, which reads wrong next to the conf's 1-based line and column.
 pub(crate) fn parse_uuid(s: &str) -> Result<[u8; 16], String> {
-    let b = s.as_bytes();
-    let form_ok = b.len() == 36
-        && b.iter().enumerate().all(|(i, c)| match i {
-            8 | 13 | 18 | 23 => *c == b'-',
-            _ => c.is_ascii_hexdigit(),
-        });
-    if !form_ok {
-        return Err(format!(
-            "{s:?} is not a UUID of the form xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
-        ));
-    }
-    let hex: String = s.chars().filter(|c| *c != '-').collect();
-    parse_hex::<16>(&hex)
+    s.parse::<uuid::fmt::Hyphenated>()
+        .map(|u| u.into_uuid().into_bytes())
+        .map_err(|_| format!("{s:?} is not a UUID of the form xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"))
 }
 
 /// Formats 16 bytes as a UUID in lower-case 8-4-4-4-12 text form.
 pub(crate) fn format_uuid(u: &[u8; 16]) -> String {
-    let h = hex(u);
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
+    uuid::Uuid::from_bytes(*u).hyphenated().to_string()
 }
 
 /// Parses exactly `2 * N` hex digits (either case) into `N` bytes.
@@ -251,6 +239,14 @@ mod tests {
         assert_eq!(format_uuid(&u), "f81d4fae-7dec-11d0-a765-00a0c91e6bf6");
         assert!(parse_uuid("f81d4fae7dec11d0a76500a0c91e6bf6").is_err());
         assert!(parse_uuid("f81d4fae-7dec-11d0-a765-00a0c91e6bfg").is_err());
+        // The other forms the uuid crate knows are not conf text.
+        assert!(parse_uuid("{f81d4fae-7dec-11d0-a765-00a0c91e6bf6}").is_err());
+        assert!(parse_uuid("urn:uuid:f81d4fae-7dec-11d0-a765-00a0c91e6bf6").is_err());
+        let err = parse_uuid("not-a-uuid").expect_err("not a uuid");
+        assert!(
+            err.contains("\"not-a-uuid\" is not a UUID of the form xxxxxxxx-"),
+            "{err}"
+        );
         assert!(parse_hex::<2>("0a0B").is_ok());
         assert!(parse_hex::<2>("0a0").is_err());
         assert!(parse_hex::<1>("é").is_err());

@@ -492,6 +492,35 @@ fn metrics_endpoint_serves_prometheus_text() {
     let mut resp = String::new();
     s.read_to_string(&mut resp).unwrap();
     assert!(resp.starts_with("HTTP/1.1 405"), "{resp}");
+    assert!(resp.contains("Allow: GET, HEAD\r\n"), "{resp}");
+    // Broken requests get an HTTP error, and the endpoint keeps serving.
+    let raw_http = |req: &[u8]| {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(req).unwrap();
+        let mut resp = Vec::new();
+        let _ = s.read_to_end(&mut resp);
+        String::from_utf8_lossy(&resp).into_owned()
+    };
+    for garbage in [
+        &b"\x00\x01\x02 garbage\r\n\r\n"[..],
+        b"GET /metrics HTTP/9.9\r\n\r\n",
+        b"GET /metrics HTTP/1.1\r\nno colon here\r\n\r\n",
+    ] {
+        let resp = raw_http(garbage);
+        assert!(resp.starts_with("HTTP/1.1 400"), "{garbage:?}: {resp}");
+    }
+    let mut huge = b"GET /metrics HTTP/1.1\r\n".to_vec();
+    while huge.len() <= 16 * 1024 {
+        huge.extend_from_slice(b"X-Filler: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n");
+    }
+    assert!(raw_http(&huge).starts_with("HTTP/1.1 431"));
+    let (head, body) = http_get(addr, "/metrics?x=1");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(
+        body.contains("# TYPE pollux_reactor_cpu_seconds_total counter"),
+        "{body}"
+    );
     ctrl.shutdown().unwrap();
 }
 

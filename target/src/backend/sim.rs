@@ -17,6 +17,9 @@ use std::time::{Duration, Instant};
 use pollux_nvme::spec::Status;
 use pollux_reactor::sys::TimerFd;
 use pollux_reactor::{LatencyModel, Mode, Next, Progress, Reactor};
+use rand::SeedableRng;
+use rand::rngs::Xoshiro256PlusPlus;
+use rand_distr::{Bernoulli, Distribution, LogNormal, Uniform};
 use tracing::warn;
 
 use super::{Backend, BlockOp, Channel, ChannelEnv, CompleteFn, Completion, RamDisk, Tag, account_completion};
@@ -162,47 +165,38 @@ impl Backend for SimDisk {
     }
 }
 
-/// SplitMix64: small, fast, and good enough for latency sampling.
+/// The latency draws' random source: xoshiro256++, small and fast, and one of rand's named,
+/// portable generators (`SmallRng` may change its algorithm), so a conf `seed` replays the
+/// same latencies.
 #[derive(Debug, Clone)]
-pub struct Rng(u64);
+pub struct Rng(Xoshiro256PlusPlus);
 
 impl Rng {
     /// Seeded generator.
     pub fn new(seed: u64) -> Self {
-        Self(seed)
-    }
-    /// Next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in (0, 1].
-    pub fn unit(&mut self) -> f64 {
-        ((self.next_u64() >> 11) as f64 + 1.0) / (1u64 << 53) as f64
-    }
-    /// Standard normal (Box-Muller).
-    pub fn normal(&mut self) -> f64 {
-        let (u1, u2) = (self.unit(), self.unit());
-        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+        Self(Xoshiro256PlusPlus::seed_from_u64(seed))
     }
 }
 
 impl LatencyDist {
     /// Draw one latency in microseconds (never negative).
     pub fn sample(&self, rng: &mut Rng) -> f64 {
+        // The conf checks the parameters (min <= max, a positive median, sigma and
+        // slow_fraction in range), so each distribution builds; were one not to, the draw is
+        // its typical value rather than a panic on the I/O path.
+        let rng = &mut rng.0;
         let v = match *self {
             LatencyDist::Fixed(us) => us,
-            LatencyDist::Uniform(a, b) => a + (b - a) * rng.unit(),
-            LatencyDist::LogNormal { median, sigma } => median * (sigma * rng.normal()).exp(),
+            LatencyDist::Uniform(a, b) => Uniform::new_inclusive(a, b).map_or(a, |d| d.sample(rng)),
+            LatencyDist::LogNormal { median, sigma } => {
+                LogNormal::new(median.ln(), sigma).map_or(median, |d| d.sample(rng))
+            }
             LatencyDist::Bimodal {
                 fast,
                 slow,
                 slow_fraction,
             } => {
-                if rng.unit() <= slow_fraction {
+                if Bernoulli::new(slow_fraction).is_ok_and(|d| d.sample(rng)) {
                     slow
                 } else {
                     fast

@@ -1,212 +1,260 @@
 //! The Prometheus text exposition format (version 0.0.4) of the control views.
+//!
+//! prometheus-client's encoder writes the text: it keeps the format's rules (HELP and TYPE
+//! lines, label escaping, counters' `_total`, float spelling); this module only says what is
+//! exported.
 
-use std::fmt::Write;
+use std::fmt;
 
-use super::view::{ReactorView, SubsystemView};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric, MetricEncoder, prometheus_text};
+use prometheus_client::metrics::MetricType::{self, Counter, Gauge};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
 
-/// Escape a label value: backslash, double quote and newline.
-pub fn escape(v: &str) -> String {
-    let mut s = String::with_capacity(v.len());
-    for c in v.chars() {
-        match c {
-            '\\' => s.push_str("\\\\"),
-            '"' => s.push_str("\\\""),
-            '\n' => s.push_str("\\n"),
-            c => s.push(c),
-        }
-    }
-    s
+use super::view::{NamespaceView, ReactorView, SubsystemView};
+
+/// The `Content-Type` of what [`render`] writes.
+pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
+
+/// A sample value. Counts are integers, so they read `3` rather than `3.0`; times and
+/// fractions are floats.
+#[derive(Debug, Clone, Copy)]
+enum Num {
+    Int(u64),
+    Float(f64),
 }
 
-/// A metric family being written.
-struct Family<'a> {
-    out: &'a mut String,
-    name: &'static str,
-}
-
-impl<'a> Family<'a> {
-    fn new(out: &'a mut String, name: &'static str, kind: &str, help: &str) -> Self {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} {kind}");
-        Self { out, name }
-    }
-
-    fn sample(&mut self, labels: &[(&str, &str)], value: f64) {
-        let name = self.name;
-        let _ = write!(self.out, "{name}");
-        if !labels.is_empty() {
-            let l: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{}\"", escape(v))).collect();
-            let _ = write!(self.out, "{{{}}}", l.join(","));
-        }
-        let _ = writeln!(self.out, " {}", number(value));
+impl From<bool> for Num {
+    fn from(b: bool) -> Self {
+        Num::Int(u64::from(b))
     }
 }
 
-/// A sample value: integers without a fraction, NaN and infinities spelled as Prometheus does.
-fn number(v: f64) -> String {
-    if v.is_nan() {
-        "NaN".into()
-    } else if v.is_infinite() {
-        if v > 0.0 { "+Inf".into() } else { "-Inf".into() }
-    } else if v.fract() == 0.0 && v.abs() < 9.0e15 {
-        format!("{}", v as i64)
-    } else {
-        format!("{v}")
+/// Nanoseconds as seconds.
+fn seconds(ns: u64) -> Num {
+    Num::Float(ns as f64 / 1e9)
+}
+
+/// One sample of a family of type `kind`.
+fn sample(m: MetricEncoder, kind: MetricType, v: Num) -> fmt::Result {
+    match (kind, v) {
+        (Counter, Num::Int(x)) => ConstCounter::new(x).encode(m),
+        (Counter, Num::Float(x)) => ConstCounter::new(x).encode(m),
+        (_, Num::Int(x)) => ConstGauge::new(x).encode(m),
+        (_, Num::Float(x)) => ConstGauge::new(x).encode(m),
     }
 }
 
-/// Render the metrics of the reactors and subsystems.
-pub fn render(reactors: &[ReactorView], subsystems: &[SubsystemView], uptime_s: f64) -> String {
-    let mut out = String::new();
-    let o = &mut out;
-    Family::new(
-        o,
-        "pollux_uptime_seconds",
-        "gauge",
-        "Seconds since the control plane started.",
-    )
-    .sample(&[], uptime_s);
-    let ids: Vec<String> = reactors.iter().map(|r| r.id.to_string()).collect();
-    let per_reactor = |o: &mut String, name, kind, help, f: &dyn Fn(&ReactorView) -> f64| {
-        let mut fam = Family::new(o, name, kind, help);
-        for (r, id) in reactors.iter().zip(&ids) {
-            fam.sample(&[("reactor", id)], f(r));
-        }
-    };
-    {
-        let mut fam = Family::new(
-            o,
-            "pollux_reactor_mode",
-            "gauge",
-            "1 for the reactor's current mode, 0 for the others.",
-        );
-        for (r, id) in reactors.iter().zip(&ids) {
-            for m in ["poll", "hybrid", "interrupt"] {
-                fam.sample(&[("reactor", id), ("mode", m)], f64::from(u8::from(r.mode == m)));
-            }
-        }
+/// One family: its HELP and TYPE lines, then `samples`. A counter's `name` is given without
+/// the `_total` suffix, which the encoder adds to all three.
+fn family<L: EncodeLabelSet>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    kind: MetricType,
+    help: &str,
+    samples: impl IntoIterator<Item = (L, Num)>,
+) -> fmt::Result {
+    let mut m = enc.encode_descriptor(name, help, None, kind)?;
+    for (labels, v) in samples {
+        sample(m.encode_family(&labels)?, kind, v)?;
     }
-    per_reactor(
-        o,
-        "pollux_reactor_adaptive",
-        "gauge",
-        "1 when the adaptive policy chooses the mode.",
-        &|r| f64::from(u8::from(r.adaptive)),
-    );
-    per_reactor(
-        o,
-        "pollux_reactor_cpu_budget",
-        "gauge",
-        "The adaptive policy's CPU budget (fraction of a core).",
-        &|r| r.cpu_budget,
-    );
-    per_reactor(
-        o,
-        "pollux_reactor_cpu_seconds_total",
-        "counter",
-        "CPU time of the reactor thread.",
-        &|r| r.cpu_ns as f64 / 1e9,
-    );
-    per_reactor(
-        o,
-        "pollux_reactor_busy_seconds_total",
-        "counter",
-        "Wall time in loop iterations that found work.",
-        &|r| r.busy_ns as f64 / 1e9,
-    );
-    {
-        let mut fam = Family::new(
-            o,
-            "pollux_reactor_mode_seconds_total",
-            "counter",
-            "Wall time spent in each mode.",
-        );
-        for (r, id) in reactors.iter().zip(&ids) {
-            for (m, ns) in r.mode_ns.pairs() {
-                fam.sample(&[("reactor", id), ("mode", m)], ns as f64 / 1e9);
-            }
-        }
+    Ok(())
+}
+
+/// One scrape's views. They are sampled per scrape, not kept as live metrics, so they reach
+/// the encoder as a collector of constant metrics.
+#[derive(Debug)]
+struct Scrape {
+    reactors: Vec<ReactorView>,
+    subsystems: Vec<SubsystemView>,
+    uptime_s: f64,
+    /// The reactors' ids as label values.
+    ids: Vec<String>,
+}
+
+impl Scrape {
+    /// A family with one sample per reactor, labelled `reactor`.
+    fn per_reactor(
+        &self,
+        enc: &mut DescriptorEncoder,
+        name: &str,
+        kind: MetricType,
+        help: &str,
+        f: fn(&ReactorView) -> Num,
+    ) -> fmt::Result {
+        let samples = self.reactors.iter().zip(&self.ids);
+        family(
+            enc,
+            name,
+            kind,
+            help,
+            samples.map(|(r, id)| ([("reactor", id.as_str())], f(r))),
+        )
     }
-    per_reactor(
-        o,
-        "pollux_reactor_switches_total",
-        "counter",
-        "Mode switches made by the adaptive policy.",
-        &|r| r.switches as f64,
-    );
-    per_reactor(
-        o,
-        "pollux_reactor_stalls_total",
-        "counter",
-        "Callbacks that ran longer than the stall threshold.",
-        &|r| r.stalls as f64,
-    );
-    per_reactor(
-        o,
-        "pollux_reactor_iterations_total",
-        "counter",
-        "Reactor loop iterations.",
-        &|r| r.iterations as f64,
-    );
-    per_reactor(
-        o,
-        "pollux_reactor_commands_total",
-        "counter",
-        "NVMe I/O commands completed by the reactor's queues.",
-        &|r| r.commands as f64,
-    );
-    per_reactor(
-        o,
-        "pollux_reactor_outstanding",
-        "gauge",
-        "Device commands outstanding.",
-        &|r| r.outstanding as f64,
-    );
-    per_reactor(
-        o,
-        "pollux_reactor_predicted_latency_seconds",
-        "gauge",
-        "The latency model's device completion estimate (0: none).",
-        &|r| r.predicted_ns as f64 / 1e9,
-    );
-    per_reactor(
-        o,
-        "pollux_reactor_connections",
-        "gauge",
-        "Open NVMe/TCP connections on the reactor.",
-        &|r| r.connections as f64,
-    );
-    let ns_family = |o: &mut String, name, help, f: &dyn Fn(&super::view::NamespaceView) -> u64| {
-        let mut fam = Family::new(o, name, "counter", help);
-        for s in subsystems {
+
+    /// A counter family with one sample per namespace, labelled `subsystem` and `nsid`.
+    fn per_namespace(
+        &self,
+        enc: &mut DescriptorEncoder,
+        name: &str,
+        help: &str,
+        f: fn(&NamespaceView) -> u64,
+    ) -> fmt::Result {
+        let mut m = enc.encode_descriptor(name, help, None, Counter)?;
+        for s in &self.subsystems {
             for n in &s.namespaces {
-                fam.sample(&[("subsystem", &s.nqn), ("nsid", &n.nsid.to_string())], f(n) as f64);
+                let nsid = n.nsid.to_string();
+                let labels = [("subsystem", s.nqn.as_str()), ("nsid", nsid.as_str())];
+                sample(m.encode_family(&labels)?, Counter, Num::Int(f(n)))?;
             }
         }
-    };
-    ns_family(
-        o,
-        "pollux_namespace_read_commands_total",
-        "Read commands completed.",
-        &|n| n.read_cmds,
-    );
-    ns_family(
-        o,
-        "pollux_namespace_write_commands_total",
-        "Write commands completed.",
-        &|n| n.write_cmds,
-    );
-    ns_family(o, "pollux_namespace_read_bytes_total", "Bytes read.", &|n| n.read_bytes);
-    ns_family(o, "pollux_namespace_write_bytes_total", "Bytes written.", &|n| {
-        n.write_bytes
-    });
-    {
-        let mut fam = Family::new(o, "pollux_subsystem_controllers", "gauge", "Connected controllers.");
-        for s in subsystems {
-            fam.sample(&[("subsystem", &s.nqn)], s.controllers as f64);
-        }
+        Ok(())
     }
-    out
+}
+
+impl Collector for Scrape {
+    fn encode(&self, mut enc: DescriptorEncoder) -> fmt::Result {
+        let enc = &mut enc;
+        let help = "Seconds since the control plane started.";
+        ConstGauge::new(self.uptime_s).encode(enc.encode_descriptor("pollux_uptime_seconds", help, None, Gauge)?)?;
+        let modes = self.reactors.iter().zip(&self.ids).flat_map(|(r, id)| {
+            ["poll", "hybrid", "interrupt"].map(|m| ([("reactor", id.as_str()), ("mode", m)], Num::from(r.mode == m)))
+        });
+        family(
+            enc,
+            "pollux_reactor_mode",
+            Gauge,
+            "1 for the reactor's current mode, 0 for the others.",
+            modes,
+        )?;
+        self.per_reactor(
+            enc,
+            "pollux_reactor_adaptive",
+            Gauge,
+            "1 when the adaptive policy chooses the mode.",
+            |r| r.adaptive.into(),
+        )?;
+        self.per_reactor(
+            enc,
+            "pollux_reactor_cpu_budget",
+            Gauge,
+            "The adaptive policy's CPU budget (fraction of a core).",
+            |r| Num::Float(r.cpu_budget),
+        )?;
+        self.per_reactor(
+            enc,
+            "pollux_reactor_cpu_seconds",
+            Counter,
+            "CPU time of the reactor thread.",
+            |r| seconds(r.cpu_ns),
+        )?;
+        self.per_reactor(
+            enc,
+            "pollux_reactor_busy_seconds",
+            Counter,
+            "Wall time in loop iterations that found work.",
+            |r| seconds(r.busy_ns),
+        )?;
+        let mode_time = self.reactors.iter().zip(&self.ids).flat_map(|(r, id)| {
+            r.mode_ns
+                .pairs()
+                .map(|(m, ns)| ([("reactor", id.as_str()), ("mode", m)], seconds(ns)))
+        });
+        family(
+            enc,
+            "pollux_reactor_mode_seconds",
+            Counter,
+            "Wall time spent in each mode.",
+            mode_time,
+        )?;
+        self.per_reactor(
+            enc,
+            "pollux_reactor_switches",
+            Counter,
+            "Mode switches made by the adaptive policy.",
+            |r| Num::Int(r.switches),
+        )?;
+        self.per_reactor(
+            enc,
+            "pollux_reactor_stalls",
+            Counter,
+            "Callbacks that ran longer than the stall threshold.",
+            |r| Num::Int(r.stalls),
+        )?;
+        self.per_reactor(
+            enc,
+            "pollux_reactor_iterations",
+            Counter,
+            "Reactor loop iterations.",
+            |r| Num::Int(r.iterations),
+        )?;
+        self.per_reactor(
+            enc,
+            "pollux_reactor_commands",
+            Counter,
+            "NVMe I/O commands completed by the reactor's queues.",
+            |r| Num::Int(r.commands),
+        )?;
+        self.per_reactor(
+            enc,
+            "pollux_reactor_outstanding",
+            Gauge,
+            "Device commands outstanding.",
+            |r| Num::Int(r.outstanding),
+        )?;
+        self.per_reactor(
+            enc,
+            "pollux_reactor_predicted_latency_seconds",
+            Gauge,
+            "The latency model's device completion estimate (0: none).",
+            |r| seconds(r.predicted_ns),
+        )?;
+        self.per_reactor(
+            enc,
+            "pollux_reactor_connections",
+            Gauge,
+            "Open NVMe/TCP connections on the reactor.",
+            |r| Num::Int(r.connections),
+        )?;
+        self.per_namespace(enc, "pollux_namespace_read_commands", "Read commands completed.", |n| {
+            n.read_cmds
+        })?;
+        self.per_namespace(
+            enc,
+            "pollux_namespace_write_commands",
+            "Write commands completed.",
+            |n| n.write_cmds,
+        )?;
+        self.per_namespace(enc, "pollux_namespace_read_bytes", "Bytes read.", |n| n.read_bytes)?;
+        self.per_namespace(enc, "pollux_namespace_write_bytes", "Bytes written.", |n| n.write_bytes)?;
+        let controllers =
+            (self.subsystems.iter()).map(|s| ([("subsystem", s.nqn.as_str())], Num::Int(s.controllers as u64)));
+        family(
+            enc,
+            "pollux_subsystem_controllers",
+            Gauge,
+            "Connected controllers.",
+            controllers,
+        )
+    }
+}
+
+/// Render the metrics of the reactors and subsystems. An error is the encoder's (writing to
+/// a `String` cannot fail otherwise).
+pub fn render(reactors: Vec<ReactorView>, subsystems: Vec<SubsystemView>, uptime_s: f64) -> Result<String, fmt::Error> {
+    let ids = reactors.iter().map(|r| r.id.to_string()).collect();
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(Scrape {
+        reactors,
+        subsystems,
+        uptime_s,
+        ids,
+    }));
+    let mut out = String::new();
+    prometheus_text::encode(&mut out, &registry)?;
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -348,10 +396,11 @@ mod tests {
     #[test]
     fn exposition_format_is_valid() {
         let text = render(
-            &[reactor(0, "poll"), reactor(1, "interrupt")],
-            &[subsystem("nqn.2026-11.io.pollux:a"), subsystem("odd\"nqn\\x\ny")],
+            vec![reactor(0, "poll"), reactor(1, "interrupt")],
+            vec![subsystem("nqn.2026-11.io.pollux:a"), subsystem("odd\"nqn\\x\ny")],
             12.25,
-        );
+        )
+        .unwrap();
         let samples = validate(&text);
         let get = |name: &str, labels: &[(&str, &str)]| {
             samples
@@ -402,10 +451,25 @@ mod tests {
     }
 
     #[test]
-    fn numbers_are_prometheus_floats() {
-        assert_eq!(number(3.0), "3");
-        assert_eq!(number(0.5), "0.5");
-        assert_eq!(number(f64::NAN), "NaN");
-        assert_eq!(number(f64::INFINITY), "+Inf");
+    fn counts_are_integers_and_counters_end_in_total() {
+        let text = render(vec![reactor(0, "poll")], vec![subsystem("s")], 3.0).unwrap();
+        for line in [
+            "# HELP pollux_reactor_switches_total Mode switches made by the adaptive policy.",
+            "# TYPE pollux_reactor_switches_total counter",
+            "pollux_reactor_switches_total{reactor=\"0\"} 3",
+            "pollux_reactor_mode{reactor=\"0\",mode=\"poll\"} 1",
+            "pollux_reactor_outstanding{reactor=\"0\"} 2",
+            "pollux_reactor_cpu_budget{reactor=\"0\"} 0.3",
+            "pollux_reactor_mode_seconds_total{reactor=\"0\",mode=\"poll\"} 1.5",
+            "pollux_namespace_read_bytes_total{subsystem=\"s\",nsid=\"1\"} 512",
+            "pollux_subsystem_controllers{subsystem=\"s\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        }
+        assert!(!text.contains("_total_total"), "{text}");
+        // No subsystem: the families are still declared, with no samples.
+        let text = render(vec![reactor(0, "poll")], vec![], 1.0).unwrap();
+        validate(&text);
+        assert!(text.contains("# TYPE pollux_subsystem_controllers gauge\n"), "{text}");
     }
 }

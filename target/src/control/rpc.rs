@@ -26,7 +26,6 @@ use serde_json::{Value, json};
 
 use super::view::{
     CtrlList, CtrlView, Lateness, ModeView, NamespaceView, PerMode, ReactorView, SubsystemView, VersionView,
-    uuid_string,
 };
 use crate::Target;
 use crate::backend::nvme::SsdNamespace;
@@ -294,7 +293,7 @@ impl Ctx {
                         subsystem: c.subsys.as_ref().map_or(DISCOVERY_NQN.to_string(), |s| s.nqn.clone()),
                         discovery: c.is_discovery(),
                         hostnqn: c.hostnqn.clone(),
-                        hostid: uuid_string(&c.hostid),
+                        hostid: uuid::Uuid::from_bytes(c.hostid).hyphenated().to_string(),
                         kato_ms: c.kato_ms,
                         ready: c.ready(),
                         admin_reactor: id,
@@ -363,7 +362,7 @@ impl Ctx {
                             size: n.bytes(),
                             block_size: n.block_size,
                             backend: n.backend.kind().to_string(),
-                            uuid: uuid_string(&n.uuid),
+                            uuid: uuid::Uuid::from_bytes(n.uuid).hyphenated().to_string(),
                             read_cmds: t.read_cmds,
                             write_cmds: t.write_cmds,
                             read_bytes: t.read_bytes,
@@ -386,11 +385,9 @@ impl Ctx {
         self.subsystems_with(&self.controllers())
     }
 
-    /// The Prometheus text of the metrics endpoint.
-    pub fn metrics(&self) -> String {
-        let reactors = self.reactors();
-        let subsystems = self.subsystems();
-        super::metrics::render(&reactors, &subsystems, self.started.elapsed().as_secs_f64())
+    /// The Prometheus text of the metrics endpoint (an error is the encoder's).
+    pub fn metrics(&self) -> Result<String, std::fmt::Error> {
+        super::metrics::render(self.reactors(), self.subsystems(), self.started.elapsed().as_secs_f64())
     }
 
     // -------------------------------------------------------------- mutations

@@ -350,6 +350,11 @@ fn serve_client(s: UnixStream, ctx: &Ctx, stop: &AtomicBool) {
     }
 }
 
+/// Headers accepted in a metrics request (more: 431). Scrapers send a handful.
+const MAX_HTTP_HEADERS: usize = 64;
+/// The type of the endpoint's own short answers.
+const TEXT: &str = "text/plain";
+
 /// Serve one HTTP/1.1 request on the metrics endpoint, then close.
 fn serve_http(mut s: TcpStream, ctx: &Ctx) {
     if s.set_nonblocking(false).is_err()
@@ -358,40 +363,62 @@ fn serve_http(mut s: TcpStream, ctx: &Ctx) {
     {
         return;
     }
+    const TOO_LARGE: &str = "431 Request Header Fields Too Large";
     let mut head = Vec::new();
     let mut chunk = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") && !head.windows(2).any(|w| w == b"\n\n") {
+    // Write errors are the client's loss: it has gone or stopped reading.
+    let _ = loop {
         match s.read(&mut chunk) {
             Ok(0) | Err(_) => return,
             Ok(n) => head.extend_from_slice(&chunk[..n]),
         }
-        if head.len() > MAX_HTTP_HEAD {
-            let _ = respond(
-                &mut s,
-                "431 Request Header Fields Too Large",
-                "text/plain",
-                "request too large\n",
-            );
-            return;
+        let mut headers = [httparse::EMPTY_HEADER; MAX_HTTP_HEADERS];
+        let mut req = httparse::Request::new(&mut headers);
+        match req.parse(&head) {
+            Ok(httparse::Status::Complete(len)) if len <= MAX_HTTP_HEAD => {
+                break match (req.method, req.path) {
+                    (Some(method), Some(target)) => answer(&mut s, ctx, method, target),
+                    // httparse fills both in a complete request: this arm only keeps an
+                    // unwrap out.
+                    _ => respond(&mut s, "400 Bad Request", TEXT, "", "bad request\n"),
+                };
+            }
+            Ok(httparse::Status::Partial) if head.len() <= MAX_HTTP_HEAD => {}
+            Ok(_) | Err(httparse::Error::TooManyHeaders) => {
+                break respond(&mut s, TOO_LARGE, TEXT, "", "request too large\n");
+            }
+            Err(e) => {
+                debug!("metrics: bad HTTP request: {e}");
+                break respond(&mut s, "400 Bad Request", TEXT, "", &format!("bad request: {e}\n"));
+            }
         }
-    }
-    let text = String::from_utf8_lossy(&head);
-    let mut first = text.lines().next().unwrap_or("").split_whitespace();
-    let (method, target) = (first.next().unwrap_or(""), first.next().unwrap_or(""));
-    let path = target.split('?').next().unwrap_or("");
-    let _ = match (method, path) {
-        ("GET" | "HEAD", "/metrics") => {
-            let body = if method == "GET" { ctx.metrics() } else { String::new() };
-            respond(&mut s, "200 OK", "text/plain; version=0.0.4; charset=utf-8", &body)
-        }
-        ("GET" | "HEAD", _) => respond(&mut s, "404 Not Found", "text/plain", "not found: try /metrics\n"),
-        _ => respond(&mut s, "405 Method Not Allowed", "text/plain", "only GET\n"),
     };
 }
 
-fn respond(s: &mut TcpStream, status: &str, ctype: &str, body: &str) -> std::io::Result<()> {
+/// Answer a parsed request for `target` (path and query).
+fn answer(s: &mut TcpStream, ctx: &Ctx, method: &str, target: &str) -> std::io::Result<()> {
+    let path = target.split('?').next().unwrap_or("");
+    match (method, path) {
+        ("GET" | "HEAD", "/metrics") => match ctx.metrics() {
+            Ok(body) => {
+                let body = if method == "GET" { body } else { String::new() };
+                respond(s, "200 OK", super::metrics::CONTENT_TYPE, "", &body)
+            }
+            Err(e) => {
+                warn!("metrics: cannot encode the metrics: {e}");
+                respond(s, "500 Internal Server Error", TEXT, "", "cannot encode the metrics\n")
+            }
+        },
+        ("GET" | "HEAD", _) => respond(s, "404 Not Found", TEXT, "", "not found: try /metrics\n"),
+        _ => respond(s, "405 Method Not Allowed", TEXT, "Allow: GET, HEAD\r\n", "only GET\n"),
+    }
+}
+
+/// Write a response (the connection closes when `s` is dropped); `extra` is more header
+/// lines, each ending in CRLF.
+fn respond(s: &mut TcpStream, status: &str, ctype: &str, extra: &str, body: &str) -> std::io::Result<()> {
     let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n{extra}\r\n",
         body.len()
     );
     s.write_all(head.as_bytes())?;

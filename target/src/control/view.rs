@@ -207,16 +207,3 @@ pub struct ModeView {
     /// The adaptive policy's CPU budget.
     pub cpu_budget: f64,
 }
-
-/// A 16-byte id in the hyphenated UUID form.
-pub fn uuid_string(b: &[u8; 16]) -> String {
-    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
-}

@@ -31,6 +31,9 @@ use std::time::Instant;
 
 use hdrhistogram::Histogram;
 use pollux_reactor::sys;
+use rand::SeedableRng;
+use rand::distr::{Distribution, Uniform};
+use rand::rngs::Xoshiro256PlusPlus;
 
 use super::report::{LatencySummary, PerfReport};
 use super::{Access, PerfError, PerfOpts};
@@ -91,15 +94,18 @@ fn io_err(what: &str) -> impl Fn(std::io::Error) -> PerfError + '_ {
 }
 
 /// The blocks a floor server reads or writes: one hot buffer, or a region with a random
-/// block per request (xorshift64; the floor needs no reproducible sequence).
+/// block per request (xoshiro256++, cheap per draw; the floor needs no reproducible sequence,
+/// so any fixed seed does).
 struct Blocks {
     mem: Vec<u8>,
     io: usize,
-    rng: u64,
+    rng: Xoshiro256PlusPlus,
+    /// A random block of `mem`.
+    block: Uniform<usize>,
 }
 
 impl Blocks {
-    fn new(io: usize, span: Option<u64>) -> Self {
+    fn new(io: usize, span: Option<u64>) -> std::io::Result<Self> {
         let len = span.map_or(io, |s| (s as usize / io).max(1) * io);
         let mut mem = Vec::with_capacity(len);
         // Transparent huge pages, as pollux's RAM namespace asks for (`ram.rs`): with THP in
@@ -115,18 +121,17 @@ impl Blocks {
         }
         // Non-zero bytes: every page is written now, not faulted in during the run.
         mem.resize(len, 0x5a);
-        Self {
+        let block = Uniform::new(0, len / io).map_err(std::io::Error::other)?;
+        Ok(Self {
             mem,
             io,
-            rng: 0x9e37_79b9_7f4a_7c15,
-        }
+            rng: Xoshiro256PlusPlus::seed_from_u64(0x9e37_79b9_7f4a_7c15),
+            block,
+        })
     }
 
     fn next_off(&mut self) -> usize {
-        self.rng ^= self.rng << 13;
-        self.rng ^= self.rng >> 7;
-        self.rng ^= self.rng << 17;
-        (self.rng % (self.mem.len() / self.io) as u64) as usize * self.io
+        self.block.sample(&mut self.rng) * self.io
     }
 }
 
@@ -265,7 +270,7 @@ pub fn run(opts: &PerfOpts, server_core: usize) -> Result<PerfReport, PerfError>
         .name("floor-server".into())
         .spawn(move || -> std::io::Result<()> {
             sys::pin_current_thread(server_core)?;
-            let blocks = Blocks::new(io, span);
+            let blocks = Blocks::new(io, span)?;
             let (mut s, _) = listener.accept()?;
             s.set_nodelay(true)?;
             s.set_nonblocking(true)?;

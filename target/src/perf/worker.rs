@@ -5,6 +5,9 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use pollux_reactor::sys;
+use rand::SeedableRng;
+use rand::distr::{Bernoulli, Distribution, Uniform};
+use rand::rngs::Xoshiro256PlusPlus;
 
 use super::{Access, PerfError, PerfOpts, verify};
 use crate::host::{Completion, HostQueue};
@@ -73,7 +76,11 @@ struct QState {
     base: u64,
     units: u64,
     cursor: u64,
-    rng: u64,
+    /// Random units and the read/write mix: xoshiro256++ is a few shifts and adds per draw,
+    /// and seeds reproducibly from `--seed`.
+    rng: Xoshiro256PlusPlus,
+    /// A random unit of the range.
+    random_unit: Uniform<u64>,
     /// Verify: units with a command in flight.
     busy: Vec<u64>,
     /// Verify: the generation last written to each unit (0: none in this run).
@@ -81,16 +88,6 @@ struct QState {
 }
 
 impl QState {
-    fn next(&mut self) -> u64 {
-        // xorshift64*
-        let mut x = self.rng;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.rng = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
     fn is_busy(&self, u: u64) -> bool {
         self.busy
             .get((u / 64) as usize)
@@ -115,7 +112,7 @@ impl QState {
                 self.cursor = if u + 1 >= self.units { 0 } else { u + 1 };
                 u
             }
-            _ => ((u128::from(self.next()) * u128::from(self.units)) >> 64) as u64,
+            _ => self.random_unit.sample(&mut self.rng),
         };
         if verify {
             // At most queue-depth units are busy and the range is larger, so this ends.
@@ -187,6 +184,11 @@ fn thread_body(opts: &PerfOpts, plan: ThreadPlan, shared: &Shared) -> Result<Thr
     let slots = nq * qd;
 
     // Everything the loop touches is allocated here, before the first command.
+    let random_unit = Uniform::new(0, units_per_queue)
+        .map_err(|e| PerfError::Thread(format!("{units_per_queue} I/O units per queue: {e}")))?;
+    let read_pct = opts.workload.read_pct;
+    let reads = Bernoulli::from_ratio(u32::from(read_pct), 100)
+        .map_err(|e| PerfError::Options(format!("read percentage {read_pct}: {e}")))?;
     let mut qs: Vec<QState> = queues
         .iter()
         .enumerate()
@@ -209,7 +211,8 @@ fn thread_body(opts: &PerfOpts, plan: ThreadPlan, shared: &Shared) -> Result<Thr
                 } else {
                     (units_per_queue / nq.max(1) as u64) * i as u64
                 },
-                rng: (opts.seed ^ (global + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)) | 1,
+                rng: Xoshiro256PlusPlus::seed_from_u64(opts.seed ^ (global + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+                random_unit,
                 busy: vec![0; words],
                 gens: vec![0; if verify { units_per_queue as usize } else { 0 }],
             }
@@ -331,7 +334,7 @@ fn thread_body(opts: &PerfOpts, plan: ThreadPlan, shared: &Shared) -> Result<Thr
                     let write = match opts.workload.read_pct {
                         100 => false,
                         0 => true,
-                        pct => (q.next() % 100) as u8 >= pct,
+                        _ => !reads.sample(&mut q.rng),
                     };
                     let slba = (q.base + u) * blocks_per_unit;
                     let mut gen_ = 0;
