@@ -25,6 +25,9 @@ mode = "interrupt"
 [[listener]]
 address = "127.0.0.1:$p"
 
+[control]
+socket = "$CI_LOG_DIR/ctl.sock"
+
 [[subsystem]]
 nqn = "$nqn"
 allow_any_host = true
@@ -35,6 +38,11 @@ backend = { file = { path = "$disk", size = "512MiB", direct = true } }
 TOML
 "$POLLUX_BIN" --check "$conf" || fail "pollux --check rejects the scenario conf"
 start_pollux "$conf" "$p"
+# The namespace must be served through io_uring, not the worker-thread fallback: the
+# fallback works but is not what this scenario measures.
+subs=$("$POLLUX_BIN" ctl --config "$conf" subsystems) || fail "pollux ctl subsystems failed"
+grep -q "io_uring" <<<"$subs" || fail "the file namespace is not on io_uring: $subs"
+grep -q "io=\"io_uring\"\|io=io_uring" "$POLLUX_LOG" || fail "pollux did not log the namespace's I/O path at start"
 run_guest pollux-file.sh --timeout 900 --guestfwd "4420=$p" --share "$share" --env "NQN=$nqn" &
 guest=$!
 ci_track "$guest"

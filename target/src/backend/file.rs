@@ -49,6 +49,9 @@ pub struct FileDisk {
     pub direct: bool,
     /// A block device rather than a regular file.
     pub block_device: bool,
+    /// Its channels reach it through io_uring (probed at open; cleared if a channel could
+    /// not make a ring and fell back to a worker thread).
+    pub uring: Arc<AtomicBool>,
 }
 
 fn block_device_size(f: &File) -> std::io::Result<u64> {
@@ -128,12 +131,23 @@ impl FileDisk {
         {
             warn!(path = %path.display(), conf = s, actual = len, "the conf size differs from the file's: serving the file's");
         }
+        // The same probe a channel makes: an old kernel or a seccomp filter refuses io_uring
+        // for the whole process. Said once here, at start, rather than at the first I/O.
+        let uring = match IoUring::new(2) {
+            Ok(_) => true,
+            Err(e) => {
+                warn!(path = %path.display(), error = %e, "io_uring is unavailable: this file namespace uses a worker thread per reactor");
+                false
+            }
+        };
+        info!(path = %path.display(), bytes = len, direct, io = if uring { "io_uring" } else { "worker thread" }, "file namespace opened");
         Ok(Self {
             file,
             path: path.to_path_buf(),
             len,
             direct,
             block_device,
+            uring: Arc::new(AtomicBool::new(uring)),
         })
     }
 }
@@ -147,6 +161,14 @@ impl Backend for FileDisk {
         self.len
     }
 
+    fn io_path(&self) -> &'static str {
+        if self.uring.load(Ordering::Relaxed) {
+            "io_uring"
+        } else {
+            "worker thread"
+        }
+    }
+
     /// The page cache (and the device's own cache below it) holds writes until a Flush.
     fn caps(&self) -> Caps {
         Caps {
@@ -156,10 +178,12 @@ impl Backend for FileDisk {
     }
 
     fn open_channel(&self, ns: &Arc<Namespace>, env: &ChannelEnv) -> Result<Box<dyn Channel>, TargetError> {
-        let ch = FileChannel::new(ns.clone(), self.file.as_raw_fd(), env).map_err(|source| TargetError::FileIo {
-            path: self.path.clone(),
-            what: "cannot open a channel (io_uring or its worker thread)",
-            source,
+        let ch = FileChannel::new(ns.clone(), self.file.as_raw_fd(), &self.uring, env).map_err(|source| {
+            TargetError::FileIo {
+                path: self.path.clone(),
+                what: "cannot open a channel (io_uring or its worker thread)",
+                source,
+            }
         })?;
         Ok(Box::new(ch))
     }
@@ -304,8 +328,6 @@ pub struct FileChannel {
     name: String,
 }
 
-static LOGGED_NO_URING: AtomicBool = AtomicBool::new(false);
-
 fn errno_status(op_is_read: bool) -> Status {
     if op_is_read {
         Status::UNRECOVERED_READ_ERROR
@@ -357,17 +379,22 @@ fn run_job(fd: RawFd, job: &mut Job) -> i64 {
 
 impl FileChannel {
     /// A channel for `ns` (a file namespace) on reactor `reactor`.
-    pub fn new(ns: Arc<Namespace>, fd: RawFd, env: &ChannelEnv) -> std::io::Result<Self> {
+    pub fn new(ns: Arc<Namespace>, fd: RawFd, uring: &AtomicBool, env: &ChannelEnv) -> std::io::Result<Self> {
         let (reactor, max_io, model, complete) = (env.reactor, env.max_io, env.model.clone(), env.complete);
         let efd = Arc::new(EventFd::new()?);
-        let engine = match IoUring::new(RING_ENTRIES) {
+        let ring = if uring.load(Ordering::Relaxed) {
+            IoUring::new(RING_ENTRIES)
+        } else {
+            Err(std::io::Error::from(std::io::ErrorKind::Unsupported))
+        };
+        let engine = match ring {
             Ok(ring) => {
                 ring.submitter().register_eventfd(efd.as_raw_fd())?;
                 Engine::Ring(Box::new(ring))
             }
             Err(e) => {
-                if !LOGGED_NO_URING.swap(true, Ordering::Relaxed) {
-                    warn!(error = %e, "io_uring is unavailable: file namespaces use a worker thread per reactor channel");
+                if uring.swap(false, Ordering::Relaxed) {
+                    warn!(error = %e, reactor, "io_uring failed for a channel: this file namespace now uses worker threads");
                 }
                 let (tx, rx) = std::sync::mpsc::channel::<Job>();
                 let done = Arc::new(SegQueue::new());
@@ -570,13 +597,6 @@ impl Channel for FileChannel {
 
     fn outstanding(&self) -> usize {
         self.cmds.len()
-    }
-
-    fn path(&self) -> &'static str {
-        match self.engine {
-            Engine::Ring(_) => "io_uring",
-            Engine::Worker { .. } => "worker thread",
-        }
     }
 
     fn poll(&mut self, r: &mut Reactor) -> Progress {

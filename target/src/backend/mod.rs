@@ -217,6 +217,9 @@ pub trait Backend: Send + Sync + std::fmt::Debug + Any {
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
+    /// How its commands reach the store, for operators (`pollux ctl`, metrics): "inline",
+    /// "simulated", "io_uring", "worker thread", "vfio", "fake controller".
+    fn io_path(&self) -> &'static str;
     /// Capabilities.
     fn caps(&self) -> Caps {
         Caps::default()
@@ -267,8 +270,6 @@ pub trait Channel: 'static {
     fn watchdog(&self) -> Option<Duration> {
         None
     }
-    /// How the channel reaches its store, for operators (e.g. "io_uring", "worker thread").
-    fn path(&self) -> &'static str;
     /// A DMA buffer of at least `len` bytes that a write's data can be received into and
     /// then submitted as [`WriteData::Dma`] (one copy from the socket, none after). None:
     /// the channel has no such memory, or not now.

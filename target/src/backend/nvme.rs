@@ -187,6 +187,13 @@ impl Backend for SsdNamespace {
         }
     }
 
+    fn io_path(&self) -> &'static str {
+        match self.dev.kind {
+            "pci" => "vfio",
+            _ => "fake controller",
+        }
+    }
+
     fn block_size(&self) -> Option<u32> {
         Some(self.ns.block_size() as u32)
     }
@@ -851,13 +858,6 @@ impl Channel for SsdChannel {
 
     fn watchdog(&self) -> Option<Duration> {
         Some(WATCHDOG)
-    }
-
-    fn path(&self) -> &'static str {
-        match self.dev.kind {
-            "pci" => "vfio",
-            _ => "fake controller",
-        }
     }
 
     /// A DMA buffer of at least `len` bytes for a write's data to be received into: the

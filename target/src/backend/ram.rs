@@ -207,6 +207,10 @@ impl Backend for RamDisk {
         self.len
     }
 
+    fn io_path(&self) -> &'static str {
+        "inline"
+    }
+
     fn memory(&self) -> Option<&RamDisk> {
         Some(self)
     }

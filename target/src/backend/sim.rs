@@ -147,6 +147,10 @@ impl Backend for SimDisk {
         self.data.len()
     }
 
+    fn io_path(&self) -> &'static str {
+        "simulated"
+    }
+
     fn memory(&self) -> Option<&RamDisk> {
         Some(&self.data)
     }
@@ -397,10 +401,6 @@ impl Channel for SimChannel {
 
     fn outstanding(&self) -> usize {
         self.reqs.len() + self.waiting.len()
-    }
-
-    fn path(&self) -> &'static str {
-        "simulated"
     }
 
     fn poll(&mut self, r: &mut Reactor) -> Progress {

@@ -259,7 +259,7 @@ pub fn format_subsystems(ss: &[SubsystemView]) -> String {
         let _ = writeln!(out, "  listeners {}", s.listeners.join(", "));
         let mut rows = vec![
             [
-                "NSID", "SIZE", "BLOCK", "BACKEND", "UUID", "READS", "WRITES", "READ", "WRITTEN",
+                "NSID", "SIZE", "BLOCK", "BACKEND", "IO PATH", "UUID", "READS", "WRITES", "READ", "WRITTEN",
             ]
             .map(String::from)
             .to_vec(),
@@ -270,6 +270,7 @@ pub fn format_subsystems(ss: &[SubsystemView]) -> String {
                 bytes(n.size),
                 n.block_size.to_string(),
                 n.backend.clone(),
+                n.io_path.clone(),
                 n.uuid.clone(),
                 n.read_cmds.to_string(),
                 n.write_cmds.to_string(),

@@ -227,6 +227,24 @@ impl Collector for Scrape {
             "Write commands completed.",
             |n| n.write_cmds,
         )?;
+        let info = self.subsystems.iter().flat_map(|s| {
+            s.namespaces.iter().map(|n| {
+                let labels = [
+                    ("subsystem", s.nqn.clone()),
+                    ("nsid", n.nsid.to_string()),
+                    ("backend", n.backend.clone()),
+                    ("io_path", n.io_path.clone()),
+                ];
+                (labels, Num::Int(1))
+            })
+        });
+        family(
+            enc,
+            "pollux_namespace_info",
+            Gauge,
+            "A namespace's backend and how its commands reach the store (always 1).",
+            info,
+        )?;
         self.per_namespace(enc, "pollux_namespace_read_bytes", "Bytes read.", |n| n.read_bytes)?;
         self.per_namespace(enc, "pollux_namespace_write_bytes", "Bytes written.", |n| n.write_bytes)?;
         let controllers =
@@ -305,6 +323,7 @@ mod tests {
                 size: 4096,
                 block_size: 512,
                 backend: "ram".into(),
+                io_path: "inline".into(),
                 uuid: "u".into(),
                 read_cmds: 1,
                 write_cmds: 2,
@@ -462,6 +481,7 @@ mod tests {
             "pollux_reactor_cpu_budget{reactor=\"0\"} 0.3",
             "pollux_reactor_mode_seconds_total{reactor=\"0\",mode=\"poll\"} 1.5",
             "pollux_namespace_read_bytes_total{subsystem=\"s\",nsid=\"1\"} 512",
+            "pollux_namespace_info{subsystem=\"s\",nsid=\"1\",backend=\"ram\",io_path=\"inline\"} 1",
             "pollux_subsystem_controllers{subsystem=\"s\"} 1",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");

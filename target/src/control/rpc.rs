@@ -362,6 +362,7 @@ impl Ctx {
                             size: n.bytes(),
                             block_size: n.block_size,
                             backend: n.backend.kind().to_string(),
+                            io_path: n.backend.io_path().to_string(),
                             uuid: uuid::Uuid::from_bytes(n.uuid).hyphenated().to_string(),
                             read_cmds: t.read_cmds,
                             write_cmds: t.write_cmds,

@@ -124,8 +124,12 @@ pub struct NamespaceView {
     pub size: u64,
     /// Logical block size in bytes.
     pub block_size: u32,
-    /// Backend kind: `ram`, `sim` or `file`.
+    /// Backend kind: `ram`, `sim`, `file` or `nvme`.
     pub backend: String,
+    /// How its commands reach the store: `inline` (RAM), `simulated`, `io_uring` or `worker
+    /// thread` (file), `vfio` or `fake controller` (nvme).
+    #[serde(default)]
+    pub io_path: String,
     /// RFC 4122 UUID, hyphenated.
     pub uuid: String,
     /// Read commands completed.
