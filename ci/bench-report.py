@@ -7,6 +7,8 @@
     bench-report.py modes OUTDIR                modes.json, modes.md, modes-cpu-p50.png
     bench-report.py reactor OUTDIR              reactor.md, reactor-wakeup.png (reactor.json
                                                  comes from the cargo bench)
+    bench-report.py ab OUTDIR                   ab.json, ab.md: two binaries side by side
+                                                 (per-pair ratios, instructions per I/O)
     bench-report.py results OUTDIR              results.json: every summary in OUTDIR (perf,
                                                  modes, reactor, file), each with when it was
                                                  written and the load average around it
@@ -171,7 +173,7 @@ def callgrind_totals(path):
     total = int(m.group(1)) if m else 0
     if re.search(r"^c?fn=.*worker::thread_body", text, re.M):
         role = "client"
-    elif re.search(r"^c?fn=.*pollux_reactor::reactor::Reactor.*::run", text, re.M):
+    elif re.search(r"^c?fn=.*pollux_reactor::.*Reactor.*::run\b", text, re.M):
         role = "target"
     else:
         role = "main"
@@ -760,6 +762,86 @@ def cmd_modes(out):
     plt.close(fig)
 
 
+# ------------------------------------------------------------------ ab
+
+def quartiles(xs):
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
+        return None, None, None
+    if len(xs) < 4:
+        return xs[0], statistics.median(xs), xs[-1]
+    q = statistics.quantiles(xs, n=4)
+    return q[0], q[1], q[2]
+
+
+def instr_per_io(cgdir):
+    """{job: {role: instructions per I/O}} of one binary's callgrind runs."""
+    out = {}
+    for name, counts in sorted(callgrind_runs(cgdir).items()):
+        ks = sorted(counts)
+        if len(ks) < 2:
+            continue
+        a, b = ks[0], ks[-1]
+        out[name] = {role: (counts[b][role] - counts[a][role]) / (b - a) for role in ("target", "client")}
+    return out
+
+
+def cmd_ab(out):
+    runs = load_runs(os.path.join(out, "ab.runs.jsonl"))
+    by = defaultdict(dict)  # (name, pair) -> {side: run}
+    names = []
+    for r in runs:
+        t = r["tags"]
+        if t["name"] not in names:
+            names.append(t["name"])
+        by[(t["name"], t["pair"])][t["side"]] = r
+    jobs = {}
+    for n in names:
+        pairs = [v for (name, _), v in by.items() if name == n and "base" in v and "new" in v]
+        iops = [p["new"]["iops"] / p["base"]["iops"] for p in pairs if p["base"]["iops"]]
+        dp50 = [us(p["new"]["latency_ns"]["p50"] - p["base"]["latency_ns"]["p50"]) for p in pairs]
+        p50 = [us(p["new"]["latency_ns"]["p50"]) / us(p["base"]["latency_ns"]["p50"]) for p in pairs
+               if p["base"]["latency_ns"]["p50"]]
+        cpu = [p["new"]["target"]["cpu_ns_per_io"] / p["base"]["target"]["cpu_ns_per_io"] for p in pairs
+               if p["new"].get("target") and p["base"].get("target") and p["base"]["target"]["cpu_ns_per_io"]]
+        jobs[n] = {
+            "pairs": len(pairs),
+            "iops_ratio": quartiles(iops),
+            "p50_ratio": quartiles(p50),
+            "p50_diff_us": quartiles(dp50),
+            "target_cpu_per_io_ratio": quartiles(cpu),
+            "base_iops_median": med([p["base"]["iops"] for p in pairs]),
+            "new_iops_median": med([p["new"]["iops"] for p in pairs]),
+            "base_p50_us_median": med([us(p["base"]["latency_ns"]["p50"]) for p in pairs]),
+            "new_p50_us_median": med([us(p["new"]["latency_ns"]["p50"]) for p in pairs]),
+        }
+    instr = {side: instr_per_io(os.path.join(out, "ab-callgrind", side)) for side in ("base", "new")}
+    res = {"jobs": jobs, "instructions_per_io": instr}
+    with open(os.path.join(out, "ab.json"), "w") as f:
+        json.dump(res, f, indent=1)
+
+    def q3(t, nd=3):
+        lo, mid, hi = t
+        return "-" if mid is None else f"{mid:.{nd}f} ({lo:.{nd}f} / {hi:.{nd}f})"
+
+    lines = ["# ci/bench ab: new against base, side by side", "",
+             "Alternating pairs (ABBA order), 1 s runs, RAM namespace, poll-mode reactor. Median of the",
+             "per-pair figures, quartiles in brackets.", "",
+             "| job | pairs | IOPS new/base | p50 new/base | p50 new-base (us) | target CPU per I/O new/base |",
+             "|---|---|---|---|---|---|"]
+    for n, j in jobs.items():
+        lines.append(f"| {n} | {j['pairs']} | {q3(j['iops_ratio'])} | {q3(j['p50_ratio'])} | "
+                     f"{q3(j['p50_diff_us'], 2)} | {q3(j['target_cpu_per_io_ratio'])} |")
+    lines += ["", "Instructions per I/O (callgrind, difference of two run lengths):", "",
+              "| job | target base | target new | client base | client new |", "|---|---|---|---|---|"]
+    for n in sorted(set(instr["base"]) | set(instr["new"])):
+        b, w = instr["base"].get(n, {}), instr["new"].get(n, {})
+        cell = lambda d, k: "-" if d.get(k) is None else f"{d[k]:,.0f}"
+        lines.append(f"| {n} | {cell(b, 'target')} | {cell(w, 'target')} | {cell(b, 'client')} | {cell(w, 'client')} |")
+    with open(os.path.join(out, "ab.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
 # ------------------------------------------------------------------ reactor
 
 def cmd_reactor(out):
@@ -838,8 +920,9 @@ def _utc(t):
 def main(argv):
     if len(argv) >= 3 and argv[1] == "rates":
         cmd_rates(argv[2], float(argv[3]) if len(argv) > 3 else 0.25)
-    elif len(argv) == 3 and argv[1] in ("perf", "modes", "reactor", "results"):
-        {"perf": cmd_perf, "modes": cmd_modes, "reactor": cmd_reactor, "results": cmd_results}[argv[1]](argv[2])
+    elif len(argv) == 3 and argv[1] in ("perf", "modes", "reactor", "results", "ab"):
+        {"perf": cmd_perf, "modes": cmd_modes, "reactor": cmd_reactor, "results": cmd_results,
+         "ab": cmd_ab}[argv[1]](argv[2])
     else:
         print(__doc__, file=sys.stderr)
         return 2

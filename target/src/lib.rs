@@ -1,10 +1,31 @@
 //! pollux: a polled-mode NVMe-over-TCP target.
 //!
 //! Data path (one direction): socket bytes -> PDU ([`pollux_nvme::tcp`], parsed once) ->
-//! typed command ([`cmd`]) -> controller and queue checks ([`conn`], [`ctrl`]) -> namespace
-//! ([`subsystem`]) -> CapsuleResp / C2HData -> socket. Each connection lives on one reactor
+//! command routed by queue ([`conn`]) -> controller ([`ctrl`]) or validated I/O command
+//! ([`io`]) -> the namespace's backend channel on this reactor ([`backend`]) -> one
+//! completion type -> CapsuleResp / C2HData -> socket. Each connection lives on one reactor
 //! for its life; a controller lives on its admin queue's reactor and its I/O queues reach it
 //! by message.
+//!
+//! # Where each spec concept lives (after SPDK's `lib/nvmf`)
+//! | concept | module | SPDK |
+//! |---|---|---|
+//! | NVMe/TCP transport: receive framing, ICReq/ICResp, CapsuleResp, C2HData, R2T, TermReq, digests, send queue (NVMe/TCP 1.0 §3) | [`tcp`] | `tcp.c` (PDU layer) |
+//! | H2CData after R2T: data buffers, the §3.6.2.7 rules, in-place receive, the per-reactor R2T buffer pool | [`tcp::h2c`] | `tcp.c` |
+//! | SGL1 and data direction of a command (NVMe-oF 1.1 §2.3) | [`sgl`] | `nvmf.c` |
+//! | Controller state, AER events, keep-alive deadline, subsystem changes (NVMe 2.0 §3, §5.2) | [`ctrl`] | `ctrlr.c` |
+//! | Fabrics commands, Connect checks, I/O queue attach (NVMe-oF 1.1 §3.3, §6) | [`ctrl::connect`] | `ctrlr.c` |
+//! | Admin commands: Identify, Get/Set Features, Keep Alive, AER, Abort (NVMe 2.0 §5) | [`ctrl::admin`] | `ctrlr.c` |
+//! | Properties CAP/VS/CC/CSTS (NVMe-oF 1.1 §6.5-6.6) | [`ctrl::property`] | `ctrlr.c` |
+//! | Log pages (NVMe 2.0 §5.16) | [`ctrl::log`] | `ctrlr.c` |
+//! | Discovery log (NVMe-oF 1.1 §5.3) | [`ctrl::discovery`] | `ctrlr_discovery.c` |
+//! | NVM commands: SQE -> validated [`io::IoCmd`] -> [`backend::BlockOp`] (NVM Command Set 1.0 §3) | [`io`] | `ctrlr_bdev.c` |
+//! | A request's life: awaiting R2T data, draining, submitted | [`request`] | `nvmf_tcp_req_state` |
+//! | Backends behind one [`backend::Backend`] / [`backend::Channel`] trait: RAM, simulated SSD, file (io_uring), NVMe SSD (VFIO) | [`backend`] | `bdev` + io_channel |
+//! | Subsystems, namespaces, hosts: an immutable snapshot swapped whole | [`subsystem`] | `subsystem.c` |
+//! | One queue's glue: routing, the reactor-side effects of controller decisions, the I/O queue | [`conn`] | `tcp.c` (request state machine) |
+//! | Accepting connections and placing them on reactors | [`listener`] | `tcp.c` (acceptor) |
+//! | Run-time changes (`pollux ctl` add/remove) and the control plane | [`mutate`], [`control`] | `nvmf_rpc.c` |
 //!
 //! [`host`] is the other side: an NVMe/TCP host library for tests and the `pollux perf` load
 //! generator; the target's server code never uses it.

@@ -2,10 +2,10 @@
 //! transport ([`crate::tcp`]), its controller ([`crate::ctrl`]) or the I/O path
 //! ([`crate::io`], [`crate::backend`]), and its requests ([`crate::request`]).
 //!
-//! A command capsule goes: the receive loop here frames the PDU, [`Conn::on_capsule`] routes
-//! it by queue, then the admin queue ([`admin`]: fabrics, Connect, admin commands, keep-alive,
-//! AER, Abort) or the I/O queue ([`io`]: parse, R2T/H2CData, submission, completion) runs it;
-//! its completion goes out through the transport. The controller logic itself is pure
+//! A command capsule goes: the receive loop here frames the PDU, `Conn::on_capsule` routes
+//! it by queue, then the admin queue (`conn/admin.rs`: fabrics, Connect, admin commands,
+//! keep-alive, AER, Abort) or the I/O queue (`conn/io.rs`: parse, R2T/H2CData, submission,
+//! completion) runs it; its completion goes out through the transport. The controller logic itself is pure
 //! ([`crate::ctrl`]); what needs the reactor (timers, messages to other reactors' queues)
 //! is done here.
 
