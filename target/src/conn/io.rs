@@ -219,6 +219,17 @@ impl Conn {
     /// A channel completed the request in `slot`; a read's data comes with it (a file, an
     /// SSD) or is in the namespace's memory (a simulated device).
     fn complete(&mut self, r: &mut Reactor, slot: usize, status: Status, data: Option<ReadData<'_>>) {
+        // Only a submitted request completes: a tag never outlives its submission, and this
+        // keeps a stray completion from freeing a request that waits for its data.
+        if !matches!(
+            self.reqs.get_mut(slot),
+            Some(Request {
+                state: ReqState::Submitted,
+                ..
+            })
+        ) {
+            return;
+        }
         let Some(req) = self.reqs.remove(slot) else { return };
         if self.closed {
             return;

@@ -1,0 +1,456 @@
+//! NVMe SSD namespaces through pollux's userspace driver ([`pollux_nvme::pci`]): the `nvme`
+//! backend.
+//!
+//! Ownership follows the data path, as in SPDK's NVMe bdev:
+//! - An [`SsdDevice`] is one controller (a PCI function bound to vfio-pci, or the in-process
+//!   fake controller), opened once however many namespaces name it (a registry by name). At
+//!   open it is brought up (NVMe base spec 2.0 §3.5.1) and one I/O queue pair is created for
+//!   every reactor, each with its own MSI-X vector wired to an eventfd.
+//! - Each reactor takes its queue pair into an [`SsdChannel`], a reactor source: it alone
+//!   submits and reaps on it, with no lock. The MSI-X eventfd wakes the reactor in interrupt
+//!   and hybrid mode; busy-poll reads the completion queue's phase bits. Every completion's
+//!   latency feeds the reactor's latency model (hybrid sleeps, the adaptive policy).
+//! - The admin queue belongs to a small admin thread per device, off the I/O path: every
+//!   100 ms it checks CSTS.CFS and the queues' command timeouts and resets the controller
+//!   (§3.7.2) when needed. In-flight commands then complete with Command Aborted By Host
+//!   (the host retries them), new ones wait in the channel until their queue is created
+//!   again, and a controller that cannot be brought back fails I/O with Namespace Not Ready
+//!   rather than hanging hosts.
+//! - Data moves through DMA buffers from a per-channel pool (size classes carved from 2 MiB
+//!   regions, huge pages when the system has them): written data is copied once from the
+//!   receive buffer into the DMA buffer, read data once from the DMA buffer into the send
+//!   buffer, both with volatile accesses (the device may write that memory).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+mod channel;
+
+pub use channel::{SsdChannel, SsdOp};
+use pollux_conf::{NvmeBackend, NvmeDevice};
+use pollux_nvme::pci::fake::{FakeConfig, FakeController, FakeNamespace};
+use pollux_nvme::pci::{self, Controller, ControllerConfig, ControllerInfo, DmaAllocator, QueuePair};
+use pollux_nvme::spec::Status;
+use serde::Serialize;
+use tracing::{error, info, warn};
+
+use super::{Backend, Caps, Channel, ChannelEnv};
+use crate::error::TargetError;
+use crate::subsystem::Namespace;
+
+/// Entries per I/O queue (capped by CAP.MQES).
+const QUEUE_DEPTH: u16 = 256;
+/// How often the admin thread looks at the controller.
+const SERVICE_PERIOD: Duration = Duration::from_millis(100);
+/// How often a busy channel is run even without an interrupt: it notices lost completions
+/// (command timeout) and a controller reset.
+const WATCHDOG: Duration = Duration::from_millis(100);
+/// Retry period of a reset that failed.
+const RETRY_FAILED: Duration = Duration::from_secs(1);
+/// DMA memory is allocated in chunks of this size and carved into buffers.
+const CHUNK: usize = 2 << 20;
+/// Largest transfer of one device command (below MDTS); larger target commands are split.
+const MAX_TRANSFER: usize = 1 << 20;
+/// Completions within this gap of the previous poll are exact latency samples.
+const EXACT_GAP: Duration = Duration::from_micros(5);
+/// CDW12 bit 30, Force Unit Access (NVM command set spec §3.2.6).
+const FUA: u32 = 1 << 30;
+/// CDW12 bit 25, Deallocate, of Write Zeroes (NVM command set spec §3.2.8).
+const DEAC: u32 = 1 << 25;
+/// ONCS bit 3: Write Zeroes supported.
+const ONCS_WRITE_ZEROES: u16 = 1 << 3;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The admin side of a device, shared with its admin thread.
+struct Admin {
+    name: String,
+    ctrl: Mutex<Option<Controller>>,
+    fake: Option<FakeController>,
+    /// The last reset failed: I/O fails until one succeeds.
+    failed: AtomicBool,
+    resets: AtomicU64,
+    failed_resets: AtomicU64,
+    stop: Mutex<bool>,
+    wake: Condvar,
+}
+
+impl Admin {
+    fn run(self: Arc<Self>) {
+        let mut last_attempt = Instant::now();
+        loop {
+            {
+                let stop = lock(&self.stop);
+                if *stop {
+                    return;
+                }
+                let (stop, _) = self
+                    .wake
+                    .wait_timeout(stop, SERVICE_PERIOD)
+                    .unwrap_or_else(|p| p.into_inner());
+                if *stop {
+                    return;
+                }
+            }
+            let mut g = lock(&self.ctrl);
+            let Some(ctrl) = g.as_mut() else { return };
+            let failed = self.failed.load(Ordering::Acquire);
+            let res = if failed {
+                if last_attempt.elapsed() < RETRY_FAILED {
+                    continue;
+                }
+                last_attempt = Instant::now();
+                ctrl.reset().map(|()| true)
+            } else {
+                ctrl.service().map(|o| o.reset)
+            };
+            match res {
+                Ok(reset) => {
+                    if reset {
+                        self.resets.fetch_add(1, Ordering::Relaxed);
+                        info!(device = %self.name, "controller reset done: I/O queues return as their reactors acknowledge");
+                    }
+                    if failed {
+                        self.failed.store(false, Ordering::Release);
+                        info!(device = %self.name, "controller recovered");
+                    }
+                }
+                Err(e) => {
+                    self.failed_resets.fetch_add(1, Ordering::Relaxed);
+                    if !failed {
+                        error!(device = %self.name, error = %e, "controller failed: I/O on its namespaces fails until a reset succeeds (retried every second)");
+                    }
+                    self.failed.store(true, Ordering::Release);
+                    last_attempt = Instant::now();
+                }
+            }
+        }
+    }
+}
+
+/// One NVMe controller, shared by the namespaces that name it.
+pub struct SsdDevice {
+    name: String,
+    kind: &'static str,
+    info: ControllerInfo,
+    dma: Arc<dyn DmaAllocator>,
+    admin: Arc<Admin>,
+    /// The I/O queue pair of each reactor, until it takes it (and back when its channel goes).
+    queues: Mutex<Vec<Option<QueuePair>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    /// DMA memory the channels' data-buffer pools have allocated, bytes. Buffers are
+    /// recycled, so it grows with the most data in flight, not with the I/O done: growth
+    /// beyond that is a buffer not given back.
+    data_dma_bytes: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for SsdDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SsdDevice")
+            .field("name", &self.name)
+            .field("kind", &self.kind)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A namespace of an [`SsdDevice`]: the backend of a target namespace.
+#[derive(Debug)]
+pub struct SsdNamespace {
+    /// The controller.
+    pub dev: Arc<SsdDevice>,
+    /// The namespace on it.
+    pub ns: pci::Namespace,
+}
+
+impl Backend for SsdNamespace {
+    fn kind(&self) -> &'static str {
+        "nvme"
+    }
+
+    fn len(&self) -> u64 {
+        self.ns.bytes()
+    }
+
+    fn caps(&self) -> Caps {
+        Caps {
+            volatile_cache: self.dev.volatile_write_cache(),
+            dma_data: true,
+        }
+    }
+
+    fn io_path(&self) -> &'static str {
+        match self.dev.kind {
+            "pci" => "vfio",
+            _ => "fake controller",
+        }
+    }
+
+    fn block_size(&self) -> Option<u32> {
+        Some(self.ns.block_size() as u32)
+    }
+
+    /// The device's namespaces share its queue pair on each reactor: one channel per device.
+    fn channel_key(&self, _ns: &Arc<Namespace>) -> usize {
+        Arc::as_ptr(&self.dev) as usize
+    }
+
+    fn open_channel(&self, _ns: &Arc<Namespace>, env: &ChannelEnv) -> Result<Box<dyn Channel>, TargetError> {
+        Ok(Box::new(SsdChannel::new(self.dev.clone(), env)?))
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// Open devices by name (BDF or fake name). Weak: a device lives as long as a namespace or a
+/// channel holds it.
+static DEVICES: LazyLock<Mutex<BTreeMap<String, Weak<SsdDevice>>>> = LazyLock::new(Mutex::default);
+
+/// What the control socket shows of a device.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct DeviceView {
+    /// BDF or fake device name.
+    pub name: String,
+    /// "pci" or "fake".
+    pub kind: String,
+    /// Model number.
+    pub model: String,
+    /// Serial number.
+    pub serial: String,
+    /// Firmware revision.
+    pub firmware: String,
+    /// Active namespaces: (nsid, blocks, block size).
+    pub namespaces: Vec<(u32, u64, usize)>,
+    /// I/O queue pairs (one per reactor).
+    pub io_queues: u16,
+    /// MSI-X vectors wired.
+    pub vectors: u16,
+    /// Largest transfer per command, bytes.
+    pub max_transfer: usize,
+    /// Volatile write cache present.
+    pub volatile_write_cache: bool,
+    /// DMA memory allocated for data buffers, bytes (grows with the data in flight only).
+    pub data_dma_bytes: u64,
+    /// "ok" or "failed".
+    pub state: String,
+    /// Controller resets done.
+    pub resets: u64,
+    /// Reset attempts that failed.
+    pub failed_resets: u64,
+}
+
+impl SsdDevice {
+    /// The device `b` names, opened (and brought up with one queue pair per reactor) unless
+    /// another namespace already did; and its namespace `b.nsid`. `block_size` is the conf's
+    /// (a fake device's format).
+    pub fn open(b: &NvmeBackend, block_size: u32, reactors: usize) -> Result<SsdNamespace, TargetError> {
+        let name = b.device.name().to_string();
+        let mut devices = lock(&DEVICES);
+        let dev = match devices.get(&name).and_then(Weak::upgrade) {
+            Some(d) => d,
+            None => {
+                let d = Arc::new(Self::bring_up(&b.device, b.nsid, block_size, reactors)?);
+                devices.insert(name.clone(), Arc::downgrade(&d));
+                d
+            }
+        };
+        drop(devices);
+        let Some(ns) = dev.info.namespaces.iter().find(|n| n.nsid == b.nsid).copied() else {
+            let active: Vec<u32> = dev.info.namespaces.iter().map(|n| n.nsid).collect();
+            return Err(TargetError::NvmeUnfit {
+                device: name,
+                reason: format!("no usable namespace {} (active, without metadata: {active:?})", b.nsid),
+            });
+        };
+        Ok(SsdNamespace { dev, ns })
+    }
+
+    fn bring_up(device: &NvmeDevice, nsid: u32, block_size: u32, reactors: usize) -> Result<Self, TargetError> {
+        let reactors = reactors.max(1);
+        let driver = |source| TargetError::Nvme {
+            device: device.name().to_string(),
+            source,
+        };
+        let want = u16::try_from(reactors).map_err(|_| TargetError::NvmeUnfit {
+            device: device.name().to_string(),
+            reason: format!("{reactors} reactors: too many I/O queues"),
+        })?;
+        let (hw, fake, kind) = match device {
+            NvmeDevice::Pci(bdf) => (pci::vfio::open(bdf).map_err(driver)?, None, "pci"),
+            NvmeDevice::Fake { name, size, latency_us } => {
+                let cfg = FakeConfig {
+                    max_io_queues: want.max(1),
+                    vectors: want + 1,
+                    namespaces: vec![FakeNamespace {
+                        nsid,
+                        lba_shift: block_size.trailing_zeros() as u8,
+                        blocks: size / u64::from(block_size),
+                    }],
+                    latency: Duration::from_nanos((latency_us * 1000.0) as u64),
+                    ..FakeConfig::default()
+                };
+                let (fake, mut hw) = FakeController::start(cfg);
+                hw.name = name.clone();
+                (hw, Some(fake), "fake")
+            }
+        };
+        let name = hw.name.clone();
+        let dma = hw.dma.clone();
+        let cfg = ControllerConfig {
+            io_queues: want,
+            max_transfer: MAX_TRANSFER,
+            interrupts: true,
+            ..ControllerConfig::default()
+        };
+        let mut ctrl = Controller::new(hw, cfg).map_err(driver)?;
+        let info = ctrl.info().clone();
+        if usize::from(info.io_queues) < reactors {
+            return Err(TargetError::NvmeUnfit {
+                device: name,
+                reason: format!(
+                    "the controller grants {} I/O queue pairs; pollux needs one per reactor ({reactors})",
+                    info.io_queues
+                ),
+            });
+        }
+        let depth = QUEUE_DEPTH.min(info.cap.mqes().saturating_add(1)).max(2);
+        let mut queues = Vec::with_capacity(reactors);
+        for _ in 0..reactors {
+            queues.push(Some(ctrl.create_io_queue_pair(depth).map_err(driver)?));
+        }
+        info!(device = %name, model = %info.model, serial = %info.serial, io_queues = reactors, depth,
+            vectors = info.vectors, "NVMe device ready: one queue pair per reactor");
+        let admin = Arc::new(Admin {
+            name: name.clone(),
+            ctrl: Mutex::new(Some(ctrl)),
+            fake,
+            failed: AtomicBool::new(false),
+            resets: AtomicU64::new(0),
+            failed_resets: AtomicU64::new(0),
+            stop: Mutex::new(false),
+            wake: Condvar::new(),
+        });
+        let a = admin.clone();
+        let thread_name = format!("nvme-admin-{}", short(&name));
+        let thread = std::thread::Builder::new()
+            .name(thread_name.clone())
+            .spawn(move || a.run())
+            .map_err(|source| TargetError::Thread {
+                name: thread_name,
+                source,
+            })?;
+        Ok(Self {
+            name,
+            kind,
+            info,
+            dma,
+            admin,
+            queues: Mutex::new(queues),
+            thread: Mutex::new(Some(thread)),
+            data_dma_bytes: Arc::new(AtomicU64::new(0)),
+        })
+    }
+
+    /// BDF or fake name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Identify data of the controller.
+    pub fn info(&self) -> &ControllerInfo {
+        &self.info
+    }
+
+    /// Writes may sit in the device's volatile cache until a Flush.
+    pub fn volatile_write_cache(&self) -> bool {
+        self.info.volatile_write_cache
+    }
+
+    fn failed(&self) -> bool {
+        self.admin.failed.load(Ordering::Acquire)
+    }
+
+    /// For the control socket.
+    pub fn view(&self) -> DeviceView {
+        DeviceView {
+            name: self.name.clone(),
+            kind: self.kind.into(),
+            model: self.info.model.clone(),
+            serial: self.info.serial.clone(),
+            firmware: self.info.firmware.clone(),
+            namespaces: self
+                .info
+                .namespaces
+                .iter()
+                .map(|n| (n.nsid, n.blocks, n.block_size()))
+                .collect(),
+            io_queues: self.info.io_queues,
+            vectors: self.info.vectors,
+            max_transfer: self.info.max_transfer,
+            volatile_write_cache: self.info.volatile_write_cache,
+            data_dma_bytes: self.data_dma_bytes.load(Ordering::Relaxed),
+            state: if self.failed() { "failed" } else { "ok" }.into(),
+            resets: self.admin.resets.load(Ordering::Relaxed),
+            failed_resets: self.admin.failed_resets.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Injects a fault into a fake device: `cfs` (controller fatal status: the admin thread
+    /// resets it), `lose` (the next `count` completions are never posted: the command timeout
+    /// resets it), `fail` (the next `count` I/O commands fail with `status`).
+    pub fn inject(&self, kind: &str, count: u32, status: Status) -> Result<(), TargetError> {
+        let unfit = |reason: String| TargetError::NvmeUnfit {
+            device: self.name.clone(),
+            reason,
+        };
+        let Some(fake) = &self.admin.fake else {
+            return Err(unfit(
+                "a PCI device: faults can be injected into fake devices only".into(),
+            ));
+        };
+        match kind {
+            "cfs" => fake.inject_cfs(),
+            "lose" => fake.lose_completions(count),
+            "fail" => fake.fail_io(count, status),
+            other => return Err(unfit(format!("unknown fault {other:?}: cfs, lose or fail"))),
+        }
+        warn!(device = %self.name, fault = kind, count, "fault injected");
+        Ok(())
+    }
+
+    /// Stops the admin thread and shuts the controller down (§3.6.1: queues deleted, CC.SHN,
+    /// CSTS.SHST). Idempotent; also done on drop.
+    pub fn shutdown(&self) {
+        *lock(&self.admin.stop) = true;
+        self.admin.wake.notify_all();
+        if let Some(t) = lock(&self.thread).take() {
+            let _ = t.join();
+        }
+        // Queue pairs not taken by a reactor go first: the controller deletes them.
+        lock(&self.queues).clear();
+        if let Some(ctrl) = lock(&self.admin.ctrl).take() {
+            match ctrl.shutdown() {
+                Ok(()) => info!(device = %self.name, "NVMe controller shut down"),
+                Err(e) => warn!(device = %self.name, error = %e, "NVMe controller shutdown"),
+            }
+        }
+    }
+}
+
+impl Drop for SsdDevice {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// A device name without the usual `0000:` domain, for thread and source names (Linux cuts
+/// thread names at 15 bytes: more of the BDF shows).
+fn short(name: &str) -> &str {
+    name.strip_prefix("0000:").unwrap_or(name)
+}
