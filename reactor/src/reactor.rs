@@ -21,6 +21,7 @@ use tracing::{debug, warn};
 use crate::adaptive::{MarginSleep, ModePolicy, ModelKind, PolicyConfig, PolicyInputs};
 use crate::error::{ReactorError, Result};
 use crate::inbox::{Inbox, Message, Remote};
+use crate::load::DeviceLoad;
 use crate::mode::{FractionSleep, Mode, SleepPolicy};
 
 /// How often the adaptive policy evaluates.
@@ -271,18 +272,6 @@ pub struct Reactor {
     eval: EvalMark,
     wake_cost_ns: f64,
     busy_ewma: f64,
-    predicted_ewma_ns: f64,
-}
-
-/// What device channels tell their reactor, for the adaptive policy and for visibility.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct DeviceLoad {
-    /// Commands outstanding on this reactor's channels.
-    pub outstanding: u64,
-    /// Completions seen (cumulative).
-    pub completions: u64,
-    /// Latest completion time estimate of the latency model, ns (0: none).
-    pub predicted_ns: u64,
 }
 
 /// Counters at the last policy evaluation.
@@ -371,7 +360,6 @@ impl Reactor {
             },
             wake_cost_ns: 10_000.0,
             busy_ewma: 0.0,
-            predicted_ewma_ns: 0.0,
         })
     }
 
@@ -425,7 +413,8 @@ impl Reactor {
         self.model
     }
 
-    /// Device load that channels keep up to date (outstanding, completions, estimate).
+    /// Device load that channels keep up to date (outstanding, completions, estimates per
+    /// channel and class).
     pub fn device_load(&mut self) -> &mut DeviceLoad {
         &mut self.load
     }
@@ -1096,10 +1085,15 @@ impl Reactor {
 
     /// Publish the device load and, for an adaptive reactor, let the policy pick the mode.
     fn evaluate_policy(&mut self, now: Instant) {
+        // The completion-weighted mean of the (channel, class) estimates of this window,
+        // smoothed over windows like the busy fraction.
+        let predicted = self.load.evaluate(EWMA);
         let s = &self.stats;
         s.outstanding.store(self.load.outstanding, Relaxed);
         s.completions.store(self.load.completions, Relaxed);
-        s.predicted_ns.store(self.load.predicted_ns, Relaxed);
+        s.predicted_ns
+            .store(predicted.map_or(0, |p| p.as_nanos() as u64), Relaxed);
+        s.publish_classes(self.load.classes());
         s.wake_cost_ns.store(self.wake_cost_ns as u64, Relaxed);
         let busy_ns = s.busy_ns.load(Relaxed);
         let window = now.duration_since(self.eval.at).as_nanos().max(1) as f64;
@@ -1108,19 +1102,12 @@ impl Reactor {
         let cpu = cpu_ns.saturating_sub(self.eval.cpu_ns) as f64 / window;
         let busy = wall_busy.min(cpu).min(1.0);
         self.busy_ewma += EWMA * (busy - self.busy_ewma);
-        if self.load.predicted_ns > 0 {
-            let p = self.load.predicted_ns as f64;
-            if self.predicted_ewma_ns == 0.0 {
-                self.predicted_ewma_ns = p;
-            }
-            self.predicted_ewma_ns += EWMA * (p - self.predicted_ewma_ns);
-        }
         let inputs = PolicyInputs {
             now,
             busy_fraction: self.busy_ewma,
             completions: self.load.completions - self.eval.completions,
             outstanding: (self.load.outstanding + self.eval.outstanding) as f64 / 2.0,
-            predicted: (self.predicted_ewma_ns > 0.0).then(|| Duration::from_nanos(self.predicted_ewma_ns as u64)),
+            predicted,
             wake_cost: Duration::from_nanos(self.wake_cost_ns as u64),
             window: now.duration_since(self.eval.at),
         };

@@ -169,6 +169,25 @@ pub fn render(reactors: &[ReactorView], subsystems: &[SubsystemView], uptime_s: 
         "The latency model's device completion estimate (0: none).",
         &|r| r.predicted_ns as f64 / 1e9,
     );
+    {
+        let mut fam = Family::new(
+            o,
+            "pollux_reactor_class_predicted_latency_seconds",
+            "gauge",
+            "The latency model's completion estimate per device channel, operation and size class (0: none).",
+        );
+        for (r, id) in reactors.iter().zip(&ids) {
+            for c in &r.classes {
+                let labels = [
+                    ("reactor", id.as_str()),
+                    ("channel", &c.channel),
+                    ("op", &c.op),
+                    ("size", &c.size),
+                ];
+                fam.sample(&labels, c.estimate_ns as f64 / 1e9);
+            }
+        }
+    }
     per_reactor(
         o,
         "pollux_reactor_connections",
@@ -213,7 +232,7 @@ pub fn render(reactors: &[ReactorView], subsystems: &[SubsystemView], uptime_s: 
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::control::view::{Lateness, NamespaceView, PerMode};
+    use crate::control::view::{ClassView, Lateness, NamespaceView, PerMode};
 
     fn reactor(id: usize, mode: &str) -> ReactorView {
         ReactorView {
@@ -236,6 +255,14 @@ mod tests {
             outstanding: 2,
             device_completions: 7,
             predicted_ns: 80_000,
+            classes: vec![ClassView {
+                channel: "sim-ns1-r0".into(),
+                op: "read".into(),
+                size: "<=4KiB".into(),
+                estimate_ns: 80_000,
+                completions: 10,
+                window_completions: 2,
+            }],
             wake_cost_ns: 9_000,
             wakeups: 4,
             wake_late_us: Lateness::default(),
@@ -384,6 +411,18 @@ mod tests {
         );
         assert_eq!(
             get("pollux_reactor_predicted_latency_seconds", &[("reactor", "1")]),
+            Some(0.00008)
+        );
+        assert_eq!(
+            get(
+                "pollux_reactor_class_predicted_latency_seconds",
+                &[
+                    ("reactor", "1"),
+                    ("channel", "sim-ns1-r0"),
+                    ("op", "read"),
+                    ("size", "<=4KiB")
+                ]
+            ),
             Some(0.00008)
         );
         assert_eq!(
