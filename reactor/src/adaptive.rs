@@ -21,6 +21,8 @@ use crate::reactor::Next;
 
 /// Size classes: <= 4 KiB, <= 16 KiB, <= 64 KiB, <= 256 KiB, larger; times read/write.
 pub const SIZE_CLASSES: usize = 5;
+/// Names of the size classes, as [`LatencyModel::class`] draws them.
+pub const SIZE_CLASS_NAMES: [&str; SIZE_CLASSES] = ["<=4KiB", "<=16KiB", "<=64KiB", "<=256KiB", ">256KiB"];
 /// Samples kept per class.
 pub const WINDOW: usize = 64;
 /// The estimate is this percentile of the window.
@@ -261,7 +263,9 @@ pub struct PolicyInputs {
     pub completions: u64,
     /// Mean device commands outstanding in the window.
     pub outstanding: f64,
-    /// Predicted device completion time (None: no device with an estimate).
+    /// Predicted device completion time: the (channel, operation class) estimates weighted by
+    /// their completions, i.e. the expected wait per I/O, smoothed over windows
+    /// ([`crate::DeviceLoad::evaluate`]). None: no device with an estimate.
     pub predicted: Option<Duration>,
     /// What a timed or interrupt wake-up costs (its measured lateness).
     pub wake_cost: Duration,

@@ -8,13 +8,15 @@
 //! - Three [`Mode`]s: busy-poll, hybrid (timed sleep before an expected completion, then poll)
 //!   and interrupt (block in epoll), switchable at run time.
 //! - [`ReactorStats`] snapshots: busy/idle time, thread CPU time, iterations, per-mode time,
-//!   wake-up lateness, messages.
+//!   wake-up lateness, messages, and the device channels' completion time estimates per
+//!   (channel, operation class) ([`DeviceLoad`]).
 //!
 //! This crate knows nothing of NVMe.
 
 pub mod adaptive;
 mod error;
 mod inbox;
+mod load;
 mod mode;
 mod reactor;
 mod runtime;
@@ -24,7 +26,8 @@ pub mod sys;
 pub use adaptive::{LatencyModel, MarginSleep, ModePolicy, ModelKind, PolicyConfig, PolicyInputs};
 pub use error::{ReactorError, Result};
 pub use inbox::{Message, Remote};
+pub use load::{ChannelKey, ClassStats, DeviceLoad};
 pub use mode::{FractionSleep, Mode, SleepPolicy};
-pub use reactor::{DeviceLoad, Next, Progress, Reactor, ReactorConfig, Source, SourceId, SourceOpts, TimerId};
+pub use reactor::{Next, Progress, Reactor, ReactorConfig, Source, SourceId, SourceOpts, TimerId};
 pub use runtime::{InitError, InitFn, Runtime};
 pub use stats::{ReactorStats, StatsCell, WAKE_BUCKETS};

@@ -1,8 +1,12 @@
 //! Per-reactor accounting: written by the reactor thread alone with relaxed atomic stores (no
-//! read-modify-write on the hot path), read by anyone as a [`ReactorStats`] snapshot.
+//! read-modify-write on the hot path), read by anyone as a [`ReactorStats`] snapshot. The one
+//! list, the per-class estimates, is behind a mutex that the reactor only tries, once per
+//! policy evaluation: it never waits for a reader.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Mutex, TryLockError};
 
+use crate::load::ClassStats;
 use crate::mode::Mode;
 use crate::sys;
 
@@ -53,6 +57,8 @@ pub struct StatsCell {
     pub(crate) completions: AtomicU64,
     pub(crate) predicted_ns: AtomicU64,
     pub(crate) wake_cost_ns: AtomicU64,
+    /// The (channel, class) estimates of the last policy evaluation.
+    pub(crate) classes: Mutex<Vec<ClassStats>>,
     /// When the iteration in progress began ([`mono_ns`]; 0: none). An iteration blocked in
     /// epoll has not been added to the time counters yet: snapshots add it as idle time.
     pub(crate) iter_start_ns: AtomicU64,
@@ -75,6 +81,23 @@ impl StatsCell {
         };
         bump(&self.wake_late[bucket], 1);
         bump(&self.wake_late_sum_ns, late_ns);
+    }
+
+    /// Publish the per-class estimates, in place (the list only grows when a (channel, class)
+    /// is new). Skipped if a reader holds the list: the next evaluation publishes.
+    pub(crate) fn publish_classes(&self, classes: impl ExactSizeIterator<Item = ClassStats>) {
+        let mut list = match self.classes.try_lock() {
+            Ok(l) => l,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return,
+        };
+        list.truncate(classes.len());
+        for (i, c) in classes.enumerate() {
+            match list.get_mut(i) {
+                Some(slot) => *slot = c,
+                None => list.push(c),
+            }
+        }
     }
 
     /// Read a snapshot. Fields are read one by one: a snapshot taken while the reactor runs is
@@ -128,6 +151,7 @@ impl StatsCell {
             completions: self.completions.load(Relaxed),
             predicted_ns: self.predicted_ns.load(Relaxed),
             wake_cost_ns: self.wake_cost_ns.load(Relaxed),
+            classes: self.classes.lock().unwrap_or_else(|p| p.into_inner()).clone(),
         }
     }
 }
@@ -185,10 +209,14 @@ pub struct ReactorStats {
     pub outstanding: u64,
     /// Device completions seen by this reactor.
     pub completions: u64,
-    /// The latency model's latest device completion estimate, ns (0: none).
+    /// The device completion estimate the adaptive policy sees: the (channel, class)
+    /// estimates weighted by their completions per evaluation window, smoothed over windows,
+    /// ns (0: none).
     pub predicted_ns: u64,
     /// Measured cost of a timed wake-up (EWMA of its lateness), ns.
     pub wake_cost_ns: u64,
+    /// Per (channel, class) estimates behind `predicted_ns`, in the order they first completed.
+    pub classes: Vec<ClassStats>,
 }
 
 impl ReactorStats {
@@ -245,6 +273,7 @@ impl ReactorStats {
             completions: d(self.completions, earlier.completions),
             predicted_ns: self.predicted_ns,
             wake_cost_ns: self.wake_cost_ns,
+            classes: self.classes.clone(),
         }
     }
 }
@@ -267,5 +296,26 @@ mod tests {
         assert_eq!(snap.wake_late[WAKE_BUCKETS - 1], 1);
         assert_eq!(snap.wakeups(), 4);
         assert_eq!(snap.wake_late_percentile_us(0.5), Some(2));
+    }
+
+    #[test]
+    fn classes_are_published_in_place() {
+        let s = StatsCell::default();
+        let class = |n: &str, c: usize| ClassStats {
+            channel: n.into(),
+            class: c,
+            estimate_ns: 1000 * c as u64,
+            completions: 1,
+            window_completions: 1,
+        };
+        s.publish_classes([class("a", 0), class("b", 5)].into_iter());
+        assert_eq!(s.snapshot(0).classes, vec![class("a", 0), class("b", 5)]);
+        s.publish_classes([class("a", 1)].into_iter());
+        assert_eq!(s.snapshot(0).classes, vec![class("a", 1)]);
+        // A reader holding the list: the reactor skips this publication instead of waiting.
+        let held = s.classes.lock().unwrap_or_else(|p| p.into_inner());
+        s.publish_classes([class("c", 2)].into_iter());
+        drop(held);
+        assert_eq!(s.snapshot(0).classes, vec![class("a", 1)]);
     }
 }

@@ -461,6 +461,84 @@ fn http_get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
 }
 
 #[test]
+fn reactors_report_one_estimate_per_channel_and_class_and_their_weighted_mean() {
+    // Two simulated namespaces on one reactor's queue: 10 us and 80 us reads, three fast
+    // reads for each slow one, the slow one always last. The policy's estimate is their
+    // completion-weighted mean, not the 80 us of whichever completed last.
+    let sock = sock_path();
+    let sim = |us: f64| {
+        format!("{{ sim = {{ size = \"1MiB\", read = {{ fixed_us = {us:.1} }}, write = {{ fixed_us = {us:.1} }} }} }}")
+    };
+    let namespaces = format!(
+        "[[subsystem.namespace]]\nnsid = 1\nblock_size = 4096\nbackend = {}\n\n\
+         [[subsystem.namespace]]\nnsid = 2\nblock_size = 4096\nbackend = {}\n",
+        sim(10.0),
+        sim(80.0)
+    );
+    let control = format!("[control]\nsocket = \"{}\"\n", sock.display());
+    let text = common::conf_with("interrupt", &control, NQN, &namespaces);
+    let cfg = Config::parse(&text, "classes-test.toml").unwrap();
+    let target = Target::start(&cfg, Options { pin: false }).unwrap();
+    let ctl = ControlServer::start(&target, &cfg).unwrap();
+    let mut ctrl = common::controller(common::addr(&target), 1);
+    let mut out = vec![0u8; 4096];
+    for i in 0..40u64 {
+        for _ in 0..3 {
+            ctrl.io[0].read(1, i % 16, 1, &mut out).unwrap();
+        }
+        ctrl.io[0].read(2, i % 16, 1, &mut out).unwrap();
+    }
+    let mut c = Client::connect(&sock).unwrap();
+    // An interrupt-mode reactor evaluates when an iteration ends: a message wakes it (again,
+    // until it has published the last completions).
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let (rs, r) = loop {
+        std::thread::sleep(Duration::from_millis(5));
+        c.call("controllers", Value::Null).unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+        let rs = c.call("reactors", Value::Null).unwrap();
+        let r = rs.as_array().unwrap().iter().find(|r| {
+            let cs = r["classes"].as_array().unwrap();
+            cs.iter().map(|c| c["completions"].as_u64().unwrap()).sum::<u64>() == 160
+        });
+        match r {
+            Some(r) => break (rs.clone(), r.clone()),
+            None if std::time::Instant::now() < deadline => {}
+            None => panic!("no reactor published 160 class completions: {rs}"),
+        }
+    };
+    let classes = r["classes"].as_array().unwrap();
+    assert_eq!(classes.len(), 2, "{r}");
+    let class = |name: &str| {
+        classes
+            .iter()
+            .find(|c| c["channel"].as_str().unwrap().starts_with(name))
+            .unwrap_or_else(|| panic!("no {name} in {r}"))
+    };
+    let (fast, slow) = (class("sim-ns1-"), class("sim-ns2-"));
+    for (c, n) in [(fast, 120), (slow, 40)] {
+        assert_eq!(c["op"], "read", "{c}");
+        assert_eq!(c["size"], "<=4KiB", "{c}");
+        assert_eq!(c["completions"], n, "{c}");
+        assert!(c.get("window_completions").is_some(), "{c}");
+    }
+    let (f, s) = (
+        fast["estimate_ns"].as_u64().unwrap(),
+        slow["estimate_ns"].as_u64().unwrap(),
+    );
+    let p = r["predicted_ns"].as_u64().unwrap();
+    assert!(f >= 10_000 && s >= 80_000 && f < s, "{r}");
+    assert!(p > f && p < s, "predicted {p} ns between the classes' {f} and {s}: {r}");
+    // The table shows them too.
+    let views: Vec<pollux_target::control::view::ReactorView> = serde_json::from_value(rs).unwrap();
+    let text = pollux_target::control::cli::format_reactors(&views);
+    assert!(text.contains("CHANNEL") && text.contains("sim-ns2-"), "{text}");
+    ctrl.shutdown().unwrap();
+    drop(ctl);
+    target.shutdown().unwrap();
+}
+
+#[test]
 fn metrics_endpoint_serves_prometheus_text() {
     let env = start_mode("interrupt", true);
     let ctrl = common::controller(common::addr(env.target()), 1);

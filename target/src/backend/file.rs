@@ -22,7 +22,7 @@ use crossbeam_queue::SegQueue;
 use io_uring::{IoUring, opcode, types};
 use pollux_nvme::spec::Status;
 use pollux_reactor::sys::EventFd;
-use pollux_reactor::{LatencyModel, Progress, Reactor};
+use pollux_reactor::{ChannelKey, LatencyModel, Progress, Reactor};
 use tracing::{info, warn};
 
 use super::{
@@ -324,6 +324,8 @@ pub struct FileChannel {
     max_io: usize,
     complete: CompleteFn,
     model: LatencyModel,
+    /// Its key in the reactor's device load.
+    key: ChannelKey,
     last_poll: Instant,
     name: String,
 }
@@ -426,6 +428,7 @@ impl FileChannel {
             max_io: max_io as usize,
             complete,
             model,
+            key: env.key,
             last_poll: Instant::now(),
         })
     }
@@ -535,6 +538,7 @@ impl FileChannel {
         let c = self.cmds.remove(key);
         account_completion(
             r,
+            self.key,
             &mut self.model,
             c.class,
             now.saturating_duration_since(c.submitted),

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use pollux_nvme::pci::DmaBuf;
 use pollux_nvme::spec::Status;
-use pollux_reactor::{LatencyModel, Progress, Reactor, Source, SourceId, SourceOpts};
+use pollux_reactor::{ChannelKey, LatencyModel, Progress, Reactor, Source, SourceId, SourceOpts};
 use tracing::warn;
 
 use crate::error::TargetError;
@@ -192,6 +192,9 @@ pub struct ChannelEnv {
     pub max_io: u32,
     /// The channel's latency model (kind chosen by the conf).
     pub model: LatencyModel,
+    /// The key its estimates go under in the reactor's device load ([`account_completion`]):
+    /// its [`Backend::channel_key`], unique on the reactor while the channel lives.
+    pub key: ChannelKey,
     /// Where completions go.
     pub complete: CompleteFn,
 }
@@ -312,15 +315,19 @@ fn arm_watchdog(r: &mut Reactor, id: SourceId, every: Duration) {
     });
 }
 
-/// A completion seen by a channel: feed its latency to the model and the reactor's load.
-pub fn account_completion(r: &mut Reactor, model: &mut LatencyModel, class: usize, took: Duration, exact: bool) {
+/// A completion seen by channel `key` ([`ChannelEnv::key`]): feed its latency to the model,
+/// and the model's estimate for its class to the reactor's load, which keeps one per
+/// (channel, class) and gives the adaptive policy their completion-weighted mean.
+pub fn account_completion(
+    r: &mut Reactor,
+    key: ChannelKey,
+    model: &mut LatencyModel,
+    class: usize,
+    took: Duration,
+    exact: bool,
+) {
     model.observe(class, took, exact);
-    let load = r.device_load();
-    load.outstanding = load.outstanding.saturating_sub(1);
-    load.completions += 1;
-    if let Some(e) = model.estimate(class) {
-        load.predicted_ns = e.as_nanos() as u64;
-    }
+    r.device_load().complete(key, class, model.estimate(class));
 }
 
 /// Per-reactor map from namespace to that reactor's channel on it (a source), opened on
@@ -364,10 +371,12 @@ pub fn channel_for(r: &mut Reactor, ns: &Arc<Namespace>) -> Result<SourceId, Sta
         reactor: r.id(),
         max_io,
         model: LatencyModel::new(r.model_kind()),
+        key,
         complete,
     };
     let opened = ns.backend.open_channel(ns, &env).and_then(|ch| {
         let (fd, watchdog) = (ch.interrupt_fd(), ch.watchdog());
+        r.device_load().name_channel(key, ch.name());
         let src = Box::new(ChannelSource(ch));
         let id = match fd {
             Some(fd) => r.add_sleepable_source(src, SourceOpts::polled_with_fd(fd)),

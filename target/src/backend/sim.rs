@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use pollux_nvme::spec::Status;
 use pollux_reactor::sys::TimerFd;
-use pollux_reactor::{LatencyModel, Mode, Next, Progress, Reactor};
+use pollux_reactor::{ChannelKey, LatencyModel, Mode, Next, Progress, Reactor};
 use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 use rand_distr::{Bernoulli, Distribution, LogNormal, Uniform};
@@ -247,6 +247,8 @@ pub struct SimChannel {
     complete: CompleteFn,
     name: String,
     model: LatencyModel,
+    /// Its key in the reactor's device load.
+    key: ChannelKey,
     last_poll: Instant,
 }
 
@@ -269,6 +271,7 @@ impl SimChannel {
             irq_at: None,
             complete,
             model,
+            key: env.key,
             last_poll: Instant::now(),
         })
     }
@@ -424,7 +427,7 @@ impl Channel for SimChannel {
             // What the reactor can know: when it found the completion, and whether it was
             // polling closely then (exact) or had slept (an upper bound).
             let took = now.saturating_duration_since(submitted);
-            account_completion(r, &mut self.model, req.class, took, exact);
+            account_completion(r, self.key, &mut self.model, req.class, took, exact);
             let done = Completion {
                 tag: req.tag,
                 status: Status::SUCCESS,

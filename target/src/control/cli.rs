@@ -237,7 +237,36 @@ pub fn format_reactors(rs: &[ReactorView]) -> String {
             r.stalls.to_string(),
         ]);
     }
-    table(&rows)
+    let mut out = table(&rows);
+    out.push_str(&format_classes(rs));
+    out
+}
+
+/// The per-class estimates behind each reactor's PREDICTED (nothing if no device channel
+/// completed anything): WEIGHT is the class's completions in the last policy window.
+fn format_classes(rs: &[ReactorView]) -> String {
+    let mut rows = vec![
+        ["REACTOR", "CHANNEL", "OP", "SIZE", "ESTIMATE", "COMPLETIONS", "WEIGHT"]
+            .map(String::from)
+            .to_vec(),
+    ];
+    for r in rs {
+        for c in &r.classes {
+            rows.push(vec![
+                r.id.to_string(),
+                c.channel.clone(),
+                c.op.clone(),
+                c.size.clone(),
+                ns(c.estimate_ns),
+                c.completions.to_string(),
+                c.window_completions.to_string(),
+            ]);
+        }
+    }
+    if rows.len() == 1 {
+        return String::new();
+    }
+    format!("\n{}", table(&rows))
 }
 
 /// The subsystems listing: one block per subsystem.

@@ -211,6 +211,24 @@ impl Collector for Scrape {
             "The latency model's device completion estimate (0: none).",
             |r| seconds(r.predicted_ns),
         )?;
+        let classes = self.reactors.iter().zip(&self.ids).flat_map(|(r, id)| {
+            r.classes.iter().map(move |c| {
+                let labels = [
+                    ("reactor", id.clone()),
+                    ("channel", c.channel.clone()),
+                    ("op", c.op.clone()),
+                    ("size", c.size.clone()),
+                ];
+                (labels, seconds(c.estimate_ns))
+            })
+        });
+        family(
+            enc,
+            "pollux_reactor_class_predicted_latency_seconds",
+            Gauge,
+            "The latency model's completion estimate per device channel, operation and size class (0: none).",
+            classes,
+        )?;
         self.per_reactor(
             enc,
             "pollux_reactor_connections",
@@ -279,7 +297,7 @@ pub fn render(reactors: Vec<ReactorView>, subsystems: Vec<SubsystemView>, uptime
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::control::view::{Lateness, NamespaceView, PerMode};
+    use crate::control::view::{ClassView, Lateness, NamespaceView, PerMode};
 
     fn reactor(id: usize, mode: &str) -> ReactorView {
         ReactorView {
@@ -302,6 +320,14 @@ mod tests {
             outstanding: 2,
             device_completions: 7,
             predicted_ns: 80_000,
+            classes: vec![ClassView {
+                channel: "sim-ns1-r0".into(),
+                op: "read".into(),
+                size: "<=4KiB".into(),
+                estimate_ns: 80_000,
+                completions: 10,
+                window_completions: 2,
+            }],
             wake_cost_ns: 9_000,
             wakeups: 4,
             wake_late_us: Lateness::default(),
@@ -452,6 +478,18 @@ mod tests {
         );
         assert_eq!(
             get("pollux_reactor_predicted_latency_seconds", &[("reactor", "1")]),
+            Some(0.00008)
+        );
+        assert_eq!(
+            get(
+                "pollux_reactor_class_predicted_latency_seconds",
+                &[
+                    ("reactor", "1"),
+                    ("channel", "sim-ns1-r0"),
+                    ("op", "read"),
+                    ("size", "<=4KiB")
+                ]
+            ),
             Some(0.00008)
         );
         assert_eq!(

@@ -25,7 +25,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::view::{
-    CtrlList, CtrlView, Lateness, ModeView, NamespaceView, PerMode, ReactorView, SubsystemView, VersionView,
+    ClassView, CtrlList, CtrlView, Lateness, ModeView, NamespaceView, PerMode, ReactorView, SubsystemView, VersionView,
 };
 use crate::Target;
 use crate::backend::nvme::SsdNamespace;
@@ -257,6 +257,7 @@ impl Ctx {
                     outstanding: st.outstanding,
                     device_completions: st.completions,
                     predicted_ns: st.predicted_ns,
+                    classes: st.classes.iter().map(ClassView::of).collect(),
                     wake_cost_ns: st.wake_cost_ns,
                     wakeups: st.wakeups(),
                     wake_late_us: Lateness {

@@ -99,8 +99,13 @@ pub struct ReactorView {
     pub outstanding: u64,
     /// Device completions seen.
     pub device_completions: u64,
-    /// The latency model's estimate of a device completion, ns (0: none).
+    /// The device completion estimate the adaptive policy sees: the `classes` estimates
+    /// weighted by their completions per evaluation window, smoothed, ns (0: none).
     pub predicted_ns: u64,
+    /// The latency models' estimates behind `predicted_ns`, one per (device channel,
+    /// operation, size class) that completed (absent from older targets: empty).
+    #[serde(default)]
+    pub classes: Vec<ClassView>,
     /// Measured cost of a timed wake-up, ns.
     pub wake_cost_ns: u64,
     /// Timed wake-ups counted.
@@ -113,6 +118,39 @@ pub struct ReactorView {
     pub sources: u64,
     /// Open NVMe/TCP connections placed on this reactor.
     pub connections: u64,
+}
+
+/// One (device channel, operation, size class) estimate of a reactor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClassView {
+    /// The channel, e.g. `sim-ns1-r0` (a namespace's channel on reactor 0) or
+    /// `nvme-01:00.0-q1` (a device's queue pair, shared by its namespaces).
+    pub channel: String,
+    /// `read`, or `write` (which includes the commands without data: flush, write zeroes,
+    /// deallocate).
+    pub op: String,
+    /// Size class: `<=4KiB`, `<=16KiB`, `<=64KiB`, `<=256KiB` or `>256KiB`.
+    pub size: String,
+    /// The channel's latest completion time estimate for the class, ns (0: none yet).
+    pub estimate_ns: u64,
+    /// Completions of the class since the channel opened.
+    pub completions: u64,
+    /// Completions in the last policy window (2 ms): the estimate's weight in `predicted_ns`.
+    pub window_completions: u64,
+}
+
+impl ClassView {
+    /// The view of a reactor's class estimate.
+    pub fn of(c: &pollux_reactor::ClassStats) -> Self {
+        Self {
+            channel: c.channel.to_string(),
+            op: if c.is_read() { "read" } else { "write" }.into(),
+            size: c.size_name().into(),
+            estimate_ns: c.estimate_ns,
+            completions: c.completions,
+            window_completions: c.window_completions,
+        }
+    }
 }
 
 /// One namespace.

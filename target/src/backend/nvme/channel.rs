@@ -13,7 +13,7 @@ use pollux_nvme::pci::{
     self, Completion as DeviceCompletion, DmaAllocator, DmaBuf, DmaRegion, IoRequest, QueueError, QueuePair,
 };
 use pollux_nvme::spec::Status;
-use pollux_reactor::{LatencyModel, Mode, Next, Progress, Reactor};
+use pollux_reactor::{ChannelKey, LatencyModel, Mode, Next, Progress, Reactor};
 use tracing::warn;
 
 use super::{
@@ -153,6 +153,8 @@ pub struct SsdChannel {
     backlog: VecDeque<IoRequest>,
     pool: Pool,
     model: LatencyModel,
+    /// Its key in the reactor's device load.
+    key: ChannelKey,
     complete: CompleteFn,
     done: Vec<DeviceCompletion>,
     /// Largest target command, bytes (the queue splits it by MDTS).
@@ -183,6 +185,7 @@ impl SsdChannel {
             cmds: slab::Slab::new(),
             backlog: VecDeque::new(),
             model,
+            key: env.key,
             complete,
             done: Vec::new(),
             max_io: max_io.max(pci::PAGE_SIZE),
@@ -300,6 +303,7 @@ impl SsdChannel {
         let c = self.cmds.remove(key);
         account_completion(
             r,
+            self.key,
             &mut self.model,
             c.class,
             now.saturating_duration_since(c.submitted),
