@@ -1,0 +1,51 @@
+//! Identifier values of admin commands: Identify CNS (§5.17.1), log page (§5.16) and feature
+//! (§5.27.1) identifiers.
+
+use crate::bindings::{nvme_cmd_get_log_lid as lid, nvme_features_id as fid, nvme_identify_cns as cns_b};
+
+/// Identify CNS values (NVMe base spec 2.0 §5.17.1, Figure 273) a fabrics target serves.
+pub mod cns {
+    use super::cns_b;
+    /// Identify Namespace data structure for the NSID.
+    pub const NAMESPACE: u8 = cns_b::NVME_IDENTIFY_CNS_NS as u8;
+    /// Identify Controller data structure.
+    pub const CONTROLLER: u8 = cns_b::NVME_IDENTIFY_CNS_CTRL as u8;
+    /// Active Namespace ID list.
+    pub const ACTIVE_NAMESPACE_LIST: u8 = cns_b::NVME_IDENTIFY_CNS_NS_ACTIVE_LIST as u8;
+    /// Namespace Identification Descriptor list.
+    pub const NS_ID_DESCRIPTOR_LIST: u8 = cns_b::NVME_IDENTIFY_CNS_NS_DESC_LIST as u8;
+}
+
+/// Log page identifiers (NVMe base spec 2.0 §5.16, Figure 202; NVMe-oF 1.1 §5.4).
+pub mod log_page {
+    use super::lid;
+    /// Error Information.
+    pub const ERROR: u8 = lid::NVME_LOG_LID_ERROR as u8;
+    /// SMART / Health Information.
+    pub const SMART: u8 = lid::NVME_LOG_LID_SMART as u8;
+    /// Firmware Slot Information.
+    pub const FIRMWARE_SLOT: u8 = lid::NVME_LOG_LID_FW_SLOT as u8;
+    /// Changed Namespace List.
+    pub const CHANGED_NAMESPACE_LIST: u8 = lid::NVME_LOG_LID_CHANGED_NS as u8;
+    /// Commands Supported and Effects.
+    pub const COMMANDS_SUPPORTED_AND_EFFECTS: u8 = lid::NVME_LOG_LID_CMD_EFFECTS as u8;
+    /// Asymmetric Namespace Access.
+    pub const ANA: u8 = lid::NVME_LOG_LID_ANA as u8;
+    /// Discovery (NVMe-oF).
+    pub const DISCOVERY: u8 = lid::NVME_LOG_LID_DISCOVER as u8;
+}
+
+/// Feature identifiers (NVMe base spec 2.0 §5.27.1, Figure 317).
+pub mod feature {
+    use super::fid;
+    /// Volatile Write Cache.
+    pub const VOLATILE_WRITE_CACHE: u8 = fid::NVME_FEAT_FID_VOLATILE_WC as u8;
+    /// Number of Queues.
+    pub const NUMBER_OF_QUEUES: u8 = fid::NVME_FEAT_FID_NUM_QUEUES as u8;
+    /// Asynchronous Event Configuration.
+    pub const ASYNC_EVENT_CONFIGURATION: u8 = fid::NVME_FEAT_FID_ASYNC_EVENT as u8;
+    /// Keep Alive Timer.
+    pub const KEEP_ALIVE_TIMER: u8 = fid::NVME_FEAT_FID_KATO as u8;
+    /// Host Identifier.
+    pub const HOST_IDENTIFIER: u8 = fid::NVME_FEAT_FID_HOST_ID as u8;
+}

@@ -1,0 +1,194 @@
+//! The runtime configuration methods: `reload`, `save` and the mutations (`add_subsystem`,
+//! `add_namespace`, `add_host`, `add_listener`, ...) applied to the running conf.
+
+use serde_json::Value;
+
+use super::{CONFIG_ERROR, Ctx, METHOD_NOT_FOUND, RpcError};
+
+// ------------------------------------------------------------------ runtime configuration
+
+fn changes_json(c: &crate::mutate::Changes) -> Value {
+    serde_json::json!({
+        "added_subsystems": c.added_subsystems,
+        "removed_subsystems": c.removed_subsystems,
+        "changed_subsystems": c.changed_subsystems,
+        "added_namespaces": c.added_namespaces,
+        "removed_namespaces": c.removed_namespaces,
+        "added_listeners": c.added_listeners.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+        "removed_listeners": c.removed_listeners.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+        "reactors_changed": c.reactors_changed,
+        "restart_needed": c.restart_needed,
+    })
+}
+
+pub(super) fn str_param<'a>(params: &'a Value, key: &str) -> Result<&'a str, RpcError> {
+    params
+        .get(key)
+        .and_then(Value::as_str)
+        .ok_or_else(|| RpcError::params(format!("missing string param '{key}'")))
+}
+
+fn toml_of(v: &Value) -> Result<toml::Value, RpcError> {
+    toml::Value::try_from(v).map_err(|e| RpcError::params(format!("not representable in the conf file: {e}")))
+}
+
+fn array<'a>(doc: &'a mut toml::Table, key: &str) -> Result<&'a mut Vec<toml::Value>, RpcError> {
+    match doc
+        .entry(key.to_string())
+        .or_insert_with(|| toml::Value::Array(Vec::new()))
+    {
+        toml::Value::Array(a) => Ok(a),
+        _ => Err(RpcError::new(
+            CONFIG_ERROR,
+            format!("running conf: '{key}' is not an array"),
+        )),
+    }
+}
+
+fn subsystem_table<'a>(doc: &'a mut toml::Table, nqn: &str) -> Result<&'a mut toml::Table, RpcError> {
+    array(doc, "subsystem")?
+        .iter_mut()
+        .filter_map(toml::Value::as_table_mut)
+        .find(|t| t.get("nqn").and_then(toml::Value::as_str) == Some(nqn))
+        .ok_or_else(|| RpcError::params(format!("no subsystem '{nqn}'")))
+}
+
+impl Ctx {
+    /// Apply a new configuration; on error nothing changed.
+    fn apply(&self, cfg: pollux_conf::Config) -> Result<Value, RpcError> {
+        let ch = crate::mutate::reconcile(&self.shared, &self.remotes, cfg)
+            .map_err(|e| RpcError::new(CONFIG_ERROR, e.to_string()))?;
+        Ok(changes_json(&ch))
+    }
+
+    /// `reload`: re-read the conf file and apply the difference (an invalid file changes
+    /// nothing; the error names file, line and column).
+    pub(super) fn reload(&self) -> Result<Value, RpcError> {
+        let ch = crate::mutate::reload(&self.shared, &self.remotes)
+            .map_err(|e| RpcError::new(CONFIG_ERROR, e.to_string()))?;
+        Ok(changes_json(&ch))
+    }
+
+    /// `save {path?}`: write the running configuration as TOML (to the conf file by default).
+    pub(super) fn save(&self, params: &Value) -> Result<Value, RpcError> {
+        let (text, origin) = {
+            let c = self.shared.config.lock().unwrap_or_else(|p| p.into_inner());
+            (c.to_toml(), c.origin.clone())
+        };
+        let path = match params.get("path") {
+            Some(Value::String(p)) => p.clone(),
+            Some(other) => return Err(RpcError::params(format!("'path' must be a string, got {other}"))),
+            None if origin == pollux_conf::EMBEDDED_ORIGIN => {
+                return Err(RpcError::params(
+                    "running the embedded default: give a 'path' to save to",
+                ));
+            }
+            None => origin,
+        };
+        std::fs::write(&path, text).map_err(|e| RpcError::new(CONFIG_ERROR, format!("cannot write {path}: {e}")))?;
+        tracing::info!(file = %path, "control: running configuration saved");
+        Ok(serde_json::json!({ "path": path }))
+    }
+
+    /// A mutation: edit the running conf as a TOML document, validate the result with the
+    /// conf crate (every rule of a conf file applies), then reconcile.
+    pub(super) fn mutation(&self, method: &str, params: &Value) -> Result<Value, RpcError> {
+        if !params.is_object() {
+            return Err(RpcError::params(format!(
+                "'{method}' takes named params (a JSON object)"
+            )));
+        }
+        let (text, origin) = {
+            let c = self.shared.config.lock().unwrap_or_else(|p| p.into_inner());
+            (c.to_toml(), c.origin.clone())
+        };
+        let mut doc: toml::Table = text
+            .parse()
+            .map_err(|e| RpcError::new(CONFIG_ERROR, format!("running conf does not parse: {e}")))?;
+        match method {
+            "add_subsystem" => array(&mut doc, "subsystem")?.push(toml_of(params)?),
+            "remove_subsystem" => {
+                let nqn = str_param(params, "nqn")?;
+                let subs = array(&mut doc, "subsystem")?;
+                let before = subs.len();
+                subs.retain(|t| t.get("nqn").and_then(toml::Value::as_str) != Some(nqn));
+                if subs.len() == before {
+                    return Err(RpcError::params(format!("no subsystem '{nqn}'")));
+                }
+            }
+            "add_namespace" => {
+                let nqn = str_param(params, "nqn")?;
+                let mut ns = params.clone();
+                if let Some(o) = ns.as_object_mut() {
+                    o.remove("nqn");
+                }
+                let ns = toml_of(&ns)?;
+                array(subsystem_table(&mut doc, nqn)?, "namespace")?.push(ns);
+            }
+            "remove_namespace" => {
+                let nqn = str_param(params, "nqn")?;
+                let nsid = params
+                    .get("nsid")
+                    .and_then(Value::as_i64)
+                    .ok_or_else(|| RpcError::params("missing integer param 'nsid'"))?;
+                let list = array(subsystem_table(&mut doc, nqn)?, "namespace")?;
+                let before = list.len();
+                list.retain(|t| t.get("nsid").and_then(toml::Value::as_integer) != Some(nsid));
+                if list.len() == before {
+                    return Err(RpcError::params(format!("subsystem '{nqn}' has no namespace {nsid}")));
+                }
+            }
+            "add_host" | "remove_host" => {
+                let (nqn, host) = (str_param(params, "nqn")?, str_param(params, "host")?);
+                let hosts = array(subsystem_table(&mut doc, nqn)?, "hosts")?;
+                let present = hosts.iter().any(|h| h.as_str() == Some(host));
+                if method == "add_host" {
+                    if present {
+                        return Err(RpcError::params(format!("host '{host}' is already allowed on '{nqn}'")));
+                    }
+                    hosts.push(toml::Value::String(host.to_string()));
+                } else {
+                    if !present {
+                        return Err(RpcError::params(format!(
+                            "host '{host}' is not in the hosts of '{nqn}'"
+                        )));
+                    }
+                    hosts.retain(|h| h.as_str() != Some(host));
+                }
+            }
+            "set_allow_any_host" => {
+                let nqn = str_param(params, "nqn")?;
+                let allow = params
+                    .get("allow")
+                    .and_then(Value::as_bool)
+                    .ok_or_else(|| RpcError::params("missing boolean param 'allow'"))?;
+                subsystem_table(&mut doc, nqn)?.insert("allow_any_host".into(), toml::Value::Boolean(allow));
+            }
+            "add_listener" => {
+                let a = str_param(params, "address")?;
+                let mut t = toml::Table::new();
+                t.insert("address".into(), toml::Value::String(a.to_string()));
+                array(&mut doc, "listener")?.push(toml::Value::Table(t));
+            }
+            "remove_listener" => {
+                let a = str_param(params, "address")?;
+                let list = array(&mut doc, "listener")?;
+                let before = list.len();
+                list.retain(|t| t.get("address").and_then(toml::Value::as_str) != Some(a));
+                if list.len() == before {
+                    return Err(RpcError::params(format!(
+                        "no listener '{a}' (use the address as configured)"
+                    )));
+                }
+            }
+            _ => return Err(RpcError::new(METHOD_NOT_FOUND, format!("method not found: '{method}'"))),
+        }
+        let new_text =
+            toml::to_string(&doc).map_err(|e| RpcError::new(CONFIG_ERROR, format!("cannot write the conf: {e}")))?;
+        let mut cfg =
+            pollux_conf::Config::parse(&new_text, "<control>").map_err(|e| RpcError::params(e.to_string()))?;
+        cfg.origin = origin;
+        tracing::info!(method, "control: configuration change");
+        self.apply(cfg)
+    }
+}

@@ -1,0 +1,120 @@
+//! JSON-RPC 2.0 framing and dispatch: request lines to method calls and response lines, the
+//! method list, and positional or named params.
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use super::{Ctx, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR, RpcError};
+
+impl Ctx {
+    // --------------------------------------------------------------- dispatch
+
+    /// Run one method.
+    pub fn call(&self, method: &str, params: &Value) -> Result<Value, RpcError> {
+        match method {
+            "version" => to_value(self.version()),
+            "reactors" => to_value(self.reactors()),
+            "subsystems" => to_value(self.subsystems()),
+            "controllers" => to_value(self.controllers()),
+            "set_mode" => to_value(self.set_mode(params)?),
+            "set_cpu_budget" => to_value(self.set_cpu_budget(params)?),
+            "nvme_devices" => to_value(self.nvme_devices()),
+            "nvme_fault" => self.nvme_fault(params),
+            "reload" => self.reload(),
+            "save" => self.save(params),
+            "add_subsystem" | "remove_subsystem" | "add_namespace" | "remove_namespace" | "add_host"
+            | "remove_host" | "set_allow_any_host" | "add_listener" | "remove_listener" => {
+                self.mutation(method, params)
+            }
+            other => Err(RpcError::new(METHOD_NOT_FOUND, format!("method not found: '{other}'"))),
+        }
+    }
+
+    /// Handle one request line; the response line (without newline), or None for a
+    /// notification.
+    pub fn handle_line(&self, line: &[u8]) -> Option<String> {
+        let req: Value = match serde_json::from_slice(line) {
+            Ok(v) => v,
+            Err(e) => return Some(error_response(&Value::Null, PARSE_ERROR, &format!("parse error: {e}"))),
+        };
+        let Some(obj) = req.as_object() else {
+            let what = if req.is_array() {
+                "batch requests are not supported"
+            } else {
+                "a request must be a JSON object"
+            };
+            return Some(error_response(&Value::Null, INVALID_REQUEST, what));
+        };
+        let id = obj.get("id").cloned();
+        let reply_id = match &id {
+            Some(v @ (Value::Null | Value::Number(_) | Value::String(_))) => v.clone(),
+            Some(_) => {
+                return Some(error_response(
+                    &Value::Null,
+                    INVALID_REQUEST,
+                    "'id' must be a string, a number or null",
+                ));
+            }
+            None => Value::Null,
+        };
+        if obj.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+            return Some(error_response(&reply_id, INVALID_REQUEST, "'jsonrpc' must be \"2.0\""));
+        }
+        let Some(method) = obj.get("method").and_then(Value::as_str) else {
+            return Some(error_response(&reply_id, INVALID_REQUEST, "'method' must be a string"));
+        };
+        let params = obj.get("params").cloned().unwrap_or(Value::Null);
+        let result = if matches!(params, Value::Null | Value::Object(_) | Value::Array(_)) {
+            self.call(method, &params)
+        } else {
+            Err(RpcError::params("'params' must be an object or an array"))
+        };
+        id.as_ref()?;
+        Some(match result {
+            Ok(v) => json!({"jsonrpc": "2.0", "id": reply_id, "result": v}).to_string(),
+            Err(e) => error_response(&reply_id, e.code, &e.message),
+        })
+    }
+}
+
+/// Every method [`Ctx::call`] dispatches (what `pollux ctl call` accepts).
+pub const METHODS: [&str; 19] = [
+    "version",
+    "reactors",
+    "subsystems",
+    "controllers",
+    "set_mode",
+    "set_cpu_budget",
+    "nvme_devices",
+    "nvme_fault",
+    "reload",
+    "save",
+    "add_subsystem",
+    "remove_subsystem",
+    "add_namespace",
+    "remove_namespace",
+    "add_host",
+    "remove_host",
+    "set_allow_any_host",
+    "add_listener",
+    "remove_listener",
+];
+
+/// Param `name` (object) or `pos` (array); Ok(None) if absent.
+pub(super) fn param<'a>(params: &'a Value, name: &str, pos: usize) -> Result<Option<&'a Value>, RpcError> {
+    match params {
+        Value::Object(m) => Ok(m.get(name)),
+        Value::Array(a) => Ok(a.get(pos)),
+        Value::Null => Ok(None),
+        _ => Err(RpcError::params("'params' must be an object or an array")),
+    }
+}
+
+fn to_value(v: impl Serialize) -> Result<Value, RpcError> {
+    serde_json::to_value(v).map_err(|e| RpcError::new(-32603, format!("internal error: {e}")))
+}
+
+/// A JSON-RPC error response line.
+pub fn error_response(id: &Value, code: i64, message: &str) -> String {
+    json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}}).to_string()
+}

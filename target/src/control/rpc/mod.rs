@@ -1,0 +1,206 @@
+//! The JSON-RPC methods and their dispatch.
+//!
+//! | method | params | result |
+//! |---|---|---|
+//! | `version` | none | [`VersionView`] |
+//! | `reactors` | none | `[`[`ReactorView`]`]` |
+//! | `subsystems` | none | `[`[`SubsystemView`]`]` |
+//! | `controllers` | none | [`CtrlList`] |
+//! | `set_mode` | `{reactor, mode}` (`poll`, `hybrid`, `interrupt`, `adaptive`) | [`ModeView`] |
+//! | `set_cpu_budget` | `{reactor, budget}` (`0 < budget <= 1`) | [`ModeView`] |
+//!
+//! Params are an object by name, or an array in the order above. Errors: -32700 parse error,
+//! -32600 invalid request, -32601 method not found, -32602 invalid params, -32000 a reactor
+//! did not answer.
+//!
+//! [`VersionView`]: super::view::VersionView
+//! [`ReactorView`]: super::view::ReactorView
+//! [`SubsystemView`]: super::view::SubsystemView
+//! [`CtrlList`]: super::view::CtrlList
+//! [`ModeView`]: super::view::ModeView
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use pollux_conf::{ReactorMode, Reactors};
+use pollux_reactor::{PolicyConfig, Reactor, ReactorStats, Remote, StatsCell};
+
+use crate::Target;
+use crate::subsystem::Shared;
+
+mod config;
+mod dispatch;
+mod modes;
+mod nvme;
+mod query;
+
+pub use dispatch::{METHODS, error_response};
+
+/// JSON-RPC: invalid JSON.
+pub const PARSE_ERROR: i64 = -32700;
+/// JSON-RPC: not a valid request object.
+pub const INVALID_REQUEST: i64 = -32600;
+/// JSON-RPC: no such method.
+pub const METHOD_NOT_FOUND: i64 = -32601;
+/// JSON-RPC: invalid method parameters.
+pub const INVALID_PARAMS: i64 = -32602;
+/// Server error: a reactor did not answer in time, or has stopped.
+pub const REACTOR_UNAVAILABLE: i64 = -32000;
+
+/// Server error: the requested configuration is invalid or cannot be applied (nothing changed).
+pub const CONFIG_ERROR: i64 = -32001;
+
+/// How long a method waits for a reactor's reply.
+pub const REACTOR_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A JSON-RPC error object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RpcError {
+    /// Code.
+    pub code: i64,
+    /// Message.
+    pub message: String,
+}
+
+impl RpcError {
+    fn new(code: i64, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+
+    fn params(message: impl Into<String>) -> Self {
+        Self::new(INVALID_PARAMS, message)
+    }
+}
+
+/// One accounting sample, for rates over the last second.
+#[derive(Debug, Clone)]
+struct Sample {
+    at: Instant,
+    stats: Vec<ReactorStats>,
+    cmds: Vec<u64>,
+}
+
+/// What the methods work on: read-only handles to the target, plus the control plane's own
+/// state (its locks are taken by control threads only, never by a reactor).
+#[derive(Debug)]
+pub struct Ctx {
+    shared: Arc<Shared>,
+    remotes: Arc<[Remote]>,
+    cells: Vec<Arc<StatsCell>>,
+    started: Instant,
+    policies: Mutex<Vec<PolicyConfig>>,
+    samples: Mutex<VecDeque<Sample>>,
+}
+
+/// The adaptive policy the conf's `[reactors]` table describes (whatever its mode).
+fn policy_of(r: &Reactors) -> PolicyConfig {
+    let mut a = r.clone();
+    a.mode = ReactorMode::Adaptive;
+    crate::modes_of(&a).1.unwrap_or_default()
+}
+
+impl Ctx {
+    /// Handles to `target`, whose conf `[reactors]` table is `reactors`.
+    pub fn new(target: &Target, reactors: &Reactors) -> Self {
+        let rt = target.runtime();
+        let n = rt.len();
+        let ctx = Self {
+            shared: target.shared().clone(),
+            remotes: rt.remotes(),
+            cells: rt.stats_cells(),
+            started: Instant::now(),
+            policies: Mutex::new(vec![policy_of(reactors); n]),
+            samples: Mutex::new(VecDeque::new()),
+        };
+        ctx.sample();
+        ctx
+    }
+
+    /// Number of reactors.
+    pub fn reactor_count(&self) -> usize {
+        self.cells.len()
+    }
+
+    fn stats(&self) -> Vec<ReactorStats> {
+        self.cells.iter().enumerate().map(|(i, c)| c.snapshot(i)).collect()
+    }
+
+    /// NVMe I/O commands completed per reactor, from the namespaces' per-reactor counters.
+    fn commands(&self) -> Vec<u64> {
+        let mut v = vec![0u64; self.cells.len()];
+        let snap = self.shared.snapshot.load();
+        for s in &snap.subsystems {
+            for ns in s.namespaces.values() {
+                for (r, c) in ns.counters.iter().enumerate() {
+                    if let Some(x) = v.get_mut(r) {
+                        *x += c.read_cmds.load(Relaxed) + c.write_cmds.load(Relaxed);
+                    }
+                }
+            }
+        }
+        v
+    }
+
+    /// Take an accounting sample (the control thread does, about once a second); keeps the
+    /// last few seconds.
+    pub fn sample(&self) {
+        let s = Sample {
+            at: Instant::now(),
+            stats: self.stats(),
+            cmds: self.commands(),
+        };
+        let mut q = self.samples.lock().unwrap_or_else(|e| e.into_inner());
+        while q
+            .front()
+            .is_some_and(|f| s.at.duration_since(f.at) > Duration::from_secs(3))
+        {
+            q.pop_front();
+        }
+        q.push_back(s);
+    }
+
+    /// The newest sample at least one second old, else the oldest.
+    fn baseline(&self, now: Instant) -> Option<Sample> {
+        let q = self.samples.lock().unwrap_or_else(|e| e.into_inner());
+        q.iter()
+            .rev()
+            .find(|s| now.duration_since(s.at) >= Duration::from_secs(1))
+            .or_else(|| q.front())
+            .cloned()
+    }
+
+    fn policy(&self, reactor: usize) -> PolicyConfig {
+        let p = self.policies.lock().unwrap_or_else(|e| e.into_inner());
+        p.get(reactor).copied().unwrap_or_default()
+    }
+
+    /// Run `f` on reactor `id` and wait for its result.
+    fn on_reactor<T: Send + 'static>(
+        &self,
+        id: usize,
+        f: impl FnOnce(&mut Reactor) -> T + Send + 'static,
+    ) -> Result<T, RpcError> {
+        let remote = self
+            .remotes
+            .get(id)
+            .ok_or_else(|| RpcError::params(format!("no reactor {id}")))?;
+        let (tx, rx) = mpsc::channel();
+        if !remote.send(move |r| {
+            let _ = tx.send(f(r));
+        }) {
+            return Err(RpcError::new(REACTOR_UNAVAILABLE, format!("reactor {id} has stopped")));
+        }
+        rx.recv_timeout(REACTOR_TIMEOUT).map_err(|_| {
+            RpcError::new(
+                REACTOR_UNAVAILABLE,
+                format!("reactor {id} did not answer within {} ms", REACTOR_TIMEOUT.as_millis()),
+            )
+        })
+    }
+}

@@ -1,0 +1,209 @@
+//! The read-only methods: `version`, `reactors`, `controllers`, `subsystems`, and the
+//! Prometheus text of the metrics endpoint.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::mpsc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use super::{Ctx, REACTOR_TIMEOUT};
+use crate::control::view::{
+    ClassView, CtrlList, CtrlView, Lateness, NamespaceView, PerMode, ReactorView, SubsystemView, VersionView,
+};
+
+/// The NQN a discovery controller reports as its subsystem.
+const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
+
+impl Ctx {
+    // ------------------------------------------------------------------ views
+
+    /// `version`.
+    pub fn version(&self) -> VersionView {
+        VersionView {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            uptime_s: self.started.elapsed().as_secs_f64(),
+            reactors: self.reactor_count(),
+            pid: std::process::id(),
+        }
+    }
+
+    /// `reactors`.
+    pub fn reactors(&self) -> Vec<ReactorView> {
+        let now = Instant::now();
+        let base = self.baseline(now);
+        let stats = self.stats();
+        let cmds = self.commands();
+        let pct = |a: u64, b: u64| if b == 0 { 0.0 } else { 100.0 * a as f64 / b as f64 };
+        stats
+            .iter()
+            .map(|st| {
+                let i = st.id;
+                let wall: u64 = st.mode_ns.iter().sum();
+                let (cpu_pct_1s, iops) = match &base {
+                    Some(b) => {
+                        let dt = now.duration_since(b.at).as_secs_f64();
+                        let prev = b.stats.get(i);
+                        let dcpu = prev.map_or(0, |p| st.cpu_ns.saturating_sub(p.cpu_ns));
+                        let dcmd = cmds[i].saturating_sub(b.cmds.get(i).copied().unwrap_or(0));
+                        if dt > 0.0 {
+                            (100.0 * dcpu as f64 / (dt * 1e9), dcmd as f64 / dt)
+                        } else {
+                            (0.0, 0.0)
+                        }
+                    }
+                    None => (0.0, 0.0),
+                };
+                ReactorView {
+                    id: i,
+                    core: st.core,
+                    mode: st.mode.to_string(),
+                    adaptive: st.adaptive,
+                    cpu_budget: self.policy(i).cpu_budget,
+                    mode_ns: PerMode::from_array(st.mode_ns),
+                    mode_pct: PerMode::from_array(std::array::from_fn(|m| pct(st.mode_ns[m], wall))),
+                    switches: st.switches,
+                    cpu_ns: st.cpu_ns,
+                    cpu_pct_1s,
+                    cpu_pct: pct(st.cpu_ns, wall),
+                    busy_ns: st.busy_ns,
+                    busy_pct: pct(st.busy_ns, st.busy_ns + st.idle_ns),
+                    iterations: st.iterations,
+                    iops,
+                    commands: cmds[i],
+                    outstanding: st.outstanding,
+                    device_completions: st.completions,
+                    predicted_ns: st.predicted_ns,
+                    classes: st.classes.iter().map(ClassView::of).collect(),
+                    wake_cost_ns: st.wake_cost_ns,
+                    wakeups: st.wakeups(),
+                    wake_late_us: Lateness {
+                        p50: st.wake_late_percentile_us(0.5),
+                        p90: st.wake_late_percentile_us(0.9),
+                        p99: st.wake_late_percentile_us(0.99),
+                    },
+                    stalls: st.stalls,
+                    sources: st.sources,
+                    connections: self.shared.conns_per_reactor.get(i).map_or(0, |c| c.load(Relaxed)),
+                }
+            })
+            .collect()
+    }
+
+    /// `controllers`: asks every reactor for the controllers it owns.
+    pub fn controllers(&self) -> CtrlList {
+        let now_i = Instant::now();
+        let now_s = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs_f64();
+        let (tx, rx) = mpsc::channel::<(usize, Vec<CtrlView>)>();
+        let mut asked = Vec::new();
+        for remote in self.remotes.iter() {
+            let tx = tx.clone();
+            let sent = remote.send(move |r| {
+                let id = r.id();
+                let mut v = Vec::new();
+                crate::conn::for_each_ctrl(r, |c| {
+                    let age = c.created.elapsed().as_secs_f64();
+                    v.push(CtrlView {
+                        cntlid: c.cntlid,
+                        subsystem: c.subsys.as_ref().map_or(DISCOVERY_NQN.to_string(), |s| s.nqn.clone()),
+                        discovery: c.is_discovery(),
+                        hostnqn: c.hostnqn.clone(),
+                        hostid: uuid::Uuid::from_bytes(c.hostid).hyphenated().to_string(),
+                        kato_ms: c.kato_ms,
+                        ready: c.ready(),
+                        admin_reactor: id,
+                        io_queues: c.io_queues.iter().map(|(q, r)| (*q, r.reactor)).collect(),
+                        created_unix_s: 0.0,
+                        age_s: age,
+                    });
+                });
+                let _ = tx.send((id, v));
+            });
+            if sent {
+                asked.push(remote.id());
+            }
+        }
+        drop(tx);
+        let deadline = now_i + REACTOR_TIMEOUT;
+        let mut answered = Vec::new();
+        let mut all = Vec::new();
+        while answered.len() < asked.len() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok((id, v)) => {
+                    answered.push(id);
+                    all.extend(v);
+                }
+                Err(_) => break,
+            }
+        }
+        for c in &mut all {
+            c.created_unix_s = now_s - c.age_s;
+        }
+        all.sort_by_key(|c| c.cntlid);
+        let unanswered = (0..self.remotes.len()).filter(|i| !answered.contains(i)).collect();
+        CtrlList {
+            controllers: all,
+            unanswered,
+        }
+    }
+
+    /// `subsystems`; `ctrls` from [`Ctx::controllers`] gives the controller counts.
+    pub fn subsystems_with(&self, ctrls: &CtrlList) -> Vec<SubsystemView> {
+        let snap = self.shared.snapshot.load();
+        let listeners: Vec<String> = self
+            .shared
+            .snapshot
+            .load()
+            .listeners
+            .iter()
+            .map(|a| a.to_string())
+            .collect();
+        snap.subsystems
+            .iter()
+            .map(|s| SubsystemView {
+                nqn: s.nqn.clone(),
+                serial: s.serial.clone(),
+                model: s.model.clone(),
+                allow_any_host: s.allow_any_host,
+                hosts: s.hosts.clone(),
+                namespaces: s
+                    .namespaces
+                    .values()
+                    .map(|n| {
+                        let t = n.totals();
+                        NamespaceView {
+                            nsid: n.nsid,
+                            size: n.bytes(),
+                            block_size: n.block_size,
+                            backend: n.backend.kind().to_string(),
+                            io_path: n.backend.io_path().to_string(),
+                            uuid: uuid::Uuid::from_bytes(n.uuid).hyphenated().to_string(),
+                            read_cmds: t.read_cmds,
+                            write_cmds: t.write_cmds,
+                            read_bytes: t.read_bytes,
+                            write_bytes: t.write_bytes,
+                        }
+                    })
+                    .collect(),
+                listeners: listeners.clone(),
+                controllers: ctrls
+                    .controllers
+                    .iter()
+                    .filter(|c| !c.discovery && c.subsystem == s.nqn)
+                    .count(),
+            })
+            .collect()
+    }
+
+    /// `subsystems`.
+    pub fn subsystems(&self) -> Vec<SubsystemView> {
+        self.subsystems_with(&self.controllers())
+    }
+
+    /// The Prometheus text of the metrics endpoint (an error is the encoder's).
+    pub fn metrics(&self) -> Result<String, std::fmt::Error> {
+        crate::control::metrics::render(self.reactors(), self.subsystems(), self.started.elapsed().as_secs_f64())
+    }
+}
