@@ -247,3 +247,129 @@ pub fn block_op<'a>(
         }
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use pollux_nvme::spec::SglDescriptor;
+
+    use super::*;
+    use crate::backend::RamDisk;
+    use crate::host::sqe;
+    use crate::subsystem::NsCounters;
+
+    const MAX_IO: u32 = 128 << 10;
+
+    fn subsystem() -> Subsystem {
+        let ns = Arc::new(Namespace {
+            nsid: 1,
+            block_size: 512,
+            block_shift: 9,
+            blocks: 1024,
+            uuid: [1; 16],
+            nguid: [0; 16],
+            eui64: [0; 8],
+            backend: Box::new(RamDisk::new(512 << 10).unwrap_or_else(|e| panic!("{e}"))),
+            counters: vec![NsCounters::default()].into_boxed_slice(),
+        });
+        Subsystem {
+            nqn: "nqn.2026-11.io.pollux:s".into(),
+            serial: "S".into(),
+            model: "M".into(),
+            allow_any_host: true,
+            hosts: Vec::new(),
+            namespaces: BTreeMap::from([(1, ns)]),
+        }
+    }
+
+    fn with_sgl(mut s: Sqe, len: u32, in_capsule: bool) -> Sqe {
+        let id = if in_capsule {
+            SglDescriptor::ID_DATA_BLOCK_OFFSET
+        } else {
+            SglDescriptor::ID_TRANSPORT_DATA_BLOCK
+        };
+        s.set_sgl(&SglDescriptor::new(0, len, id));
+        s
+    }
+
+    #[test]
+    fn the_data_of_a_command_is_checked_against_its_pdu_once() {
+        let s = subsystem();
+        // A write of 8 blocks: in the capsule (exactly its bytes), or by R2T (its SGL length).
+        let w = |len, ic| with_sgl(sqe::write(1, 0, 8), len, ic);
+        assert!(matches!(
+            parse(&w(4096, true), &s, MAX_IO, &[0; 4096]),
+            Ok(IoCmd {
+                data: DataIn::InCapsule,
+                ..
+            })
+        ));
+        assert!(matches!(
+            parse(&w(8192, false), &s, MAX_IO, &[]),
+            Ok(IoCmd {
+                data: DataIn::R2t(8192),
+                ..
+            })
+        ));
+        let short = Status::DATA_SGL_LENGTH_INVALID.with_dnr();
+        assert_eq!(parse(&w(2048, true), &s, MAX_IO, &[0; 2048]).err(), Some((short, 0)));
+        assert_eq!(parse(&w(4096, true), &s, MAX_IO, &[0; 100]).err(), Some((short, 0)));
+        assert_eq!(parse(&w(MAX_IO + 512, false), &s, MAX_IO, &[]).err(), Some((short, 0)));
+        // A read's data goes by C2HData: never in the capsule, never a shorter buffer.
+        let r = |len, ic| with_sgl(sqe::read(1, 0, 8), len, ic);
+        assert!(matches!(
+            parse(&r(4096, false), &s, MAX_IO, &[]),
+            Ok(IoCmd { data: DataIn::None, .. })
+        ));
+        let in_capsule = Status::SGL_DESCRIPTOR_TYPE_INVALID.with_dnr();
+        assert_eq!(parse(&r(4096, true), &s, MAX_IO, &[]).err(), Some((in_capsule, 0)));
+        assert_eq!(parse(&r(512, false), &s, MAX_IO, &[]).err(), Some((short, 0)));
+        // Out of range: the LBA goes to the error log.
+        let oor = Status::LBA_OUT_OF_RANGE.with_dnr();
+        assert_eq!(
+            parse(&with_sgl(sqe::read(1, 1020, 8), 4096, false), &s, MAX_IO, &[]).err(),
+            Some((oor, 1020))
+        );
+        // A flush of every namespace, with no volatile cache: nothing to do.
+        assert!(matches!(
+            parse(&with_sgl(sqe::flush(u32::MAX), 0, false), &s, MAX_IO, &[]),
+            Ok(IoCmd {
+                io: Io::Flush { ns: None },
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn dataset_management_maps_to_deallocate_only_with_the_attribute_and_blocks() {
+        let s = subsystem();
+        let ns = s.namespace(1).cloned().unwrap_or_else(|| panic!("namespace 1"));
+        let range = |nlb: u32, slba: u64| {
+            let mut b = [0u8; 16];
+            b[4..8].copy_from_slice(&nlb.to_le_bytes());
+            b[8..16].copy_from_slice(&slba.to_le_bytes());
+            b
+        };
+        let data = [range(8, 0), range(0, 5), range(4, 100)].concat();
+        let io = |deallocate| Io::DatasetManagement {
+            ns: ns.clone(),
+            ranges: 3,
+            deallocate,
+        };
+        let mut ranges = Vec::new();
+        let op = block_op(&io(true), WriteData::Bytes(&data), &mut ranges);
+        assert!(matches!(op, Ok(Some(BlockOp::Deallocate { ranges: r })) if r == [(0, 4096), (51200, 2048)]));
+        let mut ranges = Vec::new();
+        assert!(matches!(
+            block_op(&io(false), WriteData::Bytes(&data), &mut ranges),
+            Ok(None)
+        ));
+        let mut ranges = Vec::new();
+        let beyond = range(8, 1020);
+        assert_eq!(
+            block_op(&io(true), WriteData::Bytes(&beyond), &mut ranges).err(),
+            Some(Status::LBA_OUT_OF_RANGE.with_dnr())
+        );
+    }
+}

@@ -141,3 +141,82 @@ impl Requests {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::backend::RamDisk;
+    use crate::subsystem::{Namespace, NsCounters};
+
+    fn write(cid: u16, len: u32) -> Request {
+        let ns = Arc::new(Namespace {
+            nsid: 1,
+            block_size: 512,
+            block_shift: 9,
+            blocks: 64,
+            uuid: [1; 16],
+            nguid: [2; 16],
+            eui64: [3; 8],
+            backend: Box::new(RamDisk::new(32 << 10).unwrap_or_else(|e| panic!("{e}"))),
+            counters: vec![NsCounters::default()].into_boxed_slice(),
+        });
+        Request {
+            cid,
+            io: Io::Write {
+                ns,
+                off: 0,
+                len,
+                fua: false,
+            },
+            state: ReqState::AwaitingData {
+                buf: DataBuf::Heap(vec![0; len as usize]),
+                progress: R2tProgress { len, received: 0 },
+            },
+        }
+    }
+
+    #[test]
+    fn an_aborted_request_drains_its_data_and_no_longer_counts_as_awaiting() {
+        let mut reqs = Requests::default();
+        let a = reqs.insert(write(7, 4096));
+        let b = reqs.insert(write(8, 4096));
+        assert_eq!(reqs.awaiting_by_cid(7), Some(a));
+        assert_eq!(reqs.awaiting_count(), 2);
+        // The H2CData rules name the request by TTAG and CCCID together.
+        assert_eq!(reqs.r2t_target(a, 7).map(|(k, p)| (k, p.len)), Some((a, 4096)));
+        assert!(reqs.r2t_target(a, 8).is_none());
+        // Completed early: its buffer comes back once, the slot stays to drain late data.
+        assert!(matches!(
+            reqs.complete_early(a, Status::ABORT_REQUESTED),
+            Some(DataBuf::Heap(_))
+        ));
+        assert!(reqs.complete_early(a, Status::ABORT_REQUESTED).is_none());
+        assert_eq!(reqs.awaiting_by_cid(7), None);
+        assert_eq!(reqs.awaiting_count(), 1);
+        assert!(
+            reqs.r2t_target(a, 7).is_some(),
+            "a drained request still takes its data"
+        );
+        // A submitted request takes no more data.
+        if let Some(r) = reqs.get_mut(b) {
+            r.state = ReqState::Submitted;
+        }
+        assert!(reqs.r2t_target(b, 8).is_none());
+        assert!(reqs.complete_early(b, Status::ABORT_REQUESTED).is_none());
+    }
+
+    #[test]
+    fn drained_requests_beyond_the_bound_go_oldest_first() {
+        let mut reqs = Requests::default();
+        let slots: Vec<usize> = (0..4).map(|i| reqs.insert(write(i, 512))).collect();
+        for &s in &slots {
+            reqs.complete_early(s, Status::ABORT_REQUESTED);
+        }
+        assert_eq!(reqs.excess_draining(4), None);
+        assert_eq!(reqs.excess_draining(3), Some(slots[0]));
+        reqs.remove(slots[0]);
+        assert_eq!(reqs.excess_draining(3), None);
+    }
+}

@@ -287,6 +287,116 @@ pub fn owner_of(cntlid: u16, reactors: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
+
+    use crate::backend::RamDisk;
+    use crate::subsystem::{Namespace, NsCounters};
+
+    fn ns(nsid: u32) -> Arc<Namespace> {
+        Arc::new(Namespace {
+            nsid,
+            block_size: 512,
+            block_shift: 9,
+            blocks: 8,
+            uuid: [nsid as u8; 16],
+            nguid: [0; 16],
+            eui64: [0; 8],
+            backend: Box::new(RamDisk::new(4096).unwrap_or_else(|e| panic!("{e}"))),
+            counters: vec![NsCounters::default()].into_boxed_slice(),
+        })
+    }
+
+    fn subsystem(nss: &[Arc<Namespace>], hosts: &[&str]) -> Arc<Subsystem> {
+        Arc::new(Subsystem {
+            nqn: "nqn.2026-11.io.pollux:s".into(),
+            serial: "S".into(),
+            model: "M".into(),
+            allow_any_host: hosts.is_empty(),
+            hosts: hosts.iter().map(|h| h.to_string()).collect(),
+            namespaces: nss.iter().map(|n| (n.nsid, n.clone())).collect::<BTreeMap<_, _>>(),
+        })
+    }
+
+    fn snapshot(subsystems: Vec<Arc<Subsystem>>) -> Snapshot {
+        Snapshot {
+            subsystems,
+            listeners: Vec::new(),
+            genctr: 1,
+        }
+    }
+
+    #[test]
+    fn a_changed_subsystem_records_its_namespaces_and_raises_one_event() {
+        let one = ns(1);
+        let old = subsystem(std::slice::from_ref(&one), &[]);
+        let mut c = Ctrl::new(1, Some(old.clone()), "nqn.h".into(), [0; 16], 0);
+        // Unchanged: the same subsystem object.
+        assert!(matches!(
+            c.update_subsystem(&snapshot(vec![old.clone()]), false),
+            SubsystemUpdate::Unchanged
+        ));
+        // Namespace 2 added, namespace 1 kept: only 2 changed; no event until AEC enables it.
+        let new = subsystem(&[one.clone(), ns(2)], &[]);
+        assert!(matches!(
+            c.update_subsystem(&snapshot(vec![new.clone()]), false),
+            SubsystemUpdate::Changed(_)
+        ));
+        assert_eq!(c.changed_ns, vec![2]);
+        assert!(c.events.is_empty());
+        c.aec = 1 << 8;
+        let newer = subsystem(&[one, ns(3)], &[]);
+        c.update_subsystem(&snapshot(vec![newer.clone()]), false);
+        assert_eq!(c.changed_ns, vec![2, 3]);
+        assert_eq!(c.events, [AER_NS_ATTR_CHANGED]);
+        // Masked while pending: a second change queues no second event.
+        c.update_subsystem(&snapshot(vec![subsystem(&[ns(4)], &[])]), false);
+        assert_eq!(c.events.len(), 1);
+        // A held AER takes it.
+        c.aers.push_back(9);
+        assert_eq!(c.ready_events(), vec![(9, AER_NS_ATTR_CHANGED)]);
+        assert!(c.ready_events().is_empty());
+    }
+
+    #[test]
+    fn a_controller_goes_with_its_subsystem_or_its_host() {
+        let s = subsystem(&[ns(1)], &["nqn.h"]);
+        let mut c = Ctrl::new(1, Some(s), "nqn.h".into(), [0; 16], 0);
+        assert!(matches!(
+            c.update_subsystem(&snapshot(vec![]), false),
+            SubsystemUpdate::Delete("subsystem removed")
+        ));
+        let other = subsystem(&[ns(1)], &["nqn.other"]);
+        assert!(matches!(
+            c.update_subsystem(&snapshot(vec![other]), false),
+            SubsystemUpdate::Delete("host no longer allowed")
+        ));
+    }
+
+    #[test]
+    fn a_discovery_controller_hears_of_discovery_changes_when_it_asked() {
+        let mut c = Ctrl::new(1, None, "nqn.h".into(), [0; 16], 0);
+        c.update_subsystem(&snapshot(vec![]), true);
+        assert!(c.events.is_empty());
+        c.aec = 1 << 31;
+        c.update_subsystem(&snapshot(vec![]), true);
+        c.update_subsystem(&snapshot(vec![]), true);
+        assert_eq!(c.events, [AER_DISCOVERY_CHANGED]);
+        // Abort of a held AER.
+        c.aers.push_back(5);
+        assert!(c.abort_aer(5));
+        assert!(!c.abort_aer(5));
+    }
+
+    #[test]
+    fn the_keep_alive_deadline_is_kato_after_the_last_keep_alive() {
+        let mut c = Ctrl::new(1, None, "nqn.h".into(), [0; 16], 0);
+        assert_eq!(c.keep_alive_deadline(), None);
+        c.kato_ms = 1500;
+        assert_eq!(
+            c.keep_alive_deadline(),
+            Some(c.last_keep_alive + Duration::from_millis(1500))
+        );
+    }
 
     #[test]
     fn cntlids_encode_their_reactor_and_are_unique() {
