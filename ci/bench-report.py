@@ -283,17 +283,13 @@ def cmd_perf(out):
     # Instructions per I/O.
     cgdir = os.path.join(out, "callgrind")
     pmu = open(os.path.join(cgdir, "pmu.txt")).read().strip() if os.path.exists(os.path.join(cgdir, "pmu.txt")) else "?"
-    instr = {}
+    instr = instr_per_io(cgdir)
     tops = {}
     for name, counts in sorted(callgrind_runs(cgdir).items()):
-        ks = sorted(counts)
-        if len(ks) < 2:
+        if name not in instr:
             continue
+        ks = sorted(counts)
         a, b = ks[0], ks[-1]
-        d = b - a
-        instr[name] = {
-            role: (counts[b][role] - counts[a][role]) / d for role in ("target", "client")
-        }
         tops[name] = {role: top_functions(cgdir, name, a, b, role) for role in ("target", "client")}
         instr[name]["calls"] = {role: calls_per_io(cgdir, name, a, b, role) for role in ("target", "client")}
 

@@ -255,24 +255,13 @@ mod tests {
     use pollux_nvme::spec::SglDescriptor;
 
     use super::*;
-    use crate::backend::RamDisk;
     use crate::host::sqe;
-    use crate::subsystem::NsCounters;
+    use crate::subsystem::test_namespace;
 
     const MAX_IO: u32 = 128 << 10;
 
     fn subsystem() -> Subsystem {
-        let ns = Arc::new(Namespace {
-            nsid: 1,
-            block_size: 512,
-            block_shift: 9,
-            blocks: 1024,
-            uuid: [1; 16],
-            nguid: [0; 16],
-            eui64: [0; 8],
-            backend: Box::new(RamDisk::new(512 << 10).unwrap_or_else(|e| panic!("{e}"))),
-            counters: vec![NsCounters::default()].into_boxed_slice(),
-        });
+        let ns = test_namespace(1, 1024);
         Subsystem {
             nqn: "nqn.2026-11.io.pollux:s".into(),
             serial: "S".into(),

@@ -144,24 +144,11 @@ impl Requests {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
-    use crate::backend::RamDisk;
-    use crate::subsystem::{Namespace, NsCounters};
+    use crate::subsystem::test_namespace;
 
     fn write(cid: u16, len: u32) -> Request {
-        let ns = Arc::new(Namespace {
-            nsid: 1,
-            block_size: 512,
-            block_shift: 9,
-            blocks: 64,
-            uuid: [1; 16],
-            nguid: [2; 16],
-            eui64: [3; 8],
-            backend: Box::new(RamDisk::new(32 << 10).unwrap_or_else(|e| panic!("{e}"))),
-            counters: vec![NsCounters::default()].into_boxed_slice(),
-        });
+        let ns = test_namespace(1, 64);
         Request {
             cid,
             io: Io::Write {

@@ -229,3 +229,20 @@ pub fn build_snapshot(cfg: &Config, reactors: usize, listeners: Vec<SocketAddr>)
         genctr: 1,
     })
 }
+
+/// A RAM namespace of `blocks` 512-byte blocks, for unit tests of what reads namespaces.
+#[cfg(test)]
+pub(crate) fn test_namespace(nsid: u32, blocks: u64) -> Arc<Namespace> {
+    let backend = crate::backend::RamDisk::new(blocks << 9).unwrap_or_else(|e| panic!("{e}"));
+    Arc::new(Namespace {
+        nsid,
+        block_size: 512,
+        block_shift: 9,
+        blocks,
+        uuid: [nsid as u8; 16],
+        nguid: [0; 16],
+        eui64: [0; 8],
+        backend: Box::new(backend),
+        counters: vec![NsCounters::default()].into_boxed_slice(),
+    })
+}

@@ -289,21 +289,10 @@ mod tests {
     use super::*;
     use std::collections::BTreeMap;
 
-    use crate::backend::RamDisk;
-    use crate::subsystem::{Namespace, NsCounters};
+    use crate::subsystem::{Namespace, test_namespace};
 
     fn ns(nsid: u32) -> Arc<Namespace> {
-        Arc::new(Namespace {
-            nsid,
-            block_size: 512,
-            block_shift: 9,
-            blocks: 8,
-            uuid: [nsid as u8; 16],
-            nguid: [0; 16],
-            eui64: [0; 8],
-            backend: Box::new(RamDisk::new(4096).unwrap_or_else(|e| panic!("{e}"))),
-            counters: vec![NsCounters::default()].into_boxed_slice(),
-        })
+        test_namespace(nsid, 8)
     }
 
     fn subsystem(nss: &[Arc<Namespace>], hosts: &[&str]) -> Arc<Subsystem> {
