@@ -2,7 +2,7 @@
 //! ID).
 //!
 //! Hosts key multipath and persistent device names on the namespace
-//! identifiers (NVMe Base §4.7, "Namespace identification descriptors") and
+//! identifiers (NVMe 2.0 §4.7, "Namespace identification descriptors") and
 //! on the controller serial number. When the configuration does not give
 //! them, they must still be the same after a restart, on another machine and
 //! across pollux versions, so they are a pure function of the configuration.

@@ -1,16 +1,16 @@
-//! NVMe Qualified Names (NVMe Base Specification 2.x, §4.5 "NVMe Qualified
+//! NVMe Qualified Names (NVMe 2.0 §4.5 "NVMe Qualified
 //! Names") and UUID text forms.
 
-/// The well-known NQN of a discovery subsystem (NVMe Base §4.5 and NVMe over
+/// The well-known NQN of a discovery subsystem (NVMe 2.0 §4.5 and NVMe over
 /// Fabrics: "nqn.2014-08.org.nvmexpress.discovery"). Hosts connect to it to
 /// read the discovery log page; it may not name a configured subsystem.
 pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
 
 /// The longest NQN allowed: the SUBNQN/HOSTNQN fields are 256 bytes, but
-/// §4.5 limits the name itself to 223 bytes (UTF-8, not counting the NUL).
+/// NVMe 2.0 §4.5 limits the name itself to 223 bytes (UTF-8, not counting the NUL).
 pub const NQN_MAX_LEN: usize = 223;
 
-/// §4.5: the second NQN format, for entities without a domain name: this
+/// NVMe 2.0 §4.5: the second NQN format, for entities without a domain name: this
 /// prefix followed by a UUID in its 8-4-4-4-12 text form.
 const UUID_NQN_PREFIX: &str = "nqn.2014-08.org.nvmexpress:uuid:";
 
@@ -18,7 +18,7 @@ const UUID_NQN_PREFIX: &str = "nqn.2014-08.org.nvmexpress:uuid:";
 /// domain name, so the same bound applies to each of its labels.
 const MAX_LABEL_LEN: usize = 63;
 
-/// Checks that `s` is a well-formed NQN (NVMe Base §4.5); `Err` holds the
+/// Checks that `s` is a well-formed NQN (NVMe 2.0 §4.5); `Err` holds the
 /// reason.
 ///
 /// Accepted forms:
@@ -38,7 +38,7 @@ pub fn validate_nqn(s: &str) -> Result<(), String> {
     }
     if s.len() > NQN_MAX_LEN {
         return Err(format!(
-            "NQN is {} bytes long; at most {NQN_MAX_LEN} are allowed (NVMe Base §4.5)",
+            "NQN is {} bytes long; at most {NQN_MAX_LEN} are allowed (NVMe 2.0 §4.5)",
             s.len()
         ));
     }
@@ -57,9 +57,9 @@ pub fn validate_nqn(s: &str) -> Result<(), String> {
             .map_err(|e| format!("NQN in the {UUID_NQN_PREFIX} form must end in a UUID: {e}"));
     }
     let Some(rest) = s.strip_prefix("nqn.") else {
-        return Err("NQN must start with \"nqn.\" (NVMe Base §4.5)".into());
+        return Err("NQN must start with \"nqn.\" (NVMe 2.0 §4.5)".into());
     };
-    // §4.5: "yyyy-mm" is the year and month the naming authority acquired
+    // NVMe 2.0 §4.5: "yyyy-mm" is the year and month the naming authority acquired
     // the domain; it is followed by a '.' and the reverse domain.
     let date = rest.as_bytes();
     let well_formed = date.len() >= 8
@@ -68,7 +68,7 @@ pub fn validate_nqn(s: &str) -> Result<(), String> {
         && date[5..7].iter().all(u8::is_ascii_digit)
         && date[7] == b'.';
     if !well_formed {
-        return Err("NQN must have the form nqn.yyyy-mm.reverse.domain:name (NVMe Base §4.5)".into());
+        return Err("NQN must have the form nqn.yyyy-mm.reverse.domain:name (NVMe 2.0 §4.5)".into());
     }
     let year = digits(&date[..4]);
     let month = digits(&date[5..7]);
@@ -85,7 +85,7 @@ pub fn validate_nqn(s: &str) -> Result<(), String> {
     // The first eight bytes are ASCII, so slicing there is on a char boundary.
     let after_date = &rest[8..];
     let Some((domain, name)) = after_date.split_once(':') else {
-        return Err("NQN lacks the ':' that separates the reverse domain from the name (NVMe Base §4.5)".into());
+        return Err("NQN lacks the ':' that separates the reverse domain from the name (NVMe 2.0 §4.5)".into());
     };
     if domain.is_empty() {
         return Err("NQN has an empty reverse domain after the date".into());
@@ -121,7 +121,7 @@ fn digits(b: &[u8]) -> u32 {
 ///
 /// Only the hyphenated form, not the bare-hex, braced and URN forms that
 /// `Uuid::parse_str` also takes: it is the form NVMe's `uuid:` NQNs use
-/// (NVMe Base §4.5) and the one the conf has always taken. The uuid crate's
+/// (NVMe 2.0 §4.5) and the one the conf has always taken. The uuid crate's
 /// own reason is left out of the message: it counts characters and groups
 /// from 0, which reads wrong next to the conf's 1-based line and column.
 pub(crate) fn parse_uuid(s: &str) -> Result<[u8; 16], String> {

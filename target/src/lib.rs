@@ -11,7 +11,7 @@
 //! | concept | module | SPDK |
 //! |---|---|---|
 //! | NVMe/TCP transport: receive framing, ICReq/ICResp, CapsuleResp, C2HData, R2T, TermReq, digests, send queue (NVMe/TCP 1.0 §3) | [`tcp`] | `tcp.c` (PDU layer) |
-//! | H2CData after R2T: data buffers, the §3.6.2.7 rules, in-place receive, the per-reactor R2T buffer pool | [`tcp::h2c`] | `tcp.c` |
+//! | H2CData after R2T: data buffers, the NVMe/TCP 1.0 §3.6.2.7 rules, in-place receive, the per-reactor R2T buffer pool | [`tcp::h2c`] | `tcp.c` |
 //! | SGL1 and data direction of a command (NVMe-oF 1.1 §2.3) | [`sgl`] | `nvmf.c` |
 //! | Controller state, AER events, keep-alive deadline, subsystem changes (NVMe 2.0 §3, §5.2) | [`ctrl`] | `ctrlr.c` |
 //! | Fabrics commands, Connect checks, I/O queue attach (NVMe-oF 1.1 §3.3, §6) | [`ctrl::connect`] | `ctrlr.c` |
@@ -216,7 +216,7 @@ impl Target {
         let before = self.runtime.stats();
         self.runtime.shutdown()?;
         // The reactors gave their queue pairs back: shut the NVMe controllers down now
-        // (CC.SHN, §3.6.1) rather than whenever the last namespace reference goes.
+        // (CC.SHN, NVMe 2.0 §3.6.1) rather than whenever the last namespace reference goes.
         for s in &self.shared.snapshot.load().subsystems {
             for ns in s.namespaces.values() {
                 if let Some(n) = ns.backend.as_any().downcast_ref::<backend::nvme::SsdNamespace>() {

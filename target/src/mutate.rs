@@ -8,8 +8,8 @@
 //! controllers it owns, by message: a controller whose subsystem went away, or whose host
 //! is no longer allowed, is deleted (its connections closed); one whose namespaces changed
 //! gets the Changed Namespace List and a Namespace Attribute Changed AER; discovery
-//! controllers get a Discovery Log Change AER when what they list changed (base spec
-//! §5.2, NVMe-oF §5.3). Connections that the change does not concern are not disturbed.
+//! controllers get a Discovery Log Change AER when what they list changed (NVMe 2.0
+//! §5.2, NVMe-oF 1.1 §5.3). Connections that the change does not concern are not disturbed.
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};

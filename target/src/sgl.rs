@@ -3,7 +3,7 @@
 
 use pollux_nvme::spec::{SglDescriptor, Sqe, Status, opcode};
 
-/// Data transfer direction from opcode bits 1:0 (base spec §5.1 / §7.1, NVMe-oF §6.1).
+/// Data transfer direction from opcode bits 1:0 (NVMe 2.0 §5.1 / §7.1, NVMe-oF 1.1 §6.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Xfer {
     /// No data.
@@ -33,7 +33,7 @@ pub fn xfer(sqe: &Sqe) -> Xfer {
     }
 }
 
-/// Where a command's data comes from or goes to, from SGL1 (NVMe/TCP §3.3.1: in-capsule data
+/// Where a command's data comes from or goes to, from SGL1 (NVMe/TCP 1.0 §3.3.1: in-capsule data
 /// is an SGL data block with offset; everything else a transport data block).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DataPtr {

@@ -1,6 +1,6 @@
 //! Property tests of the command decoders (`pollux_target::io`, `ctrl`, `sgl`) over arbitrary SQE bytes
 //! and data: they never panic, and `decode_io` never yields a range outside the namespace
-//! (NVM command set spec §3: SLBA + NLB within NSZE) or a transfer above MDTS.
+//! (NVM Command Set 1.0 §3: SLBA + NLB within NSZE) or a transfer above MDTS.
 #![allow(clippy::unwrap_used)]
 
 mod common;

@@ -1,6 +1,6 @@
 //! Fabrics and admin behaviour a host relies on: Connect errors (NVMe-oF 1.1 §6.3), commands
-//! before CC.EN, keep-alive (base spec §5.19, KATO), Abort (§5.1), the discovery log
-//! (NVMe-oF §5.3), Identify fields the Linux host checks, Number of Queues, and target
+//! before CC.EN, keep-alive (NVMe 2.0 §5.19, KATO), Abort (NVMe 2.0 §5.1), the discovery log
+//! (NVMe-oF 1.1 §5.3), Identify fields the Linux host checks, Number of Queues, and target
 //! shutdown with hosts connected.
 #![allow(clippy::unwrap_used)]
 
@@ -185,7 +185,7 @@ fn an_aborted_commands_cid_is_free_again() {
     r2t_write(&mut c.io[0], 42, 100, 8192);
     assert_eq!(c.admin.abort(1, 42).unwrap() & 1, 0);
     assert_eq!(expect_resp(&mut c.io[0], 42), (0, 0x07));
-    // The command completed: the host may reuse CID 42 (base spec §4.2: a CID is unique
+    // The command completed: the host may reuse CID 42 (NVMe 2.0 §4.2: a CID is unique
     // among the commands outstanding on the queue).
     let ttag = r2t_write(&mut c.io[0], 42, 300, 8192);
     let data = pattern(2, 300, 8192);
@@ -258,7 +258,7 @@ fn identify_and_number_of_queues_give_what_the_linux_host_checks() {
     assert!(!id.sn.is_empty() && !id.mn.is_empty());
     assert!(id.nn >= 1);
     assert_eq!(id.in_capsule_data(), 8192);
-    // Number of Queues: NSQA and NCQA are 0's based (base spec §5.27.1.5).
+    // Number of Queues: NSQA and NCQA are 0's based (NVMe 2.0 §5.27.1.5).
     let n = c.admin.set_num_queues(2).unwrap();
     assert_eq!((n.dw0, n.sq, n.cq), (1 | 1 << 16, 2, 2));
     let n = c.admin.set_num_queues(16).unwrap();

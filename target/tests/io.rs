@@ -1,4 +1,4 @@
-//! NVM I/O command checks (NVM command set spec §3): LBA ranges, namespace IDs, MDTS, both
+//! NVM I/O command checks (NVM Command Set 1.0 §3): LBA ranges, namespace IDs, MDTS, both
 //! ends of a namespace, SMART counters, and many commands in flight on several queues.
 #![allow(clippy::unwrap_used)]
 
@@ -104,7 +104,7 @@ fn unknown_namespaces_are_invalid_namespace() {
             "write zeroes nsid {nsid:#x}"
         );
         if nsid != 0xFFFF_FFFF {
-            // Flush of FFFFFFFFh means every namespace (base spec §7.1).
+            // Flush of FFFFFFFFh means every namespace (NVMe 2.0 §7.1).
             assert_eq!(err_code(q.flush(nsid)), INVALID_NAMESPACE, "flush nsid {nsid:#x}");
         }
     }

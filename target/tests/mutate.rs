@@ -81,7 +81,7 @@ fn an_added_namespace_is_announced_by_aer_and_served_without_reconnecting() {
             })
             .unwrap();
     }
-    // Notice, Namespace Attribute Changed, log page 04h (base spec §5.2).
+    // Notice, Namespace Attribute Changed, log page 04h (NVMe 2.0 §5.2).
     assert_eq!(got, Some((Status::SUCCESS, 0x0004_0002)));
     let log = c.admin.get_log_page(0x04, 0, 4096).unwrap();
     assert_eq!(&log[0..4], &2u32.to_le_bytes(), "changed namespace list names nsid 2");

@@ -1,7 +1,7 @@
 //! NVMe/TCP protocol errors (NVMe/TCP 1.0 §3.6): every malformed PDU ends its connection with
 //! C2HTermReq (FES/FEI checked where the spec defines FEI) or leaves it waiting, while a
 //! healthy host on another connection keeps doing verified I/O before, during and after.
-//! Data digest errors fail only the command (§3.6.2: Transient Transport Error). Random bytes
+//! Data digest errors fail only the command (NVMe/TCP 1.0 §3.6.2: Transient Transport Error). Random bytes
 //! after ICReq never bring the target down.
 #![allow(clippy::unwrap_used)]
 
@@ -249,7 +249,7 @@ fn write_waiting_for_data(a: SocketAddr) -> (Controller, u16) {
 #[test]
 fn h2c_data_outside_its_r2t_is_refused() {
     with_healthy(|a, _| {
-        // Wrong offset: the first H2CData must start at R2TO (§3.6.2.7).
+        // Wrong offset: the first H2CData must start at R2TO (NVMe/TCP 1.0 §3.6.2.7).
         let (mut c, ttag) = write_waiting_for_data(a);
         let pdu = c.io[0].h2c_data_pdu(42, ttag, 4096, &[1; 4096], true);
         c.io[0].send_raw(&pdu).unwrap();

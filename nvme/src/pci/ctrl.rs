@@ -1,4 +1,4 @@
-//! Controller bring-up, queue creation, reset and shutdown (NVMe base spec 2.0 §3.5.1
+//! Controller bring-up, queue creation, reset and shutdown (NVMe 2.0 §3.5.1
 //! "Memory-based Controller Initialization", §3.6.1 shutdown, §3.7.2 controller reset).
 
 use std::sync::Arc;
@@ -20,7 +20,7 @@ use crate::spec::{Cap, Cc, Csts, Sqe, cns, feature, opcode};
 pub struct ControllerConfig {
     /// I/O queue pairs to ask for (Set Features Number of Queues); one per reactor.
     pub io_queues: u16,
-    /// Admin queue entries (AQA; at most 4096, §3.1.3.8).
+    /// Admin queue entries (AQA; at most 4096, NVMe 2.0 §3.1.3.8).
     pub admin_depth: u16,
     /// Upper bound on one command's transfer, below MDTS (and when MDTS is 0, unlimited).
     pub max_transfer: usize,
@@ -45,7 +45,7 @@ impl Default for ControllerConfig {
     }
 }
 
-/// An active namespace (Identify Namespace, §5.17.2.1; NVM command set spec §4.1.5.1).
+/// An active namespace (Identify Namespace, NVMe 2.0 §5.17.2.1; NVM Command Set 1.0 §4.1.5.1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Namespace {
     /// Namespace ID.
@@ -149,7 +149,7 @@ fn ascii(b: &[u8]) -> String {
 }
 
 impl Controller {
-    /// Brings the controller up (§3.5.1): disable and wait CSTS.RDY=0, admin queues (AQA,
+    /// Brings the controller up (NVMe 2.0 §3.5.1): disable and wait CSTS.RDY=0, admin queues (AQA,
     /// ASQ, ACQ), CC (NVM command set, 4 KiB pages, 64/16-byte entries), enable and wait
     /// CSTS.RDY=1 within CAP.TO, Identify Controller, the active namespaces, Set Features
     /// Number of Queues, MSI-X vectors.
@@ -262,7 +262,7 @@ impl Controller {
 
     /// Disable, admin queue, enable, Identify, Number of Queues.
     fn bring_up(&mut self) -> Result<()> {
-        // §3.5.1 steps 1-2: CC.EN = 0, wait for CSTS.RDY = 0.
+        // NVMe 2.0 §3.5.1 steps 1-2: CC.EN = 0, wait for CSTS.RDY = 0.
         self.disable()?;
         // Step 3: the admin queue (AQA, ASQ, ACQ).
         self.admin.reset_rings();
@@ -455,7 +455,7 @@ impl Controller {
         }
     }
 
-    /// CC.EN = 0 and wait for CSTS.RDY = 0 (§3.7.2): the controller stops, forgets its
+    /// CC.EN = 0 and wait for CSTS.RDY = 0 (NVMe 2.0 §3.7.2): the controller stops, forgets its
     /// queues and no longer touches host memory.
     fn disable(&self) -> Result<()> {
         let cc = self.regs.cc();
@@ -467,7 +467,7 @@ impl Controller {
 
     /// Creates an I/O queue pair of `depth` entries (clamped to 2..=CAP.MQES+1): Create I/O
     /// Completion Queue (interrupts enabled on its own MSI-X vector when there is one), then
-    /// Create I/O Submission Queue (§5.4, §5.5).
+    /// Create I/O Submission Queue (NVMe 2.0 §5.4, NVMe 2.0 §5.5).
     pub fn create_io_queue_pair(&mut self, depth: u16) -> Result<QueuePair> {
         self.reap_dropped();
         let granted = self.info.io_queues;
@@ -542,7 +542,7 @@ impl Controller {
         self.admin_command(sqe, None, what).map(drop)
     }
 
-    /// Deletes an I/O queue pair from the device (SQ first, then CQ, §3.3.1.3). Its commands
+    /// Deletes an I/O queue pair from the device (SQ first, then CQ, NVMe 2.0 §3.3.1.3). Its commands
     /// still in flight are aborted by the device.
     pub fn delete_io_queue_pair(&mut self, qp: QueuePair) -> Result<()> {
         let qid = qp.qid();
@@ -598,7 +598,7 @@ impl Controller {
         Ok(out)
     }
 
-    /// Resets the controller (§3.7.2): CC.EN = 0 and CSTS.RDY = 0 (the device stops and
+    /// Resets the controller (NVMe 2.0 §3.7.2): CC.EN = 0 and CSTS.RDY = 0 (the device stops and
     /// forgets its queues), every in-flight command fails with [`HOST_ABORTED`] (each queue
     /// pair does it for its own on its next call), then bring-up again. I/O queues are
     /// created again here when their owners have already acknowledged, else by a later
@@ -644,7 +644,7 @@ impl Controller {
         Ok((done, pending))
     }
 
-    /// Aborts command `cid` of SQ `qid` (Abort, §5.1); true when the controller says it
+    /// Aborts command `cid` of SQ `qid` (Abort, NVMe 2.0 §5.1); true when the controller says it
     /// aborted it (DW0 bit 0 = 0).
     pub fn abort(&mut self, qid: u16, cid: u16) -> Result<bool> {
         let mut sqe = Sqe::new_zeroed();
@@ -653,7 +653,7 @@ impl Controller {
         Ok(self.admin_command(sqe, None, "Abort")?.result & 1 == 0)
     }
 
-    /// Orderly shutdown (§3.6.1): deletes the I/O queues (SQ, then CQ), writes CC.SHN = 01b
+    /// Orderly shutdown (NVMe 2.0 §3.6.1): deletes the I/O queues (SQ, then CQ), writes CC.SHN = 01b
     /// and waits for CSTS.SHST = 10b. Drop the queue pairs first: queues still owned are
     /// deleted under their owners.
     pub fn shutdown(mut self) -> Result<()> {

@@ -12,7 +12,7 @@ use vm_memory::bitmap::BS;
 
 use super::{PciError, Result};
 
-/// The memory page size the driver uses (CC.MPS = 0: 4 KiB, §3.1.3.5) and the granule of
+/// The memory page size the driver uses (CC.MPS = 0: 4 KiB, NVMe 2.0 §3.1.3.5) and the granule of
 /// DMA allocations.
 pub const PAGE_SIZE: usize = 4096;
 /// A huge page (x86-64 2 MiB): allocations of at least this size try `MAP_HUGETLB` first.

@@ -1,5 +1,5 @@
-//! Interrupts: one eventfd per MSI-X vector (NVMe base spec 2.0 §3.5.1 step 8; a CQ names its
-//! vector in Create I/O Completion Queue's IV field, §5.4).
+//! Interrupts: one eventfd per MSI-X vector (NVMe 2.0 §3.5.1 step 8; a CQ names its
+//! vector in Create I/O Completion Queue's IV field, NVMe 2.0 §5.4).
 
 use std::sync::Arc;
 

@@ -8,12 +8,12 @@
 //!   group, device, BAR0 mmap, `VFIO_IOMMU_MAP_DMA`, `VFIO_DEVICE_SET_IRQS`) and [`fake`] (a
 //!   controller in process memory served by a thread: the test peer).
 //! - [`Registers`]: the typed register layer over a [`RegisterAccess`] (CAP, VS, CC, CSTS,
-//!   AQA, ASQ, ACQ and the doorbells with CAP.DSTRD stride, NVMe base spec 2.0 §3.1.3/§3.1.4).
+//!   AQA, ASQ, ACQ and the doorbells with CAP.DSTRD stride, NVMe 2.0 §3.1.3/§3.1.4).
 //! - [`QueuePair`]: one submission and one completion queue, owned by one thread, no locks:
 //!   batched doorbells, phase-bit completion, PRP1/PRP2/PRP lists, MDTS splitting,
 //!   per-command latency.
-//! - [`Controller`]: bring-up by the spec (§3.5.1), Identify, queue creation, shutdown
-//!   (§3.6.1) and reset (§3.7) with in-flight commands failed.
+//! - [`Controller`]: bring-up by the spec (NVMe 2.0 §3.5.1), Identify, queue creation, shutdown
+//!   (NVMe 2.0 §3.6.1) and reset (NVMe 2.0 §3.7) with in-flight commands failed.
 //!
 //! # DMA memory discipline
 //! Memory the device can write is never reached through a Rust reference: every access is a
@@ -43,7 +43,7 @@ pub use queue::{Completion, IoRequest, QueueError, QueuePair, Rejected};
 pub use regs::{RegisterAccess, Registers};
 
 /// Status a command completes with when the host gave up on it: the controller was reset
-/// (timeout, CSTS.CFS) or the queue went away. NVMe base spec 2.0 §4.6.1.2.4, Figure 103:
+/// (timeout, CSTS.CFS) or the queue went away. NVMe 2.0 §4.6.1.2.4, Figure 103:
 /// path related status 71h, Command Aborted By Host.
 pub const HOST_ABORTED: Status = Status::new(crate::spec::sct::PATH, 0x71);
 
@@ -163,7 +163,7 @@ pub enum PciError {
         /// The register's last value.
         last: u32,
     },
-    /// CSTS.CFS is set: the controller hit a fatal error (§3.1.3.6) and must be reset.
+    /// CSTS.CFS is set: the controller hit a fatal error (NVMe 2.0 §3.1.3.6) and must be reset.
     #[error("{name}: controller fatal status (CSTS.CFS=1, CSTS={csts:#x})")]
     ControllerFatal {
         /// The function.

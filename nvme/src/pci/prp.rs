@@ -1,4 +1,4 @@
-//! Physical Region Page entries and lists (NVMe base spec 2.0 §4.1.1, Figures 84-86).
+//! Physical Region Page entries and lists (NVMe 2.0 §4.1.1, Figures 84-86).
 //!
 //! With a memory page size of 4 KiB (CC.MPS = 0):
 //! - PRP1 points at the first byte; it may have an offset into its page (dword aligned).
@@ -40,7 +40,7 @@ pub const fn list_pages_needed(pages: usize) -> usize {
 /// Why PRPs could not be built.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum PrpError {
-    /// PRP1 must be dword aligned (§4.1.1: bits 1:0 are 0).
+    /// PRP1 must be dword aligned (NVMe 2.0 §4.1.1: bits 1:0 are 0).
     #[error("buffer IOVA {0:#x} is not dword aligned")]
     Misaligned(u64),
     /// More list pages needed than the command has.

@@ -3,10 +3,10 @@
 //!
 //! - Submission writes SQEs into the SQ ring in DMA memory and rings the tail doorbell once
 //!   per batch ([`QueuePair::flush`], also done by [`QueuePair::poll`]).
-//! - Completion is found by the phase tag (§4.6, §3.3.1.2.2: the controller inverts the phase
+//! - Completion is found by the phase tag (NVMe 2.0 §4.6, NVMe 2.0 §3.3.1.2.2: the controller inverts the phase
 //!   it writes on each pass through the CQ), read with volatile loads; the CQ head doorbell
 //!   is written once per poll that consumed entries.
-//! - Data pointers are PRPs (§4.1.1) with per-command PRP list pages from the queue's pool.
+//! - Data pointers are PRPs (NVMe 2.0 §4.1.1) with per-command PRP list pages from the queue's pool.
 //! - A request larger than the per-command limit (MDTS, Identify Controller byte 77) is split
 //!   into several commands and completes when all of them have.
 //! - After a controller reset ([`super::Controller::reset`]) the queue fails its in-flight
@@ -89,7 +89,7 @@ pub struct IoRequest {
     /// Returned in the completion.
     pub tag: u64,
     /// Flag bits OR-ed into CDW12 of each of its commands: FUA (bit 30) for Read/Write, DEAC
-    /// (bit 25) for Write Zeroes (NVM command set spec 1.0 §3.2.4, §3.2.8). The NLB field
+    /// (bit 25) for Write Zeroes (NVM Command Set 1.0 §3.2.4, §3.2.8). The NLB field
     /// (bits 15:0) is the queue's.
     pub cdw12_flags: u32,
 }

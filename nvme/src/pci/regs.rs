@@ -1,11 +1,11 @@
-//! BAR0 access and the typed controller registers (NVMe base spec 2.0 §3.1.3, Figure 33;
-//! doorbells §3.1.4, Figure 55).
+//! BAR0 access and the typed controller registers (NVMe 2.0 §3.1.3, Figure 33;
+//! doorbells NVMe 2.0 §3.1.4, Figure 55).
 
 use std::sync::Arc;
 
 use crate::spec::{Cap, Cc, Csts};
 
-/// Register offsets in BAR0 (§3.1.3, Figure 33).
+/// Register offsets in BAR0 (NVMe 2.0 §3.1.3, Figure 33).
 pub mod offset {
     /// Controller Capabilities (8 bytes).
     pub const CAP: usize = 0x00;
@@ -31,7 +31,7 @@ pub mod offset {
     pub const DOORBELLS: usize = 0x1000;
 }
 
-/// Offset of submission queue `qid`'s tail doorbell: 1000h + (2y × (4 << CAP.DSTRD)) (§3.1.4).
+/// Offset of submission queue `qid`'s tail doorbell: 1000h + (2y × (4 << CAP.DSTRD)) (NVMe 2.0 §3.1.4).
 pub const fn sq_tail_doorbell(qid: u16, dstrd: u8) -> usize {
     offset::DOORBELLS + (2 * qid as usize) * (4usize << dstrd)
 }
@@ -44,14 +44,14 @@ pub const fn cq_head_doorbell(qid: u16, dstrd: u8) -> usize {
 /// Reads and writes of BAR0 at byte offsets: the seam between the driver and the hardware.
 ///
 /// Implementations: a VFIO mmap of BAR0 (volatile accesses to device memory) and the fake
-/// controller's registers (atomics). Accesses are 32-bit aligned (§3.1.3: registers are
+/// controller's registers (atomics). Accesses are 32-bit aligned (NVMe 2.0 §3.1.3: registers are
 /// accessed in their natural width or as 32-bit halves).
 pub trait RegisterAccess: Send + Sync {
     /// Reads the 32-bit register at `offset`.
     fn read32(&self, offset: usize) -> u32;
     /// Writes the 32-bit register at `offset`.
     fn write32(&self, offset: usize, value: u32);
-    /// Reads the 64-bit register at `offset` as two 32-bit reads, low half first (§3.1.3:
+    /// Reads the 64-bit register at `offset` as two 32-bit reads, low half first (NVMe 2.0 §3.1.3:
     /// "a 64-bit register may be read as two 32-bit accesses").
     fn read64(&self, offset: usize) -> u64 {
         let lo = u64::from(self.read32(offset));
@@ -89,17 +89,17 @@ impl Registers {
         self.dstrd
     }
 
-    /// Controller Capabilities (§3.1.3.1).
+    /// Controller Capabilities (NVMe 2.0 §3.1.3.1).
     pub fn cap(&self) -> Cap {
         Cap(self.bar.read64(offset::CAP))
     }
 
-    /// Version (§3.1.3.2), raw.
+    /// Version (NVMe 2.0 §3.1.3.2), raw.
     pub fn vs(&self) -> u32 {
         self.bar.read32(offset::VS)
     }
 
-    /// Controller Configuration (§3.1.3.5).
+    /// Controller Configuration (NVMe 2.0 §3.1.3.5).
     pub fn cc(&self) -> Cc {
         Cc(self.bar.read32(offset::CC))
     }
@@ -109,23 +109,23 @@ impl Registers {
         self.bar.write32(offset::CC, cc.0);
     }
 
-    /// Controller Status (§3.1.3.6).
+    /// Controller Status (NVMe 2.0 §3.1.3.6).
     pub fn csts(&self) -> Csts {
         Csts(self.bar.read32(offset::CSTS))
     }
 
-    /// Admin Queue Attributes (§3.1.3.8): ACQS in bits 27:16, ASQS in 11:0, both 0's based.
+    /// Admin Queue Attributes (NVMe 2.0 §3.1.3.8): ACQS in bits 27:16, ASQS in 11:0, both 0's based.
     pub fn set_aqa(&self, sq_entries: u16, cq_entries: u16) {
         let v = ((u32::from(cq_entries) - 1) << 16) | (u32::from(sq_entries) - 1);
         self.bar.write32(offset::AQA, v);
     }
 
-    /// Admin Submission Queue base (§3.1.3.9, 4 KiB aligned).
+    /// Admin Submission Queue base (NVMe 2.0 §3.1.3.9, 4 KiB aligned).
     pub fn set_asq(&self, iova: u64) {
         self.bar.write64(offset::ASQ, iova);
     }
 
-    /// Admin Completion Queue base (§3.1.3.10, 4 KiB aligned).
+    /// Admin Completion Queue base (NVMe 2.0 §3.1.3.10, 4 KiB aligned).
     pub fn set_acq(&self, iova: u64) {
         self.bar.write64(offset::ACQ, iova);
     }
@@ -156,7 +156,7 @@ impl Doorbell {
     /// Writes the new tail (SQ) or head (CQ).
     ///
     /// A full fence comes first: the queue entries written to DMA memory must be visible to
-    /// the device before it sees the doorbell (NVMe base spec 2.0 §3.3.1.2).
+    /// the device before it sees the doorbell (NVMe 2.0 §3.3.1.2).
     #[inline]
     pub fn ring(&self, value: u16) {
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);

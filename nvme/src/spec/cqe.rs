@@ -1,4 +1,4 @@
-//! The completion queue entry (NVMe base spec 2.0 §4.6): layout, constructors and the
+//! The completion queue entry (NVMe 2.0 §4.6): layout, constructors and the
 //! phase/status accessors.
 
 use zerocopy::little_endian::{U16, U32};
@@ -7,10 +7,10 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 use super::Status;
 
 // ---------------------------------------------------------------------------------------------
-// Completion queue entry and status (§4.6)
+// Completion queue entry and status (NVMe 2.0 §4.6)
 // ---------------------------------------------------------------------------------------------
 
-/// Completion queue entry (NVMe base spec 2.0 §4.6, Figure 89; 16 bytes).
+/// Completion queue entry (NVMe 2.0 §4.6, Figure 89; 16 bytes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
 #[repr(C)]
 pub struct Cqe {

@@ -1,9 +1,9 @@
-//! Identifier values of admin commands: Identify CNS (§5.17.1), log page (§5.16) and feature
-//! (§5.27.1) identifiers.
+//! Identifier values of admin commands: Identify CNS (NVMe 2.0 §5.17.1), log page (NVMe 2.0 §5.16) and feature
+//! (NVMe 2.0 §5.27.1) identifiers.
 
 use crate::bindings::{nvme_cmd_get_log_lid as lid, nvme_features_id as fid, nvme_identify_cns as cns_b};
 
-/// Identify CNS values (NVMe base spec 2.0 §5.17.1, Figure 273) a fabrics target serves.
+/// Identify CNS values (NVMe 2.0 §5.17.1, Figure 273) a fabrics target serves.
 pub mod cns {
     use super::cns_b;
     /// Identify Namespace data structure for the NSID.
@@ -16,7 +16,7 @@ pub mod cns {
     pub const NS_ID_DESCRIPTOR_LIST: u8 = cns_b::NVME_IDENTIFY_CNS_NS_DESC_LIST as u8;
 }
 
-/// Log page identifiers (NVMe base spec 2.0 §5.16, Figure 202; NVMe-oF 1.1 §5.4).
+/// Log page identifiers (NVMe 2.0 §5.16, Figure 202; NVMe-oF 1.1 §5.4).
 pub mod log_page {
     use super::lid;
     /// Error Information.
@@ -35,7 +35,7 @@ pub mod log_page {
     pub const DISCOVERY: u8 = lid::NVME_LOG_LID_DISCOVER as u8;
 }
 
-/// Feature identifiers (NVMe base spec 2.0 §5.27.1, Figure 317).
+/// Feature identifiers (NVMe 2.0 §5.27.1, Figure 317).
 pub mod feature {
     use super::fid;
     /// Volatile Write Cache.

@@ -1,7 +1,7 @@
 //! Hand-written NVMe base spec 2.0 wire structures and constants: the submission queue entry
-//! (SQE, §4.2), the completion queue entry (CQE, §4.6), the SGL descriptor (§4.3.2), status
-//! values (§4.6.1.2), opcodes (§5, NVM command set spec §3, NVMe-oF 1.1 §6) and the
-//! controller properties a fabrics target exposes (§3.1.3).
+//! (SQE, NVMe 2.0 §4.2), the completion queue entry (CQE, NVMe 2.0 §4.6), the SGL descriptor (NVMe 2.0 §4.3.2), status
+//! values (NVMe 2.0 §4.6.1.2), opcodes (NVMe 2.0 §5, NVM Command Set 1.0 §3, NVMe-oF 1.1 §6) and the
+//! controller properties a fabrics target exposes (NVMe 2.0 §3.1.3).
 //!
 //! Multi-byte fields use `zerocopy::little_endian` types: the structs have alignment 1, can be
 //! read from any offset of a receive buffer, and are correct on any host.

@@ -9,7 +9,7 @@ use crate::bindings::{nvme_admin_opcode as ao, nvme_fctype as fct, nvme_io_opcod
 /// Fabrics command opcode (NVMe-oF 1.1 §6.1), valid on admin and I/O queues.
 pub const FABRICS: u8 = ao::nvme_admin_fabrics as u8;
 
-/// Admin command opcodes (NVMe base spec 2.0 §5, Figure 138).
+/// Admin command opcodes (NVMe 2.0 §5, Figure 138).
 pub mod admin {
     use super::ao;
     /// Delete I/O Submission Queue.
@@ -64,7 +64,7 @@ pub mod admin {
     pub const GET_LBA_STATUS: u8 = ao::nvme_admin_get_lba_status as u8;
 }
 
-/// NVM command set I/O opcodes (NVM command set spec 1.0 §3, Figure 17).
+/// NVM command set I/O opcodes (NVM Command Set 1.0 §3, Figure 17).
 pub mod io {
     use super::io_b;
     /// Flush.

@@ -1,13 +1,13 @@
-//! Controller properties (NVMe base spec 2.0 §3.1.3; NVMe-oF Property Get/Set): their offsets
+//! Controller properties (NVMe 2.0 §3.1.3; NVMe-oF Property Get/Set): their offsets
 //! and the CAP, VS, CC and CSTS values.
 
 use crate::bindings::nvme_register_offsets as reg;
 
 // ---------------------------------------------------------------------------------------------
-// Controller properties (§3.1.3; NVMe-oF Property Get/Set)
+// Controller properties (NVMe 2.0 §3.1.3; NVMe-oF Property Get/Set)
 // ---------------------------------------------------------------------------------------------
 
-/// Controller property offsets (NVMe base spec 2.0 §3.1.3, Figure 33).
+/// Controller property offsets (NVMe 2.0 §3.1.3, Figure 33).
 pub mod property {
     use super::reg;
     /// Controller Capabilities (8 bytes).
@@ -50,7 +50,7 @@ const fn set64(v: u64, shift: u32, width: u32, x: u64) -> u64 {
     (v & !mask) | ((x << shift) & mask)
 }
 
-/// Controller Capabilities (CAP, §3.1.3.1, Figure 36).
+/// Controller Capabilities (CAP, NVMe 2.0 §3.1.3.1, Figure 36).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Cap(pub u64);
 
@@ -120,7 +120,7 @@ impl Cap {
     }
 }
 
-/// Version (VS, §3.1.3.2): major (31:16), minor (15:8), tertiary (7:0).
+/// Version (VS, NVMe 2.0 §3.1.3.2): major (31:16), minor (15:8), tertiary (7:0).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Vs(pub u32);
 
@@ -138,7 +138,7 @@ impl Vs {
     }
 }
 
-/// Controller Configuration (CC, §3.1.3.5, Figure 41).
+/// Controller Configuration (CC, NVMe 2.0 §3.1.3.5, Figure 41).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Cc(pub u32);
 
@@ -214,7 +214,7 @@ impl Cc {
     }
 }
 
-/// Controller Status (CSTS, §3.1.3.6, Figure 42).
+/// Controller Status (CSTS, NVMe 2.0 §3.1.3.6, Figure 42).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Csts(pub u32);
 

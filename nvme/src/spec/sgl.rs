@@ -1,13 +1,13 @@
-//! The SGL descriptor (NVMe base spec 2.0 §4.3.2): layout, type/subtype codes and constructors.
+//! The SGL descriptor (NVMe 2.0 §4.3.2): layout, type/subtype codes and constructors.
 
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 // ---------------------------------------------------------------------------------------------
-// SGL descriptor (§4.3.2)
+// SGL descriptor (NVMe 2.0 §4.3.2)
 // ---------------------------------------------------------------------------------------------
 
-/// SGL descriptor (NVMe base spec 2.0 §4.3.2, 16 bytes).
+/// SGL descriptor (NVMe 2.0 §4.3.2, 16 bytes).
 ///
 /// Byte 15 is the SGL identifier: descriptor type in bits 7:4, subtype in bits 3:0. For a
 /// Keyed SGL Data Block (RDMA) bytes 8..11 are a 3-byte length and 11..15 the key; NVMe/TCP
@@ -27,7 +27,7 @@ pub struct SglDescriptor {
 const _: () = assert!(size_of::<SglDescriptor>() == 16);
 
 impl SglDescriptor {
-    /// Descriptor type: SGL Data Block (§4.3.2.1, Figure 118).
+    /// Descriptor type: SGL Data Block (NVMe 2.0 §4.3.2.1, Figure 118).
     pub const TYPE_DATA_BLOCK: u8 = 0x0;
     /// Descriptor type: SGL Bit Bucket.
     pub const TYPE_BIT_BUCKET: u8 = 0x1;

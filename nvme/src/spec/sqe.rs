@@ -1,4 +1,4 @@
-//! The submission queue entry (NVMe base spec 2.0 §4.2): the common command format and its
+//! The submission queue entry (NVMe 2.0 §4.2): the common command format and its
 //! field accessors.
 
 use zerocopy::little_endian::{U16, U32, U64};
@@ -7,10 +7,10 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 use super::SglDescriptor;
 
 // ---------------------------------------------------------------------------------------------
-// Submission queue entry (§4.2)
+// Submission queue entry (NVMe 2.0 §4.2)
 // ---------------------------------------------------------------------------------------------
 
-/// Submission queue entry, common command format (NVMe base spec 2.0 §4.2, Figure 88; 64
+/// Submission queue entry, common command format (NVMe 2.0 §4.2, Figure 88; 64
 /// bytes). Fabrics commands (opcode 0x7F, NVMe-oF 1.1 §6.1) keep FCTYPE in byte 4, where
 /// NSID is: see [`Sqe::fctype`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]

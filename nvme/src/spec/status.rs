@@ -1,9 +1,9 @@
-//! CQE status values (NVMe base spec 2.0 §4.6.1.2): the status code types and the [`Status`]
+//! CQE status values (NVMe 2.0 §4.6.1.2): the status code types and the [`Status`]
 //! field.
 
 use crate::bindings::nvme_status_field as sf;
 
-/// Status Code Type values (§4.6.1.2.1, Figure 93).
+/// Status Code Type values (NVMe 2.0 §4.6.1.2.1, Figure 93).
 pub mod sct {
     use super::sf;
     /// Generic command status.
@@ -18,7 +18,7 @@ pub mod sct {
     pub const VENDOR: u8 = sf::NVME_SCT_VS as u8;
 }
 
-/// The 15-bit status field of a CQE (NVMe base spec 2.0 §4.6.1, Figure 92): SC (bits 7:0),
+/// The 15-bit status field of a CQE (NVMe 2.0 §4.6.1, Figure 92): SC (bits 7:0),
 /// SCT (10:8), CRD (12:11), More (13), DNR (14). In the CQE status word it sits in bits
 /// 15:1, above the phase tag.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]

@@ -88,7 +88,7 @@ pub fn mdts(max_io_size: u32) -> u8 {
     (max_io_size / 4096).max(1).ilog2() as u8
 }
 
-/// Identify Controller (CNS 01h), base spec §5.17.2.1, with the fabrics fields of NVMe-oF
+/// Identify Controller (CNS 01h), NVMe 2.0 §5.17.2.1, with the fabrics fields of NVMe-oF
 /// §4.1 (IOCCSZ, IORCSZ, ICDOFF, FCATT, MSDBD, OFCS).
 pub fn identify_controller(ctrl: &Ctrl, shared: &Shared) -> Vec<u8> {
     let t = &shared.transport;
@@ -126,7 +126,7 @@ pub fn identify_controller(ctrl: &Ctrl, shared: &Shared) -> Vec<u8> {
     id.maxcmd = (t.io_queue_depth.min(0xFFFF) as u16).to_le();
     id.nn = nn.to_le();
     id.oncs = ((1u16 << 2) | (1 << 3)).to_le(); // Dataset Management, Write Zeroes
-    // VWC (base spec §5.17.2.1): files and devices cache writes until a Flush; RAM and the
+    // VWC (NVMe 2.0 §5.17.2.1): files and devices cache writes until a Flush; RAM and the
     // simulated device hold a completed write in the namespace's memory. Bits 2:1 = 10b: a
     // Flush with NSID FFFFFFFFh is not supported (each namespace is flushed by its own).
     id.vwc = if ctrl.subsys.as_ref().is_some_and(|s| s.volatile_cache()) {
@@ -144,7 +144,7 @@ pub fn identify_controller(ctrl: &Ctrl, shared: &Shared) -> Vec<u8> {
     id.as_bytes().to_vec()
 }
 
-/// Identify Namespace (CNS 00h), NVM command set spec §4.1.5.1.
+/// Identify Namespace (CNS 00h), NVM Command Set 1.0 §4.1.5.1.
 pub fn identify_namespace(ctrl: &Ctrl, nsid: u32) -> Reply {
     let Some(subsys) = &ctrl.subsys else {
         return Reply::err(Status::INVALID_FIELD.with_dnr());
@@ -153,7 +153,7 @@ pub fn identify_namespace(ctrl: &Ctrl, nsid: u32) -> Reply {
         return Reply::err(Status::INVALID_NAMESPACE.with_dnr());
     }
     let mut id = nvme_id_ns::new_zeroed();
-    // An inactive NSID gets a zero-filled structure (base spec §5.17.2.1).
+    // An inactive NSID gets a zero-filled structure (NVMe 2.0 §5.17.2.1).
     if let Some(ns) = subsys.namespace(nsid) {
         id.nsze = ns.blocks.to_le();
         id.ncap = ns.blocks.to_le();
@@ -185,7 +185,7 @@ pub fn active_ns_list(ctrl: &Ctrl, nsid: u32) -> Reply {
     Reply::data(out)
 }
 
-/// Namespace Identification Descriptor list (CNS 03h), base spec §5.17.2.3.
+/// Namespace Identification Descriptor list (CNS 03h), NVMe 2.0 §5.17.2.3.
 pub fn ns_id_descriptors(ctrl: &Ctrl, nsid: u32) -> Reply {
     let Some(ns) = ctrl.subsys.as_ref().and_then(|s| s.namespace(nsid)) else {
         return Reply::err(Status::INVALID_NAMESPACE.with_dnr());
@@ -214,7 +214,7 @@ pub fn identify(ctrl: &Ctrl, shared: &Shared, cns_value: u8, nsid: u32) -> Reply
     }
 }
 
-/// Number of Queues result dword: NSQA and NCQA, 0's based (base spec §5.27.1.5).
+/// Number of Queues result dword: NSQA and NCQA, 0's based (NVMe 2.0 §5.27.1.5).
 pub fn queues_dw0(n: u16) -> u32 {
     let z = u32::from(n.max(1) - 1);
     z | (z << 16)
@@ -293,7 +293,7 @@ pub fn set_features(ctrl: &mut Ctrl, shared: &Shared, fid: u8, save: bool, cdw11
                 )
             }
         }
-        // Fabrics set the host identifier at Connect (NVMe-oF §6.3).
+        // Fabrics set the host identifier at Connect (NVMe-oF 1.1 §6.3).
         feature::HOST_IDENTIFIER => (
             Reply::err(Status::COMMAND_SEQUENCE_ERROR.with_dnr()),
             FeatureEffect::None,
@@ -302,17 +302,17 @@ pub fn set_features(ctrl: &mut Ctrl, shared: &Shared, fid: u8, save: bool, cdw11
     }
 }
 
-/// Admin commands this target implements (base spec §5).
+/// Admin commands this target implements (NVMe 2.0 §5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admin {
-    /// Identify (§5.17).
+    /// Identify (NVMe 2.0 §5.17).
     Identify {
         /// Controller or namespace structure.
         cns: u8,
         /// Namespace id.
         nsid: u32,
     },
-    /// Get Log Page (§5.16).
+    /// Get Log Page (NVMe 2.0 §5.16).
     GetLogPage {
         /// Log page id.
         lid: u8,
@@ -325,7 +325,7 @@ pub enum Admin {
         /// Bytes wanted.
         len: u32,
     },
-    /// Set Features (§5.27).
+    /// Set Features (NVMe 2.0 §5.27).
     SetFeatures {
         /// Feature id.
         fid: u8,
@@ -334,7 +334,7 @@ pub enum Admin {
         /// Value.
         cdw11: u32,
     },
-    /// Get Features (§5.15).
+    /// Get Features (NVMe 2.0 §5.15).
     GetFeatures {
         /// Feature id.
         fid: u8,
@@ -343,11 +343,11 @@ pub enum Admin {
         /// Feature specific.
         cdw11: u32,
     },
-    /// Keep Alive (§5.19).
+    /// Keep Alive (NVMe 2.0 §5.19).
     KeepAlive,
-    /// Asynchronous Event Request (§5.2).
+    /// Asynchronous Event Request (NVMe 2.0 §5.2).
     AsyncEventRequest,
-    /// Abort (§5.1).
+    /// Abort (NVMe 2.0 §5.1).
     Abort {
         /// Queue of the command to abort.
         sqid: u16,

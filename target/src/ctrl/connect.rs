@@ -24,7 +24,7 @@ fn ipo_data(off: u32) -> u32 {
 /// Fabrics commands (NVMe-oF 1.1 §6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fabrics {
-    /// Connect (§6.3): creates the admin queue (qid 0) or an I/O queue.
+    /// Connect (NVMe-oF 1.1 §6.3): creates the admin queue (qid 0) or an I/O queue.
     Connect {
         /// Record format, must be 0.
         recfmt: u16,
@@ -37,14 +37,14 @@ pub enum Fabrics {
         /// Keep-alive timeout in ms (admin queue).
         kato: u32,
     },
-    /// Property Get (§6.5).
+    /// Property Get (NVMe-oF 1.1 §6.5).
     PropertyGet {
         /// 8-byte property.
         size8: bool,
         /// Register offset.
         offset: u32,
     },
-    /// Property Set (§6.6).
+    /// Property Set (NVMe-oF 1.1 §6.6).
     PropertySet {
         /// 8-byte property.
         size8: bool,
@@ -53,7 +53,7 @@ pub enum Fabrics {
         /// New value.
         value: u64,
     },
-    /// Disconnect (§6.4, I/O queues).
+    /// Disconnect (NVMe-oF 1.1 §6.4, I/O queues).
     Disconnect,
     /// Any other fabrics command type.
     Other(u8),

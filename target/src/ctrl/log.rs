@@ -17,7 +17,7 @@ fn le128(dst: &mut [u8; 16], v: u64) {
     *dst = u128::from(v).to_le_bytes();
 }
 
-/// SMART / Health Information (LID 02h), base spec §5.16.1.3, controller-wide: the sum over
+/// SMART / Health Information (LID 02h), NVMe 2.0 §5.16.1.3, controller-wide: the sum over
 /// the subsystem's namespaces of every reactor's counters.
 pub fn smart_log(ctrl: &Ctrl, started: std::time::Instant) -> Vec<u8> {
     let mut log = nvme_smart_log::new_zeroed();
@@ -33,7 +33,7 @@ pub fn smart_log(ctrl: &Ctrl, started: std::time::Instant) -> Vec<u8> {
     }
     log.avail_spare = 100;
     log.spare_thresh = 10;
-    // Data units are thousands of 512-byte units, rounded up (§5.16.1.3, Figure 207).
+    // Data units are thousands of 512-byte units, rounded up (NVMe 2.0 §5.16.1.3, Figure 207).
     le128(&mut log.data_units_read, (rb / 512).div_ceil(1000));
     le128(&mut log.data_units_written, (wb / 512).div_ceil(1000));
     le128(&mut log.host_reads, rc);
@@ -61,7 +61,7 @@ pub fn error_log(ctrl: &Ctrl) -> Vec<u8> {
     out
 }
 
-/// Commands Supported and Effects (LID 05h), base spec §5.16.1.6.
+/// Commands Supported and Effects (LID 05h), NVMe 2.0 §5.16.1.6.
 pub fn effects_log() -> Vec<u8> {
     use opcode::{admin, io};
     let mut out = vec![0u8; 4096];

@@ -44,7 +44,7 @@ pub struct QueueRef {
     pub serial: u64,
 }
 
-/// One error log entry (base spec §5.16.1.2), kept compact.
+/// One error log entry (NVMe 2.0 §5.16.1.2), kept compact.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ErrorEntry {
     /// Error count at the time (unique, increasing).

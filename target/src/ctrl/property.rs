@@ -7,7 +7,7 @@ use super::Ctrl;
 use super::admin::{Reply, VERSION};
 use crate::subsystem::Shared;
 
-/// The CAP property (base spec §3.1.3.1): MQES, CQR, TO 7.5 s, NVM command set, 4 KiB pages.
+/// The CAP property (NVMe 2.0 §3.1.3.1): MQES, CQR, TO 7.5 s, NVM command set, 4 KiB pages.
 pub fn cap(shared: &Shared) -> u64 {
     let mqes = (shared.transport.io_queue_depth.clamp(2, 65536) - 1) as u16;
     Cap(0)

@@ -4,7 +4,7 @@
 //! A thread pinned to CORE (where a benchmark pins the target's reactor) answers each request
 //! with the bytes pollux would return for the same command, and the client sends exactly the
 //! bytes a host would: for a read, a 72-byte command capsule (8-byte common header + 64-byte
-//! SQE, NVMe/TCP §3.6.2.4) answered by a 24-byte C2HData header and the data; for a write,
+//! SQE, NVMe/TCP 1.0 §3.6.2.4) answered by a 24-byte C2HData header and the data; for a write,
 //! the capsule with the data in it answered by a 24-byte response capsule (8 + 16-byte CQE).
 //! Both sides busy-poll non-blocking sockets with TCP_NODELAY, as pollux's poll-mode reactor
 //! and client do, and do nothing else: no parsing, no namespace. At a queue depth above 1 the

@@ -221,7 +221,7 @@ pub struct PerfOpts {
     /// Keep SQ flow control on the I/O queues. Off by default (Connect CATTR bit 2,
     /// NVMe-oF 1.1 §3.3.1; Linux's `nvme connect --disable-sqflow`): the host never needs
     /// SQHD, and the controller may then answer a read with one C2HData PDU carrying
-    /// SUCCESS instead of the data plus a response capsule (NVMe/TCP §3.6.2.8).
+    /// SUCCESS instead of the data plus a response capsule (NVMe/TCP 1.0 §3.6.2.8).
     pub sqflow: bool,
 }
 

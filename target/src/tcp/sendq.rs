@@ -14,7 +14,7 @@
 //! completion (the C2HData SUCCESS flag or the CQE that follows them), so the host sees its
 //! completion only after the data was taken; a write to the same blocks that the host
 //! submitted while the read was outstanding may or may not be seen, which NVMe allows for
-//! commands outstanding together (base spec §3.4.1: commands of a queue are independent,
+//! commands outstanding together (NVMe 2.0 §3.4.1: commands of a queue are independent,
 //! and their order of execution is not defined). With a data digest the digest must cover
 //! exactly the bytes sent, so `Conn` copies in that case.
 

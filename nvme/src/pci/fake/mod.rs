@@ -30,13 +30,13 @@ mod engine;
 mod hw;
 mod iova;
 
-/// Command specific 00h: Completion Queue Invalid (§5.5, Create I/O Submission Queue).
+/// Command specific 00h: Completion Queue Invalid (NVMe 2.0 §5.5, Create I/O Submission Queue).
 pub const CQ_INVALID: Status = Status::new(sct::COMMAND_SPECIFIC, 0x00);
-/// Command specific 08h: Invalid Interrupt Vector (§5.4).
+/// Command specific 08h: Invalid Interrupt Vector (NVMe 2.0 §5.4).
 pub const INVALID_INTERRUPT_VECTOR: Status = Status::new(sct::COMMAND_SPECIFIC, 0x08);
-/// Command specific 0Ch: Invalid Queue Deletion (§5.6).
+/// Command specific 0Ch: Invalid Queue Deletion (NVMe 2.0 §5.6).
 pub const INVALID_QUEUE_DELETION: Status = Status::new(sct::COMMAND_SPECIFIC, 0x0C);
-/// Generic 13h: PRP Offset Invalid (§4.6.1.2.1).
+/// Generic 13h: PRP Offset Invalid (NVMe 2.0 §4.6.1.2.1).
 pub const PRP_OFFSET_INVALID: Status = Status::new(sct::GENERIC, 0x13);
 
 /// A RAM namespace of the fake controller.

@@ -4,7 +4,7 @@
 //! Ownership follows the data path, as in SPDK's NVMe bdev:
 //! - An [`SsdDevice`] is one controller (a PCI function bound to vfio-pci, or the in-process
 //!   fake controller), opened once however many namespaces name it (a registry by name). At
-//!   open it is brought up (NVMe base spec 2.0 §3.5.1) and one I/O queue pair is created for
+//!   open it is brought up (NVMe 2.0 §3.5.1) and one I/O queue pair is created for
 //!   every reactor, each with its own MSI-X vector wired to an eventfd.
 //! - Each reactor takes its queue pair into an [`SsdChannel`], a reactor source: it alone
 //!   submits and reaps on it, with no lock. The MSI-X eventfd wakes the reactor in interrupt
@@ -12,7 +12,7 @@
 //!   latency feeds the reactor's latency model (hybrid sleeps, the adaptive policy).
 //! - The admin queue belongs to a small admin thread per device, off the I/O path: every
 //!   100 ms it checks CSTS.CFS and the queues' command timeouts and resets the controller
-//!   (§3.7.2) when needed. In-flight commands then complete with Command Aborted By Host
+//!   (NVMe 2.0 §3.7.2) when needed. In-flight commands then complete with Command Aborted By Host
 //!   (the host retries them), new ones wait in the channel until their queue is created
 //!   again, and a controller that cannot be brought back fails I/O with Namespace Not Ready
 //!   rather than hanging hosts.
@@ -56,9 +56,9 @@ const CHUNK: usize = 2 << 20;
 const MAX_TRANSFER: usize = 1 << 20;
 /// Completions within this gap of the previous poll are exact latency samples.
 const EXACT_GAP: Duration = Duration::from_micros(5);
-/// CDW12 bit 30, Force Unit Access (NVM command set spec §3.2.6).
+/// CDW12 bit 30, Force Unit Access (NVM Command Set 1.0 §3.2.6).
 const FUA: u32 = 1 << 30;
-/// CDW12 bit 25, Deallocate, of Write Zeroes (NVM command set spec §3.2.8).
+/// CDW12 bit 25, Deallocate, of Write Zeroes (NVM Command Set 1.0 §3.2.8).
 const DEAC: u32 = 1 << 25;
 /// ONCS bit 3: Write Zeroes supported.
 const ONCS_WRITE_ZEROES: u16 = 1 << 3;
@@ -424,7 +424,7 @@ impl SsdDevice {
         Ok(())
     }
 
-    /// Stops the admin thread and shuts the controller down (§3.6.1: queues deleted, CC.SHN,
+    /// Stops the admin thread and shuts the controller down (NVMe 2.0 §3.6.1: queues deleted, CC.SHN,
     /// CSTS.SHST). Idempotent; also done on drop.
     pub fn shutdown(&self) {
         *lock(&self.admin.stop) = true;

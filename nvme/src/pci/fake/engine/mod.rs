@@ -102,7 +102,7 @@ impl Engine {
         }
         if !cc.en() {
             if self.enabled || self.csts().0 != 0 || self.ready_at.is_some() {
-                // Controller reset (§3.7.2): queues gone, CSTS cleared.
+                // Controller reset (NVMe 2.0 §3.7.2): queues gone, CSTS cleared.
                 self.enabled = false;
                 self.fatal = false;
                 self.shut = false;

@@ -8,7 +8,7 @@ use crate::pci::fake::PRP_OFFSET_INVALID;
 use crate::spec::{Sqe, Status};
 
 impl Engine {
-    /// Walks PRP1/PRP2 (and PRP lists) for `len` bytes (§4.1.1): the host memory segments.
+    /// Walks PRP1/PRP2 (and PRP lists) for `len` bytes (NVMe 2.0 §4.1.1): the host memory segments.
     pub(super) fn prp_segments(&self, sqe: &Sqe, len: usize) -> Result<Vec<(u64, usize)>, Status> {
         let ps = PAGE_SIZE as u64;
         let (prp1, prp2) = (sqe.prp1(), sqe.prp2());
