@@ -1,0 +1,52 @@
+//! The `file` backend.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::path::PathBuf;
+
+use super::capacity;
+use crate::FileBackend;
+use crate::error::ConfError;
+use crate::raw::RawFile;
+use crate::validate::cx::Cx;
+use crate::validate::registry::IdOwner;
+
+pub(super) fn file_backend(
+    cx: &Cx<'_>,
+    f: &RawFile,
+    nqn: &str,
+    nsid: u32,
+    block_size: u32,
+    files: &mut HashMap<PathBuf, (IdOwner, usize)>,
+) -> Result<FileBackend, ConfError> {
+    let path = cx.path(&f.path, "path")?;
+    let size = match &f.size {
+        None => None,
+        Some(v) => Some(capacity(cx, v, "file", block_size)?),
+    };
+    let direct = f.direct.as_ref().is_none_or(|d| *d.get_ref());
+    match files.entry(path.clone()) {
+        Entry::Occupied(owner) => {
+            let (owner, line) = owner.get();
+            return Err(cx.at(
+                f.path.span(),
+                format!(
+                    "file {} is already the backend of namespace {} in {:?} (line {line}); a file can back only one namespace",
+                    path.display(),
+                    owner.nsid,
+                    owner.nqn
+                ),
+            ));
+        }
+        Entry::Vacant(v) => {
+            v.insert((
+                IdOwner {
+                    nqn: nqn.to_owned(),
+                    nsid,
+                },
+                cx.line(&f.path.span()),
+            ));
+        }
+    }
+    Ok(FileBackend { path, size, direct })
+}

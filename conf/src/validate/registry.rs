@@ -1,0 +1,85 @@
+//! The identifiers, files and NVMe device namespaces in use across the
+//! configuration, and the checks that namespace identifiers are nonzero and
+//! unique.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::ops::Range;
+use std::path::PathBuf;
+
+use toml::Spanned;
+
+use super::cx::Cx;
+use crate::error::ConfError;
+
+/// A namespace identifier already in use, for the uniqueness check.
+pub(super) struct IdOwner {
+    pub(super) nqn: String,
+    pub(super) nsid: u32,
+}
+
+/// Namespace identifiers seen so far, across all subsystems: NVMe requires
+/// NGUID, EUI64 and UUID to be unique (NVMe Base §4.7). Also the files
+/// backing namespaces, which must not be shared either.
+#[derive(Default)]
+pub(super) struct IdRegistry {
+    pub(super) uuids: HashMap<[u8; 16], IdOwner>,
+    pub(super) nguids: HashMap<[u8; 16], IdOwner>,
+    pub(super) euis: HashMap<[u8; 8], IdOwner>,
+    /// Resolved file backend paths, with the line of their `path`.
+    pub(super) files: HashMap<PathBuf, (IdOwner, usize)>,
+    /// NVMe (device name, nsid) pairs in use, with the line naming them.
+    pub(super) nvme: HashMap<(String, u32), (IdOwner, usize)>,
+    /// Whether each NVMe device name is a PCI function (true) or a fake one.
+    pub(super) nvme_kinds: HashMap<String, (bool, usize)>,
+}
+
+/// All-zero identifiers mean "not reported" in Identify Namespace and the
+/// Namespace Identification Descriptor list, so they cannot be configured.
+pub(super) fn nonzero<const N: usize>(
+    cx: &Cx<'_>,
+    v: &Spanned<String>,
+    key: &str,
+    id: [u8; N],
+) -> Result<[u8; N], ConfError> {
+    if id == [0; N] {
+        Err(cx.at(
+            v.span(),
+            format!("`{key}` must not be all zero: NVMe reads zero as \"no {key}\""),
+        ))
+    } else {
+        Ok(id)
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn unique<K: std::hash::Hash + Eq>(
+    cx: &Cx<'_>,
+    seen: &mut HashMap<K, IdOwner>,
+    id: K,
+    key: &str,
+    text: &str,
+    span: Range<usize>,
+    nqn: &str,
+    nsid: u32,
+) -> Result<(), ConfError> {
+    match seen.entry(id) {
+        Entry::Occupied(owner) => {
+            let owner = owner.get();
+            Err(cx.at(
+                span,
+                format!(
+                    "{key} {text} of namespace {nsid} in {nqn:?} is already used by namespace {} in {:?}; namespace identifiers must be unique",
+                    owner.nsid, owner.nqn
+                ),
+            ))
+        }
+        Entry::Vacant(v) => {
+            v.insert(IdOwner {
+                nqn: nqn.to_owned(),
+                nsid,
+            });
+            Ok(())
+        }
+    }
+}
