@@ -24,7 +24,7 @@ use reactors::reactors;
 use subsystems::subsystems;
 use transport::{keep_alive, transport};
 
-/// The highest valid NSID; 0xFFFFFFFF is the broadcast value (NVMe Base
+/// The highest valid NSID; 0xFFFFFFFF is the broadcast value (NVMe 2.0
 /// §3.2.1.2) and 0 is never a namespace.
 const MAX_NSID: i64 = 0xFFFF_FFFE;
 

@@ -19,7 +19,7 @@ pub(super) struct IdOwner {
 }
 
 /// Namespace identifiers seen so far, across all subsystems: NVMe requires
-/// NGUID, EUI64 and UUID to be unique (NVMe Base §4.7). Also the files
+/// NGUID, EUI64 and UUID to be unique (NVMe 2.0 §4.7). Also the files
 /// backing namespaces, which must not be shared either.
 #[derive(Default)]
 pub(super) struct IdRegistry {
