@@ -14,7 +14,7 @@
 //! is allowed), read [`PduHeader::data_len`] bytes of data and, if
 //! [`PduHeader::has_data_digest`], 4 more bytes for [`check_data_digest`].
 //!
-//! [`next_frame`] does both stages over the unread bytes of a receive buffer and
+//! [`next_frame`] does both stages over the unread bytes of a receive buffer ([`RxBuf`]) and
 //! tells whether a whole PDU is there ([`Framed::Pdu`]), only its header
 //! ([`Framed::Header`], for a receiver that takes the data in place from there) or how many
 //! bytes it needs ([`Framed::Need`]); the receiver's limits come from a callback that may
@@ -38,8 +38,10 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 use crate::spec::{Cqe, Sqe, Status};
 
 mod frame;
+mod rxbuf;
 
 pub use frame::{Frame, FrameError, FrameErrorKind, Framed, next_frame};
+pub use rxbuf::{Recv, RxBuf};
 
 /// Length of a header or data digest (CRC32C) in bytes.
 pub const DIGEST_LEN: usize = 4;
