@@ -173,7 +173,7 @@ impl RxBuf {
 
     /// One `recv(2)` from the non-blocking socket `fd` into the room after the unread bytes
     /// (retried when interrupted).
-    #[inline]
+    #[inline(always)]
     pub fn recv(&mut self, fd: impl AsFd) -> io::Result<Recv> {
         let fd = fd.as_fd().as_raw_fd();
         let Some(free) = self.buf.get_mut(self.end..).filter(|f| !f.is_empty()) else {
@@ -214,7 +214,7 @@ impl RxBuf {
     /// `dest` must be valid for writes of `left` bytes for the duration of the call, and
     /// nothing else may read or write those bytes meanwhile; they must not overlap this
     /// buffer.
-    #[inline]
+    #[inline(always)]
     pub unsafe fn recv_into(
         &mut self,
         fd: impl AsFd,
