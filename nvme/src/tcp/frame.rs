@@ -158,6 +158,55 @@ impl<E: fmt::Debug + fmt::Display> std::error::Error for FrameError<E> {}
 /// however a stream is split, the same frames and errors come out of it (an error in the
 /// common header comes with up to 128 of the bytes there were, see
 /// [`FrameError::header_len`]).
+///
+/// # Example
+/// A target's receive loop; a host's is the same in the other direction, without the ICReq
+/// rule.
+/// ```
+/// use std::io::Write;
+/// use std::os::unix::net::UnixStream;
+/// use pollux_nvme::tcp::*;
+///
+/// let (sock, mut host) = UnixStream::pair()?;
+/// host.write_all(&encode_ic_req(false, false, 0, 0))?;
+/// drop(host);
+/// let (mut rx, mut ic_done) = (RxBuf::new(64 * 1024), false);
+/// 'conn: loop {
+///     rx.make_room(0);
+///     if rx.recv(&sock)? == Recv::Eof {
+///         break;
+///     }
+///     loop {
+///         let avail = rx.avail();
+///         let framed = next_frame(avail, Direction::HostToController, rx.capacity(), |_, ty| {
+///             // NVMe/TCP 1.0 §3.6.2.1: ICReq first and only once.
+///             if (ty == PduType::IcReq) == ic_done {
+///                 return Err("ICReq first and only once");
+///             }
+///             Ok(PduLimits { hdgst: false, ddgst: false, max_data: 8192 })
+///         });
+///         match framed {
+///             Ok(Framed::Pdu(f)) => {
+///                 let pdu = &avail[..f.plen];
+///                 let (data, digest_ok, header) = (f.data(pdu), f.digest_ok(pdu), &pdu[..f.hl]);
+///                 ic_done |= matches!(f.hdr, PduHeader::IcReq(_)); // dispatch here
+///                 rx.consume(f.plen);
+///             }
+///             // A large H2CData's data could be received in place from here (RxBuf::recv_into).
+///             Ok(Framed::Header(_) | Framed::Need(_)) => break,
+///             Err(e) => {
+///                 let header = e.offending_header(avail);
+///                 if let FrameErrorKind::Pdu(err) = &e.kind {
+///                     let _term_req = encode_term_req_for(err, Direction::ControllerToHost, header);
+///                 }
+///                 break 'conn;
+///             }
+///         }
+///     }
+/// }
+/// assert!(ic_done);
+/// # Ok::<(), std::io::Error>(())
+/// ```
 #[inline]
 pub fn next_frame<E>(
     avail: &[u8],
