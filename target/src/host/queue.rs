@@ -822,51 +822,49 @@ impl HostQueue {
             };
             n += self.c2h_data(&hdr, data_len, success, ddgst, None, digest, f)?;
         }
-        while let Some(p) = self.peek_pdu()? {
+        let framed = self.peek(self.rx.avail());
+        let Some(p) = self.complete_pdu(framed)? else {
+            return Ok(n);
+        };
+        // The receive buffer leaves `self` while its PDUs are dispatched (`dispatch` needs
+        // `self` and a PDU's bytes at once), once for all of them, and only when there is
+        // one: most polls find none.
+        let mut rx = std::mem::take(&mut self.rx);
+        let r = self.dispatch_all(p, &mut rx, f);
+        self.rx = rx;
+        Ok(n + r?)
+    }
+
+    /// Dispatches `p`, the complete PDU at the front of `rx` (the receive buffer, out of
+    /// `self`), and every complete PDU after it.
+    fn dispatch_all<F: FnMut(Completion)>(
+        &mut self,
+        mut p: Frame,
+        rx: &mut RxBuf,
+        f: &mut F,
+    ) -> Result<usize, HostError> {
+        let mut n = 0;
+        loop {
             self.need = 8;
-            let rx = std::mem::take(&mut self.rx);
             let res = match rx.avail().get(..p.plen) {
                 Some(pdu) => self.dispatch(&p, pdu, f),
                 None => Err(HostError::Protocol("PDU outside the receive buffer".into())),
             };
-            self.rx = rx;
-            self.rx.consume(p.plen);
+            rx.consume(p.plen);
             n += res?;
+            let framed = self.peek(rx.avail());
+            match self.complete_pdu(framed)? {
+                Some(next) => p = next,
+                None => return Ok(n),
+            }
         }
-        Ok(n)
     }
 
-    /// The PDU at the front of the receive buffer if it is complete; sets `need` otherwise.
-    fn peek_pdu(&mut self) -> Result<Option<Frame>, HostError> {
-        let avail = self.rx.avail();
-        // A read's one C2HData, as a target sends it, needs no field-by-field parse (see
-        // `expected_c2h`): at QD32 that parse was a tenth of the host's instructions.
-        if !self.hdgst
-            && avail.first() == Some(&(PduType::C2HData as u8))
-            && let Some(&[c0, c1]) = avail.get(8..10)
-            && let cid = u16::from_le_bytes([c0, c1])
-            && let Some(s) = self.slots.get(usize::from(cid))
-            && s.busy
-            && s.dir == Dir::C2h
-            && s.done == 0
-            && s.len <= self.opts.max_data
-            && let Some(hdr) = expected_c2h(avail, cid, s.len, self.ddgst)
-        {
-            let plen = C2H_HLEN + s.len as usize + if self.ddgst { 4 } else { 0 };
-            if avail.len() < plen {
-                self.need = plen;
-                return Ok(None);
-            }
-            return Ok(Some(Frame {
-                hdr,
-                hl: C2H_HLEN,
-                plen,
-            }));
-        }
-        let limits = self.limits();
-        match next_frame(avail, Direction::ControllerToHost, usize::MAX, |_, _| {
-            Ok::<_, Infallible>(limits)
-        }) {
+    /// What [`HostQueue::peek`] found, for the receive loop: the complete PDU, or None after
+    /// setting `need`; an error closes the queue.
+    #[inline(always)]
+    fn complete_pdu(&mut self, framed: Result<Framed, HostError>) -> Result<Option<Frame>, HostError> {
+        match framed {
             Ok(Framed::Pdu(p)) => Ok(Some(p)),
             Ok(Framed::Header(p)) => {
                 self.need = p.plen;
@@ -878,9 +876,45 @@ impl HostQueue {
             }
             Err(e) => {
                 self.closed = true;
-                Err(frame_error(e))
+                Err(e)
             }
         }
+    }
+
+    /// The PDU at the front of `avail`, the unread bytes of the receive buffer: whole, or the
+    /// bytes it needs.
+    fn peek(&self, avail: &[u8]) -> Result<Framed, HostError> {
+        let Some(ch8) = avail.first_chunk::<8>() else {
+            return Ok(Framed::Need(8));
+        };
+        // A read's one C2HData, as a target sends it, needs no field-by-field parse (see
+        // `expected_c2h`): at QD32 that parse was a tenth of the host's instructions.
+        if !self.hdgst
+            && ch8[0] == PduType::C2HData as u8
+            && let Some(&[c0, c1]) = avail.get(8..10)
+            && let cid = u16::from_le_bytes([c0, c1])
+            && let Some(s) = self.slots.get(usize::from(cid))
+            && s.busy
+            && s.dir == Dir::C2h
+            && s.done == 0
+            && s.len <= self.opts.max_data
+            && let Some(hdr) = expected_c2h(avail, cid, s.len, self.ddgst)
+        {
+            let plen = C2H_HLEN + s.len as usize + if self.ddgst { 4 } else { 0 };
+            if avail.len() < plen {
+                return Ok(Framed::Need(plen));
+            }
+            return Ok(Framed::Pdu(Frame {
+                hdr,
+                hl: C2H_HLEN,
+                plen,
+            }));
+        }
+        let limits = self.limits();
+        next_frame(avail, Direction::ControllerToHost, usize::MAX, |_, _| {
+            Ok::<_, Infallible>(limits)
+        })
+        .map_err(frame_error)
     }
 
     fn protocol(&mut self, why: String) -> HostError {
@@ -1139,14 +1173,15 @@ impl HostQueue {
     /// header digest: CPDA is 0) and, when data digests are on, its digest among the
     /// `after` bytes that followed.
     fn in_place_header(&self, cid: u16, hl: usize, len: usize, after: usize) -> Option<PduHeader> {
-        let header = self.rx.avail().get(..hl)?;
+        let avail = self.rx.avail();
         let dg = if self.ddgst { 4 } else { 0 };
         if !self.hdgst
             && after >= dg
-            && let Some(hdr) = expected_c2h(header, cid, len as u32, self.ddgst)
+            && let Some(hdr) = expected_c2h(avail, cid, len as u32, self.ddgst)
         {
             return Some(hdr);
         }
+        let header = avail.get(..hl)?;
         let limits = self.limits();
         let framed = next_frame(header, Direction::ControllerToHost, usize::MAX, |_, _| {
             Ok::<_, Infallible>(limits)
