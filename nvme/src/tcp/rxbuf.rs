@@ -6,9 +6,11 @@ use std::fmt;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd};
 
-/// A linear receive buffer: the unread bytes are `start..end` of a fixed allocation, read
-/// into from `end` on. It grows only when asked to ([`RxBuf::make_room`] with a larger need,
-/// [`RxBuf::insert`]); the storage stays behind this API.
+/// A linear receive buffer: the unread bytes are `start..end` of one allocation, read into
+/// from `end` on, and moved to the front when room runs short ([`RxBuf::make_room`]). Its
+/// capacity is the one it was made with until a caller asks for more ([`RxBuf::make_room`]
+/// with a larger need, [`RxBuf::insert`]); the storage stays behind this API, so that a
+/// buffer that grows on demand (or shrinks when idle) changes no caller.
 #[derive(Default)]
 pub struct RxBuf {
     /// Every byte initialised: `buf.len()` is the capacity.
