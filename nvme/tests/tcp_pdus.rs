@@ -709,3 +709,185 @@ fn header_bytes_are_what_the_spec_says() {
     assert_eq!(&buf[..8], &[0x04, 0x00, 72, 72, 0x48, 0x04, 0, 0]);
     assert_eq!(&buf[8..72], sample_sqe().as_bytes());
 }
+
+// ---------------------------------------------------------------------------------------------
+// The framer (next_frame)
+// ---------------------------------------------------------------------------------------------
+
+/// `next_frame` with fixed limits that never refuse.
+fn frame(avail: &[u8], limits: PduLimits, dir: Direction) -> Result<Framed, FrameError<&'static str>> {
+    next_frame(avail, dir, usize::MAX, |_, _| Ok(limits))
+}
+
+/// A C2HData PDU with `data`, digests as given.
+fn c2h_pdu(data: &[u8], hdgst: bool, ddgst: bool) -> Vec<u8> {
+    let (h, n) = encode_c2h_data_hdr(9, 0, data.len() as u32, true, false, hdgst, ddgst);
+    with_data(&h[..n], data, ddgst)
+}
+
+#[test]
+fn framer_waits_for_the_common_header_then_the_header_then_the_data() {
+    let data: Vec<u8> = (0..100u8).collect();
+    for (hdgst, ddgst) in [(false, false), (true, false), (false, true), (true, true)] {
+        let pdu = c2h_pdu(&data, hdgst, ddgst);
+        let hl = if hdgst { 28 } else { 24 };
+        let lim = limits(hdgst, ddgst);
+        for cut in 0..=pdu.len() {
+            let got = frame(&pdu[..cut], lim, C2H).expect("valid so far");
+            match got {
+                Framed::Need(n) if cut < 8 => assert_eq!(n, 8),
+                Framed::Need(n) => assert_eq!((n, cut < hl), (hl, true), "cut {cut}"),
+                Framed::Header(f) => {
+                    assert!((hl..pdu.len()).contains(&cut), "cut {cut}");
+                    assert_eq!((f.hl, f.plen), (hl, pdu.len()));
+                    // What arrived of the data, and no digest yet to check.
+                    let have = cut.saturating_sub(hl).min(data.len());
+                    assert_eq!(f.data(&pdu[..cut]), &data[..have]);
+                    assert_eq!(f.digest_ok(&pdu[..cut]), !ddgst);
+                }
+                Framed::Pdu(f) => {
+                    assert_eq!(cut, pdu.len());
+                    assert_eq!((f.hl, f.plen), (hl, pdu.len()));
+                    assert_eq!(f.hdr, parse(&pdu, &lim, C2H).expect("valid"));
+                    assert_eq!(f.data(&pdu), &data[..]);
+                    assert!(f.digest_ok(&pdu));
+                    assert_eq!(f.data_digest(&pdu), ddgst.then(|| crc32c(&data)));
+                }
+            }
+        }
+        // Bytes after the PDU change nothing.
+        let mut more = pdu.clone();
+        more.extend_from_slice(&[0xAA; 40]);
+        assert_eq!(frame(&more, lim, C2H), frame(&pdu, lim, C2H));
+    }
+}
+
+#[test]
+fn framer_frames_pdus_without_data_whole_at_their_header() {
+    let (b, n) = encode_capsule_resp(&Cqe::success(3, 0, 1), true);
+    let lim = limits(true, true);
+    let Ok(Framed::Pdu(f)) = frame(&b[..n], lim, C2H) else {
+        panic!()
+    };
+    assert_eq!((f.hl, f.plen), (28, 28));
+    assert_eq!(f.data(&b[..n]), &[] as &[u8]);
+    assert!(f.digest_ok(&b[..n]));
+    assert_eq!(f.data_digest(&b[..n]), None);
+    let (b, n) = encode_capsule_cmd(&sample_sqe(), 0, false, false);
+    // Without the header digest the limits call for, the framer waits for its 4 bytes.
+    assert_eq!(frame(&b[..n], lim, H2C), Ok(Framed::Need(76)));
+    let Ok(Framed::Pdu(f)) = frame(&b[..n], limits(false, false), H2C) else {
+        panic!()
+    };
+    assert_eq!((f.hl, f.plen), (72, 72));
+}
+
+#[test]
+fn framer_reports_a_bad_data_digest_without_failing() {
+    let data = [7u8; 64];
+    let mut pdu = c2h_pdu(&data, false, true);
+    let last = pdu.len() - 1;
+    pdu[last] ^= 1;
+    let Ok(Framed::Pdu(f)) = frame(&pdu, limits(false, true), C2H) else {
+        panic!()
+    };
+    assert_eq!(f.data(&pdu), &data[..]);
+    assert!(!f.digest_ok(&pdu));
+    // A frame someone built over fewer bytes than it says: no digest, no panic.
+    assert!(!f.digest_ok(&pdu[..30]));
+    assert_eq!(f.data(&pdu[..10]), &[] as &[u8]);
+}
+
+#[test]
+fn framer_errors_carry_the_offending_headers_length() {
+    let lim = limits(true, true);
+    // The common header: every byte there was, up to 128, as soon as 8 are there.
+    let mut bad = vec![0x0Au8, 0, 24, 0, 24, 0, 0, 0];
+    for len in [8usize, 30, 128, 300] {
+        bad.resize(len, 0x55);
+        let e = frame(&bad, lim, C2H).expect_err("unknown type");
+        assert_eq!(e.kind, FrameErrorKind::Pdu(PduError::UnknownType { pdu_type: 0x0A }));
+        assert_eq!(e.header_len, len.min(TERM_REQ_MAX_DATA));
+        assert_eq!(e.offending_header(&bad), &bad[..len.min(128)]);
+    }
+    // PLEN < HLEN.
+    let mut pdu = c2h_pdu(&[1, 2, 3, 4], true, true);
+    pdu[4..8].copy_from_slice(&20u32.to_le_bytes());
+    let e = frame(&pdu[..8], lim, C2H).expect_err("PLEN below HLEN");
+    assert_eq!(
+        (e.header_len, e.kind.clone()),
+        (8, FrameErrorKind::Pdu(parse(&pdu, &lim, C2H).expect_err("bad")))
+    );
+
+    // The header: HLEN plus the header digest; not before all of it is there.
+    let mut pdu = c2h_pdu(&[1, 2, 3, 4], true, true);
+    pdu[26] ^= 0xFF;
+    assert_eq!(frame(&pdu[..27], lim, C2H), Ok(Framed::Need(28)));
+    let e = frame(&pdu, lim, C2H).expect_err("header digest");
+    assert_eq!(e.header_len, 28);
+    assert!(matches!(e.kind, FrameErrorKind::Pdu(PduError::HeaderDigest { .. })));
+    let FrameErrorKind::Pdu(err) = &e.kind else { panic!() };
+    let (t, n) = encode_term_req_for(err, H2C, e.offending_header(&pdu)).expect("fatal");
+    assert_eq!(&t[24..n], &pdu[..28]);
+    assert_eq!(u16::from_le_bytes([t[8], t[9]]), fes::HEADER_DIGEST_ERROR);
+
+    // A type in the wrong direction is a header error too (HLEN bytes, no digest: a TermReq
+    // type carries none).
+    let (t, n) = encode_term_req(false, fes::PDU_SEQUENCE_ERROR, 0, &[0; 10]);
+    let e = frame(&t[..n], lim, C2H).expect_err("H2CTermReq to a host");
+    assert_eq!(e.header_len, 24);
+    assert!(matches!(e.kind, FrameErrorKind::Pdu(PduError::WrongDirection { .. })));
+
+    // Too large for the receiver: after the header is valid, with its length.
+    let pdu = c2h_pdu(&[9; 200], false, false);
+    let e = next_frame(&pdu[..24], C2H, 100, |_, _| Ok::<_, ()>(limits(false, false))).expect_err("too large");
+    assert_eq!(
+        (e.kind, e.header_len),
+        (FrameErrorKind::TooLarge { plen: 224, max: 100 }, 24)
+    );
+    assert!(matches!(
+        next_frame(&pdu, C2H, 224, |_, _| Ok::<_, ()>(limits(false, false))),
+        Ok(Framed::Pdu(_))
+    ));
+}
+
+#[test]
+fn framer_asks_the_limits_after_the_common_header_and_before_the_rest() {
+    // The target's rule: ICReq first and only once, on the first 8 bytes (NVMe/TCP 1.0
+    // §3.6.2.1), before the header is complete or parsed.
+    let (cmd, n) = encode_capsule_cmd(&sample_sqe(), 0, false, false);
+    let mut calls = Vec::new();
+    let e = next_frame(&cmd[..8], H2C, usize::MAX, |ch, ty| {
+        calls.push((ch.pdu_type, ty));
+        Err("a PDU before ICReq")
+    })
+    .expect_err("refused");
+    assert_eq!(e.offending_header(&cmd[..n]), &cmd[..8]);
+    assert_eq!(
+        (e.kind, e.header_len),
+        (FrameErrorKind::Refused("a PDU before ICReq"), 8)
+    );
+    assert_eq!(calls, [(PduType::CapsuleCmd as u8, PduType::CapsuleCmd)]);
+    // Refused even though the rest of the header is broken.
+    let mut broken = cmd[..n].to_vec();
+    broken[20] ^= 1;
+    broken[1] = flags::HDGSTF;
+    let e = next_frame(&broken, H2C, usize::MAX, |_, _| Err::<PduLimits, _>("no")).expect_err("refused");
+    assert_eq!(e.kind, FrameErrorKind::Refused("no"));
+    // Not asked about a common header that is itself invalid.
+    let mut called = false;
+    let e = next_frame(&[0xFFu8; 8], H2C, usize::MAX, |_, _| {
+        called = true;
+        Ok::<_, ()>(limits(false, false))
+    })
+    .expect_err("unknown type");
+    assert!(!called);
+    assert!(matches!(
+        e.kind,
+        FrameErrorKind::Pdu(PduError::UnknownType { pdu_type: 0xFF })
+    ));
+    // The limits decide the header length: with header digests a capsule needs 76 bytes.
+    let (cmd, n) = encode_capsule_cmd(&sample_sqe(), 0, true, false);
+    assert_eq!(frame(&cmd[..72], limits(true, false), H2C), Ok(Framed::Need(76)));
+    assert!(matches!(frame(&cmd[..n], limits(true, false), H2C), Ok(Framed::Pdu(f)) if f.hl == 76));
+}

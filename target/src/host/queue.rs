@@ -5,14 +5,15 @@
 //! [`HostQueue::send_pending`]; write data of 2 KiB or more is not copied into it but sent
 //! from the buffer the command was submitted with, which the queue holds until the command
 //! completes (and, should a completion come before its data went, keeps until the data did:
-//! see [`HostQueue::complete`]). Received bytes land in one reusable buffer, complete PDUs
-//! are parsed in place ([`parse_pdu_header`], direction controller-to-host) and their data
-//! copied once, into the buffer the command was submitted with; a lone read's data is received
-//! straight into that buffer instead (see [`HostQueue::fill_in_place`]). Waiting is `poll(2)`
-//! on the socket with a deadline.
+//! see [`HostQueue::complete`]). Received bytes land in one reusable buffer ([`RxBuf`]),
+//! complete PDUs are framed and parsed in place ([`next_frame`], direction controller-to-host,
+//! as the target frames its input) and their data copied once, into the buffer the command
+//! was submitted with; a lone read's data is received straight into that buffer instead (see
+//! [`HostQueue::fill_in_place`]). Waiting is `poll(2)` on the socket with a deadline.
 
 use std::collections::VecDeque;
-use std::io::{ErrorKind, Read};
+use std::convert::Infallible;
+use std::io::ErrorKind;
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
@@ -20,8 +21,9 @@ use std::time::{Duration, Instant};
 
 use pollux_nvme::spec::{SglDescriptor, Sqe, Status};
 use pollux_nvme::tcp::{
-    CommonHeader, DataHdr, Direction, PduHeader, PduLimits, PduType, TermReqHdr, check_data_digest, crc32c,
-    encode_c2h_data_hdr, encode_capsule_cmd, encode_h2c_data_hdr, encode_ic_req, parse_pdu_header,
+    CommonHeader, DataHdr, Direction, Frame, FrameError, FrameErrorKind, Framed, PduHeader, PduLimits, PduType, Recv,
+    RxBuf, TermReqHdr, check_data_digest, crc32c, encode_c2h_data_hdr, encode_capsule_cmd, encode_h2c_data_hdr,
+    encode_ic_req, next_frame, parse_pdu_header,
 };
 use zerocopy::FromBytes;
 use zerocopy::little_endian::U16;
@@ -253,12 +255,6 @@ struct Slot {
     sent_by: u64,
 }
 
-/// A complete PDU at the front of the receive buffer.
-struct Peeked {
-    hdr: PduHeader,
-    plen: usize,
-}
-
 /// One NVMe-oF queue over NVMe/TCP.
 #[derive(Debug)]
 pub struct HostQueue {
@@ -269,10 +265,8 @@ pub struct HostQueue {
     maxh2cdata: u32,
     ic_done: bool,
     cntlid: u16,
-    rbuf: Vec<u8>,
-    rstart: usize,
-    rend: usize,
-    /// Bytes the PDU at `rstart` needs (8 until its header is known).
+    rx: RxBuf,
+    /// Bytes the PDU at the front of `rx` needs (8 until its header is known).
     need: usize,
     out: SendQueue,
     /// Buffers of commands that completed before the data queued from them was sent (only
@@ -288,7 +282,7 @@ pub struct HostQueue {
     /// expected to be its data.
     last_cid: u16,
     /// A C2HData header whose data [`HostQueue::fill_in_place`] received in place, to be
-    /// handled before the bytes that followed it (at `rstart`).
+    /// handled before the bytes that followed it (at the front of `rx`).
     landed: Option<PduHeader>,
     /// Reads whose data was received in place.
     in_place_reads: u64,
@@ -317,25 +311,32 @@ pub(super) fn expected_c2h(bytes: &[u8], cid: u16, len: u32, ddgst: bool) -> Opt
     None
 }
 
-/// One read from the non-blocking socket, retried when interrupted: the bytes read, or None
-/// when nothing was there. The end of the stream or an error closes the queue. Inlined: it
-/// runs on every poll of a waiting client, and as a call it cost ~30 instructions a read.
+/// What one read of the receive buffer ([`RxBuf::recv`], [`RxBuf::recv_into`]) brought: the
+/// bytes appended to the buffer and those placed in a command's buffer, or None when nothing
+/// was there. The end of the stream or an error closes the queue. Inlined: it runs on every
+/// poll of a waiting client, and as a call it cost ~30 instructions a read.
 #[inline(always)]
-fn read_once(closed: &mut bool, mut read: impl FnMut() -> std::io::Result<usize>) -> Result<Option<usize>, HostError> {
-    loop {
-        match read() {
-            Ok(0) => {
-                *closed = true;
-                return Err(HostError::Closed);
-            }
-            Ok(n) => return Ok(Some(n)),
-            Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(None),
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(e) => {
-                *closed = true;
-                return Err(io_err(e));
-            }
+fn received(closed: &mut bool, r: std::io::Result<Recv>) -> Result<Option<(usize, usize)>, HostError> {
+    match r {
+        Ok(Recv::Data { buffered, placed, .. }) => Ok(Some((buffered, placed))),
+        Ok(Recv::Empty | Recv::Full) => Ok(None),
+        Ok(Recv::Eof) => {
+            *closed = true;
+            Err(HostError::Closed)
         }
+        Err(e) => {
+            *closed = true;
+            Err(io_err(e))
+        }
+    }
+}
+
+/// A PDU the framer refused: the target broke the header rules.
+fn frame_error(e: FrameError<Infallible>) -> HostError {
+    match e.kind {
+        FrameErrorKind::Pdu(e) => HostError::BadPdu(e),
+        FrameErrorKind::Refused(never) => match never {},
+        FrameErrorKind::TooLarge { plen, max } => HostError::Protocol(format!("PDU of {plen} bytes, at most {max}")),
     }
 }
 
@@ -363,9 +364,7 @@ impl HostQueue {
             maxh2cdata: 0,
             ic_done: false,
             cntlid: 0xFFFF,
-            rbuf: vec![0u8; RBUF_INITIAL],
-            rstart: 0,
-            rend: 0,
+            rx: RxBuf::new(RBUF_INITIAL),
             need: 8,
             out: SendQueue::with_capacity(64 * 1024),
             parked: VecDeque::new(),
@@ -813,41 +812,80 @@ impl HostQueue {
             // The data is in the command's buffer already; its digest, if any, came next
             // (`in_place_header` checked that it did).
             let digest = if ddgst {
-                let d = self
-                    .rbuf
-                    .get(self.rstart..self.rstart + 4)
-                    .and_then(|d| d.first_chunk::<4>());
-                let Some(&d) = d else {
+                let Some(&d) = self.rx.avail().first_chunk::<4>() else {
                     return Err(self.protocol("data digest outside the receive buffer".into()));
                 };
-                self.rstart += 4;
+                self.rx.consume(4);
                 Some(u32::from_le_bytes(d))
             } else {
                 None
             };
             n += self.c2h_data(&hdr, data_len, success, ddgst, None, digest, f)?;
         }
-        while let Some(p) = self.peek_pdu()? {
-            let start = self.rstart;
-            self.rstart += p.plen;
+        let framed = self.peek(self.rx.avail());
+        let Some(p) = self.complete_pdu(framed)? else {
+            return Ok(n);
+        };
+        // The receive buffer leaves `self` while its PDUs are dispatched (`dispatch` needs
+        // `self` and a PDU's bytes at once), once for all of them, and only when there is
+        // one: most polls find none.
+        let mut rx = std::mem::take(&mut self.rx);
+        let r = self.dispatch_all(p, &mut rx, f);
+        self.rx = rx;
+        Ok(n + r?)
+    }
+
+    /// Dispatches `p`, the complete PDU at the front of `rx` (the receive buffer, out of
+    /// `self`), and every complete PDU after it.
+    fn dispatch_all<F: FnMut(Completion)>(
+        &mut self,
+        mut p: Frame,
+        rx: &mut RxBuf,
+        f: &mut F,
+    ) -> Result<usize, HostError> {
+        let mut n = 0;
+        loop {
             self.need = 8;
-            let rbuf = std::mem::take(&mut self.rbuf);
-            let res = match rbuf.get(start..start + p.plen) {
+            let res = match rx.avail().get(..p.plen) {
                 Some(pdu) => self.dispatch(&p, pdu, f),
                 None => Err(HostError::Protocol("PDU outside the receive buffer".into())),
             };
-            self.rbuf = rbuf;
+            rx.consume(p.plen);
             n += res?;
+            let framed = self.peek(rx.avail());
+            match self.complete_pdu(framed)? {
+                Some(next) => p = next,
+                None => return Ok(n),
+            }
         }
-        Ok(n)
     }
 
-    /// The PDU at the front of the receive buffer if it is complete; sets `need` otherwise.
-    fn peek_pdu(&mut self) -> Result<Option<Peeked>, HostError> {
-        let avail = self.rbuf.get(self.rstart..self.rend).unwrap_or_default();
+    /// What [`HostQueue::peek`] found, for the receive loop: the complete PDU, or None after
+    /// setting `need`; an error closes the queue.
+    #[inline(always)]
+    fn complete_pdu(&mut self, framed: Result<Framed, HostError>) -> Result<Option<Frame>, HostError> {
+        match framed {
+            Ok(Framed::Pdu(p)) => Ok(Some(p)),
+            Ok(Framed::Header(p)) => {
+                self.need = p.plen;
+                Ok(None)
+            }
+            Ok(Framed::Need(n)) => {
+                self.need = n;
+                Ok(None)
+            }
+            Err(e) => {
+                self.closed = true;
+                Err(e)
+            }
+        }
+    }
+
+    /// The PDU at the front of `avail`, the unread bytes of the receive buffer: whole, or the
+    /// bytes it needs.
+    fn peek(&self, avail: &[u8]) -> Result<Framed, HostError> {
         let Some(ch8) = avail.first_chunk::<8>() else {
-            self.need = 8;
-            return Ok(None);
+            return Ok(Framed::Need(8));
         };
         // A read's one C2HData, as a target sends it, needs no field-by-field parse (see
         // `expected_c2h`): at QD32 that parse was a tenth of the host's instructions.
@@ -864,26 +902,19 @@ impl HostQueue {
         {
             let plen = C2H_HLEN + s.len as usize + if self.ddgst { 4 } else { 0 };
             if avail.len() < plen {
-                self.need = plen;
-                return Ok(None);
+                return Ok(Framed::Need(plen));
             }
-            return Ok(Some(Peeked { hdr, plen }));
+            return Ok(Framed::Pdu(Frame {
+                hdr,
+                hl: C2H_HLEN,
+                plen,
+            }));
         }
-        let ch = CommonHeader::parse(ch8).inspect_err(|_| self.closed = true)?;
         let limits = self.limits();
-        let hl = ch.header_len(&limits);
-        if avail.len() < hl {
-            self.need = hl;
-            return Ok(None);
-        }
-        let hdr = parse_pdu_header(&ch, &avail[..hl], &limits, Direction::ControllerToHost)
-            .inspect_err(|_| self.closed = true)?;
-        let plen = ch.plen.get() as usize;
-        if avail.len() < plen {
-            self.need = plen;
-            return Ok(None);
-        }
-        Ok(Some(Peeked { hdr, plen }))
+        next_frame(avail, Direction::ControllerToHost, usize::MAX, |_, _| {
+            Ok::<_, Infallible>(limits)
+        })
+        .map_err(frame_error)
     }
 
     fn protocol(&mut self, why: String) -> HostError {
@@ -891,7 +922,7 @@ impl HostQueue {
         HostError::Protocol(why)
     }
 
-    fn dispatch<F: FnMut(Completion)>(&mut self, p: &Peeked, pdu: &[u8], f: &mut F) -> Result<usize, HostError> {
+    fn dispatch<F: FnMut(Completion)>(&mut self, p: &Frame, pdu: &[u8], f: &mut F) -> Result<usize, HostError> {
         match p.hdr {
             PduHeader::CapsuleResp { cqe } => {
                 let cid = cqe.cid.get();
@@ -912,15 +943,11 @@ impl HostQueue {
                 ddgst,
                 ..
             } => {
-                let off = p.hdr.data_offset();
-                let dl = data_len as usize;
-                let (Some(data), digest) = (pdu.get(off..off + dl), pdu.get(off + dl..off + dl + 4)) else {
+                let data = p.data(pdu);
+                if data.len() != data_len as usize {
                     return Err(self.protocol("C2HData data outside the PDU".into()));
-                };
-                let digest = digest
-                    .and_then(|d| d.first_chunk::<4>())
-                    .map(|d| u32::from_le_bytes(*d));
-                self.c2h_data(&hdr, data_len, success, ddgst, Some(data), digest, f)
+                }
+                self.c2h_data(&hdr, data_len, success, ddgst, Some(data), p.data_digest(pdu), f)
             }
             PduHeader::R2T(r) => {
                 let cid = r.cccid.get();
@@ -1069,28 +1096,9 @@ impl HostQueue {
         if self.closed {
             return Err(HostError::Closed);
         }
-        if self.rstart == self.rend {
-            self.rstart = 0;
-            self.rend = 0;
-        }
-        let need = self.need.max(8);
-        if self.rstart + need > self.rbuf.len() || self.rbuf.len() - self.rend < 4096 {
-            self.rbuf.copy_within(self.rstart..self.rend, 0);
-            self.rend -= self.rstart;
-            self.rstart = 0;
-        }
-        if need > self.rbuf.len() {
-            self.rbuf.resize(need, 0);
-        }
-        if self.rend == self.rbuf.len() {
-            return Ok(false);
-        }
-        let rend = self.rend;
-        let Some(n) = read_once(&mut self.closed, || self.sock.read(&mut self.rbuf[rend..]))? else {
-            return Ok(false);
-        };
-        self.rend += n;
-        Ok(true)
+        self.rx.make_room(self.need.max(8));
+        let r = self.rx.recv(&self.sock);
+        Ok(received(&mut self.closed, r)?.is_some())
     }
 
     /// [`HostQueue::fill`], except that a lone read's data is received straight into its
@@ -1109,7 +1117,8 @@ impl HostQueue {
     fn fill_in_place(&mut self) -> Result<bool, HostError> {
         let hl = C2H_HLEN + if self.hdgst { 4 } else { 0 };
         let cid = self.last_cid;
-        let lone = self.rstart == self.rend && self.landed.is_none() && self.in_flight() == 1 && !self.closed;
+        let lone = self.rx.is_empty() && self.landed.is_none() && self.in_flight() == 1 && !self.closed;
+        let cap = self.rx.capacity();
         let len = match self.slots.get(usize::from(cid)) {
             Some(s)
                 if lone
@@ -1120,67 +1129,42 @@ impl HostQueue {
                     && s.buf.len() == s.len as usize
                     // Room after the data's place for what follows, and for the data itself
                     // should it have to be moved back.
-                    && hl + s.len as usize + 4096 <= self.rbuf.len() =>
+                    && hl + s.len as usize + 4096 <= cap =>
             {
                 s.len as usize
             }
             _ => return self.fill(),
         };
-        self.rstart = 0;
-        self.rend = 0;
-        let tail = self.rbuf.len() - hl - len;
-        let (head, rest) = self.rbuf.split_at_mut(hl);
+        self.rx.clear();
         let Some(slot) = self.slots.get_mut(usize::from(cid)) else {
             return self.fill();
         };
-        let iov = [
-            libc::iovec {
-                iov_base: head.as_mut_ptr().cast(),
-                iov_len: hl,
-            },
-            libc::iovec {
-                iov_base: slot.buf.as_mut_ptr().cast(),
-                iov_len: len,
-            },
-            libc::iovec {
-                iov_base: rest.as_mut_ptr().cast(),
-                iov_len: tail,
-            },
-        ];
-        let fd = self.sock.as_raw_fd();
-        let readv = || {
-            // SAFETY: the three iovecs are disjoint memory this queue owns for the call: the
-            // first `hl` bytes of the receive buffer, the read's buffer (`len` bytes long, and
-            // not handed out until the command completes) and `tail` bytes of the receive
-            // buffer after the header (`hl + len + tail` is its length).
-            let n = unsafe { libc::readv(fd, iov.as_ptr(), iov.len() as libc::c_int) };
-            usize::try_from(n).map_err(|_| std::io::Error::last_os_error())
-        };
-        let Some(n) = read_once(&mut self.closed, readv)? else {
+        let dest = slot.buf.as_mut_ptr();
+        // SAFETY: `dest` is the read's buffer, `len` bytes long (checked above), which is not
+        // handed out (nor resized) until the command completes: nothing else touches it for
+        // the call, and it is not the receive buffer.
+        let r = unsafe { self.rx.recv_into(&self.sock, hl, dest, len, cap - hl - len) };
+        let Some((buffered, got)) = received(&mut self.closed, r)? else {
             return Ok(false);
         };
-        if n <= hl {
-            self.rend = n;
+        if got == 0 {
+            // At most the header came: it is in the receive buffer.
             return Ok(true);
         }
-        let got = (n - hl).min(len);
-        let after = n - hl - got;
+        let after = buffered - hl;
         if got == len
             && let Some(hdr) = self.in_place_header(cid, hl, len, after)
         {
             self.landed = Some(hdr);
             self.in_place_reads += 1;
-            self.rstart = hl;
-            self.rend = hl + after;
+            self.rx.consume(hl);
             return Ok(true);
         }
-        // Not the lone read's data PDU whole: back into stream order. `hl + got + after` is
-        // `n`, within the receive buffer.
-        self.rbuf.copy_within(hl..hl + after, hl + got);
+        // Not the lone read's data PDU whole: back into stream order, after the header
+        // (`hl + got + after` fits: the tail left room for the data).
         if let Some(slot) = self.slots.get(usize::from(cid)) {
-            self.rbuf[hl..hl + got].copy_from_slice(&slot.buf[..got]);
+            self.rx.insert(hl, slot.buf.get(..got).unwrap_or_default());
         }
-        self.rend = n;
         Ok(true)
     }
 
@@ -1189,36 +1173,40 @@ impl HostQueue {
     /// header digest: CPDA is 0) and, when data digests are on, its digest among the
     /// `after` bytes that followed.
     fn in_place_header(&self, cid: u16, hl: usize, len: usize, after: usize) -> Option<PduHeader> {
+        let avail = self.rx.avail();
         let dg = if self.ddgst { 4 } else { 0 };
         if !self.hdgst
             && after >= dg
-            && let Some(hdr) = expected_c2h(&self.rbuf, cid, len as u32, self.ddgst)
+            && let Some(hdr) = expected_c2h(avail, cid, len as u32, self.ddgst)
         {
             return Some(hdr);
         }
-        let ch = CommonHeader::parse(self.rbuf.first_chunk::<8>()?).ok()?;
+        let header = avail.get(..hl)?;
         let limits = self.limits();
-        if ch.pdu_type != PduType::C2HData as u8 || ch.header_len(&limits) != hl {
+        let framed = next_frame(header, Direction::ControllerToHost, usize::MAX, |_, _| {
+            Ok::<_, Infallible>(limits)
+        });
+        let Ok(Framed::Header(p)) = framed else {
             return None;
-        }
-        let hdr = parse_pdu_header(&ch, self.rbuf.get(..hl)?, &limits, Direction::ControllerToHost).ok()?;
+        };
         let PduHeader::C2HData {
             hdr: h,
             data_len,
             ddgst,
             ..
-        } = hdr
+        } = p.hdr
         else {
             return None;
         };
         let dg = if ddgst { 4 } else { 0 };
-        let whole = h.cccid.get() == cid
+        let whole = p.hl == hl
+            && h.cccid.get() == cid
             && h.datao.get() == 0
             && data_len as usize == len
             && usize::from(h.ch.pdo) == hl
-            && ch.plen.get() as usize == hl + len + dg
+            && p.plen == hl + len + dg
             && after >= dg;
-        whole.then_some(hdr)
+        whole.then_some(p.hdr)
     }
 
     // ------------------------------------------------------------------ send path
@@ -1312,7 +1300,7 @@ impl HostQueue {
         let start = Instant::now();
         let deadline = start + timeout;
         loop {
-            let avail = self.rbuf.get(self.rstart..self.rend).unwrap_or_default();
+            let avail = self.rx.avail();
             if let Some(ch8) = avail.first_chunk::<8>() {
                 let Ok(ch) = CommonHeader::read_from_bytes(ch8) else {
                     return Err(HostError::Invalid("common header"));
@@ -1320,7 +1308,7 @@ impl HostQueue {
                 let plen = ch.plen.get();
                 if CommonHeader::parse(ch8).is_err() || plen > MAX_RAW_PLEN {
                     let bytes = avail.to_vec();
-                    self.rstart = self.rend;
+                    self.rx.clear();
                     self.need = 8;
                     return Ok(RawReply::Garbage(bytes));
                 }
@@ -1328,7 +1316,7 @@ impl HostQueue {
                 self.need = plen;
                 if avail.len() >= plen {
                     let bytes = avail[..plen].to_vec();
-                    self.rstart += plen;
+                    self.rx.consume(plen);
                     self.need = 8;
                     return Ok(self.raw_reply(&ch, bytes));
                 }

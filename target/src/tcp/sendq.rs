@@ -104,6 +104,7 @@ impl SendQueue {
     /// `base..base + len` must stay mapped and readable while `keep` lives (the queue holds
     /// `keep` until the bytes are sent). Others may write to the bytes meanwhile: the kernel
     /// sends whatever they hold when it copies them.
+    #[inline]
     pub unsafe fn push_external(&mut self, base: NonNull<u8>, len: usize, keep: Arc<dyn Any + Send + Sync>) {
         self.push_segment(base, len, Some(keep));
     }
@@ -123,6 +124,7 @@ impl SendQueue {
 
     /// Queue an external segment after the owned bytes queued so far (callers hold the
     /// safety contract of `push_external` or `push_borrowed`).
+    #[inline]
     fn push_segment(&mut self, base: NonNull<u8>, len: usize, keep: Option<Arc<dyn Any + Send + Sync>>) {
         if len == 0 {
             return;

@@ -14,6 +14,13 @@
 //! is allowed), read [`PduHeader::data_len`] bytes of data and, if
 //! [`PduHeader::has_data_digest`], 4 more bytes for [`check_data_digest`].
 //!
+//! [`next_frame`] does both stages over the unread bytes of a receive buffer ([`RxBuf`]) and
+//! tells whether a whole PDU is there ([`Framed::Pdu`]), only its header
+//! ([`Framed::Header`], for a receiver that takes the data in place from there) or how many
+//! bytes it needs ([`Framed::Need`]); the receiver's limits come from a callback that may
+//! also refuse a type outright. A target and a host both frame their input with it, each
+//! with its own state machine around it.
+//!
 //! Every error is a [`PduError`] whose [`PduError::fes`] / [`PduError::fei`] give the
 //! Fatal Error Status and Fatal Error Information of the TermReq to send before closing the
 //! connection ([`encode_term_req`]); a data digest error is the one non-fatal error
@@ -29,6 +36,12 @@ use zerocopy::little_endian::{U16, U32};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 use crate::spec::{Cqe, Sqe, Status};
+
+mod frame;
+mod rxbuf;
+
+pub use frame::{Frame, FrameError, FrameErrorKind, Framed, next_frame};
+pub use rxbuf::{Recv, RxBuf};
 
 /// Length of a header or data digest (CRC32C) in bytes.
 pub const DIGEST_LEN: usize = 4;
@@ -208,6 +221,12 @@ impl CommonHeader {
     /// First parsing stage: the type is known, HLEN is the type's fixed header length
     /// (FEI 2 otherwise) and PLEN >= HLEN (FEI 4 otherwise).
     pub fn parse(bytes: &[u8; 8]) -> Result<Self, PduError> {
+        Self::parse_typed(bytes).map(|(ch, _)| ch)
+    }
+
+    /// [`CommonHeader::parse`], also returning the type it found.
+    #[inline]
+    pub(crate) fn parse_typed(bytes: &[u8; 8]) -> Result<(Self, PduType), PduError> {
         let ch: Self = zerocopy::transmute!(*bytes);
         let ty = ch.kind()?;
         if ch.hlen != ty.hlen() {
@@ -226,7 +245,7 @@ impl CommonHeader {
                 "PLEN is less than HLEN",
             ));
         }
-        Ok(ch)
+        Ok((ch, ty))
     }
 
     /// The PDU type, or [`PduError::UnknownType`].
