@@ -46,7 +46,6 @@ pub mod sgl;
 pub mod subsystem;
 pub mod tcp;
 
-pub use tcp::sendq;
 
 use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::AtomicU64;

@@ -19,8 +19,8 @@ use std::time::Instant;
 
 use pollux_nvme::spec::{Cqe, Sqe, Status, opcode};
 use pollux_nvme::tcp::{
-    BARE_CAPSULE_CMD_LEN, CommonHeader, Direction, PduHeader, PduType, check_data_digest, fes, parse_bare_capsule_cmd,
-    parse_pdu_header,
+    BARE_CAPSULE_CMD_LEN, Direction, FrameErrorKind, Framed, PduHeader, PduType, fes, next_frame,
+    parse_bare_capsule_cmd,
 };
 use pollux_reactor::{Next, Progress, Reactor, Source, SourceId};
 use tracing::info;
@@ -217,20 +217,20 @@ impl Conn {
     fn process(&mut self, r: &mut Reactor, id: SourceId, budget: &mut u32) -> bool {
         let mut progressed = false;
         let mut bytes = 0usize;
-        let (rbuf, mut rstart, rend) = self.tcp.take_rbuf();
+        let mut rx = self.tcp.take_rx();
         let io_queue = matches!(self.q, Queue::Io(_));
         while !self.closed && *budget > 0 && self.tcp.pending_out() < WBUF_HIGH {
             if bytes >= BYTE_BUDGET {
                 *budget = 0;
                 break;
             }
-            let avail = &rbuf[rstart..rend];
+            let avail = rx.avail();
             if self.direct.is_some() {
                 // The stream is inside an H2CData PDU whose data goes in place.
                 let Some(used) = self.direct_continue(r, id, avail) else {
                     break;
                 };
-                rstart += used;
+                rx.consume(used);
                 bytes += used;
                 progressed = true;
                 continue;
@@ -241,91 +241,69 @@ impl Conn {
                 && !self.tcp.hdgst
                 && let Some(sqe) = parse_bare_capsule_cmd(avail)
             {
-                rstart += BARE_CAPSULE_CMD_LEN;
+                rx.consume(BARE_CAPSULE_CMD_LEN);
                 bytes += BARE_CAPSULE_CMD_LEN;
                 *budget -= 1;
                 progressed = true;
                 self.on_capsule_pdu(r, id, &sqe, &[], true);
                 continue;
             }
-            let Some(ch_bytes) = avail.first_chunk::<8>() else {
-                break;
-            };
-            let ch = match CommonHeader::parse(ch_bytes) {
-                Ok(ch) => ch,
-                Err(e) => {
-                    let why = self.tcp.term_req_for(&e, &avail[..avail.len().min(128)]);
-                    self.close(r, id, &why);
-                    break;
+            let tcp = &self.tcp;
+            let framed = next_frame(avail, Direction::HostToController, rx.capacity(), |_, kind| {
+                // NVMe/TCP 1.0 §3.6.2.1: ICReq first and only once.
+                match (kind == PduType::IcReq, tcp.ic_done) {
+                    (true, true) => Err("a second ICReq"),
+                    (false, false) => Err("a PDU before ICReq"),
+                    _ => Ok(tcp.limits(kind, io_queue)),
                 }
-            };
-            let kind = match ch.kind() {
-                Ok(k) => k,
-                Err(e) => {
-                    let why = self.tcp.term_req_for(&e, ch_bytes);
-                    self.close(r, id, &why);
-                    break;
-                }
-            };
-            // NVMe/TCP 1.0 §3.6.2.1: ICReq first and only once.
-            if (kind == PduType::IcReq) == self.tcp.ic_done {
-                let why = if self.tcp.ic_done {
-                    "a second ICReq"
-                } else {
-                    "a PDU before ICReq"
-                };
-                self.fatal(r, id, Fatal::new(fes::PDU_SEQUENCE_ERROR, 0, why), ch_bytes);
-                break;
-            }
-            let limits = self.tcp.limits(kind, io_queue);
-            let hl = ch.header_len(&limits);
-            if avail.len() < hl {
-                break;
-            }
-            let hdr = match parse_pdu_header(&ch, &avail[..hl], &limits, Direction::HostToController) {
-                Ok(h) => h,
-                Err(e) => {
-                    let why = self.tcp.term_req_for(&e, &avail[..hl.min(128)]);
-                    self.close(r, id, &why);
-                    break;
-                }
-            };
-            let plen = ch.plen.get() as usize;
-            if plen > rbuf.len() {
-                // Cannot happen after parse_pdu_header bounded the data; keep it a clean error.
-                let f = Fatal::new(fes::DATA_TRANSFER_LIMIT_EXCEEDED, 4, "PDU larger than the buffer");
-                self.fatal(r, id, f, &avail[..hl.min(128)]);
-                break;
-            }
-            if avail.len() < plen {
+            });
+            let f = match framed {
+                Ok(Framed::Pdu(f)) => f,
                 // Most of an H2CData PDU's data still to come: receive it in place.
-                if kind == PduType::H2CData
-                    && plen - avail.len() >= DIRECT_MIN
-                    && avail.len() >= hdr.data_offset()
-                    && let Some(used) = self.direct_start(r, id, &hdr, avail, hl)
+                Ok(Framed::Header(f))
+                    if f.hdr.pdu_type() == PduType::H2CData
+                        && f.plen - avail.len() >= DIRECT_MIN
+                        && avail.len() >= f.hdr.data_offset() =>
                 {
-                    rstart += used;
-                    bytes += plen;
+                    let Some(used) = self.direct_start(r, id, &f.hdr, avail, f.hl) else {
+                        break;
+                    };
+                    rx.consume(used);
+                    bytes += f.plen;
                     *budget -= 1;
                     progressed = true;
                     continue;
                 }
-                break;
-            }
-            let pdu = &avail[..plen];
-            let (off, dl) = (hdr.data_offset(), hdr.data_len() as usize);
-            let data = if dl > 0 { &pdu[off..off + dl] } else { &[][..] };
-            let digest_ok = !hdr.has_data_digest() || {
-                let d = &pdu[off + dl..off + dl + 4];
-                check_data_digest(data, u32::from_le_bytes([d[0], d[1], d[2], d[3]])).is_ok()
+                Ok(Framed::Header(_) | Framed::Need(_)) => break,
+                Err(e) => {
+                    let header = e.offending_header(avail);
+                    match e.kind {
+                        FrameErrorKind::Pdu(p) => {
+                            let why = self.tcp.term_req_for(&p, header);
+                            self.close(r, id, &why);
+                        }
+                        FrameErrorKind::Refused(why) => {
+                            self.fatal(r, id, Fatal::new(fes::PDU_SEQUENCE_ERROR, 0, why), header);
+                        }
+                        // Cannot happen once the header bounded the data (the buffer holds
+                        // the largest PDU accepted); keep it a clean error.
+                        FrameErrorKind::TooLarge { .. } => {
+                            let f = Fatal::new(fes::DATA_TRANSFER_LIMIT_EXCEEDED, 4, "PDU larger than the buffer");
+                            self.fatal(r, id, f, header);
+                        }
+                    }
+                    break;
+                }
             };
-            rstart += plen;
-            bytes += plen;
+            let pdu = &avail[..f.plen];
+            let (data, digest_ok) = (f.data(pdu), f.digest_ok(pdu));
             *budget -= 1;
             progressed = true;
-            self.dispatch(r, id, hdr, data, digest_ok, &pdu[..hl]);
+            bytes += f.plen;
+            self.dispatch(r, id, f.hdr, data, digest_ok, &pdu[..f.hl]);
+            rx.consume(f.plen);
         }
-        self.tcp.put_rbuf(rbuf, rstart);
+        self.tcp.put_rx(rx);
         progressed
     }
 
@@ -448,7 +426,7 @@ impl Conn {
     /// its command's buffer. Ok(true) if bytes arrived.
     fn fill(&mut self) -> Result<bool, String> {
         let mut in_place = None;
-        if self.tcp.rbuf_empty()
+        if self.tcp.rx_empty()
             && let Some(d) = self.direct.as_ref().filter(|d| d.left > 0)
             // An aborted command's buffer is gone: its data is drained through the receive
             // buffer instead (process drops it).

@@ -30,7 +30,7 @@ use zerocopy::little_endian::U16;
 
 use super::error::HostError;
 use super::sqe::{self, DsmRange};
-use crate::sendq::SendQueue;
+use crate::tcp::sendq::SendQueue;
 
 /// In-capsule data a controller accepts on the admin queue (NVMe/TCP 1.0 §3.3.1: 8 KiB for
 /// fabrics and admin commands).

@@ -14,7 +14,6 @@
 pub mod h2c;
 pub mod sendq;
 
-use std::io::{ErrorKind, Read};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::ptr::NonNull;
@@ -23,8 +22,8 @@ use std::sync::Arc;
 use pollux_conf::Transport as TransportConf;
 use pollux_nvme::spec::Cqe;
 use pollux_nvme::tcp::{
-    Direction, IcReq, PduError, PduLimits, PduType, crc32c, encode_c2h_data_hdr, encode_capsule_resp, encode_ic_resp,
-    encode_r2t, encode_term_req, encode_term_req_for, fes,
+    Direction, IcReq, PduError, PduLimits, PduType, Recv, RxBuf, crc32c, encode_c2h_data_hdr, encode_capsule_resp,
+    encode_ic_resp, encode_r2t, encode_term_req, encode_term_req_for, fes,
 };
 use tracing::{debug, warn};
 
@@ -47,7 +46,7 @@ pub struct InPlace {
 }
 
 /// What a fill of the receive buffer brought.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Filled {
     /// Bytes that went into the receive buffer.
     pub buffered: bool,
@@ -92,9 +91,7 @@ pub struct Transport {
     pub ic_done: bool,
     max_h2c_data: u32,
     in_capsule_data_size: u32,
-    rbuf: Box<[u8]>,
-    rstart: usize,
-    rend: usize,
+    rx: RxBuf,
     /// The last fill emptied the socket (a short read or EAGAIN).
     pub drained: bool,
     /// Bytes for the host: PDUs built here, with RAM read data sent in place.
@@ -118,9 +115,7 @@ impl Transport {
             ic_done: false,
             max_h2c_data: t.max_h2c_data,
             in_capsule_data_size: t.in_capsule_data_size,
-            rbuf: vec![0u8; cap].into_boxed_slice(),
-            rstart: 0,
-            rend: 0,
+            rx: RxBuf::new(cap),
             drained: false,
             out: SendQueue::with_capacity(64 * 1024),
         })
@@ -129,11 +124,6 @@ impl Transport {
     /// The socket's fd.
     pub fn raw_fd(&self) -> RawFd {
         self.sock.as_raw_fd()
-    }
-
-    /// The largest PDU the receive buffer holds.
-    pub fn rbuf_len(&self) -> usize {
-        self.rbuf.len()
     }
 
     /// What the receiver accepts of a PDU of type `kind` (digests only once ICReq/ICResp
@@ -156,109 +146,51 @@ impl Transport {
     // ------------------------------------------------------------------------- receive
 
     /// Take the receive buffer out (to parse it while the connection handles its PDUs);
-    /// [`Self::put_rbuf`] gives it back.
-    pub fn take_rbuf(&mut self) -> (Box<[u8]>, usize, usize) {
-        (std::mem::take(&mut self.rbuf), self.rstart, self.rend)
+    /// [`Self::put_rx`] gives it back.
+    pub fn take_rx(&mut self) -> RxBuf {
+        std::mem::take(&mut self.rx)
     }
 
-    /// Give the receive buffer back, `rstart` the first byte not yet handled.
-    pub fn put_rbuf(&mut self, rbuf: Box<[u8]>, rstart: usize) {
-        self.rbuf = rbuf;
-        self.rstart = rstart;
+    /// Give the receive buffer back.
+    pub fn put_rx(&mut self, rx: RxBuf) {
+        self.rx = rx;
     }
 
     /// Nothing unparsed is buffered.
-    pub fn rbuf_empty(&self) -> bool {
-        self.rstart == self.rend
+    pub fn rx_empty(&self) -> bool {
+        self.rx.is_empty()
     }
 
     /// Read what the socket has. With `in_place` (and nothing buffered), the first
     /// `left` bytes go straight to its destination, and what follows into the receive
     /// buffer, in one `readv`. Err on EOF or a socket error (the reason, for the log).
     pub fn fill(&mut self, in_place: Option<InPlace>) -> Result<Filled, String> {
-        if self.rstart == self.rend {
-            self.rstart = 0;
-            self.rend = 0;
-        } else if self.rstart > 0 && self.rend > self.rbuf.len() / 2 {
-            self.rbuf.copy_within(self.rstart..self.rend, 0);
-            self.rend -= self.rstart;
-            self.rstart = 0;
-        }
-        self.drained = false;
-        let mut filled = Filled {
-            buffered: false,
-            placed: 0,
+        self.rx.make_room(0);
+        let got = match in_place.filter(|p| p.left > 0 && self.rx.is_empty()) {
+            // SAFETY: `dest..dest + left` is the rest of the command's buffer, which the caller
+            // owns exclusively for the call (in range: its `dest_ptr` checked it, and the
+            // device has not been given a DMA buffer whose data is still arriving).
+            Some(p) => unsafe { self.rx.recv_into(&self.sock, 0, p.dest, p.left, h2c::DIRECT_TAIL) },
+            None => self.rx.recv(&self.sock),
         };
-        if self.rstart == self.rend
-            && let Some(p) = in_place.filter(|p| p.left > 0)
-        {
-            let tail = (self.rbuf.len() - self.rend).min(h2c::DIRECT_TAIL);
-            let iov = [
-                libc::iovec {
-                    iov_base: p.dest.cast(),
-                    iov_len: p.left,
+        let (filled, drained) = match got {
+            Ok(Recv::Data {
+                buffered,
+                placed,
+                drained,
+            }) => (
+                Filled {
+                    buffered: buffered > 0,
+                    placed,
                 },
-                libc::iovec {
-                    iov_base: self.rbuf[self.rend..].as_mut_ptr().cast(),
-                    iov_len: tail,
-                },
-            ];
-            loop {
-                // SAFETY: the first iovec is the rest of the command's buffer, which the
-                // caller owns exclusively for the call (in range: its `dest_ptr` checked it,
-                // and the device has not been given a DMA buffer whose data is still
-                // arriving); the second is free space at the end of the receive buffer.
-                let n = unsafe { libc::readv(self.sock.as_raw_fd(), iov.as_ptr(), 2) };
-                if n < 0 {
-                    let e = std::io::Error::last_os_error();
-                    match e.kind() {
-                        ErrorKind::Interrupted => continue,
-                        ErrorKind::WouldBlock => {
-                            self.drained = true;
-                            return Ok(filled);
-                        }
-                        _ => return Err(format!("read: {e}")),
-                    }
-                }
-                if n == 0 {
-                    return Err("peer closed the connection".into());
-                }
-                let n = n as usize;
-                filled.placed = n.min(p.left);
-                self.rend += n - filled.placed;
-                filled.buffered = n > p.left;
-                self.drained = n < p.left + tail;
-                return Ok(filled);
-            }
-        }
-        while self.rend < self.rbuf.len() {
-            let room = self.rbuf.len() - self.rend;
-            match self.sock.read(&mut self.rbuf[self.rend..]) {
-                Ok(0) => {
-                    return if filled.buffered {
-                        Ok(filled)
-                    } else {
-                        Err("peer closed the connection".into())
-                    };
-                }
-                Ok(n) => {
-                    self.rend += n;
-                    filled.buffered = true;
-                    // A short read emptied the socket's receive queue: more data raises a new
-                    // edge, so reading again now would only return EAGAIN (a syscall per I/O).
-                    if n < room {
-                        self.drained = true;
-                        break;
-                    }
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                    self.drained = true;
-                    break;
-                }
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(format!("read: {e}")),
-            }
-        }
+                drained,
+            ),
+            Ok(Recv::Empty) => (Filled::default(), true),
+            Ok(Recv::Full) => (Filled::default(), false),
+            Ok(Recv::Eof) => return Err("peer closed the connection".into()),
+            Err(e) => return Err(format!("read: {e}")),
+        };
+        self.drained = drained;
         Ok(filled)
     }
 
