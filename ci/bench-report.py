@@ -877,7 +877,7 @@ def cmd_reactor(out):
     plt.close(fig)
 
 
-RESULT_SECTIONS = ("perf", "modes", "reactor", "file")
+RESULT_SECTIONS = ("perf", "modes", "reactor", "file", "ab")
 
 
 def cmd_results(out):

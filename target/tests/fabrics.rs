@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use common::*;
 use pollux_conf::DISCOVERY_NQN;
 use pollux_nvme::spec::{SglDescriptor, Sqe, feature, property};
-use pollux_target::host::{Controller, ControllerOpts, HostError, HostQueue, QueueOpts, sqe};
+use pollux_nvme::tcp::PduHeader;
+use pollux_target::host::{Controller, ControllerOpts, HostError, HostQueue, QueueOpts, RawReply, sqe};
 
 /// Connect Invalid Parameters / Invalid Host with IATTR = 1 (the offset is in the Connect
 /// data) and IPO `offset` (NVMe-oF 1.1 §6.3, Figure 21).
@@ -25,6 +26,43 @@ fn refused(r: Result<HostQueue, HostError>, sc: u8, offset: u32) {
         Err(e) => panic!("expected a refused Connect, got {e}"),
         Ok(_) => panic!("expected a refused Connect, it succeeded"),
     }
+}
+
+#[test]
+fn any_terminated_host_nqn_connects_where_any_host_may() {
+    let t = start("");
+    let a = addr(&t);
+    // SPDK's initiator sends an empty host NQN by default; SPDK's and Linux's targets take it
+    // on a subsystem open to any host and on the discovery controller.
+    for nqn in [NQN, DISCOVERY_NQN] {
+        for host in ["", "not an NQN"] {
+            let q = HostQueue::connect(a, QueueOpts::admin(nqn, host));
+            assert!(q.is_ok(), "{nqn} with host NQN {host:?}: {:?}", q.err());
+        }
+    }
+    // A host list names exact strings: an empty NQN is none of them.
+    refused(HostQueue::connect(a, QueueOpts::admin(NQN_PRIVATE, "")), 0x84, 512);
+    // A field without its terminator within 256 bytes: Invalid Parameters at that field.
+    for (field, off) in [(512..768, 512u32), (256..512, 256)] {
+        let mut q = raw_queue(a, false, false);
+        let mut data = sqe::connect_data(&[7; 16], 0xFFFF, NQN, HOST);
+        data[field].fill(b'a');
+        let mut s = sqe::connect(0, 31, 0, 0);
+        s.set_psdt(Sqe::PSDT_SGL_MPTR_CONTIGUOUS);
+        s.set_sgl(&SglDescriptor::in_capsule(0, 1024));
+        q.send_raw(&q.capsule_pdu(&s, &data)).unwrap();
+        match q.recv_raw(Duration::from_secs(5)).unwrap() {
+            RawReply::Pdu {
+                hdr: Some(PduHeader::CapsuleResp { cqe }),
+                ..
+            } => {
+                assert_eq!(code(cqe.status()), (1, 0x82), "{:?}", cqe.status());
+                assert_eq!(cqe.dw0.get(), (1 << 16) | off);
+            }
+            other => panic!("expected a CapsuleResp, got {other:?}"),
+        }
+    }
+    t.shutdown().unwrap();
 }
 
 #[test]

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use pollux_conf::{DISCOVERY_NQN, validate_nqn};
 use pollux_nvme::spec::{Sqe, Status, opcode};
+use tracing::info;
 
 use super::{Ctrl, QueueRef};
 use crate::sgl::{DataPtr, data_ptr};
@@ -123,8 +124,12 @@ pub mod connect_sqe_off {
     pub const CATTR: u32 = 46;
 }
 
+/// An NQN field of the Connect data: NUL-terminated within its 256 bytes (NVMe-oF 1.1
+/// §6.3, Figure 20) and UTF-8. Its form is not checked here: as SPDK's nvmf_tgt and Linux's
+/// nvmet do, a target accepts any terminated host NQN where any host may connect (SPDK's
+/// initiator sends an empty one by default), and a host list matches exact strings only.
 fn nqn_field(b: &[u8]) -> Result<String, ()> {
-    let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+    let end = b.iter().position(|&c| c == 0).ok_or(())?;
     std::str::from_utf8(&b[..end]).map(str::to_owned).map_err(|_| ())
 }
 
@@ -216,10 +221,14 @@ pub fn check(shared: &Shared, sqe: &Sqe, c: ConnectCmd, data: &[u8]) -> Result<C
             return Err(refuse(s, 0, "connect data not in capsule"));
         }
     }
-    let d = parse_connect_data(data).map_err(|off| invalid(ipo_data(off), "bad connect data"))?;
-    if let Err(why) = validate_nqn(&d.hostnqn) {
-        return Err(invalid(ipo_data(connect_off::HOSTNQN), format!("host NQN: {why}")));
-    }
+    let d = parse_connect_data(data).map_err(|off| {
+        let field = match off {
+            connect_off::SUBNQN => "subsystem NQN not NUL-terminated within 256 bytes, or not UTF-8",
+            connect_off::HOSTNQN => "host NQN not NUL-terminated within 256 bytes, or not UTF-8",
+            _ => "bad connect data",
+        };
+        invalid(ipo_data(off), field)
+    })?;
     let entries = u32::from(c.sqsize) + 1;
     let max_entries = if c.qid == 0 {
         MAX_ADMIN_ENTRIES
@@ -253,6 +262,12 @@ pub fn check(shared: &Shared, sqe: &Sqe, c: ConnectCmd, data: &[u8]) -> Result<C
     if c.qid == 0 && d.cntlid != 0xFFFF {
         let why = "admin queue must ask for a dynamic controller";
         return Err(invalid(ipo_data(connect_off::CNTLID), why));
+    }
+    if c.qid == 0
+        && let Err(why) = validate_nqn(&d.hostnqn)
+    {
+        // Only where any host may connect (a host list names exact, valid NQNs).
+        info!(hostnqn = ?d.hostnqn, subnqn = %d.subnqn, "accepting a host NQN that is not a well-formed NQN ({why})");
     }
     Ok(ConnectReq {
         qid: c.qid,
