@@ -13,7 +13,7 @@ use common::*;
 use pollux_conf::DISCOVERY_NQN;
 use pollux_nvme::spec::{SglDescriptor, Sqe, feature, property};
 use pollux_nvme::tcp::PduHeader;
-use pollux_target::host::{Controller, ControllerOpts, HostError, HostQueue, QueueOpts, RawReply, sqe};
+use pollux_target::host::{Controller, ControllerOpts, Data, HostError, HostQueue, QueueOpts, RawReply, sqe};
 
 /// Connect Invalid Parameters / Invalid Host with IATTR = 1 (the offset is in the Connect
 /// data) and IPO `offset` (NVMe-oF 1.1 §6.3, Figure 21).
@@ -342,4 +342,95 @@ fn shutdown_with_hosts_connected_is_prompt_and_hosts_see_eof() {
         expect_eof(q);
     }
     assert!(t1.elapsed() < Duration::from_secs(1), "EOF took {:?}", t1.elapsed());
+}
+
+/// Get Features (NVMe 2.0 §5.15) of `fid` with select `sel`: (SCT, SC) and dw0.
+fn get_feature(q: &mut HostQueue, fid: u8, sel: u8, cdw11: u32) -> ((u8, u8), u32) {
+    let c = q.exec(sqe::get_features(fid, sel, cdw11), Data::None).unwrap();
+    (code(c.status), c.dw0)
+}
+
+#[test]
+fn every_mandatory_feature_answers_each_select_and_changes_where_it_may() {
+    let t = start("");
+    let mut c = controller(addr(&t), 1);
+    let q = &mut c.admin;
+    const OK: (u8, u8) = (0, 0);
+    const INVALID_FIELD: (u8, u8) = (0, 0x02);
+    // What an initiator's Identify pass asks (SPDK's asks 01h, 02h and 04h): current, default,
+    // saved (not saveable: the default) and supported capabilities (bit 2: changeable).
+    let mandatory = [
+        (feature::ARBITRATION, 0, true),
+        (feature::POWER_MANAGEMENT, 0, true),
+        (feature::TEMPERATURE_THRESHOLD, 0, true),
+        (feature::ERROR_RECOVERY, 0, true),
+        (feature::NUMBER_OF_QUEUES, 0, true),
+        (feature::WRITE_ATOMICITY_NORMAL, 0, true),
+        (feature::ASYNC_EVENT_CONFIGURATION, 0, true),
+        (feature::KEEP_ALIVE_TIMER, 0, true),
+        (feature::HOST_IDENTIFIER, 1, false),
+    ];
+    for (fid, cdw11, changeable) in mandatory {
+        for sel in 0..3 {
+            let (st, _) = get_feature(q, fid, sel, cdw11);
+            assert_eq!(st, OK, "feature {fid:#x} select {sel}");
+        }
+        let (st, caps) = get_feature(q, fid, 3, cdw11);
+        assert_eq!(
+            (st, caps),
+            (OK, if changeable { 1 << 2 } else { 0 }),
+            "feature {fid:#x} capabilities"
+        );
+        assert_eq!(get_feature(q, fid, 4, cdw11).0, INVALID_FIELD, "select 4 of {fid:#x}");
+    }
+    // The composite temperature threshold: over by default at Identify's WCTEMP, under 0;
+    // a set value reads back as current, the default stays.
+    let over = get_feature(q, feature::TEMPERATURE_THRESHOLD, 0, 0).1;
+    assert!(over > 273, "over-temperature threshold {over} K");
+    q.set_features(feature::TEMPERATURE_THRESHOLD, 330).unwrap();
+    assert_eq!(get_feature(q, feature::TEMPERATURE_THRESHOLD, 0, 0).1, 330);
+    assert_eq!(get_feature(q, feature::TEMPERATURE_THRESHOLD, 1, 0).1, over);
+    q.set_features(feature::TEMPERATURE_THRESHOLD, (1 << 20) | 250).unwrap();
+    assert_eq!(get_feature(q, feature::TEMPERATURE_THRESHOLD, 0, 1 << 20).1, 250);
+    // A sensor that does not exist, a power state that does not, DULBE without support.
+    assert_eq!(
+        err_code(
+            q.set_features(feature::TEMPERATURE_THRESHOLD, (1 << 16) | 300)
+                .map(drop)
+        ),
+        INVALID_FIELD
+    );
+    assert_eq!(
+        get_feature(q, feature::TEMPERATURE_THRESHOLD, 0, 2 << 16).0,
+        INVALID_FIELD
+    );
+    assert_eq!(
+        err_code(q.set_features(feature::POWER_MANAGEMENT, 1).map(drop)),
+        INVALID_FIELD
+    );
+    assert_eq!(
+        err_code(q.set_features(feature::ERROR_RECOVERY, 1 << 16).map(drop)),
+        INVALID_FIELD
+    );
+    // Changeable ones keep what was set.
+    q.set_features(feature::ARBITRATION, 0x0302_0103).unwrap();
+    assert_eq!(get_feature(q, feature::ARBITRATION, 0, 0).1, 0x0302_0103);
+    q.set_features(feature::ERROR_RECOVERY, 25).unwrap();
+    assert_eq!(get_feature(q, feature::ERROR_RECOVERY, 0, 0).1, 25);
+    q.set_features(feature::WRITE_ATOMICITY_NORMAL, 1).unwrap();
+    assert_eq!(get_feature(q, feature::WRITE_ATOMICITY_NORMAL, 0, 0).1, 1);
+    // Unknown, fixed, not saveable: the statuses the spec gives.
+    assert_eq!(get_feature(q, 0x7E, 0, 0).0, INVALID_FIELD);
+    assert_eq!(err_code(q.set_features(0x7E, 0).map(drop)), INVALID_FIELD);
+    // No volatile cache on a RAM namespace: the feature is not reported at all.
+    assert_eq!(get_feature(q, feature::VOLATILE_WRITE_CACHE, 0, 0).0, INVALID_FIELD);
+    assert_eq!(
+        err_code(q.set_features(feature::HOST_IDENTIFIER, 1).map(drop)),
+        (0, 0x0C)
+    );
+    let mut save = sqe::set_features(feature::ARBITRATION, 7);
+    save.cdw10.set(save.cdw10.get() | 1 << 31);
+    assert_eq!(code(q.exec(save, Data::None).unwrap().status), (1, 0x0D));
+    drop(c);
+    t.shutdown().unwrap();
 }

@@ -38,6 +38,16 @@ pub mod log_page {
 /// Feature identifiers (NVMe 2.0 §5.27.1, Figure 317).
 pub mod feature {
     use super::fid;
+    /// Arbitration.
+    pub const ARBITRATION: u8 = fid::NVME_FEAT_FID_ARBITRATION as u8;
+    /// Power Management.
+    pub const POWER_MANAGEMENT: u8 = fid::NVME_FEAT_FID_POWER_MGMT as u8;
+    /// Temperature Threshold.
+    pub const TEMPERATURE_THRESHOLD: u8 = fid::NVME_FEAT_FID_TEMP_THRESH as u8;
+    /// Error Recovery.
+    pub const ERROR_RECOVERY: u8 = fid::NVME_FEAT_FID_ERR_RECOVERY as u8;
+    /// Write Atomicity Normal.
+    pub const WRITE_ATOMICITY_NORMAL: u8 = fid::NVME_FEAT_FID_WRITE_ATOMIC as u8;
     /// Volatile Write Cache.
     pub const VOLATILE_WRITE_CACHE: u8 = fid::NVME_FEAT_FID_VOLATILE_WC as u8;
     /// Number of Queues.

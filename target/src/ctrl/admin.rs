@@ -9,9 +9,10 @@ use std::time::Instant;
 
 use pollux_conf::DISCOVERY_NQN;
 use pollux_nvme::bindings::{nvme_id_ctrl, nvme_id_ns};
-use pollux_nvme::spec::{Sqe, Status, Vs, cns, feature, opcode};
+use pollux_nvme::spec::{Sqe, Status, Vs, cns, opcode};
 use zerocopy::{FromZeros, IntoBytes};
 
+use super::features::{CCTEMP_K, FeatureEffect, WCTEMP_K, get_features, set_features};
 use super::log::{LogEnv, get_log_page};
 use super::{AER_LIMIT, Ctrl, ERROR_LOG_ENTRIES};
 use crate::sgl::{DataPtr, Xfer, data_ptr, xfer};
@@ -121,6 +122,11 @@ pub fn identify_controller(ctrl: &Ctrl, shared: &Shared) -> Vec<u8> {
     id.lpa = (1 << 1) | (1 << 2); // commands supported and effects, extended data
     id.elpe = (ERROR_LOG_ENTRIES - 1) as u8;
     id.kas = KAS_100MS.to_le();
+    if !ctrl.is_discovery() {
+        // The composite temperature thresholds the Temperature Threshold feature starts from.
+        id.wctemp = WCTEMP_K.to_le();
+        id.cctemp = CCTEMP_K.to_le();
+    }
     id.sqes = 0x66;
     id.cqes = 0x44;
     id.maxcmd = (t.io_queue_depth.min(0xFFFF) as u16).to_le();
@@ -211,94 +217,6 @@ pub fn identify(ctrl: &Ctrl, shared: &Shared, cns_value: u8, nsid: u32) -> Reply
         cns::ACTIVE_NAMESPACE_LIST if !ctrl.is_discovery() => active_ns_list(ctrl, nsid),
         cns::NS_ID_DESCRIPTOR_LIST if !ctrl.is_discovery() => ns_id_descriptors(ctrl, nsid),
         _ => Reply::err(Status::INVALID_FIELD.with_dnr()),
-    }
-}
-
-/// Number of Queues result dword: NSQA and NCQA, 0's based (NVMe 2.0 §5.27.1.5).
-pub fn queues_dw0(n: u16) -> u32 {
-    let z = u32::from(n.max(1) - 1);
-    z | (z << 16)
-}
-
-/// Get Features.
-pub fn get_features(ctrl: &Ctrl, shared: &Shared, fid: u8, cdw11: u32) -> Reply {
-    match fid {
-        feature::NUMBER_OF_QUEUES => Reply::dw0(queues_dw0(granted_queues(ctrl, shared))),
-        feature::KEEP_ALIVE_TIMER => Reply::dw0(ctrl.kato_ms),
-        feature::ASYNC_EVENT_CONFIGURATION => Reply::dw0(ctrl.aec),
-        feature::VOLATILE_WRITE_CACHE => {
-            Reply::dw0(u32::from(ctrl.subsys.as_ref().is_some_and(|s| s.volatile_cache())))
-        }
-        feature::HOST_IDENTIFIER => {
-            // Fabrics use the 128-bit host identifier (EXHID must be set).
-            if cdw11 & 1 == 0 {
-                Reply::err(Status::INVALID_FIELD.with_dnr())
-            } else {
-                Reply::data(ctrl.hostid.to_vec())
-            }
-        }
-        _ => Reply::err(Status::INVALID_FIELD.with_dnr()),
-    }
-}
-
-/// I/O queues a controller may create.
-pub fn granted_queues(ctrl: &Ctrl, shared: &Shared) -> u16 {
-    if ctrl.io_queues_granted > 0 {
-        ctrl.io_queues_granted
-    } else {
-        shared.transport.max_io_queues.min(0xFFFF) as u16
-    }
-}
-
-/// What a Set Features changed that the connection must act on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FeatureEffect {
-    /// Nothing.
-    None,
-    /// The keep-alive timeout changed: reschedule the check.
-    KeepAlive,
-}
-
-/// Set Features.
-pub fn set_features(ctrl: &mut Ctrl, shared: &Shared, fid: u8, save: bool, cdw11: u32) -> (Reply, FeatureEffect) {
-    if save {
-        return (Reply::err(Status::FEATURE_NOT_SAVEABLE.with_dnr()), FeatureEffect::None);
-    }
-    match fid {
-        feature::NUMBER_OF_QUEUES if !ctrl.is_discovery() => {
-            let (nsqr, ncqr) = (cdw11 & 0xFFFF, cdw11 >> 16);
-            if nsqr == 0xFFFF || ncqr == 0xFFFF {
-                return (Reply::err(Status::INVALID_FIELD.with_dnr()), FeatureEffect::None);
-            }
-            let want = (nsqr.min(ncqr) + 1).min(shared.transport.max_io_queues).min(0xFFFF);
-            ctrl.io_queues_granted = want as u16;
-            (Reply::dw0(queues_dw0(ctrl.io_queues_granted)), FeatureEffect::None)
-        }
-        feature::KEEP_ALIVE_TIMER => {
-            ctrl.kato_ms = shared.keep_alive.clamp(cdw11);
-            (Reply::ok(), FeatureEffect::KeepAlive)
-        }
-        feature::ASYNC_EVENT_CONFIGURATION => {
-            ctrl.aec = cdw11;
-            (Reply::ok(), FeatureEffect::None)
-        }
-        // The cache is the kernel's page cache or the device's: it stays on.
-        feature::VOLATILE_WRITE_CACHE if ctrl.subsys.as_ref().is_some_and(|s| s.volatile_cache()) => {
-            if cdw11 & 1 == 1 {
-                (Reply::ok(), FeatureEffect::None)
-            } else {
-                (
-                    Reply::err(Status::FEATURE_NOT_CHANGEABLE.with_dnr()),
-                    FeatureEffect::None,
-                )
-            }
-        }
-        // Fabrics set the host identifier at Connect (NVMe-oF 1.1 §6.3).
-        feature::HOST_IDENTIFIER => (
-            Reply::err(Status::COMMAND_SEQUENCE_ERROR.with_dnr()),
-            FeatureEffect::None,
-        ),
-        _ => (Reply::err(Status::INVALID_FIELD.with_dnr()), FeatureEffect::None),
     }
 }
 
@@ -477,7 +395,7 @@ pub fn execute(ctrl: &mut Ctrl, env: &AdminEnv<'_>, sqe: &Sqe) -> Outcome {
             };
             get_log_page(ctrl, &log_env, lid, rae, offset, len.min(max_len))
         }
-        Admin::GetFeatures { fid, cdw11, .. } => get_features(ctrl, env.shared, fid, cdw11),
+        Admin::GetFeatures { fid, sel, cdw11 } => get_features(ctrl, env.shared, fid, sel, cdw11),
         Admin::SetFeatures { fid, save, cdw11 } => {
             let (rep, effect) = set_features(ctrl, env.shared, fid, save, cdw11);
             if effect == FeatureEffect::KeepAlive {

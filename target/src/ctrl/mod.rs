@@ -13,6 +13,7 @@
 pub mod admin;
 pub mod connect;
 pub mod discovery;
+pub mod features;
 pub mod log;
 pub mod property;
 
@@ -98,6 +99,8 @@ pub struct Ctrl {
     pub error_count: u64,
     /// Namespaces changed since the log was last read.
     pub changed_ns: Vec<u32>,
+    /// Changeable feature values (Set Features).
+    pub features: features::Features,
     /// Created at.
     pub created: Instant,
 }
@@ -124,6 +127,7 @@ impl Ctrl {
             errors: VecDeque::new(),
             error_count: 0,
             changed_ns: Vec::new(),
+            features: features::Features::default(),
             created: now,
         }
     }
