@@ -46,7 +46,6 @@ pub mod sgl;
 pub mod subsystem;
 pub mod tcp;
 
-
 use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
