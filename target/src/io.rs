@@ -90,13 +90,7 @@ pub fn decode_io(sqe: &Sqe, subsys: &Subsystem, max_io: u32) -> Result<Io, Statu
     use opcode::io::*;
     let nsid = sqe.nsid.get();
     if sqe.opcode == FLUSH && nsid == u32::MAX {
-        // Flush of all namespaces: nothing to do unless some namespace caches writes, and for
-        // those we advertise (VWC bits 2:1 = 10b) that it is not supported (NVMe 2.0 §5.17.2.1).
-        return if subsys.volatile_cache() {
-            Err(Status::INVALID_NAMESPACE.with_dnr())
-        } else {
-            Ok(Io::Flush { ns: None })
-        };
+        return Ok(Io::Flush { ns: None });
     }
     if !matches!(sqe.opcode, FLUSH | READ | WRITE | WRITE_ZEROES | DATASET_MANAGEMENT) {
         return Err(Status::INVALID_OPCODE.with_dnr());
@@ -212,6 +206,11 @@ pub fn parse(sqe: &Sqe, subsys: &Subsystem, max_io: u32, data: &[u8]) -> Result<
             DataPtr::InCapsule(_) => return Err(refuse(Status::SGL_DESCRIPTOR_TYPE_INVALID.with_dnr())),
             _ => return Err(refuse(Status::DATA_SGL_LENGTH_INVALID.with_dnr())),
         }
+    }
+    if matches!(io, Io::Flush { ns: None }) && subsys.volatile_cache() {
+        // Flush of all namespaces: nothing to do unless some namespace caches writes, and for
+        // those we advertise (VWC bits 2:1 = 10b) that it is not supported (NVMe 2.0 §5.17.2.1).
+        return Err(refuse(Status::INVALID_NAMESPACE.with_dnr()));
     }
     Ok(IoCmd { io, data: DataIn::None })
 }

@@ -68,31 +68,86 @@ impl Request {
     }
 }
 
-/// A queue's outstanding requests, by slot.
+/// A queue's outstanding requests, by slot. Every change of state goes through its methods,
+/// which keep count of the requests awaiting data and draining (the R2T checks of every
+/// write read them).
 #[derive(Debug, Default)]
 pub struct Requests {
     slots: Slab<Request>,
+    awaiting: usize,
+    draining: usize,
+}
+
+/// Counts of `state` (awaiting, draining).
+fn counts(state: &ReqState) -> (usize, usize) {
+    match state {
+        ReqState::AwaitingData { .. } => (1, 0),
+        ReqState::Draining { .. } => (0, 1),
+        ReqState::Submitted => (0, 0),
+    }
 }
 
 impl Requests {
     /// Add a request; its slot.
     pub fn insert(&mut self, req: Request) -> usize {
+        let (a, d) = counts(&req.state);
+        self.awaiting += a;
+        self.draining += d;
         self.slots.insert(req)
     }
 
-    /// The request in `slot`.
+    /// The request in `slot`, to read or to fill its buffer (its state changes only through
+    /// the methods of [`Requests`]).
     pub fn get_mut(&mut self, slot: usize) -> Option<&mut Request> {
         self.slots.get_mut(slot)
     }
 
+    /// Whether the request in `slot` was submitted to its backend.
+    pub fn is_submitted(&self, slot: usize) -> bool {
+        matches!(
+            self.slots.get(slot),
+            Some(Request {
+                state: ReqState::Submitted,
+                ..
+            })
+        )
+    }
+
     /// Remove the request in `slot`.
     pub fn remove(&mut self, slot: usize) -> Option<Request> {
-        self.slots.try_remove(slot)
+        let req = self.slots.try_remove(slot)?;
+        let (a, d) = counts(&req.state);
+        self.awaiting -= a;
+        self.draining -= d;
+        Some(req)
     }
 
     /// Remove every request (the queue is closing).
     pub fn drain(&mut self) -> impl Iterator<Item = Request> + '_ {
+        (self.awaiting, self.draining) = (0, 0);
         self.slots.drain()
+    }
+
+    /// All the data of the request awaiting it in `slot` is in: it becomes Submitted, and
+    /// its command id, command and buffer come out. None unless it was awaiting data.
+    pub fn take_data(&mut self, slot: usize) -> Option<(u16, Io, DataBuf)> {
+        let req = self.slots.get_mut(slot).filter(|r| r.awaiting_data())?;
+        let ReqState::AwaitingData { buf, .. } = std::mem::replace(&mut req.state, ReqState::Submitted) else {
+            return None;
+        };
+        self.awaiting -= 1;
+        Some((req.cid, req.io.clone(), buf))
+    }
+
+    /// Add `n` received bytes to the R2T of the request in `slot`; its progress then.
+    pub fn add_received(&mut self, slot: usize, n: u32) -> Option<R2tProgress> {
+        match &mut self.slots.get_mut(slot)?.state {
+            ReqState::AwaitingData { progress, .. } | ReqState::Draining { progress, .. } => {
+                progress.received += n;
+                Some(*progress)
+            }
+            ReqState::Submitted => None,
+        }
     }
 
     /// The slot of the request that R2T `ttag` of command `cccid` asked data for (awaited or
@@ -105,6 +160,9 @@ impl Requests {
     /// The slot of the live (not yet completed) request waiting for data with command id
     /// `cid`.
     pub fn awaiting_by_cid(&self, cid: u16) -> Option<usize> {
+        if self.awaiting == 0 {
+            return None;
+        }
         self.slots
             .iter()
             .find(|(_, r)| r.cid == cid && r.awaiting_data())
@@ -113,12 +171,15 @@ impl Requests {
 
     /// Requests waiting for their data.
     pub fn awaiting_count(&self) -> usize {
-        self.slots.iter().filter(|(_, r)| r.awaiting_data()).count()
+        self.awaiting
     }
 
     /// The oldest drained request (lowest slot), if more than `max` are drained: tombstones
     /// whose data never came are bounded.
     pub fn excess_draining(&self, max: usize) -> Option<usize> {
+        if self.draining <= max {
+            return None;
+        }
         let mut draining = self
             .slots
             .iter()
@@ -133,7 +194,11 @@ impl Requests {
         let req = self.slots.get_mut(slot)?;
         let progress = req.r2t()?;
         match std::mem::replace(&mut req.state, ReqState::Draining { progress, status }) {
-            ReqState::AwaitingData { buf, .. } => Some(buf),
+            ReqState::AwaitingData { buf, .. } => {
+                self.awaiting -= 1;
+                self.draining += 1;
+                Some(buf)
+            }
             other => {
                 req.state = other;
                 None
@@ -187,9 +252,9 @@ mod tests {
             "a drained request still takes its data"
         );
         // A submitted request takes no more data.
-        if let Some(r) = reqs.get_mut(b) {
-            r.state = ReqState::Submitted;
-        }
+        assert_eq!(reqs.take_data(b).map(|(cid, ..)| cid), Some(8));
+        assert!(reqs.is_submitted(b));
+        assert_eq!((reqs.awaiting_count(), reqs.take_data(b).is_none()), (0, true));
         assert!(reqs.r2t_target(b, 8).is_none());
         assert!(reqs.complete_early(b, Status::ABORT_REQUESTED).is_none());
     }
@@ -205,5 +270,7 @@ mod tests {
         assert_eq!(reqs.excess_draining(3), Some(slots[0]));
         reqs.remove(slots[0]);
         assert_eq!(reqs.excess_draining(3), None);
+        reqs.drain().for_each(drop);
+        assert_eq!((reqs.awaiting_count(), reqs.excess_draining(0)), (0, None));
     }
 }

@@ -83,17 +83,21 @@ impl Conn {
     /// Connect (NVMe-oF 1.1 §6.3): an admin queue creates its controller here; an I/O queue
     /// asks its controller's reactor to attach it and is answered when that replies.
     fn connect(&mut self, r: &mut Reactor, id: SourceId, cid: u16, sqe: &Sqe, c: ConnectCmd, data: &[u8]) {
+        let refuse = |c: &mut Self, no: Refusal, qid: u16| {
+            info!(peer = %c.tcp.peer, qid, status = %no.status, "connect refused: {}", no.why);
+            c.resp(cid, no.status, no.dw0, 0);
+        };
         let req = match connect::check(&self.shared, sqe, c, data) {
             Ok(req) => req,
-            Err(no) => {
-                info!(peer = %self.tcp.peer, qid = c.qid, status = %no.status, "connect refused: {}", no.why);
-                return self.resp(cid, no.status, no.dw0, 0);
-            }
+            Err(no) => return refuse(self, no, c.qid),
         };
         self.sq.qid = req.qid;
         self.sq.entries = req.entries;
         self.sq.head = 1 % req.entries; // the Connect itself was consumed
         self.sq.flow_off = req.sqflow_off;
+        if let Err(no) = connect::check_dynamic_cntlid(&req) {
+            return refuse(self, no, req.qid);
+        }
         let d = req.data;
         if req.qid == 0 {
             let (n, me) = (r.reactor_count(), self.reactor);

@@ -49,6 +49,19 @@ fn recycle_buf(r: &mut Reactor, ns: Option<&Arc<Namespace>>, buf: DataBuf) {
     }
 }
 
+/// Count a write the backend took (reads are counted as their data is sent).
+fn count_write(ns: &Namespace, reactor: usize, io: &Io) {
+    let c = ns.counters(reactor);
+    match io {
+        Io::Write { len, .. } => {
+            bump(&c.write_cmds, 1);
+            bump(&c.write_bytes, u64::from(*len));
+        }
+        Io::WriteZeroes { .. } => bump(&c.write_cmds, 1),
+        _ => {}
+    }
+}
+
 /// A request that will not run: its buffer goes back.
 pub(super) fn recycle(r: &mut Reactor, req: Request) {
     if let ReqState::AwaitingData { buf, .. } = req.state {
@@ -120,17 +133,9 @@ impl Conn {
             }
         };
         let Some(ns) = ns else { return };
-        let c = ns.counters(self.reactor);
-        match &io {
-            Io::Write { len, .. } => {
-                bump(&c.write_cmds, 1);
-                bump(&c.write_bytes, u64::from(*len));
-            }
-            Io::WriteZeroes { .. } => bump(&c.write_cmds, 1),
-            _ => {}
-        }
         if let Some(status) = ns.backend.run_inline(&op) {
             self.free(slot);
+            count_write(&ns, self.reactor, &io);
             return match io {
                 Io::Read { off, len, .. } if status.is_success() => self.send_read(r, cid, ns, off, len, None),
                 _ if status.is_success() => self.resp(cid, status, 0, 0),
@@ -144,11 +149,10 @@ impl Conn {
                 return self.fail(r, cid, s, nsid, 0);
             }
         };
-        let slot = match slot.and_then(|s| self.reqs.get_mut(s).map(|req| (s, req))) {
-            Some((s, req)) => {
-                req.state = ReqState::Submitted;
-                s
-            }
+        count_write(&ns, self.reactor, &io);
+        // A request that got its data by R2T is already Submitted in its slot (h2c_received).
+        let slot = match slot {
+            Some(s) => s,
             None => self.reqs.insert(Request {
                 cid,
                 io,
@@ -221,13 +225,7 @@ impl Conn {
     fn complete(&mut self, r: &mut Reactor, slot: usize, status: Status, data: Option<ReadData<'_>>) {
         // Only a submitted request completes: a tag never outlives its submission, and this
         // keeps a stray completion from freeing a request that waits for its data.
-        if !matches!(
-            self.reqs.get_mut(slot),
-            Some(Request {
-                state: ReqState::Submitted,
-                ..
-            })
-        ) {
+        if !self.reqs.is_submitted(slot) {
             return;
         }
         let Some(req) = self.reqs.remove(slot) else { return };
@@ -343,17 +341,11 @@ impl Conn {
     /// `datal` more bytes of R2T `ttag` are in its buffer: fail the command on a bad digest,
     /// run it when all its data is in.
     fn h2c_received(&mut self, r: &mut Reactor, id: SourceId, ttag: usize, datal: u32, digest_ok: bool) {
-        let Some(req) = self.reqs.get_mut(ttag) else { return };
-        let progress = match &mut req.state {
-            ReqState::AwaitingData { progress, .. } | ReqState::Draining { progress, .. } => {
-                progress.received += datal;
-                *progress
-            }
-            ReqState::Submitted => return,
+        let Some(progress) = self.reqs.add_received(ttag, datal) else {
+            return;
         };
-        if !digest_ok && req.awaiting_data() {
+        if !digest_ok && let Some(cid) = self.reqs.get_mut(ttag).filter(|q| q.awaiting_data()).map(|q| q.cid) {
             // NVMe/TCP 1.0 §3.6.2.4: a data digest error fails the command, not the queue.
-            let cid = req.cid;
             if let Some(buf) = self.reqs.complete_early(ttag, Status::TRANSIENT_TRANSPORT_ERROR) {
                 let ns = self.reqs.get_mut(ttag).and_then(|q| q.io.namespace().cloned());
                 recycle_buf(r, ns.as_ref(), buf);
@@ -363,13 +355,11 @@ impl Conn {
         if !progress.complete() {
             return;
         }
-        let Some(req) = self.reqs.get_mut(ttag) else { return };
         // All the data is in: run the command in the same slot (drained ones just go).
-        let ReqState::AwaitingData { buf, .. } = std::mem::replace(&mut req.state, ReqState::Submitted) else {
+        let Some((cid, io, buf)) = self.reqs.take_data(ttag) else {
             self.reqs.remove(ttag);
             return;
         };
-        let (cid, io) = (req.cid, req.io.clone());
         let need = io.h2c_len() as usize;
         match buf {
             DataBuf::Dma(d) => {

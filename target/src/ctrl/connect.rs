@@ -259,10 +259,6 @@ pub fn check(shared: &Shared, sqe: &Sqe, c: ConnectCmd, data: &[u8]) -> Result<C
         }
         Some(s.clone())
     };
-    if c.qid == 0 && d.cntlid != 0xFFFF {
-        let why = "admin queue must ask for a dynamic controller";
-        return Err(invalid(ipo_data(connect_off::CNTLID), why));
-    }
     if c.qid == 0
         && let Err(why) = validate_nqn(&d.hostnqn)
     {
@@ -277,6 +273,17 @@ pub fn check(shared: &Shared, sqe: &Sqe, c: ConnectCmd, data: &[u8]) -> Result<C
         data: d,
         subsys,
     })
+}
+
+/// An admin queue's Connect must ask for a dynamic controller (CNTLID FFFFh, NVMe-oF 1.1
+/// §6.3). Checked once the queue has taken the Connect's SQ attributes, which its refusal's
+/// CQE reports.
+pub fn check_dynamic_cntlid(req: &ConnectReq) -> Result<(), Refusal> {
+    if req.qid == 0 && req.data.cntlid != 0xFFFF {
+        let why = "admin queue must ask for a dynamic controller";
+        return Err(invalid(ipo_data(connect_off::CNTLID), why));
+    }
+    Ok(())
 }
 
 /// Attach I/O queue `qid` (connection `q`) to `ctrl`, the controller the Connect names
