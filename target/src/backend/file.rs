@@ -35,6 +35,8 @@ use crate::subsystem::Namespace;
 pub const ALIGN: usize = 4096;
 const RING_ENTRIES: u32 = 256;
 const EXACT_GAP: Duration = Duration::from_micros(5);
+/// How long a held lock on the backing store is retried at open (see `FileDisk::open`).
+const LOCK_WAIT: Duration = Duration::from_secs(3);
 
 /// An open, locked backing file or block device.
 #[derive(Debug)]
@@ -94,15 +96,25 @@ impl FileDisk {
                 io("cannot open")(e)
             }
         })?;
-        // One pollux per backing store: a second one would corrupt it.
-        // SAFETY: flock on our own open fd; no memory is involved.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        // One pollux per backing store: a second one would corrupt it. A pollux that was just
+        // killed may still hold the lock for a moment after its process is gone: the kernel
+        // drops the file (and its lock) only once the io_uring requests it had in flight,
+        // an fdatasync say, have finished. So a held lock is retried for a short while before
+        // it counts as another process's.
+        let deadline = Instant::now() + LOCK_WAIT;
+        loop {
+            // SAFETY: flock on our own open fd; no memory is involved.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                break;
+            }
             let e = std::io::Error::last_os_error();
-            return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                TargetError::FileLocked { path: path_buf() }
-            } else {
-                io("cannot lock")(e)
-            });
+            if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+                return Err(io("cannot lock")(e));
+            }
+            if Instant::now() >= deadline {
+                return Err(TargetError::FileLocked { path: path_buf() });
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
         let meta = file.metadata().map_err(io("cannot read its metadata"))?;
         let block_device = meta.file_type().is_block_device();
