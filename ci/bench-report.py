@@ -811,7 +811,7 @@ def cmd_ab(out):
             "base_p50_us_median": med([us(p["base"]["latency_ns"]["p50"]) for p in pairs]),
             "new_p50_us_median": med([us(p["new"]["latency_ns"]["p50"]) for p in pairs]),
         }
-    instr = {side: instr_per_io(os.path.join(out, "ab-callgrind", side)) for side in ("base", "new")}
+    instr = {side: instr_per_io(os.path.join(out, "ab-callgrind", side)) for side in ("base", "new", "base2", "new2")}
     res = {"jobs": jobs, "instructions_per_io": instr}
     with open(os.path.join(out, "ab.json"), "w") as f:
         json.dump(res, f, indent=1)
@@ -828,12 +828,15 @@ def cmd_ab(out):
     for n, j in jobs.items():
         lines.append(f"| {n} | {j['pairs']} | {q3(j['iops_ratio'])} | {q3(j['p50_ratio'])} | "
                      f"{q3(j['p50_diff_us'], 2)} | {q3(j['target_cpu_per_io_ratio'])} |")
-    lines += ["", "Instructions per I/O (callgrind, difference of two run lengths):", "",
+    lines += ["", "Instructions per I/O (callgrind, difference of two run lengths, span unfilled; two",
+              "rounds, base and new alternating):", "",
               "| job | target base | target new | client base | client new |", "|---|---|---|---|---|"]
+    def cell(k, *sides):
+        v = [instr[s].get(n, {}).get(k) for s in sides]
+        return " / ".join("-" if x is None else f"{x:,.0f}" for x in v)
     for n in sorted(set(instr["base"]) | set(instr["new"])):
-        b, w = instr["base"].get(n, {}), instr["new"].get(n, {})
-        cell = lambda d, k: "-" if d.get(k) is None else f"{d[k]:,.0f}"
-        lines.append(f"| {n} | {cell(b, 'target')} | {cell(w, 'target')} | {cell(b, 'client')} | {cell(w, 'client')} |")
+        lines.append(f"| {n} | {cell('target', 'base', 'base2')} | {cell('target', 'new', 'new2')} | "
+                     f"{cell('client', 'base', 'base2')} | {cell('client', 'new', 'new2')} |")
     with open(os.path.join(out, "ab.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
 
