@@ -531,8 +531,11 @@ fn reactors_report_one_estimate_per_channel_and_class_and_their_weighted_mean() 
     assert!(p > f && p < s, "predicted {p} ns between the classes' {f} and {s}: {r}");
     // The table shows them too.
     let views: Vec<pollux_target::control::view::ReactorView> = serde_json::from_value(rs).unwrap();
-    let text = pollux_target::control::cli::format_reactors(&views);
+    let text = pollux_target::control::cli::format_classes(&views);
     assert!(text.contains("CHANNEL") && text.contains("sim-ns2-"), "{text}");
+    // The reactors table stays one row per reactor (scripts read it by reactor id).
+    let reactors = pollux_target::control::cli::format_reactors(&views);
+    assert!(!reactors.contains("CHANNEL"), "{reactors}");
     ctrl.shutdown().unwrap();
     drop(ctl);
     target.shutdown().unwrap();

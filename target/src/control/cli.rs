@@ -58,6 +58,9 @@ pub enum CtlCommand {
     Version,
     /// Per-reactor mode, CPU, load and latency.
     Reactors,
+    /// Per-reactor latency estimates behind PREDICTED: one per device channel, operation and
+    /// size class, with its weight in the last policy window.
+    Estimates,
     /// Subsystems, their namespaces and counters.
     Subsystems,
     /// Connected controllers and where their queues live.
@@ -100,7 +103,7 @@ impl CtlCommand {
     pub fn request(&self) -> (&'static str, Value) {
         match self {
             CtlCommand::Version => ("version", Value::Null),
-            CtlCommand::Reactors => ("reactors", Value::Null),
+            CtlCommand::Reactors | CtlCommand::Estimates => ("reactors", Value::Null),
             CtlCommand::Subsystems => ("subsystems", Value::Null),
             CtlCommand::Controllers => ("controllers", Value::Null),
             CtlCommand::SetMode { reactor, mode } => ("set_mode", json!({"reactor": reactor, "mode": mode})),
@@ -237,14 +240,13 @@ pub fn format_reactors(rs: &[ReactorView]) -> String {
             r.stalls.to_string(),
         ]);
     }
-    let mut out = table(&rows);
-    out.push_str(&format_classes(rs));
-    out
+    table(&rows)
 }
 
-/// The per-class estimates behind each reactor's PREDICTED (nothing if no device channel
-/// completed anything): WEIGHT is the class's completions in the last policy window.
-fn format_classes(rs: &[ReactorView]) -> String {
+/// The per-class estimates behind each reactor's PREDICTED (`pollux ctl estimates`): WEIGHT
+/// is the class's completions in the last policy window. Its own table, so that the
+/// reactors table keeps one row per reactor for scripts that read it.
+pub fn format_classes(rs: &[ReactorView]) -> String {
     let mut rows = vec![
         ["REACTOR", "CHANNEL", "OP", "SIZE", "ESTIMATE", "COMPLETIONS", "WEIGHT"]
             .map(String::from)
@@ -264,9 +266,9 @@ fn format_classes(rs: &[ReactorView]) -> String {
         }
     }
     if rows.len() == 1 {
-        return String::new();
+        return "no latency estimates yet (no device channel has completed a command)\n".into();
     }
-    format!("\n{}", table(&rows))
+    table(&rows)
 }
 
 /// The subsystems listing: one block per subsystem.
@@ -375,6 +377,7 @@ pub fn format_result(cmd: &CtlCommand, v: Value) -> Result<String, ControlError>
             )
         }
         CtlCommand::Reactors => format_reactors(&serde_json::from_value::<Vec<ReactorView>>(v).map_err(de)?),
+        CtlCommand::Estimates => format_classes(&serde_json::from_value::<Vec<ReactorView>>(v).map_err(de)?),
         CtlCommand::Subsystems => format_subsystems(&serde_json::from_value::<Vec<SubsystemView>>(v).map_err(de)?),
         CtlCommand::Controllers => format_controllers(&serde_json::from_value::<CtrlList>(v).map_err(de)?),
         CtlCommand::Reload | CtlCommand::Call { .. } | CtlCommand::Save { .. } => {
