@@ -86,6 +86,7 @@ impl Io {
 
 /// Decode and validate an NVM command against its namespace (the first half of [`parse`],
 /// without the SGL). `max_io` is the largest data transfer (MDTS in bytes).
+#[inline(always)]
 pub fn decode_io(sqe: &Sqe, subsys: &Subsystem, max_io: u32) -> Result<Io, Status> {
     use opcode::io::*;
     let nsid = sqe.nsid.get();
@@ -184,6 +185,7 @@ pub type Refusal = (Status, u64);
 
 /// Parse and validate an I/O queue's command: `data` is its in-capsule data. Every check of
 /// the command against its namespace and its PDU happens here, once.
+#[inline(always)]
 pub fn parse(sqe: &Sqe, subsys: &Subsystem, max_io: u32, data: &[u8]) -> Result<IoCmd, Refusal> {
     let slba = u64::from(sqe.cdw10.get()) | (u64::from(sqe.cdw11.get()) << 32);
     let io = decode_io(sqe, subsys, max_io).map_err(|s| (s, slba))?;
@@ -216,14 +218,11 @@ pub fn parse(sqe: &Sqe, subsys: &Subsystem, max_io: u32, data: &[u8]) -> Result<
 }
 
 /// The backend operation of a validated command with its data (`data`: exactly the bytes
-/// it needs, [`Io::h2c_len`]). `ranges` holds Dataset Management's parsed ranges. None:
+/// it needs, [`Io::h2c_len`]). None:
 /// nothing to do (a flush of all namespaces with no volatile cache; Dataset Management
 /// without deallocate, which is advisory, or with no blocks).
-pub fn block_op<'a>(
-    io: &Io,
-    data: WriteData<'a>,
-    ranges: &'a mut Vec<(u64, u64)>,
-) -> Result<Option<BlockOp<'a>>, Status> {
+#[inline(always)]
+pub fn block_op<'a>(io: &Io, data: WriteData<'a>) -> Result<Option<BlockOp<'a>>, Status> {
     Ok(Some(match io {
         Io::Read { off, len, .. } => BlockOp::Read { off: *off, len: *len },
         Io::Write { off, fua, .. } => BlockOp::Write {
@@ -238,7 +237,7 @@ pub fn block_op<'a>(
             let WriteData::Bytes(bytes) = data else {
                 return Err(Status::INTERNAL_ERROR);
             };
-            *ranges = dsm_ranges(bytes, ns)?;
+            let ranges = dsm_ranges(bytes, ns)?;
             if !*deallocate || ranges.is_empty() {
                 return Ok(None);
             }
@@ -345,18 +344,12 @@ mod tests {
             ranges: 3,
             deallocate,
         };
-        let mut ranges = Vec::new();
-        let op = block_op(&io(true), WriteData::Bytes(&data), &mut ranges);
+        let op = block_op(&io(true), WriteData::Bytes(&data));
         assert!(matches!(op, Ok(Some(BlockOp::Deallocate { ranges: r })) if r == [(0, 4096), (51200, 2048)]));
-        let mut ranges = Vec::new();
-        assert!(matches!(
-            block_op(&io(false), WriteData::Bytes(&data), &mut ranges),
-            Ok(None)
-        ));
-        let mut ranges = Vec::new();
+        assert!(matches!(block_op(&io(false), WriteData::Bytes(&data)), Ok(None)));
         let beyond = range(8, 1020);
         assert_eq!(
-            block_op(&io(true), WriteData::Bytes(&beyond), &mut ranges).err(),
+            block_op(&io(true), WriteData::Bytes(&beyond)).err(),
             Some(Status::LBA_OUT_OF_RANGE.with_dnr())
         );
     }

@@ -46,6 +46,7 @@ pub enum DataPtr {
 }
 
 /// Decode SGL1 of a command that moves data.
+#[inline]
 pub fn data_ptr(sqe: &Sqe) -> Result<DataPtr, Status> {
     let sgl = sqe.sgl();
     let len = sgl.length.get();

@@ -68,6 +68,9 @@ pub struct Namespace {
     pub backend: Box<dyn Backend>,
     /// Per-reactor counters (index: reactor id).
     pub counters: Box<[NsCounters]>,
+    /// The backend's [`crate::backend::Caps::inline_reads`], read once here: the I/O path
+    /// tests it on every read without a call through the backend.
+    pub inline_reads: bool,
 }
 
 impl Namespace {
@@ -186,6 +189,7 @@ pub fn build_namespace(nqn: &str, n: &pollux_conf::Namespace, reactors: usize) -
         uuid: n.uuid,
         nguid: n.nguid,
         eui64: n.eui64,
+        inline_reads: backend.caps().inline_reads,
         backend,
         counters: (0..reactors.max(1)).map(|_| NsCounters::default()).collect(),
     }))
@@ -244,5 +248,6 @@ pub(crate) fn test_namespace(nsid: u32, blocks: u64) -> Arc<Namespace> {
         eui64: [0; 8],
         backend: Box::new(backend),
         counters: vec![NsCounters::default()].into_boxed_slice(),
+        inline_reads: true,
     })
 }

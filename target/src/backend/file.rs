@@ -186,6 +186,7 @@ impl Backend for FileDisk {
         Caps {
             volatile_cache: true,
             dma_data: false,
+            inline_reads: false,
         }
     }
 

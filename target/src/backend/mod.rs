@@ -73,7 +73,7 @@ pub enum BlockOp<'a> {
     /// Deallocate these (offset, length) ranges: they read back as zeroes.
     Deallocate {
         /// The byte ranges, none empty.
-        ranges: &'a [(u64, u64)],
+        ranges: Vec<(u64, u64)>,
     },
     /// Make completed writes durable (flush a volatile cache).
     Flush,
@@ -208,6 +208,10 @@ pub struct Caps {
     /// Its channels lend DMA buffers that write data can be received into
     /// ([`Channel::take_buf`]).
     pub dma_data: bool,
+    /// It completes inline ([`Backend::run_inline`]) and keeps its data in
+    /// [`Backend::memory`]: a read needs no backend call at all, its data is sent from the
+    /// memory (the RAM namespace's QD1 and QD32 read path).
+    pub inline_reads: bool,
 }
 
 /// A namespace's data store, shared by all reactors.
@@ -237,7 +241,8 @@ pub trait Backend: Send + Sync + std::fmt::Debug + Any {
         None
     }
     /// Run `op` now, on the calling reactor, if this store completes inline (RAM): its
-    /// status. None: submit it to a channel.
+    /// status. None: submit it to a channel. With [`Caps::inline_reads`], a read is not
+    /// passed here.
     fn run_inline(&self, _op: &BlockOp<'_>) -> Option<Status> {
         None
     }

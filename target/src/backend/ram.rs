@@ -19,7 +19,7 @@ use std::sync::Arc;
 use pollux_nvme::spec::Status;
 use vm_memory::VolatileSlice;
 
-use super::{Backend, BlockOp, Channel, ChannelEnv, WriteData};
+use super::{Backend, BlockOp, Caps, Channel, ChannelEnv, WriteData};
 use crate::error::TargetError;
 use crate::subsystem::Namespace;
 
@@ -180,6 +180,7 @@ impl RamDisk {
     /// at submission: its data is visible at once, its completion comes later). Reads and
     /// flushes change nothing: a read's data is sent from the memory, and there is no
     /// volatile cache to flush.
+    #[inline]
     pub fn apply(&self, op: &BlockOp<'_>) -> Status {
         match op {
             BlockOp::Write {
@@ -213,6 +214,13 @@ impl Backend for RamDisk {
 
     fn memory(&self) -> Option<&RamDisk> {
         Some(self)
+    }
+
+    fn caps(&self) -> Caps {
+        Caps {
+            inline_reads: true,
+            ..Caps::default()
+        }
     }
 
     fn run_inline(&self, op: &BlockOp<'_>) -> Option<Status> {

@@ -50,14 +50,15 @@ fn recycle_buf(r: &mut Reactor, ns: Option<&Arc<Namespace>>, buf: DataBuf) {
 }
 
 /// Count a write the backend took (reads are counted as their data is sent).
+#[inline(always)]
 fn count_write(ns: &Namespace, reactor: usize, io: &Io) {
-    let c = ns.counters(reactor);
     match io {
         Io::Write { len, .. } => {
+            let c = ns.counters(reactor);
             bump(&c.write_cmds, 1);
             bump(&c.write_bytes, u64::from(*len));
         }
-        Io::WriteZeroes { .. } => bump(&c.write_cmds, 1),
+        Io::WriteZeroes { .. } => bump(&ns.counters(reactor).write_cmds, 1),
         _ => {}
     }
 }
@@ -119,10 +120,17 @@ impl Conn {
     /// reactor's channel of its namespace. `slot`: its request, when it has one already (its
     /// data came by R2T).
     fn execute(&mut self, r: &mut Reactor, id: SourceId, cid: u16, io: Io, data: WriteData<'_>, slot: Option<usize>) {
+        // A read of a namespace in memory that completes inline (RAM) has nothing to run: its
+        // data goes to the socket from the memory.
+        let io = match io {
+            Io::Read { ns, off, len } if ns.inline_reads && slot.is_none() => {
+                return self.send_read(r, cid, ns, off, len, None);
+            }
+            io => io,
+        };
         let ns = io.namespace().cloned();
         let nsid = ns.as_ref().map_or(u32::MAX, |n| n.nsid);
-        let mut ranges = Vec::new();
-        let op = match io::block_op(&io, data, &mut ranges) {
+        let op = match io::block_op(&io, data) {
             Ok(Some(op)) => op,
             res => {
                 self.free(slot);

@@ -257,7 +257,9 @@ impl Conn {
                     _ => Ok(tcp.limits(kind, io_queue)),
                 }
             });
-            let f = match framed {
+            // By reference: the frame holds the whole header (an SQE); moving it out of the
+            // result is a copy per PDU.
+            let f = match &framed {
                 Ok(Framed::Pdu(f)) => f,
                 // Most of an H2CData PDU's data still to come: receive it in place.
                 Ok(Framed::Header(f))
@@ -277,13 +279,13 @@ impl Conn {
                 Ok(Framed::Header(_) | Framed::Need(_)) => break,
                 Err(e) => {
                     let header = e.offending_header(avail);
-                    match e.kind {
+                    match &e.kind {
                         FrameErrorKind::Pdu(p) => {
-                            let why = self.tcp.term_req_for(&p, header);
+                            let why = self.tcp.term_req_for(p, header);
                             self.close(r, id, &why);
                         }
                         FrameErrorKind::Refused(why) => {
-                            self.fatal(r, id, Fatal::new(fes::PDU_SEQUENCE_ERROR, 0, why), header);
+                            self.fatal(r, id, Fatal::new(fes::PDU_SEQUENCE_ERROR, 0, *why), header);
                         }
                         // Cannot happen once the header bounded the data (the buffer holds
                         // the largest PDU accepted); keep it a clean error.
@@ -300,17 +302,25 @@ impl Conn {
             *budget -= 1;
             progressed = true;
             bytes += f.plen;
-            self.dispatch(r, id, f.hdr, data, digest_ok, &pdu[..f.hl]);
+            self.dispatch(r, id, &f.hdr, data, digest_ok, &pdu[..f.hl]);
             rx.consume(f.plen);
         }
         self.tcp.put_rx(rx);
         progressed
     }
 
-    fn dispatch(&mut self, r: &mut Reactor, id: SourceId, hdr: PduHeader, data: &[u8], digest_ok: bool, header: &[u8]) {
+    fn dispatch(
+        &mut self,
+        r: &mut Reactor,
+        id: SourceId,
+        hdr: &PduHeader,
+        data: &[u8],
+        digest_ok: bool,
+        header: &[u8],
+    ) {
         match hdr {
             PduHeader::IcReq(req) => {
-                if let Err(f) = self.tcp.on_icreq(&req) {
+                if let Err(f) = self.tcp.on_icreq(req) {
                     self.fatal(r, id, f, header);
                 }
             }
@@ -318,8 +328,8 @@ impl Conn {
                 info!(peer = %self.tcp.peer, fes = hdr.fes.get(), "host sent H2CTermReq");
                 self.close(r, id, "host terminated the connection");
             }
-            PduHeader::CapsuleCmd { sqe, .. } => self.on_capsule_pdu(r, id, &sqe, data, digest_ok),
-            PduHeader::H2CData { hdr, .. } => self.on_h2c_data(r, id, &hdr, data, digest_ok, header),
+            PduHeader::CapsuleCmd { sqe, .. } => self.on_capsule_pdu(r, id, sqe, data, digest_ok),
+            PduHeader::H2CData { hdr, .. } => self.on_h2c_data(r, id, hdr, data, digest_ok, header),
             other => {
                 let why = format!("{:?} is not a host-to-controller PDU", other.pdu_type());
                 self.fatal(r, id, Fatal::new(fes::INVALID_HEADER_FIELD, 0, why), header);

@@ -129,6 +129,7 @@ impl Transport {
     /// What the receiver accepts of a PDU of type `kind` (digests only once ICReq/ICResp
     /// negotiated them). `io_queue`: in-capsule data beyond the admin queue's 8 KiB is only
     /// for I/O queues.
+    #[inline]
     pub fn limits(&self, kind: PduType, io_queue: bool) -> PduLimits {
         let max_data = match kind {
             PduType::CapsuleCmd if io_queue => self.in_capsule_data_size,
@@ -164,6 +165,7 @@ impl Transport {
     /// Read what the socket has. With `in_place` (and nothing buffered), the first
     /// `left` bytes go straight to its destination, and what follows into the receive
     /// buffer, in one `readv`. Err on EOF or a socket error (the reason, for the log).
+    #[inline]
     pub fn fill(&mut self, in_place: Option<InPlace>) -> Result<Filled, String> {
         self.rx.make_room(0);
         let got = match in_place.filter(|p| p.left > 0 && self.rx.is_empty()) {
@@ -224,6 +226,7 @@ impl Transport {
     }
 
     /// A CapsuleResp with `cqe`.
+    #[inline]
     pub fn send_cqe(&mut self, cqe: &Cqe) {
         let (b, n) = encode_capsule_resp(cqe, self.hdgst);
         self.out.extend_from_slice(&b[..n]);
@@ -231,6 +234,7 @@ impl Transport {
 
     /// The header of a C2HData PDU carrying all `len` bytes of command `cid`'s data, with
     /// SUCCESS when no CapsuleResp follows (NVMe/TCP 1.0 §3.6.2.8).
+    #[inline]
     pub fn c2h_header(&mut self, cid: u16, len: u32, success: bool) {
         let (h, n) = encode_c2h_data_hdr(cid, 0, len, true, success, self.hdgst, self.ddgst);
         self.out.extend_from_slice(&h[..n]);
@@ -262,6 +266,7 @@ impl Transport {
     ///
     /// # Safety
     /// `base..base + len` must stay mapped and readable while `keep` lives.
+    #[inline]
     pub unsafe fn c2h_data_in_place(
         &mut self,
         base: NonNull<u8>,

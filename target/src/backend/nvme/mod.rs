@@ -180,6 +180,7 @@ impl Backend for SsdNamespace {
         Caps {
             volatile_cache: self.dev.volatile_write_cache(),
             dma_data: true,
+            inline_reads: false,
         }
     }
 
