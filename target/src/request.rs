@@ -169,6 +169,14 @@ impl Requests {
             .map(|(k, _)| k)
     }
 
+    /// The slot of the submitted request with command id `cid`.
+    pub fn submitted_by_cid(&self, cid: u16) -> Option<usize> {
+        self.slots
+            .iter()
+            .find(|(_, r)| r.cid == cid && matches!(r.state, ReqState::Submitted))
+            .map(|(k, _)| k)
+    }
+
     /// Requests waiting for their data.
     pub fn awaiting_count(&self) -> usize {
         self.awaiting

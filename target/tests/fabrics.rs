@@ -217,6 +217,37 @@ fn abort_completes_a_write_waiting_for_its_data() {
 }
 
 #[test]
+fn abort_cancels_a_read_in_service_on_a_simulated_ssd() {
+    // A device that takes 400 ms per read: an Abort arrives while the read is in service.
+    let ns = "[[subsystem.namespace]]\nnsid = 1\nbackend = { sim = { size = \"1MiB\", \
+              read = { fixed_us = 400000.0 }, write = { fixed_us = 5.0 } } }\n";
+    let t = start_text(&conf_with("interrupt", "", NQN, ns));
+    let mut c = controller(addr(&t), 1);
+    let mut s = sqe::read(1, 0, 8);
+    s.cid.set(42);
+    s.set_psdt(Sqe::PSDT_SGL_MPTR_CONTIGUOUS);
+    s.set_sgl(&SglDescriptor::transport_data_block(4096));
+    let sent = Instant::now();
+    let pdu = c.io[0].capsule_pdu(&s, &[]);
+    c.io[0].send_raw(&pdu).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(c.admin.abort(1, 42).unwrap() & 1, 0, "Abort dw0 bit 0: 0 = aborted");
+    assert_eq!(expect_resp(&mut c.io[0], 42), (0, 0x07), "Command Aborted Requested");
+    let took = sent.elapsed();
+    assert!(
+        took < Duration::from_millis(350),
+        "the aborted read completed after {took:?}"
+    );
+    // Nothing of it is left: a second Abort finds nothing, and the device serves reads.
+    assert_eq!(c.admin.abort(1, 42).unwrap() & 1, 1);
+    let mut back = vec![1u8; 4096];
+    c.io[0].read(1, 8, 8, &mut back).unwrap();
+    assert!(back.iter().all(|&b| b == 0));
+    drop(c);
+    t.shutdown().unwrap();
+}
+
+#[test]
 fn an_aborted_commands_cid_is_free_again() {
     let t = start("");
     let mut c = controller(addr(&t), 1);

@@ -45,3 +45,73 @@ fn data_round_trips_through_the_file_channels_in_every_mode() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The CapsuleResp of `cid` on `q`, past any C2HData: its (SCT, SC).
+fn final_status(q: &mut pollux_target::host::HostQueue, cid: u16) -> (u8, u8) {
+    use pollux_nvme::tcp::PduHeader;
+    use pollux_target::host::RawReply;
+    loop {
+        match q.recv_raw(WAIT).unwrap() {
+            RawReply::Pdu {
+                hdr: Some(PduHeader::C2HData { .. }),
+                ..
+            } => continue,
+            RawReply::Pdu {
+                hdr: Some(PduHeader::CapsuleResp { cqe }),
+                ..
+            } => {
+                assert_eq!(cqe.cid.get(), cid);
+                return code(cqe.status());
+            }
+            other => panic!("expected C2HData or the CapsuleResp of {cid}, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn an_abort_of_a_file_command_says_what_became_of_it() {
+    use pollux_nvme::spec::{SglDescriptor, Sqe};
+    use pollux_target::host::sqe;
+    let dir = std::env::temp_dir().join(format!("pollux-file-abort-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("abort.img");
+    let _ = std::fs::remove_file(&path);
+    let text = conf_with(
+        "interrupt",
+        "",
+        FILE_NQN,
+        &format!(
+            "[[subsystem.namespace]]\nnsid = 1\nblock_size = 512\n\
+             backend = {{ file = {{ path = \"{}\", size = \"8MiB\", direct = false }} }}",
+            path.display()
+        ),
+    );
+    let t = start_text(&text);
+    let mut c = Controller::connect(addr(&t), FILE_NQN, HOST, 1, 32, Digests::NONE).unwrap();
+    // Whether a 128 KiB read is still in flight when the Abort reaches it is a race; what
+    // the target answers must agree with what became of the read, every time.
+    let (mut aborted, mut ran) = (0, 0);
+    for i in 0..40u16 {
+        let cid = 100 + i;
+        let mut s = sqe::read(1, u64::from(i) * 256, 256);
+        s.cid.set(cid);
+        s.set_psdt(Sqe::PSDT_SGL_MPTR_CONTIGUOUS);
+        s.set_sgl(&SglDescriptor::transport_data_block(128 << 10));
+        let pdu = c.io[0].capsule_pdu(&s, &[]);
+        c.io[0].send_raw(&pdu).unwrap();
+        let not_aborted = c.admin.abort(1, cid).unwrap() & 1;
+        match (not_aborted, final_status(&mut c.io[0], cid)) {
+            (0, (0, 0x07)) => aborted += 1,
+            (1, (0, 0)) => ran += 1,
+            (bit, status) => panic!("Abort said bit 0 = {bit}, the read completed with {status:?}"),
+        }
+    }
+    assert_eq!(aborted + ran, 40);
+    eprintln!("file abort: {aborted} aborted, {ran} ran to their end");
+    // The queue keeps working.
+    let mut back = vec![0u8; 4096];
+    c.io[0].read(1, 0, 8, &mut back).unwrap();
+    c.shutdown().unwrap();
+    t.shutdown().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}

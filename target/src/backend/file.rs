@@ -302,7 +302,13 @@ struct Cmd {
     status: Status,
     submitted: Instant,
     class: usize,
+    /// The host aborted it: it completes with Command Aborted Requested, however its
+    /// operations end.
+    aborted: bool,
 }
+
+/// The user data of an io_uring cancellation (no command's key: slab keys stay far below).
+const CANCEL_USER_DATA: u64 = u64::MAX;
 
 /// Work for the fallback worker thread.
 struct Job {
@@ -472,6 +478,7 @@ impl FileChannel {
             status: Status::SUCCESS,
             submitted: Instant::now(),
             class: LatencyModel::class(first.is_read(), first.len()),
+            aborted: false,
         });
         r.device_load().outstanding += 1;
         match &mut self.engine {
@@ -537,7 +544,11 @@ impl FileChannel {
             c.buf = buf;
         }
         let is_read = c.read_len > 0;
-        if res < 0 {
+        if c.aborted {
+            // Cancelled (-ECANCELED) or run to its end before the cancellation reached it:
+            // either way the host was told it is aborted.
+            c.status = Status::ABORT_REQUESTED;
+        } else if res < 0 {
             let err = std::io::Error::from_raw_os_error((-res) as i32);
             warn!(channel = %self.name, error = %err, "I/O error on the backing file");
             c.status = errno_status(is_read);
@@ -608,6 +619,25 @@ impl Channel for FileChannel {
         self.submit_ops(r, tag, &ops, payload)
     }
 
+    /// io_uring cancels what has not reached the file yet (IORING_OP_ASYNC_CANCEL); what
+    /// has (an O_DIRECT transfer in the block layer, a job in the worker thread) runs to its
+    /// end. Either way the command completes with Command Aborted Requested and no data.
+    fn abort(&mut self, _r: &mut Reactor, tag: Tag) -> bool {
+        let Some((key, c)) = self.cmds.iter_mut().find(|(_, c)| c.tag == tag && !c.aborted) else {
+            return false;
+        };
+        c.aborted = true;
+        if let Engine::Ring(ring) = &mut self.engine {
+            let cancel = opcode::AsyncCancel::new(key as u64).build().user_data(CANCEL_USER_DATA);
+            // SAFETY: a cancellation carries no buffer: it names another entry by user data.
+            let queued = unsafe { ring.submission().push(&cancel) }.is_ok();
+            if !queued || ring.submit().is_err() {
+                warn!(channel = %self.name, "could not queue an io_uring cancellation; the aborted command runs to its end");
+            }
+        }
+        true
+    }
+
     fn interrupt_fd(&self) -> Option<RawFd> {
         Some(self.efd.as_raw_fd())
     }
@@ -625,7 +655,9 @@ impl Channel for FileChannel {
         match &mut self.engine {
             Engine::Ring(ring) => {
                 for cqe in ring.completion() {
-                    done.push_back((cqe.user_data() as usize, i64::from(cqe.result()), None));
+                    if cqe.user_data() != CANCEL_USER_DATA {
+                        done.push_back((cqe.user_data() as usize, i64::from(cqe.result()), None));
+                    }
                 }
             }
             Engine::Worker { done: q, .. } => {

@@ -278,6 +278,13 @@ pub trait Channel: 'static {
     fn watchdog(&self) -> Option<Duration> {
         None
     }
+    /// Cancel the command submitted with `tag` (Abort, NVMe 2.0 §5.1), if the store allows:
+    /// true when it will complete with Command Aborted Requested (through
+    /// [`ChannelEnv::complete`], on a later poll; the caller wakes the channel). False: it
+    /// runs to its own completion.
+    fn abort(&mut self, _r: &mut Reactor, _tag: Tag) -> bool {
+        false
+    }
     /// A DMA buffer of at least `len` bytes that a write's data can be received into and
     /// then submitted as [`WriteData::Dma`] (one copy from the socket, none after). None:
     /// the channel has no such memory, or not now.

@@ -250,6 +250,8 @@ pub struct SimChannel {
     /// Its key in the reactor's device load.
     key: ChannelKey,
     last_poll: Instant,
+    /// Commands aborted, completed (Command Aborted Requested) on the next poll.
+    aborted: Vec<Tag>,
 }
 
 impl SimChannel {
@@ -273,6 +275,7 @@ impl SimChannel {
             model,
             key: env.key,
             last_poll: Instant::now(),
+            aborted: Vec::new(),
         })
     }
 
@@ -398,6 +401,24 @@ impl Channel for SimChannel {
         Ok(())
     }
 
+    /// The simulated device drops the command, in service or waiting: nothing of it is left
+    /// to complete but its Command Aborted Requested, on the next poll.
+    fn abort(&mut self, r: &mut Reactor, tag: Tag) -> bool {
+        if let Some(key) = self.reqs.iter().find(|(_, (_, q))| q.tag == tag).map(|(k, _)| k) {
+            self.reqs.remove(key);
+            // Its slot may be reused at once: no entry of the heap may name it any longer.
+            self.in_service.retain(|Reverse((_, _, k))| *k != key);
+        } else if let Some(pos) = self.waiting.iter().position(|(_, q)| q.tag == tag) {
+            self.waiting.remove(pos);
+        } else {
+            return false;
+        }
+        let load = r.device_load();
+        load.outstanding = load.outstanding.saturating_sub(1);
+        self.aborted.push(tag);
+        true
+    }
+
     fn interrupt_fd(&self) -> Option<RawFd> {
         Some(self.irq.as_raw_fd())
     }
@@ -414,7 +435,15 @@ impl Channel for SimChannel {
         let now = Instant::now();
         let exact = now.duration_since(self.last_poll) <= EXACT_GAP;
         self.last_poll = now;
-        let mut did = false;
+        let mut did = !self.aborted.is_empty();
+        for tag in std::mem::take(&mut self.aborted) {
+            let done = Completion {
+                tag,
+                status: Status::ABORT_REQUESTED,
+                data: None,
+            };
+            (self.complete)(r, done);
+        }
         while let Some(Reverse((due, _, key))) = self.in_service.peek().copied() {
             if due > now {
                 break;

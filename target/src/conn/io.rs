@@ -242,7 +242,8 @@ impl Conn {
         }
         match req.io {
             Io::Read { ns, off, len } if status.is_success() => self.send_read(r, req.cid, ns, off, len, data),
-            _ if status.is_success() => self.resp(req.cid, status, 0, 0),
+            // Success, or the Abort the host asked for: nothing for the error log.
+            _ if status.is_success() || status == Status::ABORT_REQUESTED => self.resp(req.cid, status, 0, 0),
             io => {
                 let nsid = io.namespace().map_or(0, |n| n.nsid);
                 self.fail(r, req.cid, status, nsid, 0);
@@ -250,10 +251,11 @@ impl Conn {
         }
     }
 
-    /// Abort command `cid` if it still waits for data on this I/O queue.
+    /// Abort command `cid` of this I/O queue (NVMe 2.0 §5.1) if it still waits for its data,
+    /// or its backend can cancel it: whether it was aborted.
     pub(super) fn abort_pending(&mut self, r: &mut Reactor, id: SourceId, cid: u16) -> bool {
         let Some(slot) = self.reqs.awaiting_by_cid(cid) else {
-            return false;
+            return self.abort_submitted(r, id, cid);
         };
         // The command is complete: its CID and queue slot are free now (a host may reuse
         // them at once). Its buffer goes; the request stays only as a tombstone so that data
@@ -265,6 +267,32 @@ impl Conn {
         self.resp(cid, Status::ABORT_REQUESTED, 0, 0);
         self.flush_or_close(r, id);
         true
+    }
+
+    /// Abort submitted command `cid` where its channel can cancel it: it then completes
+    /// with Command Aborted Requested through the channel, as any completion does.
+    fn abort_submitted(&mut self, r: &mut Reactor, id: SourceId, cid: u16) -> bool {
+        let Some(slot) = self.reqs.submitted_by_cid(cid) else {
+            return false;
+        };
+        let Some(ch) = self
+            .reqs
+            .get_mut(slot)
+            .and_then(|q| q.io.namespace().cloned())
+            .and_then(|ns| existing_channel(r, &ns))
+        else {
+            return false;
+        };
+        let tag = Tag {
+            source: id,
+            serial: self.serial,
+            slot,
+        };
+        let aborted = with_channel(r, ch, |c, r| c.abort(r, tag)).unwrap_or(false);
+        if aborted {
+            r.wake(ch);
+        }
+        aborted
     }
 
     // ---------------------------------------------------------------- R2T and H2CData
