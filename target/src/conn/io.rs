@@ -260,13 +260,19 @@ impl Conn {
         // The command is complete: its CID and queue slot are free now (a host may reuse
         // them at once). Its buffer goes; the request stays only as a tombstone so that data
         // already on its way for this TTAG is drained, not treated as a protocol error.
-        if let Some(buf) = self.reqs.complete_early(slot, Status::ABORT_REQUESTED) {
+        self.complete_early(r, slot, cid, Status::ABORT_REQUESTED);
+        self.flush_or_close(r, id);
+        true
+    }
+
+    /// Complete request `slot` (command `cid`) with `status` while its data still comes: its
+    /// buffer goes back to its pool, it stays as a tombstone that drains the rest of its data.
+    fn complete_early(&mut self, r: &mut Reactor, slot: usize, cid: u16, status: Status) {
+        if let Some(buf) = self.reqs.complete_early(slot, status) {
             let ns = self.reqs.get_mut(slot).and_then(|q| q.io.namespace().cloned());
             recycle_buf(r, ns.as_ref(), buf);
         }
-        self.resp(cid, Status::ABORT_REQUESTED, 0, 0);
-        self.flush_or_close(r, id);
-        true
+        self.resp(cid, status, 0, 0);
     }
 
     /// Abort submitted command `cid` where its channel can cancel it: it then completes
@@ -382,11 +388,7 @@ impl Conn {
         };
         if !digest_ok && let Some(cid) = self.reqs.get_mut(ttag).filter(|q| q.awaiting_data()).map(|q| q.cid) {
             // NVMe/TCP 1.0 §3.6.2.4: a data digest error fails the command, not the queue.
-            if let Some(buf) = self.reqs.complete_early(ttag, Status::TRANSIENT_TRANSPORT_ERROR) {
-                let ns = self.reqs.get_mut(ttag).and_then(|q| q.io.namespace().cloned());
-                recycle_buf(r, ns.as_ref(), buf);
-            }
-            self.resp(cid, Status::TRANSIENT_TRANSPORT_ERROR, 0, 0);
+            self.complete_early(r, ttag, cid, Status::TRANSIENT_TRANSPORT_ERROR);
         }
         if !progress.complete() {
             return;

@@ -436,8 +436,8 @@ impl Conn {
     /// its command's buffer. Ok(true) if bytes arrived.
     fn fill(&mut self) -> Result<bool, String> {
         let mut in_place = None;
-        if self.tcp.rx_empty()
-            && let Some(d) = self.direct.as_ref().filter(|d| d.left > 0)
+        // The transport receives in place only with nothing buffered (`Transport::fill`).
+        if let Some(d) = self.direct.as_ref().filter(|d| d.left > 0)
             // An aborted command's buffer is gone: its data is drained through the receive
             // buffer instead (process drops it).
             && let Some(buf) = io::live_buf(&mut self.reqs, d)

@@ -157,11 +157,6 @@ impl Transport {
         self.rx = rx;
     }
 
-    /// Nothing unparsed is buffered.
-    pub fn rx_empty(&self) -> bool {
-        self.rx.is_empty()
-    }
-
     /// Read what the socket has. With `in_place` (and nothing buffered), the first
     /// `left` bytes go straight to its destination, and what follows into the receive
     /// buffer, in one `readv`. Err on EOF or a socket error (the reason, for the log).
