@@ -121,9 +121,9 @@ pub fn get_features(ctrl: &Ctrl, shared: &Shared, fid: u8, sel: u8, cdw11: u32) 
         return Reply::err(Status::INVALID_FIELD.with_dnr());
     };
     match sel {
-        sel::CURRENT => current(ctrl, shared, fid, cdw11),
+        sel::CURRENT => value(ctrl, shared, fid, cdw11, false),
         // Not saveable: the saved value is the default.
-        sel::DEFAULT | sel::SAVED => default(ctrl, shared, fid, cdw11),
+        sel::DEFAULT | sel::SAVED => value(ctrl, shared, fid, cdw11, true),
         sel::SUPPORTED_CAPABILITIES => Reply::dw0(if changeable { CAP_CHANGEABLE } else { 0 }),
         _ => Reply::err(Status::INVALID_FIELD.with_dnr()),
     }
@@ -143,8 +143,9 @@ fn threshold_select(cdw11: u32) -> Option<bool> {
     }
 }
 
-fn current(ctrl: &Ctrl, shared: &Shared, fid: u8, cdw11: u32) -> Reply {
-    let f = &ctrl.features;
+/// The current value of `fid`, or its default (`default`: what a new controller has).
+fn value(ctrl: &Ctrl, shared: &Shared, fid: u8, cdw11: u32, default: bool) -> Reply {
+    let f = if default { Features::default() } else { ctrl.features };
     match fid {
         feature::ARBITRATION => Reply::dw0(f.arbitration),
         feature::POWER_MANAGEMENT => Reply::dw0(f.power_management),
@@ -154,29 +155,16 @@ fn current(ctrl: &Ctrl, shared: &Shared, fid: u8, cdw11: u32) -> Reply {
         },
         feature::ERROR_RECOVERY => Reply::dw0(f.error_recovery),
         feature::WRITE_ATOMICITY_NORMAL => Reply::dw0(f.write_atomicity),
+        feature::NUMBER_OF_QUEUES if default => {
+            Reply::dw0(queues_dw0(shared.transport.max_io_queues.min(0xFFFF) as u16))
+        }
         feature::NUMBER_OF_QUEUES => Reply::dw0(queues_dw0(granted_queues(ctrl, shared))),
+        // A new controller has the KATO its Connect asked for; the feature's own default is
+        // 0 (no keep-alive timer) and no asynchronous event enabled.
+        feature::KEEP_ALIVE_TIMER if default => Reply::dw0(0),
         feature::KEEP_ALIVE_TIMER => Reply::dw0(ctrl.kato_ms),
+        feature::ASYNC_EVENT_CONFIGURATION if default => Reply::dw0(0),
         feature::ASYNC_EVENT_CONFIGURATION => Reply::dw0(ctrl.aec),
-        feature::VOLATILE_WRITE_CACHE => Reply::dw0(1),
-        feature::HOST_IDENTIFIER => host_identifier(ctrl, cdw11),
-        _ => Reply::err(Status::INVALID_FIELD.with_dnr()),
-    }
-}
-
-fn default(ctrl: &Ctrl, shared: &Shared, fid: u8, cdw11: u32) -> Reply {
-    let d = Features::default();
-    match fid {
-        feature::ARBITRATION => Reply::dw0(d.arbitration),
-        feature::POWER_MANAGEMENT => Reply::dw0(d.power_management),
-        feature::TEMPERATURE_THRESHOLD => match threshold_select(cdw11) {
-            Some(under) => Reply::dw0(u32::from(if under { d.temp_under } else { d.temp_over })),
-            None => Reply::err(Status::INVALID_FIELD.with_dnr()),
-        },
-        feature::ERROR_RECOVERY => Reply::dw0(d.error_recovery),
-        feature::WRITE_ATOMICITY_NORMAL => Reply::dw0(d.write_atomicity),
-        feature::NUMBER_OF_QUEUES => Reply::dw0(queues_dw0(shared.transport.max_io_queues.min(0xFFFF) as u16)),
-        feature::KEEP_ALIVE_TIMER => Reply::dw0(shared.keep_alive.clamp(0)),
-        feature::ASYNC_EVENT_CONFIGURATION => Reply::dw0(0),
         feature::VOLATILE_WRITE_CACHE => Reply::dw0(1),
         feature::HOST_IDENTIFIER => host_identifier(ctrl, cdw11),
         _ => Reply::err(Status::INVALID_FIELD.with_dnr()),
