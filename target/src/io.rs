@@ -248,26 +248,16 @@ pub fn block_op<'a>(io: &Io, data: WriteData<'a>) -> Result<Option<BlockOp<'a>>,
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use pollux_nvme::spec::SglDescriptor;
 
     use super::*;
     use crate::host::sqe;
-    use crate::subsystem::test_namespace;
+    use crate::subsystem::{test_namespace, test_subsystem};
 
     const MAX_IO: u32 = 128 << 10;
 
-    fn subsystem() -> Subsystem {
-        let ns = test_namespace(1, 1024);
-        Subsystem {
-            nqn: "nqn.2026-11.io.pollux:s".into(),
-            serial: "S".into(),
-            model: "M".into(),
-            allow_any_host: true,
-            hosts: Vec::new(),
-            namespaces: BTreeMap::from([(1, ns)]),
-        }
+    fn subsystem() -> Arc<Subsystem> {
+        test_subsystem(&[test_namespace(1, 1024)], &[])
     }
 
     fn with_sgl(mut s: Sqe, len: u32, in_capsule: bool) -> Sqe {

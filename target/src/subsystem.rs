@@ -251,3 +251,16 @@ pub(crate) fn test_namespace(nsid: u32, blocks: u64) -> Arc<Namespace> {
         inline_reads: true,
     })
 }
+
+/// A subsystem of `namespaces`, open to any host when `hosts` is empty, for unit tests.
+#[cfg(test)]
+pub(crate) fn test_subsystem(namespaces: &[Arc<Namespace>], hosts: &[&str]) -> Arc<Subsystem> {
+    Arc::new(Subsystem {
+        nqn: "nqn.2026-11.io.pollux:s".into(),
+        serial: "S".into(),
+        model: "M".into(),
+        allow_any_host: hosts.is_empty(),
+        hosts: hosts.iter().map(|h| h.to_string()).collect(),
+        namespaces: namespaces.iter().map(|n| (n.nsid, n.clone())).collect(),
+    })
+}

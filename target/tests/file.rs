@@ -10,6 +10,21 @@ use pollux_target::host::{Controller, Digests};
 
 const FILE_NQN: &str = "nqn.2026-11.io.pollux:file-test";
 
+/// A conf with reactors in `mode` and [`FILE_NQN`] serving an 8 MiB file at `path` (direct =
+/// false: the temporary directory may be a tmpfs, which has no O_DIRECT).
+fn file_conf(mode: &str, path: &std::path::Path) -> String {
+    conf_with(
+        mode,
+        "",
+        FILE_NQN,
+        &format!(
+            "[[subsystem.namespace]]\nnsid = 1\nblock_size = 512\n\
+             backend = {{ file = {{ path = \"{}\", size = \"8MiB\", direct = false }} }}",
+            path.display()
+        ),
+    )
+}
+
 #[test]
 fn data_round_trips_through_the_file_channels_in_every_mode() {
     let dir = std::env::temp_dir().join(format!("pollux-file-e2e-{}", std::process::id()));
@@ -17,18 +32,7 @@ fn data_round_trips_through_the_file_channels_in_every_mode() {
     for mode in ["poll", "hybrid", "interrupt", "adaptive"] {
         let path = dir.join(format!("{mode}.img"));
         let _ = std::fs::remove_file(&path);
-        // direct = false: the temporary directory may be a tmpfs, which has no O_DIRECT.
-        let text = conf_with(
-            mode,
-            "",
-            FILE_NQN,
-            &format!(
-                "[[subsystem.namespace]]\nnsid = 1\nblock_size = 512\n\
-                 backend = {{ file = {{ path = \"{}\", size = \"8MiB\", direct = false }} }}",
-                path.display()
-            ),
-        );
-        let t = start_text(&text);
+        let t = start_text(&file_conf(mode, &path));
         let mut c = Controller::connect(addr(&t), FILE_NQN, HOST, 2, 32, Digests::NONE).unwrap();
         assert_round_trips(&mut c, 512, &[1, 8, 64, 256], |k| 5 + k as u64 * 1000, 0, mode);
         assert_zeroing_reads_zeroes(&mut c, 3000, mode);
@@ -76,17 +80,7 @@ fn an_abort_of_a_file_command_says_what_became_of_it() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("abort.img");
     let _ = std::fs::remove_file(&path);
-    let text = conf_with(
-        "interrupt",
-        "",
-        FILE_NQN,
-        &format!(
-            "[[subsystem.namespace]]\nnsid = 1\nblock_size = 512\n\
-             backend = {{ file = {{ path = \"{}\", size = \"8MiB\", direct = false }} }}",
-            path.display()
-        ),
-    );
-    let t = start_text(&text);
+    let t = start_text(&file_conf("interrupt", &path));
     let mut c = Controller::connect(addr(&t), FILE_NQN, HOST, 1, 32, Digests::NONE).unwrap();
     // Whether a 128 KiB read is still in flight when the Abort reaches it is a race; what
     // the target answers must agree with what became of the read, every time.

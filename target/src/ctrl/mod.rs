@@ -291,23 +291,10 @@ pub fn owner_of(cntlid: u16, reactors: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeMap;
-
-    use crate::subsystem::{Namespace, test_namespace};
+    use crate::subsystem::{Namespace, test_namespace, test_subsystem};
 
     fn ns(nsid: u32) -> Arc<Namespace> {
         test_namespace(nsid, 8)
-    }
-
-    fn subsystem(nss: &[Arc<Namespace>], hosts: &[&str]) -> Arc<Subsystem> {
-        Arc::new(Subsystem {
-            nqn: "nqn.2026-11.io.pollux:s".into(),
-            serial: "S".into(),
-            model: "M".into(),
-            allow_any_host: hosts.is_empty(),
-            hosts: hosts.iter().map(|h| h.to_string()).collect(),
-            namespaces: nss.iter().map(|n| (n.nsid, n.clone())).collect::<BTreeMap<_, _>>(),
-        })
     }
 
     fn snapshot(subsystems: Vec<Arc<Subsystem>>) -> Snapshot {
@@ -321,7 +308,7 @@ mod tests {
     #[test]
     fn a_changed_subsystem_records_its_namespaces_and_raises_one_event() {
         let one = ns(1);
-        let old = subsystem(std::slice::from_ref(&one), &[]);
+        let old = test_subsystem(std::slice::from_ref(&one), &[]);
         let mut c = Ctrl::new(1, Some(old.clone()), "nqn.h".into(), [0; 16], 0);
         // Unchanged: the same subsystem object.
         assert!(matches!(
@@ -329,7 +316,7 @@ mod tests {
             SubsystemUpdate::Unchanged
         ));
         // Namespace 2 added, namespace 1 kept: only 2 changed; no event until AEC enables it.
-        let new = subsystem(&[one.clone(), ns(2)], &[]);
+        let new = test_subsystem(&[one.clone(), ns(2)], &[]);
         assert!(matches!(
             c.update_subsystem(&snapshot(vec![new.clone()]), false),
             SubsystemUpdate::Changed(_)
@@ -337,12 +324,12 @@ mod tests {
         assert_eq!(c.changed_ns, vec![2]);
         assert!(c.events.is_empty());
         c.aec = 1 << 8;
-        let newer = subsystem(&[one, ns(3)], &[]);
+        let newer = test_subsystem(&[one, ns(3)], &[]);
         c.update_subsystem(&snapshot(vec![newer.clone()]), false);
         assert_eq!(c.changed_ns, vec![2, 3]);
         assert_eq!(c.events, [AER_NS_ATTR_CHANGED]);
         // Masked while pending: a second change queues no second event.
-        c.update_subsystem(&snapshot(vec![subsystem(&[ns(4)], &[])]), false);
+        c.update_subsystem(&snapshot(vec![test_subsystem(&[ns(4)], &[])]), false);
         assert_eq!(c.events.len(), 1);
         // A held AER takes it.
         c.aers.push_back(9);
@@ -352,13 +339,13 @@ mod tests {
 
     #[test]
     fn a_controller_goes_with_its_subsystem_or_its_host() {
-        let s = subsystem(&[ns(1)], &["nqn.h"]);
+        let s = test_subsystem(&[ns(1)], &["nqn.h"]);
         let mut c = Ctrl::new(1, Some(s), "nqn.h".into(), [0; 16], 0);
         assert!(matches!(
             c.update_subsystem(&snapshot(vec![]), false),
             SubsystemUpdate::Delete("subsystem removed")
         ));
-        let other = subsystem(&[ns(1)], &["nqn.other"]);
+        let other = test_subsystem(&[ns(1)], &["nqn.other"]);
         assert!(matches!(
             c.update_subsystem(&snapshot(vec![other]), false),
             SubsystemUpdate::Delete("host no longer allowed")
