@@ -79,22 +79,6 @@ pub enum BlockOp<'a> {
     Flush,
 }
 
-impl BlockOp<'_> {
-    /// A read (for the latency model's classes).
-    pub fn is_read(&self) -> bool {
-        matches!(self, BlockOp::Read { .. })
-    }
-
-    /// Bytes of data the operation moves (reads and writes; 0 for the others).
-    pub fn data_len(&self) -> u32 {
-        match self {
-            BlockOp::Read { len, .. } => *len,
-            BlockOp::Write { data, .. } => data.len() as u32,
-            _ => 0,
-        }
-    }
-}
-
 /// Where a write's data is.
 #[derive(Debug)]
 pub enum WriteData<'a> {
