@@ -35,6 +35,7 @@ pub mod conn;
 pub mod control;
 pub mod ctrl;
 pub mod error;
+pub mod health;
 pub mod host;
 pub mod io;
 pub mod listener;

@@ -4,11 +4,11 @@
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
 use pollux_nvme::spec::Sqe;
-use pollux_target::host::{Data, DsmRange, HostQueue, sqe};
+use pollux_target::host::{Data, DsmRange, HostQueue, SmartLog, sqe};
 
 const LBA_OUT_OF_RANGE: (u8, u8) = (0, 0x80);
 const INVALID_NAMESPACE: (u8, u8) = (0, 0x0B);
@@ -207,6 +207,51 @@ fn smart_counters_grow_by_exactly_the_commands_issued() {
     // 7 x 4 KiB = 56 units of 512 bytes: one data unit (thousands, rounded up).
     assert_eq!(after.data_units_read, 1);
     assert_eq!(after.data_units_written, 1);
+    // A RAM namespace has no sensor: the host's temperature (or a nominal 25 °C), never 0 K;
+    // nothing of RAM wears; the out-of-range read is the one error logged.
+    assert!((250..=400).contains(&after.temperature_k), "{} K", after.temperature_k);
+    assert_eq!(
+        (after.avail_spare, after.spare_thresh, after.percent_used),
+        (100, 10, 0)
+    );
+    assert_eq!(after.critical_warning, 0);
+    assert_eq!(after.power_cycles, 1);
+    // The I/O queue reports its error to the controller by message: it may trail the read.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while c.admin.smart_log().unwrap().error_log_entries == before.error_log_entries {
+        assert!(
+            Instant::now() < deadline,
+            "the failed read never reached the error log count"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(
+        c.admin.smart_log().unwrap().error_log_entries - before.error_log_entries,
+        1
+    );
+    // Per namespace (Identify Controller LPA bit 0): namespace 1 did it all; an inactive
+    // NSID is Invalid Namespace.
+    let id = c.admin.identify(0x01, 0).unwrap();
+    assert_eq!(id[261] & 1, 1, "LPA (byte 261): SMART per namespace");
+    assert_eq!(
+        id[76],
+        1 << 1,
+        "CMIC (byte 76): multi-controller, one port (one listener)"
+    );
+    assert_eq!(
+        u16::from_le_bytes([id[520], id[521]]) & (1 << 4),
+        1 << 4,
+        "ONCS: Save and Select"
+    );
+    let mut s = sqe::get_log_page(0x02, 512, 0, false);
+    s.nsid.set(1);
+    let page = c.admin.exec_ok(s, Data::FromCtrl(vec![0; 512])).unwrap().buf;
+    let one = SmartLog::parse(&page).unwrap();
+    assert_eq!((one.host_reads, one.host_writes), (after.host_reads, after.host_writes));
+    let mut s = sqe::get_log_page(0x02, 512, 0, false);
+    s.nsid.set(9);
+    let e = c.admin.exec_ok(s, Data::FromCtrl(vec![0; 512])).unwrap_err();
+    assert_eq!(e.status().map(code), Some(INVALID_NAMESPACE));
     drop(c);
     t.shutdown().unwrap();
 }

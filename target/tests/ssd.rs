@@ -11,10 +11,10 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use pollux_nvme::spec::Status;
+use pollux_nvme::spec::{SglDescriptor, Sqe, Status};
 use pollux_target::Target;
 use pollux_target::control::rpc::Ctx;
-use pollux_target::host::{Controller, Digests};
+use pollux_target::host::{Controller, Data, Digests, sqe};
 use serde_json::{Value, json};
 
 const SSD_NQN: &str = "nqn.2026-11.io.pollux:ssd";
@@ -313,6 +313,105 @@ backend = { nvme = { fake = "pair-b", size = "16MiB", nsid = 7 } }
         .filter_map(|d| d["name"].as_str())
         .collect();
     assert_eq!(names, ["pair-a", "pair-b"]);
+    c.shutdown().unwrap();
+    t.shutdown().unwrap();
+}
+
+/// Wait up to `secs` for the AER `cid` of `c`'s admin queue: (status, dw0).
+fn await_aer(c: &mut Controller, cid: u16, secs: u64) -> Option<(Status, u32)> {
+    let mut got = None;
+    let t0 = Instant::now();
+    while got.is_none() && t0.elapsed() < Duration::from_secs(secs) {
+        c.admin
+            .poll_completions(Some(Duration::from_millis(100)), |done| {
+                if done.cid == cid {
+                    got = Some((done.status, done.dw0));
+                }
+            })
+            .unwrap();
+    }
+    got
+}
+
+#[test]
+fn smart_reports_the_devices_health_and_its_critical_warnings_raise_events() {
+    let (t, ctx) = start_ssd("interrupt", "health", 0.0);
+    let mut c = connect(&t, 1);
+    c.io[0].write(1, 0, 8, &pattern(1, 0, 4096)).unwrap();
+    // The device's own page (the admin thread reads it every 2 s): its temperature and the
+    // data units it counted, not the target's.
+    let deadline = Instant::now() + Duration::from_secs(8);
+    let h = loop {
+        let h = c.admin.smart_log().unwrap();
+        if h.data_units_written >= 1 && h.temperature_k == 310 {
+            break h;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the device's page never showed the write: {h:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(h.temperature_k, 310, "the fake device's composite temperature");
+    assert_eq!((h.avail_spare, h.spare_thresh, h.critical_warning), (100, 10, 0));
+    assert_eq!(h.host_writes, 1);
+
+    // SMART events on for every critical warning (as SPDK's initiator does; NVMe 2.0
+    // §5.27.1.7), one AER held.
+    c.admin.set_features(0x0B, 0xFF).unwrap();
+    let aer = c.admin.submit(sqe::async_event_request(), Data::None, 7).unwrap();
+    ctx.call(
+        "nvme_fault",
+        &json!({"device": "health", "kind": "critical_warning", "count": 4}),
+    )
+    .unwrap();
+    // SMART / Health status (type 1), NVM subsystem reliability (00h), log page 02h.
+    assert_eq!(await_aer(&mut c, aer, 10), Some((Status::SUCCESS, 0x0002_0001)));
+    assert_eq!(c.admin.smart_log().unwrap().critical_warning, 4);
+
+    // The page was read (unmasked): an over-temperature device raises the next one, with
+    // the controller's threshold (WCTEMP 343 K by default).
+    let aer = c.admin.submit(sqe::async_event_request(), Data::None, 8).unwrap();
+    ctx.call(
+        "nvme_fault",
+        &json!({"device": "health", "kind": "temperature", "count": 350}),
+    )
+    .unwrap();
+    assert_eq!(await_aer(&mut c, aer, 10), Some((Status::SUCCESS, 0x0002_0101)));
+    let h = c.admin.smart_log().unwrap();
+    assert_eq!((h.temperature_k, h.critical_warning), (350, 4 | 2));
+    // A warning already reported raises nothing more while it stays set.
+    let aer = c.admin.submit(sqe::async_event_request(), Data::None, 9).unwrap();
+    assert_eq!(await_aer(&mut c, aer, 3), None);
+    c.shutdown().unwrap();
+    t.shutdown().unwrap();
+}
+
+#[test]
+fn abort_cancels_a_command_on_the_device_with_the_devices_abort() {
+    // 1.5 s per command: the Abort arrives while the read is on the device.
+    let (t, _ctx) = start_ssd("interrupt", "slow", 1_500_000.0);
+    let mut c = connect(&t, 1);
+    let mut s = sqe::read(1, 0, 8);
+    s.cid.set(42);
+    s.set_psdt(Sqe::PSDT_SGL_MPTR_CONTIGUOUS);
+    s.set_sgl(&SglDescriptor::transport_data_block(4096));
+    let sent = Instant::now();
+    let pdu = c.io[0].capsule_pdu(&s, &[]);
+    c.io[0].send_raw(&pdu).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(c.admin.abort(1, 42).unwrap() & 1, 0, "Abort dw0 bit 0: 0 = aborted");
+    assert_eq!(expect_resp(&mut c.io[0], 42), (0, 0x07), "Command Aborted Requested");
+    let took = sent.elapsed();
+    assert!(
+        took < Duration::from_millis(1200),
+        "the aborted read completed after {took:?}"
+    );
+    // Nothing of it is left, and the device still serves reads.
+    assert_eq!(c.admin.abort(1, 42).unwrap() & 1, 1);
+    let mut back = vec![1u8; 4096];
+    c.io[0].read(1, 8, 8, &mut back).unwrap();
+    assert!(back.iter().all(|&b| b == 0));
     c.shutdown().unwrap();
     t.shutdown().unwrap();
 }

@@ -200,6 +200,10 @@ echo "$h"
 echo "$h" | grep -q 'asked 16, reserved 16' || die "hugepages: $h"
 
 step kernel-baseline
+# The device's own composite temperature, as the kernel driver reads it (kelvin).
+smart_temp() { nvme smart-log "$1" -o json 2>/dev/null | sed -n 's/.*"temperature" *: *\([0-9][0-9]*\).*/\1/p' | head -1; }
+ktemp=$(smart_temp "$kdev")
+[ "${ktemp:-0}" -gt 0 ] || die "nvme smart-log $kdev: no temperature"
 # Allocate the first 64 MiB of the image, so both paths read the same written blocks.
 dd if=/dev/zero of="$kdev" bs=1M count=64 oflag=direct 2>/dev/null || die "dd to $kdev"
 bench kernel "$kdev" 1
@@ -258,6 +262,10 @@ t=$(ctrl_transport "$nqn")
 [ "$t" = tcp ] || die "$dev: transport $t, want tcp"
 echo "connected: $dev (transport $t)"
 nvme list
+# pollux's SMART / Health page carries the device's own health (issue 21).
+ptemp=$(smart_temp "$dev")
+[ "$ptemp" = "$ktemp" ] || die "SMART temperature over pollux ${ptemp:-none} K, the device's $ktemp K"
+echo "SMART temperature: $ptemp K, the device's own"
 
 step fio-verify
 fio_verify "$dev" 4k 32M

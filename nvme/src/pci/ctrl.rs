@@ -13,7 +13,7 @@ use super::queue::{self, CQE_SIZE, Completion, CtrlShared, QueuePair, QueueParts
 use super::regs::Registers;
 use super::{HOST_ABORTED, Hardware, PciError, Result};
 use crate::bindings::{nvme_id_ctrl, nvme_id_ns};
-use crate::spec::{Cap, Cc, Csts, Sqe, cns, feature, opcode};
+use crate::spec::{Cap, Cc, Csts, Health, Sqe, cns, feature, log_page, opcode};
 
 /// How the driver sets the controller up.
 #[derive(Clone, Debug)]
@@ -642,6 +642,22 @@ impl Controller {
             done += 1;
         }
         Ok((done, pending))
+    }
+
+    /// SMART / Health Information of the whole controller (Get Log Page 02h, NSID FFFFFFFFh:
+    /// NVMe 2.0 §5.16.1.3).
+    pub fn smart_health(&mut self) -> Result<Health> {
+        let mut sqe = Sqe::new_zeroed();
+        sqe.opcode = opcode::admin::GET_LOG_PAGE;
+        sqe.nsid.set(u32::MAX);
+        // NUMDL (bits 31:16) is 0's based: 128 dwords.
+        sqe.cdw10.set(u32::from(log_page::SMART) | (127 << 16));
+        self.scratch.fill(0, 512, 0);
+        let buf = DmaBuf::new(self.scratch.clone(), 0, 512);
+        self.admin_command(sqe, buf, "Get Log Page SMART")?;
+        let mut page = [0u8; 512];
+        self.scratch.read_bytes(0, &mut page);
+        Health::parse(&page).ok_or_else(|| PciError::Invalid("SMART page size".into()))
     }
 
     /// Aborts command `cid` of SQ `qid` (Abort, NVMe 2.0 §5.1); true when the controller says it

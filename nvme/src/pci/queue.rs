@@ -359,6 +359,16 @@ impl QueuePair {
         self.max_xfer
     }
 
+    /// The CIDs of the device commands in flight for request `tag` (for Abort: NVMe 2.0 §5.1).
+    pub fn cids_of(&self, tag: u64) -> Vec<u16> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.req != FREE && self.reqs.get(s.req as usize).is_some_and(|r| r.tag == tag))
+            .map(|(cid, _)| cid as u16)
+            .collect()
+    }
+
     /// Commands in flight (submitted or staged, not completed).
     pub fn inflight(&self) -> usize {
         self.inflight

@@ -11,6 +11,7 @@ mod ids;
 pub mod opcode;
 mod properties;
 mod sgl;
+pub mod smart;
 mod sqe;
 mod status;
 
@@ -18,6 +19,7 @@ pub use cqe::Cqe;
 pub use ids::{cns, feature, log_page};
 pub use properties::{Cap, Cc, Csts, Vs, property};
 pub use sgl::SglDescriptor;
+pub use smart::{Health, critical_warning};
 pub use sqe::Sqe;
 pub use status::{Status, sct};
 

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pollux_nvme::pci::DmaBuf;
-use pollux_nvme::spec::Status;
+use pollux_nvme::spec::{Health, Status};
 use pollux_reactor::{ChannelKey, LatencyModel, Progress, Reactor, Source, SourceId, SourceOpts};
 use tracing::warn;
 
@@ -239,6 +239,11 @@ pub trait Backend: Send + Sync + std::fmt::Debug + Any {
     }
     /// Open this reactor's channel on `ns` (whose backend is `self`).
     fn open_channel(&self, ns: &Arc<Namespace>, env: &ChannelEnv) -> Result<Box<dyn Channel>, TargetError>;
+    /// The health of the device behind this store, when it has one that reports it: its name
+    /// (namespaces of one device share it) and its last SMART / Health page.
+    fn device_health(&self) -> Option<(&str, Health)> {
+        None
+    }
     /// As `Any`, for what only one kind has (an NVMe device's view and error injection).
     fn as_any(&self) -> &dyn Any;
 }

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use pollux_nvme::spec::{Sqe, Status};
 use pollux_reactor::{Reactor, SourceId};
@@ -16,9 +16,14 @@ use crate::ctrl::admin::{self, AdminEnv, Outcome};
 use crate::ctrl::connect::{self, ConnectCmd, Fabrics, Refusal, decode_fabrics};
 use crate::ctrl::property::{self, CcEffect};
 use crate::ctrl::{Ctrl, Local, SubsystemUpdate, owner_of};
+use crate::health;
 use crate::subsystem::{Snapshot, Subsystem};
 
 type AttachResult = Result<Arc<Subsystem>, Refusal>;
+
+/// How often a controller with SMART events enabled looks at its subsystem's health (a
+/// device's page is read every 2 s by its admin thread).
+const HEALTH_CHECK: Duration = Duration::from_secs(1);
 
 impl Conn {
     /// A fabrics command (NVMe-oF 1.1 §6).
@@ -118,6 +123,7 @@ impl Conn {
             self.shared.controllers_created.fetch_add(1, Relaxed);
             self.q = Queue::Admin(Box::new(ctrl));
             self.schedule_keep_alive(r, id);
+            self.schedule_health_check(r, id);
             self.resp(cid, Status::SUCCESS, u32::from(cntlid), 0);
             return;
         }
@@ -191,6 +197,39 @@ impl Conn {
         }
     }
 
+    // ---------------------------------------------------------------- health
+
+    /// Look at the subsystem's health every [`HEALTH_CHECK`] while the host has SMART events
+    /// enabled, raising the event a new critical warning calls for (NVMe 2.0 §5.2).
+    fn schedule_health_check(&mut self, r: &mut Reactor, id: SourceId) {
+        let Queue::Admin(ctrl) = &mut self.q else { return };
+        if ctrl.is_discovery() {
+            return;
+        }
+        let serial = self.serial;
+        ctrl.health_timer = Some(r.add_timer(Instant::now() + HEALTH_CHECK, move |r| {
+            r.with_source::<Conn, _>(id, |c, r| {
+                if c.serial == serial {
+                    c.health_check(r, id);
+                }
+            });
+        }));
+    }
+
+    fn health_check(&mut self, r: &mut Reactor, id: SourceId) {
+        let Queue::Admin(ctrl) = &mut self.q else { return };
+        ctrl.health_timer = None;
+        if ctrl.aec & 0xFF != 0
+            && let Some(s) = &ctrl.subsys
+        {
+            let h = health::gather(s, None, health::host_temperature_k().unwrap_or(health::NOMINAL_K));
+            if ctrl.check_health(&h) {
+                self.complete_events();
+            }
+        }
+        self.schedule_health_check(r, id);
+    }
+
     // ---------------------------------------------------------------- admin commands
 
     /// An admin command (NVMe 2.0 §5) on the admin queue.
@@ -201,6 +240,7 @@ impl Conn {
             shared: &self.shared,
             local: self.tcp.local,
             started: self.started,
+            host_k: health::host_temperature_k().unwrap_or(health::NOMINAL_K),
         };
         let (rep, max_len) = match admin::execute(ctrl, &env, sqe) {
             Outcome::Reply { rep, max_len } => (rep, max_len),
@@ -333,7 +373,7 @@ fn close_io_queues(r: &mut Reactor, ctrl: &mut Ctrl, reason: &'static str) {
 
 /// Delete a controller: its timer, its registry entry, its I/O queues.
 pub(super) fn teardown_ctrl(r: &mut Reactor, mut ctrl: Box<Ctrl>, reason: &str) {
-    if let Some(t) = ctrl.ka_timer.take() {
+    for t in [ctrl.ka_timer.take(), ctrl.health_timer.take()].into_iter().flatten() {
         r.cancel_timer(t);
     }
     if let Some(l) = r.local::<Local>() {

@@ -107,8 +107,14 @@ pub fn identify_controller(ctrl: &Ctrl, shared: &Shared) -> Vec<u8> {
     pad_ascii(&mut id.mn, model);
     pad_ascii(&mut id.fr, env!("CARGO_PKG_VERSION"));
     id.rab = 6;
-    // Several hosts may connect to one subsystem: multi-controller (CMIC bit 1).
-    id.cmic = if ctrl.is_discovery() { 0 } else { 1 << 1 };
+    // Several hosts may connect to one subsystem: multi-controller (CMIC bit 1); every
+    // listener serves every subsystem, so with more than one it has several ports (bit 0).
+    let ports = shared.snapshot.load().listeners.len();
+    id.cmic = if ctrl.is_discovery() {
+        0
+    } else {
+        (1 << 1) | u8::from(ports > 1)
+    };
     id.mdts = mdts(t.max_io_size);
     id.cntlid = ctrl.cntlid.to_le();
     id.ver = VERSION.0.to_le();
@@ -119,7 +125,9 @@ pub fn identify_controller(ctrl: &Ctrl, shared: &Shared) -> Vec<u8> {
     id.acl = 3;
     id.aerl = (AER_LIMIT - 1) as u8;
     id.frmw = (1 << 1) | 1; // one slot, slot 1 read-only
-    id.lpa = (1 << 1) | (1 << 2); // commands supported and effects, extended data
+    // SMART per namespace (bit 0), commands supported and effects (bit 1), extended data
+    // (bit 2: NUMDU and offsets).
+    id.lpa = 1 | (1 << 1) | (1 << 2);
     id.elpe = (ERROR_LOG_ENTRIES - 1) as u8;
     id.kas = KAS_100MS.to_le();
     if !ctrl.is_discovery() {
@@ -131,7 +139,9 @@ pub fn identify_controller(ctrl: &Ctrl, shared: &Shared) -> Vec<u8> {
     id.cqes = 0x44;
     id.maxcmd = (t.io_queue_depth.min(0xFFFF) as u16).to_le();
     id.nn = nn.to_le();
-    id.oncs = ((1u16 << 2) | (1 << 3)).to_le(); // Dataset Management, Write Zeroes
+    // Dataset Management (bit 2), Write Zeroes (bit 3), Get Features Select and Set Features
+    // Save (bit 4: every feature answers them; none is saveable).
+    id.oncs = ((1u16 << 2) | (1 << 3) | (1 << 4)).to_le();
     // VWC (NVMe 2.0 §5.17.2.1): files and devices cache writes until a Flush; RAM and the
     // simulated device hold a completed write in the namespace's memory. Bits 2:1 = 10b: a
     // Flush with NSID FFFFFFFFh is not supported (each namespace is flushed by its own).
@@ -349,6 +359,8 @@ pub struct AdminEnv<'a> {
     pub local: SocketAddr,
     /// When the target started (power-on hours).
     pub started: Instant,
+    /// The host's temperature, kelvin ([`crate::health::host_temperature_k`]).
+    pub host_k: u16,
 }
 
 /// The host's buffer length for a controller-to-host command, or the status to fail with.
@@ -392,8 +404,9 @@ pub fn execute(ctrl: &mut Ctrl, env: &AdminEnv<'_>, sqe: &Sqe) -> Outcome {
                 snapshot: &snap,
                 local: env.local,
                 started: env.started,
+                host_k: env.host_k,
             };
-            get_log_page(ctrl, &log_env, lid, rae, offset, len.min(max_len))
+            get_log_page(ctrl, &log_env, lid, sqe.nsid.get(), rae, offset, len.min(max_len))
         }
         Admin::GetFeatures { fid, sel, cdw11 } => get_features(ctrl, env.shared, fid, sel, cdw11),
         Admin::SetFeatures { fid, save, cdw11 } => {

@@ -4,44 +4,30 @@
 
 use std::net::SocketAddr;
 
-use pollux_nvme::bindings::nvme_smart_log;
 use pollux_nvme::spec::{Status, log_page, opcode};
-use zerocopy::{FromZeros, IntoBytes};
 
 use super::admin::{Reply, pad_ascii};
 use super::discovery::discovery_log;
 use super::{Ctrl, ERROR_LOG_ENTRIES};
+use crate::health;
 use crate::subsystem::{Shared, Snapshot};
 
-fn le128(dst: &mut [u8; 16], v: u64) {
-    *dst = u128::from(v).to_le_bytes();
-}
-
-/// SMART / Health Information (LID 02h), NVMe 2.0 §5.16.1.3, controller-wide: the sum over
-/// the subsystem's namespaces of every reactor's counters.
-pub fn smart_log(ctrl: &Ctrl, started: std::time::Instant) -> Vec<u8> {
-    let mut log = nvme_smart_log::new_zeroed();
-    let (mut rc, mut wc, mut rb, mut wb) = (0u64, 0u64, 0u64, 0u64);
-    if let Some(s) = &ctrl.subsys {
-        for ns in s.namespaces.values() {
-            let t = ns.totals();
-            rc += t.read_cmds;
-            wc += t.write_cmds;
-            rb += t.read_bytes;
-            wb += t.write_bytes;
-        }
+/// SMART / Health Information (LID 02h), NVMe 2.0 §5.16.1.3: the health of the stores
+/// behind the subsystem ([`crate::health`]), or behind namespace `nsid` (Identify Controller
+/// LPA bit 0), with this controller's own Critical Warning (its temperature thresholds),
+/// error-log count and power-on time. None: `nsid` is not an active namespace.
+pub fn smart_log(ctrl: &Ctrl, env: &LogEnv<'_>, nsid: u32) -> Option<Vec<u8>> {
+    let one = (nsid != 0 && nsid != u32::MAX).then_some(nsid);
+    let s = ctrl.subsys.as_ref()?;
+    if one.is_some_and(|n| s.namespace(n).is_none()) {
+        return None;
     }
-    log.avail_spare = 100;
-    log.spare_thresh = 10;
-    // Data units are thousands of 512-byte units, rounded up (NVMe 2.0 §5.16.1.3, Figure 207).
-    le128(&mut log.data_units_read, (rb / 512).div_ceil(1000));
-    le128(&mut log.data_units_written, (wb / 512).div_ceil(1000));
-    le128(&mut log.host_reads, rc);
-    le128(&mut log.host_writes, wc);
-    le128(&mut log.power_cycles, 1);
-    le128(&mut log.power_on_hours, started.elapsed().as_secs() / 3600);
-    le128(&mut log.num_err_log_entries, ctrl.error_count);
-    log.as_bytes().to_vec()
+    let mut h = health::gather(s, one, env.host_k);
+    h.critical_warning = health::warning(&h, ctrl.features.temp_over, ctrl.features.temp_under);
+    h.power_cycles = 1;
+    h.power_on_hours = u128::from(env.started.elapsed().as_secs() / 3600);
+    h.error_log_entries = u128::from(ctrl.error_count);
+    Some(h.to_page())
 }
 
 /// Error Information (LID 01h): 64-byte entries, newest first.
@@ -140,14 +126,26 @@ pub struct LogEnv<'a> {
     pub local: SocketAddr,
     /// When the target started (power-on hours).
     pub started: std::time::Instant,
+    /// The host's temperature, kelvin (for namespaces without a device of their own).
+    pub host_k: u16,
 }
 
-/// Get Log Page for a controller: page `lid`, `len` bytes from byte `offset`.
-pub fn get_log_page(ctrl: &mut Ctrl, env: &LogEnv<'_>, lid: u8, rae: bool, offset: u64, len: u32) -> Reply {
+/// Get Log Page for a controller: page `lid` (of namespace `nsid`, where the page has one),
+/// `len` bytes from byte `offset`.
+pub fn get_log_page(ctrl: &mut Ctrl, env: &LogEnv<'_>, lid: u8, nsid: u32, rae: bool, offset: u64, len: u32) -> Reply {
     let log = match lid {
         log_page::DISCOVERY if ctrl.is_discovery() => discovery_log(env.snapshot, &ctrl.hostnqn, env.local),
         log_page::ERROR => error_log(ctrl),
-        log_page::SMART if !ctrl.is_discovery() => smart_log(ctrl, env.started),
+        log_page::SMART if !ctrl.is_discovery() => {
+            // Reading it (without Retain Asynchronous Event) unmasks SMART events (NVMe 2.0 §5.2.1).
+            let Some(page) = smart_log(ctrl, env, nsid) else {
+                return Reply::err(Status::INVALID_NAMESPACE.with_dnr());
+            };
+            if !rae {
+                ctrl.smart_masked = false;
+            }
+            page
+        }
         log_page::FIRMWARE_SLOT if !ctrl.is_discovery() => firmware_log(),
         log_page::CHANGED_NAMESPACE_LIST if !ctrl.is_discovery() => changed_ns_log(ctrl, rae),
         log_page::COMMANDS_SUPPORTED_AND_EFFECTS if !ctrl.is_discovery() => effects_log(),

@@ -21,9 +21,9 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pollux_nvme::spec::Status;
+use pollux_nvme::spec::{Health, Status};
 use pollux_reactor::{SourceId, TimerId};
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::subsystem::{Snapshot, Subsystem};
 
@@ -101,6 +101,14 @@ pub struct Ctrl {
     pub changed_ns: Vec<u32>,
     /// Changeable feature values (Set Features).
     pub features: features::Features,
+    /// Critical Warning bits already reported by a SMART event (a bit that clears may be
+    /// reported again).
+    pub smart_reported: u8,
+    /// A SMART event was reported and the host has not read the SMART / Health page since
+    /// (NVMe 2.0 §5.2.1: events of that type are masked until it does).
+    pub smart_masked: bool,
+    /// The pending health check.
+    pub health_timer: Option<TimerId>,
     /// Created at.
     pub created: Instant,
 }
@@ -128,6 +136,9 @@ impl Ctrl {
             error_count: 0,
             changed_ns: Vec::new(),
             features: features::Features::default(),
+            smart_reported: 0,
+            smart_masked: false,
+            health_timer: None,
             created: now,
         }
     }
@@ -159,6 +170,20 @@ impl Ctrl {
     }
 }
 
+/// AER completion dword 0 of a SMART / Health status event (type 1, NVMe 2.0 §5.2, Figure
+/// 147) for Critical Warning bits `bits`, log page 02h: the most severe cause first
+/// (reliability 00h, temperature threshold 01h, spare below threshold 02h).
+pub fn aer_smart(bits: u8) -> u32 {
+    use pollux_nvme::spec::critical_warning as cw;
+    let info: u32 = if bits & (cw::RELIABILITY | cw::READ_ONLY | cw::VOLATILE_BACKUP | cw::PMR_READ_ONLY) != 0 {
+        0x00
+    } else if bits & cw::TEMPERATURE != 0 {
+        0x01
+    } else {
+        0x02
+    };
+    0x1 | (info << 8) | (u32::from(pollux_nvme::spec::log_page::SMART) << 16)
+}
 /// AER completion dword 0 (NVMe 2.0 §5.2, Figures 146-148): Notice (type 2), Namespace
 /// Attribute Changed (info 00h, so bits 15:8 are zero), log page Changed Namespace List (04h).
 pub const AER_NS_ATTR_CHANGED: u32 = 0x2 | (0x04 << 16);
@@ -227,6 +252,29 @@ impl Ctrl {
             self.events.push_back(ev);
         }
         update
+    }
+
+    /// The subsystem's health now reads `h` (host temperature included): queue a SMART /
+    /// Health event for Critical Warning bits newly set that the host enabled (AEC bits 7:0,
+    /// NVMe 2.0 §5.27.1.7), unless one is already reported and unread. Whether one was queued.
+    pub fn check_health(&mut self, h: &Health) -> bool {
+        let warning = crate::health::warning(h, self.features.temp_over, self.features.temp_under);
+        // A bit that cleared may be reported again when it sets again.
+        self.smart_reported &= warning;
+        let fresh = warning & !self.smart_reported & (self.aec & 0xFF) as u8;
+        if fresh == 0 || self.smart_masked {
+            return false;
+        }
+        self.smart_reported |= fresh;
+        self.smart_masked = true;
+        let ev = aer_smart(fresh);
+        warn!(
+            cntlid = self.cntlid,
+            critical_warning = format_args!("{warning:#04x}"),
+            "SMART / Health event raised"
+        );
+        self.events.push_back(ev);
+        true
     }
 
     /// Pair held AERs with queued events: (AER command id, completion dword 0) to complete.

@@ -4,8 +4,8 @@
 
 use std::time::{Duration, Instant};
 
-use pollux_nvme::bindings::{nvme_id_ctrl, nvme_id_ns, nvme_smart_log};
-use pollux_nvme::spec::{Cap, Cc, Csts, cns, feature, log_page, property};
+use pollux_nvme::bindings::{nvme_id_ctrl, nvme_id_ns};
+use pollux_nvme::spec::{Cap, Cc, Csts, Health, cns, feature, log_page, property};
 use zerocopy::FromBytes;
 
 use super::error::HostError;
@@ -237,36 +237,6 @@ impl DiscoveryLog {
     }
 }
 
-/// The SMART / Health Information counters a load test reads (base spec §5.16.1.3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SmartLog {
-    /// Data units (1000 x 512 bytes) read.
-    pub data_units_read: u128,
-    /// Data units written.
-    pub data_units_written: u128,
-    /// Host read commands completed.
-    pub host_reads: u128,
-    /// Host write commands completed.
-    pub host_writes: u128,
-    /// Error information log entries over the controller's life.
-    pub num_err_log_entries: u128,
-}
-
-impl SmartLog {
-    /// Parses the 512-byte SMART / Health Information log page.
-    pub fn parse(data: &[u8]) -> Result<Self, HostError> {
-        let (l, _) = nvme_smart_log::read_from_prefix(data)
-            .map_err(|_| HostError::Protocol(format!("SMART log of {} bytes", data.len())))?;
-        Ok(Self {
-            data_units_read: u128::from_le_bytes(l.data_units_read),
-            data_units_written: u128::from_le_bytes(l.data_units_written),
-            host_reads: u128::from_le_bytes(l.host_reads),
-            host_writes: u128::from_le_bytes(l.host_writes),
-            num_err_log_entries: u128::from_le_bytes(l.num_err_log_entries),
-        })
-    }
-}
-
 impl HostQueue {
     /// Property Get (NVMe-oF 1.1 §6.5); the width comes from the offset (CAP is 8 bytes).
     pub fn property_get(&mut self, offset: u32) -> Result<u64, HostError> {
@@ -410,7 +380,8 @@ impl HostQueue {
     }
 
     /// The SMART / Health Information log (LID 02h).
-    pub fn smart_log(&mut self) -> Result<SmartLog, HostError> {
-        SmartLog::parse(&self.get_log_page(log_page::SMART, 0, 512)?)
+    pub fn smart_log(&mut self) -> Result<Health, HostError> {
+        let page = self.get_log_page(log_page::SMART, 0, 512)?;
+        Health::parse(&page).ok_or_else(|| HostError::Protocol(format!("SMART log of {} bytes", page.len())))
     }
 }

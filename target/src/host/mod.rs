@@ -25,8 +25,9 @@ pub mod sqe;
 #[cfg(test)]
 mod tests;
 
-pub use admin::{DiscoveryEntry, DiscoveryLog, IdCtrl, IdNs, NumQueues, SmartLog};
+pub use admin::{DiscoveryEntry, DiscoveryLog, IdCtrl, IdNs, NumQueues};
 pub use controller::{Controller, ControllerOpts, Digests};
 pub use error::HostError;
+pub use pollux_nvme::spec::Health as SmartLog;
 pub use queue::{Completion, ConnectResult, Data, HostQueue, IcInfo, QueueOpts, RawReply, hostid_from_nqn};
 pub use sqe::DsmRange;

@@ -143,6 +143,12 @@ struct Inner {
     enables: AtomicU64,
     interrupts: AtomicU64,
     lost: AtomicU64,
+    /// Bytes moved by Read and Write (the SMART page's data units).
+    bytes_read: AtomicU64,
+    bytes_written: AtomicU64,
+    /// SMART Critical Warning and Composite Temperature (kelvin) the fake reports.
+    critical_warning: AtomicU32,
+    temperature_k: AtomicU32,
 }
 
 impl Inner {
@@ -222,6 +228,11 @@ impl FakeController {
             enables: AtomicU64::new(0),
             interrupts: AtomicU64::new(0),
             lost: AtomicU64::new(0),
+            bytes_read: AtomicU64::new(0),
+            bytes_written: AtomicU64::new(0),
+            critical_warning: AtomicU32::new(0),
+            // 37 °C: a plausible idle SSD.
+            temperature_k: AtomicU32::new(310),
         });
         inner.set_reg(offset::VS, Vs::V2_0.0);
         let engine_inner = inner.clone();
@@ -269,6 +280,17 @@ impl FakeController {
     /// Keeps CSTS.RDY at 0 after CC.EN = 1 (a controller that never becomes ready).
     pub fn stall_ready(&self, on: bool) {
         self.inner.stall_ready.store(on, Ordering::Release);
+    }
+
+    /// Sets what the SMART / Health page reports: Critical Warning bits and Composite
+    /// Temperature (kelvin).
+    pub fn set_health(&self, critical_warning: u8, temperature_k: u16) {
+        self.inner
+            .critical_warning
+            .store(u32::from(critical_warning), Ordering::Release);
+        self.inner
+            .temperature_k
+            .store(u32::from(temperature_k), Ordering::Release);
     }
 
     /// Counters.

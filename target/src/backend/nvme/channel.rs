@@ -142,6 +142,9 @@ struct Cmd {
     status: Status,
     submitted: Instant,
     class: usize,
+    /// A host aborted it: it completes with Command Aborted Requested, whether or not the
+    /// device aborted its commands (the host was told it is aborted).
+    aborted: bool,
 }
 
 /// One reactor's queue pair on a device: a source of its reactor.
@@ -275,6 +278,7 @@ impl SsdChannel {
             status: Status::SUCCESS,
             submitted: Instant::now(),
             class: LatencyModel::class(is_read, bytes as u32),
+            aborted: false,
         });
         r.device_load().outstanding += 1;
         // Behind a backlog, keep the order: queue behind it.
@@ -300,7 +304,10 @@ impl SsdChannel {
         if c.pending > 0 {
             return;
         }
-        let c = self.cmds.remove(key);
+        let mut c = self.cmds.remove(key);
+        if c.aborted {
+            c.status = Status::ABORT_REQUESTED;
+        }
         account_completion(
             r,
             self.key,
@@ -427,6 +434,28 @@ impl Channel for SsdChannel {
 
     fn watchdog(&self) -> Option<Duration> {
         Some(WATCHDOG)
+    }
+
+    /// Commands still in the backlog are taken out; those on the device get the device's
+    /// Abort from the admin thread (NVMe 2.0 §5.1). Either way the command completes with
+    /// Command Aborted Requested once nothing of it is left on the device.
+    fn abort(&mut self, _r: &mut Reactor, tag: Tag) -> bool {
+        let Some((key, c)) = self.cmds.iter_mut().find(|(_, c)| c.tag == tag && !c.aborted) else {
+            return false;
+        };
+        c.aborted = true;
+        let before = self.backlog.len();
+        self.backlog.retain(|q| q.tag != key as u64);
+        for _ in self.backlog.len()..before {
+            self.deferred.push((key, Status::ABORT_REQUESTED));
+        }
+        if let Some(qp) = self.qp.as_ref() {
+            let cids = qp.cids_of(key as u64);
+            if !cids.is_empty() {
+                self.dev.request_abort(qp.qid(), &cids);
+            }
+        }
+        true
     }
 
     /// A DMA buffer of at least `len` bytes for a write's data to be received into: the

@@ -33,9 +33,9 @@ pub use channel::{SsdChannel, SsdOp};
 use pollux_conf::{NvmeBackend, NvmeDevice};
 use pollux_nvme::pci::fake::{FakeConfig, FakeController, FakeNamespace};
 use pollux_nvme::pci::{self, Controller, ControllerConfig, ControllerInfo, DmaAllocator, QueuePair};
-use pollux_nvme::spec::Status;
+use pollux_nvme::spec::{Health, Status};
 use serde::Serialize;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::{Backend, Caps, Channel, ChannelEnv};
 use crate::error::TargetError;
@@ -48,6 +48,8 @@ const SERVICE_PERIOD: Duration = Duration::from_millis(100);
 /// How often a busy channel is run even without an interrupt: it notices lost completions
 /// (command timeout) and a controller reset.
 const WATCHDOG: Duration = Duration::from_millis(100);
+/// How often the admin thread reads the device's SMART / Health page.
+const HEALTH_PERIOD: Duration = Duration::from_secs(2);
 /// Retry period of a reset that failed.
 const RETRY_FAILED: Duration = Duration::from_secs(1);
 /// DMA memory is allocated in chunks of this size and carved into buffers.
@@ -78,11 +80,18 @@ struct Admin {
     failed_resets: AtomicU64,
     stop: Mutex<bool>,
     wake: Condvar,
+    /// The device's last SMART / Health page (None until first read, or when it cannot be
+    /// read).
+    health: Mutex<Option<Health>>,
+    /// Device commands (SQ id, CID) whose target command a host aborted: the admin thread
+    /// sends the device's own Abort for each (NVMe 2.0 §5.1).
+    aborts: Mutex<Vec<(u16, u16)>>,
 }
 
 impl Admin {
     fn run(self: Arc<Self>) {
         let mut last_attempt = Instant::now();
+        let mut last_health = Instant::now();
         loop {
             {
                 let stop = lock(&self.stop);
@@ -100,6 +109,13 @@ impl Admin {
             let mut g = lock(&self.ctrl);
             let Some(ctrl) = g.as_mut() else { return };
             let failed = self.failed.load(Ordering::Acquire);
+            if !failed {
+                self.send_aborts(ctrl);
+                if last_health.elapsed() >= HEALTH_PERIOD {
+                    last_health = Instant::now();
+                    self.read_health(ctrl);
+                }
+            }
             let res = if failed {
                 if last_attempt.elapsed() < RETRY_FAILED {
                     continue;
@@ -130,6 +146,43 @@ impl Admin {
                 }
             }
         }
+    }
+}
+
+impl Admin {
+    /// The device's Abort for each device command a host aborted. Whatever the device
+    /// answers, the channel completes the target command with Command Aborted Requested.
+    fn send_aborts(&self, ctrl: &mut Controller) {
+        for (qid, cid) in std::mem::take(&mut *lock(&self.aborts)) {
+            match ctrl.abort(qid, cid) {
+                Ok(aborted) => debug!(device = %self.name, qid, cid, aborted, "device Abort"),
+                Err(e) => warn!(device = %self.name, qid, cid, error = %e, "device Abort failed"),
+            }
+        }
+    }
+
+    /// Refresh the SMART / Health page; log when the Critical Warning changes.
+    fn read_health(&self, ctrl: &mut Controller) {
+        let new = match ctrl.smart_health() {
+            Ok(h) => Some(h),
+            Err(e) => {
+                debug!(device = %self.name, error = %e, "SMART / Health page unreadable");
+                None
+            }
+        };
+        let mut cur = lock(&self.health);
+        let (was, now) = (
+            cur.map_or(0, |h| h.critical_warning),
+            new.map_or(0, |h| h.critical_warning),
+        );
+        if was != now {
+            if now != 0 {
+                warn!(device = %self.name, critical_warning = format_args!("{now:#04x}"), "device reports a critical warning");
+            } else {
+                info!(device = %self.name, "device critical warning cleared");
+            }
+        }
+        *cur = new;
     }
 }
 
@@ -202,6 +255,10 @@ impl Backend for SsdNamespace {
 
     fn open_channel(&self, _ns: &Arc<Namespace>, env: &ChannelEnv) -> Result<Box<dyn Channel>, TargetError> {
         Ok(Box::new(SsdChannel::new(self.dev.clone(), env)?))
+    }
+
+    fn device_health(&self) -> Option<(&str, Health)> {
+        self.dev.health().map(|h| (self.dev.name(), h))
     }
 
     fn as_any(&self) -> &dyn std::any::Any {
@@ -325,6 +382,8 @@ impl SsdDevice {
         for _ in 0..reactors {
             queues.push(Some(ctrl.create_io_queue_pair(depth).map_err(driver)?));
         }
+        // The first SMART / Health page now, so a subsystem never reports this device without it.
+        let health = ctrl.smart_health().ok();
         info!(device = %name, model = %info.model, serial = %info.serial, io_queues = reactors, depth,
             vectors = info.vectors, "NVMe device ready: one queue pair per reactor");
         let admin = Arc::new(Admin {
@@ -336,6 +395,8 @@ impl SsdDevice {
             failed_resets: AtomicU64::new(0),
             stop: Mutex::new(false),
             wake: Condvar::new(),
+            health: Mutex::new(health),
+            aborts: Mutex::new(Vec::new()),
         });
         let a = admin.clone();
         let thread_name = format!("nvme-admin-{}", short(&name));
@@ -377,6 +438,17 @@ impl SsdDevice {
         self.admin.failed.load(Ordering::Acquire)
     }
 
+    /// The device's last SMART / Health page (read every [`HEALTH_PERIOD`]).
+    pub fn health(&self) -> Option<Health> {
+        *lock(&self.admin.health)
+    }
+
+    /// Ask the admin thread to send the device's Abort for these commands of SQ `qid`.
+    fn request_abort(&self, qid: u16, cids: &[u16]) {
+        lock(&self.admin.aborts).extend(cids.iter().map(|&c| (qid, c)));
+        self.admin.wake.notify_all();
+    }
+
     /// For the control socket.
     pub fn view(&self) -> DeviceView {
         DeviceView {
@@ -404,7 +476,9 @@ impl SsdDevice {
 
     /// Injects a fault into a fake device: `cfs` (controller fatal status: the admin thread
     /// resets it), `lose` (the next `count` completions are never posted: the command timeout
-    /// resets it), `fail` (the next `count` I/O commands fail with `status`).
+    /// resets it), `fail` (the next `count` I/O commands fail with `status`),
+    /// `critical_warning` (its SMART page reports bits `count`), `temperature` (its composite
+    /// temperature is `count` kelvin).
     pub fn inject(&self, kind: &str, count: u32, status: Status) -> Result<(), TargetError> {
         let unfit = |reason: String| TargetError::NvmeUnfit {
             device: self.name.clone(),
@@ -419,7 +493,21 @@ impl SsdDevice {
             "cfs" => fake.inject_cfs(),
             "lose" => fake.lose_completions(count),
             "fail" => fake.fail_io(count, status),
-            other => return Err(unfit(format!("unknown fault {other:?}: cfs, lose or fail"))),
+            "critical_warning" => {
+                let bits = u8::try_from(count).map_err(|_| unfit(format!("critical warning {count:#x}: 8 bits")))?;
+                let temp = self.health().map_or(310, |h| h.temperature_k);
+                fake.set_health(bits, temp);
+            }
+            "temperature" => {
+                let k = u16::try_from(count).map_err(|_| unfit(format!("temperature {count} K: out of range")))?;
+                let bits = self.health().map_or(0, |h| h.critical_warning);
+                fake.set_health(bits, k);
+            }
+            other => {
+                return Err(unfit(format!(
+                    "unknown fault {other:?}: cfs, lose, fail, critical_warning or temperature"
+                )));
+            }
         }
         warn!(device = %self.name, fault = kind, count, "fault injected");
         Ok(())

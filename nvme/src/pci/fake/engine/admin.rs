@@ -1,5 +1,7 @@
 //! The fake's admin commands: Identify, Set/Get Features Number of Queues, Create/Delete I/O
-//! CQ/SQ and Abort.
+//! CQ/SQ, Get Log Page (SMART) and Abort.
+
+use std::sync::atomic::Ordering;
 
 use zerocopy::{FromZeros, IntoBytes};
 
@@ -8,7 +10,7 @@ use crate::bindings::{nvme_id_ctrl, nvme_id_ns};
 use crate::pci::dma::PAGE_SIZE;
 use crate::pci::fake::{CQ_INVALID, INVALID_INTERRUPT_VECTOR, INVALID_QUEUE_DELETION};
 use crate::pci::regs::{cq_head_doorbell, sq_tail_doorbell};
-use crate::spec::{Sqe, Status, Vs, cns, feature, opcode};
+use crate::spec::{Health, Sqe, Status, Vs, cns, feature, log_page, opcode};
 
 impl Engine {
     pub(super) fn admin(&mut self, sqe: &Sqe) -> (Status, u32) {
@@ -109,12 +111,15 @@ impl Engine {
                 self.inner.set_reg(cq_head_doorbell(qid, self.inner.cfg.dstrd), 0);
                 (Status::SUCCESS, 0)
             }
+            opcode::admin::GET_LOG_PAGE => (self.get_log_page(sqe), 0),
             opcode::admin::ABORT => {
                 let sqid = (cdw10 & 0xFFFF) as u16;
                 let cid = (cdw10 >> 16) as u16;
                 match self.pending.iter_mut().find(|p| p.sqid == sqid && p.cid == cid) {
                     Some(p) => {
+                        // An aborted command completes now, not when its latency is up.
                         p.status = Status::ABORT_REQUESTED;
+                        p.due = std::time::Instant::now();
                         (Status::SUCCESS, 0)
                     }
                     None => (Status::SUCCESS, 1),
@@ -122,6 +127,31 @@ impl Engine {
             }
             _ => (Status::INVALID_OPCODE.with_dnr(), 0),
         }
+    }
+
+    /// Get Log Page: SMART / Health Information only (NVMe 2.0 §5.16.1.3), for the controller
+    /// (NSID FFFFFFFFh or 0).
+    fn get_log_page(&mut self, sqe: &Sqe) -> Status {
+        let cdw10 = sqe.cdw10.get();
+        let lid = (cdw10 & 0xFF) as u8;
+        let dwords = ((cdw10 >> 16) as usize | ((sqe.cdw11.get() as usize & 0xFFFF) << 16)) + 1;
+        if lid != log_page::SMART || !matches!(sqe.nsid.get(), 0 | u32::MAX) {
+            return Status::INVALID_LOG_PAGE.with_dnr();
+        }
+        let i = &self.inner;
+        let health = Health {
+            critical_warning: i.critical_warning.load(Ordering::Acquire) as u8,
+            temperature_k: i.temperature_k.load(Ordering::Acquire) as u16,
+            avail_spare: 100,
+            spare_thresh: 10,
+            data_units_read: Health::data_units(i.bytes_read.load(Ordering::Relaxed)),
+            data_units_written: Health::data_units(i.bytes_written.load(Ordering::Relaxed)),
+            power_cycles: 1,
+            ..Health::default()
+        };
+        let mut page = health.to_page();
+        page.resize(dwords * 4, 0);
+        self.transfer_out(sqe, &page)
     }
 
     fn identify(&mut self, sqe: &Sqe) -> Status {

@@ -56,6 +56,12 @@ impl Engine {
             }
             done += n;
         }
+        let moved = if sqe.opcode == opcode::io::READ {
+            &self.inner.bytes_read
+        } else {
+            &self.inner.bytes_written
+        };
+        moved.fetch_add(len as u64, std::sync::atomic::Ordering::Relaxed);
         Status::SUCCESS
     }
 }

@@ -1,0 +1,205 @@
+//! Health of what backs a subsystem: the SMART / Health Information page of its controllers
+//! (NVMe 2.0 §5.16.1.3) and the critical warnings behind SMART asynchronous events (NVMe 2.0
+//! §5.2).
+//!
+//! A subsystem's controllers are virtual; their health is that of the stores behind the
+//! namespaces:
+//! - NVMe SSDs (the `nvme` backend) report their own page, read by each device's admin thread.
+//!   Over the distinct devices: the highest temperature and percentage used, the lowest
+//!   available spare (with the highest threshold), the sum of media errors, unsafe shutdowns
+//!   and data units, and every critical warning bit any of them sets.
+//! - RAM, file and simulated namespaces have no sensor of their own: their temperature is
+//!   the host's (its hottest hwmon or thermal-zone sensor), their data units the bytes the
+//!   target moved for them, and nothing of them wears (spare 100 %, used 0 %).
+//!
+//! Host read and write commands are always the target's own counters: they are what hosts of
+//! this subsystem did. Power cycles and power-on hours are those of the target process (a
+//! controller exists from its Connect; the subsystem from the target's start).
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::{LazyLock, Mutex};
+use std::time::{Duration, Instant};
+
+use pollux_nvme::spec::{Health, critical_warning};
+use tracing::info;
+
+use crate::subsystem::Subsystem;
+
+/// Kelvin at 0 °C, rounded as NVMe temperatures are (NVMe 2.0 §5.16.1.3: kelvin, integer).
+const ZERO_C_K: i64 = 273;
+/// What a host without any temperature sensor reports: a nominal 25 °C room.
+pub const NOMINAL_K: u16 = 298;
+/// How long one reading of the host's sensors is reused.
+const SENSOR_TTL: Duration = Duration::from_secs(1);
+
+/// The host's hottest temperature sensor, kelvin: None when it exposes none (many VMs).
+pub fn host_temperature_k() -> Option<u16> {
+    /// When the sensors were read, and what they said.
+    type Reading = Option<(Instant, Option<u16>)>;
+    static CACHE: LazyLock<Mutex<Reading>> = LazyLock::new(Mutex::default);
+    let mut c = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((at, v)) = *c
+        && at.elapsed() < SENSOR_TTL
+    {
+        return v;
+    }
+    let v = read_sensors(Path::new("/sys/class"));
+    if c.is_none() {
+        match v {
+            Some(k) => info!(
+                kelvin = k,
+                "host temperature sensors found: RAM, file and sim namespaces report them"
+            ),
+            None => info!(
+                kelvin = NOMINAL_K,
+                "no host temperature sensor (hwmon, thermal): RAM, file and sim namespaces report a nominal 25 °C"
+            ),
+        }
+    }
+    *c = Some((Instant::now(), v));
+    v
+}
+
+/// The highest millidegree Celsius reading of `<class>/hwmon/*/temp*_input` and
+/// `<class>/thermal/thermal_zone*/temp`, in kelvin.
+fn read_sensors(class: &Path) -> Option<u16> {
+    let mut best: Option<i64> = None;
+    let mut consider = |p: &Path| {
+        if let Ok(t) = std::fs::read_to_string(p)
+            && let Ok(m) = t.trim().parse::<i64>()
+            // Plausible sensor values only: a disconnected one reads -273 °C or 255 °C+.
+            && (-40_000..=150_000).contains(&m)
+        {
+            best = Some(best.map_or(m, |b| b.max(m)));
+        }
+    };
+    for dir in ["hwmon", "thermal"] {
+        let Ok(rd) = std::fs::read_dir(class.join(dir)) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let d = e.path();
+            if dir == "thermal" {
+                consider(&d.join("temp"));
+                continue;
+            }
+            let Ok(files) = std::fs::read_dir(&d) else { continue };
+            for f in files.flatten() {
+                let n = f.file_name();
+                let n = n.to_string_lossy();
+                if n.starts_with("temp") && n.ends_with("_input") {
+                    consider(&f.path());
+                }
+            }
+        }
+    }
+    best.map(|m| (m.div_euclid(1000) + ZERO_C_K).clamp(1, i64::from(u16::MAX)) as u16)
+}
+
+/// The health of subsystem `s`, or of its namespace `nsid` only (fields a controller adds of
+/// its own, such as the error-log count, are left 0). `host_k` is the host's temperature for
+/// namespaces without a device.
+pub fn gather(s: &Subsystem, nsid: Option<u32>, host_k: u16) -> Health {
+    let mut h = Health {
+        avail_spare: 100,
+        spare_thresh: 10,
+        ..Health::default()
+    };
+    let mut devices = BTreeSet::new();
+    let mut any_device = false;
+    let mut hosted = s.namespaces.is_empty();
+    let (mut spare, mut thresh) = (None::<u8>, None::<u8>);
+    for ns in s.namespaces.values().filter(|ns| nsid.is_none_or(|n| n == ns.nsid)) {
+        let t = ns.totals();
+        h.host_reads += u128::from(t.read_cmds);
+        h.host_writes += u128::from(t.write_cmds);
+        match ns.backend.device_health() {
+            Some((name, d)) => {
+                any_device = true;
+                if !devices.insert(name.to_string()) {
+                    continue;
+                }
+                h.critical_warning |= d.critical_warning;
+                h.temperature_k = h.temperature_k.max(d.temperature_k);
+                spare = Some(spare.map_or(d.avail_spare, |v| v.min(d.avail_spare)));
+                thresh = Some(thresh.map_or(d.spare_thresh, |v| v.max(d.spare_thresh)));
+                h.percent_used = h.percent_used.max(d.percent_used);
+                h.data_units_read += d.data_units_read;
+                h.data_units_written += d.data_units_written;
+                h.media_errors += d.media_errors;
+                h.unsafe_shutdowns += d.unsafe_shutdowns;
+            }
+            None => {
+                hosted = true;
+                h.data_units_read += Health::data_units(t.read_bytes);
+                h.data_units_written += Health::data_units(t.write_bytes);
+            }
+        }
+    }
+    if any_device {
+        h.avail_spare = spare.unwrap_or(100);
+        h.spare_thresh = thresh.unwrap_or(10);
+    }
+    if hosted || h.temperature_k == 0 {
+        h.temperature_k = h.temperature_k.max(host_k);
+    }
+    h
+}
+
+/// The Critical Warning of a controller with temperature thresholds `over` and `under`
+/// (Set Features Temperature Threshold, NVMe 2.0 §5.27.1.3; 0: none) over health `h`.
+pub fn warning(h: &Health, over: u16, under: u16) -> u8 {
+    let mut w = h.critical_warning;
+    let t = h.temperature_k;
+    if t != 0 && (t > over || (under != 0 && t < under)) {
+        w |= critical_warning::TEMPERATURE;
+    }
+    if h.avail_spare < h.spare_thresh {
+        w |= critical_warning::SPARE;
+    }
+    w
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sensors_give_the_hottest_plausible_reading_in_kelvin() {
+        let d = std::env::temp_dir().join(format!("pollux-sensors-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("hwmon/hwmon0")).unwrap();
+        std::fs::create_dir_all(d.join("thermal/thermal_zone0")).unwrap();
+        assert_eq!(read_sensors(&d), None);
+        std::fs::write(d.join("hwmon/hwmon0/temp1_input"), "41500\n").unwrap();
+        std::fs::write(d.join("hwmon/hwmon0/temp2_input"), "-273000\n").unwrap(); // disconnected
+        std::fs::write(d.join("hwmon/hwmon0/temp3_max"), "99000\n").unwrap(); // not a reading
+        std::fs::write(d.join("thermal/thermal_zone0/temp"), "38000\n").unwrap();
+        assert_eq!(read_sensors(&d), Some(41 + 273));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn thresholds_and_spare_raise_warning_bits() {
+        let h = Health {
+            temperature_k: 320,
+            avail_spare: 100,
+            spare_thresh: 10,
+            ..Health::default()
+        };
+        assert_eq!(warning(&h, 343, 0), 0);
+        assert_eq!(warning(&h, 310, 0), critical_warning::TEMPERATURE);
+        assert_eq!(warning(&h, 343, 330), critical_warning::TEMPERATURE);
+        let worn = Health {
+            avail_spare: 5,
+            critical_warning: critical_warning::READ_ONLY,
+            ..h
+        };
+        assert_eq!(
+            warning(&worn, 343, 0),
+            critical_warning::SPARE | critical_warning::READ_ONLY
+        );
+    }
+}
