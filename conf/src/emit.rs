@@ -4,7 +4,7 @@ use std::fmt::Write;
 
 use crate::nqn::{format_uuid, hex};
 use crate::size::format_size;
-use crate::{Backend, Config, Latency, NvmeBackend, NvmeDevice};
+use crate::{Backend, Config, Dhchap, HostKeys, Latency, NvmeBackend, NvmeDevice, Secret};
 
 /// A TOML string literal for `s`, escaped by the toml crate itself so any
 /// NQN (which may hold arbitrary UTF-8 after the colon) survives.
@@ -115,8 +115,14 @@ pub(crate) fn to_toml(c: &Config) -> String {
         let _ = writeln!(o, "serial = {}", quote(&s.serial));
         let _ = writeln!(o, "model = {}", quote(&s.model));
         let _ = writeln!(o, "allow_any_host = {}", s.allow_any_host);
-        let hosts: Vec<String> = s.hosts.iter().map(|h| quote(h)).collect();
+        let hosts: Vec<String> = s.hosts.iter().map(|h| host_entry(h, s.host_keys.get(h))).collect();
         let _ = writeln!(o, "hosts = [{}]", hosts.join(", "));
+        if s.dhchap != Dhchap::default() {
+            let h: Vec<String> = s.dhchap.hashes.iter().map(|h| quote(h.name())).collect();
+            let g: Vec<String> = s.dhchap.dh_groups.iter().map(|g| quote(g.name())).collect();
+            let _ = writeln!(o, "dhchap_hashes = [{}]", h.join(", "));
+            let _ = writeln!(o, "dhchap_dh_groups = [{}]", g.join(", "));
+        }
         for n in &s.namespaces {
             let _ = writeln!(o, "\n[[subsystem.namespace]]");
             let _ = writeln!(o, "nsid = {}", n.nsid);
@@ -178,4 +184,21 @@ pub(crate) fn to_toml(c: &Config) -> String {
         }
     }
     o
+}
+
+/// A `hosts` entry: the NQN, or an inline table with its keys. A key read from a file is
+/// written as that file, never as the secret; an inline key stays inline (it was given so).
+fn host_entry(nqn: &str, keys: Option<&HostKeys>) -> String {
+    let Some(k) = keys else { return quote(nqn) };
+    let mut e = format!("{{ nqn = {}", quote(nqn));
+    let mut put = |name: &str, s: &Secret| match &s.file {
+        Some(f) => e.push_str(&format!(", {name}_file = {}", path(f))),
+        None => e.push_str(&format!(", {name} = {}", quote(&s.key.encode()))),
+    };
+    put("dhchap_key", &k.host);
+    if let Some(c) = &k.ctrl {
+        put("dhchap_ctrl_key", c);
+    }
+    e.push_str(" }");
+    e
 }

@@ -17,6 +17,7 @@ mod raw;
 mod size;
 mod validate;
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -25,6 +26,7 @@ use std::str::FromStr;
 pub use error::ConfError;
 pub use ids::{DerivedIds, derive_ids, derive_serial};
 pub use nqn::{DISCOVERY_NQN, NQN_MAX_LEN, validate_nqn};
+pub use pollux_nvme::auth::{DhGroup, DhchapKey, HashId};
 pub use size::{format_size, parse_size};
 
 /// The text of `conf/examples/ram.toml`, the configuration used when none is
@@ -334,10 +336,63 @@ pub struct Subsystem {
     pub model: String,
     /// Whether any host may connect, whatever its NQN.
     pub allow_any_host: bool,
-    /// Host NQNs allowed to connect (when `allow_any_host` is false).
+    /// Host NQNs allowed to connect (when `allow_any_host` is false), with or without keys.
     pub hosts: Vec<String>,
+    /// The DH-HMAC-CHAP keys of listed hosts that must authenticate (NVMe 2.0 §8.13.5),
+    /// by host NQN. A host with keys must authenticate even where `allow_any_host` is set.
+    pub host_keys: BTreeMap<String, HostKeys>,
+    /// The hash functions and DH groups this subsystem accepts.
+    pub dhchap: Dhchap,
     /// The namespaces, in configuration order; nsids are unique.
     pub namespaces: Vec<Namespace>,
+}
+
+/// A DH-HMAC-CHAP secret and the key file it was read from (None: given inline). `Debug`
+/// shows no key material; the key's memory is zeroed when dropped.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Secret {
+    /// The key.
+    pub key: DhchapKey,
+    /// Its key file (owner-only permissions), written back by `pollux ctl save` instead of
+    /// the key.
+    pub file: Option<PathBuf>,
+}
+
+/// A host's DH-HMAC-CHAP keys.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostKeys {
+    /// The host's key: it proves the host to the controller.
+    pub host: Secret,
+    /// The controller's key, for bidirectional authentication: it proves the controller to
+    /// a host that asks (`nvme connect --dhchap-ctrl-secret`).
+    pub ctrl: Option<Secret>,
+}
+
+/// The hash functions and DH groups of a subsystem's DH-HMAC-CHAP, most preferred first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dhchap {
+    /// Hash functions (`dhchap_hashes`).
+    pub hashes: Vec<HashId>,
+    /// DH groups (`dhchap_dh_groups`).
+    pub dh_groups: Vec<DhGroup>,
+}
+
+impl Default for Dhchap {
+    /// Every hash, SHA-256 first (what nvmet picks by default); every group, ffdhe2048 first
+    /// (an exchange gives forward secrecy), the null group last.
+    fn default() -> Self {
+        Dhchap {
+            hashes: HashId::ALL.to_vec(),
+            dh_groups: vec![
+                DhGroup::Ffdhe2048,
+                DhGroup::Ffdhe3072,
+                DhGroup::Ffdhe4096,
+                DhGroup::Ffdhe6144,
+                DhGroup::Ffdhe8192,
+                DhGroup::Null,
+            ],
+        }
+    }
 }
 
 impl Subsystem {

@@ -76,8 +76,47 @@ pub(crate) struct RawSubsystem {
     pub serial: Option<Spanned<String>>,
     pub model: Option<Spanned<String>>,
     pub allow_any_host: Option<Spanned<bool>>,
-    pub hosts: Option<Spanned<Vec<Spanned<String>>>>,
+    pub hosts: Option<Spanned<Vec<Spanned<RawHost>>>>,
+    pub dhchap_hashes: Option<Spanned<Vec<Spanned<String>>>>,
+    pub dhchap_dh_groups: Option<Spanned<Vec<Spanned<String>>>>,
     pub namespace: Option<Vec<RawNamespace>>,
+}
+
+/// One entry of `hosts`: an NQN, or a table naming the host's DH-HMAC-CHAP keys.
+pub(crate) enum RawHost {
+    Nqn(String),
+    Entry(RawHostEntry),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawHostEntry {
+    pub nqn: Spanned<String>,
+    pub dhchap_key: Option<Spanned<String>>,
+    pub dhchap_key_file: Option<Spanned<String>>,
+    pub dhchap_ctrl_key: Option<Spanned<String>>,
+    pub dhchap_ctrl_key_file: Option<Spanned<String>>,
+}
+
+impl<'de> Deserialize<'de> for RawHost {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = RawHost;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(
+                    "a host NQN, or a table such as { nqn = \"nqn...\", dhchap_key_file = \"/etc/pollux/host.key\" }",
+                )
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<RawHost, E> {
+                Ok(RawHost::Nqn(v.to_owned()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<RawHost, A::Error> {
+                RawHostEntry::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(RawHost::Entry)
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 #[derive(Deserialize)]

@@ -8,6 +8,8 @@
 //! - [`pci`]: the userspace NVMe-over-PCIe driver: the hardware seam (registers, DMA memory,
 //!   MSI-X eventfds) with a VFIO implementation and a fake controller for tests, controller
 //!   bring-up/reset/shutdown and single-owner queue pairs (PRP lists, MDTS splitting).
+//! - [`auth`]: DH-HMAC-CHAP in-band authentication: secrets, hashes, FFDHE groups, the
+//!   responses and the Authentication Send/Receive messages.
 //! - [`tcp`]: the NVMe/TCP transport 1.0 PDUs, an incremental receive-side parser with typed
 //!   errors, allocation-free encoders and CRC32C digests.
 //!
@@ -24,6 +26,7 @@ compile_error!(
      integer fields for little-endian wire data"
 );
 
+pub mod auth;
 pub mod bindings;
 pub mod pci;
 pub mod spec;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use arc_swap::ArcSwap;
-use pollux_conf::{Config, Transport};
+use pollux_conf::{Config, Dhchap, HostKeys, Transport};
 
 use crate::backend::Backend;
 use crate::error::TargetError;
@@ -110,6 +110,10 @@ pub struct Subsystem {
     pub allow_any_host: bool,
     /// Host NQNs allowed to connect (when not allow_any_host).
     pub hosts: Vec<String>,
+    /// DH-HMAC-CHAP keys of the hosts that must authenticate, by host NQN.
+    pub host_keys: BTreeMap<String, HostKeys>,
+    /// The hash functions and DH groups accepted, most preferred first.
+    pub dhchap: Dhchap,
     /// Namespaces by nsid.
     pub namespaces: BTreeMap<u32, Arc<Namespace>>,
 }
@@ -123,6 +127,11 @@ impl Subsystem {
     /// Whether `hostnqn` may connect and see this subsystem in the discovery log.
     pub fn allows(&self, hostnqn: &str) -> bool {
         self.allow_any_host || self.hosts.iter().any(|h| h == hostnqn)
+    }
+
+    /// The keys host `hostnqn` must authenticate with (None: it need not).
+    pub fn keys_of(&self, hostnqn: &str) -> Option<&HostKeys> {
+        self.host_keys.get(hostnqn)
     }
 
     /// The namespace `nsid`, if active.
@@ -216,6 +225,8 @@ pub fn build_subsystem(
         model: s.model.clone(),
         allow_any_host: s.allow_any_host,
         hosts: s.hosts.clone(),
+        host_keys: s.host_keys.clone(),
+        dhchap: s.dhchap.clone(),
         namespaces,
     }))
 }
@@ -261,6 +272,8 @@ pub(crate) fn test_subsystem(namespaces: &[Arc<Namespace>], hosts: &[&str]) -> A
         model: "M".into(),
         allow_any_host: hosts.is_empty(),
         hosts: hosts.iter().map(|h| h.to_string()).collect(),
+        host_keys: BTreeMap::new(),
+        dhchap: Dhchap::default(),
         namespaces: namespaces.iter().map(|n| (n.nsid, n.clone())).collect(),
     })
 }

@@ -11,6 +11,7 @@ use crate::{Config, Control, KeepAlive, Transport};
 mod backend;
 mod control;
 mod cx;
+pub(crate) mod hosts;
 mod listeners;
 mod reactors;
 mod registry;

@@ -87,16 +87,11 @@ fn subsystem(
     };
     let allow_any_host = s.allow_any_host.as_ref().is_some_and(|a| *a.get_ref());
 
-    let mut hosts: Vec<String> = Vec::new();
-    if let Some(list) = &s.hosts {
-        for h in list.get_ref() {
-            validate_nqn(h.get_ref()).map_err(|e| cx.at(h.span(), format!("invalid host NQN in `hosts`: {e}")))?;
-            if hosts.contains(h.get_ref()) {
-                return Err(cx.at(h.span(), format!("host {:?} is listed twice in `hosts`", h.get_ref())));
-            }
-            hosts.push(h.get_ref().clone());
-        }
-    }
+    let (hosts, host_keys) = match &s.hosts {
+        Some(list) => super::hosts::hosts(cx, list.get_ref())?,
+        None => Default::default(),
+    };
+    let dhchap = super::hosts::dhchap(cx, &s.dhchap_hashes, &s.dhchap_dh_groups)?;
     if !allow_any_host && hosts.is_empty() {
         let span = s
             .hosts
@@ -111,11 +106,11 @@ fn subsystem(
             ),
         ));
     }
-    if allow_any_host && !hosts.is_empty() {
+    if allow_any_host && hosts.len() > host_keys.len() {
         tracing::warn!(
             origin = cx.origin,
             subsystem = %nqn,
-            "`hosts` is ignored because `allow_any_host = true`"
+            "hosts without keys in `hosts` change nothing because `allow_any_host = true` (hosts with keys must still authenticate)"
         );
     }
 
@@ -132,6 +127,8 @@ fn subsystem(
         model,
         allow_any_host,
         hosts,
+        host_keys,
+        dhchap,
         namespaces,
     })
 }

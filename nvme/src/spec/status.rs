@@ -177,6 +177,9 @@ impl Status {
     pub const CONNECT_RESTART_DISCOVERY: Self = sc(sct::COMMAND_SPECIFIC, sf::NVME_SC_CONNECT_RESTART_DISC);
     /// Fabrics Connect 0x84: Connect Invalid Host.
     pub const CONNECT_INVALID_HOST: Self = sc(sct::COMMAND_SPECIFIC, sf::NVME_SC_CONNECT_INVALID_HOST);
+    /// Authentication Required (NVMe 2.0 §8.13.5): the queue has not
+    /// completed in-band authentication (SCT 1h, SC 91h).
+    pub const AUTH_REQUIRED: Self = sc(sct::COMMAND_SPECIFIC, sf::NVME_SC_AUTH_REQUIRED);
 
     /// Media 0x80: Write Fault.
     pub const WRITE_FAULT: Self = sc(sct::MEDIA, sf::NVME_SC_WRITE_FAULT);

@@ -19,11 +19,18 @@ use crate::ctrl::{Ctrl, Local, SubsystemUpdate, owner_of};
 use crate::health;
 use crate::subsystem::{Snapshot, Subsystem};
 
-type AttachResult = Result<Arc<Subsystem>, Refusal>;
+/// An I/O queue's attachment: its subsystem and host NQN, or the refusal.
+type AttachResult = Result<(Arc<Subsystem>, String), Refusal>;
 
 /// How often a controller with SMART events enabled looks at its subsystem's health (a
 /// device's page is read every 2 s by its admin thread).
 const HEALTH_CHECK: Duration = Duration::from_secs(1);
+
+/// Connect's completion dword 0 (NVMe-oF 1.1 §6.3, Figure 22): the controller id, and
+/// AUTHREQ bit 17 (ATR) when the queue must authenticate (NVMe 2.0 §8.13.5).
+fn connect_dw0(cntlid: u16, atr: bool) -> u32 {
+    u32::from(cntlid) | (u32::from(atr) << 17)
+}
 
 impl Conn {
     /// A fabrics command (NVMe-oF 1.1 §6).
@@ -48,6 +55,12 @@ impl Conn {
                     kato,
                 };
                 self.connect(r, id, cid, sqe, c, data);
+            }
+            Fabrics::AuthSend { cdw10, tl } => self.auth_send(r, id, sqe, cdw10, tl, data),
+            Fabrics::AuthReceive { cdw10, al } => self.auth_receive(r, id, sqe, cdw10, al),
+            _ if !matches!(self.q, Queue::Unbound | Queue::Connecting) && !self.auth.allows_commands() => {
+                // NVMe 2.0 §8.13.5: Property Get/Set and Disconnect wait for authentication too.
+                self.resp(cid, Status::AUTH_REQUIRED.with_dnr(), 0, 0)
             }
             Fabrics::PropertyGet { size8, offset } => match &self.q {
                 Queue::Admin(ctrl) => {
@@ -115,6 +128,7 @@ impl Conn {
                 l.ctrls.insert(cntlid, me_ref);
             }
             let kato = self.shared.keep_alive.clamp(req.kato);
+            let subsys_of_req = req.subsys.clone();
             let ctrl = Ctrl::new(cntlid, req.subsys, d.hostnqn.clone(), d.hostid, kato);
             info!(
                 cntlid, reactor = me, peer = %self.tcp.peer, subnqn = %d.subnqn, hostnqn = %d.hostnqn, kato_ms = kato,
@@ -124,7 +138,9 @@ impl Conn {
             self.q = Queue::Admin(Box::new(ctrl));
             self.schedule_keep_alive(r, id);
             self.schedule_health_check(r, id);
-            self.resp(cid, Status::SUCCESS, u32::from(cntlid), 0);
+            let atr = self.auth_required(&d.hostnqn, subsys_of_req.as_deref());
+            self.start_auth(r, id, &d.hostnqn, atr);
+            self.resp(cid, Status::SUCCESS, connect_dw0(cntlid, atr), 0);
             return;
         }
         let (qid, cntlid) = (req.qid, d.cntlid);
@@ -133,7 +149,8 @@ impl Conn {
         self.q = Queue::Connecting;
         let sent = r.send(owner, move |r| {
             let res = with_ctrl(r, cntlid, |ctrl, _| connect::attach_io(ctrl, qid, &d, me))
-                .unwrap_or_else(|| Err(connect::no_such_controller()));
+                .unwrap_or_else(|| Err(connect::no_such_controller()))
+                .map(|s| (s, d.hostnqn));
             r.send(me.reactor, move |r| {
                 r.with_source::<Conn, _>(me.source, |c, r| {
                     if c.serial == me.serial {
@@ -153,10 +170,12 @@ impl Conn {
             return;
         }
         match res {
-            Ok(subsys) => {
+            Ok((subsys, hostnqn)) => {
                 debug!(cntlid, qid = self.sq.qid, reactor = self.reactor, peer = %self.tcp.peer, "I/O queue connected");
+                let atr = self.auth_required(&hostnqn, Some(&subsys));
                 self.q = Queue::Io(IoQueue { cntlid, owner, subsys });
-                self.resp(cid, Status::SUCCESS, u32::from(cntlid), 0);
+                self.start_auth(r, id, &hostnqn, atr);
+                self.resp(cid, Status::SUCCESS, connect_dw0(cntlid, atr), 0);
             }
             Err(no) => {
                 info!(peer = %self.tcp.peer, qid = self.sq.qid, cntlid, status = %no.status, "I/O queue connect refused: {}", no.why);
@@ -165,6 +184,11 @@ impl Conn {
             }
         }
         self.flush_or_close(r, id);
+    }
+
+    /// Whether host `hostnqn` must authenticate its queues to `subsys` (it has keys there).
+    fn auth_required(&self, hostnqn: &str, subsys: Option<&Subsystem>) -> bool {
+        subsys.is_some_and(|s| s.keys_of(hostnqn).is_some())
     }
 
     // ---------------------------------------------------------------- keep-alive

@@ -10,6 +10,7 @@
 //! is done here.
 
 mod admin;
+mod auth;
 mod io;
 
 use std::net::TcpStream;
@@ -22,13 +23,14 @@ use pollux_nvme::tcp::{
     BARE_CAPSULE_CMD_LEN, Direction, FrameErrorKind, Framed, PduHeader, PduType, fes, next_frame,
     parse_bare_capsule_cmd,
 };
-use pollux_reactor::{Next, Progress, Reactor, Source, SourceId};
+use pollux_reactor::{Next, Progress, Reactor, Source, SourceId, TimerId};
 use tracing::info;
 
 pub use admin::for_each_ctrl;
 pub use io::deliver;
 
 use crate::ctrl::admin::Reply;
+use crate::ctrl::auth::QueueAuth;
 use crate::ctrl::{Ctrl, QueueRef};
 use crate::request::Requests;
 use crate::subsystem::{Shared, Subsystem};
@@ -81,6 +83,10 @@ pub struct Conn {
     started: Instant,
     /// H2CData being received in place.
     direct: Option<DirectRx>,
+    /// DH-HMAC-CHAP of this queue.
+    auth: QueueAuth,
+    /// Closes the queue if it has not authenticated by then.
+    auth_timer: Option<TimerId>,
 }
 
 impl Conn {
@@ -109,6 +115,8 @@ impl Conn {
             reqs: Requests::default(),
             started,
             direct: None,
+            auth: QueueAuth::new("", false),
+            auth_timer: None,
         })
     }
 
@@ -196,6 +204,9 @@ impl Conn {
         }
         self.closed = true;
         self.tcp.shutdown();
+        if let Some(t) = self.auth_timer.take() {
+            r.cancel_timer(t);
+        }
         // Writes still waiting for their data never run: their buffers go back to the pools,
         // or a host that reconnects in a loop mid-write would have the target allocate anew.
         for req in self.reqs.drain().collect::<Vec<_>>() {
@@ -353,6 +364,12 @@ impl Conn {
         let cid = sqe.cid.get();
         if sqe.opcode == opcode::FABRICS {
             return self.on_fabrics(r, id, sqe, data);
+        }
+        if !self.auth.allows_commands() {
+            // NVMe 2.0 §8.13.5: until the queue authenticates, only Authentication Send and
+            // Receive run. DNR: the Linux host would otherwise retry instead of
+            // authenticating.
+            return self.resp(cid, Status::AUTH_REQUIRED.with_dnr(), 0, 0);
         }
         match self.q {
             Queue::Unbound | Queue::Connecting => self.fail(r, cid, Status::COMMAND_SEQUENCE_ERROR.with_dnr(), 0, 0),

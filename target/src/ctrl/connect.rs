@@ -56,6 +56,21 @@ pub enum Fabrics {
     },
     /// Disconnect (NVMe-oF 1.1 §6.4, I/O queues).
     Disconnect,
+    /// Authentication Send (NVMe-oF 1.1 §6.1, NVMe 2.0 §8.13.5): a DH-HMAC-CHAP message from
+    /// the host.
+    AuthSend {
+        /// CDW10: SECP, SPSP1, SPSP0.
+        cdw10: u32,
+        /// Transfer length (TL), bytes.
+        tl: u32,
+    },
+    /// Authentication Receive (NVMe-oF 1.1 §6.2): the controller's next message.
+    AuthReceive {
+        /// CDW10: SECP, SPSP1, SPSP0.
+        cdw10: u32,
+        /// Allocation length (AL), bytes.
+        al: u32,
+    },
     /// Any other fabrics command type.
     Other(u8),
 }
@@ -83,6 +98,8 @@ pub fn decode_fabrics(sqe: &Sqe) -> Fabrics {
             value: u64::from(sqe.cdw12.get()) | (u64::from(sqe.cdw13.get()) << 32),
         },
         DISCONNECT => Fabrics::Disconnect,
+        AUTHENTICATION_SEND => Fabrics::AuthSend { cdw10, tl: cdw11 },
+        AUTHENTICATION_RECEIVE => Fabrics::AuthReceive { cdw10, al: cdw11 },
         other => Fabrics::Other(other),
     }
 }

@@ -11,6 +11,7 @@
 //! it.
 
 pub mod admin;
+pub mod auth;
 pub mod connect;
 pub mod discovery;
 pub mod features;

@@ -52,6 +52,8 @@ pub struct ControllerOpts {
     pub io_cattr: u8,
     /// Deadline of each blocking step.
     pub timeout: Duration,
+    /// DH-HMAC-CHAP keys for every queue (authenticating where the controller asks).
+    pub dhchap: Option<super::HostDhchap>,
 }
 
 impl ControllerOpts {
@@ -66,6 +68,7 @@ impl ControllerOpts {
             kato_ms: 0,
             io_cattr: 0,
             timeout: Duration::from_secs(5),
+            dhchap: None,
         }
     }
 }
@@ -109,6 +112,7 @@ impl Controller {
         let mut aq = QueueOpts::admin(&o.subnqn, &o.hostnqn).digests(o.digests.hdgst, o.digests.ddgst);
         aq.kato_ms = o.kato_ms;
         aq.timeout = o.timeout;
+        aq.dhchap = o.dhchap.clone();
         let mut admin = HostQueue::connect(addr, aq)?;
         let cntlid = admin.cntlid();
         let cap = Cap(admin.property_get(property::CAP)?);
@@ -136,6 +140,7 @@ impl Controller {
                 qo.timeout = o.timeout;
                 qo.in_capsule_max = id.in_capsule_data();
                 qo.max_data = max_data;
+                qo.dhchap = o.dhchap.clone();
                 io.push(HostQueue::connect(addr, qo)?);
             }
         }

@@ -65,6 +65,9 @@ pub enum HostError {
     /// The caller asked for something the library cannot do (e.g. a buffer too large).
     #[error("invalid request: {0}")]
     Invalid(&'static str),
+    /// DH-HMAC-CHAP failed or was refused (NVMe 2.0 §8.13.5).
+    #[error("authentication: {0}")]
+    Auth(String),
     /// The controller did not become ready / shut down as asked.
     #[error("controller state: {0}")]
     Controller(String),

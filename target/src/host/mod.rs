@@ -17,6 +17,7 @@
 //! that breaks the protocol is a [`HostError`], never a panic.
 
 mod admin;
+mod auth;
 mod controller;
 mod error;
 mod queue;
@@ -26,6 +27,7 @@ pub mod sqe;
 mod tests;
 
 pub use admin::{DiscoveryEntry, DiscoveryLog, IdCtrl, IdNs, NumQueues};
+pub use auth::{AuthInfo, HostDhchap, RECEIVE_LEN};
 pub use controller::{Controller, ControllerOpts, Digests};
 pub use error::HostError;
 pub use pollux_nvme::spec::Health as SmartLog;

@@ -134,6 +134,11 @@ pub fn abort(sqid: u16, cid: u16) -> Sqe {
     s
 }
 
+/// A fabrics command of type `fctype`, fields zero.
+pub fn fabrics_cmd(fctype: u8) -> Sqe {
+    fabrics(fctype)
+}
+
 fn fabrics(fctype: u8) -> Sqe {
     let mut s = new(opcode::FABRICS, 0);
     s.set_fctype(fctype);

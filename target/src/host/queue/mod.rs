@@ -100,6 +100,8 @@ pub struct QueueOpts {
     pub in_capsule_max: u32,
     /// Largest C2HData data part accepted.
     pub max_data: u32,
+    /// DH-HMAC-CHAP keys: the queue authenticates when its Connect response asks (ATR).
+    pub dhchap: Option<super::HostDhchap>,
 }
 
 impl QueueOpts {
@@ -119,6 +121,7 @@ impl QueueOpts {
             timeout: Duration::from_secs(5),
             in_capsule_max: ADMIN_IN_CAPSULE,
             max_data: 1 << 20,
+            dhchap: None,
         }
     }
 
@@ -342,6 +345,16 @@ impl HostQueue {
                 status: r.status,
                 dw0: r.dw0,
             });
+        }
+        // AUTHREQ ATR (NVMe-oF 1.1 §6.3): authenticate before anything else, as Linux does.
+        if r.dw0 & (1 << 17) != 0 {
+            let Some(cfg) = q.opts.dhchap.clone() else {
+                return Err(HostError::Auth(
+                    "the controller requires authentication and no key is set".into(),
+                ));
+            };
+            let t_id = q.opts.qid;
+            q.authenticate(&cfg, t_id, 0x5EED_0000 | u32::from(t_id))?;
         }
         Ok(q)
     }
@@ -574,6 +587,13 @@ impl HostQueue {
     /// Submits one command and waits for its completion, whatever its status.
     pub fn exec(&mut self, sqe: Sqe, data: Data) -> Result<Completion, HostError> {
         let cid = self.submit(sqe, data, 0)?;
+        self.wait_for(cid)
+    }
+
+    /// Run `sqe` with `data` in-capsule whatever its length (fabrics commands: Connect,
+    /// Authentication Send); the completion whatever its status.
+    pub fn exec_in_capsule(&mut self, sqe: Sqe, data: Vec<u8>) -> Result<Completion, HostError> {
+        let cid = self.submit_inner(sqe, Data::ToCtrl(data), 0, true)?;
         self.wait_for(cid)
     }
 

@@ -1,0 +1,149 @@
+//! A subsystem's `hosts`: NQNs, and the DH-HMAC-CHAP keys of those that must authenticate
+//! (inline `DHHC-1:` secrets or key files readable by their owner only), and the hash
+//! functions and DH groups the subsystem accepts.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use toml::Spanned;
+use zeroize::Zeroizing;
+
+use super::cx::Cx;
+use crate::error::ConfError;
+use crate::nqn::validate_nqn;
+use crate::raw::{RawHost, RawHostEntry};
+use crate::{DhGroup, Dhchap, DhchapKey, HashId, HostKeys, Secret};
+
+/// Largest key file read (a secret is under 100 bytes).
+const KEY_FILE_MAX: u64 = 4096;
+
+/// The NQNs of `list` and the keys of those that have them.
+pub(super) fn hosts(
+    cx: &Cx<'_>,
+    list: &[Spanned<RawHost>],
+) -> Result<(Vec<String>, BTreeMap<String, HostKeys>), ConfError> {
+    let mut nqns: Vec<String> = Vec::new();
+    let mut keys = BTreeMap::new();
+    for h in list {
+        let (nqn, entry) = match h.get_ref() {
+            RawHost::Nqn(n) => (n.clone(), None),
+            RawHost::Entry(e) => (e.nqn.get_ref().clone(), Some(e)),
+        };
+        validate_nqn(&nqn).map_err(|e| cx.at(h.span(), format!("invalid host NQN in `hosts`: {e}")))?;
+        if nqns.contains(&nqn) {
+            return Err(cx.at(h.span(), format!("host {nqn:?} is listed twice in `hosts`")));
+        }
+        if let Some(e) = entry
+            && let Some(k) = host_keys(cx, h.span(), e)?
+        {
+            keys.insert(nqn.clone(), k);
+        }
+        nqns.push(nqn);
+    }
+    Ok((nqns, keys))
+}
+
+fn host_keys(cx: &Cx<'_>, span: std::ops::Range<usize>, e: &RawHostEntry) -> Result<Option<HostKeys>, ConfError> {
+    let host = secret(cx, &e.dhchap_key, &e.dhchap_key_file, "dhchap_key")?;
+    let ctrl = secret(cx, &e.dhchap_ctrl_key, &e.dhchap_ctrl_key_file, "dhchap_ctrl_key")?;
+    match (host, ctrl) {
+        (Some(host), ctrl) => Ok(Some(HostKeys { host, ctrl })),
+        (None, Some(_)) => Err(cx.at(
+            span,
+            "a controller key (`dhchap_ctrl_key`) needs a host key (`dhchap_key` or `dhchap_key_file`): the host authenticates first".into(),
+        )),
+        (None, None) => Ok(None),
+    }
+}
+
+/// One secret, inline (`key`) or from a file (`key_file`), not both.
+fn secret(
+    cx: &Cx<'_>,
+    inline: &Option<Spanned<String>>,
+    file: &Option<Spanned<String>>,
+    key: &str,
+) -> Result<Option<Secret>, ConfError> {
+    match (inline, file) {
+        (Some(i), Some(_)) => Err(cx.at(i.span(), format!("give `{key}` or `{key}_file`, not both"))),
+        (Some(i), None) => {
+            // Never echo the value: it is a secret.
+            let k = DhchapKey::parse(i.get_ref()).map_err(|e| cx.at(i.span(), format!("invalid `{key}`: {e}")))?;
+            Ok(Some(Secret { key: k, file: None }))
+        }
+        (None, Some(f)) => {
+            let path = cx.path(f, &format!("{key}_file"))?;
+            let k = read_key_file(&path)
+                .map_err(|why| cx.at(f.span(), format!("`{key}_file` {}: {why}", path.display())))?;
+            Ok(Some(Secret {
+                key: k,
+                file: Some(path),
+            }))
+        }
+        (None, None) => Ok(None),
+    }
+}
+
+/// A key file's secret; refused unless it is a regular file that neither group nor others
+/// may read or write (as ssh refuses a private key others can read).
+pub(crate) fn read_key_file(path: &Path) -> Result<DhchapKey, String> {
+    let meta = std::fs::metadata(path).map_err(|e| format!("cannot be read: {e}"))?;
+    if !meta.is_file() {
+        return Err("is not a regular file".into());
+    }
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(format!(
+            "is accessible to others (mode {mode:04o}): a key file must be readable by its owner only (chmod 600)"
+        ));
+    }
+    if meta.len() > KEY_FILE_MAX {
+        return Err(format!("is {} bytes: not a DHHC-1 secret", meta.len()));
+    }
+    let text = Zeroizing::new(std::fs::read_to_string(path).map_err(|e| format!("cannot be read: {e}"))?);
+    DhchapKey::parse(&text).map_err(|e| e.to_string())
+}
+
+/// `dhchap_hashes` and `dhchap_dh_groups`, most preferred first.
+pub(super) fn dhchap(
+    cx: &Cx<'_>,
+    hashes: &Option<Spanned<Vec<Spanned<String>>>>,
+    groups: &Option<Spanned<Vec<Spanned<String>>>>,
+) -> Result<Dhchap, ConfError> {
+    let mut d = Dhchap::default();
+    if let Some(list) = hashes {
+        d.hashes = names(cx, list, "dhchap_hashes", HashId::from_name, "sha256, sha384 or sha512")?;
+    }
+    if let Some(list) = groups {
+        d.dh_groups = names(
+            cx,
+            list,
+            "dhchap_dh_groups",
+            DhGroup::from_name,
+            "null, ffdhe2048, ffdhe3072, ffdhe4096, ffdhe6144 or ffdhe8192",
+        )?;
+    }
+    Ok(d)
+}
+
+fn names<T: PartialEq>(
+    cx: &Cx<'_>,
+    list: &Spanned<Vec<Spanned<String>>>,
+    key: &str,
+    parse: impl Fn(&str) -> Option<T>,
+    known: &str,
+) -> Result<Vec<T>, ConfError> {
+    let mut out = Vec::new();
+    for v in list.get_ref() {
+        let t = parse(v.get_ref())
+            .ok_or_else(|| cx.at(v.span(), format!("unknown {key} entry {:?}: {known}", v.get_ref())))?;
+        if out.contains(&t) {
+            return Err(cx.at(v.span(), format!("{:?} is listed twice in `{key}`", v.get_ref())));
+        }
+        out.push(t);
+    }
+    if out.is_empty() {
+        return Err(cx.at(list.span(), format!("`{key}` must not be empty")));
+    }
+    Ok(out)
+}

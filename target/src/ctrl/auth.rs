@@ -1,0 +1,433 @@
+//! DH-HMAC-CHAP on one queue, the controller's side (NVMe 2.0 §8.13.5; SPDK: `auth.c`, Linux:
+//! `fabrics-cmd-auth.c`). Every queue, admin and I/O, authenticates by itself after its
+//! Connect when its host has keys; until it has, only Authentication Send and Receive are
+//! served. Pure: the connection feeds it commands and applies the outcome (timers, logs,
+//! closing).
+//!
+//! The exchange: the host sends AUTH_Negotiate; the controller picks the first hash and DH
+//! group of the subsystem's lists that the host offers and returns DH-HMAC-CHAP_Challenge
+//! (C1, sequence number S1, its DH value); the host sends DH-HMAC-CHAP_Reply (R1, and C2 and
+//! S2 when it wants the controller to prove itself); the controller checks R1 and returns
+//! Success1 (with R2) or AUTH_Failure1; a host that asked for R2 ends with Success2 or
+//! AUTH_Failure2. A new Negotiate on an authenticated queue re-authenticates it (the host
+//! does so after a key change); the keys are looked up at each Negotiate, so a rotated key
+//! applies to the next exchange.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use pollux_conf::{Dhchap, HostKeys};
+use pollux_nvme::auth::msg::{Challenge, Message, Negotiate, Reason, Reply};
+use pollux_nvme::auth::{self, DhGroup, DhPrivate, HashId, SECP, SPSP, Transaction};
+use pollux_nvme::spec::Status;
+
+/// Largest message accepted or returned: a Reply with SHA-512 and ffdhe8192 is 1168 bytes.
+pub const MAX_MESSAGE: u32 = 4096;
+
+/// What an Authentication Send or Receive changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The exchange goes on.
+    Continue,
+    /// The queue is authenticated (`hash`, `dh`, `bidirectional` for the log).
+    Authenticated {
+        /// The hash used.
+        hash: HashId,
+        /// The DH group used.
+        dh: DhGroup,
+        /// The controller proved itself too.
+        bidirectional: bool,
+    },
+    /// The exchange failed: the queue is not (or no longer) authenticated.
+    Failed {
+        /// Why, for the log.
+        reason: String,
+    },
+}
+
+/// Where one queue's exchange stands.
+enum Step {
+    /// No exchange under way.
+    Idle,
+    /// Negotiate accepted: the Challenge goes out at the next Receive.
+    ChallengeDue(Box<Exchange>),
+    /// Challenge sent: the Reply is awaited.
+    AwaitReply(Box<Exchange>),
+    /// Reply checked: Success1 goes out at the next Receive.
+    Success1Due {
+        t_id: u16,
+        hash: HashId,
+        dh: DhGroup,
+        r2: Option<Vec<u8>>,
+    },
+    /// Success1 with R2 sent: the host's Success2 (or Failure2) is awaited.
+    AwaitSuccess2 { t_id: u16, hash: HashId, dh: DhGroup },
+    /// A failure: AUTH_Failure1 goes out at the next Receive.
+    Failure1Due { t_id: u16, reason: Reason, why: String },
+}
+
+/// One exchange in flight.
+struct Exchange {
+    t_id: u16,
+    sc_c: u8,
+    hash: HashId,
+    dh: DhGroup,
+    seq: u32,
+    c1: Vec<u8>,
+    private: Option<DhPrivate>,
+}
+
+/// What an exchange needs of its controller: who is talking, the keys and the lists.
+#[derive(Debug, Clone, Copy)]
+pub struct AuthCtx<'a> {
+    /// Host NQN of the queue's Connect.
+    pub hostnqn: &'a str,
+    /// Subsystem NQN.
+    pub subnqn: &'a str,
+    /// The host's keys now (None: it has none, so it cannot authenticate).
+    pub keys: Option<&'a HostKeys>,
+    /// The subsystem's hash functions and DH groups.
+    pub policy: &'a Dhchap,
+}
+
+/// DH-HMAC-CHAP state of one queue.
+pub struct QueueAuth {
+    /// The host NQN of the queue's Connect.
+    pub hostnqn: String,
+    /// The host must authenticate this queue (its Connect said so, ATR).
+    pub required: bool,
+    /// It has, with the last exchange.
+    pub authenticated: bool,
+    step: Step,
+}
+
+impl std::fmt::Debug for QueueAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueueAuth")
+            .field("required", &self.required)
+            .field("authenticated", &self.authenticated)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Sequence numbers S1: one counter for the target, from a random start, never 0 (NVMe 2.0
+/// §8.13.5.5).
+fn next_seq() -> u32 {
+    static SEQ: AtomicU32 = AtomicU32::new(0);
+    let mut cur = SEQ.load(Ordering::Relaxed);
+    loop {
+        let next = if cur == 0 {
+            let mut b = [0u8; 4];
+            auth::random(&mut b);
+            u32::from_le_bytes(b).max(1)
+        } else {
+            cur.wrapping_add(1).max(1)
+        };
+        match SEQ.compare_exchange_weak(cur, next, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return next,
+            Err(v) => cur = v,
+        }
+    }
+}
+
+/// The Authentication Send / Receive command fields (NVMe-oF 1.1 §6.1, §6.2): SECP E9h,
+/// SPSP0 and SPSP1 01h, a non-zero length within [`MAX_MESSAGE`].
+pub fn check_command(cdw10: u32, len: u32) -> Result<(), Status> {
+    let (spsp0, spsp1, secp) = ((cdw10 >> 8) as u8, (cdw10 >> 16) as u8, (cdw10 >> 24) as u8);
+    if secp != SECP || spsp0 != SPSP || spsp1 != SPSP || len == 0 || len > MAX_MESSAGE {
+        return Err(Status::INVALID_FIELD.with_dnr());
+    }
+    Ok(())
+}
+
+impl QueueAuth {
+    /// A queue of host `hostnqn`, which must (`required`) or need not authenticate.
+    pub fn new(hostnqn: &str, required: bool) -> Self {
+        Self {
+            hostnqn: hostnqn.to_owned(),
+            required,
+            authenticated: false,
+            step: Step::Idle,
+        }
+    }
+
+    /// Commands other than Authentication Send / Receive may run.
+    pub fn allows_commands(&self) -> bool {
+        !self.required || self.authenticated
+    }
+
+    /// An exchange is under way.
+    pub fn in_progress(&self) -> bool {
+        !matches!(self.step, Step::Idle)
+    }
+
+    fn fail(&mut self, t_id: u16, reason: Reason, why: impl Into<String>) -> Outcome {
+        let why = why.into();
+        self.step = Step::Failure1Due {
+            t_id,
+            reason,
+            why: why.clone(),
+        };
+        self.authenticated = false;
+        Outcome::Continue
+    }
+
+    /// Authentication Send carrying `data`. The command itself succeeds whatever the message
+    /// says: a refusal is the Failure1 the next Receive returns (NVMe 2.0 §8.13.5.7).
+    pub fn send(&mut self, ctx: &AuthCtx<'_>, data: &[u8]) -> Outcome {
+        let msg = match Message::parse(data) {
+            Ok(m) => m,
+            Err(reason) => {
+                let t_id = if data.len() >= 6 {
+                    u16::from_le_bytes([data[4], data[5]])
+                } else {
+                    0
+                };
+                return self.fail(t_id, reason, format!("bad message: {}", reason.describe()));
+            }
+        };
+        match (std::mem::replace(&mut self.step, Step::Idle), msg) {
+            // A Negotiate starts an exchange whatever came before (a retry, or re-authentication).
+            (_, Message::Negotiate(n)) => self.negotiate(ctx, n),
+            (Step::AwaitReply(x), Message::Reply(r)) => self.reply(ctx, *x, r),
+            (Step::AwaitSuccess2 { t_id, hash, dh }, Message::Success2 { t_id: got }) if got == t_id => {
+                self.authenticated = true;
+                Outcome::Authenticated {
+                    hash,
+                    dh,
+                    bidirectional: true,
+                }
+            }
+            (
+                _,
+                Message::Failure {
+                    from_host: true,
+                    explanation,
+                    ..
+                },
+            ) => {
+                self.authenticated = false;
+                let why = Reason::from_code(explanation).map_or("unknown reason", Reason::describe);
+                Outcome::Failed {
+                    reason: format!("the host ended the exchange (AUTH_Failure2: {why})"),
+                }
+            }
+            (_, m) => {
+                let t_id = match &m {
+                    Message::Reply(r) => r.t_id,
+                    Message::Success2 { t_id } => *t_id,
+                    _ => 0,
+                };
+                self.fail(t_id, Reason::IncorrectMessage, "a message out of order")
+            }
+        }
+    }
+
+    fn negotiate(&mut self, ctx: &AuthCtx<'_>, n: Negotiate) -> Outcome {
+        let t_id = n.t_id;
+        if ctx.keys.is_none() {
+            return self.fail(t_id, Reason::Failed, "no key is configured for this host");
+        }
+        if n.sc_c != 0 {
+            // Secure channel concatenation needs TLS (NVMe/TCP 1.0 §3.6.1.2): not offered.
+            return self.fail(
+                t_id,
+                Reason::ConcatMismatch,
+                "secure channel concatenation asked, not offered",
+            );
+        }
+        let Some(hash) = ctx.policy.hashes.iter().copied().find(|h| n.hashes.contains(&h.id())) else {
+            return self.fail(
+                t_id,
+                Reason::HashUnusable,
+                format!("the host offers hashes {:?}", n.hashes),
+            );
+        };
+        let Some(dh) = ctx
+            .policy
+            .dh_groups
+            .iter()
+            .copied()
+            .find(|g| n.dh_groups.contains(&g.id()))
+        else {
+            return self.fail(
+                t_id,
+                Reason::DhGroupUnusable,
+                format!("the host offers DH groups {:?}", n.dh_groups),
+            );
+        };
+        let mut c1 = vec![0u8; hash.output_len()];
+        if !auth::random(&mut c1) {
+            return self.fail(t_id, Reason::Failed, "no random source");
+        }
+        let private = match dh {
+            DhGroup::Null => None,
+            g => match DhPrivate::generate(g) {
+                Ok(p) => Some(p),
+                Err(e) => return self.fail(t_id, Reason::Failed, e.to_string()),
+            },
+        };
+        self.step = Step::ChallengeDue(Box::new(Exchange {
+            t_id,
+            sc_c: n.sc_c,
+            hash,
+            dh,
+            seq: next_seq(),
+            c1,
+            private,
+        }));
+        Outcome::Continue
+    }
+
+    fn reply(&mut self, ctx: &AuthCtx<'_>, x: Exchange, r: Reply) -> Outcome {
+        let t_id = x.t_id;
+        let hl = x.hash.output_len();
+        if r.t_id != t_id {
+            return self.fail(t_id, Reason::IncorrectPayload, "the Reply's transaction id differs");
+        }
+        if r.r.len() != hl || r.dhv.len() != x.dh.value_len() {
+            return self.fail(
+                t_id,
+                Reason::IncorrectPayload,
+                "the Reply's response or DH value has the wrong length",
+            );
+        }
+        let Some(keys) = ctx.keys else {
+            return self.fail(t_id, Reason::Failed, "the host's key was removed");
+        };
+        let shared = match &x.private {
+            None => None,
+            Some(p) => match p.shared(&r.dhv) {
+                Ok(z) => Some(z),
+                Err(e) => return self.fail(t_id, Reason::IncorrectPayload, format!("the host's DH value: {e}")),
+            },
+        };
+        let tx = Transaction {
+            hash: x.hash,
+            t_id,
+            sc_c: x.sc_c,
+            hostnqn: ctx.hostnqn,
+            subnqn: ctx.subnqn,
+        };
+        let ca1 = auth::augmented_challenge(x.hash, &x.c1, shared.as_deref().map(Vec::as_slice));
+        let want = tx.host_response(&keys.host.key.transform(ctx.hostnqn), &ca1, x.seq);
+        if !auth::responses_equal(&want, &r.r) {
+            return self.fail(t_id, Reason::Failed, "the host's response does not match its key");
+        }
+        let r2 = if r.cvalid {
+            let Some(ctrl) = &keys.ctrl else {
+                return self.fail(
+                    t_id,
+                    Reason::Failed,
+                    "the host asks the controller to authenticate, and no controller key is configured",
+                );
+            };
+            if r.seq == 0 {
+                return self.fail(t_id, Reason::IncorrectPayload, "bidirectional with sequence number 0");
+            }
+            let ca2 = auth::augmented_challenge(x.hash, &r.c2, shared.as_deref().map(Vec::as_slice));
+            Some(tx.ctrl_response(&ctrl.key.transform(ctx.subnqn), &ca2, r.seq).to_vec())
+        } else {
+            None
+        };
+        self.step = Step::Success1Due {
+            t_id,
+            hash: x.hash,
+            dh: x.dh,
+            r2,
+        };
+        Outcome::Continue
+    }
+
+    /// Authentication Receive of at most `al` bytes: the message due, zero-padded to `al`
+    /// (as the Linux host expects), or Invalid Field when it does not fit.
+    pub fn receive(&mut self, al: u32) -> Result<(Vec<u8>, Outcome), Status> {
+        let (msg, outcome) = match std::mem::replace(&mut self.step, Step::Idle) {
+            Step::ChallengeDue(x) => {
+                let dhv = match &x.private {
+                    None => Vec::new(),
+                    Some(p) => match p.public() {
+                        Ok(v) => v,
+                        Err(e) => {
+                            self.authenticated = false;
+                            return Ok((
+                                failure1(x.t_id, Reason::Failed),
+                                Outcome::Failed { reason: e.to_string() },
+                            ));
+                        }
+                    },
+                };
+                let m = Message::Challenge(Challenge {
+                    t_id: x.t_id,
+                    hash: x.hash,
+                    dh: x.dh,
+                    seq: x.seq,
+                    c: x.c1.clone(),
+                    dhv,
+                })
+                .encode();
+                self.step = Step::AwaitReply(x);
+                (m, Outcome::Continue)
+            }
+            Step::Success1Due { t_id, hash, dh, r2 } => {
+                let bidirectional = r2.is_some();
+                let m = Message::Success1 {
+                    t_id,
+                    hl: hash.output_len() as u8,
+                    r2,
+                }
+                .encode();
+                if bidirectional {
+                    self.step = Step::AwaitSuccess2 { t_id, hash, dh };
+                    (m, Outcome::Continue)
+                } else {
+                    self.authenticated = true;
+                    (
+                        m,
+                        Outcome::Authenticated {
+                            hash,
+                            dh,
+                            bidirectional: false,
+                        },
+                    )
+                }
+            }
+            Step::Failure1Due { t_id, reason, why } => {
+                self.authenticated = false;
+                (
+                    failure1(t_id, reason),
+                    Outcome::Failed {
+                        reason: format!("{why} (AUTH_Failure1: {})", reason.describe()),
+                    },
+                )
+            }
+            // Nothing is due: a Receive out of order fails the exchange.
+            _ => {
+                self.authenticated = false;
+                (
+                    failure1(0, Reason::IncorrectMessage),
+                    Outcome::Failed {
+                        reason: "Authentication Receive with no message due".into(),
+                    },
+                )
+            }
+        };
+        if msg.len() > al as usize {
+            // Too small a buffer for the message due: the exchange is over.
+            self.step = Step::Idle;
+            self.authenticated = false;
+            return Err(Status::INVALID_FIELD.with_dnr());
+        }
+        let mut data = msg;
+        data.resize(al as usize, 0);
+        Ok((data, outcome))
+    }
+}
+
+fn failure1(t_id: u16, reason: Reason) -> Vec<u8> {
+    Message::Failure {
+        t_id,
+        from_host: false,
+        explanation: reason as u8,
+    }
+    .encode()
+}

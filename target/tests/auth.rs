@@ -1,0 +1,324 @@
+//! DH-HMAC-CHAP (NVMe 2.0 §8.13.5) end to end with the host library: every queue of a host
+//! with keys authenticates after its Connect, with each hash and DH group, one way and both
+//! ways; wrong, missing and out-of-order input is refused with AUTH_Failure1 or a status and
+//! leaves nothing usable; keys change at run time and a live queue re-authenticates. The
+//! Linux host's side of the same is the guest scenario `pollux-auth`.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use pollux_nvme::auth::msg::{Message, Negotiate, Reason, Reply};
+use pollux_nvme::auth::{DhGroup, DhchapKey, HashId, Transaction};
+use pollux_nvme::spec::property;
+use pollux_target::Target;
+use pollux_target::control::rpc::Ctx;
+use pollux_target::host::{Controller, ControllerOpts, HostDhchap, HostError, HostQueue, QueueOpts, RECEIVE_LEN};
+
+const SUB: &str = "nqn.2026-11.io.pollux:secure";
+
+fn key(hash: Option<HashId>) -> DhchapKey {
+    DhchapKey::generate(hash, hash.map_or(32, HashId::output_len)).unwrap()
+}
+
+/// A target whose subsystem admits HOST with `host_key` (and `ctrl_key`), and `lists`.
+fn start_secure(host_key: &DhchapKey, ctrl_key: Option<&DhchapKey>, lists: &str) -> (Target, Ctx) {
+    let ctrl = ctrl_key.map_or(String::new(), |k| format!(", dhchap_ctrl_key = \"{}\"", *k.encode()));
+    let text = format!(
+        r#"
+[reactors]
+cores = [0, 1]
+mode = "interrupt"
+
+[[listener]]
+address = "127.0.0.1:0"
+
+[[subsystem]]
+nqn = "{SUB}"
+hosts = [{{ nqn = "{HOST}", dhchap_key = "{}"{ctrl} }}, "nqn.2026-11.io.pollux:keyless"]
+{lists}
+
+[[subsystem.namespace]]
+nsid = 1
+backend = {{ ram = {{ size = "4MiB" }} }}
+"#,
+        *host_key.encode()
+    );
+    let t = start_text(&text);
+    let cfg = pollux_conf::Config::parse(&text, "test.toml").unwrap();
+    let ctx = Ctx::new(&t, &cfg.reactors);
+    (t, ctx)
+}
+
+fn opts(cfg: Option<HostDhchap>) -> ControllerOpts {
+    let mut o = ControllerOpts::new(SUB, HOST, 2, 32);
+    o.dhchap = cfg;
+    o
+}
+
+fn io_works(c: &mut Controller) {
+    let data = pattern(1, 0, 4096);
+    c.io[0].write(1, 0, 8, &data).unwrap();
+    let mut back = vec![0u8; 4096];
+    c.io[1].read(1, 0, 8, &mut back).unwrap();
+    assert_eq!(back, data);
+}
+
+/// A queue past Connect that has not authenticated (the library's raw steps).
+fn unauthenticated(t: &Target) -> HostQueue {
+    let mut q = HostQueue::initialized(addr(t), QueueOpts::admin(SUB, HOST)).unwrap();
+    let r = q.fabrics_connect().unwrap();
+    assert!(r.status.is_success(), "{r:?}");
+    assert_eq!(r.dw0 & (1 << 17), 1 << 17, "Connect response AUTHREQ ATR");
+    q
+}
+
+fn auth_code(e: &HostError) -> Option<(u8, u8, bool)> {
+    e.status().map(|s| (s.sct(), s.sc(), s.dnr()))
+}
+
+#[test]
+fn every_queue_authenticates_with_each_hash_and_group() {
+    let hk = key(Some(HashId::Sha256));
+    let (t, _ctx) = start_secure(&hk, None, "");
+    // Every hash, with the null group and ffdhe2048; the larger groups with SHA-512.
+    let mut cases: Vec<(HashId, DhGroup)> = Vec::new();
+    for h in HashId::ALL {
+        cases.push((h, DhGroup::Null));
+        cases.push((h, DhGroup::Ffdhe2048));
+    }
+    for g in [
+        DhGroup::Ffdhe3072,
+        DhGroup::Ffdhe4096,
+        DhGroup::Ffdhe6144,
+        DhGroup::Ffdhe8192,
+    ] {
+        cases.push((HashId::Sha512, g));
+    }
+    for (h, g) in cases {
+        let mut cfg = HostDhchap::new(hk.clone(), None);
+        cfg.hashes = vec![h];
+        cfg.dh_groups = vec![g];
+        let t0 = Instant::now();
+        let mut c = Controller::connect_with(addr(&t), &opts(Some(cfg))).unwrap_or_else(|e| panic!("{h}/{g}: {e}"));
+        let took = t0.elapsed();
+        io_works(&mut c);
+        c.shutdown().unwrap();
+        eprintln!("{h} {g}: admin + 2 I/O queues authenticated in {took:?}");
+    }
+    t.shutdown().unwrap();
+}
+
+#[test]
+fn bidirectional_authentication_proves_the_controller() {
+    let (hk, ck) = (key(None), key(Some(HashId::Sha384)));
+    let (t, _ctx) = start_secure(&hk, Some(&ck), "");
+    let mut c = Controller::connect_with(addr(&t), &opts(Some(HostDhchap::new(hk.clone(), Some(ck.clone()))))).unwrap();
+    io_works(&mut c);
+    c.shutdown().unwrap();
+    // A host holding another controller key refuses the controller (and says so).
+    let e = Controller::connect_with(addr(&t), &opts(Some(HostDhchap::new(hk.clone(), Some(key(None)))))).unwrap_err();
+    assert!(e.to_string().contains("controller's response does not match"), "{e}");
+    t.shutdown().unwrap();
+}
+
+#[test]
+fn wrong_and_missing_keys_leave_nothing_usable() {
+    let hk = key(Some(HashId::Sha512));
+    let (t, _ctx) = start_secure(&hk, None, "");
+    // A wrong key: AUTH_Failure1, "authentication failed".
+    let e =
+        Controller::connect_with(addr(&t), &opts(Some(HostDhchap::new(key(Some(HashId::Sha512)), None)))).unwrap_err();
+    assert!(e.to_string().contains("authentication failed"), "{e}");
+    // No key at all: the Connect says authentication is required.
+    let e = Controller::connect_with(addr(&t), &opts(None)).unwrap_err();
+    assert!(e.to_string().contains("requires authentication"), "{e}");
+    // A controller key the target does not have: Failure1.
+    let e = Controller::connect_with(addr(&t), &opts(Some(HostDhchap::new(hk.clone(), Some(key(None)))))).unwrap_err();
+    assert!(e.to_string().contains("authentication failed"), "{e}");
+    // Before authenticating, nothing but Authentication Send/Receive runs: Property Get
+    // (fabrics), Identify (admin) are Authentication Required with DNR.
+    let mut q = unauthenticated(&t);
+    let e = q.property_get(property::CAP).unwrap_err();
+    assert_eq!(auth_code(&e), Some((1, 0x91, true)), "{e}");
+    let e = q.identify_controller().unwrap_err();
+    assert_eq!(auth_code(&e), Some((1, 0x91, true)), "{e}");
+    // And after a failed exchange, still nothing.
+    let mut cfg = HostDhchap::new(key(Some(HashId::Sha512)), None);
+    cfg.dh_groups = vec![DhGroup::Null];
+    assert!(q.authenticate(&cfg, 1, 0).is_err());
+    assert_eq!(auth_code(&q.identify_controller().unwrap_err()), Some((1, 0x91, true)));
+    // A keyless host of the same subsystem connects without authenticating.
+    let mut o = ControllerOpts::new(SUB, "nqn.2026-11.io.pollux:keyless", 1, 32);
+    o.dhchap = None;
+    Controller::connect_with(addr(&t), &o).unwrap().shutdown().unwrap();
+    t.shutdown().unwrap();
+}
+
+/// Negotiate for `hashes`/`groups` with transaction `t_id`.
+fn negotiate(t_id: u16, hashes: &[u8], groups: &[u8]) -> Vec<u8> {
+    Message::Negotiate(Negotiate {
+        t_id,
+        sc_c: 0,
+        hashes: hashes.to_vec(),
+        dh_groups: groups.to_vec(),
+    })
+    .encode()
+}
+
+/// The next message, which must be AUTH_Failure1 with `reason`.
+#[track_caller]
+fn expect_failure(q: &mut HostQueue, reason: Reason) {
+    let m = Message::parse(&q.auth_receive(RECEIVE_LEN).unwrap()).unwrap();
+    match m {
+        Message::Failure {
+            from_host: false,
+            explanation,
+            ..
+        } => assert_eq!(Reason::from_code(explanation), Some(reason), "{m:?}"),
+        other => panic!("expected AUTH_Failure1 ({reason:?}), got {other:?}"),
+    }
+}
+
+#[test]
+fn malformed_and_out_of_order_messages_get_failure1_never_a_queue() {
+    let hk = key(None);
+    let (t, _ctx) = start_secure(
+        &hk,
+        None,
+        "dhchap_hashes = [\"sha256\"]\ndhchap_dh_groups = [\"null\", \"ffdhe2048\"]",
+    );
+    let mut q = unauthenticated(&t);
+    // Command fields: SECP other than E9h, and a zero length, are Invalid Field.
+    let mut s = pollux_target::host::sqe::fabrics_cmd(0x05);
+    s.cdw10.set(0xE8 << 24 | 0x0101 << 8);
+    s.cdw11.set(8);
+    let c = q.exec_in_capsule(s, vec![0; 8]).unwrap();
+    assert_eq!((c.status.sct(), c.status.sc(), c.status.dnr()), (0, 0x02, true));
+    assert_eq!(auth_code(&q.auth_receive(0).unwrap_err()).map(|c| c.1), Some(0x02));
+    // A Receive with nothing due; a Reply before any Negotiate.
+    expect_failure(&mut q, Reason::IncorrectMessage);
+    let reply = Message::Reply(Reply {
+        t_id: 1,
+        r: vec![0; 32],
+        cvalid: false,
+        seq: 0,
+        c2: vec![0; 32],
+        dhv: vec![],
+    })
+    .encode();
+    assert!(q.auth_send(&reply).unwrap().status.is_success());
+    expect_failure(&mut q, Reason::IncorrectMessage);
+    // Garbage, a short message, no hash or group in common.
+    q.auth_send(&[0xAB; 40]).unwrap();
+    expect_failure(&mut q, Reason::IncorrectMessage);
+    q.auth_send(&[0, 0, 0, 0, 1, 0, 0]).unwrap();
+    expect_failure(&mut q, Reason::IncorrectPayload);
+    q.auth_send(&negotiate(2, &[2, 3], &[0])).unwrap();
+    expect_failure(&mut q, Reason::HashUnusable);
+    q.auth_send(&negotiate(3, &[1], &[3, 4])).unwrap();
+    expect_failure(&mut q, Reason::DhGroupUnusable);
+    // A Reply whose DH value is huge, or 1 (a forced secret), after a real challenge.
+    for dhv in [vec![7u8; 4000], {
+        let mut one = vec![0u8; 256];
+        one[255] = 1;
+        one
+    }] {
+        q.auth_send(&negotiate(4, &[1], &[1])).unwrap();
+        let ch = match Message::parse(&q.auth_receive(RECEIVE_LEN).unwrap()).unwrap() {
+            Message::Challenge(c) => c,
+            m => panic!("{m:?}"),
+        };
+        assert_eq!(
+            (ch.hash, ch.dh, ch.dhv.len()),
+            (HashId::Sha256, DhGroup::Ffdhe2048, 256)
+        );
+        let r = Message::Reply(Reply {
+            t_id: 4,
+            r: vec![0; 32],
+            cvalid: false,
+            seq: 0,
+            c2: vec![0; 32],
+            dhv,
+        })
+        .encode();
+        q.auth_send(&r).unwrap();
+        expect_failure(&mut q, Reason::IncorrectPayload);
+    }
+    // Still unauthenticated after all of it.
+    assert_eq!(auth_code(&q.identify_controller().unwrap_err()), Some((1, 0x91, true)));
+    // A replayed Reply: the one that authenticated a first exchange fails a second (with a
+    // new challenge); the queue authenticates with a genuine one.
+    let reply_to = |q: &mut HostQueue, t_id: u16| -> Vec<u8> {
+        q.auth_send(&negotiate(t_id, &[1], &[0])).unwrap();
+        let ch = match Message::parse(&q.auth_receive(RECEIVE_LEN).unwrap()).unwrap() {
+            Message::Challenge(c) => c,
+            m => panic!("{m:?}"),
+        };
+        let tx = Transaction {
+            hash: ch.hash,
+            t_id,
+            sc_c: 0,
+            hostnqn: HOST,
+            subnqn: SUB,
+        };
+        let r1 = tx.host_response(&hk.transform(HOST), &ch.c, ch.seq);
+        Message::Reply(Reply {
+            t_id,
+            r: r1.to_vec(),
+            cvalid: false,
+            seq: 0,
+            c2: vec![0; 32],
+            dhv: vec![],
+        })
+        .encode()
+    };
+    let first = reply_to(&mut q, 10);
+    q.auth_send(&first).unwrap();
+    assert!(matches!(
+        Message::parse(&q.auth_receive(RECEIVE_LEN).unwrap()),
+        Ok(Message::Success1 { r2: None, .. })
+    ));
+    let _second = reply_to(&mut q, 10);
+    q.auth_send(&first).unwrap();
+    expect_failure(&mut q, Reason::Failed);
+    // A failed re-authentication takes the queue's authentication away.
+    assert_eq!(
+        auth_code(&q.property_get(property::CAP).unwrap_err()),
+        Some((1, 0x91, true))
+    );
+    let mut cfg = HostDhchap::new(hk.clone(), None);
+    cfg.dh_groups = vec![DhGroup::Null];
+    q.authenticate(&cfg, 11, 0).unwrap();
+    q.property_get(property::CAP).unwrap();
+    t.shutdown().unwrap();
+}
+
+#[test]
+fn a_host_that_stalls_mid_exchange_is_dropped() {
+    let hk = key(None);
+    let (t, _ctx) = start_secure(&hk, None, "");
+    let mut q = unauthenticated(&t);
+    q.auth_send(&negotiate(1, &[1], &[0])).unwrap();
+    let t0 = Instant::now();
+    // No Reply ever, only Receives (each failing the exchange anew): the target closes the
+    // queue at the deadline its Connect started.
+    loop {
+        match q.auth_receive(RECEIVE_LEN) {
+            Ok(_) => std::thread::sleep(Duration::from_millis(500)),
+            Err(e) => {
+                assert!(matches!(e, HostError::Closed | HostError::Io(_)), "{e}");
+                break;
+            }
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the stalled queue was never closed"
+        );
+    }
+    let took = t0.elapsed();
+    assert!(took >= Duration::from_secs(8), "closed after {took:?}");
+    t.shutdown().unwrap();
+}
