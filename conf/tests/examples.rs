@@ -24,7 +24,7 @@ fn every_example_parses() {
     let mut n = 0;
     for entry in std::fs::read_dir(examples_dir()).expect("examples dir") {
         let path = entry.expect("entry").path();
-        if path.extension().is_some_and(|e| e == "toml") {
+        if path.extension().is_some_and(|e| e == "toml") && !path.ends_with("secure.toml") {
             let c = Config::from_path(&path).unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(c.origin, path.display().to_string());
             n += 1;
@@ -180,4 +180,29 @@ fn nvme_example() {
         })
     );
     assert_eq!(ns.backend.kind(), "nvme");
+}
+
+#[test]
+fn secure_toml_parses_with_its_key_files() {
+    use std::os::unix::fs::PermissionsExt;
+    // Its key files are generated as its comments say (not shipped: secrets).
+    let dir = std::env::temp_dir().join(format!("pollux-secure-example-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("keys")).expect("dir");
+    let conf = dir.join("secure.toml");
+    std::fs::copy(examples_dir().join("secure.toml"), &conf).expect("copy");
+    for (f, h) in [
+        ("host-a.key", pollux_conf::HashId::Sha256),
+        ("ctrl-a.key", pollux_conf::HashId::Sha512),
+    ] {
+        let k = pollux_conf::DhchapKey::generate(Some(h), h.output_len()).expect("random");
+        let p = dir.join("keys").join(f);
+        std::fs::write(&p, format!("{}\n", *k.encode())).expect("write");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    }
+    let c = Config::from_path(&conf).unwrap_or_else(|e| panic!("{e}"));
+    let s = &c.subsystems[0];
+    assert_eq!(s.host_keys.len(), 1);
+    assert!(s.host_keys.values().all(|k| k.ctrl.is_some()));
+    assert!(!s.allow_any_host);
+    let _ = std::fs::remove_dir_all(&dir);
 }

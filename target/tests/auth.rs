@@ -16,6 +16,7 @@ use pollux_nvme::spec::property;
 use pollux_target::Target;
 use pollux_target::control::rpc::Ctx;
 use pollux_target::host::{Controller, ControllerOpts, HostDhchap, HostError, HostQueue, QueueOpts, RECEIVE_LEN};
+use serde_json::json;
 
 const SUB: &str = "nqn.2026-11.io.pollux:secure";
 
@@ -320,5 +321,98 @@ fn a_host_that_stalls_mid_exchange_is_dropped() {
     }
     let took = t0.elapsed();
     assert!(took >= Duration::from_secs(8), "closed after {took:?}");
+    t.shutdown().unwrap();
+}
+
+#[test]
+fn keys_change_at_run_time_and_live_queues_reauthenticate() {
+    let (hk1, hk2) = (key(Some(HashId::Sha256)), key(Some(HashId::Sha256)));
+    let (t, ctx) = start_secure(&hk1, None, "");
+    let mut c = Controller::connect_with(addr(&t), &opts(Some(HostDhchap::new(hk1.clone(), None)))).unwrap();
+    // Rotate the host's key through the control socket: connected queues keep working.
+    ctx.call(
+        "set_host_keys",
+        &json!({"nqn": SUB, "host": HOST, "dhchap_key": *hk2.encode()}),
+    )
+    .unwrap();
+    io_works(&mut c);
+    // The host re-authenticates each live queue with the new key (as Linux does after a
+    // write to sysfs dhchap_secret), and the old key no longer authenticates anything.
+    let new = HostDhchap::new(hk2.clone(), None);
+    c.admin.authenticate(&new, 100, 0).unwrap();
+    for (i, q) in c.io.iter_mut().enumerate() {
+        q.authenticate(&new, 101 + i as u16, 0).unwrap();
+    }
+    io_works(&mut c);
+    let e = Controller::connect_with(addr(&t), &opts(Some(HostDhchap::new(hk1.clone(), None)))).unwrap_err();
+    assert!(e.to_string().contains("authentication failed"), "{e}");
+    Controller::connect_with(addr(&t), &opts(Some(new.clone())))
+        .unwrap()
+        .shutdown()
+        .unwrap();
+    // Re-authenticating with the old key fails, and the queue is unauthenticated again.
+    assert!(
+        c.io[1]
+            .authenticate(&HostDhchap::new(hk1.clone(), None), 110, 0)
+            .is_err()
+    );
+    let e = c.io[1].read(1, 0, 8, &mut vec![0u8; 4096]).unwrap_err();
+    assert_eq!(auth_code(&e), Some((1, 0x91, true)), "{e}");
+    c.io[1].authenticate(&new, 111, 0).unwrap();
+    io_works(&mut c);
+
+    // A new host with a controller key from an owner-only key file.
+    let dir = std::env::temp_dir().join(format!("pollux-auth-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (h3, c3) = (key(None), key(Some(HashId::Sha512)));
+    let (hf, cf) = (dir.join("h3.key"), dir.join("c3.key"));
+    for (p, k) in [(&hf, &h3), (&cf, &c3)] {
+        std::fs::write(p, format!("{}\n", *k.encode())).unwrap();
+        std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    }
+    let host3 = "nqn.2026-11.io.pollux:host3";
+    ctx.call(
+        "add_host",
+        &json!({"nqn": SUB, "host": host3, "dhchap_key_file": hf, "dhchap_ctrl_key_file": cf}),
+    )
+    .unwrap();
+    let mut o = ControllerOpts::new(SUB, host3, 1, 32);
+    o.dhchap = Some(HostDhchap::new(h3.clone(), Some(c3.clone())));
+    Controller::connect_with(addr(&t), &o).unwrap().shutdown().unwrap();
+    // The subsystem listing names who must authenticate, never a key.
+    let subs = ctx.call("subsystems", &serde_json::Value::Null).unwrap().to_string();
+    assert!(subs.contains(&format!("{host3} +ctrl")), "{subs}");
+    assert!(!subs.contains(&h3.encode()[10..30]) && !subs.contains(&hk2.encode()[10..30]));
+    // Saving keeps the key files as files.
+    let saved = dir.join("saved.toml");
+    ctx.call("save", &json!({"path": saved})).unwrap();
+    let text = std::fs::read_to_string(&saved).unwrap();
+    assert!(
+        text.contains(&format!("dhchap_key_file = \"{}\"", hf.display())),
+        "{text}"
+    );
+    assert!(
+        !text.contains(&h3.encode()[10..30]),
+        "a key file's secret was saved inline"
+    );
+    // A bad key, or a key file others can read, changes nothing and never echoes the key.
+    let bad = format!("{}x:", &hk2.encode()[..hk2.encode().len() - 1]);
+    let e = ctx
+        .call("set_host_keys", &json!({"nqn": SUB, "host": HOST, "dhchap_key": bad}))
+        .unwrap_err();
+    assert!(!e.message.contains(&bad[10..30]), "{}", e.message);
+    std::fs::set_permissions(&hf, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    let e = ctx
+        .call(
+            "set_host_keys",
+            &json!({"nqn": SUB, "host": host3, "dhchap_key_file": hf}),
+        )
+        .unwrap_err();
+    assert!(e.message.contains("mode 0644"), "{}", e.message);
+    Controller::connect_with(addr(&t), &opts(Some(new)))
+        .unwrap()
+        .shutdown()
+        .unwrap();
+    c.shutdown().unwrap();
     t.shutdown().unwrap();
 }

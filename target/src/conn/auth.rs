@@ -11,7 +11,7 @@ use tracing::{info, warn};
 
 use super::{Conn, Queue};
 use crate::ctrl::admin::{Reply, c2h_len};
-use crate::ctrl::auth::{AuthCtx, MAX_MESSAGE, Outcome, QueueAuth, check_command};
+use crate::ctrl::auth::{AuthCtx, DhDone, DhJob, MAX_MESSAGE, Outcome, QueueAuth, check_command};
 
 /// How long a queue that must authenticate may take to (after its Connect, or after a
 /// failed exchange), before it is closed: a host that stalls mid-exchange holds nothing.
@@ -63,12 +63,8 @@ impl Conn {
             _ => return self.resp(cid, Status::COMMAND_SEQUENCE_ERROR.with_dnr(), 0, 0),
         };
         let mut auth = std::mem::replace(&mut self.auth, QueueAuth::new("", false));
-        let ctx = AuthCtx {
-            hostnqn: &auth.hostnqn.clone(),
-            subnqn: subsys.as_ref().map_or(pollux_conf::DISCOVERY_NQN, |s| s.nqn.as_str()),
-            keys: subsys.as_ref().and_then(|s| s.keys_of(&auth.hostnqn)),
-            policy: subsys.as_ref().map_or(&DEFAULT_POLICY, |s| &s.dhchap),
-        };
+        let hostnqn = auth.hostnqn.clone();
+        let ctx = auth_ctx(&hostnqn, subsys.as_deref());
         let outcome = auth.send(&ctx, &data[..tl as usize]);
         self.auth = auth;
         self.resp(cid, Status::SUCCESS, 0, 0);
@@ -89,6 +85,21 @@ impl Conn {
             Ok(_) => return self.resp(cid, Status::DATA_SGL_LENGTH_INVALID.with_dnr(), 0, 0),
             Err(s) => return self.resp(cid, s, 0, 0),
         };
+        if self.auth.computing() {
+            // The message depends on DH work still running: answered when it is done. One
+            // Receive per message: a second one meanwhile is out of sequence.
+            if self.auth_held.is_some() {
+                return self.resp(cid, Status::COMMAND_SEQUENCE_ERROR.with_dnr(), 0, 0);
+            }
+            self.auth_held = Some((cid, buf));
+            return;
+        }
+        self.answer_receive(r, id, cid, buf);
+    }
+
+    /// Answer Authentication Receive `cid` with the message due, `buf` bytes.
+    fn answer_receive(&mut self, r: &mut Reactor, id: SourceId, cid: u16, buf: u32) {
+        let al = buf;
         match self.auth.receive(buf) {
             Ok((data, outcome)) => {
                 self.reply(cid, Reply::data(data), buf);
@@ -111,6 +122,7 @@ impl Conn {
         let (peer, qid) = (self.tcp.peer, self.sq.qid);
         match outcome {
             Outcome::Continue => {}
+            Outcome::Compute(job) => self.offload(r, id, job),
             Outcome::Authenticated {
                 hash,
                 dh,
@@ -133,6 +145,96 @@ impl Conn {
             }
         }
     }
+}
+
+impl Conn {
+    /// Run `job` on the DH worker; its result comes back to this connection by message.
+    fn offload(&mut self, r: &mut Reactor, id: SourceId, job: DhJob) {
+        let (serial, me) = (self.serial, self.reactor);
+        let Some(remote) = r.remote(me) else { return };
+        let back = move |done: DhDone| {
+            remote.send(move |r| {
+                r.with_source::<Conn, _>(id, |c, r| {
+                    if c.serial == serial {
+                        c.auth_computed(r, id, done);
+                    }
+                });
+            });
+        };
+        if let Err(job) = dh_worker().submit(job, Box::new(back)) {
+            // No worker thread: do it here (slower for neighbours, never wrong).
+            let done = job.run();
+            self.auth_computed(r, id, done);
+        }
+    }
+
+    fn auth_computed(&mut self, r: &mut Reactor, id: SourceId, done: DhDone) {
+        let subsys = match &self.q {
+            Queue::Admin(ctrl) => ctrl.subsys.clone(),
+            Queue::Io(io) => Some(io.subsys.clone()),
+            _ => return,
+        };
+        let mut auth = std::mem::replace(&mut self.auth, QueueAuth::new("", false));
+        let hostnqn = auth.hostnqn.clone();
+        let ctx = auth_ctx(&hostnqn, subsys.as_deref());
+        let outcome = auth.computed(&ctx, done);
+        self.auth = auth;
+        self.auth_outcome(r, id, outcome);
+        if !self.auth.computing()
+            && let Some((cid, buf)) = self.auth_held.take()
+        {
+            self.answer_receive(r, id, cid, buf);
+        }
+        self.flush_or_close(r, id);
+    }
+}
+
+/// What an exchange of `hostnqn` on `subsys` (None: the discovery controller) needs.
+fn auth_ctx<'a>(hostnqn: &'a str, subsys: Option<&'a crate::subsystem::Subsystem>) -> AuthCtx<'a> {
+    AuthCtx {
+        hostnqn,
+        subnqn: subsys.map_or(pollux_conf::DISCOVERY_NQN, |s| s.nqn.as_str()),
+        keys: subsys.and_then(|s| s.keys_of(hostnqn)),
+        policy: subsys.map_or(&DEFAULT_POLICY, |s| &s.dhchap),
+    }
+}
+
+type DhReply = Box<dyn FnOnce(DhDone) + Send>;
+
+/// One thread for the DH exponentiations of every queue: a connect of an ffdhe8192 host
+/// costs tens of milliseconds of a core, which a reactor would otherwise take from the
+/// queues it serves.
+struct DhWorker {
+    tx: Option<std::sync::Mutex<std::sync::mpsc::Sender<(DhJob, DhReply)>>>,
+}
+
+impl DhWorker {
+    fn submit(&self, job: DhJob, reply: DhReply) -> Result<(), DhJob> {
+        let Some(tx) = &self.tx else { return Err(job) };
+        let tx = tx.lock().unwrap_or_else(|p| p.into_inner());
+        tx.send((job, reply)).map_err(|e| e.0.0)
+    }
+}
+
+fn dh_worker() -> &'static DhWorker {
+    static W: std::sync::OnceLock<DhWorker> = std::sync::OnceLock::new();
+    W.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<(DhJob, DhReply)>();
+        let spawned = std::thread::Builder::new().name("pollux-dh".into()).spawn(move || {
+            for (job, reply) in rx {
+                reply(job.run());
+            }
+        });
+        match spawned {
+            Ok(_) => DhWorker {
+                tx: Some(std::sync::Mutex::new(tx)),
+            },
+            Err(e) => {
+                warn!("no DH worker thread ({e}): DH-HMAC-CHAP exponentiations run on the reactors");
+                DhWorker { tx: None }
+            }
+        }
+    })
 }
 
 /// The lists a discovery controller would use (it has no keys, so no exchange succeeds).

@@ -87,6 +87,8 @@ pub struct Conn {
     auth: QueueAuth,
     /// Closes the queue if it has not authenticated by then.
     auth_timer: Option<TimerId>,
+    /// An Authentication Receive waiting for DH work: (cid, bytes).
+    auth_held: Option<(u16, u32)>,
 }
 
 impl Conn {
@@ -117,6 +119,7 @@ impl Conn {
             direct: None,
             auth: QueueAuth::new("", false),
             auth_timer: None,
+            auth_held: None,
         })
     }
 

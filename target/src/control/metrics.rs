@@ -344,6 +344,7 @@ mod tests {
             model: "M".into(),
             allow_any_host: true,
             hosts: vec![],
+            dhchap_hosts: vec![],
             namespaces: vec![NamespaceView {
                 nsid: 1,
                 size: 4096,

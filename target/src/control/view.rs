@@ -193,6 +193,10 @@ pub struct SubsystemView {
     pub allow_any_host: bool,
     /// Allowed host NQNs.
     pub hosts: Vec<String>,
+    /// Hosts that must authenticate (DH-HMAC-CHAP), with "+ctrl" when a controller key
+    /// lets them authenticate the controller too. Never a key.
+    #[serde(default)]
+    pub dhchap_hosts: Vec<String>,
     /// Namespaces by nsid.
     pub namespaces: Vec<NamespaceView>,
     /// Listener addresses serving it.

@@ -17,17 +17,21 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use pollux_conf::{Dhchap, HostKeys};
 use pollux_nvme::auth::msg::{Challenge, Message, Negotiate, Reason, Reply};
-use pollux_nvme::auth::{self, DhGroup, DhPrivate, HashId, SECP, SPSP, Transaction};
+use pollux_nvme::auth::{self, DhError, DhGroup, DhPrivate, HashId, SECP, SPSP, Transaction};
 use pollux_nvme::spec::Status;
+use zeroize::Zeroizing;
 
 /// Largest message accepted or returned: a Reply with SHA-512 and ffdhe8192 is 1168 bytes.
 pub const MAX_MESSAGE: u32 = 4096;
 
 /// What an Authentication Send or Receive changed.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum Outcome {
     /// The exchange goes on.
     Continue,
+    /// Diffie-Hellman work to run off the reactor (milliseconds per exponentiation with the
+    /// larger groups); its result goes to [`QueueAuth::computed`].
+    Compute(DhJob),
     /// The queue is authenticated (`hash`, `dh`, `bidirectional` for the log).
     Authenticated {
         /// The hash used.
@@ -48,8 +52,12 @@ pub enum Outcome {
 enum Step {
     /// No exchange under way.
     Idle,
+    /// Negotiate accepted; the controller's DH value is being computed.
+    KeyPairPending(Box<Exchange>),
     /// Negotiate accepted: the Challenge goes out at the next Receive.
     ChallengeDue(Box<Exchange>),
+    /// The Reply arrived; the shared secret is being computed.
+    SharedPending(Box<Exchange>, Reply),
     /// Challenge sent: the Reply is awaited.
     AwaitReply(Box<Exchange>),
     /// Reply checked: Success1 goes out at the next Receive.
@@ -74,6 +82,72 @@ struct Exchange {
     seq: u32,
     c1: Vec<u8>,
     private: Option<DhPrivate>,
+    /// The controller's DH value (empty for the null group).
+    public: Vec<u8>,
+}
+
+/// Diffie-Hellman work of one exchange, identified by its token (results of an exchange a
+/// new Negotiate replaced are dropped).
+pub enum DhJob {
+    /// A private value and its public value in `group`.
+    KeyPair {
+        /// The exchange.
+        token: u64,
+        /// The group.
+        group: DhGroup,
+    },
+    /// The shared secret of `private` and the host's value `peer`.
+    Shared {
+        /// The exchange.
+        token: u64,
+        /// The controller's private value.
+        private: DhPrivate,
+        /// The host's public value.
+        peer: Vec<u8>,
+    },
+}
+
+impl std::fmt::Debug for DhJob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::KeyPair { token, group } => write!(f, "KeyPair({token}, {group})"),
+            Self::Shared { token, .. } => write!(f, "Shared({token})"),
+        }
+    }
+}
+
+/// A finished [`DhJob`].
+pub enum DhDone {
+    /// The private value and its public value.
+    KeyPair {
+        /// The exchange.
+        token: u64,
+        /// Them, or why not.
+        result: Result<(DhPrivate, Vec<u8>), DhError>,
+    },
+    /// The shared secret.
+    Shared {
+        /// The exchange.
+        token: u64,
+        /// It, or why the host's value is refused.
+        result: Result<Zeroizing<Vec<u8>>, DhError>,
+    },
+}
+
+impl DhJob {
+    /// Do the work (on a worker thread).
+    pub fn run(self) -> DhDone {
+        match self {
+            Self::KeyPair { token, group } => DhDone::KeyPair {
+                token,
+                result: DhPrivate::generate(group).and_then(|p| p.public().map(|v| (p, v))),
+            },
+            Self::Shared { token, private, peer } => DhDone::Shared {
+                token,
+                result: private.shared(&peer),
+            },
+        }
+    }
 }
 
 /// What an exchange needs of its controller: who is talking, the keys and the lists.
@@ -98,6 +172,8 @@ pub struct QueueAuth {
     /// It has, with the last exchange.
     pub authenticated: bool,
     step: Step,
+    /// The current exchange's token.
+    token: u64,
 }
 
 impl std::fmt::Debug for QueueAuth {
@@ -147,6 +223,7 @@ impl QueueAuth {
             required,
             authenticated: false,
             step: Step::Idle,
+            token: 0,
         }
     }
 
@@ -158,6 +235,35 @@ impl QueueAuth {
     /// An exchange is under way.
     pub fn in_progress(&self) -> bool {
         !matches!(self.step, Step::Idle)
+    }
+
+    /// DH work is running: an Authentication Receive waits for [`QueueAuth::computed`].
+    pub fn computing(&self) -> bool {
+        matches!(self.step, Step::KeyPairPending(_) | Step::SharedPending(..))
+    }
+
+    /// The result of an [`Outcome::Compute`] job.
+    pub fn computed(&mut self, ctx: &AuthCtx<'_>, done: DhDone) -> Outcome {
+        match (std::mem::replace(&mut self.step, Step::Idle), done) {
+            (Step::KeyPairPending(mut x), DhDone::KeyPair { token, result }) if token == self.token => match result {
+                Ok((private, public)) => {
+                    x.private = Some(private);
+                    x.public = public;
+                    self.step = Step::ChallengeDue(x);
+                    Outcome::Continue
+                }
+                Err(e) => self.fail(x.t_id, Reason::Failed, e.to_string()),
+            },
+            (Step::SharedPending(x, r), DhDone::Shared { token, result }) if token == self.token => match result {
+                Ok(z) => self.verify(ctx, *x, r, Some(z)),
+                Err(e) => self.fail(x.t_id, Reason::IncorrectPayload, format!("the host's DH value: {e}")),
+            },
+            // A result of an exchange since replaced: nothing to do.
+            (step, _) => {
+                self.step = step;
+                Outcome::Continue
+            }
+        }
     }
 
     fn fail(&mut self, t_id: u16, reason: Reason, why: impl Into<String>) -> Outcome {
@@ -259,26 +365,29 @@ impl QueueAuth {
         if !auth::random(&mut c1) {
             return self.fail(t_id, Reason::Failed, "no random source");
         }
-        let private = match dh {
-            DhGroup::Null => None,
-            g => match DhPrivate::generate(g) {
-                Ok(p) => Some(p),
-                Err(e) => return self.fail(t_id, Reason::Failed, e.to_string()),
-            },
-        };
-        self.step = Step::ChallengeDue(Box::new(Exchange {
+        self.token += 1;
+        let x = Box::new(Exchange {
             t_id,
             sc_c: n.sc_c,
             hash,
             dh,
             seq: next_seq(),
             c1,
-            private,
-        }));
-        Outcome::Continue
+            private: None,
+            public: Vec::new(),
+        });
+        if dh == DhGroup::Null {
+            self.step = Step::ChallengeDue(x);
+            return Outcome::Continue;
+        }
+        self.step = Step::KeyPairPending(x);
+        Outcome::Compute(DhJob::KeyPair {
+            token: self.token,
+            group: dh,
+        })
     }
 
-    fn reply(&mut self, ctx: &AuthCtx<'_>, x: Exchange, r: Reply) -> Outcome {
+    fn reply(&mut self, ctx: &AuthCtx<'_>, mut x: Exchange, r: Reply) -> Outcome {
         let t_id = x.t_id;
         let hl = x.hash.output_len();
         if r.t_id != t_id {
@@ -291,15 +400,25 @@ impl QueueAuth {
                 "the Reply's response or DH value has the wrong length",
             );
         }
+        match x.private.take() {
+            None => self.verify(ctx, x, r, None),
+            Some(private) => {
+                let peer = r.dhv.clone();
+                self.step = Step::SharedPending(Box::new(x), r);
+                Outcome::Compute(DhJob::Shared {
+                    token: self.token,
+                    private,
+                    peer,
+                })
+            }
+        }
+    }
+
+    /// Check the host's response with the shared secret (None: the null group).
+    fn verify(&mut self, ctx: &AuthCtx<'_>, x: Exchange, r: Reply, shared: Option<Zeroizing<Vec<u8>>>) -> Outcome {
+        let t_id = x.t_id;
         let Some(keys) = ctx.keys else {
             return self.fail(t_id, Reason::Failed, "the host's key was removed");
-        };
-        let shared = match &x.private {
-            None => None,
-            Some(p) => match p.shared(&r.dhv) {
-                Ok(z) => Some(z),
-                Err(e) => return self.fail(t_id, Reason::IncorrectPayload, format!("the host's DH value: {e}")),
-            },
         };
         let tx = Transaction {
             hash: x.hash,
@@ -343,19 +462,7 @@ impl QueueAuth {
     pub fn receive(&mut self, al: u32) -> Result<(Vec<u8>, Outcome), Status> {
         let (msg, outcome) = match std::mem::replace(&mut self.step, Step::Idle) {
             Step::ChallengeDue(x) => {
-                let dhv = match &x.private {
-                    None => Vec::new(),
-                    Some(p) => match p.public() {
-                        Ok(v) => v,
-                        Err(e) => {
-                            self.authenticated = false;
-                            return Ok((
-                                failure1(x.t_id, Reason::Failed),
-                                Outcome::Failed { reason: e.to_string() },
-                            ));
-                        }
-                    },
-                };
+                let dhv = x.public.clone();
                 let m = Message::Challenge(Challenge {
                     t_id: x.t_id,
                     hash: x.hash,

@@ -138,22 +138,36 @@ impl Ctx {
                     return Err(RpcError::params(format!("subsystem '{nqn}' has no namespace {nsid}")));
                 }
             }
-            "add_host" | "remove_host" => {
+            "add_host" | "remove_host" | "set_host_keys" => {
                 let (nqn, host) = (str_param(params, "nqn")?, str_param(params, "host")?);
+                let keys = host_key_fields(params)?;
                 let hosts = array(subsystem_table(&mut doc, nqn)?, "hosts")?;
-                let present = hosts.iter().any(|h| h.as_str() == Some(host));
-                if method == "add_host" {
-                    if present {
+                let at = hosts.iter().position(|h| host_nqn(h) == Some(host));
+                let entry = || -> toml::Value {
+                    if keys.is_empty() {
+                        return toml::Value::String(host.to_string());
+                    }
+                    let mut t = toml::Table::new();
+                    t.insert("nqn".into(), toml::Value::String(host.to_string()));
+                    for (k, v) in &keys {
+                        t.insert((*k).into(), toml::Value::String(v.clone()));
+                    }
+                    toml::Value::Table(t)
+                };
+                match (method, at) {
+                    ("add_host", Some(_)) => {
                         return Err(RpcError::params(format!("host '{host}' is already allowed on '{nqn}'")));
                     }
-                    hosts.push(toml::Value::String(host.to_string()));
-                } else {
-                    if !present {
+                    ("add_host", None) => hosts.push(entry()),
+                    (_, None) => {
                         return Err(RpcError::params(format!(
                             "host '{host}' is not in the hosts of '{nqn}'"
                         )));
                     }
-                    hosts.retain(|h| h.as_str() != Some(host));
+                    ("remove_host", Some(i)) => {
+                        hosts.remove(i);
+                    }
+                    (_, Some(i)) => hosts[i] = entry(),
                 }
             }
             "set_allow_any_host" => {
@@ -191,4 +205,32 @@ impl Ctx {
         tracing::info!(method, "control: configuration change");
         self.apply(cfg)
     }
+}
+
+/// The host NQN of a `hosts` entry: a string, or a table's `nqn`.
+fn host_nqn(v: &toml::Value) -> Option<&str> {
+    match v {
+        toml::Value::String(s) => Some(s),
+        toml::Value::Table(t) => t.get("nqn").and_then(toml::Value::as_str),
+        _ => None,
+    }
+}
+
+/// The DH-HMAC-CHAP fields of `add_host` / `set_host_keys` (validated with the conf: a bad
+/// key or an open key file is refused there, with the reason and never the key).
+fn host_key_fields(params: &Value) -> Result<Vec<(&'static str, String)>, RpcError> {
+    let mut out = Vec::new();
+    for k in [
+        "dhchap_key",
+        "dhchap_key_file",
+        "dhchap_ctrl_key",
+        "dhchap_ctrl_key_file",
+    ] {
+        match params.get(k) {
+            None | Some(Value::Null) => {}
+            Some(Value::String(v)) => out.push((k, v.clone())),
+            Some(_) => return Err(RpcError::params(format!("'{k}' must be a string"))),
+        }
+    }
+    Ok(out)
 }

@@ -23,7 +23,7 @@ impl Ctx {
             "reload" => self.reload(),
             "save" => self.save(params),
             "add_subsystem" | "remove_subsystem" | "add_namespace" | "remove_namespace" | "add_host"
-            | "remove_host" | "set_allow_any_host" | "add_listener" | "remove_listener" => {
+            | "remove_host" | "set_host_keys" | "set_allow_any_host" | "add_listener" | "remove_listener" => {
                 self.mutation(method, params)
             }
             other => Err(RpcError::new(METHOD_NOT_FOUND, format!("method not found: '{other}'"))),
@@ -78,7 +78,7 @@ impl Ctx {
 }
 
 /// Every method [`Ctx::call`] dispatches (what `pollux ctl call` accepts).
-pub const METHODS: [&str; 19] = [
+pub const METHODS: [&str; 20] = [
     "version",
     "reactors",
     "subsystems",
@@ -94,6 +94,7 @@ pub const METHODS: [&str; 19] = [
     "add_namespace",
     "remove_namespace",
     "add_host",
+    "set_host_keys",
     "remove_host",
     "set_allow_any_host",
     "add_listener",

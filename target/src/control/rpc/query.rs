@@ -168,6 +168,17 @@ impl Ctx {
                 model: s.model.clone(),
                 allow_any_host: s.allow_any_host,
                 hosts: s.hosts.clone(),
+                dhchap_hosts: s
+                    .host_keys
+                    .iter()
+                    .map(|(h, k)| {
+                        if k.ctrl.is_some() {
+                            format!("{h} +ctrl")
+                        } else {
+                            h.clone()
+                        }
+                    })
+                    .collect(),
                 namespaces: s
                     .namespaces
                     .values()
