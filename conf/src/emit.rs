@@ -109,6 +109,15 @@ pub(crate) fn to_toml(c: &Config) -> String {
         }
     }
 
+    let d = &c.discovery;
+    if !d.host_keys.is_empty() {
+        let _ = writeln!(o, "\n[discovery]");
+        let hosts: Vec<String> = d.host_keys.iter().map(|(h, k)| host_entry(h, Some(k))).collect();
+        let _ = writeln!(o, "hosts = [{}]", hosts.join(", "));
+        let _ = writeln!(o, "require_authentication = {}", d.require_authentication);
+        write_dhchap(&mut o, &d.dhchap);
+    }
+
     for s in &c.subsystems {
         let _ = writeln!(o, "\n[[subsystem]]");
         let _ = writeln!(o, "nqn = {}", quote(&s.nqn));
@@ -117,12 +126,7 @@ pub(crate) fn to_toml(c: &Config) -> String {
         let _ = writeln!(o, "allow_any_host = {}", s.allow_any_host);
         let hosts: Vec<String> = s.hosts.iter().map(|h| host_entry(h, s.host_keys.get(h))).collect();
         let _ = writeln!(o, "hosts = [{}]", hosts.join(", "));
-        if s.dhchap != Dhchap::default() {
-            let h: Vec<String> = s.dhchap.hashes.iter().map(|h| quote(h.name())).collect();
-            let g: Vec<String> = s.dhchap.dh_groups.iter().map(|g| quote(g.name())).collect();
-            let _ = writeln!(o, "dhchap_hashes = [{}]", h.join(", "));
-            let _ = writeln!(o, "dhchap_dh_groups = [{}]", g.join(", "));
-        }
+        write_dhchap(&mut o, &s.dhchap);
         for n in &s.namespaces {
             let _ = writeln!(o, "\n[[subsystem.namespace]]");
             let _ = writeln!(o, "nsid = {}", n.nsid);
@@ -201,4 +205,14 @@ fn host_entry(nqn: &str, keys: Option<&HostKeys>) -> String {
     }
     e.push_str(" }");
     e
+}
+
+/// `dhchap_hashes` and `dhchap_dh_groups` unless they are the defaults.
+fn write_dhchap(o: &mut String, d: &Dhchap) {
+    if *d != Dhchap::default() {
+        let h: Vec<String> = d.hashes.iter().map(|h| quote(h.name())).collect();
+        let g: Vec<String> = d.dh_groups.iter().map(|g| quote(g.name())).collect();
+        let _ = writeln!(o, "dhchap_hashes = [{}]", h.join(", "));
+        let _ = writeln!(o, "dhchap_dh_groups = [{}]", g.join(", "));
+    }
 }

@@ -54,6 +54,8 @@ pub struct Config {
     pub subsystems: Vec<Subsystem>,
     /// The optional control socket and metrics endpoint.
     pub control: Control,
+    /// Who must authenticate to the discovery controller (`[discovery]`).
+    pub discovery: Discovery,
     /// Where the configuration came from: a file name, or `"<embedded>"`.
     pub origin: String,
 }
@@ -345,6 +347,18 @@ pub struct Subsystem {
     pub dhchap: Dhchap,
     /// The namespaces, in configuration order; nsids are unique.
     pub namespaces: Vec<Namespace>,
+}
+
+/// The `[discovery]` table: DH-HMAC-CHAP on the discovery controller.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Discovery {
+    /// Hosts that must authenticate to discover, with their keys.
+    pub host_keys: BTreeMap<String, HostKeys>,
+    /// Only hosts of `host_keys` may connect to the discovery controller (each
+    /// authenticating); otherwise any host may, and those with keys authenticate.
+    pub require_authentication: bool,
+    /// Hash functions and DH groups accepted.
+    pub dhchap: Dhchap,
 }
 
 /// A DH-HMAC-CHAP secret and the key file it was read from (None: given inline). `Debug`

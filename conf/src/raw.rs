@@ -25,6 +25,16 @@ pub(crate) struct RawConfig {
     pub keep_alive: Option<RawKeepAlive>,
     pub subsystem: Option<Vec<RawSubsystem>>,
     pub control: Option<RawControl>,
+    pub discovery: Option<RawDiscovery>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawDiscovery {
+    pub hosts: Option<Spanned<Vec<Spanned<RawHost>>>>,
+    pub require_authentication: Option<Spanned<bool>>,
+    pub dhchap_hashes: Option<Spanned<Vec<Spanned<String>>>>,
+    pub dhchap_dh_groups: Option<Spanned<Vec<Spanned<String>>>>,
 }
 
 #[derive(Deserialize)]

@@ -18,8 +18,8 @@
 
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::sync::{LazyLock, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
 use pollux_nvme::spec::{Health, critical_warning};
 use tracing::info;
@@ -30,36 +30,49 @@ use crate::subsystem::Subsystem;
 const ZERO_C_K: i64 = 273;
 /// What a host without any temperature sensor reports: a nominal 25 °C room.
 pub const NOMINAL_K: u16 = 298;
-/// How long one reading of the host's sensors is reused.
-const SENSOR_TTL: Duration = Duration::from_secs(1);
+/// How often the host's sensors are read.
+const SENSOR_PERIOD: Duration = Duration::from_secs(5);
 
-/// The host's hottest temperature sensor, kelvin: None when it exposes none (many VMs).
+/// The host's hottest temperature sensor, kelvin: None when it exposes none (many VMs), or
+/// before the first reading.
+///
+/// Read by a thread of its own every [`SENSOR_PERIOD`], never by a reactor: reading a
+/// sensor may block, and an NVMe controller's hwmon sensor is read by the kernel with a Get
+/// Log Page to that controller, which may be one of this target's own (a host connected
+/// on the same machine): a reactor blocked on it would wait for itself.
 pub fn host_temperature_k() -> Option<u16> {
-    /// When the sensors were read, and what they said.
-    type Reading = Option<(Instant, Option<u16>)>;
-    static CACHE: LazyLock<Mutex<Reading>> = LazyLock::new(Mutex::default);
-    let mut c = CACHE.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some((at, v)) = *c
-        && at.elapsed() < SENSOR_TTL
-    {
-        return v;
-    }
-    let v = read_sensors(Path::new("/sys/class"));
-    if c.is_none() {
-        match v {
-            Some(k) => info!(
-                kelvin = k,
-                "host temperature sensors found: RAM, file and sim namespaces report them"
-            ),
-            None => info!(
-                kelvin = NOMINAL_K,
-                "no host temperature sensor (hwmon, thermal): RAM, file and sim namespaces report a nominal 25 °C"
-            ),
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    STARTED.call_once(|| {
+        let spawned = std::thread::Builder::new().name("pollux-sensors".into()).spawn(|| {
+            let mut first = true;
+            loop {
+                let v = read_sensors(Path::new("/sys/class"));
+                if first {
+                    first = false;
+                    match v {
+                        Some(k) => info!(kelvin = k, "host temperature sensors found: RAM, file and sim namespaces report them"),
+                        None => info!(
+                            kelvin = NOMINAL_K,
+                            "no host temperature sensor (hwmon, thermal): RAM, file and sim namespaces report a nominal 25 °C"
+                        ),
+                    }
+                }
+                HOST_K.store(v.map_or(0, u32::from), Ordering::Relaxed);
+                std::thread::sleep(SENSOR_PERIOD);
+            }
+        });
+        if let Err(e) = spawned {
+            info!("no sensor thread ({e}): RAM, file and sim namespaces report a nominal 25 °C");
         }
+    });
+    match HOST_K.load(Ordering::Relaxed) {
+        0 => None,
+        k => Some(k as u16),
     }
-    *c = Some((Instant::now(), v));
-    v
 }
+
+/// The last reading of [`host_temperature_k`] (0: none).
+static HOST_K: AtomicU32 = AtomicU32::new(0);
 
 /// The highest millidegree Celsius reading of `<class>/hwmon/*/temp*_input` and
 /// `<class>/thermal/thermal_zone*/temp`, in kelvin.
@@ -82,6 +95,11 @@ fn read_sensors(class: &Path) -> Option<u16> {
             let d = e.path();
             if dir == "thermal" {
                 consider(&d.join("temp"));
+                continue;
+            }
+            // Not NVMe controllers' sensors: the kernel reads them with a command to the
+            // controller (which may be this target's own, or a slow device).
+            if std::fs::read_to_string(d.join("name")).is_ok_and(|n| n.trim() == "nvme") {
                 continue;
             }
             let Ok(files) = std::fs::read_dir(&d) else { continue };
@@ -177,6 +195,11 @@ mod tests {
         std::fs::write(d.join("hwmon/hwmon0/temp2_input"), "-273000\n").unwrap(); // disconnected
         std::fs::write(d.join("hwmon/hwmon0/temp3_max"), "99000\n").unwrap(); // not a reading
         std::fs::write(d.join("thermal/thermal_zone0/temp"), "38000\n").unwrap();
+        assert_eq!(read_sensors(&d), Some(41 + 273));
+        // An NVMe controller's sensor is never read (it would be a command to it).
+        std::fs::create_dir_all(d.join("hwmon/hwmon1")).unwrap();
+        std::fs::write(d.join("hwmon/hwmon1/name"), "nvme\n").unwrap();
+        std::fs::write(d.join("hwmon/hwmon1/temp1_input"), "90000\n").unwrap();
         assert_eq!(read_sensors(&d), Some(41 + 273));
         let _ = std::fs::remove_dir_all(&d);
     }

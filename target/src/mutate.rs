@@ -178,6 +178,7 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
         subsystems,
         listeners: bound,
         genctr: if discovery_changed { old.genctr + 1 } else { old.genctr },
+        discovery: Arc::new(new.discovery.clone()),
     });
     shared.snapshot.store(snap.clone());
 

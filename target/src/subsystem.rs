@@ -149,6 +149,8 @@ pub struct Snapshot {
     pub listeners: Vec<SocketAddr>,
     /// Discovery log generation counter: changes whenever what a host may discover changes.
     pub genctr: u64,
+    /// Who must authenticate to the discovery controller.
+    pub discovery: Arc<pollux_conf::Discovery>,
 }
 
 impl Snapshot {
@@ -242,6 +244,7 @@ pub fn build_snapshot(cfg: &Config, reactors: usize, listeners: Vec<SocketAddr>)
         subsystems,
         listeners,
         genctr: 1,
+        discovery: Arc::new(cfg.discovery.clone()),
     })
 }
 

@@ -416,3 +416,46 @@ fn keys_change_at_run_time_and_live_queues_reauthenticate() {
     c.shutdown().unwrap();
     t.shutdown().unwrap();
 }
+
+#[test]
+fn the_discovery_controller_can_require_authentication() {
+    let hk = key(Some(HashId::Sha384));
+    let text = format!(
+        r#"
+[reactors]
+cores = [0]
+
+[[listener]]
+address = "127.0.0.1:0"
+
+[discovery]
+hosts = [{{ nqn = "{HOST}", dhchap_key = "{}" }}]
+require_authentication = true
+dhchap_dh_groups = ["ffdhe2048"]
+
+[[subsystem]]
+nqn = "{SUB}"
+allow_any_host = true
+"#,
+        *hk.encode()
+    );
+    let t = start_text(&text);
+    let disc = pollux_conf::DISCOVERY_NQN;
+    let mut o = ControllerOpts::new(disc, HOST, 0, 32);
+    o.dhchap = Some(HostDhchap::new(hk.clone(), None));
+    let mut c = Controller::connect_with(addr(&t), &o).unwrap();
+    let log = c.admin.discovery_log().unwrap();
+    assert_eq!(log.entries.len(), 1);
+    c.shutdown().unwrap();
+    // Without a key, or with another: refused.
+    o.dhchap = None;
+    let e = Controller::connect_with(addr(&t), &o).unwrap_err();
+    assert!(e.to_string().contains("requires authentication"), "{e}");
+    o.dhchap = Some(HostDhchap::new(key(Some(HashId::Sha384)), None));
+    assert!(Controller::connect_with(addr(&t), &o).is_err());
+    // A host the table does not name may not even connect.
+    let o = ControllerOpts::new(disc, "nqn.2026-11.io.pollux:stranger", 0, 32);
+    let e = Controller::connect_with(addr(&t), &o).unwrap_err();
+    assert_eq!(e.status().map(|s| (s.sct(), s.sc())), Some((1, 0x84)), "{e}");
+    t.shutdown().unwrap();
+}

@@ -147,3 +147,32 @@ fn names<T: PartialEq>(
     }
     Ok(out)
 }
+
+/// The `[discovery]` table.
+pub(super) fn discovery(cx: &Cx<'_>, d: crate::raw::RawDiscovery) -> Result<crate::Discovery, ConfError> {
+    let (nqns, host_keys) = match &d.hosts {
+        Some(list) => hosts(cx, list.get_ref())?,
+        None => Default::default(),
+    };
+    if let Some(list) = &d.hosts
+        && nqns.len() > host_keys.len()
+    {
+        return Err(cx.at(
+            list.span(),
+            "every `[discovery]` host needs a `dhchap_key` or `dhchap_key_file`: the table only says who must authenticate".into(),
+        ));
+    }
+    let require_authentication = d.require_authentication.as_ref().is_some_and(|r| *r.get_ref());
+    if require_authentication && host_keys.is_empty() {
+        let span = d.require_authentication.as_ref().map(Spanned::span).unwrap_or_default();
+        return Err(cx.at(
+            span,
+            "`require_authentication = true` with no host keys would refuse every host: list hosts with keys in `[discovery]` `hosts`".into(),
+        ));
+    }
+    Ok(crate::Discovery {
+        host_keys,
+        require_authentication,
+        dhchap: dhchap(cx, &d.dhchap_hashes, &d.dhchap_dh_groups)?,
+    })
+}

@@ -64,6 +64,10 @@ pub(crate) fn build(text: &str, origin: &str, base: Base<'_>) -> Result<Config, 
         None => Control::default(),
     };
     let subsystems = subsystems(&cx, raw.subsystem.unwrap_or_default())?;
+    let discovery = match raw.discovery {
+        Some(d) => hosts::discovery(&cx, d)?,
+        None => crate::Discovery::default(),
+    };
     if subsystems.is_empty() {
         tracing::info!(origin, "configuration has no [[subsystem]]: only discovery is served");
     }
@@ -81,6 +85,7 @@ pub(crate) fn build(text: &str, origin: &str, base: Base<'_>) -> Result<Config, 
         keep_alive,
         subsystems,
         control,
+        discovery,
         origin: origin.to_owned(),
     })
 }

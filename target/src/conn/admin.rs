@@ -186,9 +186,13 @@ impl Conn {
         self.flush_or_close(r, id);
     }
 
-    /// Whether host `hostnqn` must authenticate its queues to `subsys` (it has keys there).
+    /// Whether host `hostnqn` must authenticate its queues to `subsys` (None: the discovery
+    /// controller): it has keys there.
     fn auth_required(&self, hostnqn: &str, subsys: Option<&Subsystem>) -> bool {
-        subsys.is_some_and(|s| s.keys_of(hostnqn).is_some())
+        match subsys {
+            Some(s) => s.keys_of(hostnqn).is_some(),
+            None => self.shared.snapshot.load().discovery.host_keys.contains_key(hostnqn),
+        }
     }
 
     // ---------------------------------------------------------------- keep-alive

@@ -64,7 +64,8 @@ impl Conn {
         };
         let mut auth = std::mem::replace(&mut self.auth, QueueAuth::new("", false));
         let hostnqn = auth.hostnqn.clone();
-        let ctx = auth_ctx(&hostnqn, subsys.as_deref());
+        let snap = self.shared.snapshot.load();
+        let ctx = auth_ctx(&hostnqn, subsys.as_deref(), &snap.discovery);
         let outcome = auth.send(&ctx, &data[..tl as usize]);
         self.auth = auth;
         self.resp(cid, Status::SUCCESS, 0, 0);
@@ -176,7 +177,8 @@ impl Conn {
         };
         let mut auth = std::mem::replace(&mut self.auth, QueueAuth::new("", false));
         let hostnqn = auth.hostnqn.clone();
-        let ctx = auth_ctx(&hostnqn, subsys.as_deref());
+        let snap = self.shared.snapshot.load();
+        let ctx = auth_ctx(&hostnqn, subsys.as_deref(), &snap.discovery);
         let outcome = auth.computed(&ctx, done);
         self.auth = auth;
         self.auth_outcome(r, id, outcome);
@@ -189,13 +191,26 @@ impl Conn {
     }
 }
 
-/// What an exchange of `hostnqn` on `subsys` (None: the discovery controller) needs.
-fn auth_ctx<'a>(hostnqn: &'a str, subsys: Option<&'a crate::subsystem::Subsystem>) -> AuthCtx<'a> {
-    AuthCtx {
-        hostnqn,
-        subnqn: subsys.map_or(pollux_conf::DISCOVERY_NQN, |s| s.nqn.as_str()),
-        keys: subsys.and_then(|s| s.keys_of(hostnqn)),
-        policy: subsys.map_or(&DEFAULT_POLICY, |s| &s.dhchap),
+/// What an exchange of `hostnqn` on `subsys` needs; None: the discovery controller, whose
+/// keys are the `[discovery]` table's (`disc`).
+fn auth_ctx<'a>(
+    hostnqn: &'a str,
+    subsys: Option<&'a crate::subsystem::Subsystem>,
+    disc: &'a pollux_conf::Discovery,
+) -> AuthCtx<'a> {
+    match subsys {
+        Some(s) => AuthCtx {
+            hostnqn,
+            subnqn: &s.nqn,
+            keys: s.keys_of(hostnqn),
+            policy: &s.dhchap,
+        },
+        None => AuthCtx {
+            hostnqn,
+            subnqn: pollux_conf::DISCOVERY_NQN,
+            keys: disc.host_keys.get(hostnqn),
+            policy: &disc.dhchap,
+        },
     }
 }
 
@@ -236,6 +251,3 @@ fn dh_worker() -> &'static DhWorker {
         }
     })
 }
-
-/// The lists a discovery controller would use (it has no keys, so no exchange succeeds).
-static DEFAULT_POLICY: std::sync::LazyLock<pollux_conf::Dhchap> = std::sync::LazyLock::new(Default::default);

@@ -259,6 +259,18 @@ pub fn check(shared: &Shared, sqe: &Sqe, c: ConnectCmd, data: &[u8]) -> Result<C
         if c.qid != 0 {
             return Err(invalid(connect_sqe_off::QID, "I/O queue on discovery"));
         }
+        let snap = shared.snapshot.load();
+        if snap.discovery.require_authentication && !snap.discovery.host_keys.contains_key(&d.hostnqn) {
+            let why = format!(
+                "host {} has no discovery key and discovery requires authentication",
+                d.hostnqn
+            );
+            return Err(refuse(
+                Status::CONNECT_INVALID_HOST.with_dnr(),
+                ipo_data(connect_off::HOSTNQN),
+                why,
+            ));
+        }
         None
     } else {
         let snap = shared.snapshot.load();

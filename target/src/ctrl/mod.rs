@@ -351,6 +351,7 @@ mod tests {
             subsystems,
             listeners: Vec::new(),
             genctr: 1,
+            discovery: Default::default(),
         }
     }
 
