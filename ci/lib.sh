@@ -8,7 +8,10 @@
 #   run_guest SCRIPT [boot.sh options...]
 #                              boot the guest with guest.d/SCRIPT; returns
 #                              the guest's rc (124 timeout); on failure logs
-#                              the failed step and the console tail
+#                              the failed step and the console tail.
+#                              --kernel 6.12 boots the 6.12 guest kernel
+#                              (NVMe DH-HMAC-CHAP in host and nvmet) instead
+#                              of the default 6.1 (ci/guest/kernels.sh)
 #   need_pollux                fail unless $POLLUX_BIN is an executable
 #   start_pollux CONF [PORT]   start $POLLUX_BIN --config CONF, wait for PORT
 #   stop_pollux                SIGTERM, wait, SIGKILL; rc 0 only on exit 0
@@ -106,9 +109,11 @@ _step_of() {
 
 # run_guest SCRIPT [boot.sh options...]: boot the guest running
 # guest.d/SCRIPT, with the console in $CI_LOG_DIR/guest-SCRIPT[.N].log
-# (CI_VERBOSE=1 also streams it). Returns the guest's exit status (124 on
-# timeout, 125 if QEMU died without one). On failure it logs the step the
-# guest was in, its FAIL: line and the last 60 console lines.
+# (CI_VERBOSE=1 also streams it). The guest kernel is 6.1 unless the
+# options say --kernel SERIES (boot.sh --help; 6.12 for in-band
+# authentication). Returns the guest's exit status (124 on timeout, 125 if
+# QEMU died without one). On failure it logs the step the guest was in, its
+# FAIL: line and the last 60 console lines.
 run_guest() {
     local rc=0
     _run_guest_once "$@" || rc=$?

@@ -4,6 +4,12 @@
 # Boot the test guest under QEMU TCG; its serial console goes to a log file
 # (and to stdout unless --quiet).
 #   usage: boot.sh [options] [-- extra qemu args]
+#     --kernel SERIES      the guest kernel (ci/guest/kernels.sh): 6.1, the
+#                          default (Debian 12's), or 6.12 (bookworm's 6.12,
+#                          whose NVMe host and nvmet have DH-HMAC-CHAP
+#                          in-band auth); each has its own vmlinux and
+#                          initramfs (6.1 in $GUEST_WORK, 6.12 in
+#                          $GUEST_WORK/k-6.12), both made by setup.sh
 #     --script NAME        run /guest/NAME (from guest.d/) and power off
 #     --cmd 'SHELL'        run this snippet (base64 on the kernel command
 #                          line, so ~1.4 KB at most) and power off
@@ -26,7 +32,8 @@
 #     --pidfile FILE       QEMU's PID is written here while it runs
 #     --log FILE           console log ($GUEST_WORK/logs/console-PID.log)
 #     --quiet              do not copy the console to stdout
-#     --initrd FILE        another initramfs (build-initramfs.sh OUT)
+#     --initrd FILE        another initramfs (build-initramfs.sh --kernel
+#                          SERIES OUT, for the same SERIES)
 #     --mem MB (1024)  --smp N (2)  --append 'kernel args'
 # Networking is QEMU user mode (slirp) with restrict=on: the guest reaches
 # nothing but the forwards given here, all on the host's 127.0.0.1.
@@ -41,13 +48,16 @@ W=${GUEST_WORK:-$(cd "$HERE/../.." && pwd)/build/guest}
 die() { echo "boot.sh: $*" >&2; exit 2; }
 port_ok() { [[ $1 =~ ^[0-9]+$ ]] && [ "$1" -ge 1 ] && [ "$1" -le 65535 ]; }
 
-[ -s "$W/kver" ] || die "no kernel in $W: run ci/guest/setup.sh first"
-KVER=$(cat "$W/kver")
-mem=1024 smp=2 timeout=300 append="" log="" quiet="" pidfile="" initrd=$W/initramfs.img
+# shellcheck source=ci/guest/kernels.sh
+. "$HERE/kernels.sh"
+series=$GUEST_KERNEL_DEFAULT
+mem=1024 smp=2 timeout=300 append="" log="" quiet="" pidfile="" initrd=""
 machine=q35 iommu=() gscript="" gcmd="" genv="" net="user,id=n0,restrict=on" extra=()
 nvme_n=0
 while [ $# -gt 0 ]; do
     case $1 in
+        --kernel) guest_kernel_ok "${2:-}" || die "--kernel wants one of: $GUEST_KERNELS (got '${2:-}')"
+                  series=$2; shift ;;
         --script) gscript=$2; shift ;;
         --cmd) gcmd=$(printf '%s\n' "$2" | base64 -w0); shift ;;
         --env) [[ $2 =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] || die "--env wants KEY=VALUE, got '$2'"
@@ -87,6 +97,10 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
+KW=$(guest_kdir "$series")
+[ -s "$KW/kver" ] || die "no $series kernel in $KW: run ci/guest/setup.sh first"
+KVER=$(cat "$KW/kver")
+initrd=${initrd:-$KW/initramfs.img}
 [ -s "$initrd" ] || die "no initramfs $initrd: run ci/guest/setup.sh first"
 [ -n "$genv" ] && append+=" genv=$(printf '%s' "$genv" | base64 -w0)"
 [ -n "$gcmd" ] && append+=" gcmd=$gcmd"
@@ -99,8 +113,8 @@ cmdline="console=ttyS0 panic=-1 quiet loglevel=4 no_timer_check$append"
 # The x86 kernel truncates its command line at 2048 bytes: refuse instead.
 [ ${#cmdline} -lt 2048 ] || die "kernel command line is ${#cmdline} bytes (max 2047)"
 
-kernel=$W/vmlinux   # uncompressed ELF: PVH entry, ~5 s faster under TCG
-[ -s "$kernel" ] || kernel=$W/kroot/boot/vmlinuz-$KVER
+kernel=$KW/vmlinux   # uncompressed ELF: PVH entry, ~5 s faster under TCG
+[ -s "$kernel" ] || kernel=$KW/kroot/boot/vmlinuz-$KVER
 qemu=(qemu-system-x86_64 -accel tcg -cpu max -machine "$machine" -m "$mem" -smp "$smp"
       -nodefaults -no-reboot -kernel "$kernel" -initrd "$initrd" -append "$cmdline"
       "${iommu[@]}" -netdev "$net" -device virtio-net-pci,netdev=n0,romfile=

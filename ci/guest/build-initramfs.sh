@@ -1,24 +1,34 @@
 #!/bin/bash
-# Build the guest initramfs (zstd newc cpio): busybox, kernel modules with
+# Build a guest initramfs (zstd newc cpio): busybox, kernel modules with
 # their modules.dep dependencies, nvme-cli, fio, EXTRA_BINS, each with the
 # host shared libraries ldd reports, /init and guest.d/* as /guest/*.
-#   usage: [EXTRA_BINS="/path/bin ..."] build-initramfs.sh [OUT]
-# OUT defaults to $GUEST_WORK/initramfs.img. Rebuilt only when its inputs
-# change: their hash is kept in OUT.hash (a rebuild costs ~30 s of zstd).
+#   usage: [EXTRA_BINS="/path/bin ..."] build-initramfs.sh [--kernel SERIES] [OUT]
+# SERIES (kernels.sh: 6.1, the default, or 6.12) picks the kernel, from its
+# work dir (guest_kdir: $GUEST_WORK, or $GUEST_WORK/k-SERIES). OUT defaults
+# to initramfs.img in that dir. Rebuilt only when its inputs change: their
+# hash is kept in OUT.hash (a rebuild costs ~30 s of zstd).
 # EXTRA_BINS land in the guest's /usr/local/bin.
 # Needs fetch-kernel.sh first; busybox-static nvme-cli fio cpio zstd xz-utils.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 W=${GUEST_WORK:-$(cd "$HERE/../.." && pwd)/build/guest}
-OUT=${1:-$W/initramfs.img}
-KVER=$(cat "$W/kver")
-MD=$W/kroot/lib/modules/$KVER
+# shellcheck source=ci/guest/kernels.sh
+. "$HERE/kernels.sh"
+series=$GUEST_KERNEL_DEFAULT
+if [ "${1:-}" = --kernel ]; then series=${2:?build-initramfs: --kernel wants a series}; shift 2; fi
+guest_kernel_ok "$series" || { echo "build-initramfs: unknown kernel series '$series' (known: $GUEST_KERNELS)" >&2; exit 2; }
+KW=$(guest_kdir "$series")
+OUT=${1:-$KW/initramfs.img}
+[ -s "$KW/kver" ] || { echo "build-initramfs: no $series kernel in $KW: run fetch-kernel.sh --kernel $series" >&2; exit 1; }
+KVER=$(cat "$KW/kver")
+MD=$KW/kroot/lib/modules/$KVER
 
 # Loaded by /init at boot, in this order. crc32c/crc64 back nvme-tcp's
 # digests and nvme-core's T10-PI: the crypto API finds them only if loaded.
+# Then the series' own (guest_kmods: 6.12's DH-HMAC-CHAP stack).
 BOOT_MODULES="virtio_pci virtio_net crc32c-intel crc32c_generic crct10dif-pclmul
  crc64_rocksoft_generic nvme nvme-tcp nvmet nvmet-tcp vfio vfio_iommu_type1
- vfio-pci 9pnet_virtio 9p ${BOOT_MODULES_EXTRA:-}"
+ vfio-pci 9pnet_virtio 9p $(guest_kmods "$series") ${BOOT_MODULES_EXTRA:-}"
 # Only copied: guest scripts load them with parameters (brd rd_size=...).
 LATE_MODULES="brd null_blk ${LATE_MODULES_EXTRA:-}"
 
@@ -34,7 +44,7 @@ libs_of() { ldd "$1" 2>/dev/null | grep -oE '/[^ ]+' || true; }
 inputs_hash() {
     {
         echo "$KVER|$BOOT_MODULES|$LATE_MODULES|${EXTRA_BINS:-}"
-        for f in "$0" "$HERE/init" "$HERE"/guest.d/* "$MD/modules.dep"; do sha256sum "$f"; done
+        for f in "$0" "$HERE/kernels.sh" "$HERE/init" "$HERE"/guest.d/* "$MD/modules.dep"; do sha256sum "$f"; done
         for b in "${bins[@]}"; do
             sha256sum "$b"
             for l in $(libs_of "$b"); do sha256sum "$(readlink -f "$l")"; done
@@ -47,14 +57,16 @@ if [ -s "$OUT" ] && [ "$(cat "$OUT.hash" 2>/dev/null)" = "$hash" ]; then
     exit 0
 fi
 
-S=$(mktemp -d "$W/stage.XXXXXX")
+S=$(mktemp -d "$KW/stage.XXXXXX")
 trap 'rm -rf "$S"' EXIT
 mkdir -p "$S"/{bin,sbin,usr/bin,usr/sbin,usr/local/bin,etc,guest,root,lib/modules/"$KVER"}
 
 declare -A seen=()
+modre() { echo "${1//[-_]/[-_]}"; }   # modules.dep spells - or _ freely
+is_mod() { grep -qE "(^|/)$(modre "$1")\.ko(\.xz|\.zst)?:" "$MD/modules.dep"; }
 add_mod() {   # add_mod NAME: copy a module and, recursively, what it depends on
     local re line f dst
-    re=${1//[-_]/[-_]}   # modules.dep spells - or _ freely
+    re=$(modre "$1")
     line=$(grep -E "(^|/)$re\.ko(\.xz|\.zst)?:" "$MD/modules.dep" | head -1) || true
     if [ -z "$line" ]; then
         grep -qE "(^|/)$re\.ko" "$MD/modules.builtin" && return 0
@@ -83,7 +95,9 @@ for m in $BOOT_MODULES $LATE_MODULES; do
 done
 cp "$MD/modules.builtin" "$MD/modules.order" "$S/lib/modules/$KVER/" 2>/dev/null || true
 busybox depmod -b "$S" "$KVER"
-echo "$BOOT_MODULES" | tr ' ' '\n' | grep . > "$S/etc/guest-modules"
+# /init modprobes these: the boot modules that are modules in this kernel
+# (not built in, not missing).
+for m in $BOOT_MODULES; do if is_mod "$m"; then echo "$m"; fi; done > "$S/etc/guest-modules"
 
 copy_bin() {  # copy_bin SRC DST: a binary and the shared libraries it needs
     local l

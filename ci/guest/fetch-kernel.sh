@@ -1,17 +1,26 @@
 #!/bin/bash
-# Fetch the guest kernel: a Debian linux-image package, downloaded with
-# apt-get download and unpacked into $GUEST_WORK/kroot (never installed on
-# the host: this machine's own kernel can load no modules, and the guest is
-# where nvme-tcp, nvmet and vfio-pci live).
-#   usage: fetch-kernel.sh [KVER]
-# KVER defaults to the one already fetched, else to the one Debian's
-# linux-image-amd64 depends on now (old ABIs leave the mirror, so no pin).
+# Fetch a guest kernel: a Debian linux-image package, downloaded with
+# apt-get download and unpacked into its work dir's kroot/ (never installed
+# on the host: this machine's own kernel can load no modules, and the guest
+# is where nvme-tcp, nvmet and vfio-pci live).
+#   usage: fetch-kernel.sh [--kernel SERIES] [KVER]
+# SERIES (kernels.sh: 6.1, the default, or 6.12) picks the work dir
+# ($GUEST_WORK for 6.1, $GUEST_WORK/k-SERIES else) and the meta package.
+# KVER defaults to the one already fetched there, else to the one the
+# series' meta package (linux-image-amd64, linux-image-6.12-amd64) depends
+# on now (old ABIs leave the mirror, so no pin).
 # Produces: kroot/ (modules + modules.dep from busybox depmod, as the host
 # has no kmod), vmlinux (uncompressed ELF, booted through its PVH entry:
 # this skips in-guest decompression, ~5 s under TCG) and kver.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 W=${GUEST_WORK:-$(cd "$HERE/../.." && pwd)/build/guest}
+# shellcheck source=ci/guest/kernels.sh
+. "$HERE/kernels.sh"
+series=$GUEST_KERNEL_DEFAULT
+if [ "${1:-}" = --kernel ]; then series=${2:?fetch-kernel: --kernel wants a series}; shift 2; fi
+guest_kernel_ok "$series" || { echo "fetch-kernel: unknown kernel series '$series' (known: $GUEST_KERNELS)" >&2; exit 2; }
+W=$(guest_kdir "$series")
 mkdir -p "$W"
 cd "$W"
 
@@ -20,13 +29,18 @@ if [ -z "$want" ] && [ -s kver ] && [ -s "kroot/boot/vmlinuz-$(cat kver)" ]; the
     want=$(cat kver)   # cached: no registry query at all
 fi
 if [ -z "$want" ]; then
-    meta() { apt-cache depends linux-image-amd64 2>/dev/null |
+    pkg=$(guest_kmeta "$series")
+    meta() { apt-cache depends "$pkg" 2>/dev/null |
              sed -n 's/^ *Depends: linux-image-\([0-9].*\)$/\1/p' | head -1; }
     want=$(meta)
     # A fresh machine may have no package lists yet.
     [ -n "$want" ] || { apt-get update -qq; want=$(meta); }
-    [ -n "$want" ] || { echo "fetch-kernel: cannot resolve linux-image-amd64" >&2; exit 1; }
+    [ -n "$want" ] || { echo "fetch-kernel: cannot resolve $pkg" >&2; exit 1; }
 fi
+case $want in
+    "$series".*) ;;
+    *) echo "fetch-kernel: $want is not a $series kernel" >&2; exit 2 ;;
+esac
 
 if [ ! -s "kroot/boot/vmlinuz-$want" ]; then
     dl=$(mktemp -d "$W/dl.XXXXXX")

@@ -1,13 +1,25 @@
 #!/bin/bash
 # Everything the guest needs, idempotent and cached under $GUEST_WORK
-# (default build/guest): Debian packages, the kernel (fetched once), the
-# initramfs (rebuilt only when its inputs change). Prints each step's time.
-#   usage: [EXTRA_BINS="/path/bin ..."] ci/guest/setup.sh [KVER]
+# (default build/guest): Debian packages, then for each kernel series
+# (kernels.sh: 6.1, the default guest, and 6.12, with NVMe in-band auth) the
+# kernel (fetched once) and its initramfs (rebuilt only when its inputs
+# change), each in the series' own work dir (6.1: $GUEST_WORK itself, 6.12:
+# $GUEST_WORK/k-6.12). Prints each step's time.
+#   usage: [EXTRA_BINS="/path/bin ..."] ci/guest/setup.sh [SERIES...]
+# SERIES: only these (default: all of kernels.sh's GUEST_KERNELS).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 CI_NAME=guest-setup
 # shellcheck source=ci/lib.sh
 . "$HERE/../lib.sh"
+W=$GUEST_WORK
+# shellcheck source=ci/guest/kernels.sh
+. "$HERE/kernels.sh"
+# shellcheck disable=SC2086  # a list of words
+[ $# -gt 0 ] || set -- $GUEST_KERNELS
+for k in "$@"; do
+    guest_kernel_ok "$k" || fail "unknown kernel series '$k' (known: $GUEST_KERNELS)"
+done
 mkdir -p "$GUEST_WORK"
 # Two setups on one work dir (two engineers, or CI beside a developer) would
 # unpack and pack over each other: one at a time.
@@ -26,5 +38,7 @@ timed() {   # timed NAME CMD...: run CMD, log its time
 # back qemu-img 7.2 for scenarios that make disk images.
 timed packages ensure_debs qemu-system-x86 busybox-static nvme-cli fio cpio zstd xz-utils
 timed qemu-utils ensure_debs qemu-utils
-timed fetch-kernel "$HERE/fetch-kernel.sh" "$@"
-timed build-initramfs "$HERE/build-initramfs.sh"
+for k in "$@"; do
+    timed "fetch-kernel $k" "$HERE/fetch-kernel.sh" --kernel "$k"
+    timed "build-initramfs $k" "$HERE/build-initramfs.sh" --kernel "$k"
+done

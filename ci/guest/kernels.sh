@@ -1,0 +1,54 @@
+# shellcheck shell=bash
+# The guest kernels the harness can boot, by series (boot.sh --kernel SERIES,
+# so run_guest SCRIPT --kernel SERIES; setup.sh prepares all of them):
+#   6.1   Debian 12's own kernel (the ABI that linux-image-amd64 depends on).
+#         The default. Its NVMe host and target have no in-band
+#         authentication (CONFIG_NVME_AUTH is not set).
+#   6.12  bookworm's 6.12 (the ABI that linux-image-6.12-amd64 depends on):
+#         CONFIG_NVME_HOST_AUTH=y, CONFIG_NVME_TARGET_AUTH=y (DH-HMAC-CHAP,
+#         NVMe 2.0 section 8.13), CONFIG_NVME_TCP_TLS=y.
+# Each series has its own work dir (guest_kdir): kroot/, vmlinux, kver and
+# initramfs.img. The 6.1 one is $GUEST_WORK itself, where it always was.
+# Sourced by setup.sh, fetch-kernel.sh, build-initramfs.sh and boot.sh, which
+# set W (the work dir, $GUEST_WORK) first.
+
+GUEST_KERNELS="6.1 6.12"
+GUEST_KERNEL_DEFAULT=6.1
+
+# guest_kernel_ok SERIES: true if SERIES is one of GUEST_KERNELS.
+guest_kernel_ok() {
+    case " $GUEST_KERNELS " in *" $1 "*) return 0 ;; esac
+    return 1
+}
+
+# guest_kdir SERIES: the work dir of that series' kernel and initramfs.
+guest_kdir() {
+    case $1 in
+        "$GUEST_KERNEL_DEFAULT") echo "$W" ;;
+        *) echo "$W/k-$1" ;;
+    esac
+}
+
+# guest_kmeta SERIES: the Debian meta package whose Depends names that
+# series' current linux-image ABI (old ABIs leave the mirror: no pin).
+guest_kmeta() {
+    case $1 in
+        6.1) echo linux-image-amd64 ;;
+        *) echo "linux-image-$1-amd64" ;;
+    esac
+}
+
+# guest_kmods SERIES: boot modules of that series beyond the common list
+# (build-initramfs.sh BOOT_MODULES). For 6.12 the DH-HMAC-CHAP stack:
+# nvme-auth and nvme-keyring (modules, which nvme-core, nvme-tcp and nvmet
+# depend on anyway), and the crypto the protocol asks for by name:
+# hmac(sha256|sha384|sha512) and dh with the RFC 7919 ffdhe groups
+# (CRYPTO_DH_RFC7919_GROUPS, inside dh_generic). In Debian's 6.12 those
+# crypto drivers are built in; a build that makes them modules gets them
+# loaded at boot.
+guest_kmods() {
+    case $1 in
+        6.1) ;;
+        *) echo "nvme-keyring nvme-auth hmac sha256_generic sha512_generic kpp dh_generic" ;;
+    esac
+}
