@@ -10,7 +10,9 @@
 //!   and data units, and every critical warning bit any of them sets.
 //! - RAM, file and simulated namespaces have no sensor of their own: their temperature is
 //!   the host's (its hottest hwmon or thermal-zone sensor), their data units the bytes the
-//!   target moved for them, and nothing of them wears (spare 100 %, used 0 %).
+//!   target moved for them, and nothing of them wears (spare 100 %, used 0 %). A file keeps
+//!   a record of its starts and unsafe shutdowns under pollux (an extended attribute); RAM
+//!   and the simulated device start anew each run (one power cycle, no unsafe shutdown).
 //!
 //! Host read and write commands are always the target's own counters: they are what hosts of
 //! this subsystem did. Power cycles and power-on hours are those of the target process (a
@@ -152,6 +154,10 @@ pub fn gather(s: &Subsystem, nsid: Option<u32>, host_k: u16) -> Health {
                 hosted = true;
                 h.data_units_read += Health::data_units(t.read_bytes);
                 h.data_units_written += Health::data_units(t.write_bytes);
+                if let Some((starts, unsafe_shutdowns)) = ns.backend.shutdown_record() {
+                    h.power_cycles = h.power_cycles.max(u128::from(starts));
+                    h.unsafe_shutdowns += u128::from(unsafe_shutdowns);
+                }
             }
         }
     }

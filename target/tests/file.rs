@@ -109,3 +109,32 @@ fn an_abort_of_a_file_command_says_what_became_of_it() {
     t.shutdown().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn smart_counts_the_files_starts_and_unsafe_shutdowns() {
+    let dir = std::env::temp_dir().join(format!("pollux-file-smart-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("store.img");
+    let _ = std::fs::remove_file(&path);
+    let smart = |path: &std::path::Path| {
+        let t = start_text(&file_conf("interrupt", path));
+        let mut c = Controller::connect(addr(&t), FILE_NQN, HOST, 1, 32, Digests::NONE).unwrap();
+        let h = c.admin.smart_log().unwrap();
+        c.shutdown().unwrap();
+        t.shutdown().unwrap();
+        (h.power_cycles, h.unsafe_shutdowns)
+    };
+    // A new file, then a clean restart.
+    assert_eq!(smart(&path), (1, 0));
+    assert_eq!(smart(&path), (2, 0));
+    // What a killed pollux leaves: the record still says open. The next start counts it.
+    let name = c"user.pollux.shutdowns";
+    let v = b"v1 starts=2 unsafe=0 open";
+    let cpath = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: setxattr reads the NUL-terminated path and name and `v.len()` bytes of `v`.
+    let rc = unsafe { libc::setxattr(cpath.as_ptr(), name.as_ptr(), v.as_ptr().cast(), v.len(), 0) };
+    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+    assert_eq!(smart(&path), (3, 1));
+    assert_eq!(smart(&path), (4, 1));
+    let _ = std::fs::remove_dir_all(&dir);
+}

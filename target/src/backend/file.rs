@@ -23,7 +23,7 @@ use io_uring::{IoUring, opcode, types};
 use pollux_nvme::spec::Status;
 use pollux_reactor::sys::EventFd;
 use pollux_reactor::{ChannelKey, LatencyModel, Progress, Reactor};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::{
     Backend, BlockOp, Caps, Channel, ChannelEnv, CompleteFn, Completion, ReadData, Tag, WriteData, account_completion,
@@ -54,6 +54,95 @@ pub struct FileDisk {
     /// Its channels reach it through io_uring (probed at open; cleared if a channel could
     /// not make a ring and fell back to a worker thread).
     pub uring: Arc<AtomicBool>,
+    /// Starts and unsafe shutdowns of this store under pollux (None: the store keeps no
+    /// extended attributes, e.g. a block device).
+    pub record: Option<ShutdownRecord>,
+}
+
+/// The extended attribute that records a store's starts and unsafe shutdowns.
+const RECORD_XATTR: &std::ffi::CStr = c"user.pollux.shutdowns";
+
+/// How often pollux opened a store, and how often it did not close it cleanly (SMART Power
+/// Cycles and Unsafe Shutdowns, NVMe 2.0 §5.16.1.3): kept in an extended attribute of the
+/// file, `open` while pollux serves it and `clean` once it closed it. Found `open` at start,
+/// the last run ended without closing it (killed, crashed, power lost).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShutdownRecord {
+    /// Opens by pollux, this one included.
+    pub starts: u64,
+    /// Opens that found the store still marked open.
+    pub unsafe_shutdowns: u64,
+}
+
+impl ShutdownRecord {
+    fn parse(v: &str) -> Option<(Self, bool)> {
+        let mut it = v.split_whitespace();
+        if it.next()? != "v1" {
+            return None;
+        }
+        let starts = it.next()?.strip_prefix("starts=")?.parse().ok()?;
+        let unsafe_shutdowns = it.next()?.strip_prefix("unsafe=")?.parse().ok()?;
+        let open = match it.next()? {
+            "open" => true,
+            "clean" => false,
+            _ => return None,
+        };
+        Some((Self { starts, unsafe_shutdowns }, open))
+    }
+
+    fn write(&self, fd: std::os::fd::RawFd, open: bool) -> std::io::Result<()> {
+        let v = format!(
+            "v1 starts={} unsafe={} {}",
+            self.starts,
+            self.unsafe_shutdowns,
+            if open { "open" } else { "clean" }
+        );
+        // SAFETY: fsetxattr reads `v.len()` bytes from `v` and the NUL-terminated name, both
+        // live for the call; fd is ours.
+        let rc = unsafe { libc::fsetxattr(fd, RECORD_XATTR.as_ptr(), v.as_ptr().cast(), v.len(), 0) };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Read the record of `file`, count this start (and an unsafe shutdown if it was left
+    /// open) and mark it open. None where the store has no extended attributes.
+    fn start(file: &File) -> Option<Self> {
+        let fd = file.as_raw_fd();
+        let mut buf = [0u8; 128];
+        // SAFETY: fgetxattr writes at most `buf.len()` bytes into `buf`; fd is ours.
+        let n = unsafe { libc::fgetxattr(fd, RECORD_XATTR.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        let (mut rec, was_open) = if n >= 0 {
+            std::str::from_utf8(&buf[..n as usize])
+                .ok()
+                .and_then(Self::parse)
+                .unwrap_or((Self { starts: 0, unsafe_shutdowns: 0 }, false))
+        } else {
+            (Self { starts: 0, unsafe_shutdowns: 0 }, false)
+        };
+        rec.starts += 1;
+        if was_open {
+            rec.unsafe_shutdowns += 1;
+        }
+        match rec.write(fd, true) {
+            Ok(()) => Some(rec),
+            Err(e) => {
+                debug!(error = %e, "no extended attributes on this store: its unsafe shutdowns are not counted");
+                None
+            }
+        }
+    }
+}
+
+impl Drop for FileDisk {
+    fn drop(&mut self) {
+        if let Some(r) = &self.record
+            && let Err(e) = r.write(self.file.as_raw_fd(), false)
+        {
+            warn!(path = %self.path.display(), error = %e, "could not mark the store closed cleanly");
+        }
+    }
 }
 
 fn block_device_size(f: &File) -> std::io::Result<u64> {
@@ -152,8 +241,16 @@ impl FileDisk {
                 false
             }
         };
+        let record = ShutdownRecord::start(&file);
+        if let Some(r) = record
+            && r.unsafe_shutdowns > 0
+            && r.starts > 1
+        {
+            info!(path = %path.display(), starts = r.starts, unsafe_shutdowns = r.unsafe_shutdowns, "the store was not closed cleanly before (counted in SMART Unsafe Shutdowns)");
+        }
         info!(path = %path.display(), bytes = len, direct, io = if uring { "io_uring" } else { "worker thread" }, "file namespace opened");
         Ok(Self {
+            record,
             file,
             path: path.to_path_buf(),
             len,
@@ -167,6 +264,10 @@ impl FileDisk {
 impl Backend for FileDisk {
     fn kind(&self) -> &'static str {
         "file"
+    }
+
+    fn shutdown_record(&self) -> Option<(u64, u64)> {
+        self.record.map(|r| (r.starts, r.unsafe_shutdowns))
     }
 
     fn len(&self) -> u64 {

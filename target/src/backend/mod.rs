@@ -244,6 +244,11 @@ pub trait Backend: Send + Sync + std::fmt::Debug + Any {
     fn device_health(&self) -> Option<(&str, Health)> {
         None
     }
+    /// Starts of this store under pollux and unsafe shutdowns among them, where the store
+    /// keeps that record (files).
+    fn shutdown_record(&self) -> Option<(u64, u64)> {
+        None
+    }
     /// As `Any`, for what only one kind has (an NVMe device's view and error injection).
     fn as_any(&self) -> &dyn Any;
 }

@@ -24,7 +24,8 @@ pub fn smart_log(ctrl: &Ctrl, env: &LogEnv<'_>, nsid: u32) -> Option<Vec<u8>> {
     }
     let mut h = health::gather(s, one, env.host_k);
     h.critical_warning = health::warning(&h, ctrl.features.temp_over, ctrl.features.temp_under);
-    h.power_cycles = 1;
+    // This controller's store has been powered at least this once.
+    h.power_cycles = h.power_cycles.max(1);
     h.power_on_hours = u128::from(env.started.elapsed().as_secs() / 3600);
     h.error_log_entries = u128::from(ctrl.error_count);
     Some(h.to_page())
