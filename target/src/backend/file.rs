@@ -87,7 +87,13 @@ impl ShutdownRecord {
             "clean" => false,
             _ => return None,
         };
-        Some((Self { starts, unsafe_shutdowns }, open))
+        Some((
+            Self {
+                starts,
+                unsafe_shutdowns,
+            },
+            open,
+        ))
     }
 
     fn write(&self, fd: std::os::fd::RawFd, open: bool) -> std::io::Result<()> {
@@ -117,9 +123,21 @@ impl ShutdownRecord {
             std::str::from_utf8(&buf[..n as usize])
                 .ok()
                 .and_then(Self::parse)
-                .unwrap_or((Self { starts: 0, unsafe_shutdowns: 0 }, false))
+                .unwrap_or((
+                    Self {
+                        starts: 0,
+                        unsafe_shutdowns: 0,
+                    },
+                    false,
+                ))
         } else {
-            (Self { starts: 0, unsafe_shutdowns: 0 }, false)
+            (
+                Self {
+                    starts: 0,
+                    unsafe_shutdowns: 0,
+                },
+                false,
+            )
         };
         rec.starts += 1;
         if was_open {
