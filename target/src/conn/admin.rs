@@ -217,6 +217,12 @@ impl Conn {
     fn keep_alive_check(&mut self, r: &mut Reactor, id: SourceId) {
         let Queue::Admin(ctrl) = &mut self.q else { return };
         ctrl.ka_timer = None;
+        if !self.auth.allows_commands() {
+            // Authenticating: a host sends no Keep Alive before it may (the Linux host's first
+            // use of a large DH group is seconds of its CPU); the authentication deadline
+            // bounds a host that stalls.
+            ctrl.last_keep_alive = Instant::now();
+        }
         if ctrl.keep_alive_deadline().is_some_and(|d| Instant::now() >= d) {
             warn!(cntlid = ctrl.cntlid, peer = %self.tcp.peer, kato_ms = ctrl.kato_ms, "keep-alive timeout: deleting the controller");
             self.close(r, id, "keep-alive timeout");

@@ -3,6 +3,8 @@
 //! log of every outcome (host NQN, hash, group; never a key). The exchange itself is
 //! [`crate::ctrl::auth`].
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use pollux_nvme::spec::{Sqe, Status};
@@ -14,8 +16,10 @@ use crate::ctrl::admin::{Reply, c2h_len};
 use crate::ctrl::auth::{AuthCtx, DhDone, DhJob, MAX_MESSAGE, Outcome, QueueAuth, check_command};
 
 /// How long a queue that must authenticate may take to (after its Connect, or after a
-/// failed exchange), before it is closed: a host that stalls mid-exchange holds nothing.
-pub const AUTH_TIMEOUT: Duration = Duration::from_secs(10);
+/// failed exchange), before it is closed: a host that stalls mid-exchange holds nothing for
+/// long. Not less: the Linux host's first use of ffdhe8192 runs a crypto self-test that
+/// takes 12 s of an emulated (TCG) CPU.
+pub const AUTH_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl Conn {
     /// The queue was connected for `hostnqn`; `required`: it must authenticate (the Connect
@@ -132,6 +136,10 @@ impl Conn {
                 if let Some(t) = self.auth_timer.take() {
                     r.cancel_timer(t);
                 }
+                // The keep-alive window starts now, not at the Connect.
+                if let Queue::Admin(ctrl) = &mut self.q {
+                    ctrl.last_keep_alive = Instant::now();
+                }
                 info!(%peer, qid, hostnqn = %self.auth.hostnqn, %hash, dhgroup = %dh, bidirectional,
                     "queue authenticated (DH-HMAC-CHAP)");
             }
@@ -162,10 +170,22 @@ impl Conn {
                 });
             });
         };
-        if let Err(job) = dh_worker().submit(job, Box::new(back)) {
-            // No worker thread: do it here (slower for neighbours, never wrong).
-            let done = job.run();
-            self.auth_computed(r, id, done);
+        match dh_worker().submit(job, Box::new(back)) {
+            Ok(()) => {}
+            Err(Refused::NoWorker(job)) => {
+                // No worker thread: do it here (slower for neighbours, never wrong).
+                let done = job.run();
+                self.auth_computed(r, id, done);
+            }
+            Err(Refused::Full) => {
+                // A connect storm with large groups: refuse this exchange rather than queue
+                // work (and memory) without bound; the host retries.
+                let o = self.auth.overloaded();
+                self.auth_outcome(r, id, o);
+                if let Some((cid, buf)) = self.auth_held.take() {
+                    self.answer_receive(r, id, cid, buf);
+                }
+            }
         }
     }
 
@@ -221,13 +241,35 @@ type DhReply = Box<dyn FnOnce(DhDone) + Send>;
 /// queues it serves.
 struct DhWorker {
     tx: Option<std::sync::Mutex<std::sync::mpsc::Sender<(DhJob, DhReply)>>>,
+    /// Jobs queued or running.
+    queued: Arc<AtomicUsize>,
+}
+
+/// Jobs the DH worker holds at most: beyond, exchanges are refused (each is at most a few
+/// tens of milliseconds of work; this bounds a connect storm's wait and memory).
+const DH_QUEUE_MAX: usize = 256;
+
+enum Refused {
+    /// No worker thread: the caller runs the job itself.
+    NoWorker(DhJob),
+    /// The queue is full.
+    Full,
 }
 
 impl DhWorker {
-    fn submit(&self, job: DhJob, reply: DhReply) -> Result<(), DhJob> {
-        let Some(tx) = &self.tx else { return Err(job) };
+    fn submit(&self, job: DhJob, reply: DhReply) -> Result<(), Refused> {
+        let Some(tx) = &self.tx else {
+            return Err(Refused::NoWorker(job));
+        };
+        if self.queued.fetch_add(1, Ordering::AcqRel) >= DH_QUEUE_MAX {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+            return Err(Refused::Full);
+        }
         let tx = tx.lock().unwrap_or_else(|p| p.into_inner());
-        tx.send((job, reply)).map_err(|e| e.0.0)
+        tx.send((job, reply)).map_err(|e| {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+            Refused::NoWorker(e.0.0)
+        })
     }
 }
 
@@ -235,18 +277,23 @@ fn dh_worker() -> &'static DhWorker {
     static W: std::sync::OnceLock<DhWorker> = std::sync::OnceLock::new();
     W.get_or_init(|| {
         let (tx, rx) = std::sync::mpsc::channel::<(DhJob, DhReply)>();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let q = queued.clone();
         let spawned = std::thread::Builder::new().name("pollux-dh".into()).spawn(move || {
             for (job, reply) in rx {
-                reply(job.run());
+                let done = job.run();
+                q.fetch_sub(1, Ordering::AcqRel);
+                reply(done);
             }
         });
         match spawned {
             Ok(_) => DhWorker {
                 tx: Some(std::sync::Mutex::new(tx)),
+                queued,
             },
             Err(e) => {
                 warn!("no DH worker thread ({e}): DH-HMAC-CHAP exponentiations run on the reactors");
-                DhWorker { tx: None }
+                DhWorker { tx: None, queued }
             }
         }
     })

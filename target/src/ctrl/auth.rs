@@ -242,6 +242,20 @@ impl QueueAuth {
         matches!(self.step, Step::KeyPairPending(_) | Step::SharedPending(..))
     }
 
+    /// The DH work of the exchange could not be queued (too many exchanges at once): it
+    /// fails, and the host may try again.
+    pub fn overloaded(&mut self) -> Outcome {
+        let t_id = match &self.step {
+            Step::KeyPairPending(x) | Step::SharedPending(x, _) => x.t_id,
+            _ => 0,
+        };
+        self.fail(
+            t_id,
+            Reason::Failed,
+            "too many authentications in progress on this target",
+        )
+    }
+
     /// The result of an [`Outcome::Compute`] job.
     pub fn computed(&mut self, ctx: &AuthCtx<'_>, done: DhDone) -> Outcome {
         match (std::mem::replace(&mut self.step, Step::Idle), done) {
