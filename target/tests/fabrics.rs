@@ -223,13 +223,7 @@ fn abort_cancels_a_read_in_service_on_a_simulated_ssd() {
               read = { fixed_us = 400000.0 }, write = { fixed_us = 5.0 } } }\n";
     let t = start_text(&conf_with("interrupt", "", NQN, ns));
     let mut c = controller(addr(&t), 1);
-    let mut s = sqe::read(1, 0, 8);
-    s.cid.set(42);
-    s.set_psdt(Sqe::PSDT_SGL_MPTR_CONTIGUOUS);
-    s.set_sgl(&SglDescriptor::transport_data_block(4096));
-    let sent = Instant::now();
-    let pdu = c.io[0].capsule_pdu(&s, &[]);
-    c.io[0].send_raw(&pdu).unwrap();
+    let sent = send_read(&mut c.io[0], 42, 0);
     std::thread::sleep(Duration::from_millis(50));
     assert_eq!(c.admin.abort(1, 42).unwrap() & 1, 0, "Abort dw0 bit 0: 0 = aborted");
     assert_eq!(expect_resp(&mut c.io[0], 42), (0, 0x07), "Command Aborted Requested");

@@ -11,7 +11,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use pollux_nvme::spec::{SglDescriptor, Sqe, Status};
+use pollux_nvme::spec::Status;
 use pollux_target::Target;
 use pollux_target::control::rpc::Ctx;
 use pollux_target::host::{Controller, Data, Digests, sqe};
@@ -392,13 +392,7 @@ fn abort_cancels_a_command_on_the_device_with_the_devices_abort() {
     // 1.5 s per command: the Abort arrives while the read is on the device.
     let (t, _ctx) = start_ssd("interrupt", "slow", 1_500_000.0);
     let mut c = connect(&t, 1);
-    let mut s = sqe::read(1, 0, 8);
-    s.cid.set(42);
-    s.set_psdt(Sqe::PSDT_SGL_MPTR_CONTIGUOUS);
-    s.set_sgl(&SglDescriptor::transport_data_block(4096));
-    let sent = Instant::now();
-    let pdu = c.io[0].capsule_pdu(&s, &[]);
-    c.io[0].send_raw(&pdu).unwrap();
+    let sent = send_read(&mut c.io[0], 42, 0);
     std::thread::sleep(Duration::from_millis(50));
     assert_eq!(c.admin.abort(1, 42).unwrap() & 1, 0, "Abort dw0 bit 0: 0 = aborted");
     assert_eq!(expect_resp(&mut c.io[0], 42), (0, 0x07), "Command Aborted Requested");

@@ -179,3 +179,52 @@ vfio_bind_nvme() {
     [ -c "/dev/vfio/$g" ] || die "no /dev/vfio/$g"
     echo "${d##*/} $g"
 }
+
+# ---- helpers of the authentication scenarios (nvmet-auth-loop, pollux-auth)
+
+# now: the guest's uptime, s; since T0: seconds since uptime T0, 2 decimals.
+now() { cut -d' ' -f1 /proc/uptime; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }
+
+# kmark NAME: a marker line in the kernel log; ksince NAME: the log after it.
+kmark() { echo "guest: mark $1" > /dev/kmsg; }
+ksince() { dmesg | awk -v m="guest: mark $1" 'f; index($0, m) { f = 1 }'; }
+
+# kwait NAME ERE [SECS]: wait until the kernel log after mark NAME has a line
+# matching ERE.
+kwait() {
+    n=0
+    while [ "$n" -lt "$((${3:-20} * 5))" ]; do
+        if ksince "$1" | grep -qE "$2"; then return 0; fi
+        sleep 0.2
+        n=$((n + 1))
+    done
+    ksince "$1"
+    die "no kernel log line /$2/ after mark $1 in ${3:-20}s"
+}
+
+# ctrl_of DEV: /sys/class/nvme/nvmeX of block device /dev/nvmeXnY.
+ctrl_of() { d=${1#/dev/}; echo "/sys/class/nvme/${d%n*}"; }
+
+# nothing_connected PORT [NQN]: no fabrics controller, no block device of NQN,
+# no TCP connection to PORT (closing sockets get 5 s).
+nothing_connected() {
+    n=0
+    while [ "$(tcp_established "$1")" != 0 ] && [ "$n" -lt 25 ]; do sleep 0.2; n=$((n + 1)); done
+    [ "$(tcp_established "$1")" = 0 ] || die "TCP connections to :$1 left: $(tcp_established "$1")"
+    for x in /sys/class/nvme/nvme*; do
+        if [ -e "$x" ]; then die "controller ${x##*/} left ($(cat "$x/state"))"; fi
+    done
+    if [ -n "${2:-}" ] && d=$(nvme_bdev "$2"); then die "$d left"; fi
+    return 0
+}
+
+# roundtrip DEV: 1 MiB of random data written (O_DIRECT) and read back.
+roundtrip() {
+    head -c 1048576 /dev/urandom > /tmp/pat
+    want=$(md5sum < /tmp/pat | cut -d' ' -f1)
+    dd if=/tmp/pat of="$1" bs=64k oflag=direct 2>/dev/null || die "dd write to $1"
+    got=$(dd if="$1" bs=64k count=16 iflag=direct 2>/dev/null | md5sum | cut -d' ' -f1)
+    [ "$got" = "$want" ] || die "1 MiB read back from $1 differs"
+    echo "dd: 1 MiB round trip on $1 ok"
+}

@@ -20,27 +20,6 @@ nqn=${NQN:-nqn.2024-01.io.pollux.ci:nvmet-auth-loop}
 port=${PORT:-4420}
 c=/sys/kernel/config/nvmet
 
-now() { cut -d' ' -f1 /proc/uptime; }
-# since T0: seconds elapsed since uptime T0, 2 decimals.
-since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }
-
-# kmark NAME: a marker line in the kernel log; ksince NAME: the log after it.
-kmark() { echo "auth-loop: mark $1" > /dev/kmsg; }
-ksince() { dmesg | awk -v m="auth-loop: mark $1" 'f; index($0, m) { f = 1 }'; }
-
-# kwait NAME PATTERN [SECS]: wait until the kernel log after mark NAME has a
-# line matching PATTERN (an extended regex, grep -E).
-kwait() {
-    n=0
-    while [ "$n" -lt "$((${3:-20} * 5))" ]; do
-        if ksince "$1" | grep -qE "$2"; then return 0; fi
-        sleep 0.2
-        n=$((n + 1))
-    done
-    ksince "$1"
-    die "no kernel log line /$2/ after mark $1 in ${3:-20}s"
-}
-
 # new_host: print a fresh host NQN (its uuid doubles as the host ID).
 new_host() { echo "nqn.2014-08.org.nvmexpress:uuid:$(cat /proc/sys/kernel/random/uuid)"; }
 
@@ -67,9 +46,6 @@ gen() {
     echo "$k" | grep -qE '^DHHC-1:0[0-3]:[A-Za-z0-9+/]+={0,2}:$' || die "nvme gen-dhchap-key $*: not a key: $k"
     echo "$k"
 }
-
-# ctrl_of DEV: /sys/class/nvme/nvmeX of block device /dev/nvmeXnY.
-ctrl_of() { d=${1#/dev/}; echo "/sys/class/nvme/${d%n*}"; }
 
 # aconnect CASE HOSTNQN [nvme connect args]: connect as HOSTNQN (one I/O
 # queue: each queue authenticates on its own), check nvmet made the
@@ -110,30 +86,7 @@ refused() {
     if ksince "$case_" | grep -q 'QID 0 timeout'; then
         echo "KERNEL-RACE: $case_: nvmet closed before its last auth completion; the host waited for the admin timeout"
     fi
-    nothing_connected
-}
-
-# nothing_connected: no fabrics controller, no block device of nqn, no TCP
-# connection to the port (closing sockets get 5 s).
-nothing_connected() {
-    n=0
-    while [ "$(tcp_established "$port")" != 0 ] && [ "$n" -lt 25 ]; do sleep 0.2; n=$((n + 1)); done
-    [ "$(tcp_established "$port")" = 0 ] || die "TCP connections to :$port left: $(tcp_established "$port")"
-    for x in /sys/class/nvme/nvme*; do
-        if [ -e "$x" ]; then die "controller ${x##*/} left ($(cat "$x/state"))"; fi
-    done
-    if d=$(nvme_bdev "$nqn"); then die "$d left"; fi
-    return 0
-}
-
-# roundtrip DEV: 1 MiB of random data written (O_DIRECT) and read back.
-roundtrip() {
-    head -c 1048576 /dev/urandom > /tmp/pat
-    want=$(md5sum < /tmp/pat | cut -d' ' -f1)
-    dd if=/tmp/pat of="$1" bs=64k oflag=direct 2>/dev/null || die "dd write to $1"
-    got=$(dd if="$1" bs=64k count=16 iflag=direct 2>/dev/null | md5sum | cut -d' ' -f1)
-    [ "$got" = "$want" ] || die "1 MiB read back from $1 differs"
-    echo "dd: 1 MiB round trip on $1 ok"
+    nothing_connected "$port" "$nqn"
 }
 
 # have_alg NAME...: /proc/crypto lists each (templates such as hmac(sha384)
@@ -327,7 +280,7 @@ fi
 ksince reauth-bad
 if wait "$ddpid"; then die "a read while the controller reconnected succeeded"; fi
 echo "read while reconnecting failed: $(cat /tmp/dderr)"
-nothing_connected
+nothing_connected "$port" "$nqn"
 
 step reauth-reconnect
 # The rotated keys are nvmet's now: they connect, the old ones are refused.

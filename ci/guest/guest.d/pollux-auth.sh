@@ -12,23 +12,6 @@
 port=4420
 hostid=${HOSTNQN##*:uuid:}
 
-now() { cut -d' ' -f1 /proc/uptime; }
-since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }
-kmark() { echo "pollux-auth: mark $1" > /dev/kmsg; }
-ksince() { dmesg | awk -v m="pollux-auth: mark $1" 'f; index($0, m) { f = 1 }'; }
-# kwait NAME ERE [SECS]: the kernel log after mark NAME gets a matching line.
-kwait() {
-    n=0
-    while [ "$n" -lt "$((${3:-20} * 5))" ]; do
-        if ksince "$1" | grep -qE "$2"; then return 0; fi
-        sleep 0.2
-        n=$((n + 1))
-    done
-    ksince "$1"
-    die "no kernel log line /$2/ after mark $1 in ${3:-20}s"
-}
-ctrl_of() { d=${1#/dev/}; echo "/sys/class/nvme/${d%n*}"; }
-
 # aconnect CASE SUB [nvme connect args]: connect as HOSTNQN with 2 I/O queues.
 # The host logs the admin queue's authentication (the I/O queues' only at debug
 # level: pollux's log shows them, which the host side checks).
@@ -61,28 +44,7 @@ refused() {
     if ksince "$case_" | grep -q 'timeout'; then
         die "$case_: the host waited for a timeout: pollux lost an authentication completion"
     fi
-    nothing_connected
-}
-
-# nothing_connected: no controller, no block device, no TCP connection to pollux.
-nothing_connected() {
-    n=0
-    while [ "$(tcp_established "$port")" != 0 ] && [ "$n" -lt 25 ]; do sleep 0.2; n=$((n + 1)); done
-    [ "$(tcp_established "$port")" = 0 ] || die "TCP connections to :$port left: $(tcp_established "$port")"
-    for x in /sys/class/nvme/nvme*; do
-        if [ -e "$x" ]; then die "controller ${x##*/} left ($(cat "$x/state"))"; fi
-    done
-    return 0
-}
-
-# roundtrip DEV: 1 MiB of random data written (O_DIRECT) and read back.
-roundtrip() {
-    head -c 1048576 /dev/urandom > /tmp/pat
-    want=$(md5sum < /tmp/pat | cut -d' ' -f1)
-    dd if=/tmp/pat of="$1" bs=64k oflag=direct 2>/dev/null || die "dd write to $1"
-    got=$(dd if="$1" bs=64k count=16 iflag=direct 2>/dev/null | md5sum | cut -d' ' -f1)
-    [ "$got" = "$want" ] || die "1 MiB read back from $1 differs"
-    echo "dd: 1 MiB round trip on $1 ok"
+    nothing_connected "$port"
 }
 
 step kernel
@@ -163,6 +125,6 @@ refused old-key-after-rotation s384 --dhchap-secret="$K384" --dhchap-ctrl-secret
 dev=$(aconnect rotated-key s384 --dhchap-secret="$KROT" --dhchap-ctrl-secret="$C384")
 roundtrip "$dev"
 disconnect "$PFX:s384"
-nothing_connected
+nothing_connected "$port"
 
 step end

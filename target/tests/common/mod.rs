@@ -201,6 +201,19 @@ pub fn r2t_write(q: &mut HostQueue, cid: u16, slba: u64, len: u32) -> u16 {
     }
 }
 
+/// Sends a 4 KiB read of LBA `slba` on namespace 1 with CID `cid` and a transport SGL,
+/// without waiting for it (to abort it while it runs, say); returns when it was sent.
+pub fn send_read(q: &mut HostQueue, cid: u16, slba: u64) -> Instant {
+    let mut s = sqe::read(1, slba, 8);
+    s.cid.set(cid);
+    s.set_psdt(Sqe::PSDT_SGL_MPTR_CONTIGUOUS);
+    s.set_sgl(&SglDescriptor::transport_data_block(4096));
+    let sent = Instant::now();
+    let pdu = q.capsule_pdu(&s, &[]);
+    q.send_raw(&pdu).unwrap();
+    sent
+}
+
 /// Reads the next PDU and expects the CapsuleResp of `cid`; returns its (SCT, SC).
 pub fn expect_resp(q: &mut HostQueue, cid: u16) -> (u8, u8) {
     match q.recv_raw(WAIT).unwrap() {
