@@ -10,6 +10,7 @@
 //!   bring-up/reset/shutdown and single-owner queue pairs (PRP lists, MDTS splitting).
 //! - [`auth`]: DH-HMAC-CHAP in-band authentication: secrets, hashes, FFDHE groups, the
 //!   responses and the Authentication Send/Receive messages.
+//! - [`tls`]: NVMe/TCP TLS key material: configured PSKs, retained PSKs, PSK identities.
 //! - [`tcp`]: the NVMe/TCP transport 1.0 PDUs, an incremental receive-side parser with typed
 //!   errors, allocation-free encoders and CRC32C digests.
 //!
@@ -31,5 +32,6 @@ pub mod bindings;
 pub mod pci;
 pub mod spec;
 pub mod tcp;
+pub mod tls;
 
 pub use tcp::PduError;

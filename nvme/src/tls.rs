@@ -1,0 +1,324 @@
+//! NVMe/TCP TLS key material (NVMe/TCP 1.0 §3.6.1, TP 8011 and TP 8018): configured PSKs in
+//! the `NVMeTLSkey-1:hh:<base64>:` interchange format that `nvme gen-tls-key` writes, the
+//! retained PSK derived from one for a host, the PSK identity a host offers in its TLS 1.3
+//! ClientHello (`NVMe<v>R<hh> <hostnqn> <subnqn>[ <digest>]`), and the TLS PSK itself. Pure:
+//! the TLS record layer is the transport's.
+//!
+//! The derivations are HKDF (RFC 5869, the `hkdf` crate) with TLS 1.3's HKDF-Expand-Label
+//! encoding (RFC 8446 §7.1: a big-endian length, then the label `tls13 <label>` and the
+//! context, each after its length byte), as libnvme 1.16+, the Linux kernel and SPDK do.
+//! libnvme before 1.16 encoded that label wrongly; identities made with it differ (its
+//! `--compat` mode) and are not produced here.
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use hkdf::Hkdf;
+use sha2::{Sha256, Sha384};
+use thiserror::Error;
+use zeroize::Zeroizing;
+
+use crate::auth::HashId;
+
+/// A PSK's representation refused (never carrying the key).
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum PskError {
+    /// Not `NVMeTLSkey-1:hh:...:`.
+    #[error("not a TLS PSK: expected NVMeTLSkey-1:hh:<base64>: (as nvme gen-tls-key writes)")]
+    Format,
+    /// hh is not 00, 01 or 02.
+    #[error("unknown PSK hash {0:?}: 00 (none), 01 (SHA-256) or 02 (SHA-384)")]
+    Hash(String),
+    /// The base64 text does not decode.
+    #[error("the PSK is not valid base64")]
+    Base64,
+    /// A PSK of the wrong length for its hash.
+    #[error("a {0}-byte PSK: 32 (SHA-256) or 48 (SHA-384) bytes")]
+    Length(usize),
+    /// The CRC-32 does not match.
+    #[error("the PSK's CRC-32 does not match (mistyped or truncated?)")]
+    Crc,
+}
+
+/// The hash of a PSK and of the cipher suite it is used with (NVMe/TCP 1.0 §3.6.1.3):
+/// TLS_AES_128_GCM_SHA256 (01) or TLS_AES_256_GCM_SHA384 (02).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PskHash {
+    /// SHA-256, 32-byte PSKs.
+    Sha256,
+    /// SHA-384, 48-byte PSKs.
+    Sha384,
+}
+
+impl PskHash {
+    /// The identifier, 1 or 2.
+    pub fn id(self) -> u8 {
+        match self {
+            Self::Sha256 => 1,
+            Self::Sha384 => 2,
+        }
+    }
+
+    /// Its output (and PSK) length.
+    pub fn output_len(self) -> usize {
+        match self {
+            Self::Sha256 => 32,
+            Self::Sha384 => 48,
+        }
+    }
+
+    /// The hash of a PSK of `len` bytes.
+    pub fn for_len(len: usize) -> Option<Self> {
+        match len {
+            32 => Some(Self::Sha256),
+            48 => Some(Self::Sha384),
+            _ => None,
+        }
+    }
+
+    fn hmac(self) -> HashId {
+        match self {
+            Self::Sha256 => HashId::Sha256,
+            Self::Sha384 => HashId::Sha384,
+        }
+    }
+
+    /// HKDF-Expand-Label(HKDF-Extract(0, ikm), label, context, len).
+    fn expand_label(self, ikm: &[u8], label: &str, context: &[u8], len: usize) -> Option<Zeroizing<Vec<u8>>> {
+        let full = format!("tls13 {label}");
+        let mut info = Vec::with_capacity(4 + full.len() + context.len());
+        info.extend_from_slice(&u16::try_from(len).ok()?.to_be_bytes());
+        info.push(u8::try_from(full.len()).ok()?);
+        info.extend_from_slice(full.as_bytes());
+        info.push(u8::try_from(context.len()).ok()?);
+        info.extend_from_slice(context);
+        let mut out = Zeroizing::new(vec![0u8; len]);
+        let ok = match self {
+            Self::Sha256 => Hkdf::<Sha256>::new(None, ikm).expand(&info, &mut out).is_ok(),
+            Self::Sha384 => Hkdf::<Sha384>::new(None, ikm).expand(&info, &mut out).is_ok(),
+        };
+        ok.then_some(out)
+    }
+}
+
+/// A configured PSK (NVMe/TCP 1.0 §3.6.1.5): the key and the hash (hh) that derives the
+/// retained PSK from it (None: the configured PSK is the retained PSK). Zeroed when dropped;
+/// `Debug` shows no key.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ConfiguredPsk {
+    hash: Option<PskHash>,
+    key: Zeroizing<Vec<u8>>,
+}
+
+impl std::fmt::Debug for ConfiguredPsk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConfiguredPsk")
+            .field("hash", &self.hash)
+            .field("len", &self.key.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The PSK identity and TLS PSK of one host and subsystem.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsPsk {
+    /// The identity the host offers (`NVMe1R01 <hostnqn> <subnqn> <digest>`).
+    pub identity: String,
+    /// The cipher suite's hash.
+    pub hash: PskHash,
+    /// The TLS 1.3 external PSK (a secret).
+    pub psk: Zeroizing<Vec<u8>>,
+}
+
+impl ConfiguredPsk {
+    /// Parse `NVMeTLSkey-1:hh:<base64>:` (surrounding whitespace allowed).
+    pub fn parse(text: &str) -> Result<Self, PskError> {
+        let rest = text.trim().strip_prefix("NVMeTLSkey-1:").ok_or(PskError::Format)?;
+        let (hh, rest) = rest.split_once(':').ok_or(PskError::Format)?;
+        let b64 = rest.strip_suffix(':').ok_or(PskError::Format)?;
+        if hh.len() != 2 || b64.is_empty() || b64.contains(':') {
+            return Err(PskError::Format);
+        }
+        let hash = match hh {
+            "00" => None,
+            "01" => Some(PskHash::Sha256),
+            "02" => Some(PskHash::Sha384),
+            other => return Err(PskError::Hash(other.to_string())),
+        };
+        let raw = Zeroizing::new(STANDARD.decode(b64).map_err(|_| PskError::Base64)?);
+        let len = raw.len().saturating_sub(4);
+        if raw.len() < 4 || PskHash::for_len(len).is_none() || hash.is_some_and(|h| h.output_len() != len) {
+            return Err(PskError::Length(len));
+        }
+        let (key, crc) = raw.split_at(len);
+        if crc32fast::hash(key).to_le_bytes() != crc {
+            return Err(PskError::Crc);
+        }
+        Ok(Self {
+            hash,
+            key: Zeroizing::new(key.to_vec()),
+        })
+    }
+
+    /// A configured PSK of `key` (32 or 48 bytes) with hash `hash`.
+    pub fn new(hash: Option<PskHash>, key: &[u8]) -> Result<Self, PskError> {
+        if PskHash::for_len(key.len()).is_none() || hash.is_some_and(|h| h.output_len() != key.len()) {
+            return Err(PskError::Length(key.len()));
+        }
+        Ok(Self {
+            hash,
+            key: Zeroizing::new(key.to_vec()),
+        })
+    }
+
+    /// The interchange representation (a secret: never log it).
+    pub fn encode(&self) -> Zeroizing<String> {
+        let mut raw = Zeroizing::new(self.key.to_vec());
+        raw.extend_from_slice(&crc32fast::hash(&self.key).to_le_bytes());
+        let hh = self.hash.map_or(0, PskHash::id);
+        Zeroizing::new(format!("NVMeTLSkey-1:{hh:02}:{}:", STANDARD.encode(&*raw)))
+    }
+
+    /// The cipher suite hash this PSK is used with: its own, or by its length.
+    pub fn cipher(&self) -> PskHash {
+        self.hash
+            .or(PskHash::for_len(self.key.len()))
+            .unwrap_or(PskHash::Sha256)
+    }
+
+    /// The retained PSK for host `hostnqn` (TP 8018): HKDF-Expand-Label(HKDF-Extract(0,
+    /// configured), "HostNQN", hostnqn, length), or the configured PSK itself with hash 00.
+    pub fn retained(&self, hostnqn: &str) -> Option<Zeroizing<Vec<u8>>> {
+        match self.hash {
+            None => Some(self.key.clone()),
+            Some(h) => h.expand_label(&self.key, "HostNQN", hostnqn.as_bytes(), self.key.len()),
+        }
+    }
+
+    /// The identity (version 0, or 1 with its digest) and TLS PSK of `hostnqn` with `subnqn`
+    /// (NVMe/TCP 1.0 §3.6.1.3): TLS PSK = HKDF-Expand-Label(HKDF-Extract(0, retained),
+    /// "nvme-tls-psk", context, length), the context being the identity (version 0) or
+    /// "<hh> <digest>" (version 1), digest = base64(HMAC(retained, hostnqn " " subnqn
+    /// " NVMe-over-Fabrics")).
+    pub fn tls_psk(&self, hostnqn: &str, subnqn: &str, version: u8) -> Option<TlsPsk> {
+        let cipher = self.cipher();
+        let retained = self.retained(hostnqn)?;
+        let (identity, context) = match version {
+            0 => {
+                let id = format!("NVMe0R{:02} {hostnqn} {subnqn}", cipher.id());
+                (id.clone(), id)
+            }
+            1 => {
+                let mac = cipher.hmac().hmac(
+                    &retained,
+                    &[hostnqn.as_bytes(), b" ", subnqn.as_bytes(), b" NVMe-over-Fabrics"],
+                );
+                let digest = STANDARD.encode(&*mac);
+                (
+                    format!("NVMe1R{:02} {hostnqn} {subnqn} {digest}", cipher.id()),
+                    format!("{:02} {digest}", cipher.id()),
+                )
+            }
+            _ => return None,
+        };
+        let psk = cipher.expand_label(&retained, "nvme-tls-psk", context.as_bytes(), self.key.len())?;
+        Some(TlsPsk {
+            identity,
+            hash: cipher,
+            psk,
+        })
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    // libnvme's test/psk.c vectors (libnvme 1.16+, the corrected HkdfLabel).
+    const PSK32: [u8; 32] = [
+        0x55, 0x12, 0xDB, 0xB6, 0x73, 0x7D, 0x01, 0x06, 0xF6, 0x59, 0x75, 0xB7, 0x73, 0xDF, 0xB0, 0x11, 0xFF, 0xC3,
+        0x44, 0xBC, 0xF4, 0x42, 0xE2, 0xDD, 0x6D, 0x8B, 0xC4, 0x87, 0x0B, 0x5D, 0x5B, 0x03,
+    ];
+
+    fn psk48() -> Vec<u8> {
+        let mut k = PSK32.to_vec();
+        k.extend_from_slice(&PSK32[16..]);
+        k
+    }
+
+    #[test]
+    fn interchange_matches_libnvmes_vectors() {
+        let cases: [(Option<PskHash>, Vec<u8>, &str); 3] = [
+            (
+                None,
+                PSK32.to_vec(),
+                "NVMeTLSkey-1:00:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:",
+            ),
+            (
+                Some(PskHash::Sha256),
+                PSK32.to_vec(),
+                "NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:",
+            ),
+            (
+                Some(PskHash::Sha384),
+                psk48(),
+                "NVMeTLSkey-1:02:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwP/w0S89ELi3W2LxIcLXVsDn8kXZQ==:",
+            ),
+        ];
+        for (hash, key, text) in cases {
+            let p = ConfiguredPsk::new(hash, &key).unwrap();
+            assert_eq!(*p.encode(), text);
+            assert_eq!(ConfiguredPsk::parse(text).unwrap(), p);
+        }
+    }
+
+    #[test]
+    fn identities_match_libnvmes_vectors() {
+        let (h, s) = ("nqn.psk-test-host", "nqn.psk-test-subsys");
+        let p = ConfiguredPsk::new(Some(PskHash::Sha256), &PSK32).unwrap();
+        let t = p.tls_psk(h, s, 1).unwrap();
+        assert_eq!(
+            t.identity,
+            "NVMe1R01 nqn.psk-test-host nqn.psk-test-subsys iSbjiStwJ/1TrTvDlt2fjFmzvsytOJelidNnA+X5lEU="
+        );
+        assert_eq!((t.hash, t.psk.len()), (PskHash::Sha256, 32));
+        let p = ConfiguredPsk::new(Some(PskHash::Sha384), &psk48()).unwrap();
+        let t = p.tls_psk(h, s, 1).unwrap();
+        assert_eq!(
+            t.identity,
+            "NVMe1R02 nqn.psk-test-host nqn.psk-test-subsys QhW2+Rp6RzHlNtCslyRxMnwJ11tKKhz8JCAQpQ+XUD8f9td1VeH5h53yz2wKJG1a"
+        );
+        assert_eq!((t.hash, t.psk.len()), (PskHash::Sha384, 48));
+        // Version 0: no digest; the TLS PSK differs with the identity.
+        let v0 = p.tls_psk(h, s, 0).unwrap();
+        assert_eq!(v0.identity, "NVMe0R02 nqn.psk-test-host nqn.psk-test-subsys");
+        assert_ne!(*v0.psk, *t.psk);
+        assert!(p.tls_psk(h, s, 2).is_none());
+        // Another host gets another retained PSK.
+        assert_ne!(*p.retained(h).unwrap(), *p.retained("nqn.other").unwrap());
+        // Hash 00: the configured PSK is retained as is, its cipher by its length.
+        let p0 = ConfiguredPsk::new(None, &psk48()).unwrap();
+        assert_eq!(*p0.retained(h).unwrap(), psk48());
+        assert_eq!(p0.cipher(), PskHash::Sha384);
+    }
+
+    #[test]
+    fn bad_interchange_is_refused_with_the_reason() {
+        assert_eq!(ConfiguredPsk::parse("DHHC-1:00:AAAA:"), Err(PskError::Format));
+        assert_eq!(
+            ConfiguredPsk::parse("NVMeTLSkey-1:03:AAAA:"),
+            Err(PskError::Hash("03".into()))
+        );
+        assert_eq!(ConfiguredPsk::parse("NVMeTLSkey-1:01:%%%:"), Err(PskError::Base64));
+        let k48 = ConfiguredPsk::new(None, &psk48())
+            .unwrap()
+            .encode()
+            .replace(":00:", ":01:");
+        assert_eq!(ConfiguredPsk::parse(&k48), Err(PskError::Length(48)));
+        let mut bad = ConfiguredPsk::new(None, &PSK32).unwrap().encode().to_string();
+        bad.replace_range(20..21, if &bad[20..21] == "A" { "B" } else { "A" });
+        assert_eq!(ConfiguredPsk::parse(&bad), Err(PskError::Crc));
+        assert_eq!(ConfiguredPsk::new(None, &[0; 16]).unwrap_err(), PskError::Length(16));
+        assert!(!format!("{:?}", ConfiguredPsk::new(None, &PSK32).unwrap()).contains("85"));
+    }
+}
