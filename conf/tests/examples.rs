@@ -204,5 +204,10 @@ fn secure_toml_parses_with_its_key_files() {
     assert_eq!(s.host_keys.len(), 1);
     assert!(s.host_keys.values().all(|k| k.ctrl.is_some()));
     assert!(!s.allow_any_host);
+    // Written back with its key files as files, it reads the same.
+    let text = c.to_toml();
+    assert!(!text.contains("DHHC-1"), "{text}");
+    let back = Config::parse(&text, &c.origin).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    assert_eq!(back.subsystems, c.subsystems);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -24,7 +24,8 @@ fn examples_round_trip() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
     for entry in std::fs::read_dir(dir).expect("examples") {
         let path = entry.expect("entry").path();
-        if path.extension().is_some_and(|e| e == "toml") {
+        // secure.toml needs its key files: conf/tests/examples.rs makes them and round-trips it.
+        if path.extension().is_some_and(|e| e == "toml") && !path.ends_with("secure.toml") {
             round_trip(&Config::from_path(&path).unwrap_or_else(|e| panic!("{e}")));
         }
     }
