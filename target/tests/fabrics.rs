@@ -223,20 +223,7 @@ fn abort_cancels_a_read_in_service_on_a_simulated_ssd() {
               read = { fixed_us = 400000.0 }, write = { fixed_us = 5.0 } } }\n";
     let t = start_text(&conf_with("interrupt", "", NQN, ns));
     let mut c = controller(addr(&t), 1);
-    let sent = send_read(&mut c.io[0], 42, 0);
-    std::thread::sleep(Duration::from_millis(50));
-    assert_eq!(c.admin.abort(1, 42).unwrap() & 1, 0, "Abort dw0 bit 0: 0 = aborted");
-    assert_eq!(expect_resp(&mut c.io[0], 42), (0, 0x07), "Command Aborted Requested");
-    let took = sent.elapsed();
-    assert!(
-        took < Duration::from_millis(350),
-        "the aborted read completed after {took:?}"
-    );
-    // Nothing of it is left: a second Abort finds nothing, and the device serves reads.
-    assert_eq!(c.admin.abort(1, 42).unwrap() & 1, 1);
-    let mut back = vec![1u8; 4096];
-    c.io[0].read(1, 8, 8, &mut back).unwrap();
-    assert!(back.iter().all(|&b| b == 0));
+    assert_abort_of_running_read(&mut c, Duration::from_millis(350));
     drop(c);
     t.shutdown().unwrap();
 }

@@ -392,20 +392,7 @@ fn abort_cancels_a_command_on_the_device_with_the_devices_abort() {
     // 1.5 s per command: the Abort arrives while the read is on the device.
     let (t, _ctx) = start_ssd("interrupt", "slow", 1_500_000.0);
     let mut c = connect(&t, 1);
-    let sent = send_read(&mut c.io[0], 42, 0);
-    std::thread::sleep(Duration::from_millis(50));
-    assert_eq!(c.admin.abort(1, 42).unwrap() & 1, 0, "Abort dw0 bit 0: 0 = aborted");
-    assert_eq!(expect_resp(&mut c.io[0], 42), (0, 0x07), "Command Aborted Requested");
-    let took = sent.elapsed();
-    assert!(
-        took < Duration::from_millis(1200),
-        "the aborted read completed after {took:?}"
-    );
-    // Nothing of it is left, and the device still serves reads.
-    assert_eq!(c.admin.abort(1, 42).unwrap() & 1, 1);
-    let mut back = vec![1u8; 4096];
-    c.io[0].read(1, 8, 8, &mut back).unwrap();
-    assert!(back.iter().all(|&b| b == 0));
+    assert_abort_of_running_read(&mut c, Duration::from_millis(1200));
     c.shutdown().unwrap();
     t.shutdown().unwrap();
 }

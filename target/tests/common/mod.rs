@@ -214,6 +214,23 @@ pub fn send_read(q: &mut HostQueue, cid: u16, slba: u64) -> Instant {
     sent
 }
 
+/// Aborts a 4 KiB read of LBA 0 while its backend serves it (the backend must take longer
+/// than 50 ms per read): the Abort says aborted, the read completes with Command Aborted
+/// Requested within `within` of its submission, a second Abort finds nothing, and the queue
+/// then reads LBA 8 (zeroes).
+pub fn assert_abort_of_running_read(c: &mut Controller, within: Duration) {
+    let sent = send_read(&mut c.io[0], 42, 0);
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(c.admin.abort(1, 42).unwrap() & 1, 0, "Abort dw0 bit 0: 0 = aborted");
+    assert_eq!(expect_resp(&mut c.io[0], 42), (0, 0x07), "Command Aborted Requested");
+    let took = sent.elapsed();
+    assert!(took < within, "the aborted read completed after {took:?}");
+    assert_eq!(c.admin.abort(1, 42).unwrap() & 1, 1, "nothing of it is left to abort");
+    let mut back = vec![1u8; 4096];
+    c.io[0].read(1, 8, 8, &mut back).unwrap();
+    assert!(back.iter().all(|&b| b == 0));
+}
+
 /// Reads the next PDU and expects the CapsuleResp of `cid`; returns its (SCT, SC).
 pub fn expect_resp(q: &mut HostQueue, cid: u16) -> (u8, u8) {
     match q.recv_raw(WAIT).unwrap() {
