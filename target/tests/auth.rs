@@ -329,6 +329,9 @@ fn keys_change_at_run_time_and_live_queues_reauthenticate() {
     let (hk1, hk2) = (key(Some(HashId::Sha256)), key(Some(HashId::Sha256)));
     let (t, ctx) = start_secure(&hk1, None, "");
     let mut c = Controller::connect_with(addr(&t), &opts(Some(HostDhchap::new(hk1.clone(), None)))).unwrap();
+    // The controller listing says how it authenticated (the subsystem's first choices).
+    let ctrls = ctx.call("controllers", &serde_json::Value::Null).unwrap().to_string();
+    assert!(ctrls.contains("\"authenticated\":\"sha256/ffdhe2048\""), "{ctrls}");
     // Rotate the host's key through the control socket: connected queues keep working.
     ctx.call(
         "set_host_keys",

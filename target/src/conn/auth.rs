@@ -139,12 +139,16 @@ impl Conn {
                 // The keep-alive window starts now, not at the Connect.
                 if let Queue::Admin(ctrl) = &mut self.q {
                     ctrl.last_keep_alive = Instant::now();
+                    ctrl.authenticated = Some(format!("{hash}/{dh}{}", if bidirectional { "+ctrl" } else { "" }));
                 }
                 info!(%peer, qid, hostnqn = %self.auth.hostnqn, %hash, dhgroup = %dh, bidirectional,
                     "queue authenticated (DH-HMAC-CHAP)");
             }
             Outcome::Failed { reason } => {
                 warn!(%peer, qid, hostnqn = %self.auth.hostnqn, "authentication failed: {reason}");
+                if let Queue::Admin(ctrl) = &mut self.q {
+                    ctrl.authenticated = None;
+                }
                 if self.auth.required && self.auth_timer.is_none() {
                     // Nothing but a new exchange runs now; the queue goes if none succeeds in
                     // time. A deadline already running is kept: failing again and again

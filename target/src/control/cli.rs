@@ -336,6 +336,7 @@ pub fn format_controllers(c: &CtrlList) -> String {
             "ADMIN",
             "IO_QUEUES(qid:reactor)",
             "AGE_S",
+            "AUTH",
         ]
         .map(String::from)
         .to_vec(),
@@ -352,6 +353,7 @@ pub fn format_controllers(c: &CtrlList) -> String {
             x.admin_reactor.to_string(),
             if q.is_empty() { "-".into() } else { q.join(",") },
             format!("{:.0}", x.age_s),
+            x.authenticated.clone().unwrap_or_else(|| "-".into()),
         ]);
     }
     let mut out = if c.controllers.is_empty() {

@@ -230,6 +230,10 @@ pub struct CtrlView {
     pub created_unix_s: f64,
     /// Age, seconds.
     pub age_s: f64,
+    /// How its admin queue authenticated ("sha384/ffdhe2048", "+ctrl" when bidirectional);
+    /// None: its host has no keys.
+    #[serde(default)]
+    pub authenticated: Option<String>,
 }
 
 /// The `controllers` method's result.

@@ -110,6 +110,9 @@ pub struct Ctrl {
     pub smart_masked: bool,
     /// The pending health check.
     pub health_timer: Option<TimerId>,
+    /// How the admin queue last authenticated (DH-HMAC-CHAP: "sha384/ffdhe2048", "+ctrl"
+    /// when bidirectional); None: it did not need to.
+    pub authenticated: Option<String>,
     /// Created at.
     pub created: Instant,
 }
@@ -140,6 +143,7 @@ impl Ctrl {
             smart_reported: 0,
             smart_masked: false,
             health_timer: None,
+            authenticated: None,
             created: now,
         }
     }

@@ -116,6 +116,7 @@ impl Ctx {
                         io_queues: c.io_queues.iter().map(|(q, r)| (*q, r.reactor)).collect(),
                         created_unix_s: 0.0,
                         age_s: age,
+                        authenticated: c.authenticated.clone(),
                     });
                 });
                 let _ = tx.send((id, v));
