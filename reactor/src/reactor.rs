@@ -129,6 +129,9 @@ pub struct Reactor {
     timers: BinaryHeap<Reverse<(Instant, u64)>>,
     timer_fns: HashMap<u64, TimerFn>,
     timer_seq: u64,
+    /// The heap top's timer when last seen live (0: unknown): the loop then checks it with
+    /// one compare, not a hash lookup per iteration.
+    timer_top_live: u64,
     timerfd: TimerFd,
     timerfd_deadline: Option<Instant>,
     inbox: Arc<Inbox>,
@@ -208,6 +211,7 @@ impl Reactor {
             timers: BinaryHeap::new(),
             timer_fns: HashMap::new(),
             timer_seq: 0,
+            timer_top_live: 0,
             timerfd,
             timerfd_deadline: None,
             inbox,

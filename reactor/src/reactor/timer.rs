@@ -23,6 +23,9 @@ impl Reactor {
 
     /// Cancel a pending timer; false if it already ran or was cancelled.
     pub fn cancel_timer(&mut self, t: TimerId) -> bool {
+        if self.timer_top_live == t.0 {
+            self.timer_top_live = 0;
+        }
         self.timer_fns.remove(&t.0).is_some()
     }
 
@@ -43,9 +46,14 @@ impl Reactor {
                 }
             }
         }
-        // Drop cancelled timers at the top so they do not arm the timerfd.
+        // Drop cancelled timers at the top so they do not arm the timerfd. The top seen live
+        // before (and not cancelled since) needs no lookup: this runs every iteration.
         while let Some(Reverse((_, seq))) = self.timers.peek() {
+            if *seq == self.timer_top_live {
+                break;
+            }
             if self.timer_fns.contains_key(seq) {
+                self.timer_top_live = *seq;
                 break;
             }
             self.timers.pop();

@@ -137,7 +137,6 @@ impl Conn {
             self.shared.controllers_created.fetch_add(1, Relaxed);
             self.q = Queue::Admin(Box::new(ctrl));
             self.schedule_keep_alive(r, id);
-            self.schedule_health_check(r, id);
             let atr = self.auth_required(&d.hostnqn, subsys_of_req.as_deref());
             self.start_auth(r, id, &d.hostnqn, atr);
             self.resp(cid, Status::SUCCESS, connect_dw0(cntlid, atr), 0);
@@ -234,10 +233,11 @@ impl Conn {
     // ---------------------------------------------------------------- health
 
     /// Look at the subsystem's health every [`HEALTH_CHECK`] while the host has SMART events
-    /// enabled, raising the event a new critical warning calls for (NVMe 2.0 §5.2).
+    /// enabled (AEC bits 7:0), raising the event a new critical warning calls for (NVMe 2.0
+    /// §5.2). No timer otherwise: a timer costs every reactor iteration a little.
     fn schedule_health_check(&mut self, r: &mut Reactor, id: SourceId) {
         let Queue::Admin(ctrl) = &mut self.q else { return };
-        if ctrl.is_discovery() {
+        if ctrl.is_discovery() || ctrl.aec & 0xFF == 0 || ctrl.health_timer.is_some() {
             return;
         }
         let serial = self.serial;
@@ -253,9 +253,7 @@ impl Conn {
     fn health_check(&mut self, r: &mut Reactor, id: SourceId) {
         let Queue::Admin(ctrl) = &mut self.q else { return };
         ctrl.health_timer = None;
-        if ctrl.aec & 0xFF != 0
-            && let Some(s) = &ctrl.subsys
-        {
+        if let Some(s) = &ctrl.subsys {
             let h = health::gather(s, None, health::host_temperature_k().unwrap_or(health::NOMINAL_K));
             if ctrl.check_health(&h) {
                 self.complete_events();
@@ -290,6 +288,8 @@ impl Conn {
         if !status.is_success() {
             self.log_error(r, cid, status, nsid, 0);
         }
+        // Set Features may have enabled SMART events.
+        self.schedule_health_check(r, id);
     }
 
     /// Abort (NVMe 2.0 §5.1): dw0 bit 0 is 0 if the command was aborted, 1 if not.
