@@ -73,6 +73,11 @@ pub fn host_temperature_k() -> Option<u16> {
     }
 }
 
+/// [`host_temperature_k`], or [`NOMINAL_K`] without a reading.
+pub fn host_k() -> u16 {
+    host_temperature_k().unwrap_or(NOMINAL_K)
+}
+
 /// The last reading of [`host_temperature_k`] (0: none).
 static HOST_K: AtomicU32 = AtomicU32::new(0);
 
@@ -127,23 +132,26 @@ pub fn gather(s: &Subsystem, nsid: Option<u32>, host_k: u16) -> Health {
         ..Health::default()
     };
     let mut devices = BTreeSet::new();
-    let mut any_device = false;
     let mut hosted = s.namespaces.is_empty();
-    let (mut spare, mut thresh) = (None::<u8>, None::<u8>);
     for ns in s.namespaces.values().filter(|ns| nsid.is_none_or(|n| n == ns.nsid)) {
         let t = ns.totals();
         h.host_reads += u128::from(t.read_cmds);
         h.host_writes += u128::from(t.write_cmds);
         match ns.backend.device_health() {
             Some((name, d)) => {
-                any_device = true;
+                let first = devices.is_empty();
                 if !devices.insert(name.to_string()) {
                     continue;
                 }
+                // The devices replace the defaults: the lowest spare, the highest threshold.
+                if first {
+                    (h.avail_spare, h.spare_thresh) = (d.avail_spare, d.spare_thresh);
+                } else {
+                    h.avail_spare = h.avail_spare.min(d.avail_spare);
+                    h.spare_thresh = h.spare_thresh.max(d.spare_thresh);
+                }
                 h.critical_warning |= d.critical_warning;
                 h.temperature_k = h.temperature_k.max(d.temperature_k);
-                spare = Some(spare.map_or(d.avail_spare, |v| v.min(d.avail_spare)));
-                thresh = Some(thresh.map_or(d.spare_thresh, |v| v.max(d.spare_thresh)));
                 h.percent_used = h.percent_used.max(d.percent_used);
                 h.data_units_read += d.data_units_read;
                 h.data_units_written += d.data_units_written;
@@ -160,10 +168,6 @@ pub fn gather(s: &Subsystem, nsid: Option<u32>, host_k: u16) -> Health {
                 }
             }
         }
-    }
-    if any_device {
-        h.avail_spare = spare.unwrap_or(100);
-        h.spare_thresh = thresh.unwrap_or(10);
     }
     if hosted || h.temperature_k == 0 {
         h.temperature_k = h.temperature_k.max(host_k);

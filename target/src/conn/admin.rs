@@ -254,7 +254,7 @@ impl Conn {
         let Queue::Admin(ctrl) = &mut self.q else { return };
         ctrl.health_timer = None;
         if let Some(s) = &ctrl.subsys {
-            let h = health::gather(s, None, health::host_temperature_k().unwrap_or(health::NOMINAL_K));
+            let h = health::gather(s, None, health::host_k());
             if ctrl.check_health(&h) {
                 self.complete_events();
             }
@@ -272,7 +272,7 @@ impl Conn {
             shared: &self.shared,
             local: self.tcp.local,
             started: self.started,
-            host_k: health::host_temperature_k().unwrap_or(health::NOMINAL_K),
+            host_k: health::host_k(),
         };
         let (rep, max_len) = match admin::execute(ctrl, &env, sqe) {
             Outcome::Reply { rep, max_len } => (rep, max_len),

@@ -61,19 +61,26 @@ impl Conn {
         if data.len() < tl as usize {
             return self.resp(cid, Status::INVALID_FIELD.with_dnr(), 0, 0);
         }
+        let Some(outcome) = self.auth_step(|a, ctx| a.send(ctx, &data[..tl as usize])) else {
+            return self.resp(cid, Status::COMMAND_SEQUENCE_ERROR.with_dnr(), 0, 0);
+        };
+        self.resp(cid, Status::SUCCESS, 0, 0);
+        self.auth_outcome(r, id, outcome);
+    }
+
+    /// Run `f` on this queue's exchange with what it needs of the controller: the keys and
+    /// lists of its subsystem now (or of `[discovery]`). None: the queue is not connected.
+    fn auth_step(&mut self, f: impl FnOnce(&mut QueueAuth, &AuthCtx<'_>) -> Outcome) -> Option<Outcome> {
         let subsys = match &self.q {
             Queue::Admin(ctrl) => ctrl.subsys.clone(),
             Queue::Io(io) => Some(io.subsys.clone()),
-            _ => return self.resp(cid, Status::COMMAND_SEQUENCE_ERROR.with_dnr(), 0, 0),
+            _ => return None,
         };
-        let mut auth = std::mem::replace(&mut self.auth, QueueAuth::new("", false));
-        let hostnqn = auth.hostnqn.clone();
         let snap = self.shared.snapshot.load();
+        // The context borrows a copy of the host NQN, so the exchange itself can change.
+        let hostnqn = self.auth.hostnqn.clone();
         let ctx = auth_ctx(&hostnqn, subsys.as_deref(), &snap.discovery);
-        let outcome = auth.send(&ctx, &data[..tl as usize]);
-        self.auth = auth;
-        self.resp(cid, Status::SUCCESS, 0, 0);
-        self.auth_outcome(r, id, outcome);
+        Some(f(&mut self.auth, &ctx))
     }
 
     /// Authentication Receive: the controller's next message, at most `al` bytes.
@@ -104,7 +111,6 @@ impl Conn {
 
     /// Answer Authentication Receive `cid` with the message due, `buf` bytes.
     fn answer_receive(&mut self, r: &mut Reactor, id: SourceId, cid: u16, buf: u32) {
-        let al = buf;
         match self.auth.receive(buf) {
             Ok((data, outcome)) => {
                 self.reply(cid, Reply::data(data), buf);
@@ -116,7 +122,7 @@ impl Conn {
                     r,
                     id,
                     Outcome::Failed {
-                        reason: format!("Authentication Receive of {al} bytes: too small for the message due"),
+                        reason: format!("Authentication Receive of {buf} bytes: too small for the message due"),
                     },
                 );
             }
@@ -194,17 +200,9 @@ impl Conn {
     }
 
     fn auth_computed(&mut self, r: &mut Reactor, id: SourceId, done: DhDone) {
-        let subsys = match &self.q {
-            Queue::Admin(ctrl) => ctrl.subsys.clone(),
-            Queue::Io(io) => Some(io.subsys.clone()),
-            _ => return,
+        let Some(outcome) = self.auth_step(|a, ctx| a.computed(ctx, done)) else {
+            return;
         };
-        let mut auth = std::mem::replace(&mut self.auth, QueueAuth::new("", false));
-        let hostnqn = auth.hostnqn.clone();
-        let snap = self.shared.snapshot.load();
-        let ctx = auth_ctx(&hostnqn, subsys.as_deref(), &snap.discovery);
-        let outcome = auth.computed(&ctx, done);
-        self.auth = auth;
         self.auth_outcome(r, id, outcome);
         if !self.auth.computing()
             && let Some((cid, buf)) = self.auth_held.take()
@@ -244,7 +242,7 @@ type DhReply = Box<dyn FnOnce(DhDone) + Send>;
 /// costs tens of milliseconds of a core, which a reactor would otherwise take from the
 /// queues it serves.
 struct DhWorker {
-    tx: Option<std::sync::Mutex<std::sync::mpsc::Sender<(DhJob, DhReply)>>>,
+    tx: Option<std::sync::mpsc::Sender<(DhJob, DhReply)>>,
     /// Jobs queued or running.
     queued: Arc<AtomicUsize>,
 }
@@ -269,7 +267,6 @@ impl DhWorker {
             self.queued.fetch_sub(1, Ordering::AcqRel);
             return Err(Refused::Full);
         }
-        let tx = tx.lock().unwrap_or_else(|p| p.into_inner());
         tx.send((job, reply)).map_err(|e| {
             self.queued.fetch_sub(1, Ordering::AcqRel);
             Refused::NoWorker(e.0.0)
@@ -291,10 +288,7 @@ fn dh_worker() -> &'static DhWorker {
             }
         });
         match spawned {
-            Ok(_) => DhWorker {
-                tx: Some(std::sync::Mutex::new(tx)),
-                queued,
-            },
+            Ok(_) => DhWorker { tx: Some(tx), queued },
             Err(e) => {
                 warn!("no DH worker thread ({e}): DH-HMAC-CHAP exponentiations run on the reactors");
                 DhWorker { tx: None, queued }

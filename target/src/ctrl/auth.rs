@@ -232,11 +232,6 @@ impl QueueAuth {
         !self.required || self.authenticated
     }
 
-    /// An exchange is under way.
-    pub fn in_progress(&self) -> bool {
-        !matches!(self.step, Step::Idle)
-    }
-
     /// DH work is running: an Authentication Receive waits for [`QueueAuth::computed`].
     pub fn computing(&self) -> bool {
         matches!(self.step, Step::KeyPairPending(_) | Step::SharedPending(..))
