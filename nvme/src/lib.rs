@@ -29,6 +29,7 @@ compile_error!(
 
 pub mod auth;
 pub mod bindings;
+mod interchange;
 pub mod pci;
 pub mod spec;
 pub mod tcp;

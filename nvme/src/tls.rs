@@ -18,6 +18,9 @@ use thiserror::Error;
 use zeroize::Zeroizing;
 
 use crate::auth::HashId;
+use crate::interchange::{self, Bad};
+
+const PREFIX: &str = "NVMeTLSkey-1:";
 
 /// A PSK's representation refused (never carrying the key).
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -132,31 +135,22 @@ pub struct TlsPsk {
 impl ConfiguredPsk {
     /// Parse `NVMeTLSkey-1:hh:<base64>:` (surrounding whitespace allowed).
     pub fn parse(text: &str) -> Result<Self, PskError> {
-        let rest = text.trim().strip_prefix("NVMeTLSkey-1:").ok_or(PskError::Format)?;
-        let (hh, rest) = rest.split_once(':').ok_or(PskError::Format)?;
-        let b64 = rest.strip_suffix(':').ok_or(PskError::Format)?;
-        if hh.len() != 2 || b64.is_empty() || b64.contains(':') {
-            return Err(PskError::Format);
-        }
+        let (hh, b64) = interchange::split(text, PREFIX).ok_or(PskError::Format)?;
         let hash = match hh {
             "00" => None,
             "01" => Some(PskHash::Sha256),
             "02" => Some(PskHash::Sha384),
             other => return Err(PskError::Hash(other.to_string())),
         };
-        let raw = Zeroizing::new(STANDARD.decode(b64).map_err(|_| PskError::Base64)?);
-        let len = raw.len().saturating_sub(4);
-        if raw.len() < 4 || PskHash::for_len(len).is_none() || hash.is_some_and(|h| h.output_len() != len) {
-            return Err(PskError::Length(len));
-        }
-        let (key, crc) = raw.split_at(len);
-        if crc32fast::hash(key).to_le_bytes() != crc {
-            return Err(PskError::Crc);
-        }
-        Ok(Self {
-            hash,
-            key: Zeroizing::new(key.to_vec()),
+        let key = interchange::decode(b64, |len| {
+            PskHash::for_len(len).is_some() && hash.is_none_or(|h| h.output_len() == len)
         })
+        .map_err(|e| match e {
+            Bad::Base64 => PskError::Base64,
+            Bad::Length(len) => PskError::Length(len),
+            Bad::Crc => PskError::Crc,
+        })?;
+        Ok(Self { hash, key })
     }
 
     /// A configured PSK of `key` (32 or 48 bytes) with hash `hash`.
@@ -172,10 +166,7 @@ impl ConfiguredPsk {
 
     /// The interchange representation (a secret: never log it).
     pub fn encode(&self) -> Zeroizing<String> {
-        let mut raw = Zeroizing::new(self.key.to_vec());
-        raw.extend_from_slice(&crc32fast::hash(&self.key).to_le_bytes());
-        let hh = self.hash.map_or(0, PskHash::id);
-        Zeroizing::new(format!("NVMeTLSkey-1:{hh:02}:{}:", STANDARD.encode(&*raw)))
+        interchange::encode(PREFIX, self.hash.map_or(0, PskHash::id), &self.key)
     }
 
     /// The cipher suite hash this PSK is used with: its own, or by its length.

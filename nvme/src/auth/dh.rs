@@ -218,9 +218,8 @@ impl DhPrivate {
         if y.len() != want {
             return Err(DhError::Length { got: y.len(), want });
         }
-        let p = self.group.prime();
         // 2 <= y <= p - 2, compared as big-endian byte strings of one length (public data).
-        let mut p_minus_1 = p.clone();
+        let mut p_minus_1 = self.group.prime();
         if let Some(last) = p_minus_1.last_mut() {
             *last = last.wrapping_sub(1); // p is odd: no borrow
         }

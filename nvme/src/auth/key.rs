@@ -3,12 +3,13 @@
 //! the key (00 none), the base64 text holds the key (32, 48 or 64 bytes) followed by the
 //! little-endian CRC-32 (zlib's) of the key.
 
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD;
 use thiserror::Error;
 use zeroize::Zeroizing;
 
 use super::HashId;
+use crate::interchange::{self, Bad};
+
+const PREFIX: &str = "DHHC-1:";
 
 /// Why a secret's representation is refused (it never carries the secret itself).
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -55,13 +56,7 @@ impl std::fmt::Debug for DhchapKey {
 impl DhchapKey {
     /// Parse `DHHC-1:XX:<base64>:` (surrounding whitespace allowed, as in a key file).
     pub fn parse(text: &str) -> Result<Self, KeyError> {
-        let t = text.trim();
-        let rest = t.strip_prefix("DHHC-1:").ok_or(KeyError::Format)?;
-        let (xx, rest) = rest.split_once(':').ok_or(KeyError::Format)?;
-        let b64 = rest.strip_suffix(':').ok_or(KeyError::Format)?;
-        if xx.len() != 2 || b64.is_empty() || b64.contains(':') {
-            return Err(KeyError::Format);
-        }
+        let (xx, b64) = interchange::split(text, PREFIX).ok_or(KeyError::Format)?;
         let hash = match xx {
             "00" => None,
             other => Some(
@@ -72,14 +67,14 @@ impl DhchapKey {
                     .ok_or_else(|| KeyError::Hash(other.to_string()))?,
             ),
         };
-        let raw = Zeroizing::new(STANDARD.decode(b64).map_err(|_| KeyError::Base64)?);
-        let len = raw.len().saturating_sub(4);
-        let ok_len = match hash {
+        let key = interchange::decode(b64, |len| match hash {
             None => matches!(len, 32 | 48 | 64),
             Some(h) => len == h.output_len(),
-        };
-        if raw.len() < 4 || !ok_len {
-            return Err(KeyError::Length {
+        })
+        .map_err(|e| match e {
+            Bad::Base64 => KeyError::Base64,
+            Bad::Crc => KeyError::Crc,
+            Bad::Length(len) => KeyError::Length {
                 len,
                 want: match hash {
                     None => "32, 48 or 64 bytes",
@@ -87,16 +82,9 @@ impl DhchapKey {
                     Some(HashId::Sha384) => "48 bytes for SHA-384",
                     Some(HashId::Sha512) => "64 bytes for SHA-512",
                 },
-            });
-        }
-        let (key, crc) = raw.split_at(len);
-        if crc32fast::hash(key).to_le_bytes() != crc {
-            return Err(KeyError::Crc);
-        }
-        Ok(Self {
-            hash,
-            key: Zeroizing::new(key.to_vec()),
-        })
+            },
+        })?;
+        Ok(Self { hash, key })
     }
 
     /// A new random secret of `len` bytes (32, 48 or 64) transformed with `hash`.
@@ -108,10 +96,7 @@ impl DhchapKey {
 
     /// The representation `DHHC-1:XX:<base64>:` (a secret: never log it).
     pub fn encode(&self) -> Zeroizing<String> {
-        let mut raw = Zeroizing::new(self.key.to_vec());
-        raw.extend_from_slice(&crc32fast::hash(&self.key).to_le_bytes());
-        let xx = self.hash.map_or(0, HashId::id);
-        Zeroizing::new(format!("DHHC-1:{xx:02}:{}:", STANDARD.encode(&*raw)))
+        interchange::encode(PREFIX, self.hash.map_or(0, HashId::id), &self.key)
     }
 
     /// The transformation hash (None: the key is used as is).
@@ -133,6 +118,9 @@ impl DhchapKey {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+    use base64::Engine;
+    use base64::engine::general_purpose::STANDARD;
+
     use super::*;
 
     #[test]
