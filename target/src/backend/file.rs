@@ -119,26 +119,18 @@ impl ShutdownRecord {
         let mut buf = [0u8; 128];
         // SAFETY: fgetxattr writes at most `buf.len()` bytes into `buf`; fd is ours.
         let n = unsafe { libc::fgetxattr(fd, RECORD_XATTR.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-        let (mut rec, was_open) = if n >= 0 {
-            std::str::from_utf8(&buf[..n as usize])
-                .ok()
-                .and_then(Self::parse)
-                .unwrap_or((
-                    Self {
-                        starts: 0,
-                        unsafe_shutdowns: 0,
-                    },
-                    false,
-                ))
-        } else {
-            (
+        // No record yet (or one pollux cannot read): a store never opened by pollux.
+        let (mut rec, was_open) = usize::try_from(n)
+            .ok()
+            .and_then(|n| std::str::from_utf8(&buf[..n]).ok())
+            .and_then(Self::parse)
+            .unwrap_or((
                 Self {
                     starts: 0,
                     unsafe_shutdowns: 0,
                 },
                 false,
-            )
-        };
+            ));
         rec.starts += 1;
         if was_open {
             rec.unsafe_shutdowns += 1;
