@@ -4,7 +4,9 @@ use std::fmt::Write;
 
 use crate::nqn::{format_uuid, hex};
 use crate::size::format_size;
-use crate::{Backend, Config, Dhchap, HostKeys, Latency, NvmeBackend, NvmeDevice, Secret};
+use std::path::PathBuf;
+
+use crate::{Backend, Config, Dhchap, HostKeys, Latency, NvmeBackend, NvmeDevice, TlsKey, TlsMode};
 
 /// A TOML string literal for `s`, escaped by the toml crate itself so any
 /// NQN (which may hold arbitrary UTF-8 after the colon) survives.
@@ -83,6 +85,9 @@ pub(crate) fn to_toml(c: &Config) -> String {
     for l in &c.listeners {
         let _ = writeln!(o, "\n[[listener]]");
         let _ = writeln!(o, "address = {}", quote(&l.address.to_string()));
+        if l.tls != TlsMode::None {
+            let _ = writeln!(o, "tls = {}", quote(l.tls.as_str()));
+        }
     }
 
     let t = &c.transport;
@@ -110,9 +115,13 @@ pub(crate) fn to_toml(c: &Config) -> String {
     }
 
     let d = &c.discovery;
-    if !d.host_keys.is_empty() {
+    if !d.host_keys.is_empty() || !d.tls_keys.is_empty() {
         let _ = writeln!(o, "\n[discovery]");
-        let hosts: Vec<String> = d.host_keys.iter().map(|(h, k)| host_entry(h, Some(k))).collect();
+        let nqns: std::collections::BTreeSet<&String> = d.host_keys.keys().chain(d.tls_keys.keys()).collect();
+        let hosts: Vec<String> = nqns
+            .into_iter()
+            .map(|h| host_entry(h, d.host_keys.get(h), d.tls_keys.get(h)))
+            .collect();
         let _ = writeln!(o, "hosts = [{}]", hosts.join(", "));
         let _ = writeln!(o, "require_authentication = {}", d.require_authentication);
         write_dhchap(&mut o, &d.dhchap);
@@ -124,7 +133,11 @@ pub(crate) fn to_toml(c: &Config) -> String {
         let _ = writeln!(o, "serial = {}", quote(&s.serial));
         let _ = writeln!(o, "model = {}", quote(&s.model));
         let _ = writeln!(o, "allow_any_host = {}", s.allow_any_host);
-        let hosts: Vec<String> = s.hosts.iter().map(|h| host_entry(h, s.host_keys.get(h))).collect();
+        let hosts: Vec<String> = s
+            .hosts
+            .iter()
+            .map(|h| host_entry(h, s.host_keys.get(h), s.tls_keys.get(h)))
+            .collect();
         let _ = writeln!(o, "hosts = [{}]", hosts.join(", "));
         write_dhchap(&mut o, &s.dhchap);
         for n in &s.namespaces {
@@ -192,16 +205,23 @@ pub(crate) fn to_toml(c: &Config) -> String {
 
 /// A `hosts` entry: the NQN, or an inline table with its keys. A key read from a file is
 /// written as that file, never as the secret; an inline key stays inline (it was given so).
-fn host_entry(nqn: &str, keys: Option<&HostKeys>) -> String {
-    let Some(k) = keys else { return quote(nqn) };
+fn host_entry(nqn: &str, keys: Option<&HostKeys>, tls: Option<&TlsKey>) -> String {
+    if keys.is_none() && tls.is_none() {
+        return quote(nqn);
+    }
     let mut e = format!("{{ nqn = {}", quote(nqn));
-    let mut put = |name: &str, s: &Secret| match &s.file {
+    let mut put = |name: &str, file: &Option<PathBuf>, secret: &dyn Fn() -> zeroize::Zeroizing<String>| match file {
         Some(f) => e.push_str(&format!(", {name}_file = {}", path(f))),
-        None => e.push_str(&format!(", {name} = {}", quote(&s.key.encode()))),
+        None => e.push_str(&format!(", {name} = {}", quote(&secret()))),
     };
-    put("dhchap_key", &k.host);
-    if let Some(c) = &k.ctrl {
-        put("dhchap_ctrl_key", c);
+    if let Some(k) = keys {
+        put("dhchap_key", &k.host.file, &|| k.host.key.encode());
+        if let Some(c) = &k.ctrl {
+            put("dhchap_ctrl_key", &c.file, &|| c.key.encode());
+        }
+    }
+    if let Some(t) = tls {
+        put("tls_key", &t.file, &|| t.key.encode());
     }
     e.push_str(" }");
     e

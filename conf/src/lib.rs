@@ -27,6 +27,7 @@ pub use error::ConfError;
 pub use ids::{DerivedIds, derive_ids, derive_serial};
 pub use nqn::{DISCOVERY_NQN, NQN_MAX_LEN, validate_nqn};
 pub use pollux_nvme::auth::{DhGroup, DhchapKey, HashId};
+pub use pollux_nvme::tls::ConfiguredPsk;
 pub use size::{format_size, parse_size};
 
 /// The text of `conf/examples/ram.toml`, the configuration used when none is
@@ -239,6 +240,56 @@ impl FromStr for SleepPolicyKind {
 pub struct Listener {
     /// The TCP address to listen on. Port 0 asks the OS for a free port.
     pub address: SocketAddr,
+    /// Whether connections must, may or may not secure the channel with TLS.
+    pub tls: TlsMode,
+}
+
+impl Listener {
+    /// A listener on `address` without TLS.
+    pub fn plain(address: SocketAddr) -> Self {
+        Self {
+            address,
+            tls: TlsMode::None,
+        }
+    }
+}
+
+/// A listener's secure channel (NVMe/TCP 1.0 §3.6.1, TP 8011: TLS 1.3 with a PSK), which the
+/// discovery log entry reports in TREQ and TSAS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TlsMode {
+    /// Plain TCP only: a TLS ClientHello is refused.
+    #[default]
+    None,
+    /// TLS or plain TCP, as the host begins.
+    Allowed,
+    /// TLS only: a plaintext ICReq is refused.
+    Required,
+}
+
+impl TlsMode {
+    /// The name in a conf file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TlsMode::None => "none",
+            TlsMode::Allowed => "allowed",
+            TlsMode::Required => "required",
+        }
+    }
+}
+
+impl FromStr for TlsMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "none" => Ok(TlsMode::None),
+            "allowed" => Ok(TlsMode::Allowed),
+            "required" => Ok(TlsMode::Required),
+            _ => Err(format!(
+                "unknown tls mode {s:?}: expected \"none\", \"allowed\" or \"required\""
+            )),
+        }
+    }
 }
 
 /// The `[transport]` table: NVMe/TCP limits advertised to hosts.
@@ -343,6 +394,9 @@ pub struct Subsystem {
     /// The DH-HMAC-CHAP keys of listed hosts that must authenticate (NVMe 2.0 §8.13.5),
     /// by host NQN. A host with keys must authenticate even where `allow_any_host` is set.
     pub host_keys: BTreeMap<String, HostKeys>,
+    /// The configured TLS PSKs of listed hosts, by host NQN: the PSK a host's TLS 1.3
+    /// handshake with this subsystem's identity uses (NVMe/TCP 1.0 §3.6.1.3).
+    pub tls_keys: BTreeMap<String, TlsKey>,
     /// The hash functions and DH groups this subsystem accepts.
     pub dhchap: Dhchap,
     /// The namespaces, in configuration order; nsids are unique.
@@ -354,6 +408,8 @@ pub struct Subsystem {
 pub struct Discovery {
     /// Hosts that must authenticate to discover, with their keys.
     pub host_keys: BTreeMap<String, HostKeys>,
+    /// The TLS PSKs of hosts that discover over TLS (identity naming the discovery NQN).
+    pub tls_keys: BTreeMap<String, TlsKey>,
     /// Only hosts of `host_keys` may connect to the discovery controller (each
     /// authenticating); otherwise any host may, and those with keys authenticate.
     pub require_authentication: bool,
@@ -369,6 +425,16 @@ pub struct Secret {
     pub key: DhchapKey,
     /// Its key file (owner-only permissions), written back by `pollux ctl save` instead of
     /// the key.
+    pub file: Option<PathBuf>,
+}
+
+/// A configured TLS PSK (`NVMeTLSkey-1:`) and the key file it was read from (None: given
+/// inline). `Debug` shows no key material; the key's memory is zeroed when dropped.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TlsKey {
+    /// The configured PSK.
+    pub key: ConfiguredPsk,
+    /// Its key file (owner-only permissions), written back by `pollux ctl save`.
     pub file: Option<PathBuf>,
 }
 

@@ -53,6 +53,7 @@ pub(crate) struct RawReactors {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawListener {
     pub address: Spanned<String>,
+    pub tls: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -95,7 +96,7 @@ pub(crate) struct RawSubsystem {
 /// One entry of `hosts`: an NQN, or a table naming the host's DH-HMAC-CHAP keys.
 pub(crate) enum RawHost {
     Nqn(String),
-    Entry(RawHostEntry),
+    Entry(Box<RawHostEntry>),
 }
 
 #[derive(Deserialize)]
@@ -106,6 +107,8 @@ pub(crate) struct RawHostEntry {
     pub dhchap_key_file: Option<Spanned<String>>,
     pub dhchap_ctrl_key: Option<Spanned<String>>,
     pub dhchap_ctrl_key_file: Option<Spanned<String>>,
+    pub tls_key: Option<Spanned<String>>,
+    pub tls_key_file: Option<Spanned<String>>,
 }
 
 impl<'de> Deserialize<'de> for RawHost {
@@ -122,7 +125,7 @@ impl<'de> Deserialize<'de> for RawHost {
                 Ok(RawHost::Nqn(v.to_owned()))
             }
             fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<RawHost, A::Error> {
-                RawHostEntry::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(RawHost::Entry)
+                RawHostEntry::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(|e| RawHost::Entry(Box::new(e)))
             }
         }
         d.deserialize_any(V)

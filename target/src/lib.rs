@@ -58,7 +58,7 @@ use pollux_reactor::{Mode, ModelKind, PolicyConfig, ReactorConfig, ReactorStats,
 use tracing::info;
 
 pub use error::TargetError;
-use subsystem::{Shared, build_snapshot};
+use subsystem::{BoundListener, Shared, build_snapshot};
 
 /// How to run the reactors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,7 +115,10 @@ impl Target {
             };
             let s = TcpListener::bind(l.address).map_err(err)?;
             s.set_nonblocking(true).map_err(err)?;
-            addrs.push(s.local_addr().map_err(err)?);
+            addrs.push(BoundListener {
+                addr: s.local_addr().map_err(err)?,
+                tls: l.tls,
+            });
             socks.push(s);
         }
         let snapshot = build_snapshot(cfg, n, addrs.clone())?;
@@ -169,14 +172,14 @@ impl Target {
             }),
         )?;
         for a in &addrs {
-            info!(address = %a, "listening (NVMe/TCP, discovery and subsystems)");
+            info!(address = %a.addr, tls = a.tls.as_str(), "listening (NVMe/TCP, discovery and subsystems)");
         }
         Ok(Self { runtime, shared })
     }
 
     /// The bound listener addresses, in conf order (ports resolved).
     pub fn listen_addrs(&self) -> Vec<SocketAddr> {
-        self.shared.snapshot.load().listeners.clone()
+        self.shared.snapshot.load().listeners.iter().map(|l| l.addr).collect()
     }
 
     /// Accounting of every reactor.

@@ -1,13 +1,13 @@
 //! Listeners: accept NVMe/TCP connections on reactor 0 and place each on a reactor.
 
 use std::io::ErrorKind;
-use std::net::{TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use pollux_conf::Placement;
+use pollux_conf::{Placement, TlsMode};
 use pollux_reactor::{Next, Progress, Reactor, Source, SourceId, SourceOpts};
 use tracing::{info, warn};
 
@@ -19,6 +19,8 @@ static NEXT_SERIAL: AtomicU64 = AtomicU64::new(1);
 /// A listening socket.
 pub struct Listener {
     sock: TcpListener,
+    /// Its bound address (its TLS mode is the snapshot's for it).
+    addr: Option<SocketAddr>,
     shared: Arc<Shared>,
     placement: Placement,
     next: usize,
@@ -29,6 +31,7 @@ impl Listener {
     /// Wrap a bound, non-blocking listener.
     pub fn new(sock: TcpListener, shared: Arc<Shared>, placement: Placement, started: Instant) -> Self {
         Self {
+            addr: sock.local_addr().ok(),
             sock,
             shared,
             placement,
@@ -57,22 +60,33 @@ impl Listener {
     }
 }
 
-/// Register an accepted socket as a connection on reactor `r`.
-pub fn add_connection(r: &mut Reactor, sock: TcpStream, shared: Arc<Shared>, started: Instant) {
+/// A TLS handshake not finished this long after the connection was accepted closes it
+/// (nvmet-tcp and the Linux host wait 10 s).
+pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Register an accepted socket of a listener with TLS `tls` as a connection on reactor `r`.
+pub fn add_connection(r: &mut Reactor, sock: TcpStream, shared: Arc<Shared>, started: Instant, tls: TlsMode) {
     let serial = NEXT_SERIAL.fetch_add(1, Relaxed);
     let me = r.id();
     let fail = |shared: &Shared, e: String| {
         shared.conns_per_reactor[me].fetch_sub(1, Relaxed);
         warn!(reactor = me, error = %e, "cannot serve an accepted connection");
     };
-    let conn = match Conn::new(sock, shared.clone(), me, serial, started) {
+    let conn = match Conn::new(sock, shared.clone(), me, serial, started, tls) {
         Ok(c) => c,
         Err(e) => return fail(&shared, e.to_string()),
     };
     let fd = conn.raw_fd();
     match r.add_sleepable_source(Box::new(conn), SourceOpts::socket(fd)) {
-        // Bytes may have arrived before registration: run it once now.
-        Ok(id) => r.wake(id),
+        Ok(id) => {
+            if tls != TlsMode::None {
+                r.add_timer(Instant::now() + TLS_HANDSHAKE_TIMEOUT, move |r| {
+                    r.with_source::<Conn, _>(id, |c, r| c.check_secured(r, id, serial));
+                });
+            }
+            // Bytes may have arrived before registration: run it once now.
+            r.wake(id)
+        }
         Err(e) => fail(&shared, e.to_string()),
     }
 }
@@ -96,9 +110,10 @@ impl Source for Listener {
                     self.shared.conns_per_reactor[target].fetch_add(1, Relaxed);
                     info!(%peer, reactor = target, "connection accepted");
                     let (shared, started) = (self.shared.clone(), self.started);
+                    let tls = self.addr.map_or(TlsMode::None, |a| shared.snapshot.load().tls_mode(a));
                     if target == r.id() {
-                        add_connection(r, sock, shared, started);
-                    } else if !r.send(target, move |r| add_connection(r, sock, shared, started)) {
+                        add_connection(r, sock, shared, started, tls);
+                    } else if !r.send(target, move |r| add_connection(r, sock, shared, started, tls)) {
                         self.shared.conns_per_reactor[target].fetch_sub(1, Relaxed);
                     }
                 }

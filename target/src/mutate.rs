@@ -23,7 +23,7 @@ use crate::conn::Conn;
 use crate::ctrl::Local;
 use crate::error::TargetError;
 use crate::listener::Listener;
-use crate::subsystem::{Shared, Snapshot, build_subsystem};
+use crate::subsystem::{BoundListener, Shared, Snapshot, build_subsystem};
 
 /// What a reconciliation changed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -136,9 +136,13 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
             .listeners
             .iter()
             .position(|o| o.address == l.address)
-            .or_else(|| old.listeners.iter().position(|b| *b == l.address));
+            .or_else(|| old.listeners.iter().position(|b| b.addr == l.address));
         match was.and_then(|i| old.listeners.get(i)) {
-            Some(addr) => bound.push(*addr),
+            // A change of TLS mode takes effect for the next connection it accepts.
+            Some(b) => bound.push(BoundListener {
+                addr: b.addr,
+                tls: l.tls,
+            }),
             None => {
                 let err = |source| TargetError::Listen {
                     addr: l.address,
@@ -147,20 +151,20 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
                 let sock = TcpListener::bind(l.address).map_err(err)?;
                 sock.set_nonblocking(true).map_err(err)?;
                 let addr = sock.local_addr().map_err(err)?;
-                bound.push(addr);
+                bound.push(BoundListener { addr, tls: l.tls });
                 ch.added_listeners.push(addr);
                 fresh.push(sock);
             }
         }
     }
     for (i, o) in running.listeners.iter().enumerate() {
-        let Some(addr) = old.listeners.get(i) else { continue };
+        let Some(b) = old.listeners.get(i) else { continue };
         if !new
             .listeners
             .iter()
-            .any(|l| l.address == o.address || l.address == *addr)
+            .any(|l| l.address == o.address || l.address == b.addr)
         {
-            ch.removed_listeners.push(*addr);
+            ch.removed_listeners.push(b.addr);
         }
     }
     let reactors_changed = new.reactors.mode != running.reactors.mode
@@ -173,7 +177,8 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
         && ch.removed_subsystems.is_empty()
         && ch.changed_subsystems.is_empty()
         && ch.added_listeners.is_empty()
-        && ch.removed_listeners.is_empty());
+        && ch.removed_listeners.is_empty()
+        && bound == old.listeners);
     let snap = Arc::new(Snapshot {
         subsystems,
         listeners: bound,

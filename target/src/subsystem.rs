@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use arc_swap::ArcSwap;
-use pollux_conf::{Config, Dhchap, HostKeys, Transport};
+use pollux_conf::{Config, DISCOVERY_NQN, Dhchap, HostKeys, TlsKey, TlsMode, Transport};
+use pollux_nvme::tls::{PskIdentity, TlsPsk};
 
 use crate::backend::Backend;
 use crate::error::TargetError;
@@ -112,6 +113,8 @@ pub struct Subsystem {
     pub hosts: Vec<String>,
     /// DH-HMAC-CHAP keys of the hosts that must authenticate, by host NQN.
     pub host_keys: BTreeMap<String, HostKeys>,
+    /// Configured TLS PSKs, by host NQN.
+    pub tls_keys: BTreeMap<String, TlsKey>,
     /// The hash functions and DH groups accepted, most preferred first.
     pub dhchap: Dhchap,
     /// Namespaces by nsid.
@@ -145,18 +148,46 @@ impl Subsystem {
 pub struct Snapshot {
     /// Subsystems in conf order.
     pub subsystems: Vec<Arc<Subsystem>>,
-    /// Bound listener addresses (ports resolved), in conf order.
-    pub listeners: Vec<SocketAddr>,
+    /// Bound listeners (ports resolved), in conf order.
+    pub listeners: Vec<BoundListener>,
     /// Discovery log generation counter: changes whenever what a host may discover changes.
     pub genctr: u64,
     /// Who must authenticate to the discovery controller.
     pub discovery: Arc<pollux_conf::Discovery>,
 }
 
+/// A listener as bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BoundListener {
+    /// Its address (the port resolved).
+    pub addr: SocketAddr,
+    /// Its TLS mode.
+    pub tls: TlsMode,
+}
+
 impl Snapshot {
     /// The subsystem `nqn`.
     pub fn subsystem(&self, nqn: &str) -> Option<&Arc<Subsystem>> {
         self.subsystems.iter().find(|s| s.nqn == nqn)
+    }
+
+    /// The TLS mode of the listener bound to `addr` (none if it is gone).
+    pub fn tls_mode(&self, addr: SocketAddr) -> TlsMode {
+        self.listeners
+            .iter()
+            .find(|l| l.addr == addr)
+            .map_or(TlsMode::None, |l| l.tls)
+    }
+
+    /// The TLS PSK configured for the host and subsystem (or discovery) an identity names,
+    /// derived for that identity's version (NVMe/TCP 1.0 §3.6.1.3).
+    pub fn tls_psk(&self, id: &PskIdentity) -> Option<TlsPsk> {
+        let key = if id.subnqn == DISCOVERY_NQN {
+            self.discovery.tls_keys.get(&id.hostnqn)
+        } else {
+            self.subsystem(&id.subnqn)?.tls_keys.get(&id.hostnqn)
+        }?;
+        key.key.tls_psk(&id.hostnqn, &id.subnqn, id.version)
     }
 }
 
@@ -228,13 +259,14 @@ pub fn build_subsystem(
         allow_any_host: s.allow_any_host,
         hosts: s.hosts.clone(),
         host_keys: s.host_keys.clone(),
+        tls_keys: s.tls_keys.clone(),
         dhchap: s.dhchap.clone(),
         namespaces,
     }))
 }
 
-/// Build the namespaces and subsystems of a conf (`listeners`: the bound addresses).
-pub fn build_snapshot(cfg: &Config, reactors: usize, listeners: Vec<SocketAddr>) -> Result<Snapshot, TargetError> {
+/// Build the namespaces and subsystems of a conf (`listeners`: as bound).
+pub fn build_snapshot(cfg: &Config, reactors: usize, listeners: Vec<BoundListener>) -> Result<Snapshot, TargetError> {
     let subsystems = cfg
         .subsystems
         .iter()
@@ -276,6 +308,7 @@ pub(crate) fn test_subsystem(namespaces: &[Arc<Namespace>], hosts: &[&str]) -> A
         allow_any_host: hosts.is_empty(),
         hosts: hosts.iter().map(|h| h.to_string()).collect(),
         host_keys: BTreeMap::new(),
+        tls_keys: BTreeMap::new(),
         dhchap: Dhchap::default(),
         namespaces: namespaces.iter().map(|n| (n.nsid, n.clone())).collect(),
     })

@@ -1,6 +1,7 @@
-//! A subsystem's `hosts`: NQNs, and the DH-HMAC-CHAP keys of those that must authenticate
-//! (inline `DHHC-1:` secrets or key files readable by their owner only), and the hash
-//! functions and DH groups the subsystem accepts.
+//! A subsystem's `hosts`: NQNs, the DH-HMAC-CHAP keys of those that must authenticate
+//! (inline `DHHC-1:` secrets or key files readable by their owner only), the TLS PSKs of
+//! those that secure the channel (`NVMeTLSkey-1:`, likewise), and the hash functions and DH
+//! groups the subsystem accepts.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
@@ -13,18 +14,24 @@ use super::cx::Cx;
 use crate::error::ConfError;
 use crate::nqn::validate_nqn;
 use crate::raw::{RawHost, RawHostEntry};
-use crate::{DhGroup, Dhchap, DhchapKey, HashId, HostKeys, Secret};
+use crate::{ConfiguredPsk, DhGroup, Dhchap, DhchapKey, HashId, HostKeys, Secret, TlsKey};
 
 /// Largest key file read (a secret is under 100 bytes).
 const KEY_FILE_MAX: u64 = 4096;
 
+/// A `hosts` list: the NQNs and the keys of those that have them.
+#[derive(Default)]
+pub(super) struct Hosts {
+    pub nqns: Vec<String>,
+    pub keys: BTreeMap<String, HostKeys>,
+    pub tls: BTreeMap<String, TlsKey>,
+}
+
 /// The NQNs of `list` and the keys of those that have them.
-pub(super) fn hosts(
-    cx: &Cx<'_>,
-    list: &[Spanned<RawHost>],
-) -> Result<(Vec<String>, BTreeMap<String, HostKeys>), ConfError> {
+pub(super) fn hosts(cx: &Cx<'_>, list: &[Spanned<RawHost>]) -> Result<Hosts, ConfError> {
     let mut nqns: Vec<String> = Vec::new();
     let mut keys = BTreeMap::new();
+    let mut tls = BTreeMap::new();
     for h in list {
         let (nqn, entry) = match h.get_ref() {
             RawHost::Nqn(n) => (n.clone(), None),
@@ -34,14 +41,23 @@ pub(super) fn hosts(
         if nqns.contains(&nqn) {
             return Err(cx.at(h.span(), format!("host {nqn:?} is listed twice in `hosts`")));
         }
-        if let Some(e) = entry
-            && let Some(k) = host_keys(cx, h.span(), e)?
-        {
-            keys.insert(nqn.clone(), k);
+        if let Some(e) = entry {
+            if let Some(k) = host_keys(cx, h.span(), e)? {
+                keys.insert(nqn.clone(), k);
+            }
+            if let Some(k) = tls_key(cx, e)? {
+                tls.insert(nqn.clone(), k);
+            }
         }
         nqns.push(nqn);
     }
-    Ok((nqns, keys))
+    Ok(Hosts { nqns, keys, tls })
+}
+
+/// A host's TLS PSK, inline (`tls_key`) or from a file (`tls_key_file`), not both.
+fn tls_key(cx: &Cx<'_>, e: &RawHostEntry) -> Result<Option<TlsKey>, ConfError> {
+    let parse = |t: &str| ConfiguredPsk::parse(t).map_err(|e| e.to_string());
+    Ok(secret_of(cx, &e.tls_key, &e.tls_key_file, "tls_key", parse)?.map(|(key, file)| TlsKey { key, file }))
 }
 
 fn host_keys(cx: &Cx<'_>, span: std::ops::Range<usize>, e: &RawHostEntry) -> Result<Option<HostKeys>, ConfError> {
@@ -57,28 +73,37 @@ fn host_keys(cx: &Cx<'_>, span: std::ops::Range<usize>, e: &RawHostEntry) -> Res
     }
 }
 
-/// One secret, inline (`key`) or from a file (`key_file`), not both.
+/// One DH-HMAC-CHAP secret, inline (`key`) or from a file (`key_file`), not both.
 fn secret(
     cx: &Cx<'_>,
     inline: &Option<Spanned<String>>,
     file: &Option<Spanned<String>>,
     key: &str,
 ) -> Result<Option<Secret>, ConfError> {
+    let parse = |t: &str| DhchapKey::parse(t).map_err(|e| e.to_string());
+    Ok(secret_of(cx, inline, file, key, parse)?.map(|(key, file)| Secret { key, file }))
+}
+
+/// One secret, inline or from a file, not both: the key and the file it came from.
+fn secret_of<K>(
+    cx: &Cx<'_>,
+    inline: &Option<Spanned<String>>,
+    file: &Option<Spanned<String>>,
+    key: &str,
+    parse: impl Fn(&str) -> Result<K, String>,
+) -> Result<Option<(K, Option<std::path::PathBuf>)>, ConfError> {
     match (inline, file) {
         (Some(i), Some(_)) => Err(cx.at(i.span(), format!("give `{key}` or `{key}_file`, not both"))),
+        // Never echo the value: it is a secret.
         (Some(i), None) => {
-            // Never echo the value: it is a secret.
-            let k = DhchapKey::parse(i.get_ref()).map_err(|e| cx.at(i.span(), format!("invalid `{key}`: {e}")))?;
-            Ok(Some(Secret { key: k, file: None }))
+            let k = parse(i.get_ref()).map_err(|e| cx.at(i.span(), format!("invalid `{key}`: {e}")))?;
+            Ok(Some((k, None)))
         }
         (None, Some(f)) => {
             let path = cx.path(f, &format!("{key}_file"))?;
-            let k = read_key_file(&path)
+            let k = read_secret_file(&path, &parse)
                 .map_err(|why| cx.at(f.span(), format!("`{key}_file` {}: {why}", path.display())))?;
-            Ok(Some(Secret {
-                key: k,
-                file: Some(path),
-            }))
+            Ok(Some((k, Some(path))))
         }
         (None, None) => Ok(None),
     }
@@ -86,7 +111,7 @@ fn secret(
 
 /// A key file's secret; refused unless it is a regular file that neither group nor others
 /// may read or write (as ssh refuses a private key others can read).
-pub(crate) fn read_key_file(path: &Path) -> Result<DhchapKey, String> {
+fn read_secret_file<K>(path: &Path, parse: &dyn Fn(&str) -> Result<K, String>) -> Result<K, String> {
     let meta = std::fs::metadata(path).map_err(|e| format!("cannot be read: {e}"))?;
     if !meta.is_file() {
         return Err("is not a regular file".into());
@@ -98,10 +123,10 @@ pub(crate) fn read_key_file(path: &Path) -> Result<DhchapKey, String> {
         ));
     }
     if meta.len() > KEY_FILE_MAX {
-        return Err(format!("is {} bytes: not a DHHC-1 secret", meta.len()));
+        return Err(format!("is {} bytes: not a key", meta.len()));
     }
     let text = Zeroizing::new(std::fs::read_to_string(path).map_err(|e| format!("cannot be read: {e}"))?);
-    DhchapKey::parse(&text).map_err(|e| e.to_string())
+    parse(&text)
 }
 
 /// `dhchap_hashes` and `dhchap_dh_groups`, most preferred first.
@@ -150,16 +175,24 @@ fn names<T: PartialEq>(
 
 /// The `[discovery]` table.
 pub(super) fn discovery(cx: &Cx<'_>, d: crate::raw::RawDiscovery) -> Result<crate::Discovery, ConfError> {
-    let (nqns, host_keys) = match &d.hosts {
+    let Hosts {
+        nqns,
+        keys: host_keys,
+        tls: tls_keys,
+    } = match &d.hosts {
         Some(list) => hosts(cx, list.get_ref())?,
-        None => Default::default(),
+        None => Hosts::default(),
     };
     if let Some(list) = &d.hosts
-        && nqns.len() > host_keys.len()
+        && let Some(bare) = nqns
+            .iter()
+            .find(|n| !host_keys.contains_key(*n) && !tls_keys.contains_key(*n))
     {
         return Err(cx.at(
             list.span(),
-            "every `[discovery]` host needs a `dhchap_key` or `dhchap_key_file`: the table only says who must authenticate".into(),
+            format!(
+                "`[discovery]` host {bare:?} has no key: each needs a `dhchap_key[_file]` (must authenticate) or a `tls_key[_file]` (may discover over TLS)"
+            ),
         ));
     }
     let require_authentication = d.require_authentication.as_ref().is_some_and(|r| *r.get_ref());
@@ -172,6 +205,7 @@ pub(super) fn discovery(cx: &Cx<'_>, d: crate::raw::RawDiscovery) -> Result<crat
     }
     Ok(crate::Discovery {
         host_keys,
+        tls_keys,
         require_authentication,
         dhchap: dhchap(cx, &d.dhchap_hashes, &d.dhchap_dh_groups)?,
     })

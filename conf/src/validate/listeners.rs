@@ -4,9 +4,9 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 
 use super::cx::Cx;
-use crate::Listener;
 use crate::error::ConfError;
 use crate::raw::RawListener;
+use crate::{Listener, TlsMode};
 
 pub(super) fn listeners(cx: &Cx<'_>, raw: Vec<RawListener>) -> Result<Vec<Listener>, ConfError> {
     if raw.is_empty() {
@@ -33,7 +33,11 @@ pub(super) fn listeners(cx: &Cx<'_>, raw: Vec<RawListener>) -> Result<Vec<Listen
                 format!("listener address {address} is already listed on line {first}"),
             ));
         }
-        out.push(Listener { address });
+        let tls = match &l.tls {
+            Some(t) => t.get_ref().parse().map_err(|e| cx.at(t.span(), e))?,
+            None => TlsMode::None,
+        };
+        out.push(Listener { address, tls });
     }
     Ok(out)
 }

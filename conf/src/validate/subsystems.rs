@@ -87,7 +87,11 @@ fn subsystem(
     };
     let allow_any_host = s.allow_any_host.as_ref().is_some_and(|a| *a.get_ref());
 
-    let (hosts, host_keys) = match &s.hosts {
+    let super::hosts::Hosts {
+        nqns: hosts,
+        keys: host_keys,
+        tls: tls_keys,
+    } = match &s.hosts {
         Some(list) => super::hosts::hosts(cx, list.get_ref())?,
         None => Default::default(),
     };
@@ -106,7 +110,11 @@ fn subsystem(
             ),
         ));
     }
-    if allow_any_host && hosts.len() > host_keys.len() {
+    if allow_any_host
+        && hosts
+            .iter()
+            .any(|h| !host_keys.contains_key(h) && !tls_keys.contains_key(h))
+    {
         tracing::warn!(
             origin = cx.origin,
             subsystem = %nqn,
@@ -128,6 +136,7 @@ fn subsystem(
         allow_any_host,
         hosts,
         host_keys,
+        tls_keys,
         dhchap,
         namespaces,
     })

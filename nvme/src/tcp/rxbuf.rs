@@ -199,6 +199,27 @@ impl RxBuf {
         })
     }
 
+    /// One read by `read` (a TLS session's, say) into the room after the unread bytes: it
+    /// returns the bytes it wrote, 0 at the end of the stream, or `WouldBlock`.
+    pub fn recv_with(&mut self, read: impl FnOnce(&mut [u8]) -> io::Result<usize>) -> io::Result<Recv> {
+        let Some(free) = self.buf.get_mut(self.end..).filter(|f| !f.is_empty()) else {
+            return Ok(Recv::Full);
+        };
+        let room = free.len();
+        let n = match read(free) {
+            Ok(0) => return Ok(Recv::Eof),
+            Ok(n) => n.min(room),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Recv::Empty),
+            Err(e) => return Err(e),
+        };
+        self.end += n;
+        Ok(Recv::Data {
+            buffered: n,
+            placed: 0,
+            drained: false,
+        })
+    }
+
     /// One `readv(2)` from the non-blocking socket `fd` (retried when interrupted) that puts
     /// the stream's next `head` bytes after the unread ones, the `left` bytes after those at
     /// `dest`, and up to `tail` bytes more after the first `head` (`head` and `tail` are cut

@@ -105,7 +105,7 @@ impl Conn {
             info!(peer = %c.tcp.peer, qid, status = %no.status, "connect refused: {}", no.why);
             c.resp(cid, no.status, no.dw0, 0);
         };
-        let req = match connect::check(&self.shared, sqe, c, data) {
+        let req = match connect::check(&self.shared, sqe, c, data, self.tcp.tls_identity()) {
             Ok(req) => req,
             Err(no) => return refuse(self, no, c.qid),
         };

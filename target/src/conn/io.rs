@@ -211,7 +211,7 @@ impl Conn {
         let success = self.sq.flow_off;
         self.tcp.c2h_header(cid, len, success);
         match data {
-            ReadData::Ram(mem, off) if !self.tcp.ddgst => {
+            ReadData::Ram(mem, off) if self.tcp.sends_in_place() => {
                 let base = mem.range_ptr(off, len as usize);
                 let keep: Arc<dyn std::any::Any + Send + Sync> = ns.clone();
                 // SAFETY: the range is inside the RAM disk's mapping (range_ptr checks it),

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
+use pollux_conf::TlsMode;
 use pollux_nvme::spec::{Cqe, Sqe, Status, opcode};
 use pollux_nvme::tcp::{
     BARE_CAPSULE_CMD_LEN, Direction, FrameErrorKind, Framed, PduHeader, PduType, fes, next_frame,
@@ -35,6 +36,7 @@ use crate::ctrl::{Ctrl, QueueRef};
 use crate::request::Requests;
 use crate::subsystem::{Shared, Subsystem};
 use crate::tcp::h2c::{DIRECT_MIN, DirectRx};
+use crate::tcp::tls::PskLookup;
 use crate::tcp::{Fatal, InPlace, Transport, WBUF_HIGH};
 
 /// PDUs handled per run before yielding to other sources.
@@ -99,8 +101,11 @@ impl Conn {
         reactor: usize,
         serial: u64,
         started: Instant,
+        tls: TlsMode,
     ) -> std::io::Result<Self> {
-        let tcp = Transport::new(sock, &shared.transport)?;
+        let sh = shared.clone();
+        let lookup: Arc<PskLookup> = Arc::new(move |id| sh.snapshot.load().tls_psk(id));
+        let tcp = Transport::new(sock, &shared.transport, tls, lookup)?;
         Ok(Self {
             serial,
             shared,
@@ -121,6 +126,15 @@ impl Conn {
             auth_timer: None,
             auth_held: None,
         })
+    }
+
+    /// Close the connection if it has not finished choosing TLS or plain TCP and its TLS
+    /// handshake ([`crate::listener::TLS_HANDSHAKE_TIMEOUT`]); `serial` names it.
+    pub fn check_secured(&mut self, r: &mut Reactor, id: SourceId, serial: u64) {
+        if self.serial == serial && !self.closed && self.tcp.securing() {
+            tracing::warn!(peer = %self.tcp.peer, "TLS handshake not completed in time: closing the connection");
+            self.close(r, id, "TLS handshake timeout");
+        }
     }
 
     /// The socket's fd (for registration).

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use pollux_conf::{DISCOVERY_NQN, validate_nqn};
 use pollux_nvme::spec::{Sqe, Status, opcode};
+use pollux_nvme::tls::PskIdentity;
 use tracing::info;
 
 use super::{Ctrl, QueueRef};
@@ -221,8 +222,15 @@ pub struct ConnectCmd {
     pub kato: u32,
 }
 
-/// Check a Connect (NVMe-oF 1.1 §6.3) against the target's subsystems and limits.
-pub fn check(shared: &Shared, sqe: &Sqe, c: ConnectCmd, data: &[u8]) -> Result<ConnectReq, Refusal> {
+/// Check a Connect (NVMe-oF 1.1 §6.3) against the target's subsystems and limits; `tls`:
+/// the PSK identity the queue's TLS session was secured with.
+pub fn check(
+    shared: &Shared,
+    sqe: &Sqe,
+    c: ConnectCmd,
+    data: &[u8],
+    tls: Option<&PskIdentity>,
+) -> Result<ConnectReq, Refusal> {
     if c.recfmt != 0 {
         return Err(refuse(
             Status::CONNECT_INCOMPATIBLE_FORMAT.with_dnr(),
@@ -246,6 +254,28 @@ pub fn check(shared: &Shared, sqe: &Sqe, c: ConnectCmd, data: &[u8]) -> Result<C
         };
         invalid(ipo_data(off), field)
     })?;
+    // The PSK proves the host and subsystem its identity names (NVMe/TCP 1.0 §3.6.1.3): a
+    // queue secured with one host's PSK connects as that host, to that subsystem.
+    if let Some(id) = tls {
+        if id.hostnqn != d.hostnqn {
+            let why = format!(
+                "host {} connects over TLS with the PSK of host {}",
+                d.hostnqn, id.hostnqn
+            );
+            return Err(refuse(
+                Status::CONNECT_INVALID_HOST.with_dnr(),
+                ipo_data(connect_off::HOSTNQN),
+                why,
+            ));
+        }
+        if id.subnqn != d.subnqn {
+            let why = format!(
+                "connect to {} over TLS with a PSK for subsystem {}",
+                d.subnqn, id.subnqn
+            );
+            return Err(invalid(ipo_data(connect_off::SUBNQN), why));
+        }
+    }
     let entries = u32::from(c.sqsize) + 1;
     let max_entries = if c.qid == 0 {
         MAX_ADMIN_ENTRIES

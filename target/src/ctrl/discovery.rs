@@ -4,6 +4,8 @@
 
 use std::net::{IpAddr, SocketAddr};
 
+use pollux_conf::TlsMode;
+
 use crate::subsystem::Snapshot;
 
 /// Discovery log entries advertise this admin queue size.
@@ -20,21 +22,30 @@ fn copy_str(dst: &mut [u8], s: &str) {
 pub fn discovery_log(snapshot: &Snapshot, hostnqn: &str, local: SocketAddr) -> Vec<u8> {
     let visible: Vec<_> = snapshot.subsystems.iter().filter(|s| s.allows(hostnqn)).collect();
     let mut entries = Vec::new();
-    for (portid, l) in snapshot.listeners.iter().enumerate() {
+    for (portid, b) in snapshot.listeners.iter().enumerate() {
+        let l = b.addr;
         let ip = if l.ip().is_unspecified() { local.ip() } else { l.ip() };
+        // NVMe-oF 1.1 §5.3 TREQ bits 1:0 (secure channel: 0 not specified, 1 required, 2
+        // not required) and the TCP TSAS SECTYPE (NVMe/TCP 1.0 §3.6.1: 0 none, 2 TLS 1.3),
+        // as nvmet reports a port's TLS.
+        let (treq, sectype) = match b.tls {
+            TlsMode::None => (0, 0),
+            TlsMode::Required => (1, 2),
+            TlsMode::Allowed => (2, 2),
+        };
         for s in &visible {
             let mut e = vec![0u8; 1024];
             e[0] = 3; // TRTYPE: TCP
             e[1] = if matches!(ip, IpAddr::V4(_)) { 1 } else { 2 }; // ADRFAM
             e[2] = 2; // SUBTYPE: NVM subsystem
-            e[3] = 1 << 2; // TREQ: secure channel not specified; SQ flow control disable supported
+            e[3] = treq | 1 << 2; // TREQ; bit 2: SQ flow control disable supported
             e[4..6].copy_from_slice(&(portid as u16).to_le_bytes());
             e[6..8].copy_from_slice(&0xFFFFu16.to_le_bytes()); // CNTLID: dynamic
             e[8..10].copy_from_slice(&ADMIN_QUEUE_SIZE.to_le_bytes());
             copy_str(&mut e[32..64], &l.port().to_string()); // TRSVCID
             copy_str(&mut e[256..512], &s.nqn);
             copy_str(&mut e[512..768], &ip.to_string());
-            // TSAS for TCP: SECTYPE 0 (none), already zero.
+            e[768] = sectype; // TSAS for TCP: SECTYPE
             entries.push(e);
         }
     }

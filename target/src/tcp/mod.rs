@@ -10,24 +10,44 @@
 //! same `readv`, as nvmet-tcp and SPDK receive data into the request. Send: the responses of
 //! a whole batch of PDUs are gathered ([`sendq`]) and written with one syscall. Fatal
 //! protocol errors answer C2HTermReq and close (NVMe/TCP 1.0 §3.6.2.3).
+//!
+//! On a listener with TLS the first byte tells a TLS handshake (a record of content type
+//! 22) from a plaintext ICReq (PDU type 0), as nvmet-tcp does; [`tls`] carries the stream
+//! from then on.
 
 pub mod h2c;
 pub mod sendq;
+pub mod tls;
 
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use pollux_conf::Transport as TransportConf;
+use pollux_conf::{TlsMode, Transport as TransportConf};
 use pollux_nvme::spec::Cqe;
 use pollux_nvme::tcp::{
     Direction, IcReq, PduError, PduLimits, PduType, Recv, RxBuf, crc32c, encode_c2h_data_hdr, encode_capsule_resp,
     encode_ic_resp, encode_r2t, encode_term_req, encode_term_req_for, fes,
 };
-use tracing::{debug, warn};
+use pollux_nvme::tls::PskIdentity;
+use tracing::{debug, info, warn};
 
 use sendq::SendQueue;
+use tls::{PskLookup, TlsLink};
+
+/// The first byte of a TLS handshake record (RFC 8446 §5.1: ContentType handshake).
+const TLS_HANDSHAKE_RECORD: u8 = 22;
+
+/// What carries the connection's bytes.
+enum Channel {
+    /// The socket itself.
+    Plain,
+    /// A TLS listener's connection whose first byte has not arrived yet.
+    Detect(TlsMode, Arc<PskLookup>),
+    /// TLS 1.3 (handshaking until [`TlsLink::open`]).
+    Tls(Box<TlsLink>),
+}
 
 /// In-capsule data accepted on the admin queue (NVMe/TCP 1.0 §3.3.1: 8 KiB for fabrics and
 /// admin commands).
@@ -78,7 +98,8 @@ impl Fatal {
 
 /// One connection's transport.
 pub struct Transport {
-    sock: TcpStream,
+    sock: Arc<TcpStream>,
+    chan: Channel,
     /// The host's address.
     pub peer: SocketAddr,
     /// Our listener's address the host connected to.
@@ -99,15 +120,21 @@ pub struct Transport {
 }
 
 impl Transport {
-    /// Wrap an accepted, non-blocking socket.
-    pub fn new(sock: TcpStream, t: &TransportConf) -> std::io::Result<Self> {
+    /// Wrap an accepted, non-blocking socket of a listener with TLS `mode` (`lookup` finds
+    /// the PSK of an identity a host offers).
+    pub fn new(sock: TcpStream, t: &TransportConf, mode: TlsMode, lookup: Arc<PskLookup>) -> std::io::Result<Self> {
         let peer = sock.peer_addr()?;
         let local = sock.local_addr()?;
         // Room for the largest PDU we accept (header, digests, data) plus slack for the next.
         let max_data = t.max_h2c_data.max(t.in_capsule_data_size).max(ADMIN_IN_CAPSULE) as usize;
         let cap = (max_data + 256).max(64 * 1024) * 2;
+        let chan = match mode {
+            TlsMode::None => Channel::Plain,
+            m => Channel::Detect(m, lookup),
+        };
         Ok(Self {
-            sock,
+            sock: Arc::new(sock),
+            chan,
             peer,
             local,
             hdgst: false,
@@ -162,13 +189,93 @@ impl Transport {
     /// buffer, in one `readv`. Err on EOF or a socket error (the reason, for the log).
     #[inline]
     pub fn fill(&mut self, in_place: Option<InPlace>) -> Result<Filled, String> {
+        match self.chan {
+            Channel::Plain => self.fill_plain(in_place),
+            Channel::Tls(_) => self.fill_tls(),
+            Channel::Detect(..) => {
+                if !self.detect()? {
+                    self.drained = true;
+                    return Ok(Filled::default());
+                }
+                self.fill(in_place)
+            }
+        }
+    }
+
+    /// A TLS listener's first byte: a handshake record begins TLS, anything else is plain
+    /// NVMe/TCP, each if the listener's mode allows it. Ok(false) until a byte is there.
+    fn detect(&mut self) -> Result<bool, String> {
+        let Channel::Detect(mode, lookup) = &self.chan else {
+            return Ok(true);
+        };
+        let mut first = [0u8; 1];
+        // SAFETY: a one-byte buffer of our own for the call; MSG_PEEK leaves the byte queued.
+        let n = unsafe {
+            libc::recv(
+                self.sock.as_raw_fd(),
+                first.as_mut_ptr().cast(),
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            return match e.kind() {
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted => Ok(false),
+                _ => Err(format!("read: {e}")),
+            };
+        }
+        if n == 0 {
+            return Err("peer closed the connection".into());
+        }
+        if first[0] == TLS_HANDSHAKE_RECORD {
+            let link = TlsLink::accept(self.sock.clone(), lookup.clone()).map_err(|e| format!("TLS: {e}"))?;
+            self.chan = Channel::Tls(Box::new(link));
+        } else if *mode == TlsMode::Required {
+            return Err("plaintext NVMe/TCP on a listener that requires TLS".into());
+        } else {
+            self.chan = Channel::Plain;
+        }
+        Ok(true)
+    }
+
+    /// Decrypted bytes into the receive buffer, after the handshake.
+    fn fill_tls(&mut self) -> Result<Filled, String> {
+        let Channel::Tls(link) = &mut self.chan else {
+            return Ok(Filled::default());
+        };
+        if !link.open {
+            if !link.handshake().map_err(|e| format!("TLS handshake failed: {e}"))? {
+                self.drained = true;
+                return Ok(Filled::default());
+            }
+            let (host, sub) = link
+                .identity()
+                .map_or(("?", "?"), |i| (i.hostnqn.as_str(), i.subnqn.as_str()));
+            info!(peer = %self.peer, hostnqn = host, subnqn = sub, cipher = link.cipher(), "TLS 1.3 session established");
+        }
+        self.rx.make_room(0);
+        let (buffered, drained) = match link.recv(&mut self.rx) {
+            Ok(Recv::Data { buffered, drained, .. }) => (buffered > 0, drained),
+            Ok(Recv::Empty) => (false, true),
+            Ok(Recv::Full) => (false, false),
+            Ok(Recv::Eof) => return Err("peer closed the connection".into()),
+            Err(e) => return Err(format!("read: {e}")),
+        };
+        self.drained = drained;
+        Ok(Filled { buffered, placed: 0 })
+    }
+
+    /// The plain socket's fill (see [`Self::fill`]).
+    #[inline]
+    fn fill_plain(&mut self, in_place: Option<InPlace>) -> Result<Filled, String> {
         self.rx.make_room(0);
         let got = match in_place.filter(|p| p.left > 0 && self.rx.is_empty()) {
             // SAFETY: `dest..dest + left` is the rest of the command's buffer, which the caller
             // owns exclusively for the call (in range: its `dest_ptr` checked it, and the
             // device has not been given a DMA buffer whose data is still arriving).
-            Some(p) => unsafe { self.rx.recv_into(&self.sock, 0, p.dest, p.left, h2c::DIRECT_TAIL) },
-            None => self.rx.recv(&self.sock),
+            Some(p) => unsafe { self.rx.recv_into(&*self.sock, 0, p.dest, p.left, h2c::DIRECT_TAIL) },
+            None => self.rx.recv(&*self.sock),
         };
         let (filled, drained) = match got {
             Ok(Recv::Data {
@@ -212,12 +319,42 @@ impl Transport {
 
     /// Write what is queued (as much as the socket takes).
     pub fn flush(&mut self) -> std::io::Result<()> {
-        self.out.flush(self.sock.as_raw_fd())
+        match &mut self.chan {
+            Channel::Tls(link) => link.send(&mut self.out),
+            _ => self.out.flush(self.sock.as_raw_fd()),
+        }
     }
 
     /// Bytes queued for the socket.
     pub fn pending_out(&self) -> usize {
-        self.out.pending()
+        match &self.chan {
+            Channel::Tls(link) => self.out.pending() + link.pending(),
+            _ => self.out.pending(),
+        }
+    }
+
+    /// Read data may be sent from where it lies (no data digest to compute over the bytes
+    /// sent, no TLS to encrypt them).
+    #[inline]
+    pub fn sends_in_place(&self) -> bool {
+        !self.ddgst && matches!(self.chan, Channel::Plain)
+    }
+
+    /// The TLS PSK identity the connection was secured with (None: plain TCP).
+    pub fn tls_identity(&self) -> Option<&PskIdentity> {
+        match &self.chan {
+            Channel::Tls(link) => link.identity(),
+            _ => None,
+        }
+    }
+
+    /// A TLS listener's connection has not finished choosing or handshaking yet.
+    pub fn securing(&self) -> bool {
+        match &self.chan {
+            Channel::Plain => false,
+            Channel::Detect(..) => true,
+            Channel::Tls(link) => !link.open,
+        }
     }
 
     /// A CapsuleResp with `cqe`.
@@ -268,7 +405,7 @@ impl Transport {
         len: usize,
         keep: Arc<dyn std::any::Any + Send + Sync>,
     ) {
-        debug_assert!(!self.ddgst);
+        debug_assert!(self.sends_in_place());
         // SAFETY: the caller's contract is push_external's.
         unsafe { self.out.push_external(base, len, keep) };
     }
@@ -304,6 +441,11 @@ impl Transport {
     /// Send what is queued (best effort) and shut the socket down.
     pub fn shutdown(&mut self) {
         let _ = self.flush();
+        if let Channel::Tls(link) = &mut self.chan
+            && link.open
+        {
+            link.close();
+        }
         let _ = self.sock.shutdown(Shutdown::Both);
     }
 }

@@ -192,6 +192,34 @@ impl SendQueue {
             }
             self.advance(rc as usize);
         }
+        self.settle();
+        Ok(())
+    }
+
+    /// Hand the queued bytes to `write` (a TLS session) until it has taken them all or
+    /// returns `WouldBlock`. Only for a queue of owned bytes: bytes sent in place are the
+    /// kernel's to read, never a Rust slice's.
+    pub fn flush_owned_with(&mut self, mut write: impl FnMut(&[u8]) -> io::Result<usize>) -> io::Result<()> {
+        if !self.ext.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "data queued in place on a connection that copies",
+            ));
+        }
+        while self.sent < self.buf.len() {
+            match write(&self.buf[self.sent..]) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => self.advance(n.min(self.buf.len() - self.sent)),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e),
+            }
+        }
+        self.settle();
+        Ok(())
+    }
+
+    /// Reset an emptied queue, or compact one a slow reader left mostly sent.
+    fn settle(&mut self) {
         if self.pending() == 0 {
             self.buf.clear();
             self.sent = 0;
@@ -202,7 +230,6 @@ impl SendQueue {
             }
             self.sent = 0;
         }
-        Ok(())
     }
 
     /// Fill `iov` with the next segments in stream order; returns how many.

@@ -182,6 +182,13 @@ impl Ctx {
                 let a = str_param(params, "address")?;
                 let mut t = toml::Table::new();
                 t.insert("address".into(), toml::Value::String(a.to_string()));
+                match params.get("tls") {
+                    None | Some(Value::Null) => {}
+                    Some(Value::String(m)) => {
+                        t.insert("tls".into(), toml::Value::String(m.clone()));
+                    }
+                    Some(_) => return Err(RpcError::params("'tls' must be a string")),
+                }
                 array(&mut doc, "listener")?.push(toml::Value::Table(t));
             }
             "remove_listener" => {
@@ -216,8 +223,9 @@ fn host_nqn(v: &toml::Value) -> Option<&str> {
     }
 }
 
-/// The DH-HMAC-CHAP fields of `add_host` / `set_host_keys` (validated with the conf: a bad
-/// key or an open key file is refused there, with the reason and never the key).
+/// The key fields of `add_host` / `set_host_keys`: DH-HMAC-CHAP keys and the TLS PSK
+/// (validated with the conf: a bad key or an open key file is refused there, with the
+/// reason and never the key). `set_host_keys` replaces all of a host's keys.
 fn host_key_fields(params: &Value) -> Result<Vec<(&'static str, String)>, RpcError> {
     let mut out = Vec::new();
     for k in [
@@ -225,6 +233,8 @@ fn host_key_fields(params: &Value) -> Result<Vec<(&'static str, String)>, RpcErr
         "dhchap_key_file",
         "dhchap_ctrl_key",
         "dhchap_ctrl_key_file",
+        "tls_key",
+        "tls_key_file",
     ] {
         match params.get(k) {
             None | Some(Value::Null) => {}

@@ -159,7 +159,10 @@ impl Ctx {
             .load()
             .listeners
             .iter()
-            .map(|a| a.to_string())
+            .map(|l| match l.tls {
+                pollux_conf::TlsMode::None => l.addr.to_string(),
+                m => format!("{} (tls {})", l.addr, m.as_str()),
+            })
             .collect();
         snap.subsystems
             .iter()
