@@ -125,7 +125,8 @@ impl<'de> Deserialize<'de> for RawHost {
                 Ok(RawHost::Nqn(v.to_owned()))
             }
             fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<RawHost, A::Error> {
-                RawHostEntry::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(|e| RawHost::Entry(Box::new(e)))
+                RawHostEntry::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(|e| RawHost::Entry(Box::new(e)))
             }
         }
         d.deserialize_any(V)

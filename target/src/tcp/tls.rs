@@ -28,8 +28,8 @@ use libc::{c_int, c_uchar, size_t};
 use openssl::error::ErrorStack;
 use openssl::ex_data::Index;
 use openssl::ssl::{
-    ErrorCode, Ssl, SslContext, SslContextBuilder, SslMethod, SslMode, SslOptions, SslRef, SslStream, SslVerifyMode,
-    SslVersion,
+    ClientHelloResponse, ErrorCode, Ssl, SslContext, SslContextBuilder, SslMethod, SslMode, SslOptions, SslRef,
+    SslStream, SslVerifyMode, SslVersion,
 };
 use openssl_sys as ffi;
 use pollux_nvme::tcp::{Recv, RxBuf};
@@ -228,11 +228,59 @@ fn base_context(method: SslMethod, suites: &str) -> Result<SslContextBuilder, Er
     Ok(b)
 }
 
+/// The identities of a ClientHello's pre_shared_key extension (RFC 8446 §4.2.11:
+/// `identities<7..2^16-1>` of `opaque identity<1..2^16-1>; uint32 age`), as far as they
+/// are well formed.
+fn offered_identities(ext: &[u8]) -> Vec<&[u8]> {
+    let mut ids = Vec::new();
+    let Some(total) = ext.get(..2).map(|b| usize::from(u16::from_be_bytes([b[0], b[1]]))) else {
+        return ids;
+    };
+    let mut list = ext.get(2..2 + total).unwrap_or_default();
+    while let Some(b) = list.get(..2) {
+        let n = usize::from(u16::from_be_bytes([b[0], b[1]]));
+        let (Some(id), Some(rest)) = (list.get(2..2 + n), list.get(2 + n + 4..)) else {
+            break;
+        };
+        ids.push(id);
+        list = rest;
+    }
+    ids
+}
+
+/// Before the cipher suite is chosen: keep only the suite of the hash the first NVMe
+/// identity offered names. OpenSSL picks the suite first and then skips a PSK whose hash
+/// differs from it, so a client that prefers TLS_AES_256_GCM_SHA384 (OpenSSL's default
+/// order) would otherwise lose its SHA-256 PSK and fall back to a certificate handshake.
+fn choose_suite(ssl: &mut SslRef) {
+    const PRE_SHARED_KEY: libc::c_uint = 41;
+    let mut out: *const c_uchar = ptr::null();
+    let mut len: size_t = 0;
+    // SAFETY: `ssl` is in its ClientHello callback, where the extensions may be read; OpenSSL
+    // sets `out` and `len` to bytes it owns for the rest of the callback.
+    let present = unsafe { ffi::SSL_client_hello_get0_ext(ssl.as_ptr(), PRE_SHARED_KEY, &mut out, &mut len) } == 1;
+    if !present || out.is_null() {
+        return;
+    }
+    // SAFETY: as above: `len` bytes at `out`, valid while `ssl` is borrowed here.
+    let ext = unsafe { std::slice::from_raw_parts(out, len) };
+    if let Some(hash) = offered_identities(ext)
+        .into_iter()
+        .find_map(|id| PskIdentity::parse(id).map(|p| p.hash))
+    {
+        let _ = ssl.set_ciphersuites(suite(hash).0);
+    }
+}
+
 fn server_context() -> Result<&'static SslContext, String> {
     static C: OnceLock<Result<SslContext, String>> = OnceLock::new();
     C.get_or_init(|| {
-        let b = base_context(SslMethod::tls_server(), "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384")
+        let mut b = base_context(SslMethod::tls_server(), "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384")
             .map_err(|e| e.to_string())?;
+        b.set_client_hello_callback(|ssl, _alert| {
+            choose_suite(ssl);
+            Ok(ClientHelloResponse::SUCCESS)
+        });
         // SAFETY: the builder's SSL_CTX is live; the callback is a plain function that only
         // touches what OpenSSL hands it.
         unsafe { SSL_CTX_set_psk_find_session_callback(b.as_ptr(), Some(find_session)) };
@@ -672,5 +720,24 @@ mod tests {
         let mut s = TlsLink::accept(ss, lookup_of(key)).unwrap();
         assert!(handshake(&mut c, &mut s).is_err());
         assert!(s.identity().is_none());
+    }
+
+    #[test]
+    fn offered_identities_are_read_as_far_as_they_are_well_formed() {
+        // Two identities (each: u16 length, bytes, u32 age) in a u16-length list.
+        let mut ext = vec![0, 0];
+        for id in [&b"NVMe0R01 a b"[..], b"x"] {
+            ext.extend_from_slice(&(id.len() as u16).to_be_bytes());
+            ext.extend_from_slice(id);
+            ext.extend_from_slice(&[0; 4]);
+        }
+        let n = (ext.len() - 2) as u16;
+        ext[..2].copy_from_slice(&n.to_be_bytes());
+        assert_eq!(offered_identities(&ext), vec![&b"NVMe0R01 a b"[..], b"x"]);
+        // Truncated anywhere: what is whole, never a panic.
+        for cut in 0..ext.len() {
+            assert!(offered_identities(&ext[..cut]).len() <= 2);
+        }
+        assert!(offered_identities(&[0xFF, 0xFF, 0, 9, 1]).is_empty());
     }
 }
