@@ -199,14 +199,20 @@ fn secure_toml_parses_with_its_key_files() {
         std::fs::write(&p, format!("{}\n", *k.encode())).expect("write");
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).expect("chmod");
     }
+    let psk = pollux_conf::ConfiguredPsk::new(Some(pollux_nvme::tls::PskHash::Sha256), &[9; 32]).expect("psk");
+    let p = dir.join("keys").join("host-a.psk");
+    std::fs::write(&p, format!("{}\n", *psk.encode())).expect("write");
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).expect("chmod");
     let c = Config::from_path(&conf).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.listeners[0].tls, pollux_conf::TlsMode::Allowed);
     let s = &c.subsystems[0];
+    assert_eq!(s.tls_keys.len(), 1);
     assert_eq!(s.host_keys.len(), 1);
     assert!(s.host_keys.values().all(|k| k.ctrl.is_some()));
     assert!(!s.allow_any_host);
     // Written back with its key files as files, it reads the same.
     let text = c.to_toml();
-    assert!(!text.contains("DHHC-1"), "{text}");
+    assert!(!text.contains("DHHC-1") && !text.contains("NVMeTLSkey"), "{text}");
     let back = Config::parse(&text, &c.origin).unwrap_or_else(|e| panic!("{e}\n{text}"));
     assert_eq!(back.subsystems, c.subsystems);
     let _ = std::fs::remove_dir_all(&dir);

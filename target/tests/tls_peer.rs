@@ -236,3 +236,58 @@ fn a_stalled_tls_handshake_is_closed_after_its_deadline() {
     }
     drop(t);
 }
+
+#[test]
+fn tls_listeners_and_psks_are_added_at_run_time() {
+    let text = format!(
+        r#"
+[reactors]
+cores = [0]
+mode = "interrupt"
+
+[[listener]]
+address = "127.0.0.1:0"
+
+[[subsystem]]
+nqn = "{SUB}"
+hosts = ["{HOST}"]
+
+[[subsystem.namespace]]
+nsid = 1
+backend = {{ ram = {{ size = "1MiB" }} }}
+"#
+    );
+    let t = start_text(&text);
+    let cfg = pollux_conf::Config::parse(&text, "test.toml").unwrap();
+    let ctx = pollux_target::control::rpc::Ctx::new(&t, &cfg.reactors);
+    let call = |m: &str, p: serde_json::Value| ctx.call(m, &p).unwrap_or_else(|e| panic!("{m}: {e:?}"));
+    call(
+        "add_listener",
+        serde_json::json!({"address": "127.0.0.5:0", "tls": "required"}),
+    );
+    let bad = ctx.call(
+        "add_listener",
+        &serde_json::json!({"address": "127.0.0.6:0", "tls": "maybe"}),
+    );
+    assert!(bad.is_err(), "an unknown TLS mode is refused");
+    let secure = t.listen_addrs()[1];
+    // No PSK for the host yet: the handshake fails.
+    let (id, psk) = psk_args(0, &key());
+    let args = ["-tls1_3", "-psk_identity", id.as_str(), "-psk", psk.as_str()];
+    let (got, _) = icreq_through(s_client(secure, &args), Duration::from_secs(10));
+    assert!(got.as_ref().is_none_or(|g| g.first() != Some(&0x01)), "{got:?}");
+    // Given one, the next handshake uses it; the view names the host, not the key.
+    let k = key().encode().to_string();
+    call(
+        "set_host_keys",
+        serde_json::json!({"nqn": SUB, "host": HOST, "tls_key": k}),
+    );
+    let (got, err) = icreq_through(s_client(secure, &args), Duration::from_secs(20));
+    assert_icresp(&got, &err);
+    let subs = call("subsystems", serde_json::Value::Null).to_string();
+    assert!(subs.contains(&format!("{HOST} sha256")), "{subs}");
+    assert!(subs.contains("(tls required)"), "{subs}");
+    assert!(!subs.contains(&k[16..40]), "the view shows the key: {subs}");
+    drop(ctx);
+    drop(t);
+}

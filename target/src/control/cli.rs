@@ -89,8 +89,9 @@ pub enum CtlCommand {
     /// Any method with JSON params, e.g. `call add_namespace
     /// '{"nqn":"nqn.2026-11.io.pollux:ram0","nsid":2,"backend":{"ram":{"size":"64MiB"}}}'`
     /// (also remove_namespace, add_subsystem, remove_subsystem, add_host, remove_host,
-    /// set_host_keys (DH-HMAC-CHAP keys: dhchap_key[_file], dhchap_ctrl_key[_file]),
-    /// set_allow_any_host, add_listener, remove_listener, nvme_devices, nvme_fault).
+    /// set_host_keys (dhchap_key[_file], dhchap_ctrl_key[_file], tls_key[_file]),
+    /// set_allow_any_host, add_listener (address, tls), remove_listener, nvme_devices,
+    /// nvme_fault).
     Call {
         /// Method name.
         method: String,
@@ -290,6 +291,9 @@ pub fn format_subsystems(ss: &[SubsystemView]) -> String {
         let _ = writeln!(out, "  hosts {hosts}");
         if !s.dhchap_hosts.is_empty() {
             let _ = writeln!(out, "  dhchap {}", s.dhchap_hosts.join(", "));
+        }
+        if !s.tls_hosts.is_empty() {
+            let _ = writeln!(out, "  tls psk {}", s.tls_hosts.join(", "));
         }
         let _ = writeln!(out, "  listeners {}", s.listeners.join(", "));
         let mut rows = vec![

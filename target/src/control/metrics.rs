@@ -345,6 +345,7 @@ mod tests {
             allow_any_host: true,
             hosts: vec![],
             dhchap_hosts: vec![],
+            tls_hosts: vec![],
             namespaces: vec![NamespaceView {
                 nsid: 1,
                 size: 4096,

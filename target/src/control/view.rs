@@ -197,6 +197,9 @@ pub struct SubsystemView {
     /// lets them authenticate the controller too. Never a key.
     #[serde(default)]
     pub dhchap_hosts: Vec<String>,
+    /// Hosts with a TLS PSK, with its hash ("sha256", "sha384"). Never a key.
+    #[serde(default)]
+    pub tls_hosts: Vec<String>,
     /// Namespaces by nsid.
     pub namespaces: Vec<NamespaceView>,
     /// Listener addresses serving it.

@@ -183,6 +183,14 @@ impl Ctx {
                         }
                     })
                     .collect(),
+                tls_hosts: s
+                    .tls_keys
+                    .iter()
+                    .map(|(h, k)| match k.key.cipher() {
+                        pollux_nvme::tls::PskHash::Sha256 => format!("{h} sha256"),
+                        pollux_nvme::tls::PskHash::Sha384 => format!("{h} sha384"),
+                    })
+                    .collect(),
                 namespaces: s
                     .namespaces
                     .values()
