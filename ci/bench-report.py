@@ -782,8 +782,8 @@ def instr_per_io(cgdir):
     return out
 
 
-def cmd_ab(out):
-    runs = load_runs(os.path.join(out, "ab.runs.jsonl"))
+def paired(runs, base, new):
+    """{job: per-pair ratio quartiles and medians} of runs tagged side=BASE and side=NEW."""
     by = defaultdict(dict)  # (name, pair) -> {side: run}
     names = []
     for r in runs:
@@ -793,41 +793,66 @@ def cmd_ab(out):
         by[(t["name"], t["pair"])][t["side"]] = r
     jobs = {}
     for n in names:
-        pairs = [v for (name, _), v in by.items() if name == n and "base" in v and "new" in v]
-        iops = [p["new"]["iops"] / p["base"]["iops"] for p in pairs if p["base"]["iops"]]
-        dp50 = [us(p["new"]["latency_ns"]["p50"] - p["base"]["latency_ns"]["p50"]) for p in pairs]
-        p50 = [us(p["new"]["latency_ns"]["p50"]) / us(p["base"]["latency_ns"]["p50"]) for p in pairs
-               if p["base"]["latency_ns"]["p50"]]
-        cpu = [p["new"]["target"]["cpu_ns_per_io"] / p["base"]["target"]["cpu_ns_per_io"] for p in pairs
-               if p["new"].get("target") and p["base"].get("target") and p["base"]["target"]["cpu_ns_per_io"]]
+        pairs = [(v[base], v[new]) for (name, _), v in by.items() if name == n and base in v and new in v]
+        iops = [a["iops"] / b["iops"] for b, a in pairs if b["iops"]]
+        dp50 = [us(a["latency_ns"]["p50"] - b["latency_ns"]["p50"]) for b, a in pairs]
+        p50 = [us(a["latency_ns"]["p50"]) / us(b["latency_ns"]["p50"]) for b, a in pairs if b["latency_ns"]["p50"]]
+        cpu = [a["target"]["cpu_ns_per_io"] / b["target"]["cpu_ns_per_io"] for b, a in pairs
+               if a.get("target") and b.get("target") and b["target"]["cpu_ns_per_io"]]
         jobs[n] = {
             "pairs": len(pairs),
             "iops_ratio": quartiles(iops),
             "p50_ratio": quartiles(p50),
             "p50_diff_us": quartiles(dp50),
             "target_cpu_per_io_ratio": quartiles(cpu),
-            "base_iops_median": med([p["base"]["iops"] for p in pairs]),
-            "new_iops_median": med([p["new"]["iops"] for p in pairs]),
-            "base_p50_us_median": med([us(p["base"]["latency_ns"]["p50"]) for p in pairs]),
-            "new_p50_us_median": med([us(p["new"]["latency_ns"]["p50"]) for p in pairs]),
+            f"{base}_iops_median": med([b["iops"] for b, _ in pairs]),
+            f"{new}_iops_median": med([a["iops"] for _, a in pairs]),
+            f"{base}_p50_us_median": med([us(b["latency_ns"]["p50"]) for b, _ in pairs]),
+            f"{new}_p50_us_median": med([us(a["latency_ns"]["p50"]) for _, a in pairs]),
         }
+    return jobs
+
+
+def q3(t, nd=3):
+    lo, mid, hi = t
+    return "-" if mid is None else f"{mid:.{nd}f} ({lo:.{nd}f} / {hi:.{nd}f})"
+
+
+def paired_table(jobs, new, base):
+    lines = [f"| job | pairs | IOPS {new}/{base} | p50 {new}/{base} | p50 {new}-{base} (us) | "
+             f"target CPU per I/O {new}/{base} |", "|---|---|---|---|---|---|"]
+    for n, j in jobs.items():
+        lines.append(f"| {n} | {j['pairs']} | {q3(j['iops_ratio'])} | {q3(j['p50_ratio'])} | "
+                     f"{q3(j['p50_diff_us'], 2)} | {q3(j['target_cpu_per_io_ratio'])} |")
+    return lines
+
+
+def cmd_tls(out):
+    runs = load_runs(os.path.join(out, "tls.runs.jsonl"))
+    jobs = paired(runs, "plain", "tls")
+    with open(os.path.join(out, "tls.json"), "w") as f:
+        json.dump({"jobs": jobs}, f, indent=1)
+    lines = ["# ci/bench tls: TLS 1.3 (PSK) against plain TCP, side by side", "",
+             "One poll-mode target with a tls = \"allowed\" listener, RAM namespace; plain and TLS",
+             "connections alternating in pairs (ABBA order), 1 s runs. Median of the per-pair",
+             "figures, quartiles in brackets.", ""]
+    lines += paired_table(jobs, "tls", "plain")
+    with open(os.path.join(out, "tls.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def cmd_ab(out):
+    runs = load_runs(os.path.join(out, "ab.runs.jsonl"))
+    jobs = paired(runs, "base", "new")
     instr = {side: instr_per_io(os.path.join(out, "ab-callgrind", side)) for side in ("base", "new", "base2", "new2")}
     res = {"jobs": jobs, "instructions_per_io": instr}
     with open(os.path.join(out, "ab.json"), "w") as f:
         json.dump(res, f, indent=1)
 
-    def q3(t, nd=3):
-        lo, mid, hi = t
-        return "-" if mid is None else f"{mid:.{nd}f} ({lo:.{nd}f} / {hi:.{nd}f})"
-
     lines = ["# ci/bench ab: new against base, side by side", "",
              "Alternating pairs (ABBA order), 1 s runs, RAM namespace, poll-mode reactor. Median of the",
-             "per-pair figures, quartiles in brackets.", "",
-             "| job | pairs | IOPS new/base | p50 new/base | p50 new-base (us) | target CPU per I/O new/base |",
-             "|---|---|---|---|---|---|"]
-    for n, j in jobs.items():
-        lines.append(f"| {n} | {j['pairs']} | {q3(j['iops_ratio'])} | {q3(j['p50_ratio'])} | "
-                     f"{q3(j['p50_diff_us'], 2)} | {q3(j['target_cpu_per_io_ratio'])} |")
+             "per-pair figures, quartiles in brackets.", ""]
+    lines += paired_table(jobs, "new", "base")
     lines += ["", "Instructions per I/O (callgrind, difference of two run lengths, span unfilled; two",
               "rounds, base and new alternating):", "",
               "| job | target base | target new | client base | client new |", "|---|---|---|---|---|"]
@@ -880,7 +905,7 @@ def cmd_reactor(out):
     plt.close(fig)
 
 
-RESULT_SECTIONS = ("perf", "modes", "reactor", "file", "ab")
+RESULT_SECTIONS = ("perf", "modes", "reactor", "file", "ab", "tls")
 
 
 def cmd_results(out):
@@ -919,9 +944,9 @@ def _utc(t):
 def main(argv):
     if len(argv) >= 3 and argv[1] == "rates":
         cmd_rates(argv[2], float(argv[3]) if len(argv) > 3 else 0.25)
-    elif len(argv) == 3 and argv[1] in ("perf", "modes", "reactor", "results", "ab"):
+    elif len(argv) == 3 and argv[1] in ("perf", "modes", "reactor", "results", "ab", "tls"):
         {"perf": cmd_perf, "modes": cmd_modes, "reactor": cmd_reactor, "results": cmd_results,
-         "ab": cmd_ab}[argv[1]](argv[2])
+         "ab": cmd_ab, "tls": cmd_tls}[argv[1]](argv[2])
     else:
         print(__doc__, file=sys.stderr)
         return 2
