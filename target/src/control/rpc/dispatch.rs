@@ -23,9 +23,8 @@ impl Ctx {
             "reload" => self.reload(),
             "save" => self.save(params),
             "add_subsystem" | "remove_subsystem" | "add_namespace" | "remove_namespace" | "add_host"
-            | "remove_host" | "set_host_keys" | "set_allow_any_host" | "add_listener" | "remove_listener" => {
-                self.mutation(method, params)
-            }
+            | "remove_host" | "set_host_keys" | "set_allow_any_host" | "add_listener" | "remove_listener"
+            | "set_ana_state" => self.mutation(method, params),
             other => Err(RpcError::new(METHOD_NOT_FOUND, format!("method not found: '{other}'"))),
         }
     }
@@ -78,7 +77,7 @@ impl Ctx {
 }
 
 /// Every method [`Ctx::call`] dispatches (what `pollux ctl call` accepts).
-pub const METHODS: [&str; 20] = [
+pub const METHODS: [&str; 21] = [
     "version",
     "reactors",
     "subsystems",
@@ -99,6 +98,7 @@ pub const METHODS: [&str; 20] = [
     "set_allow_any_host",
     "add_listener",
     "remove_listener",
+    "set_ana_state",
 ];
 
 /// Param `name` (object) or `pos` (array); Ok(None) if absent.

@@ -153,17 +153,28 @@ impl Ctx {
     /// `subsystems`; `ctrls` from [`Ctx::controllers`] gives the controller counts.
     pub fn subsystems_with(&self, ctrls: &CtrlList) -> Vec<SubsystemView> {
         let snap = self.shared.snapshot.load();
-        let listeners: Vec<String> = self
-            .shared
-            .snapshot
-            .load()
-            .listeners
-            .iter()
-            .map(|l| match l.tls {
-                pollux_conf::TlsMode::None => l.addr.to_string(),
-                m => format!("{} (tls {})", l.addr, m.as_str()),
-            })
-            .collect();
+        // Each listener with its TLS mode and the ANA state, on its path, of each group the
+        // subsystem's namespaces are in.
+        let listeners_of = |s: &crate::subsystem::Subsystem| -> Vec<String> {
+            let groups: std::collections::BTreeSet<u32> = s.namespaces.values().map(|n| n.ana_group).collect();
+            snap.listeners
+                .iter()
+                .map(|l| {
+                    let mut v = l.addr.to_string();
+                    if l.tls != pollux_conf::TlsMode::None {
+                        v.push_str(&format!(" (tls {})", l.tls.as_str()));
+                    }
+                    let ana: Vec<String> = groups
+                        .iter()
+                        .map(|g| format!("{g}:{}", l.ana.state(*g).name()))
+                        .collect();
+                    if !ana.is_empty() {
+                        v.push_str(&format!(" ana {}", ana.join(",")));
+                    }
+                    v
+                })
+                .collect()
+        };
         snap.subsystems
             .iter()
             .map(|s| SubsystemView {
@@ -210,7 +221,7 @@ impl Ctx {
                         }
                     })
                     .collect(),
-                listeners: listeners.clone(),
+                listeners: listeners_of(s),
                 controllers: ctrls
                     .controllers
                     .iter()
