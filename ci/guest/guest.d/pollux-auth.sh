@@ -55,6 +55,21 @@ case $(uname -r) in 6.12.*) ;; *) die "this is $(uname -r), not the 6.12 guest" 
 echo 10 > /sys/module/nvme_core/parameters/admin_timeout
 host_discover "$port" | grep -E 'subnqn|trsvcid'
 
+step discovery-auth
+kmark discovery-auth
+out=$(timeout 60 nvme discover -t tcp -a "$HOST_ADDR" -s "$port" --hostnqn="$HOSTNQN" --hostid="$hostid" \
+    --dhchap-secret="$K256") || die "authenticated nvme discover failed"
+echo "$out" | grep -q "subnqn: *$PFX:s256" || die "authenticated discovery lists no subsystem: $out"
+ksince discovery-auth | grep -E 'nvme nvme' || true
+kmark discovery-wrong
+if timeout 60 nvme discover -t tcp -a "$HOST_ADDR" -s "$port" --hostnqn="$HOSTNQN" --hostid="$hostid" \
+        --dhchap-secret="$KWRONG" > /tmp/out 2>&1 && grep -q 'subnqn:' /tmp/out; then
+    cat /tmp/out
+    die "nvme discover with a wrong secret got the discovery log"
+fi
+echo "discover with a wrong secret refused: $(head -3 /tmp/out)"
+nothing_connected "$port"
+
 step sha256-null
 dev=$(aconnect sha256-null s256 --dhchap-secret="$K256")
 ksince sha256-null | grep -q 'qid 0: authenticated with hash hmac(sha256) dhgroup null' ||
