@@ -90,8 +90,8 @@ pub struct PerfArgs {
     /// TLS 1.3 on every queue with this configured PSK ('NVMeTLSkey-1:01:...:', as `nvme
     /// gen-tls-key` writes), derived for the host NQN and the subsystem NQN (NVMe/TCP 1.0
     /// §3.6.1.3). Visible to other users in the process list: prefer --tls-key-file.
-    #[arg(long, value_name = "KEY", value_parser = parse_tls_key, conflicts_with = "tls_key_file")]
-    pub tls_key: Option<ConfiguredPsk>,
+    #[arg(long, value_name = "KEY", value_parser = tls_key_arg, conflicts_with = "tls_key_file")]
+    pub tls_key: Option<TlsKeyArg>,
     /// The same from a file, which neither group nor others may access (chmod 600).
     #[arg(long, value_name = "FILE")]
     pub tls_key_file: Option<PathBuf>,
@@ -189,9 +189,19 @@ pub fn parse_cores(s: &str) -> Result<Vec<usize>, PerfError> {
     Ok(v)
 }
 
-/// `--tls-key`'s parser: the error never echoes the key.
-fn parse_tls_key(s: &str) -> Result<ConfiguredPsk, String> {
-    ConfiguredPsk::parse(s).map_err(|e| e.to_string())
+/// A `--tls-key` as given, parsed by [`to_opts`]: clap's own error for a value its parser
+/// refuses would echo the value, a secret. `Debug` does not show it; zeroed when dropped.
+#[derive(Clone)]
+pub struct TlsKeyArg(Zeroizing<String>);
+
+impl std::fmt::Debug for TlsKeyArg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TlsKeyArg(..)")
+    }
+}
+
+fn tls_key_arg(s: &str) -> Result<TlsKeyArg, std::convert::Infallible> {
+    Ok(TlsKeyArg(Zeroizing::new(s.to_string())))
 }
 
 /// The largest key file read (a key is under 100 bytes).
@@ -221,7 +231,8 @@ fn read_tls_key_file(path: &Path) -> Result<ConfiguredPsk, PerfError> {
 /// The TLS options: a PSK from --tls-key or --tls-key-file, with --tls-identity.
 fn tls_opts(a: &PerfArgs) -> Result<Option<HostTls>, PerfError> {
     let psk = match (&a.tls_key, &a.tls_key_file) {
-        (Some(k), _) => Some(k.clone()),
+        // The reason names no part of the key (PskError never carries it).
+        (Some(k), _) => Some(ConfiguredPsk::parse(&k.0).map_err(|e| PerfError::Options(format!("--tls-key: {e}")))?),
         (None, Some(path)) => Some(read_tls_key_file(path)?),
         (None, None) => None,
     };
