@@ -13,8 +13,8 @@
 //!
 //! With [`QueueOpts::tls`] the queue runs over TLS 1.3 ([`super::HostTls`]): the handshake
 //! right after the TCP connect, then the same PDUs through the record layer, copied on both
-//! sides (no data sent or received in place). The choice is made once per queue (an
-//! `Option` on the few paths that touch the socket): a plain queue does no extra work.
+//! sides (no data sent or received in place). The choice is made once per queue: a plain
+//! queue pays one test of an `Option` on the few paths that touch the socket, nothing more.
 
 mod raw;
 mod recv;
