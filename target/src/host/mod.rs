@@ -13,6 +13,9 @@
 //!   N I/O queues like `nvme connect` does.
 //! - Raw mode for protocol tests: [`HostQueue::send_raw`] and [`HostQueue::recv_raw`].
 //!
+//! - TLS 1.3 with a PSK on every queue ([`HostTls`], NVMe/TCP 1.0 §3.6.1), as `nvme connect
+//!   --tls` does.
+//!
 //! Everything that waits has a deadline ([`QueueOpts::timeout`]); anything the target sends
 //! that breaks the protocol is a [`HostError`], never a panic.
 
@@ -22,6 +25,7 @@ mod controller;
 mod error;
 mod queue;
 pub mod sqe;
+mod tls;
 
 #[cfg(test)]
 mod tests;
@@ -33,3 +37,4 @@ pub use error::HostError;
 pub use pollux_nvme::spec::Health as SmartLog;
 pub use queue::{Completion, ConnectResult, Data, HostQueue, IcInfo, QueueOpts, RawReply, hostid_from_nqn};
 pub use sqe::DsmRange;
+pub use tls::HostTls;
