@@ -168,7 +168,11 @@ impl Ctx {
                         .iter()
                         .map(|g| format!("{g}:{}", l.ana.state(*g).name()))
                         .collect();
-                    if !ana.is_empty() {
+                    // Only where a group is not optimized (the default says nothing).
+                    if groups
+                        .iter()
+                        .any(|g| l.ana.state(*g) != pollux_conf::AnaState::Optimized)
+                    {
                         v.push_str(&format!(" ana {}", ana.join(",")));
                     }
                     v
