@@ -90,6 +90,11 @@ pub(crate) fn to_toml(c: &Config) -> String {
         }
     }
 
+    for r in &c.referrals {
+        let _ = writeln!(o, "\n[[referral]]");
+        let _ = writeln!(o, "address = {}", quote(&r.address.to_string()));
+    }
+
     let t = &c.transport;
     let _ = writeln!(o, "\n[transport]");
     let _ = writeln!(o, "io_queue_depth = {}", t.io_queue_depth);
@@ -140,6 +145,10 @@ pub(crate) fn to_toml(c: &Config) -> String {
             .collect();
         let _ = writeln!(o, "hosts = [{}]", hosts.join(", "));
         write_dhchap(&mut o, &s.dhchap);
+        if !s.default_cntlid_range() {
+            let _ = writeln!(o, "min_cntlid = {}", s.min_cntlid);
+            let _ = writeln!(o, "max_cntlid = {}", s.max_cntlid);
+        }
         for n in &s.namespaces {
             let _ = writeln!(o, "\n[[subsystem.namespace]]");
             let _ = writeln!(o, "nsid = {}", n.nsid);
