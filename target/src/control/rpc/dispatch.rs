@@ -15,6 +15,7 @@ impl Ctx {
             "version" => to_value(self.version()),
             "reactors" => to_value(self.reactors()),
             "subsystems" => to_value(self.subsystems()),
+            "discovery" => to_value(self.discovery()),
             "controllers" => to_value(self.controllers()),
             "set_mode" => to_value(self.set_mode(params)?),
             "set_cpu_budget" => to_value(self.set_cpu_budget(params)?),
@@ -23,9 +24,8 @@ impl Ctx {
             "reload" => self.reload(),
             "save" => self.save(params),
             "add_subsystem" | "remove_subsystem" | "add_namespace" | "remove_namespace" | "add_host"
-            | "remove_host" | "set_host_keys" | "set_allow_any_host" | "add_listener" | "remove_listener" => {
-                self.mutation(method, params)
-            }
+            | "remove_host" | "set_host_keys" | "set_allow_any_host" | "add_listener" | "remove_listener"
+            | "add_referral" | "remove_referral" => self.mutation(method, params),
             other => Err(RpcError::new(METHOD_NOT_FOUND, format!("method not found: '{other}'"))),
         }
     }
@@ -78,10 +78,11 @@ impl Ctx {
 }
 
 /// Every method [`Ctx::call`] dispatches (what `pollux ctl call` accepts).
-pub const METHODS: [&str; 20] = [
+pub const METHODS: [&str; 23] = [
     "version",
     "reactors",
     "subsystems",
+    "discovery",
     "controllers",
     "set_mode",
     "set_cpu_budget",
@@ -99,6 +100,8 @@ pub const METHODS: [&str; 20] = [
     "set_allow_any_host",
     "add_listener",
     "remove_listener",
+    "add_referral",
+    "remove_referral",
 ];
 
 /// Param `name` (object) or `pos` (array); Ok(None) if absent.
