@@ -177,6 +177,9 @@ pub(crate) fn to_toml(c: &Config) -> String {
                         keys.push(format!("size = {}", quote(&format_size(size))));
                     }
                     keys.push(format!("direct = {}", f.direct));
+                    if f.shared {
+                        keys.push("shared = true".into());
+                    }
                     let _ = writeln!(o, "backend = {{ file = {{ {} }} }}", keys.join(", "));
                 }
                 Backend::Nvme(NvmeBackend { device, nsid }) => {

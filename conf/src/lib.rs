@@ -624,6 +624,10 @@ pub struct FileBackend {
     pub size: Option<u64>,
     /// Open with `O_DIRECT`, bypassing the page cache.
     pub direct: bool,
+    /// Other pollux targets serve the same store too (one subsystem exported by several
+    /// targets in front of shared storage): take a shared lock instead of an exclusive
+    /// one, so only targets that all say so open it together.
+    pub shared: bool,
 }
 
 /// A `sim` backend: a simulated SSD.

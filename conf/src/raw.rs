@@ -187,6 +187,7 @@ pub(crate) struct RawFile {
     pub path: Spanned<String>,
     pub size: Option<Spanned<RawSize>>,
     pub direct: Option<Spanned<bool>>,
+    pub shared: Option<Spanned<bool>>,
 }
 
 #[derive(Deserialize)]

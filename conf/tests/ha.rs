@@ -315,3 +315,25 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn a_file_store_may_be_shared_with_other_targets() {
+    let ns = |keys: &str| {
+        format!(
+            "{BASE}{}[[subsystem.namespace]]\nnsid = 1\nbackend = {{ file = {{ path = \"/srv/shared.img\"{keys} }} }}\n",
+            sub("a", "")
+        )
+    };
+    let file = |c: &Config| match &c.subsystems[0].namespaces[0].backend {
+        pollux_conf::Backend::File(f) => f.clone(),
+        other => panic!("{other:?}"),
+    };
+    let c = parse(&ns(""));
+    assert!(!file(&c).shared, "exclusive by default");
+    assert!(!c.to_toml().contains("shared ="));
+    let c = parse(&ns(", shared = true"));
+    assert!(file(&c).shared && file(&c).direct);
+    assert!(c.to_toml().contains("direct = true, shared = true"), "{}", c.to_toml());
+    round_trip(&c);
+    assert_err(&ns(", shared = \"yes\""), 10, 57, &["invalid type"]);
+}

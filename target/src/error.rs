@@ -46,7 +46,7 @@ pub enum TargetError {
         path: PathBuf,
     },
     /// A backing file is locked by another process (another pollux serving it).
-    #[error("{} is already in use by another process (it holds the lock)", path.display())]
+    #[error("{} is already in use by another process (it holds the lock; targets serving one store together all set `shared = true`)", path.display())]
     FileLocked {
         /// The file.
         path: PathBuf,

@@ -583,3 +583,69 @@ fn a_connect_all_walk_follows_a_referral_to_the_second_target() {
     assert!(discover_all(gone, HOST).is_err());
     first.shutdown().unwrap();
 }
+
+#[test]
+fn two_targets_serve_one_shared_file_coherently() {
+    let dir = std::env::temp_dir().join(format!("pollux-ha-shared-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("shared.img");
+    let _ = std::fs::remove_file(&path);
+    // direct = false: the temporary directory may be a tmpfs, which has no O_DIRECT; on one
+    // machine both targets then share the page cache.
+    let text = |shared: &str, range: &str| {
+        format!(
+            r#"
+[reactors]
+cores = [0, 1]
+mode = "interrupt"
+
+[[listener]]
+address = "127.0.0.1:0"
+
+[[subsystem]]
+nqn = "{SHARED}"
+allow_any_host = true
+{range}
+
+[[subsystem.namespace]]
+nsid = 1
+backend = {{ file = {{ path = "{}", size = "4MiB", direct = false{shared} }} }}
+"#,
+            path.display()
+        )
+    };
+    let one = start(&text(", shared = true", "max_cntlid = 100"));
+    let two = start(&text(", shared = true", "min_cntlid = 101"));
+    // A target that wants the file alone is refused while the others serve it.
+    let e = Target::start(&Config::parse(&text("", ""), "t.toml").unwrap(), Options { pin: false })
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("already in use") && e.contains("shared = true"), "{e}");
+    let mut a = Controller::connect_with(addr(&one), &ControllerOpts::new(SHARED, HOST, 1, 32)).unwrap();
+    let mut b = Controller::connect_with(addr(&two), &ControllerOpts::new(SHARED, HOST, 1, 32)).unwrap();
+    assert_ne!(a.cntlid, b.cntlid);
+    let (ia, ib) = (
+        a.admin.identify_namespace(1).unwrap(),
+        b.admin.identify_namespace(1).unwrap(),
+    );
+    assert_eq!((ia.nguid, ia.eui64, ia.nsze), (ib.nguid, ib.eui64, ib.nsze));
+    // What one path writes, the other reads, both ways, with nothing cached in between.
+    let mut back = vec![0u8; 4096];
+    for round in 0..4u8 {
+        let (w, r) = if round % 2 == 0 {
+            (&mut a, &mut b)
+        } else {
+            (&mut b, &mut a)
+        };
+        let data = vec![round + 1; 4096];
+        w.io[0].write(1, 8, 8, &data).unwrap();
+        w.io[0].flush(1).unwrap();
+        r.io[0].read(1, 8, 8, &mut back).unwrap();
+        assert_eq!(back, data, "round {round}");
+    }
+    a.shutdown().unwrap();
+    b.shutdown().unwrap();
+    one.shutdown().unwrap();
+    two.shutdown().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
