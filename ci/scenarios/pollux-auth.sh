@@ -7,7 +7,9 @@
 # hash and DH group each (the host offers all; pollux picks from its lists):
 # sha256/null, sha384/ffdhe2048 (bidirectional), sha512/ffdhe3072. Cases: the
 # right key connects (fio verify on 2 I/O queues), a wrong key, no key and a
-# wrong controller key are refused and leave nothing connected, a keyless host
+# wrong controller key are refused and leave nothing connected, the keyed host's
+# `nvme discover --dhchap-secret` authenticates to the discovery controller (a
+# wrong secret is refused, a keyless host still discovers), a keyless host
 # of an open subsystem still connects; a key rotated through pollux ctl
 # (set_host_keys, triggered from the guest through a relay to a host-side
 # script) is taken by the host's re-authentication (sysfs dhchap_secret) on the
@@ -75,6 +77,10 @@ address = "127.0.0.1:$p_io"
 
 [control]
 socket = "$sock"
+
+# The keyed host authenticates to the discovery controller too; others discover freely.
+[discovery]
+hosts = [{ nqn = "$host", dhchap_key_file = "$keys/k256.key" }]
 
 [[subsystem]]
 nqn = "$pfx:s256"

@@ -88,6 +88,14 @@ pub(crate) fn to_toml(c: &Config) -> String {
         if l.tls != TlsMode::None {
             let _ = writeln!(o, "tls = {}", quote(l.tls.as_str()));
         }
+        if !l.ana.is_empty() {
+            let states: Vec<String> = l
+                .ana
+                .iter()
+                .map(|(g, s)| format!("{g} = {}", quote(s.name())))
+                .collect();
+            let _ = writeln!(o, "ana = {{ {} }}", states.join(", "));
+        }
     }
 
     for r in &c.referrals {
@@ -165,6 +173,9 @@ pub(crate) fn to_toml(c: &Config) -> String {
             let _ = writeln!(o, "uuid = {}", quote(&format_uuid(&n.uuid)));
             let _ = writeln!(o, "nguid = {}", quote(&hex(&n.nguid)));
             let _ = writeln!(o, "eui64 = {}", quote(&hex(&n.eui64)));
+            if n.ana_group != 1 {
+                let _ = writeln!(o, "ana_group = {}", n.ana_group);
+            }
             // Written last: the sim backend is a table of its own, and keys
             // after its header would belong to it.
             match &n.backend {

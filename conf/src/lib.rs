@@ -27,6 +27,8 @@ pub use error::ConfError;
 pub use ids::{DerivedIds, derive_ids, derive_serial};
 pub use nqn::{DISCOVERY_NQN, NQN_MAX_LEN, validate_nqn};
 pub use pollux_nvme::auth::{DhGroup, DhchapKey, HashId};
+pub use pollux_nvme::spec::AnaState;
+pub use pollux_nvme::spec::ana::ANAGRPMAX;
 pub use pollux_nvme::tls::ConfiguredPsk;
 pub use size::{format_size, parse_size};
 
@@ -245,15 +247,24 @@ pub struct Listener {
     pub address: SocketAddr,
     /// Whether connections must, may or may not secure the channel with TLS.
     pub tls: TlsMode,
+    /// The ANA state of each ANA group on this listener's path (NVMe 2.0 §8.1.3) that is not
+    /// optimized, by group id (1..=[`ANAGRPMAX`]).
+    pub ana: BTreeMap<u32, AnaState>,
 }
 
 impl Listener {
-    /// A listener on `address` without TLS.
+    /// A listener on `address` without TLS, every ANA group optimized.
     pub fn plain(address: SocketAddr) -> Self {
         Self {
             address,
             tls: TlsMode::None,
+            ana: BTreeMap::new(),
         }
+    }
+
+    /// The ANA state of group `grp` on this listener.
+    pub fn ana_state(&self, grp: u32) -> AnaState {
+        self.ana.get(&grp).copied().unwrap_or_default()
     }
 }
 
@@ -533,6 +544,9 @@ pub struct Namespace {
     pub nguid: [u8; 16],
     /// IEEE extended unique identifier (given or derived).
     pub eui64: [u8; 8],
+    /// Its ANA group (NVMe 2.0 §8.1.3), 1..=[`ANAGRPMAX`]: its state on each listener is the
+    /// listener's for the group.
+    pub ana_group: u32,
 }
 
 /// The storage behind a namespace. More kinds may be added; match on it

@@ -61,6 +61,7 @@ pub(crate) struct RawReactors {
 pub(crate) struct RawListener {
     pub address: Spanned<String>,
     pub tls: Option<Spanned<String>>,
+    pub ana: Option<Spanned<std::collections::BTreeMap<String, Spanned<String>>>>,
 }
 
 #[derive(Deserialize)]
@@ -151,6 +152,7 @@ pub(crate) struct RawNamespace {
     pub uuid: Option<Spanned<String>>,
     pub nguid: Option<Spanned<String>>,
     pub eui64: Option<Spanned<String>>,
+    pub ana_group: Option<Spanned<i64>>,
 }
 
 /// One optional field per backend kind; validation requires exactly one.

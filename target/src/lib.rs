@@ -30,6 +30,7 @@
 //! [`host`] is the other side: an NVMe/TCP host library for tests and the `pollux perf` load
 //! generator; the target's server code never uses it.
 
+pub mod ana;
 pub mod backend;
 pub mod conn;
 pub mod control;
@@ -119,6 +120,7 @@ impl Target {
             addrs.push(BoundListener {
                 addr: s.local_addr().map_err(err)?,
                 tls: l.tls,
+                ana: Arc::new(ana::AnaStates::new(l)),
             });
             socks.push(s);
         }

@@ -11,6 +11,7 @@ use pollux_conf::{Placement, TlsMode};
 use pollux_reactor::{Next, Progress, Reactor, Source, SourceId, SourceOpts};
 use tracing::{info, warn};
 
+use crate::ana::AnaStates;
 use crate::conn::Conn;
 use crate::subsystem::Shared;
 
@@ -64,15 +65,25 @@ impl Listener {
 /// (nvmet-tcp and the Linux host wait 10 s).
 pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Register an accepted socket of a listener with TLS `tls` as a connection on reactor `r`.
-pub fn add_connection(r: &mut Reactor, sock: TcpStream, shared: Arc<Shared>, started: Instant, tls: TlsMode) {
+/// What a connection takes from the listener that accepted it.
+#[derive(Debug, Clone, Default)]
+pub struct Path {
+    /// The listener's TLS mode.
+    pub tls: TlsMode,
+    /// The ANA states of its path.
+    pub ana: Arc<AnaStates>,
+}
+
+/// Register an accepted socket of a listener (`path`) as a connection on reactor `r`.
+pub fn add_connection(r: &mut Reactor, sock: TcpStream, shared: Arc<Shared>, started: Instant, path: Path) {
+    let tls = path.tls;
     let serial = NEXT_SERIAL.fetch_add(1, Relaxed);
     let me = r.id();
     let fail = |shared: &Shared, e: String| {
         shared.conns_per_reactor[me].fetch_sub(1, Relaxed);
         warn!(reactor = me, error = %e, "cannot serve an accepted connection");
     };
-    let conn = match Conn::new(sock, shared.clone(), me, serial, started, tls) {
+    let conn = match Conn::new(sock, shared.clone(), me, serial, started, path) {
         Ok(c) => c,
         Err(e) => return fail(&shared, e.to_string()),
     };
@@ -110,10 +121,19 @@ impl Source for Listener {
                     self.shared.conns_per_reactor[target].fetch_add(1, Relaxed);
                     info!(%peer, reactor = target, "connection accepted");
                     let (shared, started) = (self.shared.clone(), self.started);
-                    let tls = self.addr.map_or(TlsMode::None, |a| shared.snapshot.load().tls_mode(a));
+                    let path = {
+                        let snap = shared.snapshot.load();
+                        match self.addr.and_then(|a| snap.listener(a)) {
+                            Some(l) => Path {
+                                tls: l.tls,
+                                ana: l.ana.clone(),
+                            },
+                            None => Path::default(),
+                        }
+                    };
                     if target == r.id() {
-                        add_connection(r, sock, shared, started, tls);
-                    } else if !r.send(target, move |r| add_connection(r, sock, shared, started, tls)) {
+                        add_connection(r, sock, shared, started, path);
+                    } else if !r.send(target, move |r| add_connection(r, sock, shared, started, path)) {
                         self.shared.conns_per_reactor[target].fetch_sub(1, Relaxed);
                     }
                 }

@@ -29,7 +29,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// NVMe/TCP load generator, like SPDK's spdk_nvme_perf (see ci/BENCHMARKS.md).
-    Perf(pollux_target::perf::cli::PerfArgs),
+    Perf(Box<pollux_target::perf::cli::PerfArgs>),
     /// Inspect and steer a running target over its control socket.
     Ctl(pollux_target::control::cli::CtlArgs),
     /// A live terminal view of a running target (q quits).

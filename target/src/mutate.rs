@@ -19,6 +19,7 @@ use pollux_conf::Config;
 use pollux_reactor::{Reactor, Remote, SourceId};
 use tracing::{info, warn};
 
+use crate::ana::AnaStates;
 use crate::conn::Conn;
 use crate::ctrl::Local;
 use crate::error::TargetError;
@@ -46,6 +47,8 @@ pub struct Changes {
     pub added_referrals: Vec<SocketAddr>,
     /// Referrals removed from it.
     pub removed_referrals: Vec<SocketAddr>,
+    /// Listeners whose ANA states changed (bound addresses).
+    pub ana_changed: Vec<SocketAddr>,
     /// The reactors' mode or adaptive policy changed.
     pub reactors_changed: bool,
     /// Keys that differ but only take effect at the next start.
@@ -147,6 +150,7 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
 
     // Listeners: bind the new ones first (an address in use fails the whole change).
     let mut bound = Vec::with_capacity(new.listeners.len());
+    let mut ana_to_apply = Vec::new();
     let mut fresh = Vec::new();
     for l in &new.listeners {
         // The same listener: the same address as configured, or the address it is bound to
@@ -157,11 +161,16 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
             .position(|o| o.address == l.address)
             .or_else(|| old.listeners.iter().position(|b| b.addr == l.address));
         match was.and_then(|i| old.listeners.get(i)) {
-            // A change of TLS mode takes effect for the next connection it accepts.
-            Some(b) => bound.push(BoundListener {
-                addr: b.addr,
-                tls: l.tls,
-            }),
+            // A change of TLS mode takes effect for the next connection it accepts; ANA
+            // states once nothing can fail any more (below).
+            Some(b) => {
+                ana_to_apply.push((b.ana.clone(), l.clone(), b.addr));
+                bound.push(BoundListener {
+                    addr: b.addr,
+                    tls: l.tls,
+                    ana: b.ana.clone(),
+                });
+            }
             None => {
                 let err = |source| TargetError::Listen {
                     addr: l.address,
@@ -170,7 +179,11 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
                 let sock = TcpListener::bind(l.address).map_err(err)?;
                 sock.set_nonblocking(true).map_err(err)?;
                 let addr = sock.local_addr().map_err(err)?;
-                bound.push(BoundListener { addr, tls: l.tls });
+                bound.push(BoundListener {
+                    addr,
+                    tls: l.tls,
+                    ana: Arc::new(AnaStates::new(l)),
+                });
                 ch.added_listeners.push(addr);
                 fresh.push(sock);
             }
@@ -213,7 +226,10 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
         && ch.changed_subsystems.is_empty()
         && ch.added_listeners.is_empty()
         && ch.removed_listeners.is_empty()
-        && bound == old.listeners
+        && bound
+            .iter()
+            .map(|b| (b.addr, b.tls))
+            .eq(old.listeners.iter().map(|b| (b.addr, b.tls)))
         && referrals == old.referrals);
     let snap = Arc::new(Snapshot {
         subsystems,
@@ -223,6 +239,12 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
         referrals,
     });
     shared.snapshot.store(snap.clone());
+    for (states, l, addr) in ana_to_apply {
+        if states.apply(&l) {
+            info!(listener = %addr, "ANA states changed");
+            ch.ana_changed.push(addr);
+        }
+    }
 
     if !fresh.is_empty() || !ch.removed_listeners.is_empty() {
         let (sh, placement, gone) = (shared.clone(), new.reactors.placement, ch.removed_listeners.clone());

@@ -88,6 +88,7 @@ mod tests {
         BoundListener {
             addr: a.parse().unwrap_or_else(|e| panic!("{a}: {e}")),
             tls: TlsMode::None,
+            ana: Default::default(),
         }
     }
 

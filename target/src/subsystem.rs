@@ -11,6 +11,7 @@ use arc_swap::ArcSwap;
 use pollux_conf::{Config, DISCOVERY_NQN, Dhchap, HostKeys, TlsKey, TlsMode, Transport};
 use pollux_nvme::tls::{PskIdentity, TlsPsk};
 
+use crate::ana::AnaStates;
 use crate::backend::Backend;
 use crate::error::TargetError;
 
@@ -66,6 +67,8 @@ pub struct Namespace {
     pub nguid: [u8; 16],
     /// IEEE extended unique identifier.
     pub eui64: [u8; 8],
+    /// ANA group id.
+    pub ana_group: u32,
     /// Data store.
     pub backend: Box<dyn Backend>,
     /// Per-reactor counters (index: reactor id).
@@ -164,12 +167,14 @@ pub struct Snapshot {
 }
 
 /// A listener as bound.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct BoundListener {
     /// Its address (the port resolved).
     pub addr: SocketAddr,
     /// Its TLS mode.
     pub tls: TlsMode,
+    /// The ANA states of its path, shared with its connections.
+    pub ana: Arc<AnaStates>,
 }
 
 impl Snapshot {
@@ -178,12 +183,9 @@ impl Snapshot {
         self.subsystems.iter().find(|s| s.nqn == nqn)
     }
 
-    /// The TLS mode of the listener bound to `addr` (none if it is gone).
-    pub fn tls_mode(&self, addr: SocketAddr) -> TlsMode {
-        self.listeners
-            .iter()
-            .find(|l| l.addr == addr)
-            .map_or(TlsMode::None, |l| l.tls)
+    /// The listener bound to `addr` (None if it is gone).
+    pub fn listener(&self, addr: SocketAddr) -> Option<&BoundListener> {
+        self.listeners.iter().find(|l| l.addr == addr)
     }
 
     /// The TLS PSK configured for the host and subsystem (or discovery) an identity names,
@@ -238,6 +240,7 @@ pub fn build_namespace(nqn: &str, n: &pollux_conf::Namespace, reactors: usize) -
         uuid: n.uuid,
         nguid: n.nguid,
         eui64: n.eui64,
+        ana_group: n.ana_group,
         inline_reads: backend.caps().inline_reads,
         backend,
         counters: (0..reactors.max(1)).map(|_| NsCounters::default()).collect(),
@@ -301,6 +304,7 @@ pub(crate) fn test_namespace(nsid: u32, blocks: u64) -> Arc<Namespace> {
         uuid: [nsid as u8; 16],
         nguid: [0; 16],
         eui64: [0; 8],
+        ana_group: 1,
         backend: Box::new(backend),
         counters: vec![NsCounters::default()].into_boxed_slice(),
         inline_reads: true,

@@ -235,8 +235,8 @@ fn smart_counters_grow_by_exactly_the_commands_issued() {
     assert_eq!(id[261] & 1, 1, "LPA (byte 261): SMART per namespace");
     assert_eq!(
         id[76],
-        1 << 1,
-        "CMIC (byte 76): multi-controller, one port (one listener)"
+        (1 << 1) | (1 << 3),
+        "CMIC (byte 76): multi-controller, ANA reporting, one port (one listener)"
     );
     assert_eq!(
         u16::from_le_bytes([id[520], id[521]]) & (1 << 4),

@@ -1,12 +1,12 @@
 //! The `[[listener]]` entries.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 
 use super::cx::Cx;
 use crate::error::ConfError;
 use crate::raw::RawListener;
-use crate::{Listener, TlsMode};
+use crate::{ANAGRPMAX, AnaState, Listener, TlsMode};
 
 pub(super) fn listeners(cx: &Cx<'_>, raw: Vec<RawListener>) -> Result<Vec<Listener>, ConfError> {
     if raw.is_empty() {
@@ -37,7 +37,34 @@ pub(super) fn listeners(cx: &Cx<'_>, raw: Vec<RawListener>) -> Result<Vec<Listen
             Some(t) => t.get_ref().parse().map_err(|e| cx.at(t.span(), e))?,
             None => TlsMode::None,
         };
-        out.push(Listener { address, tls });
+        let mut ana = BTreeMap::new();
+        if let Some(table) = &l.ana {
+            for (grp, state) in table.get_ref() {
+                let g = grp
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|g| (1..=ANAGRPMAX).contains(g))
+                    .ok_or_else(|| {
+                        cx.at(
+                            table.span(),
+                            format!("`ana` key {grp:?} is not an ANA group id: 1 to {ANAGRPMAX}"),
+                        )
+                    })?;
+                let s = AnaState::from_name(state.get_ref()).ok_or_else(|| {
+                    cx.at(
+                        state.span(),
+                        format!(
+                            "unknown ANA state {:?}: optimized, non-optimized, inaccessible, persistent-loss or change",
+                            state.get_ref()
+                        ),
+                    )
+                })?;
+                if s != AnaState::Optimized {
+                    ana.insert(g, s);
+                }
+            }
+        }
+        out.push(Listener { address, tls, ana });
     }
     Ok(out)
 }

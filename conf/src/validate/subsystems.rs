@@ -10,6 +10,7 @@ use super::MAX_NSID;
 use super::backend::backend;
 use super::cx::Cx;
 use super::registry::{IdRegistry, nonzero, unique};
+use crate::ANAGRPMAX;
 use crate::error::ConfError;
 use crate::ids::{derive_ids, derive_serial};
 use crate::nqn::{DISCOVERY_NQN, format_uuid, hex, parse_hex, parse_uuid, validate_nqn};
@@ -311,6 +312,21 @@ fn namespace(
         nqn,
         nsid,
     )?;
+    let ana_group = match &n.ana_group {
+        None => 1,
+        Some(v) => u32::try_from(*v.get_ref())
+            .ok()
+            .filter(|g| (1..=ANAGRPMAX).contains(g))
+            .ok_or_else(|| {
+                cx.at(
+                    v.span(),
+                    format!(
+                        "`ana_group` must be an ANA group id, 1 to {ANAGRPMAX}, got {}",
+                        v.get_ref()
+                    ),
+                )
+            })?,
+    };
 
     Ok(Namespace {
         nsid,
@@ -319,5 +335,6 @@ fn namespace(
         uuid,
         nguid,
         eui64,
+        ana_group,
     })
 }

@@ -6,6 +6,7 @@
 //! Multi-byte fields use `zerocopy::little_endian` types: the structs have alignment 1, can be
 //! read from any offset of a receive buffer, and are correct on any host.
 
+pub mod ana;
 mod cqe;
 mod ids;
 pub mod opcode;
@@ -15,6 +16,7 @@ pub mod smart;
 mod sqe;
 mod status;
 
+pub use ana::AnaState;
 pub use cqe::Cqe;
 pub use ids::{cns, feature, log_page};
 pub use properties::{Cap, Cc, Csts, Vs, property};

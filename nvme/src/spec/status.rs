@@ -181,6 +181,14 @@ impl Status {
     /// completed in-band authentication (SCT 1h, SC 91h).
     pub const AUTH_REQUIRED: Self = sc(sct::COMMAND_SPECIFIC, sf::NVME_SC_AUTH_REQUIRED);
 
+    /// Path 0x01: Asymmetric Access Persistent Loss (NVMe 2.0 §8.1.3.4): the namespace is not
+    /// reachable through this controller again.
+    pub const ANA_PERSISTENT_LOSS: Self = sc(sct::PATH, sf::NVME_SC_ANA_PERSISTENT_LOSS);
+    /// Path 0x02: Asymmetric Access Inaccessible: not through this controller now.
+    pub const ANA_INACCESSIBLE: Self = sc(sct::PATH, sf::NVME_SC_ANA_INACCESSIBLE);
+    /// Path 0x03: Asymmetric Access Transition: the group's state is changing.
+    pub const ANA_TRANSITION: Self = sc(sct::PATH, sf::NVME_SC_ANA_TRANSITION);
+
     /// Media 0x80: Write Fault.
     pub const WRITE_FAULT: Self = sc(sct::MEDIA, sf::NVME_SC_WRITE_FAULT);
     /// Media 0x81: Unrecovered Read Error.

@@ -136,7 +136,8 @@ impl Conn {
             }
             let kato = self.shared.keep_alive.clamp(req.kato);
             let subsys_of_req = req.subsys.clone();
-            let ctrl = Ctrl::new(cntlid, req.subsys, d.hostnqn.clone(), d.hostid, kato);
+            let mut ctrl = Ctrl::new(cntlid, req.subsys, d.hostnqn.clone(), d.hostid, kato);
+            ctrl.set_ana(self.ana.clone());
             info!(
                 cntlid, reactor = me, peer = %self.tcp.peer, subnqn = %d.subnqn, hostnqn = %d.hostnqn, kato_ms = kato,
                 "controller created"

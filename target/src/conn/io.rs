@@ -106,6 +106,13 @@ impl Conn {
             Ok(cmd) => cmd,
             Err((s, lba)) => return self.fail(r, cid, s, nsid, lba),
         };
+        // NVMe 2.0 §8.1.3: no I/O on a namespace whose ANA group is inaccessible, lost or in
+        // transition on this path; the status (no DNR) sends the host to another path.
+        if let Some(ns) = cmd.io.namespace()
+            && let Some(s) = self.ana.path_status(ns.ana_group)
+        {
+            return self.fail(r, cid, s, nsid, 0);
+        }
         match cmd.data {
             DataIn::None => self.execute(r, id, cid, cmd.io, WriteData::Bytes(&[]), None),
             DataIn::InCapsule => {

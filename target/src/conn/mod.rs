@@ -18,7 +18,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
-use pollux_conf::TlsMode;
 use pollux_nvme::spec::{Cqe, Sqe, Status, opcode};
 use pollux_nvme::tcp::{
     BARE_CAPSULE_CMD_LEN, Direction, FrameErrorKind, Framed, PduHeader, PduType, fes, next_frame,
@@ -30,9 +29,11 @@ use tracing::info;
 pub use admin::for_each_ctrl;
 pub use io::deliver;
 
+use crate::ana::AnaStates;
 use crate::ctrl::admin::Reply;
 use crate::ctrl::auth::QueueAuth;
 use crate::ctrl::{Ctrl, QueueRef};
+use crate::listener::Path;
 use crate::request::Requests;
 use crate::subsystem::{Shared, Subsystem};
 use crate::tcp::h2c::{DIRECT_MIN, DirectRx};
@@ -91,6 +92,8 @@ pub struct Conn {
     auth_timer: Option<TimerId>,
     /// An Authentication Receive waiting for DH work: (cid, bytes).
     auth_held: Option<(u16, u32)>,
+    /// The ANA states of the listener's path.
+    ana: Arc<AnaStates>,
 }
 
 impl Conn {
@@ -101,11 +104,11 @@ impl Conn {
         reactor: usize,
         serial: u64,
         started: Instant,
-        tls: TlsMode,
+        path: Path,
     ) -> std::io::Result<Self> {
         let sh = shared.clone();
         let lookup: Arc<PskLookup> = Arc::new(move |id| sh.snapshot.load().tls_psk(id));
-        let tcp = Transport::new(sock, &shared.transport, tls, lookup)?;
+        let tcp = Transport::new(sock, &shared.transport, path.tls, lookup)?;
         Ok(Self {
             serial,
             shared,
@@ -125,6 +128,7 @@ impl Conn {
             auth: QueueAuth::new("", false),
             auth_timer: None,
             auth_held: None,
+            ana: path.ana,
         })
     }
 

@@ -82,6 +82,16 @@ pub enum CtlCommand {
         /// Fraction of a core.
         budget: f64,
     },
+    /// Set the ANA state of an ANA group on one listener's path (NVMe 2.0 §8.1.3): its
+    /// controllers get an ANA change event and I/O follows the state.
+    SetAnaState {
+        /// The listener's address (as configured or as bound).
+        listener: String,
+        /// ANA group id (1 to 128).
+        group: u32,
+        /// optimized | non-optimized | inaccessible | persistent-loss | change.
+        state: String,
+    },
     /// Re-read the conf file and apply the difference (an invalid file changes nothing).
     Reload,
     /// Write the running configuration as TOML (to the conf file, or PATH).
@@ -117,6 +127,10 @@ impl CtlCommand {
             CtlCommand::SetCpuBudget { reactor, budget } => {
                 ("set_cpu_budget", json!({"reactor": reactor, "budget": budget}))
             }
+            CtlCommand::SetAnaState { listener, group, state } => (
+                "set_ana_state",
+                json!({"listener": listener, "group": group, "state": state}),
+            ),
             CtlCommand::Reload => ("reload", Value::Null),
             CtlCommand::Save { path } => ("save", path.as_ref().map_or(json!({}), |p| json!({"path": p}))),
             CtlCommand::Call { method, params } => {
@@ -413,7 +427,7 @@ pub fn format_result(cmd: &CtlCommand, v: Value) -> Result<String, ControlError>
         CtlCommand::Subsystems => format_subsystems(&serde_json::from_value::<Vec<SubsystemView>>(v).map_err(de)?),
         CtlCommand::Controllers => format_controllers(&serde_json::from_value::<CtrlList>(v).map_err(de)?),
         CtlCommand::Discovery => format_discovery(&serde_json::from_value::<DiscoveryView>(v).map_err(de)?),
-        CtlCommand::Reload | CtlCommand::Call { .. } | CtlCommand::Save { .. } => {
+        CtlCommand::Reload | CtlCommand::Call { .. } | CtlCommand::Save { .. } | CtlCommand::SetAnaState { .. } => {
             let mut o = serde_json::to_string_pretty(&v).map_err(de)?;
             o.push('\n');
             o

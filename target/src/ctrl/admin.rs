@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use pollux_conf::DISCOVERY_NQN;
 use pollux_nvme::bindings::{nvme_id_ctrl, nvme_id_ns};
+use pollux_nvme::spec::ana::{ANAGRPMAX, ANATT_S};
 use pollux_nvme::spec::{Sqe, Status, Vs, cns, opcode};
 use zerocopy::{FromZeros, IntoBytes};
 
@@ -108,18 +109,35 @@ pub fn identify_controller(ctrl: &Ctrl, shared: &Shared) -> Vec<u8> {
     pad_ascii(&mut id.fr, env!("CARGO_PKG_VERSION"));
     id.rab = 6;
     // Several hosts may connect to one subsystem: multi-controller (CMIC bit 1); every
-    // listener serves every subsystem, so with more than one it has several ports (bit 0).
+    // listener serves every subsystem, so with more than one it has several ports (bit 0);
+    // ANA reporting (bit 3, NVMe 2.0 §8.1.3) on every listener.
     let ports = shared.snapshot.load().listeners.len();
     id.cmic = if ctrl.is_discovery() {
         0
     } else {
-        (1 << 1) | u8::from(ports > 1)
+        (1 << 1) | u8::from(ports > 1) | (1 << 3)
     };
+    if !ctrl.is_discovery() {
+        // ANACAP: every state reported (bits 4:0); a namespace's group never changes while
+        // it is attached (bit 6: a new group is a new namespace). Linux's multipath needs
+        // MNAN within 1..=NN and the ANA page within MDTS.
+        id.anatt = ANATT_S;
+        id.anacap = 0x1F | (1 << 6);
+        id.anagrpmax = ANAGRPMAX.to_le();
+        id.nanagrpid = ANAGRPMAX.to_le();
+        id.mnan = nn.to_le();
+    }
     id.mdts = mdts(t.max_io_size);
     id.cntlid = ctrl.cntlid.to_le();
     id.ver = VERSION.0.to_le();
-    // OAES: namespace attribute notices (bit 8), discovery log change notices (bit 31).
-    id.oaes = (if ctrl.is_discovery() { 1u32 << 31 } else { 1 << 8 }).to_le();
+    // OAES: namespace attribute notices (bit 8), ANA change notices (bit 11), discovery log
+    // change notices (bit 31).
+    id.oaes = (if ctrl.is_discovery() {
+        1u32 << 31
+    } else {
+        (1 << 8) | (1 << 11)
+    })
+    .to_le();
     id.ctratt = 1u32.to_le(); // 128-bit host identifier
     id.cntrltype = if ctrl.is_discovery() { 2 } else { 1 };
     id.acl = 3;
@@ -182,6 +200,7 @@ pub fn identify_namespace(ctrl: &Ctrl, nsid: u32) -> Reply {
         id.dlfeat = 0x1 | (1 << 3);
         id.nguid = ns.nguid;
         id.eui64 = ns.eui64;
+        id.anagrpid = ns.ana_group.to_le();
     }
     Reply::data(id.as_bytes().to_vec())
 }
@@ -396,7 +415,11 @@ pub fn execute(ctrl: &mut Ctrl, env: &AdminEnv<'_>, sqe: &Sqe) -> Outcome {
     let rep = match decode_admin(sqe) {
         Admin::Identify { cns, nsid } => identify(ctrl, env.shared, cns, nsid),
         Admin::GetLogPage {
-            lid, rae, offset, len, ..
+            lid,
+            lsp,
+            rae,
+            offset,
+            len,
         } => {
             let snap = env.shared.snapshot.load();
             let log_env = LogEnv {
@@ -406,7 +429,7 @@ pub fn execute(ctrl: &mut Ctrl, env: &AdminEnv<'_>, sqe: &Sqe) -> Outcome {
                 started: env.started,
                 host_k: env.host_k,
             };
-            get_log_page(ctrl, &log_env, lid, sqe.nsid.get(), rae, offset, len.min(max_len))
+            get_log_page(ctrl, &log_env, lid, lsp, sqe.nsid.get(), rae, offset, len.min(max_len))
         }
         Admin::GetFeatures { fid, sel, cdw11 } => get_features(ctrl, env.shared, fid, sel, cdw11),
         Admin::SetFeatures { fid, save, cdw11 } => {

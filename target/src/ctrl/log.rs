@@ -1,5 +1,6 @@
 //! Log pages of a controller (NVMe 2.0 §5.16): SMART / Health, Error Information, Firmware
-//! Slot, Changed Namespace List, Commands Supported and Effects, and the discovery log
+//! Slot, Changed Namespace List, Commands Supported and Effects, Asymmetric Namespace Access,
+//! and the discovery log
 //! ([`super::discovery`]) of a discovery controller.
 
 use std::net::SocketAddr;
@@ -131,9 +132,50 @@ pub struct LogEnv<'a> {
     pub host_k: u16,
 }
 
-/// Get Log Page for a controller: page `lid` (of namespace `nsid`, where the page has one),
-/// `len` bytes from byte `offset`.
-pub fn get_log_page(ctrl: &mut Ctrl, env: &LogEnv<'_>, lid: u8, nsid: u32, rae: bool, offset: u64, len: u32) -> Reply {
+/// Asymmetric Namespace Access (LID 0Ch), NVMe 2.0 §5.16.1.13: one descriptor per ANA
+/// group of the subsystem's namespaces, with the group's state on this controller's port
+/// and, unless `rgo` (LSP bit 0, Return Groups Only), its namespaces.
+pub fn ana_log(ctrl: &Ctrl, rgo: bool) -> Vec<u8> {
+    let mut groups: std::collections::BTreeMap<u32, Vec<u32>> = std::collections::BTreeMap::new();
+    if let Some(s) = &ctrl.subsys {
+        for ns in s.namespaces.values() {
+            groups.entry(ns.ana_group).or_default().push(ns.nsid);
+        }
+    }
+    let chgcnt = ctrl.ana.chgcnt();
+    let mut out = vec![0u8; 16];
+    out[0..8].copy_from_slice(&chgcnt.to_le_bytes());
+    out[8..10].copy_from_slice(&(groups.len() as u16).to_le_bytes());
+    for (grp, nsids) in &groups {
+        let mut d = [0u8; 32];
+        d[0..4].copy_from_slice(&grp.to_le_bytes());
+        let listed = if rgo { 0 } else { nsids.len() as u32 };
+        d[4..8].copy_from_slice(&listed.to_le_bytes());
+        d[8..16].copy_from_slice(&chgcnt.to_le_bytes());
+        d[16] = ctrl.ana.state(*grp).code();
+        out.extend_from_slice(&d);
+        if !rgo {
+            for n in nsids {
+                out.extend_from_slice(&n.to_le_bytes());
+            }
+        }
+    }
+    out
+}
+
+/// Get Log Page for a controller: page `lid` (of namespace `nsid`, where the page has one,
+/// with log specific field `lsp`), `len` bytes from byte `offset`.
+#[allow(clippy::too_many_arguments)]
+pub fn get_log_page(
+    ctrl: &mut Ctrl,
+    env: &LogEnv<'_>,
+    lid: u8,
+    lsp: u8,
+    nsid: u32,
+    rae: bool,
+    offset: u64,
+    len: u32,
+) -> Reply {
     let log = match lid {
         log_page::DISCOVERY if ctrl.is_discovery() => discovery_log(env.snapshot, &ctrl.hostnqn, env.local),
         log_page::ERROR => error_log(ctrl),
@@ -150,6 +192,14 @@ pub fn get_log_page(ctrl: &mut Ctrl, env: &LogEnv<'_>, lid: u8, nsid: u32, rae: 
         log_page::FIRMWARE_SLOT if !ctrl.is_discovery() => firmware_log(),
         log_page::CHANGED_NAMESPACE_LIST if !ctrl.is_discovery() => changed_ns_log(ctrl, rae),
         log_page::COMMANDS_SUPPORTED_AND_EFFECTS if !ctrl.is_discovery() => effects_log(),
+        log_page::ANA if !ctrl.is_discovery() => {
+            // Reading it (without RAE) unmasks ANA change events (NVMe 2.0 §5.2.1).
+            if !rae {
+                ctrl.ana_masked = false;
+                ctrl.ana_seen = ctrl.ana.chgcnt();
+            }
+            ana_log(ctrl, lsp & 1 != 0)
+        }
         _ => return Reply::err(Status::INVALID_LOG_PAGE.with_dnr()),
     };
     log_slice(log, offset, len)

@@ -27,6 +27,7 @@ use pollux_nvme::spec::{Health, Status};
 use pollux_reactor::{SourceId, TimerId};
 use tracing::{info, warn};
 
+use crate::ana::AnaStates;
 use crate::subsystem::{Snapshot, Subsystem};
 
 /// Largest controller id (NVMe-oF 1.1 §4.2: FFF0h..FFFFh are reserved).
@@ -114,6 +115,12 @@ pub struct Ctrl {
     /// How the admin queue last authenticated (DH-HMAC-CHAP: "sha384/ffdhe2048", "+ctrl"
     /// when bidirectional); None: it did not need to.
     pub authenticated: Option<String>,
+    /// The ANA states of the listener the admin queue connected through (its port).
+    pub ana: Arc<AnaStates>,
+    /// The ANA Change Count the host was last told about (an event) or read (the page).
+    pub ana_seen: u64,
+    /// An ANA change event was reported and the host has not read the ANA page since.
+    pub ana_masked: bool,
     /// Created at.
     pub created: Instant,
 }
@@ -145,8 +152,17 @@ impl Ctrl {
             smart_masked: false,
             health_timer: None,
             authenticated: None,
+            ana: Arc::new(AnaStates::default()),
+            ana_seen: 1,
+            ana_masked: false,
             created: now,
         }
+    }
+
+    /// The controller's port's ANA states.
+    pub fn set_ana(&mut self, ana: Arc<AnaStates>) {
+        self.ana_seen = ana.chgcnt();
+        self.ana = ana;
     }
 
     /// A discovery controller.
@@ -195,6 +211,8 @@ pub fn aer_smart(bits: u8) -> u32 {
 pub const AER_NS_ATTR_CHANGED: u32 = 0x2 | (0x04 << 16);
 /// Notice, Discovery Log Page Change (info F0h), log page Discovery (70h) (NVMe-oF 1.1 §5.3).
 pub const AER_DISCOVERY_CHANGED: u32 = 0x2 | (0xF0 << 8) | (0x70 << 16);
+/// Notice, Asymmetric Namespace Access Change (info 03h), log page ANA (0Ch) (NVMe 2.0 §5.2).
+pub const AER_ANA_CHANGED: u32 = 0x2 | (0x03 << 8) | (0x0C << 16);
 
 /// What a controller does about a new snapshot of the subsystems.
 #[derive(Debug, Clone)]
@@ -227,6 +245,7 @@ impl Ctrl {
                 if !new.allows(&self.hostnqn) {
                     return SubsystemUpdate::Delete("host no longer allowed");
                 }
+                self.check_ana();
                 if Arc::ptr_eq(&new, &old) {
                     return SubsystemUpdate::Unchanged;
                 }
@@ -258,6 +277,20 @@ impl Ctrl {
             self.events.push_back(ev);
         }
         update
+    }
+
+    /// The port's ANA states changed since the host last heard: queue an ANA change event if
+    /// it enabled them (AEC bit 11) and none is unread (NVMe 2.0 §5.2.1: masked until it
+    /// reads the ANA page without RAE).
+    pub fn check_ana(&mut self) {
+        let now = self.ana.chgcnt();
+        if now == self.ana_seen || self.aec & (1 << 11) == 0 || self.ana_masked {
+            return;
+        }
+        self.ana_seen = now;
+        self.ana_masked = true;
+        info!(cntlid = self.cntlid, chgcnt = now, "ANA change event raised");
+        self.events.push_back(AER_ANA_CHANGED);
     }
 
     /// The subsystem's health now reads `h` (host temperature included): queue a SMART /

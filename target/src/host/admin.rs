@@ -173,7 +173,8 @@ pub struct DiscoveryEntry {
     pub adrfam: u8,
     /// Subsystem type (1: discovery, 2: NVM).
     pub subtype: u8,
-    /// Transport requirements.
+    /// Transport requirements: bits 1:0 the secure channel (0 not specified, 1 required,
+    /// 2 not required), bit 2 SQ flow control disable supported.
     pub treq: u8,
     /// Port ID.
     pub portid: u16,
@@ -187,6 +188,9 @@ pub struct DiscoveryEntry {
     pub subnqn: String,
     /// Transport address (the IP address).
     pub traddr: String,
+    /// TSAS SECTYPE for TCP (NVMe/TCP 1.0 §3.6.1, byte 768 of the entry): 0 no security,
+    /// 1 TLS 1.2, 2 TLS 1.3.
+    pub sectype: u8,
 }
 
 /// The discovery log page (LID 70h).
@@ -226,6 +230,7 @@ impl DiscoveryLog {
                 trsvcid: ascii(&e[32..64]),
                 subnqn: ascii(&e[256..512]),
                 traddr: ascii(&e[512..768]),
+                sectype: e[768],
             });
         }
         Ok(Self {

@@ -54,6 +54,8 @@ pub struct ControllerOpts {
     pub timeout: Duration,
     /// DH-HMAC-CHAP keys for every queue (authenticating where the controller asks).
     pub dhchap: Option<super::HostDhchap>,
+    /// TLS 1.3 with a PSK on every queue, admin and I/O (NVMe/TCP 1.0 §3.6.1).
+    pub tls: Option<super::HostTls>,
 }
 
 impl ControllerOpts {
@@ -69,6 +71,7 @@ impl ControllerOpts {
             io_cattr: 0,
             timeout: Duration::from_secs(5),
             dhchap: None,
+            tls: None,
         }
     }
 }
@@ -113,6 +116,7 @@ impl Controller {
         aq.kato_ms = o.kato_ms;
         aq.timeout = o.timeout;
         aq.dhchap = o.dhchap.clone();
+        aq.tls = o.tls.clone();
         let mut admin = HostQueue::connect(addr, aq)?;
         let cntlid = admin.cntlid();
         let cap = Cap(admin.property_get(property::CAP)?);
@@ -141,6 +145,7 @@ impl Controller {
                 qo.in_capsule_max = id.in_capsule_data();
                 qo.max_data = max_data;
                 qo.dhchap = o.dhchap.clone();
+                qo.tls = o.tls.clone();
                 io.push(HostQueue::connect(addr, qo)?);
             }
         }

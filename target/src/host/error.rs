@@ -68,6 +68,11 @@ pub enum HostError {
     /// DH-HMAC-CHAP failed or was refused (NVMe 2.0 §8.13.5).
     #[error("authentication: {0}")]
     Auth(String),
+    /// The TLS 1.3 secure channel could not be set up (NVMe/TCP 1.0 §3.6.1): no PSK for the
+    /// identity, a handshake the controller refused (a wrong PSK, a listener without TLS)
+    /// or broke off. The reason never carries key material.
+    #[error("TLS: {0}")]
+    Tls(String),
     /// The controller did not become ready / shut down as asked.
     #[error("controller state: {0}")]
     Controller(String),
@@ -86,7 +91,13 @@ impl HostError {
     pub fn is_fatal(&self) -> bool {
         matches!(
             self,
-            Self::Io(_) | Self::Closed | Self::TermReq { .. } | Self::BadPdu(_) | Self::Protocol(_) | Self::IcResp(_)
+            Self::Io(_)
+                | Self::Closed
+                | Self::TermReq { .. }
+                | Self::BadPdu(_)
+                | Self::Protocol(_)
+                | Self::IcResp(_)
+                | Self::Tls(_)
         )
     }
 }

@@ -14,6 +14,9 @@
 //!   referrals like `nvme connect-all` does.
 //! - Raw mode for protocol tests: [`HostQueue::send_raw`] and [`HostQueue::recv_raw`].
 //!
+//! - TLS 1.3 with a PSK on every queue ([`HostTls`], NVMe/TCP 1.0 §3.6.1), as `nvme connect
+//!   --tls` does.
+//!
 //! Everything that waits has a deadline ([`QueueOpts::timeout`]); anything the target sends
 //! that breaks the protocol is a [`HostError`], never a panic.
 
@@ -24,6 +27,7 @@ mod discover;
 mod error;
 mod queue;
 pub mod sqe;
+mod tls;
 
 #[cfg(test)]
 mod tests;
@@ -36,3 +40,4 @@ pub use error::HostError;
 pub use pollux_nvme::spec::Health as SmartLog;
 pub use queue::{Completion, ConnectResult, Data, HostQueue, IcInfo, QueueOpts, RawReply, hostid_from_nqn};
 pub use sqe::DsmRange;
+pub use tls::HostTls;

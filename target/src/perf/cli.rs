@@ -3,14 +3,17 @@
 use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use pollux_conf::Config;
+use pollux_nvme::tls::ConfiguredPsk;
+use zeroize::Zeroizing;
 
 use super::{DEFAULT_HOSTNQN, PerfError, PerfOpts, PerfReport, Workload};
-use crate::host::Digests;
+use crate::host::{Digests, HostTls};
 use crate::{Options, Target};
 
 /// `pollux perf`: NVMe/TCP load generator (like spdk_nvme_perf).
@@ -81,6 +84,20 @@ pub struct PerfArgs {
     /// Wait for completions in poll(2) instead of busy-polling (needs --conns-per-core 1).
     #[arg(long)]
     pub blocking: bool,
+    /// Host NQN to connect as (instead of the -r hostnqn; default: a fixed perf NQN).
+    #[arg(long, value_name = "NQN")]
+    pub hostnqn: Option<String>,
+    /// TLS 1.3 on every queue with this configured PSK ('NVMeTLSkey-1:01:...:', as `nvme
+    /// gen-tls-key` writes), derived for the host NQN and the subsystem NQN (NVMe/TCP 1.0
+    /// §3.6.1.3). Visible to other users in the process list: prefer --tls-key-file.
+    #[arg(long, value_name = "KEY", value_parser = tls_key_arg, conflicts_with = "tls_key_file")]
+    pub tls_key: Option<TlsKeyArg>,
+    /// The same from a file, which neither group nor others may access (chmod 600).
+    #[arg(long, value_name = "FILE")]
+    pub tls_key_file: Option<PathBuf>,
+    /// PSK identity version with --tls-key: 0 (nvme-cli's default) or 1 (with the PSK digest).
+    #[arg(long, value_name = "0|1", value_parser = clap::value_parser!(u8).range(0..=1))]
+    pub tls_identity: Option<u8>,
     /// Keep SQ flow control on (by default perf disables it at Connect, like
     /// `nvme connect --disable-sqflow`, so reads complete with one C2HData PDU).
     #[arg(long)]
@@ -172,6 +189,62 @@ pub fn parse_cores(s: &str) -> Result<Vec<usize>, PerfError> {
     Ok(v)
 }
 
+/// A `--tls-key` as given, parsed by [`to_opts`]: clap's own error for a value its parser
+/// refuses would echo the value, a secret. `Debug` does not show it; zeroed when dropped.
+#[derive(Clone)]
+pub struct TlsKeyArg(Zeroizing<String>);
+
+impl std::fmt::Debug for TlsKeyArg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TlsKeyArg(..)")
+    }
+}
+
+fn tls_key_arg(s: &str) -> Result<TlsKeyArg, std::convert::Infallible> {
+    Ok(TlsKeyArg(Zeroizing::new(s.to_string())))
+}
+
+/// The largest key file read (a key is under 100 bytes).
+const KEY_FILE_MAX: u64 = 4096;
+
+/// A `--tls-key-file`'s PSK; refused unless it is a regular file that neither group nor others
+/// may read or write, as the conf refuses a `tls_key_file` (and ssh a private key).
+fn read_tls_key_file(path: &Path) -> Result<ConfiguredPsk, PerfError> {
+    let bad = |why: String| PerfError::Options(format!("--tls-key-file {}: {why}", path.display()));
+    let meta = std::fs::metadata(path).map_err(|e| bad(format!("cannot be read: {e}")))?;
+    if !meta.is_file() {
+        return Err(bad("is not a regular file".into()));
+    }
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(bad(format!(
+            "is accessible to others (mode {mode:04o}): a key file must be readable by its owner only (chmod 600)"
+        )));
+    }
+    if meta.len() > KEY_FILE_MAX {
+        return Err(bad(format!("is {} bytes: not a key", meta.len())));
+    }
+    let text = Zeroizing::new(std::fs::read_to_string(path).map_err(|e| bad(format!("cannot be read: {e}")))?);
+    ConfiguredPsk::parse(&text).map_err(|e| bad(e.to_string()))
+}
+
+/// The TLS options: a PSK from --tls-key or --tls-key-file, with --tls-identity.
+fn tls_opts(a: &PerfArgs) -> Result<Option<HostTls>, PerfError> {
+    let psk = match (&a.tls_key, &a.tls_key_file) {
+        // The reason names no part of the key (PskError never carries it).
+        (Some(k), _) => Some(ConfiguredPsk::parse(&k.0).map_err(|e| PerfError::Options(format!("--tls-key: {e}")))?),
+        (None, Some(path)) => Some(read_tls_key_file(path)?),
+        (None, None) => None,
+    };
+    match psk {
+        Some(k) => Ok(Some(HostTls::new(k).identity(a.tls_identity.unwrap_or(0)))),
+        None if a.tls_identity.is_some() => Err(PerfError::Options(
+            "--tls-identity needs --tls-key or --tls-key-file".into(),
+        )),
+        None => Ok(None),
+    }
+}
+
 fn secs(what: &str, s: f64) -> Result<Duration, PerfError> {
     Duration::try_from_secs_f64(s).map_err(|_| PerfError::Options(format!("{what} {s}: not a duration")))
 }
@@ -200,7 +273,11 @@ pub fn to_opts(a: &PerfArgs, target: Option<(SocketAddr, String)>) -> Result<Per
         .or(default_nqn)
         .ok_or_else(|| PerfError::Options("-r needs subnqn".into()))?;
     let mut o = PerfOpts::new(addr, &subnqn);
-    o.hostnqn = trid.hostnqn.unwrap_or_else(|| DEFAULT_HOSTNQN.to_string());
+    o.hostnqn = a
+        .hostnqn
+        .clone()
+        .or(trid.hostnqn)
+        .unwrap_or_else(|| DEFAULT_HOSTNQN.to_string());
     o.nsid = a.nsid;
     o.queue_depth = a.queue_depth;
     o.io_size = u32::try_from(size("-o", &a.io_size)?).map_err(|_| PerfError::Options("-o above 4 GiB".into()))?;
@@ -223,6 +300,7 @@ pub fn to_opts(a: &PerfArgs, target: Option<(SocketAddr, String)>) -> Result<Per
     o.blocking = a.blocking;
     o.fill = a.fill;
     o.sqflow = a.sqflow;
+    o.tls = tls_opts(a)?;
     Ok(o)
 }
 
@@ -323,6 +401,9 @@ fn run_cli(a: &PerfArgs) -> Result<PerfReport, CliError> {
     if let Some(core) = a.floor {
         // The floor needs no target: any address satisfies the options' parser.
         let o = to_opts(a, Some((SocketAddr::from(([127, 0, 0, 1], 0)), "nqn.floor".into()))).map_err(usage)?;
+        if o.tls.is_some() {
+            return Err(CliError::Usage("--floor measures plain TCP: no TLS options".into()));
+        }
         return bracketed(probe_cores(a, Some(core))?, || Ok(super::floor::run(&o, core)?));
     }
     let Some(path) = &a.target_conf else {

@@ -375,6 +375,7 @@ fn client(
         queues: 1,
         hdgst: false,
         ddgst: false,
+        tls: false,
         rate: None,
         block_size: 0,
         units: 0,

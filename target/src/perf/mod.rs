@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use pollux_reactor::ReactorStats;
 use tracing::warn;
 
-use crate::host::{Controller, ControllerOpts, Digests, HostError};
+use crate::host::{Controller, ControllerOpts, Digests, HostError, HostTls};
 pub use placement::{Placement, probe as probe_placement};
 pub use report::{LatencySummary, PerfReport, ReactorReport, TargetReport, ThreadCpu};
 use worker::{Shared, ThreadPlan, ThreadResult};
@@ -223,6 +223,9 @@ pub struct PerfOpts {
     /// SQHD, and the controller may then answer a read with one C2HData PDU carrying
     /// SUCCESS instead of the data plus a response capsule (NVMe/TCP 1.0 §3.6.2.8).
     pub sqflow: bool,
+    /// TLS 1.3 with a PSK on every queue (NVMe/TCP 1.0 §3.6.1), derived for `hostnqn` and
+    /// `subnqn` (None: plain TCP).
+    pub tls: Option<HostTls>,
 }
 
 /// Connect CATTR bit 2: SQ flow control disable (NVMe-oF 1.1 §3.3.1).
@@ -259,6 +262,7 @@ impl PerfOpts {
             blocking: false,
             fill: false,
             sqflow: false,
+            tls: None,
         }
     }
 
@@ -314,6 +318,7 @@ fn run_inner(opts: &PerfOpts, stats: Option<&dyn Fn() -> Vec<ReactorStats>>) -> 
     );
     co.digests = opts.digests;
     co.timeout = opts.timeout;
+    co.tls = opts.tls.clone();
     if !opts.sqflow {
         co.io_cattr |= CATTR_DISABLE_SQFLOW;
     }

@@ -106,6 +106,8 @@ pub struct PerfReport {
     pub hdgst: bool,
     /// Data digest.
     pub ddgst: bool,
+    /// Every queue ran over TLS 1.3 (`--tls-key`).
+    pub tls: bool,
     /// Pacing asked for, IOPS.
     pub rate: Option<f64>,
     /// Namespace block size.
@@ -284,6 +286,7 @@ pub(super) fn build(
         queues: opts.cores.len() * opts.conns_per_core,
         hdgst: opts.digests.hdgst,
         ddgst: opts.digests.ddgst,
+        tls: opts.tls.is_some(),
         rate: opts.rate,
         block_size,
         units,
@@ -321,9 +324,10 @@ impl PerfReport {
             (true, true) => ", header+data digests",
         };
         let rate = self.rate.map(|r| format!(", paced at {r:.0} IOPS")).unwrap_or_default();
+        let tls = if self.tls { ", TLS 1.3" } else { "" };
         let _ = writeln!(
             s,
-            "{} {} B, QD {} x {} queue(s) on {} thread(s){dg}{rate}, {:.2} s",
+            "{} {} B, QD {} x {} queue(s) on {} thread(s){dg}{tls}{rate}, {:.2} s",
             self.workload, self.io_size, self.queue_depth, self.queues, self.threads, self.seconds
         );
         let _ = writeln!(

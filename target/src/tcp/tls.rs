@@ -550,6 +550,7 @@ impl TlsLink {
                 Recv::Eof => return Ok(self.data(got)),
                 Recv::Empty if got == 0 => return Ok(Recv::Empty),
                 Recv::Empty => return Ok(self.data(got)),
+                Recv::Full if got == 0 => return Ok(Recv::Full),
                 Recv::Full => {
                     return Ok(Recv::Data {
                         buffered: got,

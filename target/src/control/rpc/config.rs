@@ -16,6 +16,7 @@ fn changes_json(c: &crate::mutate::Changes) -> Value {
         "added_namespaces": c.added_namespaces,
         "removed_namespaces": c.removed_namespaces,
         "added_listeners": c.added_listeners.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+        "ana_changed": c.ana_changed.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
         "removed_listeners": c.removed_listeners.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
         "added_referrals": c.added_referrals.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
         "removed_referrals": c.removed_referrals.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
@@ -193,6 +194,56 @@ impl Ctx {
                     Some(_) => return Err(RpcError::params("'tls' must be a string")),
                 }
                 array(&mut doc, "listener")?.push(toml::Value::Table(t));
+            }
+            "set_ana_state" => {
+                let l = str_param(params, "listener")?;
+                let group = params
+                    .get("group")
+                    .and_then(Value::as_u64)
+                    .filter(|g| (1..=u64::from(pollux_conf::ANAGRPMAX)).contains(g))
+                    .ok_or_else(|| {
+                        RpcError::params(format!(
+                            "'group' must be an ANA group id, 1 to {}",
+                            pollux_conf::ANAGRPMAX
+                        ))
+                    })?;
+                let state = str_param(params, "state")?;
+                let s = pollux_conf::AnaState::from_name(state).ok_or_else(|| {
+                    RpcError::params(format!(
+                        "unknown ANA state '{state}': optimized, non-optimized, inaccessible, persistent-loss or change"
+                    ))
+                })?;
+                // The listener as configured, or as bound (a `:0` listener's port).
+                let bound: Vec<String> = self
+                    .shared
+                    .snapshot
+                    .load()
+                    .listeners
+                    .iter()
+                    .map(|b| b.addr.to_string())
+                    .collect();
+                let list = array(&mut doc, "listener")?;
+                let at = list
+                    .iter()
+                    .position(|t| t.get("address").and_then(toml::Value::as_str) == Some(l))
+                    .or_else(|| bound.iter().position(|b| b == l))
+                    .ok_or_else(|| RpcError::params(format!("no listener '{l}'")))?;
+                let t = list
+                    .get_mut(at)
+                    .and_then(toml::Value::as_table_mut)
+                    .ok_or_else(|| RpcError::new(CONFIG_ERROR, "running conf: a listener is not a table"))?;
+                let ana = t.entry("ana").or_insert_with(|| toml::Value::Table(toml::Table::new()));
+                let Some(ana) = ana.as_table_mut() else {
+                    return Err(RpcError::new(
+                        CONFIG_ERROR,
+                        "running conf: a listener's 'ana' is not a table",
+                    ));
+                };
+                if s == pollux_conf::AnaState::Optimized {
+                    ana.remove(&group.to_string());
+                } else {
+                    ana.insert(group.to_string(), toml::Value::String(s.name().to_string()));
+                }
             }
             "remove_listener" => {
                 let a = str_param(params, "address")?;

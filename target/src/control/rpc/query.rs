@@ -154,7 +154,32 @@ impl Ctx {
     /// `subsystems`; `ctrls` from [`Ctx::controllers`] gives the controller counts.
     pub fn subsystems_with(&self, ctrls: &CtrlList) -> Vec<SubsystemView> {
         let snap = self.shared.snapshot.load();
-        let listeners = listener_names(&snap);
+        // Each listener with its TLS mode and the ANA state, on its path, of each group the
+        // subsystem's namespaces are in.
+        let listeners_of = |s: &crate::subsystem::Subsystem| -> Vec<String> {
+            let groups: std::collections::BTreeSet<u32> = s.namespaces.values().map(|n| n.ana_group).collect();
+            snap.listeners
+                .iter()
+                .map(|l| {
+                    let mut v = l.addr.to_string();
+                    if l.tls != pollux_conf::TlsMode::None {
+                        v.push_str(&format!(" (tls {})", l.tls.as_str()));
+                    }
+                    let ana: Vec<String> = groups
+                        .iter()
+                        .map(|g| format!("{g}:{}", l.ana.state(*g).name()))
+                        .collect();
+                    // Only where a group is not optimized (the default says nothing).
+                    if groups
+                        .iter()
+                        .any(|g| l.ana.state(*g) != pollux_conf::AnaState::Optimized)
+                    {
+                        v.push_str(&format!(" ana {}", ana.join(",")));
+                    }
+                    v
+                })
+                .collect()
+        };
         snap.subsystems
             .iter()
             .map(|s| SubsystemView {
@@ -201,7 +226,7 @@ impl Ctx {
                         }
                     })
                     .collect(),
-                listeners: listeners.clone(),
+                listeners: listeners_of(s),
                 controllers: ctrls
                     .controllers
                     .iter()

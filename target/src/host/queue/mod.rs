@@ -10,6 +10,11 @@
 //! as the target frames its input) and their data copied once, into the buffer the command
 //! was submitted with; a lone read's data is received straight into that buffer instead (see
 //! [`HostQueue::fill_in_place`]). Waiting is `poll(2)` on the socket with a deadline.
+//!
+//! With [`QueueOpts::tls`] the queue runs over TLS 1.3 ([`super::HostTls`]): the handshake
+//! right after the TCP connect, then the same PDUs through the record layer, copied on both
+//! sides (no data sent or received in place). The choice is made once per queue: a plain
+//! queue pays one test of an `Option` on the few paths that touch the socket, nothing more.
 
 mod raw;
 mod recv;
@@ -30,7 +35,9 @@ use zerocopy::little_endian::U16;
 use self::send::queue_data;
 use super::error::HostError;
 use super::sqe::{self, DsmRange};
+use super::tls::HostTls;
 use crate::tcp::sendq::SendQueue;
+use crate::tcp::tls::TlsLink;
 
 #[cfg(test)]
 pub(super) use recv::expected_c2h;
@@ -102,6 +109,9 @@ pub struct QueueOpts {
     pub max_data: u32,
     /// DH-HMAC-CHAP keys: the queue authenticates when its Connect response asks (ATR).
     pub dhchap: Option<super::HostDhchap>,
+    /// TLS 1.3 with this PSK (NVMe/TCP 1.0 §3.6.1): the handshake right after the TCP
+    /// connect, before ICReq (None: plain TCP).
+    pub tls: Option<HostTls>,
 }
 
 impl QueueOpts {
@@ -122,6 +132,7 @@ impl QueueOpts {
             in_capsule_max: ADMIN_IN_CAPSULE,
             max_data: 1 << 20,
             dhchap: None,
+            tls: None,
         }
     }
 
@@ -141,6 +152,12 @@ impl QueueOpts {
     pub fn digests(mut self, hdgst: bool, ddgst: bool) -> Self {
         self.hdgst = hdgst;
         self.ddgst = ddgst;
+        self
+    }
+
+    /// Over TLS 1.3 with `tls`.
+    pub fn tls(mut self, tls: HostTls) -> Self {
+        self.tls = Some(tls);
         self
     }
 }
@@ -292,6 +309,15 @@ pub struct HostQueue {
     landed: Option<PduHeader>,
     /// Reads whose data was received in place.
     in_place_reads: u64,
+    /// The TLS session (None: plain TCP), from the handshake on.
+    tls: Option<Box<TlsLink>>,
+    /// The last TLS read stopped with plaintext possibly still held by OpenSSL or its read
+    /// buffer (it filled the receive buffer, or did not find the socket empty): the socket
+    /// will not signal those bytes again, so the queue reads before it waits.
+    tls_unread: bool,
+    /// Write data at least this long is sent in place ([`BORROW_MIN`]; never over TLS, whose
+    /// record layer encrypts owned bytes only).
+    borrow_min: usize,
 }
 
 fn io_err(e: std::io::Error) -> HostError {
@@ -305,13 +331,15 @@ fn io_err(e: std::io::Error) -> HostError {
 }
 
 impl HostQueue {
-    /// Opens the TCP connection only (raw mode): no ICReq yet.
+    /// Opens the TCP connection only (raw mode): no ICReq yet. With [`QueueOpts::tls`] the
+    /// TLS handshake is done too (NVMe/TCP 1.0 §3.6.1.1: it comes before ICReq), and raw
+    /// PDUs travel inside the session.
     pub fn tcp(addr: SocketAddr, opts: QueueOpts) -> Result<Self, HostError> {
         let sock = TcpStream::connect_timeout(&addr, opts.timeout)?;
         sock.set_nodelay(true)?;
         sock.set_nonblocking(true)?;
         let entries = usize::from(opts.sqsize) + 1;
-        Ok(Self {
+        let mut q = Self {
             sock,
             hdgst: false,
             ddgst: false,
@@ -330,8 +358,19 @@ impl HostQueue {
             last_cid: 0,
             landed: None,
             in_place_reads: 0,
+            tls: None,
+            tls_unread: false,
+            borrow_min: BORROW_MIN,
             opts,
-        })
+        };
+        if let Some(cfg) = q.opts.tls.clone() {
+            let link = q.tls_handshake(&cfg)?;
+            q.tls = Some(Box::new(link));
+            q.borrow_min = usize::MAX;
+            // Whatever came with the handshake's last flight is read before any wait.
+            q.tls_unread = true;
+        }
+        Ok(q)
     }
 
     /// TCP connect, ICReq/ICResp, Fabrics Connect. A Connect that completes with an error is
@@ -429,6 +468,11 @@ impl HostQueue {
         self.sock.local_addr()
     }
 
+    /// The queue runs over TLS: the negotiated cipher suite (None: plain TCP).
+    pub fn tls_cipher(&self) -> Option<&str> {
+        self.tls.as_deref().map(TlsLink::cipher)
+    }
+
     /// The connection was closed or broke.
     pub fn is_closed(&self) -> bool {
         self.closed
@@ -491,7 +535,7 @@ impl HostQueue {
         self.out.extend_from_slice(&h[..n]);
         let mut sent_by = 0;
         if in_capsule {
-            sent_by = queue_data(&mut self.out, &buf);
+            sent_by = queue_data(&mut self.out, &buf, self.borrow_min);
             if self.ddgst {
                 self.out.extend_from_slice(&crc32c(&buf).to_le_bytes());
             }
@@ -663,7 +707,7 @@ impl HostQueue {
     /// Fabrics Disconnect of this I/O queue (NVMe-oF 1.1 §6.4), then close.
     pub fn disconnect(mut self) -> Result<(), HostError> {
         self.exec_ok(sqe::disconnect(), Data::None)?;
-        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+        self.close();
         Ok(())
     }
 }

@@ -114,6 +114,10 @@ impl HostQueue {
     /// Closes the connection now (both directions), like a host that goes away.
     pub fn close(&mut self) {
         self.closed = true;
+        if let Some(link) = &mut self.tls {
+            // close_notify first (RFC 8446 §6.1), best effort.
+            link.close();
+        }
         let _ = self.sock.shutdown(std::net::Shutdown::Both);
     }
 }

@@ -235,7 +235,7 @@ impl HostQueue {
                     let (h, n) = encode_h2c_data_hdr(cid, r.ttag.get(), off, chunk, last, self.hdgst, self.ddgst);
                     self.out.extend_from_slice(&h[..n]);
                     let data = &slot.buf[off as usize..(off + chunk) as usize];
-                    slot.sent_by = slot.sent_by.max(queue_data(&mut self.out, data));
+                    slot.sent_by = slot.sent_by.max(queue_data(&mut self.out, data, self.borrow_min));
                     if self.ddgst {
                         self.out.extend_from_slice(&crc32c(data).to_le_bytes());
                     }
@@ -360,13 +360,27 @@ impl HostQueue {
         f(c);
     }
 
-    /// One non-blocking read into the receive buffer. Ok(false) if nothing was there.
+    /// One non-blocking read into the receive buffer. Ok(false) if nothing was there. Over
+    /// TLS: the decrypted bytes, as many as fit; when the read may have left some above the
+    /// socket (OpenSSL's buffers), `tls_unread` says so and the next wait does not block.
     pub(super) fn fill(&mut self) -> Result<bool, HostError> {
         if self.closed {
             return Err(HostError::Closed);
         }
         self.rx.make_room(self.need.max(8));
-        let r = self.rx.recv(&self.sock);
+        let r = match &mut self.tls {
+            None => self.rx.recv(&self.sock),
+            Some(link) => {
+                let r = match link.recv(&mut self.rx) {
+                    // A receive buffer without room comes back as data of no bytes (and not
+                    // drained): nothing came, which the loops must not take for progress.
+                    Ok(Recv::Data { buffered: 0, .. }) => Ok(Recv::Full),
+                    r => r,
+                };
+                self.tls_unread = matches!(r, Ok(Recv::Full | Recv::Data { drained: false, .. }));
+                r
+            }
+        };
         Ok(received(&mut self.closed, r)?.is_some())
     }
 
@@ -386,7 +400,9 @@ impl HostQueue {
     pub(super) fn fill_in_place(&mut self) -> Result<bool, HostError> {
         let hl = C2H_HLEN + if self.hdgst { 4 } else { 0 };
         let cid = self.last_cid;
-        let lone = self.rx.is_empty() && self.landed.is_none() && self.in_flight() == 1 && !self.closed;
+        // Not over TLS: the data must pass through the record layer's decryption.
+        let lone =
+            self.tls.is_none() && self.rx.is_empty() && self.landed.is_none() && self.in_flight() == 1 && !self.closed;
         let cap = self.rx.capacity();
         let len = match self.slots.get(usize::from(cid)) {
             Some(s)

@@ -6,17 +6,30 @@ use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
 use std::time::Instant;
 
-use super::{BORROW_MIN, HostQueue, io_err};
+use super::{HostQueue, io_err};
 use crate::host::error::HostError;
 use crate::tcp::sendq::SendQueue;
+use crate::tcp::tls::TlsLink;
 
 impl HostQueue {
     /// Writes what the socket takes now, without blocking.
     pub(super) fn send_some(&mut self) -> Result<(), HostError> {
-        if self.out.pending() == 0 && self.parked.is_empty() {
-            return Ok(());
-        }
-        if let Err(e) = self.out.flush(self.sock.as_raw_fd()) {
+        let r = match &mut self.tls {
+            None => {
+                if self.out.pending() == 0 && self.parked.is_empty() {
+                    return Ok(());
+                }
+                self.out.flush(self.sock.as_raw_fd())
+            }
+            // Nothing is parked over TLS: all data is copied into the queue.
+            Some(link) => {
+                if self.out.pending() == 0 && link.pending() == 0 {
+                    return Ok(());
+                }
+                link.send(&mut self.out)
+            }
+        };
+        if let Err(e) = r {
             self.closed = true;
             return Err(match e.kind() {
                 ErrorKind::WriteZero => HostError::Closed,
@@ -30,9 +43,10 @@ impl HostQueue {
         Ok(())
     }
 
-    /// Bytes queued for the socket and not yet taken by it.
+    /// Bytes queued for the socket and not yet taken by it (over TLS, records encrypted and
+    /// not yet sent too).
     pub fn queued_bytes(&self) -> usize {
-        self.out.pending()
+        self.out.pending() + self.tls.as_deref().map_or(0, TlsLink::pending)
     }
 
     /// Sends everything queued, waiting for the socket up to the timeout.
@@ -55,7 +69,12 @@ impl HostQueue {
     }
 
     /// Waits until the socket is readable (`read`) or writable (`write`), or `deadline`.
+    /// Over TLS a wait for input returns at once while decrypted bytes may be buffered above
+    /// the socket (see `tls_unread`): poll(2) would not see them, and the caller reads next.
     pub(super) fn wait_fd(&self, deadline: Instant, read: bool, write: bool) -> Result<(), HostError> {
+        if read && self.tls_unread {
+            return Ok(());
+        }
         let left = deadline.saturating_duration_since(Instant::now());
         let ms = left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
         let mut events = 0;
@@ -83,10 +102,11 @@ impl HostQueue {
     }
 }
 
-/// Queues `data` for sending: in place when it is long enough to be worth an iovec, else
-/// copied. Returns the stream position its last byte is sent by (0 when copied).
-pub(super) fn queue_data(out: &mut SendQueue, data: &[u8]) -> u64 {
-    if data.len() < BORROW_MIN {
+/// Queues `data` for sending: in place when it is at least `borrow_min` bytes long (worth an
+/// iovec: [`super::BORROW_MIN`], or never over TLS), else copied. Returns the stream
+/// position its last byte is sent by (0 when copied).
+pub(super) fn queue_data(out: &mut SendQueue, data: &[u8], borrow_min: usize) -> u64 {
+    if data.len() < borrow_min {
         out.extend_from_slice(data);
         return 0;
     }

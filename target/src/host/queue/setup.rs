@@ -1,13 +1,59 @@
-//! Connection set-up: ICReq/ICResp and Fabrics Connect.
+//! Connection set-up: the TLS handshake, ICReq/ICResp and Fabrics Connect.
+
+use std::sync::Arc;
+use std::time::Instant;
 
 use pollux_nvme::tcp::{CommonHeader, Direction, PduHeader, PduLimits, PduType, encode_ic_req, parse_pdu_header};
+use tracing::debug;
 use zerocopy::FromBytes;
 
 use super::{CONNECT_DATA_LEN, ConnectResult, Data, HostQueue, IcInfo, RawReply};
+use crate::host::HostTls;
 use crate::host::error::HostError;
 use crate::host::sqe;
+use crate::tcp::tls::TlsLink;
 
 impl HostQueue {
+    /// The TLS 1.3 handshake on the freshly connected socket (NVMe/TCP 1.0 §3.6.1.1: before
+    /// ICReq), offering the identity and TLS PSK of `cfg` for this queue's host and
+    /// subsystem, driven with poll(2) under the queue's timeout. A failure closes the queue.
+    pub(super) fn tls_handshake(&mut self, cfg: &HostTls) -> Result<TlsLink, HostError> {
+        let psk = cfg.tls_psk(&self.opts.hostnqn, &self.opts.subnqn)?;
+        // The record layer reads and writes its own handle of the socket (a dup: the same
+        // file description, O_NONBLOCK included), so the queue's socket stays a plain
+        // `TcpStream` and the plain path is untouched.
+        let sock = Arc::new(self.sock.try_clone()?);
+        let mut link = TlsLink::connect(sock, psk).map_err(HostError::Tls)?;
+        let start = Instant::now();
+        let deadline = start + self.opts.timeout;
+        loop {
+            match link.handshake() {
+                Ok(true) => {
+                    debug!(
+                        qid = self.opts.qid,
+                        cipher = link.cipher(),
+                        "TLS 1.3 session established"
+                    );
+                    return Ok(link);
+                }
+                Ok(false) => {}
+                Err(why) => {
+                    self.close();
+                    return Err(HostError::Tls(format!("handshake failed: {why}")));
+                }
+            }
+            if Instant::now() >= deadline {
+                self.close();
+                return Err(HostError::Timeout {
+                    waited: start.elapsed(),
+                    what: "the TLS handshake",
+                });
+            }
+            // The controller's next flight, or room for the rest of ours.
+            self.wait_fd(deadline, true, link.pending() > 0)?;
+        }
+    }
+
     /// ICReq/ICResp (NVMe/TCP 1.0 §3.6.2.2-3): asks for the digests of the options, HPDA 0,
     /// MAXR2T 0 (as Linux), and refuses an ICResp that Linux would refuse: PLEN not 128,
     /// PFV not 0, digests other than requested, CPDA not 0, MAXH2CDATA below 4096 or not a
