@@ -98,6 +98,11 @@ pub(crate) fn to_toml(c: &Config) -> String {
         }
     }
 
+    for r in &c.referrals {
+        let _ = writeln!(o, "\n[[referral]]");
+        let _ = writeln!(o, "address = {}", quote(&r.address.to_string()));
+    }
+
     let t = &c.transport;
     let _ = writeln!(o, "\n[transport]");
     let _ = writeln!(o, "io_queue_depth = {}", t.io_queue_depth);
@@ -148,6 +153,10 @@ pub(crate) fn to_toml(c: &Config) -> String {
             .collect();
         let _ = writeln!(o, "hosts = [{}]", hosts.join(", "));
         write_dhchap(&mut o, &s.dhchap);
+        if !s.default_cntlid_range() {
+            let _ = writeln!(o, "min_cntlid = {}", s.min_cntlid);
+            let _ = writeln!(o, "max_cntlid = {}", s.max_cntlid);
+        }
         for n in &s.namespaces {
             let _ = writeln!(o, "\n[[subsystem.namespace]]");
             let _ = writeln!(o, "nsid = {}", n.nsid);
@@ -179,6 +188,9 @@ pub(crate) fn to_toml(c: &Config) -> String {
                         keys.push(format!("size = {}", quote(&format_size(size))));
                     }
                     keys.push(format!("direct = {}", f.direct));
+                    if f.shared {
+                        keys.push("shared = true".into());
+                    }
                     let _ = writeln!(o, "backend = {{ file = {{ {} }} }}", keys.join(", "));
                 }
                 Backend::Nvme(NvmeBackend { device, nsid }) => {

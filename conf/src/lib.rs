@@ -59,6 +59,9 @@ pub struct Config {
     pub control: Control,
     /// Who must authenticate to the discovery controller (`[discovery]`).
     pub discovery: Discovery,
+    /// Other targets' discovery controllers the discovery log refers hosts to
+    /// (`[[referral]]`), in configuration order.
+    pub referrals: Vec<Referral>,
     /// Where the configuration came from: a file name, or `"<embedded>"`.
     pub origin: String,
 }
@@ -265,6 +268,23 @@ impl Listener {
     }
 }
 
+/// One `[[referral]]`: another target's discovery controller, listed in this
+/// target's discovery log as a referral entry (NVMe-oF 1.1 §5.3, SUBTYPE 1) so
+/// that a host's `nvme connect-all` goes on to discover there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Referral {
+    /// The other target's discovery listener: numeric, a real port, not one of
+    /// this configuration's listeners.
+    pub address: SocketAddr,
+}
+
+/// The lowest controller ID (NVMe-oF 1.1 §4.2: 0 is not a fabrics controller ID).
+pub const MIN_CNTLID: u16 = 1;
+/// The highest controller ID a dynamic controller may get: FFF0h..FFFFh are reserved
+/// (NVMe-oF 1.1 §4.2; FFFFh asks for a dynamic controller in Connect, §6.3). nvmet and
+/// SPDK use the same bound.
+pub const MAX_CNTLID: u16 = 0xFFEF;
+
 /// A listener's secure channel (NVMe/TCP 1.0 §3.6.1, TP 8011: TLS 1.3 with a PSK), which the
 /// discovery log entry reports in TREQ and TSAS.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -412,6 +432,15 @@ pub struct Subsystem {
     pub dhchap: Dhchap,
     /// The namespaces, in configuration order; nsids are unique.
     pub namespaces: Vec<Namespace>,
+    /// The lowest controller ID this subsystem's controllers get ([`MIN_CNTLID`] by
+    /// default).
+    pub min_cntlid: u16,
+    /// The highest controller ID ([`MAX_CNTLID`] by default). Two targets exporting
+    /// the same subsystem give it disjoint ranges, so a host never sees one controller
+    /// ID twice among its paths (NVMe 2.0 §3.1: controller IDs are unique in a
+    /// subsystem); `min_cntlid <= max_cntlid`, and the range holds at least one ID
+    /// per reactor.
+    pub max_cntlid: u16,
 }
 
 /// The `[discovery]` table: DH-HMAC-CHAP on the discovery controller.
@@ -487,6 +516,13 @@ impl Default for Dhchap {
 }
 
 impl Subsystem {
+    /// Whether the controller ID range is the default one, [`MIN_CNTLID`]..=[`MAX_CNTLID`]
+    /// (not written back by [`Config::to_toml`], and shared with every other subsystem
+    /// that keeps it).
+    pub fn default_cntlid_range(&self) -> bool {
+        (self.min_cntlid, self.max_cntlid) == (MIN_CNTLID, MAX_CNTLID)
+    }
+
     /// Whether a host with NQN `host_nqn` may connect.
     pub fn allows_host(&self, host_nqn: &str) -> bool {
         self.allow_any_host || self.hosts.iter().any(|h| h == host_nqn)
@@ -602,6 +638,10 @@ pub struct FileBackend {
     pub size: Option<u64>,
     /// Open with `O_DIRECT`, bypassing the page cache.
     pub direct: bool,
+    /// Other pollux targets serve the same store too (one subsystem exported by several
+    /// targets in front of shared storage): take a shared lock instead of an exclusive
+    /// one, so only targets that all say so open it together.
+    pub shared: bool,
 }
 
 /// A `sim` backend: a simulated SSD.

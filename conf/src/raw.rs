@@ -26,6 +26,13 @@ pub(crate) struct RawConfig {
     pub subsystem: Option<Vec<RawSubsystem>>,
     pub control: Option<RawControl>,
     pub discovery: Option<RawDiscovery>,
+    pub referral: Option<Vec<RawReferral>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawReferral {
+    pub address: Spanned<String>,
 }
 
 #[derive(Deserialize)]
@@ -91,6 +98,8 @@ pub(crate) struct RawSubsystem {
     pub hosts: Option<Spanned<Vec<Spanned<RawHost>>>>,
     pub dhchap_hashes: Option<Spanned<Vec<Spanned<String>>>>,
     pub dhchap_dh_groups: Option<Spanned<Vec<Spanned<String>>>>,
+    pub min_cntlid: Option<Spanned<i64>>,
+    pub max_cntlid: Option<Spanned<i64>>,
     pub namespace: Option<Vec<RawNamespace>>,
 }
 
@@ -180,6 +189,7 @@ pub(crate) struct RawFile {
     pub path: Spanned<String>,
     pub size: Option<Spanned<RawSize>>,
     pub direct: Option<Spanned<bool>>,
+    pub shared: Option<Spanned<bool>>,
 }
 
 #[derive(Deserialize)]

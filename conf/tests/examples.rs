@@ -163,6 +163,7 @@ fn file_example() {
             path: PathBuf::from("/tmp/pollux-disk0.img"),
             size: Some(256 << 20),
             direct: true,
+            shared: false,
         })
     );
     assert_eq!(ns.backend.kind(), "file");

@@ -154,6 +154,7 @@ seed = 0
             path: PathBuf::from("/var/lib/pollux/a b\\#[x].img"),
             size: None,
             direct: true,
+            shared: false,
         })
     );
     assert_eq!(
@@ -162,6 +163,7 @@ seed = 0
             path: PathBuf::from("/dev/nvme0n1"),
             size: Some(1 << 40),
             direct: false,
+            shared: false,
         })
     );
     assert_eq!(
@@ -255,6 +257,7 @@ fn defaults_of_new_keys() {
             path: PathBuf::from("/tmp/d.img"),
             size: None,
             direct: true,
+            shared: false,
         })
     );
     // The hand-built default agrees with the parsed one.
@@ -484,6 +487,12 @@ const FRAGMENTS: &[&str] = &[
     "[subsystem.namespace.backend.sim.write]\n",
     "fixed_us = 1e300\n",
     "bandwidth = \"1G\"\n",
+    "min_cntlid = 1\n",
+    "max_cntlid = 100\n",
+    "min_cntlid = 101\n",
+    "max_cntlid = 0\n",
+    "[[referral]]\n",
+    "address = \"10.0.0.2:8009\"\n",
     "é = \"\u{0}\"\n",
     "\"\n",
     "[\n",
@@ -662,8 +671,9 @@ prop_compose! {
         path in abs_path(),
         blocks in prop::option::of(1..=u64::MAX / 512),
         direct in any::<bool>(),
+        shared in any::<bool>(),
     ) -> FileBackend {
-        FileBackend { path, size: blocks.map(|b| b * 512), direct }
+        FileBackend { path, size: blocks.map(|b| b * 512), direct, shared }
     }
 }
 

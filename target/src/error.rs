@@ -46,7 +46,7 @@ pub enum TargetError {
         path: PathBuf,
     },
     /// A backing file is locked by another process (another pollux serving it).
-    #[error("{} is already in use by another process (it holds the lock)", path.display())]
+    #[error("{} is already in use by another process (it holds the lock; targets serving one store together all set `shared = true`)", path.display())]
     FileLocked {
         /// The file.
         path: PathBuf,
@@ -119,6 +119,31 @@ pub enum TargetError {
         reactor: usize,
         /// Why.
         reason: String,
+    },
+    /// A referral leads back to one of this target's own listeners (known once bound).
+    #[error(
+        "referral {referral} is this target's own listener {listener}: a referral points hosts at another target's discovery controller"
+    )]
+    SelfReferral {
+        /// The referral's address.
+        referral: SocketAddr,
+        /// The listener it reaches, as bound.
+        listener: SocketAddr,
+    },
+    /// A subsystem's controller id range holds fewer ids than the target runs reactors (the
+    /// conf's `cores` changed, which takes effect only at the next start).
+    #[error(
+        "subsystem {nqn}: the controller ID range {min}..={max} holds fewer IDs than the {reactors} running reactors, one each at least"
+    )]
+    CntlidRange {
+        /// The subsystem.
+        nqn: String,
+        /// `min_cntlid`.
+        min: u16,
+        /// `max_cntlid`.
+        max: u16,
+        /// Reactors running.
+        reactors: usize,
     },
     /// A reload was asked of a target running the embedded default.
     #[error("running the embedded default configuration: there is no conf file to reload")]

@@ -18,7 +18,7 @@
 //! | Admin commands: Identify, Get/Set Features, Keep Alive, AER, Abort (NVMe 2.0 §5) | [`ctrl::admin`] | `ctrlr.c` |
 //! | Properties CAP/VS/CC/CSTS (NVMe-oF 1.1 §6.5-6.6) | [`ctrl::property`] | `ctrlr.c` |
 //! | Log pages (NVMe 2.0 §5.16) | [`ctrl::log`] | `ctrlr.c` |
-//! | Discovery log (NVMe-oF 1.1 §5.3) | [`ctrl::discovery`] | `ctrlr_discovery.c` |
+//! | Discovery log (NVMe-oF 1.1 §5.3), referrals to other targets | [`ctrl::discovery`], [`referral`] | `ctrlr_discovery.c` |
 //! | NVM commands: SQE -> validated [`io::IoCmd`] -> [`backend::BlockOp`] (NVM Command Set 1.0 §3) | [`io`] | `ctrlr_bdev.c` |
 //! | A request's life: awaiting R2T data, draining, submitted | [`request`] | `nvmf_tcp_req_state` |
 //! | Backends behind one [`backend::Backend`] / [`backend::Channel`] trait: RAM, simulated SSD, file (io_uring), NVMe SSD (VFIO) | [`backend`] | `bdev` + io_channel |
@@ -42,6 +42,7 @@ pub mod io;
 pub mod listener;
 pub mod mutate;
 pub mod perf;
+pub mod referral;
 pub mod request;
 pub mod setup;
 pub mod sgl;
@@ -122,6 +123,10 @@ impl Target {
                 ana: Arc::new(ana::AnaStates::new(l)),
             });
             socks.push(s);
+        }
+        let referrals: Vec<SocketAddr> = cfg.referrals.iter().map(|r| r.address).collect();
+        if let Some((referral, listener)) = referral::self_referral(&referrals, &addrs) {
+            return Err(TargetError::SelfReferral { referral, listener });
         }
         let snapshot = build_snapshot(cfg, n, addrs.clone())?;
         let shared = Arc::new(Shared {

@@ -8,8 +8,8 @@
 //! controllers it owns, by message: a controller whose subsystem went away, or whose host
 //! is no longer allowed, is deleted (its connections closed); one whose namespaces changed
 //! gets the Changed Namespace List and a Namespace Attribute Changed AER; discovery
-//! controllers get a Discovery Log Change AER when what they list changed (NVMe 2.0
-//! §5.2, NVMe-oF 1.1 §5.3). Connections that the change does not concern are not disturbed.
+//! controllers get a Discovery Log Change AER when what they list changed (subsystems,
+//! listeners, referrals; NVMe 2.0 §5.2, NVMe-oF 1.1 §5.3). Connections that the change does not concern are not disturbed.
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};
@@ -43,6 +43,10 @@ pub struct Changes {
     pub added_listeners: Vec<SocketAddr>,
     /// Listeners removed.
     pub removed_listeners: Vec<SocketAddr>,
+    /// Referrals added to the discovery log.
+    pub added_referrals: Vec<SocketAddr>,
+    /// Referrals removed from it.
+    pub removed_referrals: Vec<SocketAddr>,
     /// Listeners whose ANA states changed (bound addresses).
     pub ana_changed: Vec<SocketAddr>,
     /// The reactors' mode or adaptive policy changed.
@@ -86,6 +90,21 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
     }
     if new.control != running.control {
         ch.restart_needed.push("control".into());
+    }
+
+    // Each reactor hands out its own controller ids of a subsystem's range: the conf checked
+    // the range against its `cores`, which apply only at the next start.
+    if let Some(s) = new
+        .subsystems
+        .iter()
+        .find(|s| usize::from(s.max_cntlid - s.min_cntlid) + 1 < n)
+    {
+        return Err(TargetError::CntlidRange {
+            nqn: s.nqn.clone(),
+            min: s.min_cntlid,
+            max: s.max_cntlid,
+            reactors: n,
+        });
     }
 
     // Subsystems and namespaces: build what is new before touching anything.
@@ -180,6 +199,22 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
             ch.removed_listeners.push(b.addr);
         }
     }
+    // Referrals: none may lead back here, now that every listener is bound.
+    let referrals: Vec<SocketAddr> = new.referrals.iter().map(|r| r.address).collect();
+    if let Some((referral, listener)) = crate::referral::self_referral(&referrals, &bound) {
+        return Err(TargetError::SelfReferral { referral, listener });
+    }
+    ch.added_referrals = referrals
+        .iter()
+        .filter(|r| !old.referrals.contains(r))
+        .copied()
+        .collect();
+    ch.removed_referrals = old
+        .referrals
+        .iter()
+        .filter(|r| !referrals.contains(r))
+        .copied()
+        .collect();
     let reactors_changed = new.reactors.mode != running.reactors.mode
         || new.reactors.cpu_budget != running.reactors.cpu_budget
         || new.reactors.latency_target_us != running.reactors.latency_target_us;
@@ -194,12 +229,14 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
         && bound
             .iter()
             .map(|b| (b.addr, b.tls))
-            .eq(old.listeners.iter().map(|b| (b.addr, b.tls))));
+            .eq(old.listeners.iter().map(|b| (b.addr, b.tls)))
+        && referrals == old.referrals);
     let snap = Arc::new(Snapshot {
         subsystems,
         listeners: bound,
         genctr: if discovery_changed { old.genctr + 1 } else { old.genctr },
         discovery: Arc::new(new.discovery.clone()),
+        referrals,
     });
     shared.snapshot.store(snap.clone());
     for (states, l, addr) in ana_to_apply {

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::ops::RangeInclusive;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -122,6 +123,9 @@ pub struct Subsystem {
     pub dhchap: Dhchap,
     /// Namespaces by nsid.
     pub namespaces: BTreeMap<u32, Arc<Namespace>>,
+    /// The controller ids its controllers get (`min_cntlid..=max_cntlid` of the conf), so
+    /// that targets exporting the same subsystem never hand out the same id.
+    pub cntlids: RangeInclusive<u16>,
 }
 
 impl Subsystem {
@@ -157,6 +161,9 @@ pub struct Snapshot {
     pub genctr: u64,
     /// Who must authenticate to the discovery controller.
     pub discovery: Arc<pollux_conf::Discovery>,
+    /// Other targets' discovery controllers, listed after the subsystems in the discovery
+    /// log, in conf order.
+    pub referrals: Vec<SocketAddr>,
 }
 
 /// A listener as bound.
@@ -265,6 +272,7 @@ pub fn build_subsystem(
         tls_keys: s.tls_keys.clone(),
         dhchap: s.dhchap.clone(),
         namespaces,
+        cntlids: s.min_cntlid..=s.max_cntlid,
     }))
 }
 
@@ -280,6 +288,7 @@ pub fn build_snapshot(cfg: &Config, reactors: usize, listeners: Vec<BoundListene
         listeners,
         genctr: 1,
         discovery: Arc::new(cfg.discovery.clone()),
+        referrals: cfg.referrals.iter().map(|r| r.address).collect(),
     })
 }
 
@@ -315,5 +324,6 @@ pub(crate) fn test_subsystem(namespaces: &[Arc<Namespace>], hosts: &[&str]) -> A
         tls_keys: BTreeMap::new(),
         dhchap: Dhchap::default(),
         namespaces: namespaces.iter().map(|n| (n.nsid, n.clone())).collect(),
+        cntlids: crate::ctrl::FULL_CNTLID_RANGE,
     })
 }

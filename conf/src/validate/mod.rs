@@ -14,6 +14,7 @@ mod cx;
 pub(crate) mod hosts;
 mod listeners;
 mod reactors;
+mod referrals;
 mod registry;
 mod subsystems;
 mod transport;
@@ -22,6 +23,7 @@ use control::control;
 use cx::Cx;
 use listeners::listeners;
 use reactors::reactors;
+use referrals::referrals;
 use subsystems::subsystems;
 use transport::{keep_alive, transport};
 
@@ -63,7 +65,8 @@ pub(crate) fn build(text: &str, origin: &str, base: Base<'_>) -> Result<Config, 
         Some(c) => control(&cx, c, &listeners)?,
         None => Control::default(),
     };
-    let subsystems = subsystems(&cx, raw.subsystem.unwrap_or_default())?;
+    let subsystems = subsystems(&cx, raw.subsystem.unwrap_or_default(), reactors.cores.len())?;
+    let referrals = referrals(&cx, raw.referral.unwrap_or_default(), &listeners)?;
     let discovery = match raw.discovery {
         Some(d) => hosts::discovery(&cx, d)?,
         None => crate::Discovery::default(),
@@ -86,6 +89,7 @@ pub(crate) fn build(text: &str, origin: &str, base: Base<'_>) -> Result<Config, 
         subsystems,
         control,
         discovery,
+        referrals,
         origin: origin.to_owned(),
     })
 }

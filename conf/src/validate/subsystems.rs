@@ -15,7 +15,7 @@ use crate::error::ConfError;
 use crate::ids::{derive_ids, derive_serial};
 use crate::nqn::{DISCOVERY_NQN, format_uuid, hex, parse_hex, parse_uuid, validate_nqn};
 use crate::raw::{RawNamespace, RawSubsystem};
-use crate::{Backend, Namespace, NvmeBackend, NvmeDevice, Subsystem};
+use crate::{Backend, MAX_CNTLID, MIN_CNTLID, Namespace, NvmeBackend, NvmeDevice, Subsystem};
 
 /// Identify Controller SN and MN widths (NVMe Base, Identify Controller data
 /// structure): ASCII, space padded.
@@ -25,15 +25,80 @@ const MODEL_MAX: usize = 40;
 /// The model number used when a subsystem gives none.
 const DEFAULT_MODEL: &str = "pollux";
 
-pub(super) fn subsystems(cx: &Cx<'_>, raw: Vec<RawSubsystem>) -> Result<Vec<Subsystem>, ConfError> {
+/// `reactors`: how many reactors the conf runs (each hands out controller IDs of its own).
+pub(super) fn subsystems(cx: &Cx<'_>, raw: Vec<RawSubsystem>, reactors: usize) -> Result<Vec<Subsystem>, ConfError> {
     let mut seen: HashMap<String, usize> = HashMap::new();
     let mut ids = IdRegistry::default();
-    let mut out = Vec::with_capacity(raw.len());
+    let mut out: Vec<Subsystem> = Vec::with_capacity(raw.len());
+    // The line of each subsystem's explicit controller ID range, by index in `out`.
+    let mut range_lines: HashMap<usize, usize> = HashMap::new();
     for s in raw {
-        let sub = subsystem(cx, s, &mut seen, &mut ids)?;
+        let range_span = s.min_cntlid.as_ref().or(s.max_cntlid.as_ref()).map(Spanned::span);
+        let sub = subsystem(cx, s, &mut seen, &mut ids, reactors)?;
+        if let (false, Some(span)) = (sub.default_cntlid_range(), range_span) {
+            // Controller IDs are unique across the target whatever the ranges; disjoint
+            // explicit ranges are what an operator splitting the ID space means, so an
+            // overlap is a mistake worth stopping at. A subsystem keeping the default range
+            // shares the whole space.
+            let clash = out.iter().enumerate().find(|(_, o)| {
+                !o.default_cntlid_range() && o.min_cntlid <= sub.max_cntlid && sub.min_cntlid <= o.max_cntlid
+            });
+            if let Some((i, o)) = clash {
+                let line = range_lines.get(&i).copied().unwrap_or_default();
+                return Err(cx.at(
+                    span,
+                    format!(
+                        "the controller ID range {}..={} of subsystem {:?} overlaps the range {}..={} of subsystem {:?} (line {line}): give the subsystems of one conf disjoint `min_cntlid`..`max_cntlid` ranges, or leave the keys out to share the whole ID space",
+                        sub.min_cntlid, sub.max_cntlid, sub.nqn, o.min_cntlid, o.max_cntlid, o.nqn
+                    ),
+                ));
+            }
+            range_lines.insert(out.len(), cx.line(&span));
+        }
         out.push(sub);
     }
     Ok(out)
+}
+
+/// A subsystem's controller ID range, `min_cntlid..=max_cntlid` (SPDK's min/max_cntlid,
+/// nvmet's attr_cntlid_min/max): within [`MIN_CNTLID`]..=[`MAX_CNTLID`], not empty, and
+/// holding at least one ID per reactor, since reactor `r` of `n` hands out only the IDs with
+/// `(id - 1) % n == r` (an I/O queue's Connect finds its controller's reactor from the ID).
+fn cntlid_range(
+    cx: &Cx<'_>,
+    min_cntlid: &Option<Spanned<i64>>,
+    max_cntlid: &Option<Spanned<i64>>,
+    nqn: &str,
+    reactors: usize,
+) -> Result<(u16, u16), ConfError> {
+    let (lo, hi) = (i64::from(MIN_CNTLID), i64::from(MAX_CNTLID));
+    let get = |v: &Option<Spanned<i64>>, key: &str, default: u16| -> Result<u16, ConfError> {
+        match v {
+            None => Ok(default),
+            // Within MIN_CNTLID..=MAX_CNTLID once checked, so it fits u16.
+            Some(v) => Ok(u16::try_from(cx.int(v, key, lo, hi)?).unwrap_or(default)),
+        }
+    };
+    let min = get(min_cntlid, "min_cntlid", MIN_CNTLID)?;
+    let max = get(max_cntlid, "max_cntlid", MAX_CNTLID)?;
+    // Report at `max_cntlid` when given (the end that is too low), else at `min_cntlid`.
+    let span = max_cntlid.as_ref().or(min_cntlid.as_ref()).map(Spanned::span);
+    let fail = |message: String| match &span {
+        Some(span) => cx.at(span.clone(), message),
+        None => cx.nowhere(message),
+    };
+    if min > max {
+        return Err(fail(format!(
+            "subsystem {nqn:?}: `min_cntlid` {min} is above `max_cntlid` {max}"
+        )));
+    }
+    let ids = usize::from(max - min) + 1;
+    if ids < reactors {
+        return Err(fail(format!(
+            "the controller ID range {min}..={max} of subsystem {nqn:?} holds {ids} ID(s) but the conf runs {reactors} reactors; each reactor hands out IDs of its own ((ID - 1) % reactors = its index), so the range needs at least {reactors}"
+        )));
+    }
+    Ok((min, max))
 }
 
 /// A printable-ASCII Identify string (SN, MN): 1..=`max` bytes of 0x20..=0x7E.
@@ -56,6 +121,7 @@ fn subsystem(
     s: RawSubsystem,
     seen: &mut HashMap<String, usize>,
     ids: &mut IdRegistry,
+    reactors: usize,
 ) -> Result<Subsystem, ConfError> {
     let nqn_span = s.nqn.span();
     let nqn = s.nqn.into_inner();
@@ -97,6 +163,7 @@ fn subsystem(
         None => Default::default(),
     };
     let dhchap = super::hosts::dhchap(cx, &s.dhchap_hashes, &s.dhchap_dh_groups)?;
+    let (min_cntlid, max_cntlid) = cntlid_range(cx, &s.min_cntlid, &s.max_cntlid, &nqn, reactors)?;
     if !allow_any_host && hosts.is_empty() {
         let span = s
             .hosts
@@ -140,6 +207,8 @@ fn subsystem(
         tls_keys,
         dhchap,
         namespaces,
+        min_cntlid,
+        max_cntlid,
     })
 }
 

@@ -169,8 +169,15 @@ fn block_device_size(f: &File) -> std::io::Result<u64> {
 
 impl FileDisk {
     /// Open (creating a regular file of `size` if it is missing), lock and size-check the
-    /// backing store. Errors are sentences for the operator.
-    pub fn open(path: &Path, size: Option<u64>, direct: bool, block_size: u32) -> Result<Self, TargetError> {
+    /// backing store; `shared`: other pollux targets serve it too (a shared lock). Errors
+    /// are sentences for the operator.
+    pub fn open(
+        path: &Path,
+        size: Option<u64>,
+        direct: bool,
+        shared: bool,
+        block_size: u32,
+    ) -> Result<Self, TargetError> {
         let path_buf = || path.to_path_buf();
         let io = |what: &'static str| {
             move |source| TargetError::FileIo {
@@ -195,15 +202,20 @@ impl FileDisk {
                 io("cannot open")(e)
             }
         })?;
-        // One pollux per backing store: a second one would corrupt it. A pollux that was just
-        // killed may still hold the lock for a moment after its process is gone: the kernel
-        // drops the file (and its lock) only once the io_uring requests it had in flight,
-        // an fdatasync say, have finished. So a held lock is retried for a short while before
-        // it counts as another process's.
+        // One pollux per backing store, unless every one that opens it says it is shared: a
+        // second pollux that does not know of the first would corrupt it, while targets
+        // exporting one subsystem over shared storage write it through the hosts' multipath,
+        // which sends each write down one path (pollux caches no data, so each sees the
+        // others' writes). A shared lock keeps out a pollux that wants it alone, and the
+        // other way round. A pollux that was just killed may still hold the lock for a
+        // moment after its process is gone: the kernel drops the file (and its lock) only
+        // once the io_uring requests it had in flight, an fdatasync say, have finished. So a
+        // held lock is retried for a short while before it counts as another process's.
+        let lock = if shared { libc::LOCK_SH } else { libc::LOCK_EX };
         let deadline = Instant::now() + LOCK_WAIT;
         loop {
             // SAFETY: flock on our own open fd; no memory is involved.
-            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            if unsafe { libc::flock(file.as_raw_fd(), lock | libc::LOCK_NB) } == 0 {
                 break;
             }
             let e = std::io::Error::last_os_error();
@@ -251,14 +263,16 @@ impl FileDisk {
                 false
             }
         };
-        let record = ShutdownRecord::start(&file);
+        // The record counts one pollux's starts: with several serving the store, each would
+        // find it marked open by another and count an unsafe shutdown.
+        let record = if shared { None } else { ShutdownRecord::start(&file) };
         if let Some(r) = record
             && r.unsafe_shutdowns > 0
             && r.starts > 1
         {
             info!(path = %path.display(), starts = r.starts, unsafe_shutdowns = r.unsafe_shutdowns, "the store was not closed cleanly before (counted in SMART Unsafe Shutdowns)");
         }
-        info!(path = %path.display(), bytes = len, direct, io = if uring { "io_uring" } else { "worker thread" }, "file namespace opened");
+        info!(path = %path.display(), bytes = len, direct, shared, io = if uring { "io_uring" } else { "worker thread" }, "file namespace opened");
         Ok(Self {
             record,
             file,
@@ -820,18 +834,28 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
         let p = dir.join("disk.img");
         let _ = std::fs::remove_file(&p);
-        let e = FileDisk::open(&p, None, false, 512).unwrap_err().to_string();
+        let e = FileDisk::open(&p, None, false, false, 512).unwrap_err().to_string();
         assert!(e.contains("does not exist"), "{e}");
-        let d = FileDisk::open(&p, Some(1 << 20), false, 512).unwrap_or_else(|e| panic!("{e}"));
+        let d = FileDisk::open(&p, Some(1 << 20), false, false, 512).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(d.len, 1 << 20);
         // A second opener (another pollux) is refused while the first holds the lock.
-        let e = FileDisk::open(&p, None, false, 512).unwrap_err().to_string();
+        let e = FileDisk::open(&p, None, false, false, 512).unwrap_err().to_string();
         assert!(e.contains("already in use"), "{e}");
         drop(d);
-        let d = FileDisk::open(&p, None, false, 512).unwrap_or_else(|e| panic!("{e}"));
+        let d = FileDisk::open(&p, None, false, false, 512).unwrap_or_else(|e| panic!("{e}"));
         drop(d);
+        // Shared: several openers that all say so; one that wants the store alone is refused.
+        let a = FileDisk::open(&p, None, false, true, 512).unwrap_or_else(|e| panic!("{e}"));
+        let b = FileDisk::open(&p, None, false, true, 512).unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            a.record.is_none() && b.record.is_none(),
+            "no shutdown record for a shared store"
+        );
+        let e = FileDisk::open(&p, None, false, false, 512).unwrap_err().to_string();
+        assert!(e.contains("already in use") && e.contains("shared = true"), "{e}");
+        drop((a, b));
         std::fs::write(dir.join("odd.img"), vec![0u8; 1000]).unwrap_or_else(|e| panic!("{e}"));
-        let e = FileDisk::open(&dir.join("odd.img"), None, false, 512)
+        let e = FileDisk::open(&dir.join("odd.img"), None, false, false, 512)
             .unwrap_err()
             .to_string();
         assert!(e.contains("multiple of the block size"), "{e}");

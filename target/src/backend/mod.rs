@@ -427,7 +427,7 @@ pub fn open(n: &pollux_conf::Namespace, reactors: usize) -> Result<Box<dyn Backe
             Box::new(RamDisk::new(*size).map_err(|source| TargetError::Ram { bytes: *size, source })?)
         }
         Conf::Sim(sim) => Box::new(sim::SimDisk::open(sim)?),
-        Conf::File(f) => Box::new(file::FileDisk::open(&f.path, f.size, f.direct, n.block_size)?),
+        Conf::File(f) => Box::new(file::FileDisk::open(&f.path, f.size, f.direct, f.shared, n.block_size)?),
         Conf::Nvme(b) => Box::new(nvme::SsdDevice::open(b, n.block_size, reactors)?),
     })
 }

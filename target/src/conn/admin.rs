@@ -15,7 +15,7 @@ use super::{Conn, IoQueue, Queue};
 use crate::ctrl::admin::{self, AdminEnv, Outcome};
 use crate::ctrl::connect::{self, ConnectCmd, Fabrics, Refusal, decode_fabrics};
 use crate::ctrl::property::{self, CcEffect};
-use crate::ctrl::{Ctrl, Local, SubsystemUpdate, owner_of};
+use crate::ctrl::{Ctrl, FULL_CNTLID_RANGE, Local, SubsystemUpdate, owner_of};
 use crate::health;
 use crate::subsystem::{Snapshot, Subsystem};
 
@@ -119,8 +119,15 @@ impl Conn {
         let d = req.data;
         if req.qid == 0 {
             let (n, me) = (r.reactor_count(), self.reactor);
-            let Some(cntlid) = r.local::<Local>().and_then(|l| l.alloc_cntlid(me, n)) else {
-                info!(peer = %self.tcp.peer, qid = 0, "connect refused: no controller id left");
+            // A subsystem's controllers get ids of its range only (another target may export
+            // the same subsystem with another range); discovery controllers any id.
+            let range = req.subsys.as_ref().map_or(FULL_CNTLID_RANGE, |s| s.cntlids.clone());
+            let Some(cntlid) = r.local::<Local>().and_then(|l| l.alloc_cntlid(me, n, range.clone())) else {
+                info!(
+                    peer = %self.tcp.peer, qid = 0, subnqn = %d.subnqn, reactor = me,
+                    cntlids = format_args!("{}..={}", range.start(), range.end()),
+                    "connect refused: no controller id of the range left on this reactor"
+                );
                 return self.resp(cid, Status::CONNECT_CONTROLLER_BUSY, 0, 0);
             };
             let me_ref = self.me(id);

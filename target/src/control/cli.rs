@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use serde_json::{Value, json};
 
-use super::view::{CtrlList, ModeView, ReactorView, SubsystemView, VersionView};
+use super::view::{CtrlList, DiscoveryView, ModeView, ReactorView, SubsystemView, VersionView};
 use super::{Client, ControlError, DEFAULT_SOCKET};
 
 /// Where to find the control socket (shared by `pollux ctl` and `pollux top`).
@@ -65,6 +65,9 @@ pub enum CtlCommand {
     Subsystems,
     /// Connected controllers and where their queues live.
     Controllers,
+    /// The discovery log's generation counter, the listeners, and the referrals to other
+    /// targets' discovery controllers.
+    Discovery,
     /// Set a reactor's mode: poll, hybrid, interrupt or adaptive.
     SetMode {
         /// Reactor index.
@@ -100,8 +103,9 @@ pub enum CtlCommand {
     /// '{"nqn":"nqn.2026-11.io.pollux:ram0","nsid":2,"backend":{"ram":{"size":"64MiB"}}}'`
     /// (also remove_namespace, add_subsystem, remove_subsystem, add_host, remove_host,
     /// set_host_keys (dhchap_key[_file], dhchap_ctrl_key[_file], tls_key[_file]),
-    /// set_allow_any_host, add_listener (address, tls), remove_listener, nvme_devices,
-    /// nvme_fault).
+    /// set_allow_any_host, add_listener (address, tls), remove_listener, add_referral
+    /// (address: another target's discovery listener, e.g. `'{"address":"10.0.0.2:8009"}'`),
+    /// remove_referral, nvme_devices, nvme_fault).
     Call {
         /// Method name.
         method: String,
@@ -118,6 +122,7 @@ impl CtlCommand {
             CtlCommand::Reactors | CtlCommand::Estimates => ("reactors", Value::Null),
             CtlCommand::Subsystems => ("subsystems", Value::Null),
             CtlCommand::Controllers => ("controllers", Value::Null),
+            CtlCommand::Discovery => ("discovery", Value::Null),
             CtlCommand::SetMode { reactor, mode } => ("set_mode", json!({"reactor": reactor, "mode": mode})),
             CtlCommand::SetCpuBudget { reactor, budget } => {
                 ("set_cpu_budget", json!({"reactor": reactor, "budget": budget}))
@@ -303,6 +308,9 @@ pub fn format_subsystems(ss: &[SubsystemView]) -> String {
             s.serial, s.model, s.controllers
         );
         let _ = writeln!(out, "  hosts {hosts}");
+        if (s.min_cntlid, s.max_cntlid) != (pollux_conf::MIN_CNTLID, pollux_conf::MAX_CNTLID) {
+            let _ = writeln!(out, "  controller ids {}..={}", s.min_cntlid, s.max_cntlid);
+        }
         if !s.dhchap_hosts.is_empty() {
             let _ = writeln!(out, "  dhchap {}", s.dhchap_hosts.join(", "));
         }
@@ -338,6 +346,20 @@ pub fn format_subsystems(ss: &[SubsystemView]) -> String {
     if ss.is_empty() {
         out.push_str("no subsystems (discovery only)\n");
     }
+    out
+}
+
+/// The discovery view: one line each.
+pub fn format_discovery(d: &DiscoveryView) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "genctr {}  controllers {}", d.genctr, d.controllers);
+    let _ = writeln!(out, "listeners {}", d.listeners.join(", "));
+    let referrals = if d.referrals.is_empty() {
+        "none".to_string()
+    } else {
+        d.referrals.join(", ")
+    };
+    let _ = writeln!(out, "referrals {referrals}");
     out
 }
 
@@ -404,6 +426,7 @@ pub fn format_result(cmd: &CtlCommand, v: Value) -> Result<String, ControlError>
         CtlCommand::Estimates => format_classes(&serde_json::from_value::<Vec<ReactorView>>(v).map_err(de)?),
         CtlCommand::Subsystems => format_subsystems(&serde_json::from_value::<Vec<SubsystemView>>(v).map_err(de)?),
         CtlCommand::Controllers => format_controllers(&serde_json::from_value::<CtrlList>(v).map_err(de)?),
+        CtlCommand::Discovery => format_discovery(&serde_json::from_value::<DiscoveryView>(v).map_err(de)?),
         CtlCommand::Reload | CtlCommand::Call { .. } | CtlCommand::Save { .. } | CtlCommand::SetAnaState { .. } => {
             let mut o = serde_json::to_string_pretty(&v).map_err(de)?;
             o.push('\n');

@@ -360,6 +360,8 @@ mod tests {
             }],
             listeners: vec![],
             controllers: 1,
+            min_cntlid: 1,
+            max_cntlid: 0xFFEF,
         }
     }
 

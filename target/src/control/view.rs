@@ -206,6 +206,33 @@ pub struct SubsystemView {
     pub listeners: Vec<String>,
     /// Connected controllers.
     pub controllers: usize,
+    /// The lowest controller ID its controllers get (absent from older targets: 1).
+    #[serde(default = "min_cntlid")]
+    pub min_cntlid: u16,
+    /// The highest (absent from older targets: 0xFFEF).
+    #[serde(default = "max_cntlid")]
+    pub max_cntlid: u16,
+}
+
+fn min_cntlid() -> u16 {
+    pollux_conf::MIN_CNTLID
+}
+
+fn max_cntlid() -> u16 {
+    pollux_conf::MAX_CNTLID
+}
+
+/// What the discovery controller serves, as `discovery` reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiscoveryView {
+    /// The discovery log's generation counter (GENCTR): it changes with what it lists.
+    pub genctr: u64,
+    /// Listener addresses (each serves discovery), with their TLS mode when not none.
+    pub listeners: Vec<String>,
+    /// Referrals to other targets' discovery controllers, listed after the subsystems.
+    pub referrals: Vec<String>,
+    /// Discovery controllers connected now.
+    pub controllers: usize,
 }
 
 /// One controller, as `controllers` reports it.

@@ -19,6 +19,7 @@ pub mod log;
 pub mod property;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::ops::RangeInclusive;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -30,7 +31,7 @@ use crate::ana::AnaStates;
 use crate::subsystem::{Snapshot, Subsystem};
 
 /// Largest controller id (NVMe-oF 1.1 §4.2: FFF0h..FFFFh are reserved).
-pub const MAX_CNTLID: u32 = 0xFFEF;
+pub const MAX_CNTLID: u32 = pollux_conf::MAX_CNTLID as u32;
 /// Outstanding AERs allowed (Identify Controller AERL is 0's based).
 pub const AER_LIMIT: usize = 4;
 /// Error log entries kept (Identify Controller ELPE is 0's based).
@@ -352,15 +353,31 @@ pub struct Local {
     next_seq: u32,
 }
 
+/// The controller ids a discovery controller may get: all of them.
+pub const FULL_CNTLID_RANGE: RangeInclusive<u16> = 1..=MAX_CNTLID as u16;
+
 impl Local {
-    /// Allocate a controller id owned by `reactor` (of `n`): ids with (id - 1) % n == reactor.
-    pub fn alloc_cntlid(&mut self, reactor: usize, n: usize) -> Option<u16> {
-        let n = n as u32;
-        let slots = (MAX_CNTLID - reactor as u32) / n;
+    /// Allocate a controller id in `range` owned by `reactor` (of `n`): ids with
+    /// `(id - 1) % n == reactor`, so an I/O queue's Connect finds its controller's reactor
+    /// from the id alone ([`owner_of`]). Ids are unique among this reactor's controllers
+    /// (so across the target); taken in turn, so a freed id is not reused at once. None:
+    /// every such id in `range` is in use (or there is none).
+    pub fn alloc_cntlid(&mut self, reactor: usize, n: usize, range: RangeInclusive<u16>) -> Option<u16> {
+        let (n, r) = (n.max(1) as u32, reactor as u32);
+        let lo = u32::from(*range.start()).max(1);
+        let hi = u32::from(*range.end()).min(MAX_CNTLID);
+        if lo > hi || r >= n {
+            return None;
+        }
+        // Ids owned by the reactor: k * n + r + 1 for k in first..=last.
+        let first = (lo - 1).saturating_sub(r).div_ceil(n);
+        let last = (hi - 1).checked_sub(r)? / n;
+        let slots = (last + 1).checked_sub(first)?;
         for _ in 0..slots {
-            let seq = self.next_seq % slots.max(1);
+            let seq = first + self.next_seq % slots;
             self.next_seq = self.next_seq.wrapping_add(1);
-            let id = (seq * n + reactor as u32 + 1) as u16;
+            // At most MAX_CNTLID, so it fits u16.
+            let id = (seq * n + r + 1) as u16;
             if !self.ctrls.contains_key(&id) {
                 return Some(id);
             }
@@ -389,6 +406,7 @@ mod tests {
             listeners: Vec::new(),
             genctr: 1,
             discovery: Default::default(),
+            referrals: Vec::new(),
         }
     }
 
@@ -470,7 +488,9 @@ mod tests {
         let mut l = Local::default();
         let mut seen = std::collections::HashSet::new();
         for _ in 0..1000 {
-            let id = l.alloc_cntlid(1, 3).unwrap_or_else(|| panic!("ran out"));
+            let id = l
+                .alloc_cntlid(1, 3, FULL_CNTLID_RANGE)
+                .unwrap_or_else(|| panic!("ran out"));
             assert_eq!(owner_of(id, 3), 1);
             assert!((1..=MAX_CNTLID as u16).contains(&id));
             l.ctrls.insert(
@@ -489,7 +509,7 @@ mod tests {
     fn cntlid_space_exhaustion_is_reported() {
         let mut l = Local::default();
         let mut n = 0;
-        while let Some(id) = l.alloc_cntlid(0, 1) {
+        while let Some(id) = l.alloc_cntlid(0, 1, FULL_CNTLID_RANGE) {
             l.ctrls.insert(
                 id,
                 QueueRef {
@@ -501,5 +521,69 @@ mod tests {
             n += 1;
         }
         assert_eq!(n, MAX_CNTLID);
+    }
+
+    fn fill(l: &mut Local, reactor: usize, n: usize, range: RangeInclusive<u16>) -> Vec<u16> {
+        let mut got = Vec::new();
+        while let Some(id) = l.alloc_cntlid(reactor, n, range.clone()) {
+            l.ctrls.insert(
+                id,
+                QueueRef {
+                    reactor,
+                    source: 0,
+                    serial: 0,
+                },
+            );
+            got.push(id);
+        }
+        got.sort_unstable();
+        got
+    }
+
+    #[test]
+    fn a_range_gives_each_reactor_exactly_its_ids_in_it() {
+        for n in 1..=5usize {
+            for (lo, hi) in [(1u16, 1u16), (1, 10), (7, 23), (100, 100), (65_500, 65_519), (30, 29)] {
+                let mut l = Local::default();
+                let mut all = Vec::new();
+                for r in 0..n {
+                    let got = fill(&mut l, r, n, lo..=hi);
+                    let want: Vec<u16> = (lo..=hi).filter(|id| owner_of(*id, n) == r).collect();
+                    assert_eq!(got, want, "reactor {r} of {n}, range {lo}..={hi}");
+                    all.extend(got);
+                }
+                all.sort_unstable();
+                let every: Vec<u16> = (lo..=hi).collect();
+                assert_eq!(all, every, "{n} reactors share {lo}..={hi} out");
+            }
+        }
+    }
+
+    #[test]
+    fn ranges_share_one_registry_without_duplicates() {
+        // Two subsystems' ranges on one reactor: a default-range one takes ids in the other's
+        // range too, but never an id in use.
+        let mut l = Local::default();
+        let small = fill(&mut l, 0, 2, 11..=20);
+        assert_eq!(small, [11, 13, 15, 17, 19]);
+        assert_eq!(l.alloc_cntlid(0, 2, 11..=20), None, "exhausted");
+        let mut seen: std::collections::HashSet<u16> = small.iter().copied().collect();
+        for _ in 0..50 {
+            let id = l
+                .alloc_cntlid(0, 2, FULL_CNTLID_RANGE)
+                .unwrap_or_else(|| panic!("ran out"));
+            assert!(seen.insert(id), "{id} handed out twice");
+            l.ctrls.insert(
+                id,
+                QueueRef {
+                    reactor: 0,
+                    source: 0,
+                    serial: 0,
+                },
+            );
+        }
+        // A freed id of the small range is found again.
+        l.ctrls.remove(&15);
+        assert_eq!(l.alloc_cntlid(0, 2, 11..=20), Some(15));
     }
 }

@@ -10,7 +10,8 @@
 //!   PDUs are read into one reusable buffer, so the steady state allocates nothing.
 //! - Admin helpers on an admin queue (Property Get/Set, enable, Identify, Set Features,
 //!   Keep Alive, Get Log Page, shutdown) and a [`Controller`] that sets up an admin queue and
-//!   N I/O queues like `nvme connect` does.
+//!   N I/O queues like `nvme connect` does; [`discover_all`] walks discovery logs and their
+//!   referrals like `nvme connect-all` does.
 //! - Raw mode for protocol tests: [`HostQueue::send_raw`] and [`HostQueue::recv_raw`].
 //!
 //! - TLS 1.3 with a PSK on every queue ([`HostTls`], NVMe/TCP 1.0 §3.6.1), as `nvme connect
@@ -22,6 +23,7 @@
 mod admin;
 mod auth;
 mod controller;
+mod discover;
 mod error;
 mod queue;
 pub mod sqe;
@@ -33,6 +35,7 @@ mod tests;
 pub use admin::{DiscoveryEntry, DiscoveryLog, IdCtrl, IdNs, NumQueues};
 pub use auth::{AuthInfo, HostDhchap, RECEIVE_LEN};
 pub use controller::{Controller, ControllerOpts, Digests};
+pub use discover::{MAX_REFERRAL_DEPTH, SUBTYPE_NVM, SUBTYPE_REFERRAL, Walk, discover_all};
 pub use error::HostError;
 pub use pollux_nvme::spec::Health as SmartLog;
 pub use queue::{Completion, ConnectResult, Data, HostQueue, IcInfo, QueueOpts, RawReply, hostid_from_nqn};

@@ -25,6 +25,7 @@ pub(super) fn file_backend(
         Some(v) => Some(capacity(cx, v, "file", block_size)?),
     };
     let direct = f.direct.as_ref().is_none_or(|d| *d.get_ref());
+    let shared = f.shared.as_ref().is_some_and(|s| *s.get_ref());
     match files.entry(path.clone()) {
         Entry::Occupied(owner) => {
             let (owner, line) = owner.get();
@@ -48,5 +49,10 @@ pub(super) fn file_backend(
             ));
         }
     }
-    Ok(FileBackend { path, size, direct })
+    Ok(FileBackend {
+        path,
+        size,
+        direct,
+        shared,
+    })
 }

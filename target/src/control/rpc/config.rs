@@ -1,5 +1,6 @@
 //! The runtime configuration methods: `reload`, `save` and the mutations (`add_subsystem`,
-//! `add_namespace`, `add_host`, `add_listener`, ...) applied to the running conf.
+//! `add_namespace`, `add_host`, `add_listener`, `add_referral`, ...) applied to the running
+//! conf.
 
 use serde_json::Value;
 
@@ -17,6 +18,8 @@ fn changes_json(c: &crate::mutate::Changes) -> Value {
         "added_listeners": c.added_listeners.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
         "ana_changed": c.ana_changed.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
         "removed_listeners": c.removed_listeners.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+        "added_referrals": c.added_referrals.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+        "removed_referrals": c.removed_referrals.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
         "reactors_changed": c.reactors_changed,
         "restart_needed": c.restart_needed,
     })
@@ -251,6 +254,28 @@ impl Ctx {
                     return Err(RpcError::params(format!(
                         "no listener '{a}' (use the address as configured)"
                     )));
+                }
+            }
+            "add_referral" => {
+                let a = str_param(params, "address")?;
+                let mut t = toml::Table::new();
+                t.insert("address".into(), toml::Value::String(a.to_string()));
+                // The conf refuses a duplicate, a malformed address and one of the listeners
+                // as configured; reconcile one reaching a bound listener.
+                array(&mut doc, "referral")?.push(toml::Value::Table(t));
+            }
+            "remove_referral" => {
+                let a = str_param(params, "address")?;
+                // Compared parsed, so "[fd00:0::2]:8009" removes "[fd00::2]:8009".
+                let want: Option<std::net::SocketAddr> = a.trim().parse().ok();
+                let list = array(&mut doc, "referral")?;
+                let before = list.len();
+                list.retain(|t| {
+                    let have = t.get("address").and_then(toml::Value::as_str);
+                    have != Some(a) && (want.is_none() || have.and_then(|h| h.parse().ok()) != want)
+                });
+                if list.len() == before {
+                    return Err(RpcError::params(format!("no referral '{a}'")));
                 }
             }
             _ => return Err(RpcError::new(METHOD_NOT_FOUND, format!("method not found: '{method}'"))),

@@ -15,6 +15,7 @@ impl Ctx {
             "version" => to_value(self.version()),
             "reactors" => to_value(self.reactors()),
             "subsystems" => to_value(self.subsystems()),
+            "discovery" => to_value(self.discovery()),
             "controllers" => to_value(self.controllers()),
             "set_mode" => to_value(self.set_mode(params)?),
             "set_cpu_budget" => to_value(self.set_cpu_budget(params)?),
@@ -24,7 +25,7 @@ impl Ctx {
             "save" => self.save(params),
             "add_subsystem" | "remove_subsystem" | "add_namespace" | "remove_namespace" | "add_host"
             | "remove_host" | "set_host_keys" | "set_allow_any_host" | "add_listener" | "remove_listener"
-            | "set_ana_state" => self.mutation(method, params),
+            | "add_referral" | "remove_referral" | "set_ana_state" => self.mutation(method, params),
             other => Err(RpcError::new(METHOD_NOT_FOUND, format!("method not found: '{other}'"))),
         }
     }
@@ -77,10 +78,11 @@ impl Ctx {
 }
 
 /// Every method [`Ctx::call`] dispatches (what `pollux ctl call` accepts).
-pub const METHODS: [&str; 21] = [
+pub const METHODS: [&str; 24] = [
     "version",
     "reactors",
     "subsystems",
+    "discovery",
     "controllers",
     "set_mode",
     "set_cpu_budget",
@@ -98,6 +100,8 @@ pub const METHODS: [&str; 21] = [
     "set_allow_any_host",
     "add_listener",
     "remove_listener",
+    "add_referral",
+    "remove_referral",
     "set_ana_state",
 ];
 

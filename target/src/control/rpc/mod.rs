@@ -5,6 +5,7 @@
 //! | `version` | none | [`VersionView`] |
 //! | `reactors` | none | `[`[`ReactorView`]`]` |
 //! | `subsystems` | none | `[`[`SubsystemView`]`]` |
+//! | `discovery` | none | [`DiscoveryView`] |
 //! | `controllers` | none | [`CtrlList`] |
 //! | `set_mode` | `{reactor, mode}` (`poll`, `hybrid`, `interrupt`, `adaptive`) | [`ModeView`] |
 //! | `set_cpu_budget` | `{reactor, budget}` (`0 < budget <= 1`) | [`ModeView`] |
@@ -16,6 +17,7 @@
 //! [`VersionView`]: super::view::VersionView
 //! [`ReactorView`]: super::view::ReactorView
 //! [`SubsystemView`]: super::view::SubsystemView
+//! [`DiscoveryView`]: super::view::DiscoveryView
 //! [`CtrlList`]: super::view::CtrlList
 //! [`ModeView`]: super::view::ModeView
 

@@ -7,7 +7,8 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use super::{Ctx, REACTOR_TIMEOUT};
 use crate::control::view::{
-    ClassView, CtrlList, CtrlView, Lateness, NamespaceView, PerMode, ReactorView, SubsystemView, VersionView,
+    ClassView, CtrlList, CtrlView, DiscoveryView, Lateness, NamespaceView, PerMode, ReactorView, SubsystemView,
+    VersionView,
 };
 
 /// The NQN a discovery controller reports as its subsystem.
@@ -231,8 +232,22 @@ impl Ctx {
                     .iter()
                     .filter(|c| !c.discovery && c.subsystem == s.nqn)
                     .count(),
+                min_cntlid: *s.cntlids.start(),
+                max_cntlid: *s.cntlids.end(),
             })
             .collect()
+    }
+
+    /// `discovery`: the generation counter, listeners, referrals and discovery controllers.
+    pub fn discovery(&self) -> DiscoveryView {
+        let ctrls = self.controllers();
+        let snap = self.shared.snapshot.load();
+        DiscoveryView {
+            genctr: snap.genctr,
+            listeners: listener_names(&snap),
+            referrals: snap.referrals.iter().map(ToString::to_string).collect(),
+            controllers: ctrls.controllers.iter().filter(|c| c.discovery).count(),
+        }
     }
 
     /// `subsystems`.
@@ -244,4 +259,15 @@ impl Ctx {
     pub fn metrics(&self) -> Result<String, std::fmt::Error> {
         crate::control::metrics::render(self.reactors(), self.subsystems(), self.started.elapsed().as_secs_f64())
     }
+}
+
+/// The bound listeners, with their TLS mode when not none.
+fn listener_names(snap: &crate::subsystem::Snapshot) -> Vec<String> {
+    snap.listeners
+        .iter()
+        .map(|l| match l.tls {
+            pollux_conf::TlsMode::None => l.addr.to_string(),
+            m => format!("{} (tls {})", l.addr, m.as_str()),
+        })
+        .collect()
 }
