@@ -296,7 +296,9 @@ struct Wire {
     rbuf: Box<[u8]>,
     rpos: usize,
     rend: usize,
-    /// The last read found the socket empty.
+    /// A read since the last [`Wire::rearm`] found the socket empty: reading it again
+    /// before the next readiness edge would only return EAGAIN (a system call for nothing,
+    /// once per poll of a busy-polling reactor).
     empty: bool,
     wbuf: Vec<u8>,
     wsent: usize,
@@ -358,9 +360,19 @@ impl Wire {
     }
 }
 
+impl Wire {
+    /// A new readiness edge (or a caller that polls): the socket may be read again.
+    fn rearm(&mut self) {
+        self.empty = false;
+    }
+}
+
 impl Read for Wire {
     fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
         if self.rpos == self.rend {
+            if self.empty {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
             let n = match (&*self.sock).read(&mut self.rbuf) {
                 Ok(n) => n,
                 Err(e) => {
@@ -487,6 +499,7 @@ impl TlsLink {
     /// Drive the handshake as far as the socket allows: Ok(true) once it is done. An Err
     /// says why it failed, for the log.
     pub fn handshake(&mut self) -> Result<bool, String> {
+        self.s.get_mut().rearm();
         let r = if self.server { self.s.accept() } else { self.s.connect() };
         // Alerts and handshake records go out whatever the outcome.
         let sent = self.s.get_mut().send();
@@ -531,8 +544,14 @@ impl TlsLink {
     /// `drained` in the result means nothing more is buffered anywhere: the next bytes
     /// raise a readiness edge.
     pub fn recv(&mut self, rx: &mut RxBuf) -> io::Result<Recv> {
+        self.s.get_mut().rearm();
         let mut got = 0usize;
         loop {
+            // Nothing more can come without new socket bytes: stop before OpenSSL's
+            // WANT_READ (an error value built and dropped per poll).
+            if got > 0 && self.nothing_buffered() {
+                return Ok(self.data(got));
+            }
             let r = rx.recv_with(|room| match self.s.ssl_read(room) {
                 Ok(n) => Ok(n),
                 Err(e) if e.code() == ErrorCode::ZERO_RETURN => Ok(0),
@@ -563,12 +582,19 @@ impl TlsLink {
     }
 
     fn data(&self, got: usize) -> Recv {
-        let w = self.s.get_ref();
         Recv::Data {
             buffered: got,
             placed: 0,
-            drained: w.empty && w.rpos == w.rend && self.s.ssl().pending() == 0,
+            drained: self.nothing_buffered(),
         }
+    }
+
+    /// The socket was found empty and no record bytes wait in [`Wire`] or plaintext in
+    /// OpenSSL (which, without read-ahead, holds no complete record beyond the one it
+    /// returns data of).
+    fn nothing_buffered(&self) -> bool {
+        let w = self.s.get_ref();
+        w.empty && w.rpos == w.rend && self.s.ssl().pending() == 0
     }
 
     /// Encrypt what `q` holds (owned bytes only: see the module) and send the records, as
