@@ -32,13 +32,19 @@ path() {
     return 1
 }
 
+ms() { awk '{printf "%d", $1 * 1000}' /proc/uptime; }
+# relay STATE: the host sets group 1 of the first listener to STATE now.
+relay() {
+    r=$(echo "$1" | nc "$HOST_ADDR" 9000) || die "relay $1 failed"
+    [ "$r" = set ] || die "relay $1 answered '$r'"
+}
 # wait_state PATH STATE: until the host shows PATH in STATE (30 s).
 wait_state() {
     n=0
     until [ "$(cat "/sys/block/$1/ana_state" 2>/dev/null)" = "$2" ]; do
-        sleep 0.5
+        sleep 0.02
         n=$((n + 1))
-        [ $n -lt 60 ] || die "$1 never became $2 (is $(cat "/sys/block/$1/ana_state" 2>/dev/null))"
+        [ $n -lt 1500 ] || die "$1 never became $2 (is $(cat "/sys/block/$1/ana_state" 2>/dev/null))"
     done
     echo "$1: $2"
 }
@@ -71,8 +77,18 @@ fio_pid=$!
 sleep 5
 a1=$(ios "$p1") a2=$(ios "$p2")
 echo "before: $p1 $a1 I/Os, $p2 $a2 I/Os"
-turn inaccessible
+t0=$(ms)
+relay inaccessible
 wait_state "$p1" inaccessible
+t1=$(ms)
+until [ "$(ios "$p2")" -gt "$a2" ]; do
+    [ $(($(ms) - t0)) -lt 30000 ] || die "no I/O through $p2 within 30 s"
+    sleep 0.02
+done
+t2=$(ms)
+echo "ANA: the host showed the optimized path inaccessible $((t1 - t0)) ms after set-ana-state" | tee -a $S/ana-change.txt
+echo "ANA: first I/O through the other path $((t2 - t0)) ms after it" | tee -a $S/ana-change.txt
+turn inaccessible
 sleep 5
 b1=$(ios "$p1") b2=$(ios "$p2")
 echo "inaccessible: $p1 $b1 I/Os, $p2 $b2 I/Os"
@@ -81,8 +97,10 @@ sleep 3
 c1=$(ios "$p1") c2=$(ios "$p2")
 [ "$c1" -eq "$b1" ] || echo "note: $((c1 - b1)) I/Os counted on the inaccessible path (retried elsewhere)"
 [ "$c2" -gt "$b2" ] || die "I/O stopped on $p2"
-turn optimized
+t0=$(ms)
+relay optimized
 wait_state "$p1" optimized
+echo "ANA: the host showed it optimized again $(($(ms) - t0)) ms after set-ana-state" | tee -a $S/ana-change.txt
 sleep 5
 d1=$(ios "$p1")
 echo "optimized again: $p1 $d1 I/Os"
