@@ -314,3 +314,19 @@ _ci_interrupted() {
     exit 143
 }
 trap _ci_interrupted INT TERM HUP
+
+# Host and guest taking turns through files in the guest's read-write 9p share ($share):
+# the guest writes g-STEP (guest lib `turn`), the host answers h-STEP once it has done its
+# part. wait_guest STEP waits for the guest (background pid $guest) to reach STEP.
+# shellcheck disable=SC2154 # $share and $guest are the calling scenario's
+wait_guest() {
+    local deadline=$((SECONDS + 300))
+    while [ ! -e "$share/g-$1" ]; do
+        kill -0 "$guest" 2>/dev/null || { wait "$guest" || true; fail "the guest ended before step $1"; }
+        [ $SECONDS -lt $deadline ] || fail "the guest never reached step $1"
+        sleep 0.3
+    done
+}
+# answer STEP: let the guest go on past STEP.
+# shellcheck disable=SC2154 # $share is the calling scenario's
+answer() { : > "$share/h-$1"; }

@@ -52,16 +52,6 @@ backend = { ram = { size = "16MiB" } }
 TOML
 }
 ctl() { "$POLLUX_BIN" ctl --socket "$sock" "$@"; }
-# wait_guest STEP: wait for the guest to reach STEP.
-wait_guest() {
-    local deadline=$((SECONDS + 300))
-    while [ ! -e "$share/g-$1" ]; do
-        kill -0 "$guest" 2>/dev/null || { wait "$guest" || true; fail "the guest ended before step $1"; }
-        [ $SECONDS -lt $deadline ] || fail "the guest never reached step $1"
-        sleep 0.3
-    done
-}
-answer() { : > "$share/h-$1"; }
 
 write_conf ""
 start_pollux "$conf" "$p1"

@@ -42,15 +42,6 @@ nsid = 1
 backend = { ram = { size = "64MiB" } }
 TOML
 ctl() { "$POLLUX_BIN" ctl --socket "$sock" "$@"; }
-wait_guest() {
-    local deadline=$((SECONDS + 300))
-    while [ ! -e "$share/g-$1" ]; do
-        kill -0 "$guest" 2>/dev/null || { wait "$guest" || true; fail "the guest ended before step $1"; }
-        [ $SECONDS -lt $deadline ] || fail "the guest never reached step $1"
-        sleep 0.3
-    done
-}
-answer() { : > "$share/h-$1"; }
 
 start_pollux "$conf" "$p1"
 # The relay: a guest line "inaccessible" or "optimized" on 10.0.2.100:9000 sets group 1 of

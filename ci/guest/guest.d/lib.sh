@@ -228,3 +228,39 @@ roundtrip() {
     [ "$got" = "$want" ] || die "1 MiB read back from $1 differs"
     echo "dd: 1 MiB round trip on $1 ok"
 }
+
+# turn STEP: with the host's wait_guest/answer (ci/lib.sh), through the read-write share:
+# tell the host we reached STEP, wait until it has done its part.
+turn() {
+    : > "/mnt/host/g-$1"
+    n=0
+    while [ ! -e "/mnt/host/h-$1" ]; do
+        sleep 0.5
+        n=$((n + 1))
+        [ $n -lt 240 ] || die "the host never answered step $1"
+    done
+}
+
+# ms: the guest's uptime in milliseconds (a clock for durations).
+ms() { awk '{printf "%d", $1 * 1000}' /proc/uptime; }
+
+# ctrl_on PORT: the controller (nvmeN) connected to the host's port PORT.
+ctrl_on() {
+    for c in /sys/class/nvme/nvme*; do
+        grep -q "trsvcid=$1" "$c/address" 2>/dev/null && { echo "${c##*/}"; return 0; }
+    done
+    return 1
+}
+
+# path PORT: the hidden multipath path device (nvmeXcYn1) of the controller on PORT.
+path() {
+    c=$(ctrl_on "$1") || return 1
+    for p in /sys/block/nvme*c"${c#nvme}"n1; do
+        [ -e "$p" ] && { echo "${p##*/}"; return 0; }
+    done
+    return 1
+}
+
+# ios PATH: reads and writes completed through block device PATH so far.
+ios() { awk '{print $1 + $5}' "/sys/block/$1/stat"; }
+

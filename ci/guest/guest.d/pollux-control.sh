@@ -9,16 +9,6 @@ sub1=${SUB1:?} sub2=${SUB2:?} allowed=${ALLOWED_HOST:?} allowed_id=${ALLOWED_HOS
 S=/mnt/host
 touch $S/.rw 2>/dev/null || die "the host share is not mounted read-write (boot.sh --share)"
 
-# turn NAME: tell the host we reached NAME, wait until it has done its part.
-turn() {
-    : > "$S/g-$1"
-    n=0
-    while [ ! -e "$S/h-$1" ]; do
-        sleep 0.5
-        n=$((n + 1))
-        [ $n -lt 240 ] || die "the host never answered step $1"
-    done
-}
 
 # wait_ns CTRL NSID: wait up to 30 s until CTRL lists NSID.
 wait_ns() {

@@ -14,23 +14,6 @@ relay() {
     r=$(echo "$1" | nc "$HOST_ADDR" 9000) || die "relay $1 failed"
     [ "$r" = "$2" ] || die "relay $1 answered '$r'"
 }
-# path PORT: the hidden per-path block device of the controller on PORT.
-path() {
-    for c in /sys/class/nvme/nvme*; do
-        grep -q "trsvcid=$1" "$c/address" 2>/dev/null || continue
-        y=${c##*/nvme}
-        for p in /sys/block/nvme*c"$y"n1; do [ -e "$p" ] && { echo "${p##*/}"; return 0; }; done
-    done
-    return 1
-}
-ctrl_on() {
-    for c in /sys/class/nvme/nvme*; do
-        grep -q "trsvcid=$1" "$c/address" 2>/dev/null && { echo "${c##*/}"; return 0; }
-    done
-    return 1
-}
-ios() { awk '{print $1 + $5}' "/sys/block/$1/stat"; }
-ms() { awk '{printf "%d", $1 * 1000}' /proc/uptime; }
 
 step referral
 d=$(timeout 30 nvme discover -t tcp -a "$HOST_ADDR" -s 4420) || die "nvme discover of target A"

@@ -10,29 +10,6 @@ touch $S/.rw 2>/dev/null || die "the host share is not mounted read-write (boot.
 [ "$(cat /sys/module/nvme_core/parameters/multipath 2>/dev/null)" = Y ] ||
     die "the guest kernel's nvme_core has no native multipath"
 
-turn() {
-    : > "$S/g-$1"
-    n=0
-    while [ ! -e "$S/h-$1" ]; do
-        sleep 0.5
-        n=$((n + 1))
-        [ $n -lt 240 ] || die "the host never answered step $1"
-    done
-}
-
-# path PORT: the hidden per-path block device (nvmeXcYnZ) of the controller on PORT.
-path() {
-    for c in /sys/class/nvme/nvme*; do
-        grep -q "trsvcid=$1" "$c/address" 2>/dev/null || continue
-        y=${c##*/nvme}
-        for p in /sys/block/nvme*c"$y"n1; do
-            [ -e "$p" ] && { echo "${p##*/}"; return 0; }
-        done
-    done
-    return 1
-}
-
-ms() { awk '{printf "%d", $1 * 1000}' /proc/uptime; }
 # relay STATE: the host sets group 1 of the first listener to STATE now.
 relay() {
     r=$(echo "$1" | nc "$HOST_ADDR" 9000) || die "relay $1 failed"
@@ -49,10 +26,6 @@ wait_state() {
     echo "$1: $2"
 }
 
-# ios PATH: reads + writes completed through PATH so far.
-ios() {
-    awk '{print $1 + $5}' "/sys/block/$1/stat"
-}
 
 step connect-both
 dev=$(host_connect "$sub" 4420 --nr-io-queues=2)
