@@ -148,12 +148,24 @@ fn draw(f: &mut Frame, path: &Path, s: &State) {
             .namespaces
             .iter()
             .fold((0, 0), |(r, w), n| (r + n.read_cmds, w + n.write_cmds));
+        // The paths whose ANA states are not all optimized (`subsystems` lists them so).
+        let ana: Vec<&str> = x
+            .listeners
+            .iter()
+            .filter(|l| l.contains(" ana "))
+            .map(String::as_str)
+            .collect();
         Row::new(vec![
             x.nqn.clone(),
             x.namespaces.len().to_string(),
             x.controllers.to_string(),
             r.to_string(),
             w.to_string(),
+            if ana.is_empty() {
+                "all optimized".into()
+            } else {
+                ana.join("; ")
+            },
         ])
     });
     let t = Table::new(
@@ -164,9 +176,10 @@ fn draw(f: &mut Frame, path: &Path, s: &State) {
             Constraint::Length(11),
             Constraint::Length(12),
             Constraint::Length(12),
+            Constraint::Min(20),
         ],
     )
-    .header(Row::new(["SUBSYSTEM", "NAMESPACES", "CONTROLLERS", "READS", "WRITES"]).style(bold))
+    .header(Row::new(["SUBSYSTEM", "NAMESPACES", "CONTROLLERS", "READS", "WRITES", "ANA"]).style(bold))
     .block(Block::bordered().title("Subsystems"));
     f.render_widget(t, subsystems);
     let list = s.ctrls.as_ref().map(|c| c.controllers.as_slice()).unwrap_or_default();
