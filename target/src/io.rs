@@ -51,6 +51,27 @@ pub enum Io {
         /// Namespace.
         ns: Option<Arc<Namespace>>,
     },
+    /// Compare (NVM Command Set 1.0 §3.2.1): the host's `len` bytes against those at `off`.
+    Compare {
+        /// Namespace.
+        ns: Arc<Namespace>,
+        /// Byte offset.
+        off: u64,
+        /// Byte length.
+        len: u32,
+        /// The host's data, once it has all come (empty until then).
+        expect: Vec<u8>,
+    },
+    /// Verify (NVM Command Set 1.0 §3.2.4): the `len` bytes at `off` can be read; nothing
+    /// is transferred.
+    Verify {
+        /// Namespace.
+        ns: Arc<Namespace>,
+        /// Byte offset.
+        off: u64,
+        /// Byte length.
+        len: u32,
+    },
     /// Dataset Management with `ranges` 16-byte range entries as data.
     DatasetManagement {
         /// Namespace.
@@ -69,6 +90,8 @@ impl Io {
             Io::Read { ns, .. }
             | Io::Write { ns, .. }
             | Io::WriteZeroes { ns, .. }
+            | Io::Compare { ns, .. }
+            | Io::Verify { ns, .. }
             | Io::DatasetManagement { ns, .. } => Some(ns),
             Io::Flush { ns } => ns.as_ref(),
         }
@@ -77,7 +100,7 @@ impl Io {
     /// Bytes of host-to-controller data the command carries.
     pub fn h2c_len(&self) -> u32 {
         match self {
-            Io::Write { len, .. } => *len,
+            Io::Write { len, .. } | Io::Compare { len, .. } => *len,
             Io::DatasetManagement { ranges, .. } => ranges * 16,
             _ => 0,
         }
@@ -93,7 +116,10 @@ pub fn decode_io(sqe: &Sqe, subsys: &Subsystem, max_io: u32) -> Result<Io, Statu
     if sqe.opcode == FLUSH && nsid == u32::MAX {
         return Ok(Io::Flush { ns: None });
     }
-    if !matches!(sqe.opcode, FLUSH | READ | WRITE | WRITE_ZEROES | DATASET_MANAGEMENT) {
+    if !matches!(
+        sqe.opcode,
+        FLUSH | READ | WRITE | WRITE_ZEROES | DATASET_MANAGEMENT | COMPARE | VERIFY
+    ) {
         return Err(Status::INVALID_OPCODE.with_dnr());
     }
     if sqe.fuse() != Sqe::FUSE_NONE {
@@ -133,6 +159,25 @@ pub fn decode_io(sqe: &Sqe, subsys: &Subsystem, max_io: u32) -> Result<Io, Statu
         WRITE_ZEROES => {
             let (off, len) = range(&ns)?;
             Ok(Io::WriteZeroes { ns, off, len })
+        }
+        // Both read the blocks through the namespace's channel, as a read does, so they are
+        // bounded like one (MDTS; Verify's VSL is not reported, so MDTS is its limit too).
+        COMPARE | VERIFY => {
+            let (off, len) = range(&ns)?;
+            if len > u64::from(max_io) {
+                return Err(Status::INVALID_FIELD.with_dnr());
+            }
+            let len = len as u32;
+            if sqe.opcode == COMPARE {
+                Ok(Io::Compare {
+                    ns,
+                    off,
+                    len,
+                    expect: Vec::new(),
+                })
+            } else {
+                Ok(Io::Verify { ns, off, len })
+            }
         }
         _ => Ok(Io::DatasetManagement {
             ns,
@@ -224,7 +269,9 @@ pub fn parse(sqe: &Sqe, subsys: &Subsystem, max_io: u32, data: &[u8]) -> Result<
 #[inline(always)]
 pub fn block_op<'a>(io: &Io, data: WriteData<'a>) -> Result<Option<BlockOp<'a>>, Status> {
     Ok(Some(match io {
-        Io::Read { off, len, .. } => BlockOp::Read { off: *off, len: *len },
+        Io::Read { off, len, .. } | Io::Compare { off, len, .. } | Io::Verify { off, len, .. } => {
+            BlockOp::Read { off: *off, len: *len }
+        }
         Io::Write { off, fua, .. } => BlockOp::Write {
             off: *off,
             data,

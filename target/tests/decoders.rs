@@ -54,6 +54,7 @@ fn sqe() -> impl Strategy<Value = Sqe> {
             opcode::io::WRITE_ZEROES,
             opcode::io::DATASET_MANAGEMENT,
             opcode::io::COMPARE,
+            opcode::io::VERIFY,
             opcode::io::COPY,
             opcode::FABRICS,
             opcode::admin::IDENTIFY,
@@ -129,9 +130,15 @@ proptest! {
         let nlb = u64::from(s.cdw12.get() & 0xFFFF) + 1;
         match decode_io(&s, &subsys, max) {
             Err(status) => prop_assert!(!status.is_success()),
-            Ok(Io::Read { ns: n, off, len }) | Ok(Io::Write { ns: n, off, len, .. }) => {
+            Ok(Io::Read { ns: n, off, len })
+            | Ok(Io::Write { ns: n, off, len, .. })
+            | Ok(Io::Compare { ns: n, off, len, .. })
+            | Ok(Io::Verify { ns: n, off, len }) => {
                 prop_assert_eq!(n.nsid, s.nsid.get());
-                prop_assert!(matches!(s.opcode, opcode::io::READ | opcode::io::WRITE));
+                prop_assert!(matches!(
+                    s.opcode,
+                    opcode::io::READ | opcode::io::WRITE | opcode::io::COMPARE | opcode::io::VERIFY
+                ));
                 prop_assert_eq!((off, u64::from(len)), (slba * bs, nlb * bs));
                 prop_assert!(off + u64::from(len) <= n.bytes(), "off {} len {}", off, len);
                 prop_assert!(len <= max, "len {} above max_io {}", len, max);

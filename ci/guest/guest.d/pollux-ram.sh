@@ -81,6 +81,21 @@ sl=$(nvme smart-log "${dev%n*}")
 echo "$sl" | grep -iE 'data_units|host_(read|write)'
 echo "$sl" | grep -iE '^host_write_commands[[:space:]]*:[[:space:]]*[1-9]' >/dev/null || die "SMART host write commands not counted"
 
+step compare-verify
+# nvme-cli's compare and verify go through the kernel host's passthrough: Compare (05h)
+# with the data, Verify (0Ch) without (NVM Command Set 1.0 §3.2.1, §3.2.4).
+head -c 4096 /dev/urandom > /tmp/blk
+dd if=/tmp/blk of="$dev" bs=4096 seek=10 oflag=direct 2>/dev/null || die "dd to block 80"
+nvme compare "$dev" --start-block=80 --block-count=7 --data-size=4096 --data=/tmp/blk ||
+    die "nvme compare of equal data failed"
+printf 'X' | dd of=/tmp/blk bs=1 seek=100 conv=notrunc 2>/dev/null
+if out=$(nvme compare "$dev" --start-block=80 --block-count=7 --data-size=4096 --data=/tmp/blk 2>&1); then
+    die "nvme compare of different data succeeded: $out"
+fi
+echo "$out" | grep -qi 'compare' || die "the miscompare is not reported as a compare failure: $out"
+echo "miscompare reported: $out"
+nvme verify "$dev" --start-block=0 --block-count=127 || die "nvme verify failed"
+
 step discard
 blkdiscard "$dev" || die "blkdiscard failed"
 cmp -n $((64 * 1024 * 1024)) "$dev" /dev/zero || die "blocks read non-zero after discard"

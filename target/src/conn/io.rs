@@ -133,6 +133,32 @@ impl Conn {
             Io::Read { ns, off, len } if ns.inline_reads && slot.is_none() => {
                 return self.send_read(r, cid, ns, off, len, None);
             }
+            // The host's data is kept for the comparison when the blocks have been read.
+            Io::Compare { ns, off, len, .. } => {
+                let WriteData::Bytes(bytes) = &data else {
+                    self.free(slot);
+                    return self.fail(r, cid, Status::INTERNAL_ERROR, ns.nsid, 0);
+                };
+                let expect = bytes.to_vec();
+                if ns.inline_reads {
+                    self.free(slot);
+                    let status = compare(&ns, off, len, &expect, None, self.reactor);
+                    return self.resp_or_fail(r, cid, status, ns.nsid);
+                }
+                let io = Io::Compare { ns, off, len, expect };
+                // Data that came by R2T: its request is in `slot` already, and its completion
+                // reads the command from there.
+                if let Some(q) = slot.and_then(|s| self.reqs.get_mut(s)) {
+                    q.io = io.clone();
+                }
+                io
+            }
+            Io::Verify { ns, .. } if ns.inline_reads => {
+                // Memory reads back what it holds: the range checked at parse is all.
+                self.free(slot);
+                bump(&ns.counters(self.reactor).read_cmds, 1);
+                return self.resp(cid, Status::SUCCESS, 0, 0);
+            }
             io => io,
         };
         let ns = io.namespace().cloned();
@@ -187,6 +213,15 @@ impl Conn {
                 self.reqs.remove(slot);
                 self.fail(r, cid, s, nsid, 0);
             }
+        }
+    }
+
+    /// Complete a command with `status`, in the error log when it failed.
+    fn resp_or_fail(&mut self, r: &mut Reactor, cid: u16, status: Status, nsid: u32) {
+        if status.is_success() {
+            self.resp(cid, status, 0, 0);
+        } else {
+            self.fail(r, cid, status, nsid, 0);
         }
     }
 
@@ -249,6 +284,14 @@ impl Conn {
         }
         match req.io {
             Io::Read { ns, off, len } if status.is_success() => self.send_read(r, req.cid, ns, off, len, data),
+            Io::Compare { ns, off, len, expect } if status.is_success() => {
+                let status = compare(&ns, off, len, &expect, data, self.reactor);
+                self.resp_or_fail(r, req.cid, status, ns.nsid);
+            }
+            Io::Verify { ns, .. } if status.is_success() => {
+                bump(&ns.counters(self.reactor).read_cmds, 1);
+                self.resp(req.cid, status, 0, 0);
+            }
             // Success, or the Abort the host asked for: nothing for the error log.
             _ if status.is_success() || status == Status::ABORT_REQUESTED => self.resp(req.cid, status, 0, 0),
             io => {
@@ -491,5 +534,22 @@ impl Conn {
         self.direct = None;
         self.h2c_received(r, id, ttag, datal, digest_ok);
         Some(used)
+    }
+}
+
+/// Compare's outcome (NVM Command Set 1.0 §3.2.1): the `len` bytes at `off` as read (`data`,
+/// or the namespace's memory) against the host's `expect`; Compare Failure on a mismatch.
+/// A Compare counts as a read command in SMART (NVMe 2.0 §5.16.1.3).
+fn compare(ns: &Namespace, off: u64, len: u32, expect: &[u8], data: Option<ReadData<'_>>, reactor: usize) -> Status {
+    let Some(data) = data.or_else(|| ns.backend.memory().map(|m| ReadData::Ram(m, off))) else {
+        return Status::INTERNAL_ERROR;
+    };
+    let mut actual = Vec::with_capacity(len as usize);
+    data.append_to(len as usize, &mut actual);
+    bump(&ns.counters(reactor).read_cmds, 1);
+    if actual.len() == expect.len() && actual == expect {
+        Status::SUCCESS
+    } else {
+        Status::COMPARE_FAILURE
     }
 }

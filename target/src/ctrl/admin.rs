@@ -157,9 +157,10 @@ pub fn identify_controller(ctrl: &Ctrl, shared: &Shared) -> Vec<u8> {
     id.cqes = 0x44;
     id.maxcmd = (t.io_queue_depth.min(0xFFFF) as u16).to_le();
     id.nn = nn.to_le();
-    // Dataset Management (bit 2), Write Zeroes (bit 3), Get Features Select and Set Features
-    // Save (bit 4: every feature answers them; none is saveable).
-    id.oncs = ((1u16 << 2) | (1 << 3) | (1 << 4)).to_le();
+    // Compare (bit 0), Dataset Management (bit 2), Write Zeroes (bit 3), Get Features
+    // Select and Set Features Save (bit 4: every feature answers them; none is saveable),
+    // Verify (bit 7).
+    id.oncs = (1u16 | (1 << 2) | (1 << 3) | (1 << 4) | (1 << 7)).to_le();
     // VWC (NVMe 2.0 §5.17.2.1): files and devices cache writes until a Flush; RAM and the
     // simulated device hold a completed write in the namespace's memory. Bits 2:1 = 10b: a
     // Flush with NSID FFFFFFFFh is not supported (each namespace is flushed by its own).

@@ -74,6 +74,8 @@ pub fn effects_log() -> Vec<u8> {
         (io::READ, false),
         (io::WRITE_ZEROES, true),
         (io::DATASET_MANAGEMENT, true),
+        (io::COMPARE, false),
+        (io::VERIFY, false),
     ] {
         set(1024, op, lbcc);
     }

@@ -37,6 +37,16 @@ pub fn write(nsid: u32, slba: u64, nlb: u32) -> Sqe {
     lba_cmd(opcode::io::WRITE, nsid, slba, nlb)
 }
 
+/// Compare (NVM command set §3.2.1): `nlb` blocks at `slba` against the command's data.
+pub fn compare(nsid: u32, slba: u64, nlb: u32) -> Sqe {
+    lba_cmd(opcode::io::COMPARE, nsid, slba, nlb)
+}
+
+/// Verify (NVM command set §3.2.4): `nlb` blocks at `slba`, no data.
+pub fn verify(nsid: u32, slba: u64, nlb: u32) -> Sqe {
+    lba_cmd(opcode::io::VERIFY, nsid, slba, nlb)
+}
+
 /// Write Zeroes (NVM command set §3.3.7): `nlb` blocks (1..=65536) at `slba`.
 pub fn write_zeroes(nsid: u32, slba: u64, nlb: u32) -> Sqe {
     lba_cmd(opcode::io::WRITE_ZEROES, nsid, slba, nlb)
