@@ -296,3 +296,56 @@ fn dh_worker() -> &'static DhWorker {
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use pollux_conf::DhGroup;
+
+    fn job() -> DhJob {
+        DhJob::KeyPair {
+            token: 7,
+            group: DhGroup::Ffdhe2048,
+        }
+    }
+
+    /// The worker's queue holds DH_QUEUE_MAX jobs: one more is refused (the exchange then
+    /// fails as overloaded and the host retries), a job that ran makes room, and without a
+    /// worker the job comes back to run on the reactor.
+    #[test]
+    fn the_dh_queue_is_bounded_and_frees_room_as_jobs_run() {
+        let (tx, rx) = std::sync::mpsc::channel::<(DhJob, DhReply)>();
+        let w = DhWorker {
+            tx: Some(tx),
+            queued: Arc::new(AtomicUsize::new(0)),
+        };
+        for _ in 0..DH_QUEUE_MAX {
+            assert!(w.submit(job(), Box::new(|_| {})).is_ok());
+        }
+        assert!(matches!(w.submit(job(), Box::new(|_| {})), Err(Refused::Full)));
+        assert_eq!(
+            w.queued.load(Ordering::Acquire),
+            DH_QUEUE_MAX,
+            "a refusal holds no slot"
+        );
+        // What the worker thread does with one job: run it, free its slot.
+        let (j, _reply) = rx.recv().unwrap();
+        drop(j);
+        w.queued.fetch_sub(1, Ordering::AcqRel);
+        assert!(w.submit(job(), Box::new(|_| {})).is_ok());
+        // The worker gone (its queue drained): the job comes back, holding no slot.
+        drop(rx);
+        w.queued.store(0, Ordering::Release);
+        assert!(matches!(w.submit(job(), Box::new(|_| {})), Err(Refused::NoWorker(_))));
+        assert_eq!(w.queued.load(Ordering::Acquire), 0);
+        let none = DhWorker {
+            tx: None,
+            queued: Arc::new(AtomicUsize::new(0)),
+        };
+        assert!(matches!(
+            none.submit(job(), Box::new(|_| {})),
+            Err(Refused::NoWorker(_))
+        ));
+    }
+}
