@@ -106,8 +106,10 @@ impl Conn {
         started: Instant,
         path: Path,
     ) -> std::io::Result<Self> {
-        let sh = shared.clone();
-        let lookup: Arc<PskLookup> = Arc::new(move |id| sh.snapshot.load().tls_psk(id));
+        let lookup = || -> Arc<PskLookup> {
+            let sh = shared.clone();
+            Arc::new(move |id| sh.snapshot.load().tls_psk(id))
+        };
         let tcp = Transport::new(sock, &shared.transport, path.tls, lookup)?;
         Ok(Self {
             serial,

@@ -120,9 +120,14 @@ pub struct Transport {
 }
 
 impl Transport {
-    /// Wrap an accepted, non-blocking socket of a listener with TLS `mode` (`lookup` finds
-    /// the PSK of an identity a host offers).
-    pub fn new(sock: TcpStream, t: &TransportConf, mode: TlsMode, lookup: Arc<PskLookup>) -> std::io::Result<Self> {
+    /// Wrap an accepted, non-blocking socket of a listener with TLS `mode` (`lookup` makes
+    /// what finds the PSK of an identity a host offers; called only for a TLS listener).
+    pub fn new(
+        sock: TcpStream,
+        t: &TransportConf,
+        mode: TlsMode,
+        lookup: impl FnOnce() -> Arc<PskLookup>,
+    ) -> std::io::Result<Self> {
         let peer = sock.peer_addr()?;
         let local = sock.local_addr()?;
         // Room for the largest PDU we accept (header, digests, data) plus slack for the next.
@@ -130,7 +135,7 @@ impl Transport {
         let cap = (max_data + 256).max(64 * 1024) * 2;
         let chan = match mode {
             TlsMode::None => Channel::Plain,
-            m => Channel::Detect(m, lookup),
+            m => Channel::Detect(m, lookup()),
         };
         Ok(Self {
             sock: Arc::new(sock),
@@ -209,24 +214,19 @@ impl Transport {
             return Ok(true);
         };
         let mut first = [0u8; 1];
-        // SAFETY: a one-byte buffer of our own for the call; MSG_PEEK leaves the byte queued.
-        let n = unsafe {
-            libc::recv(
-                self.sock.as_raw_fd(),
-                first.as_mut_ptr().cast(),
-                1,
-                libc::MSG_PEEK | libc::MSG_DONTWAIT,
-            )
-        };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            return match e.kind() {
-                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted => Ok(false),
-                _ => Err(format!("read: {e}")),
-            };
-        }
-        if n == 0 {
-            return Err("peer closed the connection".into());
+        // The byte stays queued for whichever reads the stream (the socket is non-blocking).
+        match self.sock.peek(&mut first) {
+            Ok(0) => return Err("peer closed the connection".into()),
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+                ) =>
+            {
+                return Ok(false);
+            }
+            Err(e) => return Err(format!("read: {e}")),
         }
         if first[0] == TLS_HANDSHAKE_RECORD {
             let link = TlsLink::accept(self.sock.clone(), lookup.clone()).map_err(|e| format!("TLS: {e}"))?;

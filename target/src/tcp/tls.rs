@@ -300,8 +300,8 @@ struct Wire {
     /// before the next readiness edge would only return EAGAIN (a system call for nothing,
     /// once per poll of a busy-polling reactor).
     empty: bool,
-    wbuf: Vec<u8>,
-    wsent: usize,
+    /// Records OpenSSL wrote, sent by the plain path's queue (owned bytes only).
+    records: SendQueue,
 }
 
 impl Wire {
@@ -312,55 +312,20 @@ impl Wire {
             rpos: 0,
             rend: 0,
             empty: false,
-            wbuf: Vec::with_capacity(64 * 1024),
-            wsent: 0,
+            records: SendQueue::with_capacity(64 * 1024),
         }
     }
 
     /// Records still to send.
     fn pending(&self) -> usize {
-        self.wbuf.len() - self.wsent
+        self.records.pending()
     }
 
     /// Send gathered records, as many as the socket takes.
     fn send(&mut self) -> io::Result<()> {
-        let fd = self.sock.as_raw_fd();
-        while self.wsent < self.wbuf.len() {
-            let rest = &self.wbuf[self.wsent..];
-            // SAFETY: `rest` is a live slice for the call; the kernel only reads it.
-            let rc = unsafe {
-                libc::send(
-                    fd,
-                    rest.as_ptr().cast(),
-                    rest.len(),
-                    libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
-                )
-            };
-            if rc < 0 {
-                let e = io::Error::last_os_error();
-                match e.kind() {
-                    io::ErrorKind::WouldBlock => break,
-                    io::ErrorKind::Interrupted => continue,
-                    _ => return Err(e),
-                }
-            }
-            if rc == 0 {
-                return Err(io::ErrorKind::WriteZero.into());
-            }
-            self.wsent += rc as usize;
-        }
-        if self.wsent == self.wbuf.len() {
-            self.wbuf.clear();
-            self.wsent = 0;
-        } else if self.wsent > WIRE_HIGH / 4 {
-            self.wbuf.drain(..self.wsent);
-            self.wsent = 0;
-        }
-        Ok(())
+        self.records.flush(self.sock.as_raw_fd())
     }
-}
 
-impl Wire {
     /// A new readiness edge (or a caller that polls): the socket may be read again.
     fn rearm(&mut self) {
         self.empty = false;
@@ -402,7 +367,7 @@ impl Write for Wire {
                 return Err(io::ErrorKind::WouldBlock.into());
             }
         }
-        self.wbuf.extend_from_slice(b);
+        self.records.extend_from_slice(b);
         Ok(b.len())
     }
 

@@ -371,12 +371,7 @@ impl HostQueue {
         let r = match &mut self.tls {
             None => self.rx.recv(&self.sock),
             Some(link) => {
-                let r = match link.recv(&mut self.rx) {
-                    // A receive buffer without room comes back as data of no bytes (and not
-                    // drained): nothing came, which the loops must not take for progress.
-                    Ok(Recv::Data { buffered: 0, .. }) => Ok(Recv::Full),
-                    r => r,
-                };
+                let r = link.recv(&mut self.rx);
                 self.tls_unread = matches!(r, Ok(Recv::Full | Recv::Data { drained: false, .. }));
                 r
             }
