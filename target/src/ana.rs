@@ -24,23 +24,23 @@ pub struct AnaStates {
 }
 
 impl Default for AnaStates {
+    /// Every group optimized.
     fn default() -> Self {
-        Self {
-            codes: (0..=ANAGRPMAX)
-                .map(|_| AtomicU8::new(AnaState::Optimized.code()))
-                .collect(),
-            chgcnt: AtomicU64::new(1),
-        }
+        Self::from_fn(|_| AnaState::Optimized)
     }
 }
 
 impl AnaStates {
     /// The states a conf listener gives.
     pub fn new(l: &Listener) -> Self {
-        let s = Self::default();
-        s.apply(l);
-        s.chgcnt.store(1, Relaxed);
-        s
+        Self::from_fn(|g| l.ana_state(g))
+    }
+
+    fn from_fn(state: impl Fn(u32) -> AnaState) -> Self {
+        Self {
+            codes: (0..=ANAGRPMAX).map(|g| AtomicU8::new(state(g).code())).collect(),
+            chgcnt: AtomicU64::new(1),
+        }
     }
 
     /// The state of group `grp` (optimized for a group out of range).

@@ -145,13 +145,25 @@ impl Conn {
                     let status = compare(&ns, off, len, &expect, None, self.reactor);
                     return self.resp_or_fail(r, cid, status, ns.nsid);
                 }
-                let io = Io::Compare { ns, off, len, expect };
                 // Data that came by R2T: its request is in `slot` already, and its completion
-                // reads the command from there.
-                if let Some(q) = slot.and_then(|s| self.reqs.get_mut(s)) {
-                    q.io = io.clone();
+                // reads the command, and so the data, from there.
+                match slot.and_then(|s| self.reqs.get_mut(s)) {
+                    Some(q) => {
+                        q.io = Io::Compare {
+                            ns: ns.clone(),
+                            off,
+                            len,
+                            expect,
+                        };
+                        Io::Compare {
+                            ns,
+                            off,
+                            len,
+                            expect: Vec::new(),
+                        }
+                    }
+                    None => Io::Compare { ns, off, len, expect },
                 }
-                io
             }
             Io::Verify { ns, .. } if ns.inline_reads => {
                 // Memory reads back what it holds: the range checked at parse is all.

@@ -165,15 +165,11 @@ impl Ctx {
                     if l.tls != pollux_conf::TlsMode::None {
                         v.push_str(&format!(" (tls {})", l.tls.as_str()));
                     }
-                    let ana: Vec<String> = groups
-                        .iter()
-                        .map(|g| format!("{g}:{}", l.ana.state(*g).name()))
-                        .collect();
+                    let states: Vec<(u32, pollux_conf::AnaState)> =
+                        groups.iter().map(|g| (*g, l.ana.state(*g))).collect();
                     // Only where a group is not optimized (the default says nothing).
-                    if groups
-                        .iter()
-                        .any(|g| l.ana.state(*g) != pollux_conf::AnaState::Optimized)
-                    {
+                    if states.iter().any(|(_, s)| *s != pollux_conf::AnaState::Optimized) {
+                        let ana: Vec<String> = states.iter().map(|(g, s)| format!("{g}:{}", s.name())).collect();
                         v.push_str(&format!(" ana {}", ana.join(",")));
                     }
                     v
