@@ -3,10 +3,43 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 
+use toml::Spanned;
+
 use super::cx::Cx;
 use crate::error::ConfError;
 use crate::raw::RawListener;
 use crate::{ANAGRPMAX, AnaState, Listener, TlsMode};
+
+/// A numeric `IP:port` address (`what`: "listener", "referral", for the message).
+pub(super) fn socket_addr(cx: &Cx<'_>, s: &Spanned<String>, what: &str) -> Result<SocketAddr, ConfError> {
+    let text = s.get_ref();
+    text.trim().parse().map_err(|_| {
+        cx.at(
+            s.span(),
+            format!(
+                "{what} address {text:?} is not of the form \"IPv4:port\" or \"[IPv6]:port\" (numeric, no host names)"
+            ),
+        )
+    })
+}
+
+/// Refuse `address` if `seen` (address -> line) has it already; else record it.
+pub(super) fn once(
+    cx: &Cx<'_>,
+    seen: &mut HashMap<SocketAddr, usize>,
+    address: SocketAddr,
+    s: &Spanned<String>,
+    what: &str,
+) -> Result<(), ConfError> {
+    let line = cx.line(&s.span());
+    match seen.insert(address, line) {
+        Some(first) => Err(cx.at(
+            s.span(),
+            format!("{what} address {address} is already listed on line {first}"),
+        )),
+        None => Ok(()),
+    }
+}
 
 pub(super) fn listeners(cx: &Cx<'_>, raw: Vec<RawListener>) -> Result<Vec<Listener>, ConfError> {
     if raw.is_empty() {
@@ -14,25 +47,11 @@ pub(super) fn listeners(cx: &Cx<'_>, raw: Vec<RawListener>) -> Result<Vec<Listen
             "no [[listener]]: add at least one, e.g. `[[listener]]` with `address = \"127.0.0.1:4420\"`".into(),
         ));
     }
-    let mut seen: HashMap<SocketAddr, usize> = HashMap::new();
+    let mut seen = HashMap::new();
     let mut out = Vec::with_capacity(raw.len());
     for l in raw {
-        let text = l.address.get_ref();
-        let address: SocketAddr = text.trim().parse().map_err(|_| {
-            cx.at(
-                l.address.span(),
-                format!(
-                    "listener address {text:?} is not of the form \"IPv4:port\" or \"[IPv6]:port\" (numeric, no host names)"
-                ),
-            )
-        })?;
-        let line = cx.line(&l.address.span());
-        if let Some(first) = seen.insert(address, line) {
-            return Err(cx.at(
-                l.address.span(),
-                format!("listener address {address} is already listed on line {first}"),
-            ));
-        }
+        let address = socket_addr(cx, &l.address, "listener")?;
+        once(cx, &mut seen, address, &l.address, "listener")?;
         let tls = match &l.tls {
             Some(t) => t.get_ref().parse().map_err(|e| cx.at(t.span(), e))?,
             None => TlsMode::None,

@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 
 use super::cx::Cx;
+use super::listeners::{once, socket_addr};
 use crate::error::ConfError;
 use crate::raw::RawReferral;
 use crate::{Listener, Referral};
@@ -13,19 +14,11 @@ pub(super) fn referrals(
     raw: Vec<RawReferral>,
     listeners: &[Listener],
 ) -> Result<Vec<Referral>, ConfError> {
-    let mut seen: HashMap<SocketAddr, usize> = HashMap::new();
+    let mut seen = HashMap::new();
     let mut out = Vec::with_capacity(raw.len());
     for r in raw {
-        let text = r.address.get_ref();
         let span = r.address.span();
-        let address: SocketAddr = text.trim().parse().map_err(|_| {
-            cx.at(
-                span.clone(),
-                format!(
-                    "referral address {text:?} is not of the form \"IPv4:port\" or \"[IPv6]:port\" (numeric, no host names)"
-                ),
-            )
-        })?;
+        let address = socket_addr(cx, &r.address, "referral")?;
         // A host connects to the address as written (NVMe-oF 1.1 §5.3: TRADDR, TRSVCID), so
         // it must name one machine and a real port.
         if address.port() == 0 {
@@ -51,13 +44,7 @@ pub(super) fn referrals(
                 ),
             ));
         }
-        let line = cx.line(&span);
-        if let Some(first) = seen.insert(address, line) {
-            return Err(cx.at(
-                span,
-                format!("referral address {address} is already listed on line {first}"),
-            ));
-        }
+        once(cx, &mut seen, address, &r.address, "referral")?;
         out.push(Referral { address });
     }
     Ok(out)

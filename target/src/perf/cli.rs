@@ -3,8 +3,7 @@
 use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::net::{IpAddr, SocketAddr};
-use std::os::unix::fs::PermissionsExt as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -204,36 +203,16 @@ fn tls_key_arg(s: &str) -> Result<TlsKeyArg, std::convert::Infallible> {
     Ok(TlsKeyArg(Zeroizing::new(s.to_string())))
 }
 
-/// The largest key file read (a key is under 100 bytes).
-const KEY_FILE_MAX: u64 = 4096;
-
-/// A `--tls-key-file`'s PSK; refused unless it is a regular file that neither group nor others
-/// may read or write, as the conf refuses a `tls_key_file` (and ssh a private key).
-fn read_tls_key_file(path: &Path) -> Result<ConfiguredPsk, PerfError> {
-    let bad = |why: String| PerfError::Options(format!("--tls-key-file {}: {why}", path.display()));
-    let meta = std::fs::metadata(path).map_err(|e| bad(format!("cannot be read: {e}")))?;
-    if !meta.is_file() {
-        return Err(bad("is not a regular file".into()));
-    }
-    let mode = meta.permissions().mode() & 0o777;
-    if mode & 0o077 != 0 {
-        return Err(bad(format!(
-            "is accessible to others (mode {mode:04o}): a key file must be readable by its owner only (chmod 600)"
-        )));
-    }
-    if meta.len() > KEY_FILE_MAX {
-        return Err(bad(format!("is {} bytes: not a key", meta.len())));
-    }
-    let text = Zeroizing::new(std::fs::read_to_string(path).map_err(|e| bad(format!("cannot be read: {e}")))?);
-    ConfiguredPsk::parse(&text).map_err(|e| bad(e.to_string()))
-}
-
 /// The TLS options: a PSK from --tls-key or --tls-key-file, with --tls-identity.
 fn tls_opts(a: &PerfArgs) -> Result<Option<HostTls>, PerfError> {
     let psk = match (&a.tls_key, &a.tls_key_file) {
         // The reason names no part of the key (PskError never carries it).
         (Some(k), _) => Some(ConfiguredPsk::parse(&k.0).map_err(|e| PerfError::Options(format!("--tls-key: {e}")))?),
-        (None, Some(path)) => Some(read_tls_key_file(path)?),
+        // The conf's rules for a `tls_key_file` (owner-only, a regular file, small).
+        (None, Some(path)) => Some(
+            pollux_conf::read_tls_key_file(path)
+                .map_err(|why| PerfError::Options(format!("--tls-key-file {}: {why}", path.display())))?,
+        ),
         (None, None) => None,
     };
     match psk {
