@@ -150,7 +150,6 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
 
     // Listeners: bind the new ones first (an address in use fails the whole change).
     let mut bound = Vec::with_capacity(new.listeners.len());
-    let mut ana_to_apply = Vec::new();
     let mut fresh = Vec::new();
     for l in &new.listeners {
         // The same listener: the same address as configured, or the address it is bound to
@@ -163,14 +162,11 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
         match was.and_then(|i| old.listeners.get(i)) {
             // A change of TLS mode takes effect for the next connection it accepts; ANA
             // states once nothing can fail any more (below).
-            Some(b) => {
-                ana_to_apply.push((b.ana.clone(), l.clone(), b.addr));
-                bound.push(BoundListener {
-                    addr: b.addr,
-                    tls: l.tls,
-                    ana: b.ana.clone(),
-                });
-            }
+            Some(b) => bound.push(BoundListener {
+                addr: b.addr,
+                tls: l.tls,
+                ana: b.ana.clone(),
+            }),
             None => {
                 let err = |source| TargetError::Listen {
                     addr: l.address,
@@ -239,10 +235,12 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
         referrals,
     });
     shared.snapshot.store(snap.clone());
-    for (states, l, addr) in ana_to_apply {
-        if states.apply(&l) {
-            info!(listener = %addr, "ANA states changed");
-            ch.ana_changed.push(addr);
+    // `bound` is in conf order: each listener beside its conf (a new one already has its
+    // states, so nothing changes for it).
+    for (b, l) in snap.listeners.iter().zip(&new.listeners) {
+        if b.ana.apply(l) {
+            info!(listener = %b.addr, "ANA states changed");
+            ch.ana_changed.push(b.addr);
         }
     }
 
