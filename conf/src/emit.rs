@@ -68,6 +68,10 @@ pub(crate) fn to_toml(c: &Config) -> String {
         c.origin.escape_debug()
     );
     let _ = writeln!(o);
+    // A bare key: before the first table.
+    if let Some(d) = &c.state_dir {
+        let _ = writeln!(o, "state_dir = {}\n", path(d));
+    }
 
     let r = &c.reactors;
     let cores: Vec<String> = r.cores.iter().map(ToString::to_string).collect();

@@ -63,6 +63,10 @@ pub struct Config {
     /// Other targets' discovery controllers the discovery log refers hosts to
     /// (`[[referral]]`), in configuration order.
     pub referrals: Vec<Referral>,
+    /// Where state that outlives the process is kept (`state_dir`): the reservations of
+    /// file and nvme namespaces whose hosts set Persist Through Power Loss. None: no
+    /// reservation persists (Identify Namespace RESCAP bit 0 is clear).
+    pub state_dir: Option<PathBuf>,
     /// Where the configuration came from: a file name, or `"<embedded>"`.
     pub origin: String,
 }

@@ -19,6 +19,7 @@ use toml::Spanned;
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawConfig {
+    pub state_dir: Option<Spanned<String>>,
     pub reactors: Option<RawReactors>,
     pub listener: Option<Vec<RawListener>>,
     pub transport: Option<RawTransport>,

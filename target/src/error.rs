@@ -30,6 +30,15 @@ pub enum TargetError {
         #[source]
         source: Box<TargetError>,
     },
+    /// A namespace's reservation state file could not be read: the target does not start
+    /// rather than drop a reservation (NVMe 2.0 §8.19.4, Persist Through Power Loss).
+    #[error("reservation state {}: {why}", path.display())]
+    ReservationState {
+        /// The state file.
+        path: std::path::PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
     /// Memory for a RAM or simulated namespace could not be mapped.
     #[error("cannot map {bytes} bytes of RAM: {source}")]
     Ram {

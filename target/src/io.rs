@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 
+use pollux_nvme::spec::resv::{Access, ResvCdw10};
 use pollux_nvme::spec::{Sqe, Status, opcode};
 
 use crate::backend::{BlockOp, WriteData};
@@ -72,6 +73,21 @@ pub enum Io {
         /// Byte length.
         len: u32,
     },
+    /// Reservation Register, Acquire or Release (NVM Command Set 1.0 §7.3-§7.5): its keys
+    /// come as data.
+    Reservation {
+        /// Namespace.
+        ns: Arc<Namespace>,
+        /// What it asks.
+        cmd: ResvCdw10,
+    },
+    /// Reservation Report (NVM Command Set 1.0 §7.6), extended data structure: `len` bytes.
+    ReservationReport {
+        /// Namespace.
+        ns: Arc<Namespace>,
+        /// Bytes the host asked for ((NUMD + 1) * 4).
+        len: u32,
+    },
     /// Dataset Management with `ranges` 16-byte range entries as data.
     DatasetManagement {
         /// Namespace.
@@ -92,6 +108,8 @@ impl Io {
             | Io::WriteZeroes { ns, .. }
             | Io::Compare { ns, .. }
             | Io::Verify { ns, .. }
+            | Io::Reservation { ns, .. }
+            | Io::ReservationReport { ns, .. }
             | Io::DatasetManagement { ns, .. } => Some(ns),
             Io::Flush { ns } => ns.as_ref(),
         }
@@ -102,10 +120,27 @@ impl Io {
         match self {
             Io::Write { len, .. } | Io::Compare { len, .. } => *len,
             Io::DatasetManagement { ranges, .. } => ranges * 16,
+            Io::Reservation { cmd, .. } => cmd.data_len(),
             _ => 0,
         }
     }
+
+    /// The command group a reservation restricts it by (NVMe 2.0 §8.19.2, Figure 474);
+    /// None: the reservation commands, which check their keys themselves, and a flush of
+    /// every namespace.
+    pub fn access(&self) -> Option<Access> {
+        match self {
+            Io::Read { .. } | Io::Compare { .. } | Io::Verify { .. } => Some(Access::Read),
+            Io::Write { .. } | Io::WriteZeroes { .. } | Io::DatasetManagement { .. } | Io::Flush { ns: Some(_) } => {
+                Some(Access::Write)
+            }
+            Io::Flush { ns: None } | Io::Reservation { .. } | Io::ReservationReport { .. } => None,
+        }
+    }
 }
+
+/// Extended data structure header size: the least a Reservation Report may ask for.
+const REPORT_MIN: u32 = pollux_nvme::spec::resv::REPORT_EXT_HEADER as u32;
 
 /// Decode and validate an NVM command against its namespace (the first half of [`parse`],
 /// without the SGL). `max_io` is the largest data transfer (MDTS in bytes).
@@ -118,7 +153,17 @@ pub fn decode_io(sqe: &Sqe, subsys: &Subsystem, max_io: u32) -> Result<Io, Statu
     }
     if !matches!(
         sqe.opcode,
-        FLUSH | READ | WRITE | WRITE_ZEROES | DATASET_MANAGEMENT | COMPARE | VERIFY
+        FLUSH
+            | READ
+            | WRITE
+            | WRITE_ZEROES
+            | DATASET_MANAGEMENT
+            | COMPARE
+            | VERIFY
+            | RESERVATION_REGISTER
+            | RESERVATION_ACQUIRE
+            | RESERVATION_RELEASE
+            | RESERVATION_REPORT
     ) {
         return Err(Status::INVALID_OPCODE.with_dnr());
     }
@@ -178,6 +223,22 @@ pub fn decode_io(sqe: &Sqe, subsys: &Subsystem, max_io: u32) -> Result<Io, Statu
             } else {
                 Ok(Io::Verify { ns, off, len })
             }
+        }
+        RESERVATION_REGISTER | RESERVATION_ACQUIRE | RESERVATION_RELEASE => {
+            let cmd = ResvCdw10::decode(sqe.opcode, sqe.cdw10.get()).ok_or(Status::INVALID_FIELD.with_dnr())?;
+            Ok(Io::Reservation { ns, cmd })
+        }
+        RESERVATION_REPORT => {
+            // Host identifiers over fabrics are 128-bit: only the extended data structure
+            // holds them (NVMe 2.0 §5.27.1.25; nvmet and SPDK answer the same).
+            if sqe.cdw11.get() & 1 == 0 {
+                return Err(Status::HOST_ID_INCONSISTENT.with_dnr());
+            }
+            let len = u64::from(sqe.cdw10.get()).saturating_add(1).saturating_mul(4);
+            if len < u64::from(REPORT_MIN) || len > u64::from(max_io) {
+                return Err(Status::INVALID_FIELD.with_dnr());
+            }
+            Ok(Io::ReservationReport { ns, len: len as u32 })
         }
         _ => Ok(Io::DatasetManagement {
             ns,
@@ -247,7 +308,7 @@ pub fn parse(sqe: &Sqe, subsys: &Subsystem, max_io: u32, data: &[u8]) -> Result<
         };
         return Ok(IoCmd { io, data });
     }
-    if let Io::Read { len, .. } = &io {
+    if let Io::Read { len, .. } | Io::ReservationReport { len, .. } = &io {
         match dp {
             DataPtr::Transport(l) if l >= *len => {}
             DataPtr::InCapsule(_) => return Err(refuse(Status::SGL_DESCRIPTOR_TYPE_INVALID.with_dnr())),
@@ -279,7 +340,7 @@ pub fn block_op<'a>(io: &Io, data: WriteData<'a>) -> Result<Option<BlockOp<'a>>,
         },
         Io::WriteZeroes { off, len, .. } => BlockOp::WriteZeroes { off: *off, len: *len },
         Io::Flush { ns: Some(_) } => BlockOp::Flush,
-        Io::Flush { ns: None } => return Ok(None),
+        Io::Flush { ns: None } | Io::Reservation { .. } | Io::ReservationReport { .. } => return Ok(None),
         Io::DatasetManagement { ns, deallocate, .. } => {
             let WriteData::Bytes(bytes) = data else {
                 return Err(Status::INTERNAL_ERROR);

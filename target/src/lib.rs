@@ -44,6 +44,7 @@ pub mod mutate;
 pub mod perf;
 pub mod referral;
 pub mod request;
+pub mod resv;
 pub mod setup;
 pub mod sgl;
 pub mod subsystem;

@@ -123,7 +123,7 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
                     let now = s.namespaces.iter().find(|x| x.nsid == nsid)?;
                     if was == now { oa.namespace(nsid).cloned() } else { None }
                 };
-                subsystems.push(build_subsystem(s, n, keep)?);
+                subsystems.push(build_subsystem(s, n, new.state_dir.as_deref(), keep)?);
                 for nn in &s.namespaces {
                     if oc.namespaces.iter().find(|x| x.nsid == nn.nsid) != Some(nn) {
                         ch.added_namespaces.push((s.nqn.clone(), nn.nsid));
@@ -137,7 +137,7 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
                 ch.changed_subsystems.push(s.nqn.clone());
             }
             None => {
-                subsystems.push(build_subsystem(s, n, |_| None)?);
+                subsystems.push(build_subsystem(s, n, new.state_dir.as_deref(), |_| None)?);
                 ch.added_subsystems.push(s.nqn.clone());
             }
         }

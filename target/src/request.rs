@@ -177,6 +177,17 @@ impl Requests {
             .map(|(k, _)| k)
     }
 
+    /// The live requests of namespace `nsid` (waiting for data or submitted; not drained
+    /// tombstones): (slot, command id, submitted).
+    pub fn of_namespace(&self, nsid: u32) -> Vec<(usize, u16, bool)> {
+        self.slots
+            .iter()
+            .filter(|(_, r)| !matches!(r.state, ReqState::Draining { .. }))
+            .filter(|(_, r)| r.io.namespace().is_some_and(|n| n.nsid == nsid))
+            .map(|(k, r)| (k, r.cid, matches!(r.state, ReqState::Submitted)))
+            .collect()
+    }
+
     /// Requests waiting for their data.
     pub fn awaiting_count(&self) -> usize {
         self.awaiting

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::ops::RangeInclusive;
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -14,6 +15,7 @@ use pollux_nvme::tls::{PskIdentity, TlsPsk};
 use crate::ana::AnaStates;
 use crate::backend::Backend;
 use crate::error::TargetError;
+use crate::resv::{NsResv, state_file};
 
 /// I/O counters of one namespace on one reactor: written by that reactor only (relaxed
 /// load + store, no locked instruction), summed by readers. Padded to a cache line so
@@ -76,6 +78,8 @@ pub struct Namespace {
     /// The backend's [`crate::backend::Caps::inline_reads`], read once here: the I/O path
     /// tests it on every read without a call through the backend.
     pub inline_reads: bool,
+    /// Its reservations (NVMe 2.0 §8.19), shared by every reactor.
+    pub resv: Arc<NsResv>,
 }
 
 impl Namespace {
@@ -222,8 +226,34 @@ pub struct Shared {
     pub config: std::sync::Mutex<Config>,
 }
 
-/// Open a namespace's backend and build the namespace (`reactors` sets its counters).
-pub fn build_namespace(nqn: &str, n: &pollux_conf::Namespace, reactors: usize) -> Result<Arc<Namespace>, TargetError> {
+/// The reservations of a namespace: persistent (restored from its state file) for file and
+/// nvme namespaces when the conf has a `state_dir`; RAM and simulated namespaces lose their
+/// data at exit, and their reservations with it.
+fn open_reservations(n: &pollux_conf::Namespace, state_dir: Option<&Path>) -> Result<NsResv, TargetError> {
+    let persistent = matches!(n.backend, pollux_conf::Backend::File(_) | pollux_conf::Backend::Nvme(_));
+    let Some(dir) = state_dir.filter(|_| persistent) else {
+        return Ok(NsResv::volatile());
+    };
+    std::fs::create_dir_all(dir).map_err(|e| TargetError::ReservationState {
+        path: dir.to_path_buf(),
+        why: format!("cannot create the state directory: {e}"),
+    })?;
+    NsResv::open(Some(state_file(dir, &n.nguid)))
+}
+
+/// Open a namespace's backend and build the namespace (`reactors` sets its counters;
+/// `state_dir`: where persistent reservations are kept).
+pub fn build_namespace(
+    nqn: &str,
+    n: &pollux_conf::Namespace,
+    reactors: usize,
+    state_dir: Option<&Path>,
+) -> Result<Arc<Namespace>, TargetError> {
+    let resv = Arc::new(open_reservations(n, state_dir).map_err(|e| TargetError::Backend {
+        nqn: nqn.to_string(),
+        nsid: n.nsid,
+        source: Box::new(e),
+    })?);
     let backend = crate::backend::open(n, reactors).map_err(|e| TargetError::Backend {
         nqn: nqn.to_string(),
         nsid: n.nsid,
@@ -244,6 +274,7 @@ pub fn build_namespace(nqn: &str, n: &pollux_conf::Namespace, reactors: usize) -
         inline_reads: backend.caps().inline_reads,
         backend,
         counters: (0..reactors.max(1)).map(|_| NsCounters::default()).collect(),
+        resv,
     }))
 }
 
@@ -252,13 +283,14 @@ pub fn build_namespace(nqn: &str, n: &pollux_conf::Namespace, reactors: usize) -
 pub fn build_subsystem(
     s: &pollux_conf::Subsystem,
     reactors: usize,
+    state_dir: Option<&Path>,
     keep: impl Fn(u32) -> Option<Arc<Namespace>>,
 ) -> Result<Arc<Subsystem>, TargetError> {
     let mut namespaces = BTreeMap::new();
     for n in &s.namespaces {
         let ns = match keep(n.nsid) {
             Some(ns) => ns,
-            None => build_namespace(&s.nqn, n, reactors)?,
+            None => build_namespace(&s.nqn, n, reactors, state_dir)?,
         };
         namespaces.insert(n.nsid, ns);
     }
@@ -281,7 +313,7 @@ pub fn build_snapshot(cfg: &Config, reactors: usize, listeners: Vec<BoundListene
     let subsystems = cfg
         .subsystems
         .iter()
-        .map(|s| build_subsystem(s, reactors, |_| None))
+        .map(|s| build_subsystem(s, reactors, cfg.state_dir.as_deref(), |_| None))
         .collect::<Result<_, _>>()?;
     Ok(Snapshot {
         subsystems,
@@ -308,6 +340,7 @@ pub(crate) fn test_namespace(nsid: u32, blocks: u64) -> Arc<Namespace> {
         backend: Box::new(backend),
         counters: vec![NsCounters::default()].into_boxed_slice(),
         inline_reads: true,
+        resv: Arc::new(NsResv::volatile()),
     })
 }
 

@@ -9,6 +9,7 @@ use std::sync::{Arc, OnceLock};
 
 use common::*;
 use pollux_conf::Config;
+use pollux_nvme::spec::resv::ResvCdw10;
 use pollux_nvme::spec::{SglDescriptor, Sqe, opcode};
 use pollux_target::ctrl::admin::decode_admin;
 use pollux_target::ctrl::connect::{decode_fabrics, parse_connect_data};
@@ -56,6 +57,10 @@ fn sqe() -> impl Strategy<Value = Sqe> {
             opcode::io::COMPARE,
             opcode::io::VERIFY,
             opcode::io::COPY,
+            opcode::io::RESERVATION_REGISTER,
+            opcode::io::RESERVATION_ACQUIRE,
+            opcode::io::RESERVATION_RELEASE,
+            opcode::io::RESERVATION_REPORT,
             opcode::FABRICS,
             opcode::admin::IDENTIFY,
             opcode::admin::GET_LOG_PAGE,
@@ -155,6 +160,16 @@ proptest! {
             Ok(Io::DatasetManagement { ns: n, ranges, .. }) => {
                 prop_assert_eq!(n.nsid, s.nsid.get());
                 prop_assert_eq!(ranges, (s.cdw10.get() & 0xFF) + 1);
+            }
+            Ok(Io::Reservation { ns: n, cmd }) => {
+                prop_assert_eq!(n.nsid, s.nsid.get());
+                prop_assert_eq!(Some(cmd), ResvCdw10::decode(s.opcode, s.cdw10.get()));
+            }
+            // Only the extended structure, at least its header, at most MDTS.
+            Ok(Io::ReservationReport { ns: n, len }) => {
+                prop_assert_eq!(n.nsid, s.nsid.get());
+                prop_assert!(s.cdw11.get() & 1 == 1);
+                prop_assert!((64..=max).contains(&len), "report of {} bytes", len);
             }
         }
     }

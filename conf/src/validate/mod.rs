@@ -43,6 +43,7 @@ pub(crate) enum Base<'a> {
 pub(crate) fn build(text: &str, origin: &str, base: Base<'_>) -> Result<Config, ConfError> {
     let cx = Cx { text, origin, base };
     let raw: RawConfig = toml::from_str(text).map_err(|e| toml_error(&cx, &e))?;
+    let state_dir = raw.state_dir.as_ref().map(|v| cx.path(v, "state_dir")).transpose()?;
 
     let reactors = match raw.reactors {
         Some(r) => reactors(&cx, r)?,
@@ -90,6 +91,7 @@ pub(crate) fn build(text: &str, origin: &str, base: Base<'_>) -> Result<Config, 
         control,
         discovery,
         referrals,
+        state_dir,
         origin: origin.to_owned(),
     })
 }

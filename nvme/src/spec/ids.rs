@@ -33,6 +33,8 @@ pub mod log_page {
     pub const ANA: u8 = lid::NVME_LOG_LID_ANA as u8;
     /// Discovery (NVMe-oF).
     pub const DISCOVERY: u8 = lid::NVME_LOG_LID_DISCOVER as u8;
+    /// Reservation Notification.
+    pub const RESERVATION_NOTIFICATION: u8 = lid::NVME_LOG_LID_RESERVATION as u8;
 }
 
 /// Feature identifiers (NVMe 2.0 §5.27.1, Figure 317).
@@ -58,4 +60,8 @@ pub mod feature {
     pub const KEEP_ALIVE_TIMER: u8 = fid::NVME_FEAT_FID_KATO as u8;
     /// Host Identifier.
     pub const HOST_IDENTIFIER: u8 = fid::NVME_FEAT_FID_HOST_ID as u8;
+    /// Reservation Notification Mask.
+    pub const RESERVATION_NOTIFICATION_MASK: u8 = fid::NVME_FEAT_FID_RESV_MASK as u8;
+    /// Reservation Persistence.
+    pub const RESERVATION_PERSISTENCE: u8 = fid::NVME_FEAT_FID_RESV_PERSIST as u8;
 }

@@ -11,6 +11,7 @@ mod cqe;
 mod ids;
 pub mod opcode;
 mod properties;
+pub mod resv;
 mod sgl;
 pub mod smart;
 mod sqe;

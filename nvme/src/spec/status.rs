@@ -140,6 +140,9 @@ impl Status {
     pub const SGL_DESCRIPTOR_TYPE_INVALID: Self = sc(sct::GENERIC, sf::NVME_SC_SGL_INVALID_TYPE);
     /// Generic 0x16: SGL Offset Invalid.
     pub const SGL_OFFSET_INVALID: Self = sc(sct::GENERIC, sf::NVME_SC_SGL_INVALID_OFFSET);
+    /// Generic 0x18: Host Identifier Inconsistent Format (a Reservation Report without the
+    /// extended data structure where host identifiers are 128-bit, NVMe 2.0 §7.6).
+    pub const HOST_ID_INCONSISTENT: Self = sc(sct::GENERIC, sf::NVME_SC_HOSTID_FORMAT);
     /// Generic 0x1A: Keep Alive Timeout Invalid.
     pub const KEEP_ALIVE_TIMEOUT_INVALID: Self = sc(sct::GENERIC, sf::NVME_SC_KAT_INVALID);
     /// Generic 0x22: Transient Transport Error (what a command completes with when its data
@@ -151,6 +154,8 @@ impl Status {
     pub const CAPACITY_EXCEEDED: Self = sc(sct::GENERIC, sf::NVME_SC_CAP_EXCEEDED);
     /// Generic (NVM command set) 0x82: Namespace Not Ready.
     pub const NAMESPACE_NOT_READY: Self = sc(sct::GENERIC, sf::NVME_SC_NS_NOT_READY);
+    /// Generic (NVM command set) 0x83: Reservation Conflict (NVMe 2.0 §8.19).
+    pub const RESERVATION_CONFLICT: Self = sc(sct::GENERIC, sf::NVME_SC_RESERVATION_CONFLICT);
 
     /// Command specific 0x01: Invalid Queue Identifier.
     pub const INVALID_QUEUE_IDENTIFIER: Self = sc(sct::COMMAND_SPECIFIC, sf::NVME_SC_QID_INVALID);
@@ -238,6 +243,8 @@ mod tests {
             (Status::SGL_OFFSET_INVALID, 0x16),
             (Status::TRANSIENT_TRANSPORT_ERROR, 0x22),
             (Status::LBA_OUT_OF_RANGE, 0x80),
+            (Status::RESERVATION_CONFLICT, 0x83),
+            (Status::HOST_ID_INCONSISTENT, 0x18),
             (Status::CAPACITY_EXCEEDED, 0x81),
             (Status::NAMESPACE_NOT_READY, 0x82),
         ];

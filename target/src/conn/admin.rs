@@ -20,7 +20,7 @@ use crate::health;
 use crate::subsystem::{Snapshot, Subsystem};
 
 /// An I/O queue's attachment: its subsystem and host NQN, or the refusal.
-type AttachResult = Result<(Arc<Subsystem>, String), Refusal>;
+type AttachResult = Result<(Arc<Subsystem>, String, [u8; 16]), Refusal>;
 
 /// How often a controller with SMART events enabled looks at its subsystem's health (a
 /// device's page is read every 2 s by its admin thread).
@@ -157,7 +157,7 @@ impl Conn {
         let sent = r.send(owner, move |r| {
             let res = with_ctrl(r, cntlid, |ctrl, _| connect::attach_io(ctrl, qid, &d, me))
                 .unwrap_or_else(|| Err(connect::no_such_controller()))
-                .map(|s| (s, d.hostnqn));
+                .map(|s| (s, d.hostnqn, d.hostid));
             r.send(me.reactor, move |r| {
                 r.with_source::<Conn, _>(me.source, |c, r| {
                     if c.serial == me.serial {
@@ -177,10 +177,15 @@ impl Conn {
             return;
         }
         match res {
-            Ok((subsys, hostnqn)) => {
+            Ok((subsys, hostnqn, hostid)) => {
                 debug!(cntlid, qid = self.sq.qid, reactor = self.reactor, peer = %self.tcp.peer, "I/O queue connected");
                 let atr = self.auth_required(&hostnqn, Some(&subsys));
-                self.q = Queue::Io(IoQueue { cntlid, owner, subsys });
+                self.q = Queue::Io(IoQueue {
+                    cntlid,
+                    owner,
+                    subsys,
+                    hostid,
+                });
                 self.start_auth(r, id, &hostnqn, atr);
                 self.resp(cid, Status::SUCCESS, connect_dw0(cntlid, atr), 0);
             }
@@ -290,6 +295,14 @@ impl Conn {
             }
             Outcome::Held => return,
             Outcome::Abort { sqid, cid: target } => return self.abort(r, id, cid, sqid, target),
+            Outcome::SetPtpl { ns, ptpl } => {
+                let (nqn, hostid) = (
+                    ctrl.subsys.as_ref().map(|s| s.nqn.clone()).unwrap_or_default(),
+                    ctrl.hostid,
+                );
+                let op = crate::resv::ResvOp::SetPtpl(ptpl);
+                return self.change_reservations(r, id, cid, ns, nqn, hostid, op);
+            }
         };
         let status = rep.status;
         self.reply(cid, rep, max_len);

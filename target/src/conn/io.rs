@@ -88,6 +88,7 @@ impl Conn {
     pub(super) fn on_io(&mut self, r: &mut Reactor, id: SourceId, sqe: &Sqe, data: &[u8]) {
         let (cid, nsid) = (sqe.cid.get(), sqe.nsid.get());
         let Queue::Io(q) = &mut self.q else { return };
+        let hostid = q.hostid;
         let max_io = self.shared.transport.max_io_size;
         let mut parsed = io::parse(sqe, &q.subsys, max_io, data);
         if matches!(parsed, Err((s, _)) if s == Status::INVALID_NAMESPACE.with_dnr()) {
@@ -110,6 +111,14 @@ impl Conn {
         // transition on this path; the status (no DNR) sends the host to another path.
         if let Some(ns) = cmd.io.namespace()
             && let Some(s) = self.ana.path_status(ns.ana_group)
+        {
+            return self.fail(r, cid, s, nsid, 0);
+        }
+        // NVMe 2.0 §8.19.2: a reservation held by another host may bar this command. While
+        // none is held (the common case) this is one atomic load.
+        if let Some(ns) = cmd.io.namespace()
+            && let Some(access) = cmd.io.access()
+            && let Err(s) = ns.resv.check(&hostid, access)
         {
             return self.fail(r, cid, s, nsid, 0);
         }
@@ -164,6 +173,20 @@ impl Conn {
                     }
                     None => Io::Compare { ns, off, len, expect },
                 }
+            }
+            Io::Reservation { ns, cmd } => {
+                self.free(slot);
+                let WriteData::Bytes(keys) = &data else {
+                    return self.fail(r, cid, Status::INTERNAL_ERROR, ns.nsid, 0);
+                };
+                let keys = keys.to_vec();
+                return self.reservation(r, id, cid, ns, cmd, &keys);
+            }
+            Io::ReservationReport { ns, len } => {
+                self.free(slot);
+                let page = ns.resv.state().report(len as usize);
+                self.tcp.c2h(cid, &page);
+                return self.resp(cid, Status::SUCCESS, 0, 0);
             }
             Io::Verify { ns, .. } if ns.inline_reads => {
                 // Memory reads back what it holds: the range checked at parse is all.
@@ -329,7 +352,7 @@ impl Conn {
 
     /// Complete request `slot` (command `cid`) with `status` while its data still comes: its
     /// buffer goes back to its pool, it stays as a tombstone that drains the rest of its data.
-    fn complete_early(&mut self, r: &mut Reactor, slot: usize, cid: u16, status: Status) {
+    pub(super) fn complete_early(&mut self, r: &mut Reactor, slot: usize, cid: u16, status: Status) {
         if let Some(buf) = self.reqs.complete_early(slot, status) {
             let ns = self.reqs.get_mut(slot).and_then(|q| q.io.namespace().cloned());
             recycle_buf(r, ns.as_ref(), buf);
@@ -339,7 +362,7 @@ impl Conn {
 
     /// Abort submitted command `cid` where its channel can cancel it: it then completes
     /// with Command Aborted Requested through the channel, as any completion does.
-    fn abort_submitted(&mut self, r: &mut Reactor, id: SourceId, cid: u16) -> bool {
+    pub(super) fn abort_submitted(&mut self, r: &mut Reactor, id: SourceId, cid: u16) -> bool {
         let Some(slot) = self.reqs.submitted_by_cid(cid) else {
             return false;
         };

@@ -12,6 +12,7 @@
 mod admin;
 mod auth;
 mod io;
+mod resv;
 
 use std::net::TcpStream;
 use std::sync::Arc;
@@ -62,6 +63,8 @@ struct IoQueue {
     cntlid: u16,
     owner: usize,
     subsys: Arc<Subsystem>,
+    /// The host identifier of its Connect (its controller's): reservations know hosts by it.
+    hostid: [u8; 16],
 }
 
 /// The submission queue's state that completions report (NVMe-oF 1.1 §3.3, NVMe 2.0 §4.6).

@@ -5,6 +5,7 @@
 //! connection completes with the reactor's help. Log pages are in [`super::log`].
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Instant;
 
 use pollux_conf::DISCOVERY_NQN;
@@ -159,8 +160,8 @@ pub fn identify_controller(ctrl: &Ctrl, shared: &Shared) -> Vec<u8> {
     id.nn = nn.to_le();
     // Compare (bit 0), Dataset Management (bit 2), Write Zeroes (bit 3), Get Features
     // Select and Set Features Save (bit 4: every feature answers them; none is saveable),
-    // Verify (bit 7).
-    id.oncs = (1u16 | (1 << 2) | (1 << 3) | (1 << 4) | (1 << 7)).to_le();
+    // Reservations (bit 5), Verify (bit 7).
+    id.oncs = (1u16 | (1 << 2) | (1 << 3) | (1 << 4) | (1 << 5) | (1 << 7)).to_le();
     // VWC (NVMe 2.0 §5.17.2.1): files and devices cache writes until a Flush; RAM and the
     // simulated device hold a completed write in the namespace's memory. Bits 2:1 = 10b: a
     // Flush with NSID FFFFFFFFh is not supported (each namespace is flushed by its own).
@@ -202,6 +203,8 @@ pub fn identify_namespace(ctrl: &Ctrl, nsid: u32) -> Reply {
         id.nguid = ns.nguid;
         id.eui64 = ns.eui64;
         id.anagrpid = ns.ana_group.to_le();
+        // Every type and IEKEY's meaning since 1.3; PTPL where the state can be kept.
+        id.rescap = pollux_nvme::spec::resv::rescap(ns.resv.ptpl_capable());
     }
     Reply::data(id.as_bytes().to_vec())
 }
@@ -277,6 +280,8 @@ pub enum Admin {
     SetFeatures {
         /// Feature id.
         fid: u8,
+        /// Namespace (namespace-specific features).
+        nsid: u32,
         /// Save.
         save: bool,
         /// Value.
@@ -286,6 +291,8 @@ pub enum Admin {
     GetFeatures {
         /// Feature id.
         fid: u8,
+        /// Namespace (namespace-specific features).
+        nsid: u32,
         /// Select (current/default/saved/capabilities).
         sel: u8,
         /// Feature specific.
@@ -328,11 +335,13 @@ pub fn decode_admin(sqe: &Sqe) -> Admin {
         }
         SET_FEATURES => Admin::SetFeatures {
             fid: cdw10 as u8,
+            nsid: sqe.nsid.get(),
             save: cdw10 & (1 << 31) != 0,
             cdw11,
         },
         GET_FEATURES => Admin::GetFeatures {
             fid: cdw10 as u8,
+            nsid: sqe.nsid.get(),
             sel: ((cdw10 >> 8) & 7) as u8,
             cdw11,
         },
@@ -367,6 +376,14 @@ pub enum Outcome {
         sqid: u16,
         /// Its command id.
         cid: u16,
+    },
+    /// Set Features Reservation Persistence: a change of the namespace's reservations,
+    /// made by their owner ([`crate::resv`]); the reply comes when it is durable.
+    SetPtpl {
+        /// The namespace.
+        ns: Arc<crate::subsystem::Namespace>,
+        /// PTPL wanted.
+        ptpl: bool,
     },
 }
 
@@ -432,12 +449,16 @@ pub fn execute(ctrl: &mut Ctrl, env: &AdminEnv<'_>, sqe: &Sqe) -> Outcome {
             };
             get_log_page(ctrl, &log_env, lid, lsp, sqe.nsid.get(), rae, offset, len.min(max_len))
         }
-        Admin::GetFeatures { fid, sel, cdw11 } => get_features(ctrl, env.shared, fid, sel, cdw11),
-        Admin::SetFeatures { fid, save, cdw11 } => {
-            let (rep, effect) = set_features(ctrl, env.shared, fid, save, cdw11);
-            if effect == FeatureEffect::KeepAlive {
-                ctrl.last_keep_alive = Instant::now();
-                return Outcome::KeepAlive(rep);
+        Admin::GetFeatures { fid, nsid, sel, cdw11 } => get_features(ctrl, env.shared, fid, nsid, sel, cdw11),
+        Admin::SetFeatures { fid, nsid, save, cdw11 } => {
+            let (rep, effect) = set_features(ctrl, env.shared, fid, nsid, save, cdw11);
+            match effect {
+                FeatureEffect::KeepAlive => {
+                    ctrl.last_keep_alive = Instant::now();
+                    return Outcome::KeepAlive(rep);
+                }
+                FeatureEffect::SetPtpl(ns, ptpl) => return Outcome::SetPtpl { ns, ptpl },
+                FeatureEffect::None => {}
             }
             rep
         }

@@ -10,9 +10,11 @@
 
 use pollux_nvme::spec::{Status, feature};
 
+use std::sync::Arc;
+
 use super::Ctrl;
 use super::admin::Reply;
-use crate::subsystem::Shared;
+use crate::subsystem::{Namespace, Shared};
 
 /// Warning Composite Temperature Threshold reported in Identify Controller (WCTEMP, kelvin)
 /// and the default over-temperature threshold of the composite sensor (NVMe 2.0 §5.27.1.3).
@@ -111,20 +113,71 @@ fn describe(ctrl: &Ctrl, fid: u8) -> Option<bool> {
         // Reported only where Identify Controller says a volatile cache is present; the
         // cache is the kernel's page cache or the device's, and stays on.
         feature::VOLATILE_WRITE_CACHE if io && cached => false,
+        feature::RESERVATION_NOTIFICATION_MASK | feature::RESERVATION_PERSISTENCE if io => true,
         _ => return None,
     })
 }
 
-/// Get Features (NVMe 2.0 §5.15) of `fid` with select `sel`; `cdw11` is feature specific.
-pub fn get_features(ctrl: &Ctrl, shared: &Shared, fid: u8, sel: u8, cdw11: u32) -> Reply {
+/// Get Features (NVMe 2.0 §5.15) of `fid` (of namespace `nsid` for a namespace-specific
+/// one) with select `sel`; `cdw11` is feature specific.
+pub fn get_features(ctrl: &Ctrl, shared: &Shared, fid: u8, nsid: u32, sel: u8, cdw11: u32) -> Reply {
     let Some(changeable) = describe(ctrl, fid) else {
         return Reply::err(Status::INVALID_FIELD.with_dnr());
     };
+    if per_namespace(fid).is_some() {
+        return match (sel, namespace_of(ctrl, nsid)) {
+            (sel::SUPPORTED_CAPABILITIES, _) => Reply::dw0(CAP_CHANGEABLE | CAP_PER_NAMESPACE),
+            (_, Err(s)) => Reply::err(s),
+            (sel::CURRENT, Ok(n)) => ns_value(ctrl, fid, nsid, n, false),
+            (sel::DEFAULT | sel::SAVED, Ok(n)) => ns_value(ctrl, fid, nsid, n, true),
+            _ => Reply::err(Status::INVALID_FIELD.with_dnr()),
+        };
+    }
     match sel {
         sel::CURRENT => value(ctrl, shared, fid, cdw11, false),
         // Not saveable: the saved value is the default.
         sel::DEFAULT | sel::SAVED => value(ctrl, shared, fid, cdw11, true),
         sel::SUPPORTED_CAPABILITIES => Reply::dw0(if changeable { CAP_CHANGEABLE } else { 0 }),
+        _ => Reply::err(Status::INVALID_FIELD.with_dnr()),
+    }
+}
+
+/// Supported capabilities bit: namespace specific (NVMe 2.0 §5.15.2, Figure 202).
+const CAP_PER_NAMESPACE: u32 = 1 << 1;
+
+/// Whether `fid` is one of the namespace-specific reservation features (NVMe 2.0
+/// §5.27.1.21-22).
+fn per_namespace(fid: u8) -> Option<()> {
+    matches!(
+        fid,
+        feature::RESERVATION_NOTIFICATION_MASK | feature::RESERVATION_PERSISTENCE
+    )
+    .then_some(())
+}
+
+/// The namespace a namespace-specific feature names: an active one, or None for every
+/// namespace (FFFFFFFFh); anything else is Invalid Namespace.
+fn namespace_of(ctrl: &Ctrl, nsid: u32) -> Result<Option<Arc<Namespace>>, Status> {
+    if nsid == u32::MAX {
+        return Ok(None);
+    }
+    ctrl.subsys
+        .as_ref()
+        .and_then(|s| s.namespace(nsid))
+        .cloned()
+        .map(Some)
+        .ok_or(Status::INVALID_NAMESPACE.with_dnr())
+}
+
+/// A reservation feature's value for `nsid` (`ns`: None for FFFFFFFFh).
+fn ns_value(ctrl: &Ctrl, fid: u8, nsid: u32, ns: Option<Arc<Namespace>>, default: bool) -> Reply {
+    match (fid, ns) {
+        (feature::RESERVATION_NOTIFICATION_MASK, _) if default => Reply::dw0(0),
+        (feature::RESERVATION_NOTIFICATION_MASK, _) => Reply::dw0(ctrl.resv_log.mask(nsid)),
+        // PTPL is one namespace's state: there is no value for all of them.
+        (feature::RESERVATION_PERSISTENCE, None) => Reply::err(Status::INVALID_NAMESPACE.with_dnr()),
+        (feature::RESERVATION_PERSISTENCE, Some(_)) if default => Reply::dw0(0),
+        (feature::RESERVATION_PERSISTENCE, Some(n)) => Reply::dw0(u32::from(n.resv.state().ptpl)),
         _ => Reply::err(Status::INVALID_FIELD.with_dnr()),
     }
 }
@@ -182,16 +235,26 @@ fn host_identifier(ctrl: &Ctrl, cdw11: u32) -> Reply {
 }
 
 /// What a Set Features changed that the connection must act on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum FeatureEffect {
     /// Nothing.
     None,
     /// The keep-alive timeout changed: reschedule the check.
     KeepAlive,
+    /// Reservation Persistence: the namespace's reservations change PTPL (through their
+    /// owner; the reply waits for it).
+    SetPtpl(Arc<Namespace>, bool),
 }
 
-/// Set Features (NVMe 2.0 §5.27).
-pub fn set_features(ctrl: &mut Ctrl, shared: &Shared, fid: u8, save: bool, cdw11: u32) -> (Reply, FeatureEffect) {
+/// Set Features (NVMe 2.0 §5.27); `nsid` names the namespace of a namespace-specific one.
+pub fn set_features(
+    ctrl: &mut Ctrl,
+    shared: &Shared,
+    fid: u8,
+    nsid: u32,
+    save: bool,
+    cdw11: u32,
+) -> (Reply, FeatureEffect) {
     let done = |rep: Reply| (rep, FeatureEffect::None);
     let invalid = || done(Reply::err(Status::INVALID_FIELD.with_dnr()));
     let Some(changeable) = describe(ctrl, fid) else {
@@ -199,6 +262,25 @@ pub fn set_features(ctrl: &mut Ctrl, shared: &Shared, fid: u8, save: bool, cdw11
     };
     if save {
         return done(Reply::err(Status::FEATURE_NOT_SAVEABLE.with_dnr()));
+    }
+    if per_namespace(fid).is_some() {
+        let ns = match namespace_of(ctrl, nsid) {
+            Ok(ns) => ns,
+            Err(s) => return done(Reply::err(s)),
+        };
+        return match (fid, ns) {
+            (feature::RESERVATION_NOTIFICATION_MASK, _) if cdw11 & !pollux_nvme::spec::resv::notice::MASK_ALL != 0 => {
+                invalid()
+            }
+            (feature::RESERVATION_NOTIFICATION_MASK, _) => {
+                ctrl.resv_log.set_mask(nsid, cdw11);
+                done(Reply::ok())
+            }
+            (feature::RESERVATION_PERSISTENCE, Some(n)) if cdw11 & 1 == 0 || n.resv.ptpl_capable() => {
+                (Reply::ok(), FeatureEffect::SetPtpl(n, cdw11 & 1 != 0))
+            }
+            _ => invalid(),
+        };
     }
     if !changeable {
         return match fid {

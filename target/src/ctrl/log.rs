@@ -76,6 +76,10 @@ pub fn effects_log() -> Vec<u8> {
         (io::DATASET_MANAGEMENT, true),
         (io::COMPARE, false),
         (io::VERIFY, false),
+        (io::RESERVATION_REGISTER, false),
+        (io::RESERVATION_REPORT, false),
+        (io::RESERVATION_ACQUIRE, false),
+        (io::RESERVATION_RELEASE, false),
     ] {
         set(1024, op, lbcc);
     }
@@ -202,6 +206,7 @@ pub fn get_log_page(
             }
             ana_log(ctrl, lsp & 1 != 0)
         }
+        log_page::RESERVATION_NOTIFICATION if !ctrl.is_discovery() => ctrl.resv_log.read(rae),
         _ => return Reply::err(Status::INVALID_LOG_PAGE.with_dnr()),
     };
     log_slice(log, offset, len)

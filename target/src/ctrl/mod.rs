@@ -17,6 +17,7 @@ pub mod discovery;
 pub mod features;
 pub mod log;
 pub mod property;
+pub mod resv;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::RangeInclusive;
@@ -121,6 +122,8 @@ pub struct Ctrl {
     pub ana_seen: u64,
     /// An ANA change event was reported and the host has not read the ANA page since.
     pub ana_masked: bool,
+    /// Reservation notifications and their mask.
+    pub resv_log: resv::ResvLog,
     /// Created at.
     pub created: Instant,
 }
@@ -155,6 +158,7 @@ impl Ctrl {
             ana: Arc::new(AnaStates::default()),
             ana_seen: 1,
             ana_masked: false,
+            resv_log: resv::ResvLog::default(),
             created: now,
         }
     }
@@ -314,6 +318,14 @@ impl Ctrl {
         );
         self.events.push_back(ev);
         true
+    }
+
+    /// A reservation notification of type `typ` about namespace `nsid` (NVMe 2.0 §8.19.3):
+    /// into the log, and an event when none is unread.
+    pub fn reservation_notice(&mut self, typ: u8, nsid: u32) {
+        if self.resv_log.push(typ, nsid) {
+            self.events.push_back(resv::AER_RESERVATION_LOG);
+        }
     }
 
     /// Pair held AERs with queued events: (AER command id, completion dword 0) to complete.

@@ -47,6 +47,45 @@ pub fn verify(nsid: u32, slba: u64, nlb: u32) -> Sqe {
     lba_cmd(opcode::io::VERIFY, nsid, slba, nlb)
 }
 
+/// Reservation Register (NVM Command Set 1.0 §7.3): RREGA `action` (0 register, 1
+/// unregister, 2 replace), IEKEY, CPTPL (0 no change, 2 clear, 3 set); data
+/// [`resv_keys`]`(crkey, nrkey)`.
+pub fn resv_register(nsid: u32, action: u32, iekey: bool, cptpl: u32) -> Sqe {
+    let mut s = new(opcode::io::RESERVATION_REGISTER, nsid);
+    s.cdw10 = U32::new(action | (u32::from(iekey) << 3) | (cptpl << 30));
+    s
+}
+
+/// Reservation Acquire (§7.4): RACQA `action` (0 acquire, 1 preempt, 2 preempt and abort)
+/// of type `rtype`; data [`resv_keys`]`(crkey, prkey)`.
+pub fn resv_acquire(nsid: u32, action: u32, rtype: u8) -> Sqe {
+    let mut s = new(opcode::io::RESERVATION_ACQUIRE, nsid);
+    s.cdw10 = U32::new(action | (u32::from(rtype) << 8));
+    s
+}
+
+/// Reservation Release (§7.5): RRELA `action` (0 release, 1 clear) of type `rtype`; data
+/// `crkey` (8 bytes, [`resv_keys`] with one key).
+pub fn resv_release(nsid: u32, action: u32, rtype: u8) -> Sqe {
+    let mut s = new(opcode::io::RESERVATION_RELEASE, nsid);
+    s.cdw10 = U32::new(action | (u32::from(rtype) << 8));
+    s
+}
+
+/// Reservation Report (§7.6) into a buffer of `len` bytes (a multiple of 4), with the
+/// extended data structure when `eds`.
+pub fn resv_report(nsid: u32, len: u32, eds: bool) -> Sqe {
+    let mut s = new(opcode::io::RESERVATION_REPORT, nsid);
+    s.cdw10 = U32::new((len / 4).saturating_sub(1));
+    s.cdw11 = U32::new(u32::from(eds));
+    s
+}
+
+/// The data of a reservation command: its keys, little-endian.
+pub fn resv_keys(keys: &[u64]) -> Vec<u8> {
+    keys.iter().flat_map(|k| k.to_le_bytes()).collect()
+}
+
 /// Write Zeroes (NVM command set §3.3.7): `nlb` blocks (1..=65536) at `slba`.
 pub fn write_zeroes(nsid: u32, slba: u64, nlb: u32) -> Sqe {
     lba_cmd(opcode::io::WRITE_ZEROES, nsid, slba, nlb)

@@ -1,0 +1,301 @@
+//! The connection's side of reservations (NVMe 2.0 §8.19): a reservation command of an I/O
+//! queue, or Set Features Reservation Persistence of an admin queue, goes to the
+//! namespace's owner ([`crate::resv::submit`]); its outcome comes back here by message.
+//! Then the notifications it caused go to the controllers of the hosts concerned (on their
+//! reactors), and a Preempt and Abort fences the preempted hosts before it completes: each
+//! of their I/O queues aborts what it can of that namespace's commands and reports when the
+//! rest has completed, so that once the host that preempted sees success, no command of a
+//! preempted host is still writing (nvmet waits the same way).
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use pollux_nvme::spec::Status;
+use pollux_nvme::spec::resv::ResvCdw10;
+use pollux_reactor::{Reactor, Remote, SourceId};
+use tracing::{info, warn};
+
+use super::{Conn, Queue};
+use crate::ctrl::{Local, QueueRef};
+use crate::resv::{Effects, HostId, ResvDone, ResvOp};
+use crate::subsystem::Namespace;
+
+/// How long a Preempt and Abort waits for a preempted host's commands that could not be
+/// aborted (a device that never completes them): then it completes anyway, logged.
+const FENCE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often a queue being fenced looks again at its commands in flight.
+const FENCE_POLL: Duration = Duration::from_millis(1);
+
+/// What answers a reservation change: an I/O queue's command, or an admin queue's Set
+/// Features.
+#[derive(Debug, Clone, Copy)]
+struct Asker {
+    id: SourceId,
+    serial: u64,
+    cid: u16,
+}
+
+impl Conn {
+    /// A Reservation Register, Acquire or Release with its keys (`keys`: the command's
+    /// data, [`ResvCdw10::data_len`] bytes).
+    pub(super) fn reservation(
+        &mut self,
+        r: &mut Reactor,
+        id: SourceId,
+        cid: u16,
+        ns: Arc<Namespace>,
+        cmd: ResvCdw10,
+        keys: &[u8],
+    ) {
+        let Queue::Io(q) = &self.q else { return };
+        let (hostid, nqn) = (q.hostid, q.subsys.nqn.clone());
+        let key = |i: usize| {
+            keys.get(i * 8..i * 8 + 8)
+                .and_then(|b| b.try_into().ok())
+                .map_or(0, u64::from_le_bytes)
+        };
+        let op = match cmd {
+            ResvCdw10::Register { action, iekey, cptpl } => ResvOp::Register {
+                action,
+                iekey,
+                cptpl,
+                crkey: key(0),
+                nrkey: key(1),
+            },
+            ResvCdw10::Acquire { action, iekey, rtype } => ResvOp::Acquire {
+                action,
+                iekey,
+                rtype,
+                crkey: key(0),
+                prkey: key(1),
+            },
+            ResvCdw10::Release { action, iekey, rtype } => ResvOp::Release {
+                action,
+                iekey,
+                rtype,
+                crkey: key(0),
+            },
+        };
+        self.change_reservations(r, id, cid, ns, nqn, hostid, op);
+    }
+
+    /// Send `op` of host `hostid` on `ns` (of subsystem `nqn`) to the owner; command `cid`
+    /// completes when it is done (and durable).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn change_reservations(
+        &mut self,
+        r: &mut Reactor,
+        id: SourceId,
+        cid: u16,
+        ns: Arc<Namespace>,
+        nqn: String,
+        hostid: HostId,
+        op: ResvOp,
+    ) {
+        let Some(remote) = r.remote(self.reactor) else {
+            return self.fail(r, cid, Status::INTERNAL_ERROR, ns.nsid, 0);
+        };
+        let asker = Asker {
+            id,
+            serial: self.serial,
+            cid,
+        };
+        let resv = ns.resv.clone();
+        crate::resv::submit(resv, hostid, op, move |done: ResvDone| {
+            let back = remote.clone();
+            remote.send(move |r| settle(r, back, asker, ns, nqn, hostid, done));
+        });
+    }
+
+    /// Abort what can be of this I/O queue's commands on namespace `nsid` (a Preempt and
+    /// Abort fenced its host): those waiting for data complete now with Command Abort
+    /// Requested, submitted ones are cancelled where their backend can. The number still
+    /// submitted, which will complete as usual.
+    fn fence(&mut self, r: &mut Reactor, id: SourceId, nsid: u32) -> usize {
+        let live = self.reqs.of_namespace(nsid);
+        for &(slot, cid, submitted) in &live {
+            if !submitted {
+                self.complete_early(r, slot, cid, Status::ABORT_REQUESTED);
+            } else {
+                self.abort_submitted(r, id, cid);
+            }
+        }
+        if !live.is_empty() {
+            self.flush_or_close(r, id);
+        }
+        self.reqs.of_namespace(nsid).len()
+    }
+}
+
+/// On the asking connection's reactor: a change is done. Its notifications go out, a
+/// Preempt and Abort fences the preempted, and the command completes (if its connection is
+/// still there).
+fn settle(
+    r: &mut Reactor,
+    back: Remote,
+    asker: Asker,
+    ns: Arc<Namespace>,
+    nqn: String,
+    hostid: HostId,
+    done: ResvDone,
+) {
+    let nsid = ns.nsid;
+    let finish = move |r: &mut Reactor, status: Status| {
+        r.with_source::<Conn, _>(asker.id, |c, r| {
+            if c.serial == asker.serial && !c.closed {
+                if status.is_success() {
+                    c.resp(asker.cid, status, 0, 0);
+                } else {
+                    c.fail(r, asker.cid, status, nsid, 0);
+                }
+                c.flush_or_close(r, asker.id);
+            }
+        });
+    };
+    let fx: Effects = match done {
+        Ok(fx) => fx,
+        Err(s) => return finish(r, s),
+    };
+    notify(r, &nqn, nsid, &fx.notices);
+    let aborted: Vec<HostId> = fx.aborted.into_iter().filter(|h| *h != hostid).collect();
+    if aborted.is_empty() {
+        return finish(r, Status::SUCCESS);
+    }
+    info!(nqn = %nqn, nsid, hosts = aborted.len(), "preempt and abort: fencing the preempted hosts");
+    let join = Join::new(back, Box::new(move |r: &mut Reactor| finish(r, Status::SUCCESS)));
+    let aborted = Arc::new(aborted);
+    let n = r.reactor_count();
+    join.add(n);
+    for i in 0..n {
+        let (part, aborted, nqn) = (join.clone(), aborted.clone(), nqn.clone());
+        let sent = r.send(i, move |r| {
+            for q in io_queues_of(r, &nqn, &aborted) {
+                part.add(1);
+                let j = part.clone();
+                if !r.send(q.reactor, move |r| {
+                    watch(r, q, nsid, j, Instant::now() + FENCE_TIMEOUT, true)
+                }) {
+                    part.done(1);
+                }
+            }
+            part.done(1);
+        });
+        if !sent {
+            join.done(1);
+        }
+    }
+}
+
+/// The I/O queues of this reactor's controllers of subsystem `nqn` whose hosts are in
+/// `hosts`.
+fn io_queues_of(r: &mut Reactor, nqn: &str, hosts: &[HostId]) -> Vec<QueueRef> {
+    let mut out = Vec::new();
+    super::for_each_ctrl(r, |c| {
+        if c.subsys.as_ref().is_some_and(|s| s.nqn == nqn) && hosts.contains(&c.hostid) {
+            out.extend(c.io_queues.values().copied());
+        }
+    });
+    out
+}
+
+/// On an I/O queue's reactor: fence it (the first time), then wait until none of its
+/// commands on `nsid` is in flight, or the deadline.
+fn watch(r: &mut Reactor, q: QueueRef, nsid: u32, join: Arc<Join>, deadline: Instant, first: bool) {
+    let left = r
+        .with_source::<Conn, _>(q.source, |c, r| {
+            if c.serial != q.serial || c.closed {
+                return 0;
+            }
+            if first {
+                c.fence(r, q.source, nsid)
+            } else {
+                c.reqs.of_namespace(nsid).len()
+            }
+        })
+        .unwrap_or(0);
+    if left == 0 {
+        return join.done(1);
+    }
+    if Instant::now() >= deadline {
+        warn!(
+            nsid,
+            left, "preempt and abort: commands of a preempted host still in flight; completing anyway"
+        );
+        return join.done(1);
+    }
+    r.add_timer(Instant::now() + FENCE_POLL, move |r| {
+        watch(r, q, nsid, join, deadline, false)
+    });
+}
+
+/// Send notifications (host, type) about namespace `nsid` of subsystem `nqn` to every
+/// controller of those hosts, on whichever reactor owns it.
+fn notify(r: &mut Reactor, nqn: &str, nsid: u32, notices: &[(HostId, u8)]) {
+    if notices.is_empty() {
+        return;
+    }
+    let notices: Arc<Vec<(HostId, u8)>> = Arc::new(notices.to_vec());
+    for i in 0..r.reactor_count() {
+        let (notices, nqn) = (notices.clone(), nqn.to_string());
+        r.send(i, move |r| {
+            let ctrls: Vec<QueueRef> = r
+                .local::<Local>()
+                .map(|l| l.ctrls.values().copied().collect())
+                .unwrap_or_default();
+            for q in ctrls {
+                r.with_source::<Conn, _>(q.source, |c, _| {
+                    if c.serial != q.serial {
+                        return;
+                    }
+                    let Queue::Admin(ctrl) = &mut c.q else { return };
+                    if ctrl.subsys.as_ref().is_none_or(|s| s.nqn != nqn) {
+                        return;
+                    }
+                    for (h, typ) in notices.iter() {
+                        if *h == ctrl.hostid {
+                            ctrl.reservation_notice(*typ, nsid);
+                        }
+                    }
+                    c.complete_events();
+                });
+            }
+        });
+    }
+}
+
+/// Work spread over reactors whose end runs a closure on one reactor: a count of parts
+/// still out, and what to run when it reaches zero.
+struct Join {
+    left: AtomicUsize,
+    to: Remote,
+    then: Mutex<Option<Then>>,
+}
+
+/// What a [`Join`] runs at its end.
+type Then = Box<dyn FnOnce(&mut Reactor) + Send>;
+
+impl Join {
+    /// Nothing out yet: the caller adds its parts before the first can finish.
+    fn new(to: Remote, then: Then) -> Arc<Self> {
+        Arc::new(Self {
+            left: AtomicUsize::new(0),
+            to,
+            then: Mutex::new(Some(then)),
+        })
+    }
+
+    fn add(&self, n: usize) {
+        self.left.fetch_add(n, Ordering::AcqRel);
+    }
+
+    fn done(&self, n: usize) {
+        if self.left.fetch_sub(n, Ordering::AcqRel) == n {
+            let then = self.then.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(f) = then {
+                self.to.send(f);
+            }
+        }
+    }
+}
