@@ -29,6 +29,11 @@ pub struct NsCounters {
     pub read_bytes: AtomicU64,
     /// Bytes written.
     pub write_bytes: AtomicU64,
+    /// Writes started and not completed on this reactor, by the slot they were counted in
+    /// (the fences of [`crate::range_lock`]).
+    pub writes: [AtomicU64; 2],
+    /// The fence epoch of this reactor: its low bit is the slot new writes count in.
+    pub write_epoch: AtomicU64,
 }
 
 /// Add to a counter that only the calling reactor writes.
@@ -76,6 +81,8 @@ pub struct Namespace {
     /// The backend's [`crate::backend::Caps::inline_reads`], read once here: the I/O path
     /// tests it on every read without a call through the backend.
     pub inline_reads: bool,
+    /// Its LBA range locks (fused Compare and Write, Copy).
+    pub locks: crate::range_lock::RangeLocks,
 }
 
 impl Namespace {
@@ -244,6 +251,7 @@ pub fn build_namespace(nqn: &str, n: &pollux_conf::Namespace, reactors: usize) -
         inline_reads: backend.caps().inline_reads,
         backend,
         counters: (0..reactors.max(1)).map(|_| NsCounters::default()).collect(),
+        locks: Default::default(),
     }))
 }
 
@@ -308,6 +316,7 @@ pub(crate) fn test_namespace(nsid: u32, blocks: u64) -> Arc<Namespace> {
         backend: Box::new(backend),
         counters: vec![NsCounters::default()].into_boxed_slice(),
         inline_reads: true,
+        locks: Default::default(),
     })
 }
 

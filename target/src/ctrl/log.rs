@@ -76,6 +76,7 @@ pub fn effects_log() -> Vec<u8> {
         (io::DATASET_MANAGEMENT, true),
         (io::COMPARE, false),
         (io::VERIFY, false),
+        (io::COPY, true),
     ] {
         set(1024, op, lbcc);
     }
