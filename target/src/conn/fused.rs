@@ -213,7 +213,7 @@ impl Conn {
         }
         match fuse {
             Sqe::FUSE_NONE => self.on_plain_io(r, id, sqe, data),
-            Sqe::FUSE_FIRST if sqe.opcode == opcode::io::COMPARE => self.first(r, id, sqe, data),
+            Sqe::FUSE_FIRST if sqe.opcode == opcode::io::COMPARE => self.first(r, sqe, data),
             _ if second => self.fail(r, cid, MISSING_FUSED, nsid, 0),
             // FUSE 11b is reserved; no other command is part of a fused operation.
             _ => self.fail(r, cid, Status::INVALID_FIELD.with_dnr(), nsid, 0),
@@ -228,9 +228,8 @@ impl Conn {
     }
 
     /// The first command of a fused pair: a Compare.
-    fn first(&mut self, r: &mut Reactor, id: SourceId, sqe: &Sqe, data: &[u8]) {
+    fn first(&mut self, r: &mut Reactor, sqe: &Sqe, data: &[u8]) {
         let (cid, nsid) = (sqe.cid.get(), sqe.nsid.get());
-        let _ = id;
         let cmd = match self.fused_cmd(sqe, data) {
             Ok(c) => c,
             Err((s, lba)) => {
