@@ -88,6 +88,18 @@ pub enum Io {
         /// Bytes the host asked for ((NUMD + 1) * 4).
         len: u32,
     },
+    /// Copy (NVM Command Set 1.0 §3.2.2) to byte offset `dst`, its `ranges` 32-byte source
+    /// range entries (format 0) as data.
+    Copy {
+        /// Namespace.
+        ns: Arc<Namespace>,
+        /// Destination byte offset (SDLBA).
+        dst: u64,
+        /// Number of source ranges.
+        ranges: u32,
+        /// Force unit access.
+        fua: bool,
+    },
     /// Dataset Management with `ranges` 16-byte range entries as data.
     DatasetManagement {
         /// Namespace.
@@ -110,6 +122,7 @@ impl Io {
             | Io::Verify { ns, .. }
             | Io::Reservation { ns, .. }
             | Io::ReservationReport { ns, .. }
+            | Io::Copy { ns, .. }
             | Io::DatasetManagement { ns, .. } => Some(ns),
             Io::Flush { ns } => ns.as_ref(),
         }
@@ -121,6 +134,7 @@ impl Io {
             Io::Write { len, .. } | Io::Compare { len, .. } => *len,
             Io::DatasetManagement { ranges, .. } => ranges * 16,
             Io::Reservation { cmd, .. } => cmd.data_len(),
+            Io::Copy { ranges, .. } => ranges * COPY_RANGE_LEN,
             _ => 0,
         }
     }
@@ -131,12 +145,70 @@ impl Io {
     pub fn access(&self) -> Option<Access> {
         match self {
             Io::Read { .. } | Io::Compare { .. } | Io::Verify { .. } => Some(Access::Read),
-            Io::Write { .. } | Io::WriteZeroes { .. } | Io::DatasetManagement { .. } | Io::Flush { ns: Some(_) } => {
-                Some(Access::Write)
-            }
+            Io::Write { .. }
+            | Io::WriteZeroes { .. }
+            | Io::DatasetManagement { .. }
+            | Io::Copy { .. }
+            | Io::Flush { ns: Some(_) } => Some(Access::Write),
             Io::Flush { ns: None } | Io::Reservation { .. } | Io::ReservationReport { .. } => None,
         }
     }
+
+    /// The bytes a command that changes blocks writes, as `[start, end)` of its namespace
+    /// (the range locks check them, [`crate::range_lock`]); None for one that writes
+    /// nothing. Dataset Management's ranges are in its data: the whole namespace stands for
+    /// them (checked only while some range is locked).
+    #[inline(always)]
+    pub fn written(&self) -> Option<(&Arc<Namespace>, u64, u64)> {
+        match self {
+            Io::Write { ns, off, len, .. } => Some((ns, *off, off + u64::from(*len))),
+            Io::WriteZeroes { ns, off, len } => Some((ns, *off, off + len)),
+            Io::DatasetManagement {
+                ns, deallocate: true, ..
+            } => Some((ns, 0, ns.bytes())),
+            _ => None,
+        }
+    }
+}
+
+/// Bytes of one Copy source range entry, format 0 (NVM Command Set 1.0 §3.2.2.1).
+pub const COPY_RANGE_LEN: u32 = 32;
+/// Most source ranges of one Copy (Identify Namespace MSRC is this less one).
+pub const COPY_MAX_RANGES: u32 = 128;
+/// Most bytes one Copy moves (Identify Namespace MCL in blocks; MSSRL the same, at most
+/// 65535 blocks). The copy is read into pollux's memory whole before it is written, so
+/// that a destination overlapping a source is well defined (the source as it was).
+pub const COPY_MAX_BYTES: u64 = 1 << 20;
+
+/// Command Size Limit Exceeded (NVM Command Set 1.0 §3.2.2, SCT 1h SC 83h).
+pub const COMMAND_SIZE_LIMIT_EXCEEDED: Status = Status::new(pollux_nvme::spec::sct::COMMAND_SPECIFIC, 0x83);
+
+/// MSSRL of a namespace: the most blocks of one source range.
+pub fn copy_max_range_blocks(ns: &Namespace) -> u16 {
+    (COPY_MAX_BYTES >> ns.block_shift).min(u64::from(u16::MAX)) as u16
+}
+
+/// The source ranges of a Copy's data (format 0, NVM Command Set 1.0 §3.2.2.1, Figure 50)
+/// as byte ranges; or its status: LBA Out of Range for a range beyond the namespace, Command
+/// Size Limit Exceeded beyond MSSRL or MCL.
+pub fn copy_ranges(data: &[u8], ns: &Namespace) -> Result<Vec<(u64, u64)>, Status> {
+    let mut out = Vec::with_capacity(data.len() / COPY_RANGE_LEN as usize);
+    let mut total = 0u64;
+    let max_range = u64::from(copy_max_range_blocks(ns));
+    for r in data.chunks_exact(COPY_RANGE_LEN as usize) {
+        let slba = u64::from_le_bytes([r[8], r[9], r[10], r[11], r[12], r[13], r[14], r[15]]);
+        let nlb = u64::from(u16::from_le_bytes([r[16], r[17]])) + 1;
+        match slba.checked_add(nlb) {
+            Some(end) if end <= ns.blocks => {}
+            _ => return Err(Status::LBA_OUT_OF_RANGE.with_dnr()),
+        }
+        total += nlb;
+        if nlb > max_range || total << ns.block_shift > COPY_MAX_BYTES {
+            return Err(COMMAND_SIZE_LIMIT_EXCEEDED.with_dnr());
+        }
+        out.push((slba << ns.block_shift, nlb << ns.block_shift));
+    }
+    Ok(out)
 }
 
 /// Extended data structure header size: the least a Reservation Report may ask for.
@@ -164,6 +236,7 @@ pub fn decode_io(sqe: &Sqe, subsys: &Subsystem, max_io: u32) -> Result<Io, Statu
             | RESERVATION_ACQUIRE
             | RESERVATION_RELEASE
             | RESERVATION_REPORT
+            | COPY
     ) {
         return Err(Status::INVALID_OPCODE.with_dnr());
     }
@@ -239,6 +312,28 @@ pub fn decode_io(sqe: &Sqe, subsys: &Subsystem, max_io: u32) -> Result<Io, Statu
                 return Err(Status::INVALID_FIELD.with_dnr());
             }
             Ok(Io::ReservationReport { ns, len: len as u32 })
+        }
+        // NVM Command Set 1.0 §3.2.2: the destination is checked here, the source ranges
+        // when the data has come (`copy_ranges`).
+        COPY => {
+            let cdw12 = sqe.cdw12.get();
+            if (cdw12 >> 8) & 0xF != 0 {
+                // Only source range format 0 (OCFS bit 0).
+                return Err(Status::INVALID_FIELD.with_dnr());
+            }
+            let ranges = (cdw12 & 0xFF) + 1;
+            if ranges > COPY_MAX_RANGES {
+                return Err(COMMAND_SIZE_LIMIT_EXCEEDED.with_dnr());
+            }
+            if slba >= ns.blocks {
+                return Err(Status::LBA_OUT_OF_RANGE.with_dnr());
+            }
+            Ok(Io::Copy {
+                dst: slba << ns.block_shift,
+                ns,
+                ranges,
+                fua: cdw12 & (1 << 30) != 0,
+            })
         }
         _ => Ok(Io::DatasetManagement {
             ns,
@@ -341,6 +436,8 @@ pub fn block_op<'a>(io: &Io, data: WriteData<'a>) -> Result<Option<BlockOp<'a>>,
         Io::WriteZeroes { off, len, .. } => BlockOp::WriteZeroes { off: *off, len: *len },
         Io::Flush { ns: Some(_) } => BlockOp::Flush,
         Io::Flush { ns: None } | Io::Reservation { .. } | Io::ReservationReport { .. } => return Ok(None),
+        // Run by the connection as a locked operation (`conn::fused`), never as one op.
+        Io::Copy { .. } => return Err(Status::INTERNAL_ERROR),
         Io::DatasetManagement { ns, deallocate, .. } => {
             let WriteData::Bytes(bytes) = data else {
                 return Err(Status::INTERNAL_ERROR);

@@ -42,6 +42,7 @@ pub mod io;
 pub mod listener;
 pub mod mutate;
 pub mod perf;
+pub mod range_lock;
 pub mod referral;
 pub mod request;
 pub mod resv;

@@ -51,9 +51,25 @@ pub struct Request {
     pub io: Io,
     /// Where it is.
     pub state: ReqState,
+    /// The locked operation (fused Compare and Write, Copy) whose step this is: its key in
+    /// the connection's operations (`conn::fused`).
+    pub step: Option<usize>,
+    /// The fence slot a write was counted in while in flight ([`crate::range_lock`]).
+    pub wslot: Option<u8>,
 }
 
 impl Request {
+    /// A request of command `cid`, not a step, not counted.
+    pub fn new(cid: u16, io: Io, state: ReqState) -> Self {
+        Self {
+            cid,
+            io,
+            state,
+            step: None,
+            wslot: None,
+        }
+    }
+
     /// Waiting for its data (not completed yet).
     pub fn awaiting_data(&self) -> bool {
         matches!(self.state, ReqState::AwaitingData { .. })
@@ -233,19 +249,19 @@ mod tests {
 
     fn write(cid: u16, len: u32) -> Request {
         let ns = test_namespace(1, 64);
-        Request {
+        Request::new(
             cid,
-            io: Io::Write {
+            Io::Write {
                 ns,
                 off: 0,
                 len,
                 fua: false,
             },
-            state: ReqState::AwaitingData {
+            ReqState::AwaitingData {
                 buf: DataBuf::Heap(vec![0; len as usize]),
                 progress: R2tProgress { len, received: 0 },
             },
-        }
+        )
     }
 
     #[test]

@@ -31,6 +31,11 @@ pub struct NsCounters {
     pub read_bytes: AtomicU64,
     /// Bytes written.
     pub write_bytes: AtomicU64,
+    /// Writes started and not completed on this reactor, by the slot they were counted in
+    /// (the fences of [`crate::range_lock`]).
+    pub writes: [AtomicU64; 2],
+    /// The fence epoch of this reactor: its low bit is the slot new writes count in.
+    pub write_epoch: AtomicU64,
 }
 
 /// Add to a counter that only the calling reactor writes.
@@ -80,6 +85,8 @@ pub struct Namespace {
     pub inline_reads: bool,
     /// Its reservations (NVMe 2.0 §8.19), shared by every reactor.
     pub resv: Arc<NsResv>,
+    /// Its LBA range locks (fused Compare and Write, Copy).
+    pub locks: crate::range_lock::RangeLocks,
 }
 
 impl Namespace {
@@ -275,6 +282,7 @@ pub fn build_namespace(
         backend,
         counters: (0..reactors.max(1)).map(|_| NsCounters::default()).collect(),
         resv,
+        locks: Default::default(),
     }))
 }
 
@@ -341,6 +349,7 @@ pub(crate) fn test_namespace(nsid: u32, blocks: u64) -> Arc<Namespace> {
         counters: vec![NsCounters::default()].into_boxed_slice(),
         inline_reads: true,
         resv: Arc::new(NsResv::volatile()),
+        locks: Default::default(),
     })
 }
 

@@ -105,21 +105,3 @@ fn compare_and_verify_on_ram_file_nvme_and_sim_namespaces() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
-
-#[test]
-fn a_fused_compare_is_refused_until_fused_operations_exist() {
-    let t = target("{ ram = { size = \"8MiB\" } }");
-    let mut c = Controller::connect(addr(&t), CMP_NQN, HOST, 1, 32, Digests::NONE).unwrap();
-    let mut s = sqe::compare(1, 0, 1);
-    s.flags |= 0x1; // FUSE 01b: the first command of a fused operation (NVMe 2.0 §4.2)
-    let st = status(&mut c, s, Data::ToCtrl(vec![0; 512]));
-    assert_eq!((st.sc(), st.dnr()), (0x02, true), "Invalid Field for a fused command");
-    let id = c.admin.identify(1, 0).unwrap();
-    assert_eq!(
-        u16::from_le_bytes([id[522], id[523]]),
-        0,
-        "FUSES: no fused operation reported"
-    );
-    c.shutdown().unwrap();
-    t.shutdown().unwrap();
-}

@@ -171,6 +171,14 @@ proptest! {
                 prop_assert!(s.cdw11.get() & 1 == 1);
                 prop_assert!((64..=max).contains(&len), "report of {} bytes", len);
             }
+            Ok(Io::Copy { ns: n, dst, ranges, .. }) => {
+                prop_assert_eq!(s.opcode, opcode::io::COPY);
+                prop_assert_eq!(n.nsid, s.nsid.get());
+                prop_assert_eq!(dst, slba * bs);
+                prop_assert!(dst < n.bytes());
+                prop_assert_eq!((s.cdw12.get() >> 8) & 0xF, 0, "only format 0");
+                prop_assert!((1..=128).contains(&ranges));
+            }
         }
     }
 

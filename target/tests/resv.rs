@@ -175,6 +175,25 @@ fn write_exclusive_and_exclusive_access_between_two_hosts() {
             CONFLICT,
             "{who}: flush is in the write group"
         );
+        let copy = Data::ToCtrl(sqe::CopyRange::data(&[sqe::CopyRange { slba: 1, nlb: 1 }]));
+        assert_eq!(
+            sc(run(h, sqe::copy(1, 3, 1, false), copy)),
+            CONFLICT,
+            "{who}: copy writes"
+        );
+        let (cmp, w) = sqe::compare_and_write(1, 1, 1);
+        let first = h.io[0].submit(cmp, Data::ToCtrl(vec![0xC0; 512]), 0).unwrap();
+        let second = h.io[0].submit(w, Data::ToCtrl(vec![0x12; 512]), 0).unwrap();
+        let mut got = Vec::new();
+        while got.len() < 2 {
+            h.io[0]
+                .poll_completions(Some(WAIT), |d| got.push((d.cid, sc(d.status))))
+                .unwrap();
+        }
+        assert!(
+            got.iter().all(|&(cid, s)| (cid == first || cid == second) && s != OK),
+            "{who}: a fused compare and write under WE: {got:?}"
+        );
         let (s, data) = read(h, 1);
         assert_eq!((sc(s), data[0]), (OK, 0xC0), "{who} reads under WE");
     }

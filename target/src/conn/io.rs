@@ -12,6 +12,7 @@ use pollux_reactor::{Reactor, SourceId};
 use super::{Conn, Queue};
 use crate::backend::{Completion, ReadData, Tag, WriteData, channel_for, existing_channel, with_channel};
 use crate::io::{self, DataIn, Io};
+use crate::range_lock::{self, Waiter};
 use crate::request::{ReqState, Request, Requests};
 use crate::subsystem::{Namespace, bump};
 use crate::tcp::h2c::{DataBuf, DirectRx, H2cPool, R2tProgress, unknown_ttag};
@@ -22,7 +23,7 @@ pub fn deliver(r: &mut Reactor, c: Completion<'_>) {
     let tag = c.tag;
     let done = r.with_source::<Conn, _>(tag.source, |conn, r| {
         conn.serial == tag.serial && {
-            conn.complete(r, tag.slot, c.status, c.data);
+            conn.complete(r, tag.source, tag.slot, c.status, c.data);
             true
         }
     });
@@ -34,7 +35,7 @@ pub fn deliver(r: &mut Reactor, c: Completion<'_>) {
 /// Give the buffer of a request whose write will not run back: a DMA buffer to its SSD
 /// channel's pool (the one it came from: a reactor has one channel per device), a heap
 /// buffer to the reactor's [`H2cPool`]. A channel already gone (reactor shutdown) frees it.
-fn recycle_buf(r: &mut Reactor, ns: Option<&Arc<Namespace>>, buf: DataBuf) {
+pub(super) fn recycle_buf(r: &mut Reactor, ns: Option<&Arc<Namespace>>, buf: DataBuf) {
     match buf {
         DataBuf::Dma(d) => {
             if let Some(ch) = ns.and_then(|ns| existing_channel(r, ns)) {
@@ -86,8 +87,37 @@ pub(super) fn live_buf<'a>(reqs: &'a mut Requests, d: &DirectRx) -> Option<&'a m
 impl Conn {
     /// An NVM command on an I/O queue.
     pub(super) fn on_io(&mut self, r: &mut Reactor, id: SourceId, sqe: &Sqe, data: &[u8]) {
+        // A fused command, or the one after the first of a fused pair (`conn::fused`).
+        if sqe.fuse() != Sqe::FUSE_NONE || self.fused.open.is_some() {
+            return self.on_fused(r, id, sqe, data);
+        }
+        self.on_plain_io(r, id, sqe, data);
+    }
+
+    /// An NVM command that is not part of a fused operation.
+    pub(super) fn on_plain_io(&mut self, r: &mut Reactor, id: SourceId, sqe: &Sqe, data: &[u8]) {
         let (cid, nsid) = (sqe.cid.get(), sqe.nsid.get());
-        let Queue::Io(q) = &mut self.q else { return };
+        let cmd = match self.validated(sqe, data) {
+            Ok(cmd) => cmd,
+            Err((s, lba)) => return self.fail(r, cid, s, nsid, lba),
+        };
+        match cmd.data {
+            DataIn::None => self.execute(r, id, cid, cmd.io, WriteData::Bytes(&[]), None),
+            DataIn::InCapsule => {
+                let need = cmd.io.h2c_len() as usize;
+                self.execute(r, id, cid, cmd.io, WriteData::Bytes(&data[..need]), None);
+            }
+            DataIn::R2t(len) => {
+                self.start_r2t(r, cid, cmd.io, len);
+            }
+        }
+    }
+
+    /// Parse and validate an NVM command against this queue's subsystem and path.
+    pub(super) fn validated(&mut self, sqe: &Sqe, data: &[u8]) -> Result<io::IoCmd, io::Refusal> {
+        let Queue::Io(q) = &mut self.q else {
+            return Err((Status::COMMAND_SEQUENCE_ERROR.with_dnr(), 0));
+        };
         let hostid = q.hostid;
         let max_io = self.shared.transport.max_io_size;
         let mut parsed = io::parse(sqe, &q.subsys, max_io, data);
@@ -103,16 +133,13 @@ impl Conn {
                 parsed = io::parse(sqe, &q.subsys, max_io, data);
             }
         }
-        let cmd = match parsed {
-            Ok(cmd) => cmd,
-            Err((s, lba)) => return self.fail(r, cid, s, nsid, lba),
-        };
+        let cmd = parsed?;
         // NVMe 2.0 §8.1.3: no I/O on a namespace whose ANA group is inaccessible, lost or in
         // transition on this path; the status (no DNR) sends the host to another path.
         if let Some(ns) = cmd.io.namespace()
             && let Some(s) = self.ana.path_status(ns.ana_group)
         {
-            return self.fail(r, cid, s, nsid, 0);
+            return Err((s, 0));
         }
         // NVMe 2.0 §8.19.2: a reservation held by another host may bar this command. While
         // none is held (the common case) this is one atomic load.
@@ -120,22 +147,42 @@ impl Conn {
             && let Some(access) = cmd.io.access()
             && let Err(s) = ns.resv.check(&hostid, access)
         {
-            return self.fail(r, cid, s, nsid, 0);
+            return Err((s, 0));
         }
-        match cmd.data {
-            DataIn::None => self.execute(r, id, cid, cmd.io, WriteData::Bytes(&[]), None),
-            DataIn::InCapsule => {
-                let need = cmd.io.h2c_len() as usize;
-                self.execute(r, id, cid, cmd.io, WriteData::Bytes(&data[..need]), None);
-            }
-            DataIn::R2t(len) => self.start_r2t(r, cid, cmd.io, len),
-        }
+        Ok(cmd)
     }
 
     /// Run a command whose data is all here: inline on a RAM namespace, else on this
     /// reactor's channel of its namespace. `slot`: its request, when it has one already (its
     /// data came by R2T).
-    fn execute(&mut self, r: &mut Reactor, id: SourceId, cid: u16, io: Io, data: WriteData<'_>, slot: Option<usize>) {
+    pub(super) fn execute(
+        &mut self,
+        r: &mut Reactor,
+        id: SourceId,
+        cid: u16,
+        io: Io,
+        data: WriteData<'_>,
+        slot: Option<usize>,
+    ) {
+        // The data of one command of a fused pair: kept until its partner's is here too.
+        if let Some(s) = slot
+            && !self.fused.pairs.is_empty()
+            && let Some((k, cmp)) = self.fused.pair_of(s)
+        {
+            return self.pair_data(r, id, k, cmp, s, data);
+        }
+        // A write to blocks a fused Compare and Write or a Copy has locked waits for it
+        // (one atomic load when nothing is locked: `range_lock`).
+        let (me, serial) = (self.reactor, self.serial);
+        if io.written().is_some_and(|(ns, start, end)| {
+            ns.locks.blocked(start, end, || Waiter {
+                reactor: me,
+                source: id,
+                serial,
+            })
+        }) {
+            return self.park(r, cid, io, data, slot);
+        }
         // A read of a namespace in memory that completes inline (RAM) has nothing to run: its
         // data goes to the socket from the memory.
         let io = match io {
@@ -188,6 +235,10 @@ impl Conn {
                 self.tcp.c2h(cid, &page);
                 return self.resp(cid, Status::SUCCESS, 0, 0);
             }
+            Io::Copy { ns, dst, ranges, fua } => {
+                self.free(slot);
+                return self.start_copy(r, id, cid, ns, dst, ranges, fua, data);
+            }
             Io::Verify { ns, .. } if ns.inline_reads => {
                 // Memory reads back what it holds: the range checked at parse is all.
                 self.free(slot);
@@ -226,14 +277,21 @@ impl Conn {
             }
         };
         count_write(&ns, self.reactor, &io);
+        // A write in flight is counted for the fences of range locks.
+        let wslot = io.written().map(|_| range_lock::write_started(&ns, self.reactor));
         // A request that got its data by R2T is already Submitted in its slot (h2c_received).
         let slot = match slot {
-            Some(s) => s,
-            None => self.reqs.insert(Request {
-                cid,
-                io,
-                state: ReqState::Submitted,
-            }),
+            Some(s) => {
+                if let Some(q) = self.reqs.get_mut(s) {
+                    q.wslot = wslot;
+                }
+                s
+            }
+            None => {
+                let mut req = Request::new(cid, io, ReqState::Submitted);
+                req.wslot = wslot;
+                self.reqs.insert(req)
+            }
         };
         let tag = Tag {
             source: id,
@@ -246,13 +304,16 @@ impl Conn {
             Ok(()) => r.wake(ch),
             Err(s) => {
                 self.reqs.remove(slot);
+                if let Some(w) = wslot {
+                    range_lock::write_done(r, &ns, w);
+                }
                 self.fail(r, cid, s, nsid, 0);
             }
         }
     }
 
     /// Complete a command with `status`, in the error log when it failed.
-    fn resp_or_fail(&mut self, r: &mut Reactor, cid: u16, status: Status, nsid: u32) {
+    pub(super) fn resp_or_fail(&mut self, r: &mut Reactor, cid: u16, status: Status, nsid: u32) {
         if status.is_success() {
             self.resp(cid, status, 0, 0);
         } else {
@@ -261,7 +322,7 @@ impl Conn {
     }
 
     /// Free a request's slot, if it has one.
-    fn free(&mut self, slot: Option<usize>) {
+    pub(super) fn free(&mut self, slot: Option<usize>) {
         if let Some(s) = slot {
             self.reqs.remove(s);
         }
@@ -307,15 +368,22 @@ impl Conn {
 
     /// A channel completed the request in `slot`; a read's data comes with it (a file, an
     /// SSD) or is in the namespace's memory (a simulated device).
-    fn complete(&mut self, r: &mut Reactor, slot: usize, status: Status, data: Option<ReadData<'_>>) {
+    fn complete(&mut self, r: &mut Reactor, id: SourceId, slot: usize, status: Status, data: Option<ReadData<'_>>) {
         // Only a submitted request completes: a tag never outlives its submission, and this
         // keeps a stray completion from freeing a request that waits for its data.
         if !self.reqs.is_submitted(slot) {
             return;
         }
         let Some(req) = self.reqs.remove(slot) else { return };
+        // A write is out of flight even when its queue has closed: fences wait for it.
+        if let (Some(w), Some(ns)) = (req.wslot, req.io.namespace()) {
+            range_lock::write_done(r, &ns.clone(), w);
+        }
         if self.closed {
             return;
+        }
+        if let Some(k) = req.step {
+            return self.step_done(r, id, k, &req.io, status, data);
         }
         match req.io {
             Io::Read { ns, off, len } if status.is_success() => self.send_read(r, req.cid, ns, off, len, data),
@@ -358,6 +426,12 @@ impl Conn {
             recycle_buf(r, ns.as_ref(), buf);
         }
         self.resp(cid, status, 0, 0);
+        // One command of a fused pair failed before it ran: its partner fails with it.
+        if !self.fused.pairs.is_empty()
+            && let Some((k, _)) = self.fused.pair_of(slot)
+        {
+            self.pair_part_failed(r, k, slot);
+        }
     }
 
     /// Abort submitted command `cid` where its channel can cancel it: it then completes
@@ -388,15 +462,18 @@ impl Conn {
 
     // ---------------------------------------------------------------- R2T and H2CData
 
-    /// Ask for a command's `len` bytes of data with one R2T (NVMe/TCP 1.0 §3.6.2.6).
-    fn start_r2t(&mut self, r: &mut Reactor, cid: u16, io: Io, len: u32) {
+    /// Ask for a command's `len` bytes of data with one R2T (NVMe/TCP 1.0 §3.6.2.6): the
+    /// slot (TTAG) of its request, or None when it was refused (and completed).
+    pub(super) fn start_r2t(&mut self, r: &mut Reactor, cid: u16, io: Io, len: u32) -> Option<usize> {
         // Command ids are the host's: two commands in flight with one id is a host bug.
         // Completed (aborted) requests kept only to drain late data do not count.
         if self.reqs.awaiting_by_cid(cid).is_some() {
-            return self.fail(r, cid, Status::CID_CONFLICT.with_dnr(), 0, 0);
+            self.fail(r, cid, Status::CID_CONFLICT.with_dnr(), 0, 0);
+            return None;
         }
         if self.reqs.awaiting_count() >= self.sq.entries as usize {
-            return self.fail(r, cid, Status::COMMAND_SEQUENCE_ERROR, 0, 0);
+            self.fail(r, cid, Status::COMMAND_SEQUENCE_ERROR, 0, 0);
+            return None;
         }
         // Tombstones whose data never came are bounded: beyond a queue's worth, drop the
         // oldest (late data for it is then an unknown TTAG: fatal, which a host that aborts
@@ -422,8 +499,9 @@ impl Conn {
         };
         let progress = R2tProgress { len, received: 0 };
         let state = ReqState::AwaitingData { buf, progress };
-        let ttag = self.reqs.insert(Request { cid, io, state });
+        let ttag = self.reqs.insert(Request::new(cid, io, state));
         self.tcp.r2t(cid, ttag as u16, len);
+        Some(ttag)
     }
 
     /// A whole H2CData PDU with its data.

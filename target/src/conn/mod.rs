@@ -11,6 +11,7 @@
 
 mod admin;
 mod auth;
+mod fused;
 mod io;
 mod resv;
 
@@ -97,6 +98,9 @@ pub struct Conn {
     auth_held: Option<(u16, u32)>,
     /// The ANA states of the listener's path.
     ana: Arc<AnaStates>,
+    /// Fused pairs, locked operations (Compare and Write, Copy) and writes waiting for a
+    /// locked range.
+    fused: fused::Fused,
 }
 
 impl Conn {
@@ -134,6 +138,7 @@ impl Conn {
             auth_timer: None,
             auth_held: None,
             ana: path.ana,
+            fused: fused::Fused::default(),
         })
     }
 
@@ -238,6 +243,8 @@ impl Conn {
         for req in self.reqs.drain().collect::<Vec<_>>() {
             io::recycle(r, req);
         }
+        // Locked ranges are unlocked (their waiters woken), parked writes dropped.
+        self.fused_teardown(r);
         match std::mem::replace(&mut self.q, Queue::Unbound) {
             Queue::Admin(ctrl) => admin::teardown_ctrl(r, ctrl, reason),
             Queue::Io(q) => admin::detach_io(r, &q, self.sq.qid, self.serial),

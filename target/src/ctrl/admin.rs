@@ -160,8 +160,12 @@ pub fn identify_controller(ctrl: &Ctrl, shared: &Shared) -> Vec<u8> {
     id.nn = nn.to_le();
     // Compare (bit 0), Dataset Management (bit 2), Write Zeroes (bit 3), Get Features
     // Select and Set Features Save (bit 4: every feature answers them; none is saveable),
-    // Reservations (bit 5), Verify (bit 7).
-    id.oncs = (1u16 | (1 << 2) | (1 << 3) | (1 << 4) | (1 << 5) | (1 << 7)).to_le();
+    // Reservations (bit 5), Verify (bit 7), Copy (bit 8).
+    id.oncs = (1u16 | (1 << 2) | (1 << 3) | (1 << 4) | (1 << 5) | (1 << 7) | (1 << 8)).to_le();
+    // FUSES bit 0: fused Compare and Write (NVMe 2.0 §5.17.2.1, `conn::fused`).
+    id.fuses = 1u16.to_le();
+    // OCFS bit 0: Copy source range format 0 (NVM Command Set 1.0 §4.1.5.1... Figure 97).
+    id.ocfs = 1u16.to_le();
     // VWC (NVMe 2.0 §5.17.2.1): files and devices cache writes until a Flush; RAM and the
     // simulated device hold a completed write in the namespace's memory. Bits 2:1 = 10b: a
     // Flush with NSID FFFFFFFFh is not supported (each namespace is flushed by its own).
@@ -205,6 +209,10 @@ pub fn identify_namespace(ctrl: &Ctrl, nsid: u32) -> Reply {
         id.anagrpid = ns.ana_group.to_le();
         // Every type and IEKEY's meaning since 1.3; PTPL where the state can be kept.
         id.rescap = pollux_nvme::spec::resv::rescap(ns.resv.ptpl_capable());
+        // Copy limits (NVM Command Set 1.0 §4.1.5.1): MSSRL and MCL in blocks, MSRC 0-based.
+        id.mssrl = crate::io::copy_max_range_blocks(ns).to_le();
+        id.mcl = ((crate::io::COPY_MAX_BYTES >> ns.block_shift) as u32).to_le();
+        id.msrc = (crate::io::COPY_MAX_RANGES - 1) as u8;
     }
     Reply::data(id.as_bytes().to_vec())
 }

@@ -80,6 +80,7 @@ pub fn effects_log() -> Vec<u8> {
         (io::RESERVATION_REPORT, false),
         (io::RESERVATION_ACQUIRE, false),
         (io::RESERVATION_RELEASE, false),
+        (io::COPY, true),
     ] {
         set(1024, op, lbcc);
     }

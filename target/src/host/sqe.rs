@@ -130,6 +130,57 @@ impl DsmRange {
     }
 }
 
+/// A fused Compare and Write (NVMe 2.0 §3.4.2): the Compare (FUSE 01b) and the Write (FUSE
+/// 10b) of `nlb` blocks at `slba`, to submit one after the other on one queue; the Compare
+/// carries the expected data, the Write the new data.
+pub fn compare_and_write(nsid: u32, slba: u64, nlb: u32) -> (Sqe, Sqe) {
+    let mut first = compare(nsid, slba, nlb);
+    first.set_fuse(Sqe::FUSE_FIRST);
+    let mut second = write(nsid, slba, nlb);
+    second.set_fuse(Sqe::FUSE_SECOND);
+    (first, second)
+}
+
+/// `s` with its FUSE field (flags bits 1:0) set to `fuse`.
+pub fn fused(mut s: Sqe, fuse: u8) -> Sqe {
+    s.set_fuse(fuse);
+    s
+}
+
+/// Copy (NVM command set §3.2.2) of `nr` source ranges (1..=256, format 0, as
+/// host-to-controller data: [`CopyRange`]) to `sdlba`; `fua` forces unit access.
+pub fn copy(nsid: u32, sdlba: u64, nr: u32, fua: bool) -> Sqe {
+    let mut s = new(opcode::io::COPY, nsid);
+    s.cdw10 = U32::new(sdlba as u32);
+    s.cdw11 = U32::new((sdlba >> 32) as u32);
+    s.cdw12 = U32::new((nr.wrapping_sub(1) & 0xFF) | if fua { 1 << 30 } else { 0 });
+    s
+}
+
+/// One Copy source range, format 0 (NVM command set §3.2.2.1, Figure 50).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CopyRange {
+    /// Starting LBA.
+    pub slba: u64,
+    /// Length in logical blocks (1..=65536).
+    pub nlb: u32,
+}
+
+impl CopyRange {
+    /// The 32-byte wire form.
+    pub fn to_bytes(&self) -> [u8; 32] {
+        let mut b = [0u8; 32];
+        b[8..16].copy_from_slice(&self.slba.to_le_bytes());
+        b[16..18].copy_from_slice(&(nlb0(self.nlb) as u16).to_le_bytes());
+        b
+    }
+
+    /// The data of a Copy of `ranges`.
+    pub fn data(ranges: &[CopyRange]) -> Vec<u8> {
+        ranges.iter().flat_map(|r| r.to_bytes()).collect()
+    }
+}
+
 /// Identify (base spec §5.17) with `cns`, for `nsid`.
 pub fn identify(cns: u8, nsid: u32) -> Sqe {
     let mut s = new(opcode::admin::IDENTIFY, nsid);
