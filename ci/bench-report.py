@@ -905,7 +905,14 @@ def cmd_reactor(out):
     plt.close(fig)
 
 
-RESULT_SECTIONS = ("perf", "modes", "reactor", "file", "ab", "tls")
+def cmd_storm(out):
+    """ci/bench-storm.py writes storm.json and storm.md itself: check they are there."""
+    for name in ("storm.json", "storm.md"):
+        if not os.path.exists(os.path.join(out, name)):
+            raise SystemExit(f"storm: {name} missing")
+
+
+RESULT_SECTIONS = ("perf", "modes", "reactor", "file", "ab", "tls", "storm")
 
 
 def cmd_results(out):
@@ -944,9 +951,9 @@ def _utc(t):
 def main(argv):
     if len(argv) >= 3 and argv[1] == "rates":
         cmd_rates(argv[2], float(argv[3]) if len(argv) > 3 else 0.25)
-    elif len(argv) == 3 and argv[1] in ("perf", "modes", "reactor", "results", "ab", "tls"):
+    elif len(argv) == 3 and argv[1] in ("perf", "modes", "reactor", "results", "ab", "tls", "storm"):
         {"perf": cmd_perf, "modes": cmd_modes, "reactor": cmd_reactor, "results": cmd_results,
-         "ab": cmd_ab, "tls": cmd_tls}[argv[1]](argv[2])
+         "ab": cmd_ab, "tls": cmd_tls, "storm": cmd_storm}[argv[1]](argv[2])
     else:
         print(__doc__, file=sys.stderr)
         return 2

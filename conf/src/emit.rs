@@ -100,6 +100,9 @@ pub(crate) fn to_toml(c: &Config) -> String {
                 .collect();
             let _ = writeln!(o, "ana = {{ {} }}", states.join(", "));
         }
+        if let Some(n) = l.max_connections {
+            let _ = writeln!(o, "max_connections = {n}");
+        }
     }
 
     for r in &c.referrals {
@@ -114,6 +117,8 @@ pub(crate) fn to_toml(c: &Config) -> String {
     let _ = writeln!(o, "in_capsule_data_size = {}", t.in_capsule_data_size);
     let _ = writeln!(o, "max_io_size = {}", t.max_io_size);
     let _ = writeln!(o, "max_h2c_data = {}", t.max_h2c_data);
+    let _ = writeln!(o, "max_connections = {}", t.max_connections);
+    let _ = writeln!(o, "setup_timeout_ms = {}", t.setup_timeout_ms);
 
     let k = &c.keep_alive;
     let _ = writeln!(o, "\n[keep_alive]");

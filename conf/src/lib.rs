@@ -255,6 +255,9 @@ pub struct Listener {
     /// The ANA state of each ANA group on this listener's path (NVMe 2.0 §8.1.3) that is not
     /// optimized, by group id (1..=[`ANAGRPMAX`]).
     pub ana: BTreeMap<u32, AnaState>,
+    /// Connections this listener serves at once (None: only
+    /// [`Transport::max_connections`] bounds them); one more is accepted and closed.
+    pub max_connections: Option<u32>,
 }
 
 impl Listener {
@@ -264,6 +267,7 @@ impl Listener {
             address,
             tls: TlsMode::None,
             ana: BTreeMap::new(),
+            max_connections: None,
         }
     }
 
@@ -328,6 +332,9 @@ impl FromStr for TlsMode {
     }
 }
 
+/// The most connections `max_connections` (of `[transport]` or a listener) may allow.
+pub const MAX_CONNECTIONS: i64 = 1 << 20;
+
 /// The `[transport]` table: NVMe/TCP limits advertised to hosts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Transport {
@@ -343,6 +350,11 @@ pub struct Transport {
     pub max_io_size: u32,
     /// MAXH2CDATA advertised in ICResp, bytes; a multiple of 4, >= 4096.
     pub max_h2c_data: u32,
+    /// Connections the target serves at once, over every listener; 1..=1048576.
+    pub max_connections: u32,
+    /// A connection that has not completed ICReq and Connect (and, on a TLS listener, its
+    /// handshake) this long after it was accepted is closed, ms; 100..=600000.
+    pub setup_timeout_ms: u32,
 }
 
 impl Default for Transport {
@@ -353,6 +365,8 @@ impl Default for Transport {
             in_capsule_data_size: 8192,
             max_io_size: 131_072,
             max_h2c_data: 131_072,
+            max_connections: 4096,
+            setup_timeout_ms: 10_000,
         }
     }
 }

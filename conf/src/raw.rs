@@ -63,6 +63,7 @@ pub(crate) struct RawListener {
     pub address: Spanned<String>,
     pub tls: Option<Spanned<String>>,
     pub ana: Option<Spanned<std::collections::BTreeMap<String, Spanned<String>>>>,
+    pub max_connections: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -73,6 +74,8 @@ pub(crate) struct RawTransport {
     pub in_capsule_data_size: Option<Spanned<RawSize>>,
     pub max_io_size: Option<Spanned<RawSize>>,
     pub max_h2c_data: Option<Spanned<RawSize>>,
+    pub max_connections: Option<Spanned<i64>>,
+    pub setup_timeout_ms: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]

@@ -358,6 +358,8 @@ fn defaults_when_optional_keys_are_absent() {
             in_capsule_data_size: 8192,
             max_io_size: 131072,
             max_h2c_data: 131072,
+            max_connections: 4096,
+            setup_timeout_ms: 10000,
         }
     );
     assert_eq!(c.transport.mdts(), 5);

@@ -123,6 +123,7 @@ impl Target {
                 addr: s.local_addr().map_err(err)?,
                 tls: l.tls,
                 ana: Arc::new(ana::AnaStates::new(l)),
+                max_connections: l.max_connections,
             });
             socks.push(s);
         }
@@ -163,6 +164,7 @@ impl Target {
                 r.set_local(ctrl::Local::default());
                 r.set_local(backend::Channels::new(max_io, conn::deliver));
                 r.set_local(tcp::h2c::H2cPool::default());
+                r.set_local(tcp::RxPool::default());
                 if r.id() == 0 {
                     let socks = pending
                         .lock()

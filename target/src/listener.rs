@@ -17,15 +17,27 @@ use crate::subsystem::Shared;
 
 static NEXT_SERIAL: AtomicU64 = AtomicU64::new(1);
 
+/// Connections one run of a listener accepts and hands out at most; with more pending it
+/// runs again after the reactor's other sources (a connect storm is taken in slices, so
+/// that the established connections on its reactor are served between them).
+pub const ACCEPT_BATCH: usize = 16;
+/// Refusals (connection limit) are logged at most this often, with the count since.
+const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(1);
+
 /// A listening socket.
 pub struct Listener {
     sock: TcpListener,
-    /// Its bound address (its TLS mode is the snapshot's for it).
+    /// Its bound address (its TLS mode and limit are the snapshot's for it).
     addr: Option<SocketAddr>,
     shared: Arc<Shared>,
     placement: Placement,
     next: usize,
     started: Instant,
+    /// Its connections open now (each decrements it as it closes).
+    open: Arc<AtomicU64>,
+    /// When a refusal was last logged, and the refusals since.
+    refusal_logged: Option<Instant>,
+    refused_unlogged: u64,
 }
 
 impl Listener {
@@ -38,6 +50,9 @@ impl Listener {
             placement,
             next: 0,
             started,
+            open: Arc::new(AtomicU64::new(0)),
+            refusal_logged: None,
+            refused_unlogged: 0,
         }
     }
 
@@ -59,11 +74,39 @@ impl Listener {
                 .unwrap_or(0),
         }
     }
-}
 
-/// A TLS handshake not finished this long after the connection was accepted closes it
-/// (nvmet-tcp and the Linux host wait 10 s).
-pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+    /// The limit a new connection would break, if any: the listener's own
+    /// (`max_connections` of its `[[listener]]`) or the target's (`[transport]`).
+    fn over_limit(&self, listener_max: Option<u32>) -> Option<(&'static str, u64)> {
+        if let Some(max) = listener_max
+            && self.open.load(Relaxed) >= u64::from(max)
+        {
+            return Some(("listener", u64::from(max)));
+        }
+        let total: u64 = self.shared.conns_per_reactor.iter().map(|c| c.load(Relaxed)).sum();
+        let max = u64::from(self.shared.transport.max_connections);
+        (total >= max).then_some(("target", max))
+    }
+
+    /// Log a refused connection, at most once per [`REFUSAL_LOG_EVERY`] (a storm of them
+    /// must not become a storm of log lines).
+    fn log_refusal(&mut self, peer: SocketAddr, scope: &str, max: u64) {
+        self.refused_unlogged += 1;
+        let now = Instant::now();
+        if self.refusal_logged.is_some_and(|t| now - t < REFUSAL_LOG_EVERY) {
+            return;
+        }
+        warn!(
+            %peer,
+            listener = ?self.addr,
+            limit = max,
+            refused = self.refused_unlogged,
+            "connection limit of the {scope} reached ({max} open): refusing connections (refused since the last report)"
+        );
+        self.refusal_logged = Some(now);
+        self.refused_unlogged = 0;
+    }
+}
 
 /// What a connection takes from the listener that accepted it.
 #[derive(Debug, Clone, Default)]
@@ -72,15 +115,20 @@ pub struct Path {
     pub tls: TlsMode,
     /// The ANA states of its path.
     pub ana: Arc<AnaStates>,
+    /// The listener's count of open connections (the connection decrements it as it goes).
+    pub open: Arc<AtomicU64>,
 }
 
-/// Register an accepted socket of a listener (`path`) as a connection on reactor `r`.
+/// Register an accepted socket of a listener (`path`) as a connection on reactor `r`, with
+/// its setup deadline: TLS handshake (on a TLS listener), ICReq and Connect must be done
+/// `[transport] setup_timeout_ms` after this, or [`Conn::check_setup`] closes it.
 pub fn add_connection(r: &mut Reactor, sock: TcpStream, shared: Arc<Shared>, started: Instant, path: Path) {
-    let tls = path.tls;
     let serial = NEXT_SERIAL.fetch_add(1, Relaxed);
     let me = r.id();
+    let open = path.open.clone();
     let fail = |shared: &Shared, e: String| {
         shared.conns_per_reactor[me].fetch_sub(1, Relaxed);
+        open.fetch_sub(1, Relaxed);
         warn!(reactor = me, error = %e, "cannot serve an accepted connection");
     };
     let conn = match Conn::new(sock, shared.clone(), me, serial, started, path) {
@@ -90,11 +138,10 @@ pub fn add_connection(r: &mut Reactor, sock: TcpStream, shared: Arc<Shared>, sta
     let fd = conn.raw_fd();
     match r.add_sleepable_source(Box::new(conn), SourceOpts::socket(fd)) {
         Ok(id) => {
-            if tls != TlsMode::None {
-                r.add_timer(Instant::now() + TLS_HANDSHAKE_TIMEOUT, move |r| {
-                    r.with_source::<Conn, _>(id, |c, r| c.check_secured(r, id, serial));
-                });
-            }
+            let deadline = Duration::from_millis(u64::from(shared.transport.setup_timeout_ms));
+            r.add_timer(Instant::now() + deadline, move |r| {
+                r.with_source::<Conn, _>(id, |c, r| c.check_setup(r, id, serial));
+            });
             // Bytes may have arrived before registration: run it once now.
             r.wake(id)
         }
@@ -109,35 +156,63 @@ impl Source for Listener {
 
     fn run(&mut self, r: &mut Reactor, _id: SourceId) -> Progress {
         let mut did = false;
-        loop {
+        let mut accepted = 0;
+        while accepted < ACCEPT_BATCH {
             match self.sock.accept() {
                 Ok((sock, peer)) => {
                     did = true;
+                    accepted += 1;
+                    let (path, max) = {
+                        let snap = self.shared.snapshot.load();
+                        match self.addr.and_then(|a| snap.listener(a)) {
+                            Some(l) => (
+                                Path {
+                                    tls: l.tls,
+                                    ana: l.ana.clone(),
+                                    open: self.open.clone(),
+                                },
+                                l.max_connections,
+                            ),
+                            None => (
+                                Path {
+                                    open: self.open.clone(),
+                                    ..Path::default()
+                                },
+                                None,
+                            ),
+                        }
+                    };
+                    if let Some((scope, max)) = self.over_limit(max) {
+                        // Closed at once (dropped): the host sees the connection end before
+                        // its ICReq is answered, and the target spends nothing more on it.
+                        self.log_refusal(peer, scope, max);
+                        continue;
+                    }
                     if let Err(e) = sock.set_nonblocking(true).and_then(|_| sock.set_nodelay(true)) {
                         warn!(%peer, error = %e, "cannot configure an accepted socket");
                         continue;
                     }
                     let target = self.pick();
                     self.shared.conns_per_reactor[target].fetch_add(1, Relaxed);
+                    self.open.fetch_add(1, Relaxed);
                     info!(%peer, reactor = target, "connection accepted");
                     let (shared, started) = (self.shared.clone(), self.started);
-                    let path = {
-                        let snap = shared.snapshot.load();
-                        match self.addr.and_then(|a| snap.listener(a)) {
-                            Some(l) => Path {
-                                tls: l.tls,
-                                ana: l.ana.clone(),
-                            },
-                            None => Path::default(),
-                        }
-                    };
                     if target == r.id() {
                         add_connection(r, sock, shared, started, path);
-                    } else if !r.send(target, move |r| add_connection(r, sock, shared, started, path)) {
-                        self.shared.conns_per_reactor[target].fetch_sub(1, Relaxed);
+                    } else {
+                        let open = path.open.clone();
+                        if !r.send(target, move |r| add_connection(r, sock, shared, started, path)) {
+                            self.shared.conns_per_reactor[target].fetch_sub(1, Relaxed);
+                            open.fetch_sub(1, Relaxed);
+                        }
                     }
                 }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    return Progress {
+                        did_work: did,
+                        next: Next::Idle,
+                    };
+                }
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => {
                     // E.g. EMFILE: the pending connection stays queued; retry shortly rather
@@ -150,9 +225,11 @@ impl Source for Listener {
                 }
             }
         }
+        // A full batch: more may be pending, which no new edge will report. Run again after
+        // the other sources.
         Progress {
-            did_work: did,
-            next: Next::Idle,
+            did_work: true,
+            next: Next::Asap,
         }
     }
 }

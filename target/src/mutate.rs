@@ -166,6 +166,7 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
                 addr: b.addr,
                 tls: l.tls,
                 ana: b.ana.clone(),
+                max_connections: l.max_connections,
             }),
             None => {
                 let err = |source| TargetError::Listen {
@@ -179,6 +180,7 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
                     addr,
                     tls: l.tls,
                     ana: Arc::new(AnaStates::new(l)),
+                    max_connections: l.max_connections,
                 });
                 ch.added_listeners.push(addr);
                 fresh.push(sock);

@@ -89,6 +89,7 @@ mod tests {
             addr: a.parse().unwrap_or_else(|e| panic!("{a}: {e}")),
             tls: TlsMode::None,
             ana: Default::default(),
+            max_connections: None,
         }
     }
 

@@ -129,6 +129,12 @@ impl Requests {
         )
     }
 
+    /// Requests not yet completed: awaiting data or at their backend (the drained
+    /// tombstones' completions went already).
+    pub fn in_flight(&self) -> usize {
+        self.slots.len() - self.draining
+    }
+
     /// Remove the request in `slot`.
     pub fn remove(&mut self, slot: usize) -> Option<Request> {
         let req = self.slots.try_remove(slot)?;

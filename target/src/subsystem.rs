@@ -186,6 +186,8 @@ pub struct BoundListener {
     pub tls: TlsMode,
     /// The ANA states of its path, shared with its connections.
     pub ana: Arc<AnaStates>,
+    /// Connections it serves at once (None: only the target's total bounds them).
+    pub max_connections: Option<u32>,
 }
 
 impl Snapshot {

@@ -8,7 +8,7 @@ use toml::Spanned;
 use super::cx::Cx;
 use crate::error::ConfError;
 use crate::raw::RawListener;
-use crate::{ANAGRPMAX, AnaState, Listener, TlsMode};
+use crate::{ANAGRPMAX, AnaState, Listener, MAX_CONNECTIONS, TlsMode};
 
 /// A numeric `IP:port` address (`what`: "listener", "referral", for the message).
 pub(super) fn socket_addr(cx: &Cx<'_>, s: &Spanned<String>, what: &str) -> Result<SocketAddr, ConfError> {
@@ -83,7 +83,16 @@ pub(super) fn listeners(cx: &Cx<'_>, raw: Vec<RawListener>) -> Result<Vec<Listen
                 }
             }
         }
-        out.push(Listener { address, tls, ana });
+        let max_connections = match &l.max_connections {
+            Some(_) => Some(cx.u32_or(&l.max_connections, "max_connections", 1, MAX_CONNECTIONS, 0)?),
+            None => None,
+        };
+        out.push(Listener {
+            address,
+            tls,
+            ana,
+            max_connections,
+        });
     }
     Ok(out)
 }

@@ -5,7 +5,7 @@ use toml::Spanned;
 use super::cx::Cx;
 use crate::error::ConfError;
 use crate::raw::{RawKeepAlive, RawTransport};
-use crate::{KeepAlive, Transport};
+use crate::{KeepAlive, MAX_CONNECTIONS, Transport};
 
 pub(super) fn transport(cx: &Cx<'_>, t: RawTransport) -> Result<Transport, ConfError> {
     let d = Transport::default();
@@ -44,6 +44,20 @@ pub(super) fn transport(cx: &Cx<'_>, t: RawTransport) -> Result<Transport, ConfE
                 None
             }
         })?,
+        max_connections: cx.u32_or(
+            &t.max_connections,
+            "max_connections",
+            1,
+            MAX_CONNECTIONS,
+            d.max_connections,
+        )?,
+        setup_timeout_ms: cx.u32_or(
+            &t.setup_timeout_ms,
+            "setup_timeout_ms",
+            100,
+            600_000,
+            d.setup_timeout_ms,
+        )?,
     })
 }
 

@@ -140,6 +140,30 @@ impl RxBuf {
         }
     }
 
+    /// Moves the unread bytes to another allocation of at least `capacity` bytes: `spare`
+    /// (every byte initialised, e.g. a pooled buffer of an earlier connection) if it is large
+    /// enough, else a new zeroed one. Returns the storage it had, for a pool or to free.
+    /// For a receiver whose buffer starts small and grows to the PDUs it meets.
+    pub fn move_to(&mut self, capacity: usize, spare: Option<Vec<u8>>) -> Vec<u8> {
+        let n = self.len();
+        let capacity = capacity.max(n);
+        let mut new = match spare {
+            Some(v) if v.len() >= capacity => v,
+            _ => vec![0; capacity],
+        };
+        if let (Some(dst), Some(src)) = (new.get_mut(..n), self.buf.get(self.start..self.end)) {
+            dst.copy_from_slice(src);
+        }
+        self.start = 0;
+        self.end = n;
+        std::mem::replace(&mut self.buf, new)
+    }
+
+    /// The storage, every byte initialised (for a pool), the unread bytes dropped.
+    pub fn into_storage(self) -> Vec<u8> {
+        self.buf
+    }
+
     /// Moves the unread bytes to the front.
     fn compact(&mut self) {
         self.buf.copy_within(self.start..self.end, 0);

@@ -424,7 +424,7 @@ pub fn open(n: &pollux_conf::Namespace, reactors: usize) -> Result<Box<dyn Backe
     use pollux_conf::Backend as Conf;
     Ok(match &n.backend {
         Conf::Ram { size } => {
-            Box::new(RamDisk::new(*size).map_err(|source| TargetError::Ram { bytes: *size, source })?)
+            Box::new(RamDisk::populated(*size).map_err(|source| TargetError::Ram { bytes: *size, source })?)
         }
         Conf::Sim(sim) => Box::new(sim::SimDisk::open(sim)?),
         Conf::File(f) => Box::new(file::FileDisk::open(&f.path, f.size, f.direct, f.shared, n.block_size)?),

@@ -361,7 +361,9 @@ impl Conn {
         let c = ns.counters(self.reactor);
         bump(&c.read_cmds, 1);
         bump(&c.read_bytes, u64::from(len));
-        if !success {
+        if success {
+            self.completion_queued();
+        } else {
             self.resp(cid, Status::SUCCESS, 0, 0);
         }
     }

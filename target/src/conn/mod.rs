@@ -15,9 +15,10 @@ mod fused;
 mod io;
 mod resv;
 
+use std::collections::VecDeque;
 use std::net::TcpStream;
 use std::sync::Arc;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
 use pollux_nvme::spec::{Cqe, Sqe, Status, opcode};
@@ -40,7 +41,7 @@ use crate::request::Requests;
 use crate::subsystem::{Shared, Subsystem};
 use crate::tcp::h2c::{DIRECT_MIN, DirectRx};
 use crate::tcp::tls::PskLookup;
-use crate::tcp::{Fatal, InPlace, Transport, WBUF_HIGH};
+use crate::tcp::{Fatal, InPlace, RxPool, Transport, WBUF_HIGH};
 
 /// PDUs handled per run before yielding to other sources.
 const PDU_BUDGET: u32 = 64;
@@ -101,6 +102,11 @@ pub struct Conn {
     /// Fused pairs, locked operations (Compare and Write, Copy) and writes waiting for a
     /// locked range.
     fused: fused::Fused,
+    /// Where each completion of an I/O queue not yet known to be written to the socket
+    /// ends in the send stream (see [`Conn::sq_overflow`]).
+    unsent: VecDeque<u64>,
+    /// Open connections of the listener that accepted this one (this one included).
+    listener_open: Arc<AtomicU64>,
 }
 
 impl Conn {
@@ -139,16 +145,31 @@ impl Conn {
             auth_held: None,
             ana: path.ana,
             fused: fused::Fused::default(),
+            unsent: VecDeque::new(),
+            listener_open: path.open,
         })
     }
 
-    /// Close the connection if it has not finished choosing TLS or plain TCP and its TLS
-    /// handshake ([`crate::listener::TLS_HANDSHAKE_TIMEOUT`]); `serial` names it.
-    pub fn check_secured(&mut self, r: &mut Reactor, id: SourceId, serial: u64) {
-        if self.serial == serial && !self.closed && self.tcp.securing() {
-            tracing::warn!(peer = %self.tcp.peer, "TLS handshake not completed in time: closing the connection");
-            self.close(r, id, "TLS handshake timeout");
+    /// The setup deadline (`[transport] setup_timeout_ms` after the accept) has come: close
+    /// the connection if it has not finished its TLS handshake (on a TLS listener), its
+    /// ICReq or its Connect, saying which; `serial` names it. A host that connects and then
+    /// says nothing costs a socket and a few KiB until then, not forever.
+    pub fn check_setup(&mut self, r: &mut Reactor, id: SourceId, serial: u64) {
+        if self.serial != serial || self.closed {
+            return;
         }
+        let (what, reason) = if self.tcp.securing() {
+            ("TLS handshake", "TLS handshake timeout")
+        } else if !self.tcp.ic_done {
+            ("ICReq", "ICReq timeout")
+        } else if matches!(self.q, Queue::Unbound) {
+            ("Connect", "Connect timeout")
+        } else {
+            return;
+        };
+        let ms = self.shared.transport.setup_timeout_ms;
+        tracing::warn!(peer = %self.tcp.peer, reactor = self.reactor, timeout_ms = ms, "{what} not completed in time: closing the connection");
+        self.close(r, id, reason);
     }
 
     /// The socket's fd (for registration).
@@ -180,6 +201,7 @@ impl Conn {
         let mut cqe = Cqe::new(cid, self.sq.qid, self.sqhd(), status, dw0);
         cqe.dw1.set(dw1);
         self.tcp.send_cqe(&cqe);
+        self.completion_queued();
     }
 
     /// Send a command's reply: its data (at most what the host's SGL asked for), then the CQE.
@@ -251,6 +273,13 @@ impl Conn {
             _ => {}
         }
         self.shared.conns_per_reactor[self.reactor].fetch_sub(1, Relaxed);
+        self.listener_open.fetch_sub(1, Relaxed);
+        // A grown receive buffer goes to the reactor's pool for the next connection.
+        if let Some(buf) = self.tcp.release_rx()
+            && let Some(pool) = r.local::<RxPool>()
+        {
+            pool.give(buf);
+        }
         info!(peer = %self.tcp.peer, reactor = self.reactor, qid = self.sq.qid, reason, "connection closed");
         r.remove_source(id);
     }
@@ -261,6 +290,8 @@ impl Conn {
     fn process(&mut self, r: &mut Reactor, id: SourceId, budget: &mut u32) -> bool {
         let mut progressed = false;
         let mut bytes = 0usize;
+        // A PDU longer than the buffer holds: the buffer grows to it after the loop.
+        let mut grow_to = 0usize;
         let mut rx = self.tcp.take_rx();
         let io_queue = matches!(self.q, Queue::Io(_));
         while !self.closed && *budget > 0 && self.tcp.pending_out() < WBUF_HIGH {
@@ -293,7 +324,8 @@ impl Conn {
                 continue;
             }
             let tcp = &self.tcp;
-            let framed = next_frame(avail, Direction::HostToController, rx.capacity(), |_, kind| {
+            // The buffer grows to any PDU the limits accept: no bound of its own.
+            let framed = next_frame(avail, Direction::HostToController, usize::MAX, |_, kind| {
                 // NVMe/TCP 1.0 §3.6.2.1: ICReq first and only once.
                 match (kind == PduType::IcReq, tcp.ic_done) {
                     (true, true) => Err("a second ICReq"),
@@ -320,7 +352,14 @@ impl Conn {
                     progressed = true;
                     continue;
                 }
-                Ok(Framed::Header(_) | Framed::Need(_)) => break,
+                Ok(Framed::Header(f)) => {
+                    grow_to = f.plen;
+                    break;
+                }
+                Ok(Framed::Need(n)) => {
+                    grow_to = *n;
+                    break;
+                }
                 Err(e) => {
                     let header = e.offending_header(avail);
                     match &e.kind {
@@ -348,6 +387,11 @@ impl Conn {
             bytes += f.plen;
             self.dispatch(r, id, &f.hdr, data, digest_ok, &pdu[..f.hl]);
             rx.consume(f.plen);
+        }
+        if grow_to > rx.capacity() && !self.closed {
+            self.tcp.grow_rx(&mut rx, grow_to, r.local::<RxPool>());
+            // Read again: the socket may hold the rest, and no new edge will say so.
+            progressed = true;
         }
         self.tcp.put_rx(rx);
         progressed
@@ -384,12 +428,56 @@ impl Conn {
     /// A command capsule PDU, `data` its in-capsule data.
     fn on_capsule_pdu(&mut self, r: &mut Reactor, id: SourceId, sqe: &Sqe, data: &[u8], digest_ok: bool) {
         self.sq.head = (self.sq.head + 1) % self.sq.entries.max(1);
+        if matches!(self.q, Queue::Io(_)) && self.sq_overflow() {
+            // More commands outstanding than the queue has entries (its size agreed at
+            // Connect, NVMe-oF 1.1 §3.3.1): a full queue takes no command. There is no status
+            // for a command the queue has no entry for; nvmet-tcp ("out of commands") and
+            // SPDK ("Cannot allocate tcp_req") end the queue, and so does this, with a
+            // C2HTermReq that says why.
+            let why = format!(
+                "more than {} commands outstanding on a queue of that size",
+                self.sq.entries
+            );
+            let f = Fatal::new(fes::PDU_SEQUENCE_ERROR, 0, why);
+            return self.fatal(r, id, f, &[]);
+        }
         if !digest_ok {
             // NVMe/TCP 1.0 §3.6.2.4: a data digest error fails the command, not the queue.
             self.fail(r, sqe.cid.get(), Status::TRANSIENT_TRANSPORT_ERROR, sqe.nsid.get(), 0);
             return;
         }
+        if sqe.psdt() != Sqe::PSDT_SGL_MPTR_CONTIGUOUS {
+            // NVMe-oF 1.1 §2.3.1: fabrics commands use SGLs, PSDT 01b; PRPs mean nothing on
+            // a fabric. nvmet answers Invalid Field too.
+            let status = Status::INVALID_FIELD.with_dnr();
+            return self.fail(r, sqe.cid.get(), status, sqe.nsid.get(), 0);
+        }
         self.on_capsule(r, id, sqe, data);
+    }
+
+    /// A new command would make more outstanding on this I/O queue than it has entries:
+    /// requests in flight (awaiting data or at their backend; not the drained tombstones,
+    /// whose completion went) plus completions queued but not yet written to the socket,
+    /// which the host cannot have seen. A host that keeps SQ flow control never gets here.
+    fn sq_overflow(&mut self) -> bool {
+        let entries = self.sq.entries as usize;
+        if self.reqs.in_flight() + self.unsent.len() < entries {
+            return false;
+        }
+        let sent = self.tcp.out.sent_total();
+        while self.unsent.front().is_some_and(|&end| end <= sent) {
+            self.unsent.pop_front();
+        }
+        self.reqs.in_flight() + self.unsent.len() >= entries
+    }
+
+    /// A completion of this I/O queue was queued: remember where it ends in the stream
+    /// (see [`Self::sq_overflow`]).
+    #[inline]
+    fn completion_queued(&mut self) {
+        if matches!(self.q, Queue::Io(_)) {
+            self.unsent.push_back(self.tcp.out.stream_end());
+        }
     }
 
     /// Route a command by the queue it arrived on.
@@ -477,6 +565,7 @@ impl Source for Conn {
         // are never completed; the host sees the connection close and retries elsewhere.
         self.tcp.shutdown();
         self.shared.conns_per_reactor[self.reactor].fetch_sub(1, Relaxed);
+        self.listener_open.fetch_sub(1, Relaxed);
         tracing::debug!(peer = %self.tcp.peer, "connection closed at shutdown");
     }
 }

@@ -3,7 +3,7 @@
 //! the per-reactor pool of R2T buffers.
 
 use pollux_nvme::pci::DmaBuf;
-use pollux_nvme::tcp::{Crc32c, DataHdr, crc32c, fes};
+use pollux_nvme::tcp::{CommonHeader, Crc32c, DataHdr, crc32c, fes, flags};
 
 use super::Fatal;
 
@@ -92,6 +92,24 @@ impl R2tProgress {
                 fes::DATA_TRANSFER_OUT_OF_RANGE,
                 fei,
                 "H2CData outside its R2T",
+            ));
+        }
+        // NVMe/TCP 1.0 §3.6.2.7: LAST_PDU is set on the PDU that ends the R2T's data and on
+        // no other. Without it on the final PDU the host says more is coming when nothing
+        // can; with it on a short one the data ends before the command's length, and the
+        // command would wait for bytes that never come. Either way the FLAGS field is wrong.
+        let last = hdr.ch.flags & flags::DATA_LAST != 0;
+        let ends = datao + datal == self.len;
+        if last != ends {
+            let why = if last {
+                "H2CData with LAST_PDU before the end of its R2T"
+            } else {
+                "H2CData ending its R2T without LAST_PDU"
+            };
+            return Err(Fatal::new(
+                fes::INVALID_HEADER_FIELD,
+                u32::from(CommonHeader::OFFSET_FLAGS),
+                why,
             ));
         }
         Ok(())

@@ -54,6 +54,12 @@ enum Channel {
 pub const ADMIN_IN_CAPSULE: u32 = 8192;
 /// Stop reading new commands while this much output waits for the socket.
 pub const WBUF_HIGH: usize = 8 << 20;
+/// A connection's receive buffer until a PDU needs more: an ICReq, command capsules
+/// without data and the 1 KiB of a Connect fit, so an idle or setting-up connection costs
+/// this (and its send buffer's start, [`SEND_START`]), not the largest PDU it may send.
+pub const RX_START: usize = 4096;
+/// A connection's send buffer's start; it grows as its responses need.
+pub const SEND_START: usize = 4096;
 
 /// Where the rest of an H2CData PDU's data goes while it is received in place: raw memory
 /// of the command's buffer (possibly DMA memory: no Rust reference is made to it).
@@ -96,6 +102,47 @@ impl Fatal {
     }
 }
 
+/// Receive buffers a reactor keeps for its connections to reuse (reactor-local state: no
+/// lock): a connection starts with [`RX_START`] bytes and grows to its PDUs; a grown buffer
+/// goes back here when its connection closes, and the next connection that needs as much
+/// takes it, not a new allocation. Bounded in bytes per reactor, however many connections
+/// come and go; what it does not keep is freed, so that after a storm of connections the
+/// target's memory returns to within this bound of where it was.
+#[derive(Debug, Default)]
+pub struct RxPool {
+    bufs: Vec<Vec<u8>>,
+    bytes: usize,
+}
+
+impl RxPool {
+    /// Most bytes of buffers kept per reactor: 32 connections' largest buffers (2 x (128
+    /// KiB + 256) by default).
+    pub const MAX_BYTES: usize = 8 << 20;
+
+    /// A kept buffer of at least `len` bytes, if there is one.
+    pub fn take(&mut self, len: usize) -> Option<Vec<u8>> {
+        let i = self.bufs.iter().position(|b| b.len() >= len)?;
+        let buf = self.bufs.swap_remove(i);
+        self.bytes -= buf.len().min(self.bytes);
+        Some(buf)
+    }
+
+    /// Keep `buf` (every byte initialised) for reuse, or free it: buffers no larger than a
+    /// connection's start are not worth keeping, and the pool is bounded.
+    pub fn give(&mut self, buf: Vec<u8>) {
+        let n = buf.len();
+        if n > RX_START && self.bytes + n <= Self::MAX_BYTES {
+            self.bytes += n;
+            self.bufs.push(buf);
+        }
+    }
+
+    /// Bytes kept.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
 /// One connection's transport.
 pub struct Transport {
     sock: Arc<TcpStream>,
@@ -112,6 +159,9 @@ pub struct Transport {
     pub ic_done: bool,
     max_h2c_data: u32,
     in_capsule_data_size: u32,
+    /// The most the receive buffer grows to: the largest PDU accepted, plus as much again
+    /// for the next PDUs in the same read.
+    rx_max: usize,
     rx: RxBuf,
     /// The last fill emptied the socket (a short read or EAGAIN).
     pub drained: bool,
@@ -130,9 +180,10 @@ impl Transport {
     ) -> std::io::Result<Self> {
         let peer = sock.peer_addr()?;
         let local = sock.local_addr()?;
-        // Room for the largest PDU we accept (header, digests, data) plus slack for the next.
+        // Room for the largest PDU we accept (header, digests, data) plus slack for the next,
+        // at most; it starts small and grows to the PDUs that come ([`Self::grow_rx`]).
         let max_data = t.max_h2c_data.max(t.in_capsule_data_size).max(ADMIN_IN_CAPSULE) as usize;
-        let cap = (max_data + 256).max(64 * 1024) * 2;
+        let rx_max = (max_data + 256).max(64 * 1024) * 2;
         let chan = match mode {
             TlsMode::None => Channel::Plain,
             m => Channel::Detect(m, lookup()),
@@ -147,9 +198,10 @@ impl Transport {
             ic_done: false,
             max_h2c_data: t.max_h2c_data,
             in_capsule_data_size: t.in_capsule_data_size,
-            rx: RxBuf::new(cap),
+            rx_max,
+            rx: RxBuf::new(RX_START),
             drained: false,
-            out: SendQueue::with_capacity(64 * 1024),
+            out: SendQueue::with_capacity(SEND_START),
         })
     }
 
@@ -187,6 +239,27 @@ impl Transport {
     /// Give the receive buffer back.
     pub fn put_rx(&mut self, rx: RxBuf) {
         self.rx = rx;
+    }
+
+    /// Grow the (taken) receive buffer `rx` so that a PDU of `need` bytes fits, with room
+    /// for what follows: to twice the need, a power of two, at most [`Self::rx_max`] (the
+    /// framing bounded `need` by the limits already). The storage comes from `pool` when
+    /// it has one large enough; the old one goes back to it.
+    pub fn grow_rx(&self, rx: &mut RxBuf, need: usize, pool: Option<&mut RxPool>) {
+        let cap = need.saturating_mul(2).next_power_of_two().min(self.rx_max).max(need);
+        match pool {
+            Some(pool) => {
+                let spare = pool.take(cap);
+                pool.give(rx.move_to(cap, spare));
+            }
+            None => drop(rx.move_to(cap, None)),
+        }
+    }
+
+    /// The receive buffer's storage, when it grew beyond its start: for the reactor's pool
+    /// (the connection is closing).
+    pub fn release_rx(&mut self) -> Option<Vec<u8>> {
+        (self.rx.capacity() > RX_START).then(|| std::mem::take(&mut self.rx).into_storage())
     }
 
     /// Read what the socket has. With `in_place` (and nothing buffered), the first

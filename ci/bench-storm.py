@@ -1,0 +1,286 @@
+#!/usr/bin/env python3
+"""ci/bench storm (issue 26): connect storms beside a verifying QD1 host.
+
+One pollux target process (one reactor, pinned) serves a RAM namespace. Each cycle runs
+`pollux perf --verify` at QD1 (the neighbour, on the client core) for CYCLE_T seconds; in
+storm cycles, meanwhile, this script opens CONNS connections (a third bare sockets that never
+send a byte, a third past ICReq that send one 8 KiB capsule before Connect, which grows their
+receive buffers, and the rest as whole controllers: `pollux perf -w idle` processes with 32
+I/O queues each), holds them, closes them all, and does it again until the cycle ends. Storm
+and quiet cycles alternate in ABBA pairs. Reported per cycle: the target's RSS before, at its
+peak and after the storm's connections closed; the neighbour's p50/p99/max; reactor stall
+warnings in the target's log. Per pair: storm/quiet ratios. Any error of the neighbour
+(verify mismatch, I/O error) or of the storm's controllers fails the run.
+
+usage: bench-storm.py POLLUX_BIN OUT_DIR TARGET_CORE CLIENT_CORE
+env: BENCH_STORM_PAIRS (3), BENCH_STORM_CONNS (1000), BENCH_STORM_T (6 s per cycle),
+     BENCH_STORM_HOLD (1.0 s), BENCH_QUICK=1 (1 pair, 200 connections, 3 s)
+"""
+import json
+import os
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+NQN = "nqn.2026-11.io.pollux:bench-storm"
+HOST = "nqn.2014-08.org.nvmexpress:uuid:0c0c0c0c-0000-4000-8000-0000000000ff"
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def icreq():
+    # ICReq: type 0, flags 0, hlen 128, pdo 0, plen 128; pfv 0, hpda 0, digests 0, maxr2t 0.
+    return struct.pack("<BBBBI", 0, 0, 128, 0, 128) + bytes(120)
+
+
+def big_capsule():
+    # A Keep Alive capsule with 8 KiB of in-capsule data before Connect: refused with a
+    # status (the queue has no controller), but its PDU needs more than the initial buffer.
+    data = 8192
+    ch = struct.pack("<BBBBI", 4, 0, 72, 72, 72 + data)
+    sqe = bytearray(64)
+    sqe[0] = 0x18  # Keep Alive
+    sqe[1] = 0x40  # PSDT 01b
+    struct.pack_into("<H", sqe, 2, 1)
+    # SGL1: data block, offset 0, length `data` (type 0x01 offset subtype).
+    struct.pack_into("<QIxxxB", sqe, 24, 0, data, 0x01)
+    return ch + bytes(sqe) + bytes(data)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def read_some(s, n, timeout=5.0):
+    s.settimeout(timeout)
+    got = b""
+    while len(got) < n:
+        b = s.recv(n - len(got))
+        if not b:
+            raise ConnectionError("closed")
+        got += b
+    return got
+
+
+class Storm:
+    def __init__(self, pollux, port, conns, hold, client_core, errors):
+        self.pollux, self.port, self.conns, self.hold = pollux, port, conns, hold
+        self.core, self.errors = client_core, errors
+        self.stop = threading.Event()
+        self.rounds = 0
+
+    def one_round(self):
+        third = self.conns // 3
+        ctrls = max(1, (self.conns - 2 * third) // 33)
+        trid = f"trtype:tcp traddr:127.0.0.1 trsvcid:{self.port} subnqn:{NQN} hostnqn:{HOST}"
+        procs = [
+            subprocess.Popen(
+                [self.pollux, "perf", "-r", trid, "-w", "idle", "-t", str(self.hold + 1.0),
+                 "--cores", str(self.core), "--conns-per-core", "32", "-q", "1", "--no-probe"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            for _ in range(ctrls)
+        ]
+        socks = []
+        try:
+            for _ in range(third):
+                socks.append(socket.create_connection(("127.0.0.1", self.port)))
+            for _ in range(third):
+                s = socket.create_connection(("127.0.0.1", self.port))
+                s.sendall(icreq())
+                read_some(s, 128)
+                s.sendall(big_capsule())
+                read_some(s, 24)
+                socks.append(s)
+            time.sleep(self.hold)
+        finally:
+            for s in socks:
+                s.close()
+        for p in procs:
+            _, err = p.communicate(timeout=60)
+            if p.returncode != 0:
+                self.errors.append(f"storm controller exited {p.returncode}: {err.decode()[-300:]}")
+        self.rounds += 1
+
+    def run(self):
+        try:
+            while not self.stop.is_set():
+                self.one_round()
+                time.sleep(0.2)
+        except Exception as e:  # noqa: BLE001 - reported as the run's failure
+            self.errors.append(f"storm: {e!r}")
+
+
+def main():
+    pollux, out, tcore, ccore = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+    quick = os.environ.get("BENCH_QUICK") == "1"
+    pairs = int(os.environ.get("BENCH_STORM_PAIRS", "1" if quick else "3"))
+    conns = int(os.environ.get("BENCH_STORM_CONNS", "200" if quick else "1000"))
+    cycle_t = float(os.environ.get("BENCH_STORM_T", "3" if quick else "6"))
+    hold = float(os.environ.get("BENCH_STORM_HOLD", "1.0"))
+    port = free_port()
+    os.makedirs(f"{out}/conf", exist_ok=True)
+    cfg = f"{out}/conf/storm.toml"
+    with open(cfg, "w") as f:
+        f.write(f"""[reactors]
+cores = [{tcore}]
+mode = "poll"
+
+[[listener]]
+address = "127.0.0.1:{port}"
+
+[transport]
+max_connections = {conns + 64}
+
+[[subsystem]]
+nqn = "{NQN}"
+allow_any_host = true
+
+[[subsystem.namespace]]
+nsid = 1
+block_size = 512
+backend = {{ ram = {{ size = "64MiB" }} }}
+""")
+    log_path = f"{out}/storm.target.log"
+    logf = open(log_path, "w")
+    env = dict(os.environ, RUST_LOG="warn")
+    target = subprocess.Popen([pollux, "-c", cfg], stdout=logf, stderr=logf, env=env)
+    try:
+        t0 = time.time()
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port)).close()
+                break
+            except OSError:
+                if time.time() - t0 > 20 or target.poll() is not None:
+                    raise SystemExit("storm: the target did not come up")
+                time.sleep(0.05)
+        time.sleep(0.5)
+        rss_start = rss_kib(target.pid)
+        cycles = []
+        errors = []
+        trid = f"trtype:tcp traddr:127.0.0.1 trsvcid:{port} subnqn:{NQN}"
+        for pair in range(pairs):
+            order = [True, False] if pair % 2 == 0 else [False, True]
+            for storm_on in order:
+                stalls_before = open(log_path).read().count("stall")
+                before = rss_kib(target.pid)
+                peak = [before]
+                sampling = threading.Event()
+
+                def sample():
+                    while not sampling.is_set():
+                        peak[0] = max(peak[0], rss_kib(target.pid))
+                        time.sleep(0.05)
+
+                st = threading.Thread(target=sample)
+                st.start()
+                neighbour = subprocess.Popen(
+                    [pollux, "perf", "-r", trid, "--hostnqn", HOST.replace("ff", "fe"), "-q", "1",
+                     "-o", "4096", "-w", "randrw", "-M", "50", "--verify", "--span", "8MiB",
+                     "-t", str(cycle_t), "--warmup", "0.5", "--cores", str(ccore), "--json",
+                     "--no-probe"],
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                storm = None
+                if storm_on:
+                    time.sleep(0.6)
+                    storm = Storm(pollux, port, conns, hold, ccore, errors)
+                    th = threading.Thread(target=storm.run)
+                    th.start()
+                nout, nerr = neighbour.communicate(timeout=cycle_t + 120)
+                if storm:
+                    storm.stop.set()
+                    th.join()
+                time.sleep(1.0)  # the storm's connections closed: let the target settle
+                sampling.set()
+                st.join()
+                after = rss_kib(target.pid)
+                if neighbour.returncode != 0:
+                    errors.append(f"neighbour exited {neighbour.returncode}: {nerr.decode()[-500:]}")
+                    rep = {}
+                else:
+                    rep = json.loads(nout.decode().strip().splitlines()[-1])
+                lat = rep.get("latency_ns", {})
+                stalls = open(log_path).read().count("stall") - stalls_before
+                c = {
+                    "pair": pair, "storm": storm_on, "storm_rounds": storm.rounds if storm else 0,
+                    "rss_before_kib": before, "rss_peak_kib": peak[0], "rss_after_kib": after,
+                    "p50_ns": lat.get("p50"), "p99_ns": lat.get("p99"), "max_ns": lat.get("max"),
+                    "ios": lat.get("count"), "stall_warnings": stalls,
+                }
+                cycles.append(c)
+                print(f"storm: pair {pair} storm={storm_on} rounds={c['storm_rounds']} "
+                      f"rss {before}->{peak[0]}->{after} KiB p99 {c['p99_ns']} max {c['max_ns']} "
+                      f"stalls {stalls}", flush=True)
+                if errors:
+                    break
+            if errors:
+                break
+        rss_end = rss_kib(target.pid)
+    finally:
+        target.terminate()
+        try:
+            target.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            target.kill()
+        logf.close()
+    with open(f"{out}/storm.runs.jsonl", "w") as f:
+        for c in cycles:
+            f.write(json.dumps(c) + "\n")
+
+    def ratio(key, pair):
+        s = [c for c in cycles if c["pair"] == pair and c["storm"]]
+        q = [c for c in cycles if c["pair"] == pair and not c["storm"]]
+        if not s or not q or not q[0][key]:
+            return None
+        return s[0][key] / q[0][key]
+
+    ratios = {k: [ratio(k, p) for p in range(pairs)] for k in ("p50_ns", "p99_ns", "max_ns")}
+    med = {k: statistics.median([r for r in v if r is not None]) if any(r is not None for r in v) else None
+           for k, v in ratios.items()}
+    summary = {
+        "written": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "connections_per_round": conns, "pairs": pairs, "cycle_s": cycle_t,
+        "rss_start_kib": rss_start, "rss_end_kib": rss_end,
+        "rss_growth_kib": rss_end - rss_start,
+        "rss_peak_kib": max((c["rss_peak_kib"] for c in cycles), default=0),
+        "storm_over_quiet": ratios, "storm_over_quiet_median": med,
+        "stall_warnings_storm": sum(c["stall_warnings"] for c in cycles if c["storm"]),
+        "stall_warnings_quiet": sum(c["stall_warnings"] for c in cycles if not c["storm"]),
+        "errors": errors,
+    }
+    with open(f"{out}/storm.json", "w") as f:
+        json.dump(summary, f, indent=1)
+    us = lambda ns: "-" if ns is None else f"{ns / 1000:.1f}"  # noqa: E731
+    with open(f"{out}/storm.md", "w") as f:
+        f.write(f"# storm: {conns} connections per round beside a QD1 verifying host\n\n")
+        f.write("| pair | storm | rounds | RSS before / peak / after (MiB) | p50 us | p99 us | max us | stalls |\n")
+        f.write("|---|---|---|---|---|---|---|---|\n")
+        for c in cycles:
+            f.write(f"| {c['pair']} | {'yes' if c['storm'] else 'no'} | {c['storm_rounds']} | "
+                    f"{c['rss_before_kib'] / 1024:.1f} / {c['rss_peak_kib'] / 1024:.1f} / "
+                    f"{c['rss_after_kib'] / 1024:.1f} | {us(c['p50_ns'])} | {us(c['p99_ns'])} | "
+                    f"{us(c['max_ns'])} | {c['stall_warnings']} |\n")
+        f.write(f"\nstorm/quiet per pair: p50 {ratios['p50_ns']}, p99 {ratios['p99_ns']}, "
+                f"max {ratios['max_ns']}\n\nRSS {rss_start / 1024:.1f} MiB at start, "
+                f"{rss_end / 1024:.1f} MiB at the end\n")
+    if errors:
+        print("storm: FAILED: " + "; ".join(errors), file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
