@@ -125,6 +125,14 @@ run_guest() {
         log "guest $1: QEMU never reached the guest's init (a TCG boot hang, not a test result): booting it once more"
         rc=0
         _run_guest_once "$@" || rc=$?
+    elif [ "$rc" != 0 ] && [ -z "$(_step_of "$_ci_last_guest_log")" ] &&
+        tr -d '\r' < "$_ci_last_guest_log" 2>/dev/null | grep -Eq 'Oops|BUG:|Kernel panic|general protection fault|int3'; then
+        # The guest kernel itself died under TCG before the script's first step (seen: an
+        # int3 oops in sched_clock_cpu while the 6.12 kernel booted): no step of the test
+        # ran, so its result says nothing about pollux. Boot once more.
+        log "guest $1: the guest kernel crashed before the script's first step (console $_ci_last_guest_log): booting it once more"
+        rc=0
+        _run_guest_once "$@" || rc=$?
     fi
     return "$rc"
 }

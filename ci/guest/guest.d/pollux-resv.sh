@@ -1,0 +1,130 @@
+# shellcheck shell=sh
+# Guest side of ci/scenarios/pollux-resv.sh: two kernel hosts (distinct host NQN and host
+# ID) on one pollux namespace, reservations through nvme-cli, a SIGKILL and restart of pollux
+# in the middle. Booted with nvme_core.multipath=N: each controller is its own /dev/nvmeXn1.
+# shellcheck source=ci/guest/guest.d/lib.sh
+. /guest/lib.sh
+sub=${SUB:?}
+ida=5e7a0001-1111-4111-8111-00000000000a idb=5e7a0002-2222-4222-8222-00000000000b
+ha=nqn.2014-08.org.nvmexpress:uuid:$ida hb=nqn.2014-08.org.nvmexpress:uuid:$idb
+[ "$(cat /sys/module/nvme_core/parameters/multipath 2>/dev/null)" = N ] ||
+    die "nvme_core.multipath=N did not take: the two hosts would share one block device"
+
+# dev_of HOSTNQN: the block device of this guest's controller connected as HOSTNQN.
+dev_of() {
+    for b in /sys/block/nvme*n1; do
+        [ "$(cat "$b/device/hostnqn" 2>/dev/null)" = "$1" ] && { echo "/dev/${b##*/}"; return 0; }
+    done
+    return 1
+}
+# ctrl_of DEV: its controller (nvmeN).
+ctrl_of() { basename "$(readlink -f "/sys/block/${1#/dev/}/device")"; }
+if nvme resv-report --help 2>&1 | grep -q -- '--eds'; then eds=--eds; else eds=--cdw11=1; fi
+# report DEV: the extended Reservation Report, printed; kept in /tmp/report.
+report() {
+    nvme resv-report "$1" -n 1 "$eds" > /tmp/report 2>&1 || { cat /tmp/report; die "resv-report $1 failed"; }
+    grep -v hostid /tmp/report
+}
+# field NAME: its value in the last report (gen, rtype, regctl, ptpls).
+field() { sed -n "s/^$1[[:space:]]*:[[:space:]]*\([0-9a-fx]*\).*/\1/p" /tmp/report | head -1; }
+# expect_field NAME VALUE
+expect_field() { [ "$(field "$1")" = "$2" ] || die "report: $1 is '$(field "$1")', not $2"; }
+# can_write DEV / cannot_write DEV, can_read DEV / cannot_read DEV: direct I/O at LBA 0.
+blk=/tmp/blk
+dd if=/dev/urandom of=$blk bs=4096 count=1 2>/dev/null
+can_write() { dd if=$blk of="$1" bs=4096 count=1 oflag=direct conv=notrunc 2>/dev/null || die "$1 cannot write"; }
+cannot_write() {
+    dd if=$blk of="$1" bs=4096 count=1 oflag=direct conv=notrunc 2>/dev/null && die "$1 wrote through a reservation"
+    out=$(nvme write "$1" -s 0 -c 7 -z 4096 -d $blk 2>&1) && die "nvme write on $1 succeeded: $out"
+    echo "$out" | grep -qi 'reservation conflict' || die "nvme write on $1: '$out', not Reservation Conflict"
+    echo "$1: write refused: $out"
+}
+can_read() { dd if="$1" of=/dev/null bs=4096 count=1 iflag=direct 2>/dev/null || die "$1 cannot read"; }
+cannot_read() {
+    dd if="$1" of=/dev/null bs=4096 count=1 iflag=direct 2>/dev/null && die "$1 read through a reservation"
+    echo "$1: read refused"
+}
+resv() { out=$(nvme "$@" 2>&1) || die "nvme $*: $out"; echo "nvme $*: $out"; }
+
+step connect-two-hosts
+for h in "$ha $ida" "$hb $idb"; do
+    # shellcheck disable=SC2086 # two words: NQN and ID
+    set -- $h
+    timeout 60 nvme connect -t tcp -n "$sub" -a "$HOST_ADDR" -s 4420 --hostnqn="$1" --hostid="$2" \
+        --nr-io-queues=1 --reconnect-delay=1 --ctrl-loss-tmo=120 >&2 || die "connect as $1 failed"
+done
+n=0
+until a=$(dev_of "$ha") && b=$(dev_of "$hb") && [ -b "$a" ] && [ -b "$b" ]; do
+    sleep 0.2; n=$((n + 1)); [ $n -lt 100 ] || die "no block devices for both hosts"
+done
+[ "$a" != "$b" ] || die "both hosts got $a"
+echo "host A: $a ($(ctrl_of "$a")), host B: $b ($(ctrl_of "$b"))"
+nvme id-ns "$a" -n 1 | grep -E '^rescap' || die "id-ns shows no rescap"
+nvme id-ns "$a" -n 1 | grep -Eq '^rescap[[:space:]]*:[[:space:]]*0xff' || die "RESCAP is not 0xff (PTPL on a file namespace)"
+
+step register
+resv resv-register "$a" -n 1 --nrkey=0xa1 --rrega=0 --cptpl=3
+resv resv-register "$b" -n 1 --nrkey=0xb1 --rrega=0
+report "$a"
+expect_field regctl 2
+expect_field rtype 0
+expect_field ptpls 1
+out=$(nvme resv-report "$a" -n 1 2>&1) && die "a report without the extended structure succeeded: $out"
+echo "without EDS: $out"
+
+step write-exclusive
+resv resv-acquire "$a" -n 1 --crkey=0xa1 --rtype=1 --racqa=0
+report "$b"
+expect_field rtype 1
+can_write "$a"
+cannot_write "$b"
+can_read "$b"
+out=$(nvme resv-acquire "$b" -n 1 --crkey=0xb1 --rtype=1 --racqa=0 2>&1) && die "B acquired A's reservation: $out"
+echo "B's acquire: $out"
+resv resv-release "$a" -n 1 --crkey=0xa1 --rtype=1 --rrela=0
+can_write "$b"
+
+step exclusive-access
+resv resv-acquire "$b" -n 1 --crkey=0xb1 --rtype=2 --racqa=0
+cannot_write "$a"
+cannot_read "$a"
+can_write "$b"
+can_read "$b"
+
+step preempt
+resv resv-acquire "$a" -n 1 --crkey=0xa1 --prkey=0xb1 --rtype=1 --racqa=1
+report "$a"
+expect_field rtype 1
+expect_field regctl 1
+cannot_write "$b"
+can_read "$b"
+can_write "$a"
+out=$(nvme resv-release "$b" -n 1 --crkey=0xb1 --rtype=1 --rrela=0 2>&1) && die "preempted B released: $out"
+gen=$(field gen)
+
+step kill-and-restart
+ca=$(ctrl_of "$a") cb=$(ctrl_of "$b")
+r=$(echo kill | nc "$HOST_ADDR" 9000) || die "relay kill failed"
+[ "$r" = restarted ] || die "relay answered '$r'"
+n=0
+until [ "$(cat /sys/class/nvme/"$ca"/state)" = live ] && [ "$(cat /sys/class/nvme/"$cb"/state)" = live ]; do
+    sleep 0.5; n=$((n + 1)); [ $n -lt 120 ] || die "the hosts did not reconnect ($(cat /sys/class/nvme/"$ca"/state), $(cat /sys/class/nvme/"$cb"/state))"
+done
+echo "both hosts reconnected after $((n / 2)) s"
+report "$b"
+expect_field gen "$gen"
+expect_field rtype 1
+expect_field regctl 1
+expect_field ptpls 1
+cannot_write "$b"
+can_write "$a"
+
+step release
+resv resv-release "$a" -n 1 --crkey=0xa1 --rtype=1 --rrela=0
+can_write "$b"
+resv resv-register "$a" -n 1 --crkey=0xa1 --rrega=1
+report "$b"
+expect_field regctl 0
+
+step disconnect
+timeout 30 nvme disconnect -n "$sub" >&2 || die "disconnect failed"
