@@ -48,10 +48,13 @@ resv() { out=$(nvme "$@" 2>&1) || die "nvme $*: $out"; echo "nvme $*: $out"; }
 
 step connect-two-hosts
 for h in "$ha $ida" "$hb $idb"; do
-    # shellcheck disable=SC2086 # two words: NQN and ID
+    # shellcheck disable=SC2086 # two words: NQN and ID. --duplicate-connect: nvme-cli
+    # takes a second controller of the subsystem on the same address for the first, whatever
+    # its host NQN.
     set -- $h
     timeout 60 nvme connect -t tcp -n "$sub" -a "$HOST_ADDR" -s 4420 --hostnqn="$1" --hostid="$2" \
-        --nr-io-queues=1 --reconnect-delay=1 --ctrl-loss-tmo=120 >&2 || die "connect as $1 failed"
+        --nr-io-queues=1 --reconnect-delay=1 --ctrl-loss-tmo=120 --duplicate-connect >&2 ||
+        die "connect as $1 failed"
 done
 n=0
 until a=$(dev_of "$ha") && b=$(dev_of "$hb") && [ -b "$a" ] && [ -b "$b" ]; do
