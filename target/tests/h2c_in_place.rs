@@ -150,6 +150,26 @@ fn abort_while_data_is_received_in_place_drops_the_rest_of_it() {
 }
 
 #[test]
+fn data_for_a_command_aborted_before_any_of_it_came_is_drained_in_pieces() {
+    // A drained command has no buffer: its PDU, far larger than a new connection's receive
+    // buffer, streams through that buffer and is dropped piece by piece (it once waited
+    // whole in a buffer that never grew to it, and the queue stalled).
+    let t = start("");
+    let mut c = controller(addr(&t), 1);
+    let slba = 6000;
+    let (old, pdu) = old_data_and_new_pdu(&mut c.io[0], 43, slba, 131072, 8);
+    assert_eq!(c.admin.abort(1, 43).unwrap() & 1, 0, "Abort dw0 bit 0: 0 = aborted");
+    assert_eq!(expect_resp(&mut c.io[0], 43), (0, 0x07), "Abort Requested");
+    send_in_pieces(&mut c.io[0], &pdu, &[24 + 100, 40000, 90000]);
+    assert_eq!(read_back(&mut c.io[0], slba, 131072), old);
+    let new = pattern(9, slba, 131072);
+    c.io[0].write(1, slba, 256, &new).unwrap();
+    assert_eq!(read_back(&mut c.io[0], slba, 131072), new);
+    drop(c);
+    t.shutdown().unwrap();
+}
+
+#[test]
 fn a_host_that_vanishes_mid_data_leaves_other_hosts_working() {
     let t = start("");
     let a = addr(&t);

@@ -579,9 +579,11 @@ impl Conn {
     }
 
     /// An H2CData header whose data has not all arrived: copy what did into the command's
-    /// buffer and receive the rest in place (`fill`). Returns the receive-buffer bytes used
-    /// (header, padding and data), or None to wait for the whole PDU as usual (a fatal
-    /// header, or a command already completed, whose data is only drained).
+    /// buffer and receive the rest in place (`fill`). A command already completed (aborted,
+    /// or failed by an earlier PDU's data digest, NVMe/TCP 1.0 §3.6.2.4) has no buffer: its
+    /// data streams through the receive buffer and is dropped piece by piece, so that the
+    /// buffer need not grow to hold a PDU only to drop it. Returns the receive-buffer bytes
+    /// used (header, padding and data), or None after a fatal header (the connection closed).
     pub(super) fn direct_start(
         &mut self,
         r: &mut Reactor,
@@ -595,20 +597,15 @@ impl Conn {
         };
         let (ddgst, data_off) = (*ddgst, pdu.data_offset());
         let ttag = self.h2c_target(r, id, hdr, &avail[..hl])?;
-        let Some(Request {
-            cid,
-            state: ReqState::AwaitingData { buf, .. },
-            ..
-        }) = self.reqs.get_mut(ttag)
-        else {
-            return None;
-        };
+        let req = self.reqs.get_mut(ttag)?;
         let (datao, datal) = (hdr.datao.get(), hdr.datal.get());
         let have = (avail.len() - data_off).min(datal as usize);
-        buf.place(datao, &avail[data_off..data_off + have]);
+        if let ReqState::AwaitingData { buf, .. } = &mut req.state {
+            buf.place(datao, &avail[data_off..data_off + have]);
+        }
         self.direct = Some(DirectRx {
             ttag,
-            cid: *cid,
+            cid: req.cid,
             at: datao + have as u32,
             left: datal - have as u32,
             datal,

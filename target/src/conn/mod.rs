@@ -344,6 +344,10 @@ impl Conn {
                         && avail.len() >= f.hdr.data_offset() =>
                 {
                     let Some(used) = self.direct_start(r, id, &f.hdr, avail, f.hl) else {
+                        // Declined: only a fatal header does (the connection closed). Were
+                        // the whole PDU awaited instead, the buffer must grow to hold it, or
+                        // a full buffer would wait for bytes it has no room for.
+                        grow_to = f.plen;
                         break;
                     };
                     rx.consume(used);
