@@ -241,6 +241,19 @@ turn() {
     done
 }
 
+# fabrics_add OPTS: create a controller from a kernel option string (written straight to
+# /dev/nvme-fabrics, bypassing what nvme-cli would add or refuse); print its nvmeN.
+fabrics_add() {
+    exec 3<>/dev/nvme-fabrics
+    echo "$1" >&3 || { exec 3>&-; return 1; }
+    read -r got <&3 || got=""
+    exec 3>&-
+    inst=${got#instance=}
+    inst=${inst%%,*}
+    [ -n "$inst" ] || return 1
+    echo "nvme$inst"
+}
+
 # ms: the guest's uptime in milliseconds (a clock for durations).
 ms() { awk '{printf "%d", $1 * 1000}' /proc/uptime; }
 

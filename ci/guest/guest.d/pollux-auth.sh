@@ -61,17 +61,6 @@ step discovery-auth
 # the kernel gets the options straight through /dev/nvme-fabrics, and nvme-cli reads the
 # log through the controller that made.
 disc=nqn.2014-08.org.nvmexpress.discovery
-# fabrics_add OPTS: create a controller from a kernel option string; print its nvmeN.
-fabrics_add() {
-    exec 3<>/dev/nvme-fabrics
-    echo "$1" >&3 || { exec 3>&-; return 1; }
-    read -r got <&3 || got=""
-    exec 3>&-
-    inst=${got#instance=}
-    inst=${inst%%,*}
-    [ -n "$inst" ] || return 1
-    echo "nvme$inst"
-}
 opts="transport=tcp,traddr=$HOST_ADDR,trsvcid=$port,nqn=$disc,hostnqn=$HOSTNQN,hostid=$hostid"
 kmark discovery-auth
 dctrl=$(fabrics_add "$opts,dhchap_secret=$K256") || die "authenticated discovery connect failed"

@@ -47,14 +47,15 @@ cannot_read() {
 resv() { out=$(nvme "$@" 2>&1) || die "nvme $*: $out"; echo "nvme $*: $out"; }
 
 step connect-two-hosts
+# nvme-cli 2.4 (libnvme 1.3) files every controller under one host, so it takes the second
+# host's connect to the same subsystem and address for the first ("already connected",
+# even with --duplicate-connect): the kernel gets the options straight.
 for h in "$ha $ida" "$hb $idb"; do
-    # shellcheck disable=SC2086 # two words: NQN and ID. --duplicate-connect: nvme-cli
-    # takes a second controller of the subsystem on the same address for the first, whatever
-    # its host NQN.
+    # shellcheck disable=SC2086 # two words: NQN and ID
     set -- $h
-    timeout 60 nvme connect -t tcp -n "$sub" -a "$HOST_ADDR" -s 4420 --hostnqn="$1" --hostid="$2" \
-        --nr-io-queues=1 --reconnect-delay=1 --ctrl-loss-tmo=120 --duplicate-connect >&2 ||
+    c=$(fabrics_add "transport=tcp,traddr=$HOST_ADDR,trsvcid=4420,nqn=$sub,hostnqn=$1,hostid=$2,nr_io_queues=1,reconnect_delay=1,ctrl_loss_tmo=120") ||
         die "connect as $1 failed"
+    echo "connected as $1: $c"
 done
 n=0
 until a=$(dev_of "$ha") && b=$(dev_of "$hb") && [ -b "$a" ] && [ -b "$b" ]; do
