@@ -485,3 +485,70 @@ fn bad_reservation_commands_get_their_status_and_change_nothing() {
     b.shutdown().unwrap();
     t.shutdown().unwrap();
 }
+
+#[test]
+fn preempt_and_abort_also_fences_writes_parked_behind_a_fused_pair() {
+    // Slow writes: B's compare and write holds its range while A's write to it waits.
+    let sim = "{ sim = { size = \"1MiB\", read = { median_us = 5000.0, sigma = 0.1 }, write = { median_us = 20000.0, sigma = 0.1 } } }";
+    let t = start_conf(&conf(sim, None));
+    let (mut a, mut b) = (host(&t, HOST_A), host(&t, HOST_B));
+    register(&mut a, 1);
+    register(&mut b, 2);
+    assert_eq!(sc(write(&mut b, 7, 0x00)), OK);
+    let (cmp, w) = sqe::compare_and_write(1, 7, 1);
+    let caw = [
+        b.io[0].submit(cmp, Data::ToCtrl(vec![0x00; 512]), 0).unwrap(),
+        b.io[0].submit(w, Data::ToCtrl(vec![0xCA; 512]), 0).unwrap(),
+    ];
+    b.io[0]
+        .poll_completions(Some(Duration::from_millis(2)), |_| {})
+        .unwrap();
+    let parked = a.io[0].submit_write(1, 7, 1, vec![0xAA; 512], 0).unwrap();
+    a.io[0]
+        .poll_completions(Some(Duration::from_millis(2)), |_| {})
+        .unwrap();
+    // B preempts A's key (no reservation is held: the registrants of the key go) and aborts.
+    let pa = b.io[0].submit(
+        sqe::resv_acquire(1, PREEMPT_ABORT, WE),
+        Data::ToCtrl(sqe::resv_keys(&[2, 1])),
+        0,
+    );
+    let pa = pa.unwrap();
+    let mut b_done = Vec::new();
+    let t0 = Instant::now();
+    while b_done.len() < 3 && t0.elapsed() < WAIT {
+        for q in b.io.iter_mut() {
+            q.poll_completions(Some(Duration::from_millis(20)), |d| b_done.push((d.cid, sc(d.status))))
+                .unwrap();
+        }
+    }
+    assert!(b_done.contains(&(pa, OK)), "{b_done:?}");
+    assert!(
+        caw.iter().all(|c| b_done.contains(&(*c, OK))),
+        "the pair compared equal: {b_done:?}"
+    );
+    let mut a_status = None;
+    let t0 = Instant::now();
+    while a_status.is_none() && t0.elapsed() < WAIT {
+        a.io[0]
+            .poll_completions(Some(Duration::from_millis(20)), |d| {
+                if d.cid == parked {
+                    a_status = Some(sc(d.status));
+                }
+            })
+            .unwrap();
+    }
+    let a_status = a_status.unwrap_or_else(|| panic!("A's write never completed"));
+    assert!(a_status == OK || a_status == (0, 0x07), "A's write: {a_status:?}");
+    // The pair compared equal, so A's write had not landed before it; after it, A's write
+    // (fenced by the preempt) must not land either: the block holds the pair's data.
+    std::thread::sleep(Duration::from_millis(60));
+    assert_eq!(
+        read(&mut b, 7).1[0],
+        0xCA,
+        "A's write landed after the preempt (A: {a_status:?})"
+    );
+    a.shutdown().unwrap();
+    b.shutdown().unwrap();
+    t.shutdown().unwrap();
+}

@@ -155,6 +155,14 @@ pub(super) struct Fused {
 }
 
 impl Fused {
+    /// Locked operations on namespace `nsid` holding their range (running).
+    pub(super) fn running_on(&self, nsid: u32) -> usize {
+        self.ops
+            .iter()
+            .filter(|(_, o)| o.ns.nsid == nsid && o.lock.is_some())
+            .count()
+    }
+
     /// The pair whose command waits for its data in request `slot`, and whether it is the
     /// Compare.
     pub(super) fn pair_of(&self, slot: usize) -> Option<(usize, bool)> {
@@ -775,6 +783,47 @@ impl Conn {
             self.try_start(r, id, k);
         }
         self.flush_or_close(r, id);
+    }
+
+    /// A Preempt and Abort fenced this queue's host on namespace `nsid` (`conn::resv`):
+    /// what has not started writing yet ends now with Command Abort Requested — parked
+    /// writes, pairs gathering their data, locked operations still waiting for their range.
+    /// Locked operations already running end as usual ([`Fused::running_on`] counts them).
+    pub(super) fn fence_fused(&mut self, r: &mut Reactor, nsid: u32) {
+        let aborted = Status::ABORT_REQUESTED;
+        let (mine, keep): (Vec<Parked>, Vec<Parked>) = std::mem::take(&mut self.fused.parked)
+            .into_iter()
+            .partition(|p| p.io.namespace().is_some_and(|n| n.nsid == nsid));
+        self.fused.parked = keep;
+        for p in mine {
+            if let Some(ns) = p.io.namespace().cloned() {
+                p.data.recycle(r, &ns);
+            }
+            if let Some(s) = p.slot {
+                self.reqs.remove(s);
+            }
+            self.fail(r, p.cid, aborted, nsid, 0);
+        }
+        let pairs: Vec<usize> = self
+            .fused
+            .pairs
+            .iter()
+            .filter(|(_, p)| p.ns.nsid == nsid)
+            .map(|(k, _)| k)
+            .collect();
+        for k in pairs {
+            self.drop_pair(r, k, aborted);
+        }
+        let waiting: Vec<usize> = self
+            .fused
+            .ops
+            .iter()
+            .filter(|(_, o)| o.ns.nsid == nsid && o.lock.is_none())
+            .map(|(k, _)| k)
+            .collect();
+        for k in waiting {
+            self.finish(r, k, aborted, aborted);
+        }
     }
 
     /// The queue is closing: unlock what it holds (waking the waiters), drop what waits.

@@ -114,6 +114,7 @@ impl Conn {
     /// Requested, submitted ones are cancelled where their backend can. The number still
     /// submitted, which will complete as usual.
     fn fence(&mut self, r: &mut Reactor, id: SourceId, nsid: u32) -> usize {
+        self.fence_fused(r, nsid);
         let live = self.reqs.of_namespace(nsid);
         for &(slot, cid, submitted) in &live {
             if !submitted {
@@ -122,10 +123,14 @@ impl Conn {
                 self.abort_submitted(r, id, cid);
             }
         }
-        if !live.is_empty() {
-            self.flush_or_close(r, id);
-        }
-        self.reqs.of_namespace(nsid).len()
+        self.flush_or_close(r, id);
+        self.in_flight_on(nsid)
+    }
+
+    /// Commands of this queue on namespace `nsid` still running: requests at their backend
+    /// or waiting for data, and locked operations (fused pairs, Copy) holding their range.
+    fn in_flight_on(&self, nsid: u32) -> usize {
+        self.reqs.of_namespace(nsid).len() + self.fused.running_on(nsid)
     }
 }
 
@@ -211,7 +216,7 @@ fn watch(r: &mut Reactor, q: QueueRef, nsid: u32, join: Arc<Join>, deadline: Ins
             if first {
                 c.fence(r, q.source, nsid)
             } else {
-                c.reqs.of_namespace(nsid).len()
+                c.in_flight_on(nsid)
             }
         })
         .unwrap_or(0);
