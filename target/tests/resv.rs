@@ -213,6 +213,20 @@ fn write_exclusive_and_exclusive_access_between_two_hosts() {
         "EDS=0: 64-bit host identifiers do not exist over fabrics"
     );
 
+    // `pollux ctl subsystems` shows it: type, holder, registrants, never the keys.
+    let cfg = Config::parse(&conf(&ram(), None), "resv.toml").unwrap();
+    let ctx = pollux_target::control::rpc::Ctx::new(&t, &cfg.reactors);
+    let views: Vec<pollux_target::control::view::SubsystemView> =
+        serde_json::from_value(ctx.call("subsystems", &serde_json::Value::Null).unwrap()).unwrap();
+    let text = pollux_target::control::cli::format_subsystems(&views);
+    let a_text = uuid::Uuid::from_bytes(a_id).hyphenated().to_string();
+    assert!(
+        text.contains(&format!(
+            "namespace 1 reservation: write-exclusive held by host {a_text}; 2 registrant(s)"
+        )),
+        "{text}"
+    );
+
     // A second controller of host A shares its registration and its reservation.
     let mut a2 = host(&t, HOST_A);
     assert_eq!(sc(write(&mut a2, 2, 0xA2)), OK, "A's other controller holds it too");

@@ -342,6 +342,9 @@ pub fn format_subsystems(ss: &[SubsystemView]) -> String {
         for l in table(&rows).lines() {
             let _ = writeln!(out, "  {l}");
         }
+        for n in s.namespaces.iter().filter(|n| !n.reservation.is_empty()) {
+            let _ = writeln!(out, "  namespace {} reservation: {}", n.nsid, n.reservation);
+        }
     }
     if ss.is_empty() {
         out.push_str("no subsystems (discovery only)\n");

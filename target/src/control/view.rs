@@ -178,6 +178,10 @@ pub struct NamespaceView {
     pub read_bytes: u64,
     /// Bytes written.
     pub write_bytes: u64,
+    /// Its reservations (NVMe 2.0 §8.19), when it has a registrant or PTPL set: the type
+    /// held and by which host, the registrants, PTPL. Empty otherwise.
+    #[serde(default)]
+    pub reservation: String,
 }
 
 /// One subsystem, as `subsystems` reports it.

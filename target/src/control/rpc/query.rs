@@ -219,6 +219,7 @@ impl Ctx {
                             write_cmds: t.write_cmds,
                             read_bytes: t.read_bytes,
                             write_bytes: t.write_bytes,
+                            reservation: reservation_summary(&n.resv.state()),
                         }
                     })
                     .collect(),
@@ -266,4 +267,28 @@ fn listener_names(snap: &crate::subsystem::Snapshot) -> Vec<String> {
             m => format!("{} (tls {})", l.addr, m.as_str()),
         })
         .collect()
+}
+
+/// One line about a namespace's reservations for `ctl subsystems`: empty while it has no
+/// registrant and PTPL is clear. Keys are never shown (they are the hosts' secrets for
+/// preempting each other).
+fn reservation_summary(s: &crate::resv::ResvState) -> String {
+    if s.registrants.is_empty() && !s.ptpl {
+        return String::new();
+    }
+    let host = |h: &[u8; 16]| uuid::Uuid::from_bytes(*h).hyphenated().to_string();
+    let held = match s.holder {
+        None => "none held".to_string(),
+        Some(h) if h.rtype.all_registrants() => format!("{} (every registrant)", h.rtype.name()),
+        Some(h) => format!("{} held by host {}", h.rtype.name(), host(&h.hostid)),
+    };
+    let mut out = format!("{held}; {} registrant(s)", s.registrants.len());
+    for r in &s.registrants {
+        out.push_str(&format!(" {}", host(&r.hostid)));
+    }
+    out.push_str(&format!("; generation {}", s.generation));
+    if s.ptpl {
+        out.push_str("; persists (PTPL)");
+    }
+    out
 }
