@@ -357,6 +357,7 @@ mod tests {
                 write_cmds: 2,
                 read_bytes: 512,
                 write_bytes: 1024,
+                reservation: String::new(),
             }],
             listeners: vec![],
             controllers: 1,
