@@ -25,7 +25,7 @@ use slab::Slab;
 
 use super::Conn;
 use super::io::recycle_buf;
-use crate::backend::{BlockOp, ReadData, Tag, WriteData, channel_for, with_channel};
+use crate::backend::{BlockOp, ReadData, WriteData, channel_for};
 use crate::io::{self, DataIn, Io};
 use crate::range_lock::{self, Waiter, fence_all, unlock_and_wake};
 use crate::request::{ReqState, Request};
@@ -384,14 +384,20 @@ impl Conn {
             None => self.fail(r, p.cmp_cid, status, nsid, 0),
         }
         if let Some(w) = p.wr {
-            match (w.slot, w.data) {
-                (Some(s), _) => self.complete_early(r, s, w.cid, status),
-                (None, data) => {
-                    if let Some(d) = data {
-                        d.recycle(r, &p.ns);
-                    }
-                    self.fail(r, w.cid, status, nsid, 0);
+            self.end_pair_write(r, &p.ns, w, status);
+        }
+    }
+
+    /// Complete the Write of a pair with `status` (its data waits in its request, or came
+    /// in the capsule and is kept here).
+    fn end_pair_write(&mut self, r: &mut Reactor, ns: &Arc<Namespace>, w: PairWrite, status: Status) {
+        match (w.slot, w.data) {
+            (Some(s), _) => self.complete_early(r, s, w.cid, status),
+            (None, data) => {
+                if let Some(d) = data {
+                    d.recycle(r, ns);
                 }
+                self.fail(r, w.cid, status, ns.nsid, 0);
             }
         }
     }
@@ -409,15 +415,7 @@ impl Conn {
         if p.cmp_slot == Some(slot) {
             p.cmp_slot = None;
             if let Some(w) = p.wr.take() {
-                match (w.slot, w.data) {
-                    (Some(s), _) => self.complete_early(r, s, w.cid, FAILED_FUSED),
-                    (None, data) => {
-                        if let Some(d) = data {
-                            d.recycle(r, &p.ns);
-                        }
-                        self.fail(r, w.cid, FAILED_FUSED, nsid, 0);
-                    }
-                }
+                self.end_pair_write(r, &p.ns, w, FAILED_FUSED);
             }
         } else {
             match p.cmp_slot {
@@ -643,25 +641,7 @@ impl Conn {
         req.step = Some(key);
         req.wslot = wslot;
         let slot = self.reqs.insert(req);
-        let tag = Tag {
-            source: id,
-            serial: self.serial,
-            slot,
-        };
-        let res = with_channel(r, ch, |c, r| c.submit(r, tag, &ns, op)).unwrap_or(Err(Status::INTERNAL_ERROR));
-        match res {
-            Ok(()) => {
-                r.wake(ch);
-                Ok(())
-            }
-            Err(s) => {
-                self.reqs.remove(slot);
-                if let Some(w) = wslot {
-                    range_lock::write_done(r, &ns, w);
-                }
-                Err(s)
-            }
-        }
+        self.submit_slot(r, id, ch, slot, &ns, op)
     }
 
     /// A channel completed a step (`io`) of operation `key`.

@@ -293,21 +293,39 @@ impl Conn {
                 self.reqs.insert(req)
             }
         };
+        if let Err(s) = self.submit_slot(r, id, ch, slot, &ns, op) {
+            self.fail(r, cid, s, nsid, 0);
+        }
+    }
+
+    /// Submit request `slot` (already in the table) to channel `ch`; on a refusal the
+    /// request goes, with the write it counted for its namespace's range locks.
+    pub(super) fn submit_slot(
+        &mut self,
+        r: &mut Reactor,
+        id: SourceId,
+        ch: SourceId,
+        slot: usize,
+        ns: &Arc<Namespace>,
+        op: crate::backend::BlockOp<'_>,
+    ) -> Result<(), Status> {
         let tag = Tag {
             source: id,
             serial: self.serial,
             slot,
         };
-        let res = with_channel(r, ch, |c, r| c.submit(r, tag, &ns, op)).unwrap_or(Err(Status::INTERNAL_ERROR));
+        let res = with_channel(r, ch, |c, r| c.submit(r, tag, ns, op)).unwrap_or(Err(Status::INTERNAL_ERROR));
         match res {
             // Woken, the channel tells the reactor when the completion is expected (hybrid).
-            Ok(()) => r.wake(ch),
+            Ok(()) => {
+                r.wake(ch);
+                Ok(())
+            }
             Err(s) => {
-                self.reqs.remove(slot);
-                if let Some(w) = wslot {
-                    range_lock::write_done(r, &ns, w);
+                if let Some(w) = self.reqs.remove(slot).and_then(|q| q.wslot) {
+                    range_lock::write_done(r, ns, w);
                 }
-                self.fail(r, cid, s, nsid, 0);
+                Err(s)
             }
         }
     }
