@@ -77,6 +77,17 @@ pub enum BlockOp<'a> {
     },
     /// Make completed writes durable (flush a volatile cache).
     Flush,
+    /// Copy the (offset, length) source ranges, in order, to `dst`, by the store itself (a
+    /// device's own Copy): only to a backend whose [`Caps::copy_offload`] they fit. Every
+    /// source is read before the destination is written.
+    Copy {
+        /// The source byte ranges, none empty.
+        ranges: Vec<(u64, u64)>,
+        /// Destination byte offset.
+        dst: u64,
+        /// Force unit access.
+        fua: bool,
+    },
 }
 
 /// Where a write's data is.
@@ -196,6 +207,30 @@ pub struct Caps {
     /// [`Backend::memory`]: a read needs no backend call at all, its data is sent from the
     /// memory (the RAM namespace's QD1 and QD32 read path).
     pub inline_reads: bool,
+    /// It copies blocks itself ([`BlockOp::Copy`]: an NVMe device's own Copy), within these
+    /// limits; None: a Copy is read and written through pollux.
+    pub copy_offload: Option<CopyOffload>,
+}
+
+/// The limits of a backend's own Copy ([`Caps::copy_offload`]), in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CopyOffload {
+    /// Most source ranges of one Copy.
+    pub max_ranges: u32,
+    /// Most bytes of one source range.
+    pub max_range_bytes: u64,
+    /// Most bytes of one Copy, all ranges together.
+    pub max_bytes: u64,
+}
+
+impl CopyOffload {
+    /// Whether a Copy of these (offset, length) source ranges is within the limits.
+    pub fn fits(&self, ranges: &[(u64, u64)]) -> bool {
+        let total = ranges.iter().try_fold(0u64, |t, r| t.checked_add(r.1));
+        ranges.len() <= self.max_ranges as usize
+            && ranges.iter().all(|r| r.1 <= self.max_range_bytes)
+            && total.is_some_and(|t| t <= self.max_bytes)
+    }
 }
 
 /// A namespace's data store, shared by all reactors.
