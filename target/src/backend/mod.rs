@@ -466,3 +466,22 @@ pub fn open(n: &pollux_conf::Namespace, reactors: usize) -> Result<Box<dyn Backe
         Conf::Nvme(b) => Box::new(nvme::SsdDevice::open(b, n.block_size, reactors)?),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::CopyOffload;
+
+    #[test]
+    fn a_copy_fits_an_offload_only_within_every_limit() {
+        let l = CopyOffload {
+            max_ranges: 2,
+            max_range_bytes: 4096,
+            max_bytes: 6144,
+        };
+        assert!(l.fits(&[(0, 4096), (8192, 2048)]));
+        assert!(!l.fits(&[(0, 512), (512, 512), (1024, 512)]), "ranges");
+        assert!(!l.fits(&[(0, 4608)]), "one range");
+        assert!(!l.fits(&[(0, 4096), (8192, 4096)]), "in all");
+        assert!(!l.fits(&[(0, u64::MAX), (0, u64::MAX)]), "overflow");
+    }
+}
