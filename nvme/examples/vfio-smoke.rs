@@ -95,6 +95,46 @@ fn write_read(
     Ok((lat_w / count as u32, lat_r / count as u32))
 }
 
+/// The device's own Copy (NVM Command Set 1.0 §3.2.2), when it has one: requests 0 and 2 of
+/// the QD1 pass (4 KiB each at `lba0`) to `lba0 + 2048`, read back.
+fn copy(hw: &Hardware, qp: &mut QueuePair, ns: &Namespace, lba0: u64) -> Res<()> {
+    let Some(limits) = ns.copy else {
+        println!("Copy: the device has none (ONCS bit 8, OCFS bit 0)");
+        return Ok(());
+    };
+    let b = (4096 >> ns.lba_shift) as u64;
+    if b > u64::from(limits.max_range_blocks) || 2 * b > limits.max_blocks || limits.max_ranges < 2 {
+        println!("Copy: limits {limits:?} below two 4 KiB ranges, not tried");
+        return Ok(());
+    }
+    let mut raw = vec![0u8; 64];
+    for (e, slba) in raw.chunks_exact_mut(32).zip([lba0, lba0 + 2 * b]) {
+        e[8..16].copy_from_slice(&slba.to_le_bytes());
+        e[16..18].copy_from_slice(&((b - 1) as u16).to_le_bytes());
+    }
+    let entries = buffer(hw, 0, raw.len())?;
+    entries.write(&raw);
+    qp.submit(IoRequest::copy(ns, lba0 + 2048, entries, 2, 0))
+        .map_err(|r| format!("submit: {}", r.error))?;
+    qp.flush();
+    let c = wait(qp, 1)?.remove(0);
+    if !c.status.is_success() {
+        return Err(format!("Copy failed: {:?}", c.status).into());
+    }
+    let back = buffer(hw, 0, 8192)?;
+    qp.submit(IoRequest::read(ns, lba0 + 2048, back.clone(), 1))
+        .map_err(|r| format!("submit: {}", r.error))?;
+    qp.flush();
+    wait(qp, 1)?;
+    let mut got = vec![0u8; 8192];
+    back.read(&mut got);
+    if got != [pattern(lba0, 4096), pattern(lba0 + 2, 4096)].concat() {
+        return Err("Copy: the destination does not hold the sources".into());
+    }
+    println!("Copy: 2 ranges of 4 KiB copied by the device ({limits:?}), read back");
+    Ok(())
+}
+
 fn main() -> std::process::ExitCode {
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -182,6 +222,7 @@ fn run() -> Res<()> {
 
     let (w, r) = write_read(&hw, &mut qp, &ns, lba0, 1, 32, 4096, 0)?;
     println!("QD1: 32 x 4 KiB written and read back, mean latency write {w:?} read {r:?}");
+    copy(&hw, &mut qp, &ns, lba0)?;
     let (w, r) = write_read(&hw, &mut qp, &ns, lba0 + 1024, 16, 64, 4096, 0)?;
     println!("QD16: 64 x 4 KiB written and read back, mean latency write {w:?} read {r:?}");
     let (w, r) = write_read(&hw, &mut qp, &ns, lba0 + 4096, 4, 8, 128 << 10, 512)?;

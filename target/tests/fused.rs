@@ -2,7 +2,9 @@
 //! writes only when its compare matches and is never torn by other writers on other queues
 //! and reactors; broken pairs get the fused statuses; Copy copies on RAM, file, NVMe (the
 //! fake controller) and simulated namespaces and refuses what is beyond the namespace or
-//! its limits, changing nothing; Identify and the effects log report both.
+//! its limits, changing nothing; Identify and the effects log report both. On an NVMe
+//! namespace whose device has its own Copy, a Copy within the device's limits is one device
+//! Copy command; beyond them it is read and written through pollux.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -14,8 +16,10 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use pollux_nvme::spec::{Sqe, Status};
+use pollux_target::control::rpc::Ctx;
 use pollux_target::host::sqe::{self, CopyRange};
 use pollux_target::host::{Controller, Data, Digests, HostQueue};
+use serde_json::Value;
 
 const F_NQN: &str = "nqn.2026-11.io.pollux:fused";
 const BLOCKS8M: u64 = 16384;
@@ -63,7 +67,11 @@ fn caw(q: &mut HostQueue, slba: u64, nlb: u32, expect: &[u8], new: &[u8]) -> (St
 
 fn read(c: &mut Controller, slba: u64, nlb: u32) -> Vec<u8> {
     let mut back = vec![0u8; nlb as usize * 512];
-    c.io[0].read(1, slba, nlb, &mut back).unwrap();
+    // In reads of at most 128 blocks (64 KiB, below the transport's limit).
+    for (i, part) in back.chunks_mut(128 * 512).enumerate() {
+        let n = (part.len() / 512) as u32;
+        c.io[0].read(1, slba + i as u64 * 128, n, part).unwrap();
+    }
     back
 }
 
@@ -346,4 +354,161 @@ fn compare_and_write_is_atomic_against_other_queues_and_reactors_on_ram() {
 #[test]
 fn compare_and_write_is_atomic_against_other_queues_and_reactors_on_sim() {
     counter_race(SIM, "sim");
+}
+
+/// The `nvme_devices` view of fake device `name`.
+fn device(ctx: &Ctx, name: &str) -> Value {
+    let v = ctx.call("nvme_devices", &Value::Null).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == name)
+        .cloned()
+        .unwrap_or_else(|| panic!("no device {name} in {v}"))
+}
+
+/// (Copies pollux sent as device Copy commands, Copy commands the fake executed, I/O commands
+/// it executed.)
+fn device_counts(ctx: &Ctx, name: &str) -> (u64, u64, u64) {
+    let d = device(ctx, name);
+    let n = |k: &str| d[k].as_u64().unwrap_or_else(|| panic!("{k} in {d}"));
+    (n("offloaded_copies"), n("fake_copy_commands"), n("fake_io_commands"))
+}
+
+#[test]
+fn copy_on_an_nvme_backend_is_the_devices_own_copy_within_its_limits() {
+    // The fake device's limits (FakeCopyLimits::default): 256 blocks per range, 1024 in all,
+    // 8 ranges; pollux's own: 2048, 2048, 128.
+    let text = conf_with(
+        "interrupt",
+        "",
+        F_NQN,
+        "[[subsystem.namespace]]\nnsid = 1\nblock_size = 512\n\
+         backend = { nvme = { fake = \"ncopy0\", size = \"8MiB\", latency_us = 5.0 } }",
+    );
+    let t = start_text(&text);
+    let cfg = pollux_conf::Config::parse(&text, "test.toml").unwrap();
+    let ctx = Ctx::new(&t, &cfg.reactors);
+    assert_eq!(device(&ctx, "ncopy0")["copy_offload"], true);
+    let mut c = Controller::connect(addr(&t), F_NQN, HOST, 2, 32, Digests::NONE).unwrap();
+    let copy = |c: &mut Controller, dst: u64, ranges: &[CopyRange], fua: bool| {
+        let s = sqe::copy(1, dst, ranges.len() as u32, fua);
+        c.io[0].exec(s, Data::ToCtrl(CopyRange::data(ranges))).unwrap().status
+    };
+    let a = pattern(11, 100, 16 * 512);
+    let b = pattern(12, 300, 200 * 512);
+    c.io[0].write(1, 100, 16, &a).unwrap();
+    c.io[0].write(1, 300, 200, &b).unwrap();
+
+    // Within the device's limits: one device Copy, no device reads or writes.
+    let smart = c.admin.smart_log().unwrap();
+    let before = device_counts(&ctx, "ncopy0");
+    let ranges = [CopyRange { slba: 100, nlb: 16 }, CopyRange { slba: 300, nlb: 200 }];
+    assert_eq!(copy(&mut c, 5000, &ranges, false), Status::SUCCESS);
+    let after = device_counts(&ctx, "ncopy0");
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1, after.2 - before.2),
+        (1, 1, 1),
+        "one device Copy command and nothing else"
+    );
+    assert_eq!(
+        c.admin.smart_log().unwrap().host_writes - smart.host_writes,
+        1,
+        "one write in SMART"
+    );
+    assert_eq!(
+        read(&mut c, 5000, 216),
+        [a.clone(), b.clone()].concat(),
+        "copied by the device"
+    );
+
+    // Overlapping source and destination: the device's result, the source as it was.
+    let before = device_counts(&ctx, "ncopy0");
+    assert_eq!(
+        copy(&mut c, 350, &[CopyRange { slba: 300, nlb: 200 }], true),
+        Status::SUCCESS
+    );
+    assert_eq!(
+        device_counts(&ctx, "ncopy0").1 - before.1,
+        1,
+        "overlapping: a device Copy"
+    );
+    assert_eq!(read(&mut c, 350, 200), b, "overlapping copy: the source as it was");
+    c.io[0].write(1, 300, 200, &b).unwrap();
+
+    // Beyond the device's limits, within pollux's: read and written through pollux.
+    let nine: Vec<CopyRange> = (0..9)
+        .map(|i| CopyRange {
+            slba: 300 + i * 8,
+            nlb: 8,
+        })
+        .collect();
+    let five: Vec<CopyRange> = (0..5)
+        .map(|i| CopyRange {
+            slba: 2000 + i * 220,
+            nlb: 220,
+        })
+        .collect();
+    let big = pattern(13, 2000, 1100 * 512);
+    for (i, part) in big.chunks(220 * 512).enumerate() {
+        c.io[0].write(1, 2000 + i as u64 * 220, 220, part).unwrap();
+    }
+    for (what, dst, ranges, want) in [
+        (
+            "a range beyond MSSRL",
+            6000u64,
+            vec![CopyRange { slba: 300, nlb: 200 }, CopyRange { slba: 2000, nlb: 300 }],
+            [b.clone(), big[..300 * 512].to_vec()].concat(),
+        ),
+        ("more ranges than MSRC + 1", 6000, nine, b[..72 * 512].to_vec()),
+        ("more than MCL", 4000, five, big.clone()),
+    ] {
+        let before = device_counts(&ctx, "ncopy0");
+        let smart = c.admin.smart_log().unwrap();
+        assert_eq!(copy(&mut c, dst, &ranges, false), Status::SUCCESS, "{what}");
+        let after = device_counts(&ctx, "ncopy0");
+        assert_eq!((after.0, after.1), (before.0, before.1), "{what}: no device Copy");
+        assert!(after.2 - before.2 >= 2, "{what}: read and written by pollux");
+        assert_eq!(
+            c.admin.smart_log().unwrap().host_writes - smart.host_writes,
+            1,
+            "{what}: one write in SMART"
+        );
+        let n = (want.len() / 512) as u32;
+        assert_eq!(read(&mut c, dst, n), want, "{what}: copied through pollux");
+    }
+
+    // Bad ranges: LBA Out of Range, nothing sent to the device, nothing changed.
+    let before = device_counts(&ctx, "ncopy0");
+    let old = read(&mut c, 7000, 8);
+    let s = copy(
+        &mut c,
+        7000,
+        &[CopyRange {
+            slba: BLOCKS8M - 4,
+            nlb: 8,
+        }],
+        false,
+    );
+    assert_eq!((code(s), s.dnr()), ((0, 0x80), true), "source beyond the end");
+    let s = copy(&mut c, BLOCKS8M - 4, &[CopyRange { slba: 0, nlb: 8 }], false);
+    assert_eq!((code(s), s.dnr()), ((0, 0x80), true), "destination beyond the end");
+    let after = device_counts(&ctx, "ncopy0");
+    assert_eq!(
+        (after.0, after.1),
+        (before.0, before.1),
+        "a refused copy reached the device"
+    );
+    assert_eq!(read(&mut c, 7000, 8), old);
+
+    // A device error status reaches the host as the Copy's status.
+    ctx.call(
+        "nvme_fault",
+        &serde_json::json!({"device": "ncopy0", "kind": "fail", "count": 1, "status": 0x286}),
+    )
+    .unwrap();
+    let s = copy(&mut c, 5000, &[CopyRange { slba: 100, nlb: 16 }], false);
+    assert_eq!(code(s), (2, 0x86), "the device's status");
+    c.shutdown().unwrap();
+    t.shutdown().unwrap();
 }

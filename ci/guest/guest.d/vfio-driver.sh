@@ -2,8 +2,8 @@
 # Guest side of ci/scenarios/vfio-driver.sh: pollux's userspace NVMe driver (the
 # vfio-smoke example, shared at /mnt/host) on QEMU's NVMe controller behind
 # intel-iommu: its error while the kernel driver still owns the function, then
-# bring-up, I/O at QD1 and QD16, PRP lists, MDTS splitting, an MSI-X interrupt
-# and shutdown, twice in a row.
+# bring-up, I/O at QD1 and QD16, the device's own Copy (when it reports one: QEMU's
+# does), PRP lists, MDTS splitting, an MSI-X interrupt and shutdown, twice in a row.
 # shellcheck source=ci/guest/guest.d/lib.sh
 . /guest/lib.sh
 smoke=/mnt/host/vfio-smoke

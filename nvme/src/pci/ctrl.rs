@@ -54,6 +54,22 @@ pub struct Namespace {
     pub blocks: u64,
     /// log2 of the LBA data size (LBADS of the format FLBAS selects).
     pub lba_shift: u8,
+    /// The device's own Copy on this namespace and its limits, when the controller has Copy
+    /// (ONCS bit 8) with source range format 0 (OCFS bit 0) and the namespace reports its
+    /// limits (MSSRL and MCL non-zero).
+    pub copy: Option<CopyLimits>,
+}
+
+/// The Copy limits of a namespace (Identify Namespace MSSRL, MCL, MSRC: NVM Command Set 1.0
+/// §4.1.5.1, Figure 97), in logical blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CopyLimits {
+    /// Most blocks of one source range (MSSRL).
+    pub max_range_blocks: u32,
+    /// Most blocks of one Copy, all ranges together (MCL).
+    pub max_blocks: u64,
+    /// Most source ranges of one Copy (MSRC + 1).
+    pub max_ranges: u32,
 }
 
 impl Namespace {
@@ -97,8 +113,11 @@ pub struct ControllerInfo {
     pub vectors: u16,
     /// A volatile write cache is present (VWC bit 0): writes are durable after a Flush.
     pub volatile_write_cache: bool,
-    /// Optional NVM Command Support (ONCS): bit 2 Dataset Management, bit 3 Write Zeroes.
+    /// Optional NVM Command Support (ONCS): bit 2 Dataset Management, bit 3 Write Zeroes,
+    /// bit 8 Copy.
     pub oncs: u16,
+    /// Optional Copy Formats Supported (OCFS): bit 0 source range format 0.
+    pub ocfs: u16,
 }
 
 /// What [`Controller::service`] did.
@@ -143,6 +162,10 @@ impl std::fmt::Debug for Controller {
 }
 
 const ADMIN_MAX_XFER: usize = 16 * PAGE_SIZE;
+/// ONCS bit 8: Copy supported (Identify Controller, NVMe 2.0 §5.17.2.1).
+pub const ONCS_COPY: u16 = 1 << 8;
+/// OCFS bit 0: Copy source range format 0 supported.
+pub const OCFS_FORMAT_0: u16 = 1 << 0;
 
 fn ascii(b: &[u8]) -> String {
     String::from_utf8_lossy(b).trim_end_matches([' ', '\0']).to_string()
@@ -321,6 +344,8 @@ impl Controller {
         self.info.nn = id.nn;
         self.info.volatile_write_cache = id.vwc & 1 != 0;
         self.info.oncs = id.oncs;
+        self.info.ocfs = id.ocfs;
+        let has_copy = id.oncs & ONCS_COPY != 0 && id.ocfs & OCFS_FORMAT_0 != 0;
         // MDTS (byte 77): 2^MDTS units of CAP.MPSMIN pages; 0 = no limit.
         self.info.mdts_bytes = (id.mdts != 0).then(|| page_min << id.mdts);
         let lim = self.info.mdts_bytes.unwrap_or(usize::MAX).min(self.cfg.max_transfer);
@@ -351,10 +376,16 @@ impl Controller {
                 tracing::warn!(ctrl = %self.hw.name, nsid, ms = lbaf.ms, "namespace with metadata: not supported, skipped");
                 continue;
             }
+            let copy = (has_copy && ns.mssrl != 0 && ns.mcl != 0).then(|| CopyLimits {
+                max_range_blocks: u32::from(ns.mssrl),
+                max_blocks: u64::from(ns.mcl),
+                max_ranges: u32::from(ns.msrc) + 1,
+            });
             namespaces.push(Namespace {
                 nsid,
                 blocks: ns.nsze,
                 lba_shift: lbaf.ds,
+                copy,
             });
         }
         self.info.namespaces = namespaces;

@@ -36,7 +36,7 @@ use std::time::Duration;
 
 use crate::spec::Status;
 
-pub use ctrl::{Controller, ControllerConfig, ControllerInfo, Namespace};
+pub use ctrl::{Controller, ControllerConfig, ControllerInfo, CopyLimits, Namespace, OCFS_FORMAT_0, ONCS_COPY};
 pub use dma::{DmaAllocator, DmaBuf, DmaRegion, IovaAllocator, PAGE_SIZE};
 pub use irq::Interrupts;
 pub use queue::{Completion, IoRequest, QueueError, QueuePair, Rejected};

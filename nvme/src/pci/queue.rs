@@ -34,6 +34,8 @@ pub const SQE_SIZE: usize = 64;
 pub const CQE_SIZE: usize = 16;
 /// Most blocks one Read/Write/Write Zeroes can name (NLB is 16 bits, 0's based).
 pub const MAX_NLB: u64 = 1 << 16;
+/// Bytes of one Copy source range entry, format 0 (NVM Command Set 1.0 §3.2.2.1).
+pub const COPY_ENTRY: usize = 32;
 
 /// Why a queue did not take a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -74,17 +76,18 @@ pub struct Rejected {
 /// A block I/O request on one namespace.
 #[derive(Clone, Debug)]
 pub struct IoRequest {
-    /// NVM command set opcode (Read, Write, Flush, Write Zeroes).
+    /// NVM command set opcode (Read, Write, Flush, Write Zeroes, Copy).
     pub opcode: u8,
     /// Namespace.
     pub nsid: u32,
     /// log2 of the namespace's LBA data size.
     pub lba_shift: u8,
-    /// First LBA.
+    /// First LBA (Copy: the destination, SDLBA).
     pub slba: u64,
-    /// Number of LBAs (1-based).
+    /// Number of LBAs (1-based); for Copy, the number of source range entries in `buf`.
     pub blocks: u64,
-    /// The data buffer (Read/Write), `blocks << lba_shift` bytes.
+    /// The data buffer (Read/Write), `blocks << lba_shift` bytes; for Copy its source range
+    /// entries (format 0, 32 bytes each) within one page, so that PRP1 alone names them.
     pub buf: Option<DmaBuf>,
     /// Returned in the completion.
     pub tag: u64,
@@ -128,6 +131,21 @@ impl IoRequest {
             slba: 0,
             blocks: 0,
             buf: None,
+            tag,
+            cdw12_flags: 0,
+        }
+    }
+
+    /// Copy (NVM Command Set 1.0 §3.2.2) the `ranges` source range entries (format 0) at the
+    /// start of `entries` to `sdlba`: one command, the device moves the data itself.
+    pub fn copy(ns: &super::Namespace, sdlba: u64, entries: DmaBuf, ranges: u32, tag: u64) -> Self {
+        Self {
+            opcode: opcode::io::COPY,
+            nsid: ns.nsid,
+            lba_shift: ns.lba_shift,
+            slba: sdlba,
+            blocks: u64::from(ranges),
+            buf: Some(entries),
             tag,
             cdw12_flags: 0,
         }
@@ -435,6 +453,9 @@ impl QueuePair {
         if !self.live {
             return reject(QueueError::Resetting, req);
         }
+        if req.opcode == opcode::io::COPY {
+            return self.submit_copy(req);
+        }
         let data = matches!(req.opcode, opcode::io::READ | opcode::io::WRITE);
         let bytes = req.blocks << req.lba_shift;
         if data {
@@ -506,6 +527,53 @@ impl QueuePair {
                 tracing::error!(queue = %self.name, qid = self.qid, "PRP build failed: {e}");
             }
             done += n;
+        }
+        self.stats.requests += 1;
+        Ok(())
+    }
+
+    /// A Copy: one command, NR (CDW12 7:0, 0's based) from `blocks`, source range format 0,
+    /// its entries by PRP1 alone.
+    fn submit_copy(&mut self, req: IoRequest) -> Result<(), Rejected> {
+        let reject = |error, request| {
+            Err(Rejected {
+                error,
+                request: Box::new(request),
+            })
+        };
+        let Some(buf) = &req.buf else {
+            return reject(QueueError::Invalid("Copy without its source range entries"), req);
+        };
+        let len = req.blocks as usize * COPY_ENTRY;
+        if req.blocks == 0 || req.blocks > 256 || buf.len() < len {
+            return reject(
+                QueueError::Invalid("Copy range count beyond 1..=256 or its buffer"),
+                req,
+            );
+        }
+        let page = PAGE_SIZE as u64;
+        if buf.iova() & 3 != 0 || buf.iova() % page + len as u64 > page {
+            return reject(
+                QueueError::Invalid("Copy entries not within one dword-aligned page"),
+                req,
+            );
+        }
+        if self.free_cids.is_empty() {
+            return reject(QueueError::Full { needed: 1, free: 0 }, req);
+        }
+        let mut sqe = Sqe::new_zeroed();
+        sqe.opcode = opcode::io::COPY;
+        sqe.nsid.set(req.nsid);
+        sqe.cdw10.set(req.slba as u32);
+        sqe.cdw11.set((req.slba >> 32) as u32);
+        // Bits 11:8 (Descriptor Format) 0: format 0.
+        sqe.cdw12.set((req.blocks - 1) as u32 | (req.cdw12_flags & !0xFFF));
+        let now = Instant::now();
+        let xfer = Some((buf.iova(), len));
+        let r = self.new_req(req.tag, 1, now, req.buf.clone());
+        // Cannot fail: within one page, PRP1 alone.
+        if let Err(e) = self.push(sqe, xfer, r, now) {
+            tracing::error!(queue = %self.name, qid = self.qid, "PRP build failed: {e}");
         }
         self.stats.requests += 1;
         Ok(())

@@ -77,12 +77,22 @@ fn bring_up_identify_and_shutdown() {
             Namespace {
                 nsid: 1,
                 blocks: 32768,
-                lba_shift: 9
+                lba_shift: 9,
+                copy: Some(CopyLimits {
+                    max_range_blocks: 256,
+                    max_blocks: 1024,
+                    max_ranges: 8
+                })
             },
             Namespace {
                 nsid: 2,
                 blocks: 2048,
-                lba_shift: 12
+                lba_shift: 12,
+                copy: Some(CopyLimits {
+                    max_range_blocks: 256,
+                    max_blocks: 1024,
+                    max_ranges: 8
+                })
             }
         ]
     );
@@ -368,6 +378,7 @@ fn error_statuses_are_typed() {
         nsid: 7,
         blocks: 10,
         lba_shift: 9,
+        copy: None,
     };
     let c = run(&mut qp, IoRequest::read(&bogus, 0, buffer(&hw, 0, 512), 3));
     assert_eq!(c.status, Status::INVALID_NAMESPACE);
@@ -560,4 +571,123 @@ fn queue_pairs_run_on_their_own_threads() {
     let total: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
     assert_eq!(total, 4 * 50 * 16);
     assert_eq!(fake.stats().io_commands, total);
+}
+
+/// Copy source range entries, format 0 (NVM Command Set 1.0 §3.2.2.1): (SLBA, blocks).
+fn copy_entries(hw: &Hardware, ranges: &[(u64, u16)]) -> DmaBuf {
+    let mut raw = vec![0u8; ranges.len() * queue::COPY_ENTRY];
+    for (e, &(slba, nlb)) in raw.chunks_exact_mut(queue::COPY_ENTRY).zip(ranges) {
+        e[8..16].copy_from_slice(&slba.to_le_bytes());
+        e[16..18].copy_from_slice(&(nlb - 1).to_le_bytes());
+    }
+    let b = buffer(hw, 0, raw.len());
+    b.write(&raw);
+    b
+}
+
+fn read_back(hw: &Hardware, qp: &mut QueuePair, ns: &Namespace, slba: u64, blocks: usize) -> Vec<u8> {
+    let b = buffer(hw, 0, blocks << ns.lba_shift);
+    let c = run(qp, IoRequest::read(ns, slba, b.clone(), 99));
+    assert_eq!(c.status, Status::SUCCESS);
+    let mut out = vec![0u8; b.len()];
+    b.read(&mut out);
+    out
+}
+
+#[test]
+fn the_fake_copies_format_0_ranges_itself_within_its_limits() {
+    let (fake, hw, mut ctrl) = start(FakeConfig::default(), quick());
+    let info = ctrl.info().clone();
+    assert_ne!(info.oncs & ONCS_COPY, 0, "ONCS: Copy");
+    assert_eq!(info.ocfs & OCFS_FORMAT_0, OCFS_FORMAT_0, "OCFS: format 0");
+    let ns = ctrl.namespaces()[0];
+    let mut qp = ctrl.create_io_queue_pair(16).unwrap();
+    let (a, b) = (pattern(1, 16 * 512), pattern(2, 100 * 512));
+    let wr = |qp: &mut QueuePair, slba, data: &[u8]| {
+        let buf = buffer(&hw, 0, data.len());
+        buf.write(data);
+        assert_eq!(run(qp, IoRequest::write(&ns, slba, buf, 1)).status, Status::SUCCESS);
+    };
+    wr(&mut qp, 100, &a);
+    wr(&mut qp, 300, &b);
+    let before = fake.stats();
+    // Two ranges to 5000, one command.
+    let c = run(
+        &mut qp,
+        IoRequest::copy(&ns, 5000, copy_entries(&hw, &[(100, 16), (300, 100)]), 2, 2),
+    );
+    assert_eq!((c.status, c.commands), (Status::SUCCESS, 1));
+    let after = fake.stats();
+    assert_eq!(after.copy_commands - before.copy_commands, 1);
+    assert_eq!(after.io_commands - before.io_commands, 1, "one device command");
+    assert_eq!(read_back(&hw, &mut qp, &ns, 5000, 116), [a.clone(), b.clone()].concat());
+    // Overlapping source and destination: the destination gets the source as it was.
+    let mut q = IoRequest::copy(&ns, 350, copy_entries(&hw, &[(300, 100)]), 1, 3);
+    q.cdw12_flags |= 1 << 30; // FUA
+    assert_eq!(run(&mut qp, q).status, Status::SUCCESS);
+    assert_eq!(read_back(&hw, &mut qp, &ns, 350, 100), b);
+}
+
+#[test]
+fn the_fake_refuses_a_copy_beyond_its_limits_or_the_namespace_changing_nothing() {
+    let (fake, hw, mut ctrl) = start(FakeConfig::default(), quick());
+    let ns = ctrl.namespaces()[0];
+    let mut qp = ctrl.create_io_queue_pair(16).unwrap();
+    let size_limit = Status::new(crate::spec::sct::COMMAND_SPECIFIC, 0x83).with_dnr();
+    let oor = Status::LBA_OUT_OF_RANGE.with_dnr();
+    let before = read_back(&hw, &mut qp, &ns, 8000, 64);
+    let stats = fake.stats();
+    let nine: Vec<(u64, u16)> = (0..9).map(|i| (i * 8, 8)).collect();
+    for (what, sdlba, ranges, want) in [
+        ("more ranges than MSRC + 1", 8000, nine, size_limit),
+        ("a range beyond MSSRL", 8000, vec![(0, 257)], size_limit),
+        (
+            "more than MCL",
+            8000,
+            vec![(0, 256), (256, 256), (512, 256), (768, 256), (1024, 1)],
+            size_limit,
+        ),
+        ("a source beyond the end", 8000, vec![(ns.blocks - 4, 8)], oor),
+        ("a destination beyond the end", ns.blocks - 4, vec![(0, 8)], oor),
+    ] {
+        let n = ranges.len() as u32;
+        let c = run(&mut qp, IoRequest::copy(&ns, sdlba, copy_entries(&hw, &ranges), n, 1));
+        assert_eq!(c.status, want, "{what}");
+    }
+    // Another source range format: Invalid Field.
+    let mut sqe = <crate::spec::Sqe as zerocopy::FromZeros>::new_zeroed();
+    sqe.opcode = crate::spec::opcode::io::COPY;
+    sqe.nsid.set(ns.nsid);
+    sqe.cdw10.set(8000);
+    sqe.cdw12.set(1 << 8);
+    qp.submit_raw(sqe, Some(copy_entries(&hw, &[(0, 8)])), 7).unwrap();
+    assert_eq!(wait(&mut qp, 1)[0].status, Status::INVALID_FIELD.with_dnr(), "format 1");
+    assert_eq!(fake.stats().copy_commands, stats.copy_commands, "nothing copied");
+    assert_eq!(
+        read_back(&hw, &mut qp, &ns, 8000, 64),
+        before,
+        "a refused copy changed the data"
+    );
+    // The queue refuses what cannot be one Copy command.
+    let e = qp
+        .submit(IoRequest::copy(&ns, 0, buffer(&hw, 0, 64), 3, 8))
+        .unwrap_err();
+    assert!(matches!(e.error, QueueError::Invalid(_)), "{:?}", e.error);
+}
+
+#[test]
+fn a_fake_without_copy_says_so() {
+    let (_fake, hw, mut ctrl) = start(
+        FakeConfig {
+            copy: None,
+            ..Default::default()
+        },
+        quick(),
+    );
+    assert_eq!(ctrl.info().oncs & ONCS_COPY, 0);
+    let ns = ctrl.namespaces()[0];
+    assert_eq!(ns.copy, None);
+    let mut qp = ctrl.create_io_queue_pair(16).unwrap();
+    let c = run(&mut qp, IoRequest::copy(&ns, 100, copy_entries(&hw, &[(0, 8)]), 1, 1));
+    assert_eq!(c.status, Status::INVALID_OPCODE.with_dnr());
 }

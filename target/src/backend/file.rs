@@ -312,6 +312,7 @@ impl Backend for FileDisk {
             volatile_cache: true,
             dma_data: false,
             inline_reads: false,
+            copy_offload: None,
         }
     }
 
@@ -740,6 +741,8 @@ impl Channel for FileChannel {
                 ops.extend(ranges.iter().map(|&(off, len)| FileOp::Deallocate { off, len }));
             }
             BlockOp::Flush => ops.push(FileOp::Flush),
+            // No copy offload (Caps::copy_offload): a Copy is read and written through pollux.
+            BlockOp::Copy { .. } => return Err(Status::INTERNAL_ERROR),
         }
         self.submit_ops(r, tag, &ops, payload)
     }

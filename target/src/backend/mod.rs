@@ -77,6 +77,17 @@ pub enum BlockOp<'a> {
     },
     /// Make completed writes durable (flush a volatile cache).
     Flush,
+    /// Copy the (offset, length) source ranges, in order, to `dst`, by the store itself (a
+    /// device's own Copy): only to a backend whose [`Caps::copy_offload`] they fit. Every
+    /// source is read before the destination is written.
+    Copy {
+        /// The source byte ranges, none empty.
+        ranges: Vec<(u64, u64)>,
+        /// Destination byte offset.
+        dst: u64,
+        /// Force unit access.
+        fua: bool,
+    },
 }
 
 /// Where a write's data is.
@@ -196,6 +207,30 @@ pub struct Caps {
     /// [`Backend::memory`]: a read needs no backend call at all, its data is sent from the
     /// memory (the RAM namespace's QD1 and QD32 read path).
     pub inline_reads: bool,
+    /// It copies blocks itself ([`BlockOp::Copy`]: an NVMe device's own Copy), within these
+    /// limits; None: a Copy is read and written through pollux.
+    pub copy_offload: Option<CopyOffload>,
+}
+
+/// The limits of a backend's own Copy ([`Caps::copy_offload`]), in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CopyOffload {
+    /// Most source ranges of one Copy.
+    pub max_ranges: u32,
+    /// Most bytes of one source range.
+    pub max_range_bytes: u64,
+    /// Most bytes of one Copy, all ranges together.
+    pub max_bytes: u64,
+}
+
+impl CopyOffload {
+    /// Whether a Copy of these (offset, length) source ranges is within the limits.
+    pub fn fits(&self, ranges: &[(u64, u64)]) -> bool {
+        let total = ranges.iter().try_fold(0u64, |t, r| t.checked_add(r.1));
+        ranges.len() <= self.max_ranges as usize
+            && ranges.iter().all(|r| r.1 <= self.max_range_bytes)
+            && total.is_some_and(|t| t <= self.max_bytes)
+    }
 }
 
 /// A namespace's data store, shared by all reactors.
@@ -430,4 +465,23 @@ pub fn open(n: &pollux_conf::Namespace, reactors: usize) -> Result<Box<dyn Backe
         Conf::File(f) => Box::new(file::FileDisk::open(&f.path, f.size, f.direct, f.shared, n.block_size)?),
         Conf::Nvme(b) => Box::new(nvme::SsdDevice::open(b, n.block_size, reactors)?),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CopyOffload;
+
+    #[test]
+    fn a_copy_fits_an_offload_only_within_every_limit() {
+        let l = CopyOffload {
+            max_ranges: 2,
+            max_range_bytes: 4096,
+            max_bytes: 6144,
+        };
+        assert!(l.fits(&[(0, 4096), (8192, 2048)]));
+        assert!(!l.fits(&[(0, 512), (512, 512), (1024, 512)]), "ranges");
+        assert!(!l.fits(&[(0, 4608)]), "one range");
+        assert!(!l.fits(&[(0, 4096), (8192, 4096)]), "in all");
+        assert!(!l.fits(&[(0, u64::MAX), (0, u64::MAX)]), "overflow");
+    }
 }

@@ -260,6 +260,8 @@ impl RamDisk {
             BlockOp::WriteZeroes { off, len } => self.zero(*off, *len),
             BlockOp::Deallocate { ranges } => ranges.iter().for_each(|&(off, len)| self.zero(off, len)),
             BlockOp::Read { .. } | BlockOp::Flush => {}
+            // No copy offload (Caps::copy_offload): a Copy is read and written through pollux.
+            BlockOp::Copy { .. } => return Status::INTERNAL_ERROR,
         }
         Status::SUCCESS
     }

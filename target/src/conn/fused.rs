@@ -2,7 +2,9 @@
 //! (NVM Command Set 1.0 §3.2.2) on an I/O queue: both are *locked operations*, which lock
 //! their destination's LBA range ([`crate::range_lock`]), fence every reactor, read,
 //! (compare,) write and unlock; and writes that meet a locked range park here until it is
-//! unlocked.
+//! unlocked. A Copy on a backend that copies itself ([`crate::backend::Caps::copy_offload`]:
+//! an NVMe device's own Copy), within its limits, is one backend command between the fence
+//! and the unlock instead of the reads and writes; beyond them it is read and written.
 //!
 //! Fused pairs: the first command (FUSE 01b) must be a Compare and the second (FUSE 10b) a
 //! Write, submitted next on the same queue, with the same namespace and LBA range. A first
@@ -124,8 +126,13 @@ enum OpKind {
         data: Option<Owned>,
         fua: bool,
     },
-    /// Write what was read at the start of the locked range.
-    Copy { cid: u16, fua: bool },
+    /// Write what was read at the start of the locked range; or, with `device`, have the
+    /// backend copy these source ranges itself (one [`BlockOp::Copy`], no reads).
+    Copy {
+        cid: u16,
+        fua: bool,
+        device: Option<Vec<(u64, u64)>>,
+    },
 }
 
 /// An operation on a locked range: its reads, then its writes, one step at a time.
@@ -458,6 +465,27 @@ impl Conn {
                 dst >> ns.block_shift,
             );
         }
+        // The backend's own copy (an NVMe device's Copy) when it has one and the copy is
+        // within its limits: one command, under the same lock and fence.
+        if ns.backend.caps().copy_offload.is_some_and(|l| l.fits(&srcs)) {
+            let op = LockedOp {
+                start: dst,
+                end: dst + total,
+                lock: None,
+                reads: Vec::new(),
+                next: 0,
+                got: Vec::new(),
+                written: 0,
+                kind: OpKind::Copy {
+                    cid,
+                    fua,
+                    device: Some(srcs),
+                },
+                ns,
+            };
+            let key = self.fused.ops.insert(op);
+            return self.try_start(r, id, key);
+        }
         // Reads no larger than a channel's buffers (MDTS).
         let chunk = u64::from(self.shared.transport.max_io_size.max(ns.block_size));
         let mut reads = Vec::new();
@@ -477,7 +505,7 @@ impl Conn {
             next: 0,
             got: Vec::with_capacity(total as usize),
             written: 0,
-            kind: OpKind::Copy { cid, fua },
+            kind: OpKind::Copy { cid, fua, device: None },
             ns,
         };
         let key = self.fused.ops.insert(op);
@@ -555,10 +583,32 @@ impl Conn {
                     }
                     expect.len() as u64
                 }
+                OpKind::Copy { device: Some(_), .. } => op.end - op.start,
                 OpKind::Copy { .. } => op.got.len() as u64,
             };
             if op.written >= write_len {
                 return self.finish(r, key, Status::SUCCESS, Status::SUCCESS);
+            }
+            if let OpKind::Copy {
+                cid,
+                fua,
+                device: Some(ranges),
+            } = &op.kind
+            {
+                let (cid, fua, ranges, dst) = (*cid, *fua, ranges.clone(), op.start);
+                op.written = write_len;
+                // The device's Copy writes the destination: in flight as a write of it, for
+                // the fences of other locks (at most COPY_MAX_BYTES: it fits the length).
+                let io = Io::Write {
+                    ns: ns.clone(),
+                    off: dst,
+                    len: write_len as u32,
+                    fua,
+                };
+                if let Err(s) = self.submit_step(r, id, key, cid, io, BlockOp::Copy { ranges, dst, fua }) {
+                    return self.finish(r, key, Status::SUCCESS, s);
+                }
+                return;
             }
             let off = op.start + op.written;
             let (cid, fua, data) = match &mut op.kind {
@@ -568,7 +618,7 @@ impl Conn {
                     };
                     (*wr_cid, *fua, d)
                 }
-                OpKind::Copy { cid, fua } => {
+                OpKind::Copy { cid, fua, .. } => {
                     let chunk = u64::from(self.shared.transport.max_io_size.max(ns.block_size));
                     let n = (write_len - op.written).min(chunk) as usize;
                     let at = op.written as usize;

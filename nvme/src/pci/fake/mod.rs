@@ -6,7 +6,8 @@
 //! exercise the driver: the CC.EN/CSTS.RDY handshake (with a ready delay within CAP.TO),
 //! shutdown (CC.SHN/CSTS.SHST), the admin commands Identify (Controller, Namespace, Active
 //! Namespace List), Set/Get Features Number of Queues, Create/Delete I/O CQ/SQ and Abort, and
-//! the NVM I/O commands Read, Write, Flush and Write Zeroes over RAM namespaces with PRP1/PRP2
+//! the NVM I/O commands Read, Write, Flush, Write Zeroes and Copy (source range format 0,
+//! configurable limits) over RAM namespaces with PRP1/PRP2
 //! and PRP lists walked from DMA memory, phase tags, doorbells, MSI-X eventfds, a
 //! configurable latency and injected faults (CSTS.CFS, lost completions, error statuses).
 
@@ -71,6 +72,32 @@ pub struct FakeConfig {
     pub latency: Duration,
     /// Delay between CC.EN = 1 and CSTS.RDY = 1.
     pub ready_delay: Duration,
+    /// Copy (ONCS bit 8, source range format 0) with these limits on every namespace; None:
+    /// no Copy (Invalid Opcode).
+    pub copy: Option<FakeCopyLimits>,
+}
+
+/// The fake's Copy limits (Identify Namespace MSSRL, MCL, MSRC), in logical blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FakeCopyLimits {
+    /// MSSRL: most blocks of one source range (1..=65535).
+    pub mssrl: u16,
+    /// MCL: most blocks of one Copy.
+    pub mcl: u32,
+    /// MSRC: most source ranges of one Copy, 0's based.
+    pub msrc: u8,
+}
+
+impl Default for FakeCopyLimits {
+    /// Smaller than pollux's own limits (so a test can send a copy pollux takes and this
+    /// device does not): 256 blocks per range, 1024 in all, 8 ranges.
+    fn default() -> Self {
+        Self {
+            mssrl: 256,
+            mcl: 1024,
+            msrc: 7,
+        }
+    }
 }
 
 impl Default for FakeConfig {
@@ -96,6 +123,7 @@ impl Default for FakeConfig {
             ],
             latency: Duration::ZERO,
             ready_delay: Duration::from_millis(2),
+            copy: Some(FakeCopyLimits::default()),
         }
     }
 }
@@ -115,6 +143,8 @@ pub struct FakeStats {
     pub interrupts: u64,
     /// Completions dropped on purpose.
     pub lost: u64,
+    /// Copy commands executed successfully (the device moved the blocks itself).
+    pub copy_commands: u64,
 }
 
 struct Ram {
@@ -143,6 +173,7 @@ struct Inner {
     enables: AtomicU64,
     interrupts: AtomicU64,
     lost: AtomicU64,
+    copy_commands: AtomicU64,
     /// Bytes moved by Read and Write (the SMART page's data units).
     bytes_read: AtomicU64,
     bytes_written: AtomicU64,
@@ -228,6 +259,7 @@ impl FakeController {
             enables: AtomicU64::new(0),
             interrupts: AtomicU64::new(0),
             lost: AtomicU64::new(0),
+            copy_commands: AtomicU64::new(0),
             bytes_read: AtomicU64::new(0),
             bytes_written: AtomicU64::new(0),
             critical_warning: AtomicU32::new(0),
@@ -303,6 +335,7 @@ impl FakeController {
             enables: i.enables.load(Ordering::Relaxed),
             interrupts: i.interrupts.load(Ordering::Relaxed),
             lost: i.lost.load(Ordering::Relaxed),
+            copy_commands: i.copy_commands.load(Ordering::Relaxed),
         }
     }
 

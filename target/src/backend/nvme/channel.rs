@@ -132,6 +132,40 @@ pub enum SsdOp<'a> {
         /// Deallocate them too (Dataset Management deallocate).
         deallocate: bool,
     },
+    /// Copy the (slba, blocks) source ranges to `sdlba` with the device's own Copy (NVM
+    /// Command Set 1.0 §3.2.2): one command, within the namespace's limits
+    /// ([`pci::Namespace::copy`]).
+    Copy {
+        /// The source ranges.
+        ranges: &'a [(u64, u64)],
+        /// Destination LBA.
+        sdlba: u64,
+        /// Force unit access.
+        fua: bool,
+    },
+}
+
+/// The source range entries (format 0, NVM Command Set 1.0 §3.2.2.1, Figure 50) of a device
+/// Copy of `ranges`, if it is one the device takes: within its limits and one page of entries.
+fn copy_entries(ns: &pci::Namespace, ranges: &[(u64, u64)]) -> Option<Vec<u8>> {
+    let l = ns.copy?;
+    let max_ranges = l.max_ranges.min(super::COPY_ENTRIES_MAX) as usize;
+    let total = ranges.iter().try_fold(0u64, |t, r| t.checked_add(r.1))?;
+    let fits = !ranges.is_empty()
+        && ranges.len() <= max_ranges
+        && total <= l.max_blocks
+        && ranges
+            .iter()
+            .all(|&(_, n)| n > 0 && n <= u64::from(l.max_range_blocks) && n <= pci::queue::MAX_NLB);
+    if !fits {
+        return None;
+    }
+    let mut raw = vec![0u8; ranges.len() * pci::queue::COPY_ENTRY];
+    for (e, &(slba, blocks)) in raw.chunks_exact_mut(pci::queue::COPY_ENTRY).zip(ranges) {
+        e[8..16].copy_from_slice(&slba.to_le_bytes());
+        e[16..18].copy_from_slice(&((blocks - 1) as u16).to_le_bytes());
+    }
+    Some(raw)
 }
 
 struct Cmd {
@@ -208,6 +242,7 @@ impl SsdChannel {
             SsdOp::Read { blocks, .. } => (true, (blocks << shift) as usize),
             SsdOp::Write { data, .. } => (false, data.len()),
             SsdOp::WriteBuf { len, .. } => (false, *len),
+            SsdOp::Copy { ranges, .. } => (false, (ranges.iter().map(|r| r.1).sum::<u64>() << shift) as usize),
             _ => (false, 0),
         };
         let key = self.cmds.vacant_key();
@@ -241,6 +276,25 @@ impl SsdChannel {
                 buf = Some(class);
             }
             SsdOp::Flush => reqs.push(IoRequest::flush(ns, key as u64)),
+            SsdOp::Copy { ranges, sdlba, fua } => {
+                // The caller checked the limits (Caps::copy_offload): beyond them is a bug.
+                let Some(raw) = copy_entries(ns, ranges) else {
+                    warn!(channel = %self.name, ranges = ranges.len(), "a Copy beyond the device's limits");
+                    return Err(Status::INTERNAL_ERROR);
+                };
+                // A pool buffer is page aligned (size classes from 4 KiB): PRP1 names it.
+                let class = self.alloc(raw.len())?;
+                let sub =
+                    DmaBuf::new(class.region().clone(), class.offset(), raw.len()).ok_or(Status::INTERNAL_ERROR)?;
+                sub.write(&raw);
+                let mut q = IoRequest::copy(ns, sdlba, sub, ranges.len() as u32, key as u64);
+                if fua {
+                    q.cdw12_flags |= FUA;
+                }
+                reqs.push(q);
+                buf = Some(class);
+                self.dev.offloaded_copies.fetch_add(1, Ordering::Relaxed);
+            }
             SsdOp::Zero { ranges, deallocate } => {
                 if self.dev.info.oncs & ONCS_WRITE_ZEROES != 0 {
                     for &(slba, blocks) in ranges.iter().filter(|r| r.1 > 0) {
@@ -419,6 +473,14 @@ impl Channel for SsdChannel {
                 }
             }
             BlockOp::Flush => SsdOp::Flush,
+            BlockOp::Copy { ranges: r, dst, fua } => {
+                ranges = r.iter().map(|&(off, len)| (off >> shift, len >> shift)).collect();
+                SsdOp::Copy {
+                    ranges: &ranges,
+                    sdlba: dst >> shift,
+                    fua,
+                }
+            }
         };
         let dev_ns = dev_ns.ns;
         self.submit_op(r, tag, &dev_ns, op)

@@ -37,7 +37,7 @@ use pollux_nvme::spec::{Health, Status};
 use serde::Serialize;
 use tracing::{debug, error, info, warn};
 
-use super::{Backend, Caps, Channel, ChannelEnv};
+use super::{Backend, Caps, Channel, ChannelEnv, CopyOffload};
 use crate::error::TargetError;
 use crate::subsystem::Namespace;
 
@@ -64,6 +64,9 @@ const FUA: u32 = 1 << 30;
 const DEAC: u32 = 1 << 25;
 /// ONCS bit 3: Write Zeroes supported.
 const ONCS_WRITE_ZEROES: u16 = 1 << 3;
+/// Source range entries of one device Copy at most: one page of 32-byte entries, which
+/// PRP1 alone references.
+const COPY_ENTRIES_MAX: u32 = (pci::PAGE_SIZE / pci::queue::COPY_ENTRY) as u32;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -200,6 +203,8 @@ pub struct SsdDevice {
     /// recycled, so it grows with the most data in flight, not with the I/O done: growth
     /// beyond that is a buffer not given back.
     data_dma_bytes: Arc<AtomicU64>,
+    /// Copies pollux sent to the device as its own Copy command.
+    offloaded_copies: AtomicU64,
 }
 
 impl std::fmt::Debug for SsdDevice {
@@ -234,6 +239,7 @@ impl Backend for SsdNamespace {
             volatile_cache: self.dev.volatile_write_cache(),
             dma_data: true,
             inline_reads: false,
+            copy_offload: copy_offload(&self.ns),
         }
     }
 
@@ -264,6 +270,18 @@ impl Backend for SsdNamespace {
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
+}
+
+/// The device's own Copy on `ns`, within its limits (MSSRL, MCL, MSRC + 1) and what one
+/// command's entry list holds (a page, PRP1 alone), when it has one (ONCS bit 8, OCFS bit 0).
+fn copy_offload(ns: &pci::Namespace) -> Option<CopyOffload> {
+    let l = ns.copy?;
+    let shift = ns.lba_shift;
+    Some(CopyOffload {
+        max_ranges: l.max_ranges.min(COPY_ENTRIES_MAX),
+        max_range_bytes: u64::from(l.max_range_blocks) << shift,
+        max_bytes: l.max_blocks.saturating_mul(1 << shift),
+    })
 }
 
 /// Open devices by name (BDF or fake name). Weak: a device lives as long as a namespace or a
@@ -301,6 +319,15 @@ pub struct DeviceView {
     pub resets: u64,
     /// Reset attempts that failed.
     pub failed_resets: u64,
+    /// The device has its own Copy (ONCS bit 8, source range format 0), which pollux uses
+    /// for a Copy within its limits.
+    pub copy_offload: bool,
+    /// Copies run as the device's own Copy command.
+    pub offloaded_copies: u64,
+    /// A fake device's own count of the I/O commands it executed (None: a PCI device).
+    pub fake_io_commands: Option<u64>,
+    /// A fake device's own count of the Copy commands it executed.
+    pub fake_copy_commands: Option<u64>,
 }
 
 impl SsdDevice {
@@ -416,6 +443,7 @@ impl SsdDevice {
             queues: Mutex::new(queues),
             thread: Mutex::new(Some(thread)),
             data_dma_bytes: Arc::new(AtomicU64::new(0)),
+            offloaded_copies: AtomicU64::new(0),
         })
     }
 
@@ -471,6 +499,10 @@ impl SsdDevice {
             state: if self.failed() { "failed" } else { "ok" }.into(),
             resets: self.admin.resets.load(Ordering::Relaxed),
             failed_resets: self.admin.failed_resets.load(Ordering::Relaxed),
+            copy_offload: self.info.namespaces.iter().any(|n| n.copy.is_some()),
+            offloaded_copies: self.offloaded_copies.load(Ordering::Relaxed),
+            fake_io_commands: self.admin.fake.as_ref().map(|f| f.stats().io_commands),
+            fake_copy_commands: self.admin.fake.as_ref().map(|f| f.stats().copy_commands),
         }
     }
 

@@ -176,6 +176,10 @@ impl Engine {
                 id.cqes = 0x44;
                 id.nn = ram.iter().map(|r| r.ns.nsid).max().unwrap_or(0);
                 id.oncs = 0x8; // Write Zeroes
+                if self.inner.cfg.copy.is_some() {
+                    id.oncs |= crate::pci::ONCS_COPY;
+                    id.ocfs = crate::pci::OCFS_FORMAT_0;
+                }
                 page.copy_from_slice(id.as_bytes());
             }
             cns::NAMESPACE => {
@@ -189,6 +193,11 @@ impl Engine {
                 id.nlbaf = 0;
                 id.flbas = 0;
                 id.lbaf[0].ds = r.ns.lba_shift;
+                if let Some(l) = self.inner.cfg.copy {
+                    id.mssrl = l.mssrl;
+                    id.mcl = l.mcl;
+                    id.msrc = l.msrc;
+                }
                 page.copy_from_slice(id.as_bytes());
             }
             cns::ACTIVE_NAMESPACE_LIST => {
