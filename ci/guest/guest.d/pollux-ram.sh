@@ -106,6 +106,18 @@ nvme copy "$dev" --sdlba=4096 --slbs=1024,1028 --blocks=3,11 || die "nvme copy f
 dd if="$dev" of=/tmp/dst bs=512 skip=4096 count=16 iflag=direct 2>/dev/null || die "dd of the copy"
 cmp /tmp/dst /tmp/src || die "the copied blocks differ from their sources"
 echo "copied blocks read back equal"
+# A larger one checked by fio: 1 MiB at 4 MiB written with a verify pattern, copied in 4
+# ranges of 512 blocks to 8 MiB, and fio verifies the copy (a pattern verify: fio's
+# headers would name the source offsets).
+fio --name=src --filename="$dev" --rw=write --bs=64k --offset=4M --size=1M --direct=1 \
+    --verify=pattern --verify_pattern=0x5ca1ab1e --do_verify=0 --eta=never >/dev/null ||
+    die "fio write of the copy sources failed"
+nvme copy "$dev" --sdlba=16384 --slbs=8192,8704,9216,9728 --blocks=511,511,511,511 ||
+    die "nvme copy of 4 ranges failed"
+fio --name=dst --filename="$dev" --rw=write --verify_only=1 --bs=64k --offset=8M --size=1M --direct=1 \
+    --verify=pattern --verify_pattern=0x5ca1ab1e --verify_fatal=1 --eta=never >/tmp/fio-copy.out ||
+    { cat /tmp/fio-copy.out; die "fio verify of the copy failed"; }
+echo "fio verified the 1 MiB copy"
 
 step discard
 blkdiscard "$dev" || die "blkdiscard failed"
