@@ -392,6 +392,7 @@ impl Conn {
             self.dispatch(r, id, &f.hdr, data, digest_ok, &pdu[..f.hl]);
             rx.consume(f.plen);
         }
+        let grow_to = grow_to.max(self.tcp.rx_wants_more(rx.capacity()));
         if grow_to > rx.capacity() && !self.closed {
             self.tcp.grow_rx(&mut rx, grow_to, r.local::<RxPool>());
             // Read again: the socket may hold the rest, and no new edge will say so.

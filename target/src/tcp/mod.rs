@@ -165,6 +165,9 @@ pub struct Transport {
     rx: RxBuf,
     /// The last fill emptied the socket (a short read or EAGAIN).
     pub drained: bool,
+    /// The last plain read filled the receive buffer and the socket still held more: the
+    /// connection's traffic wants a larger buffer (see [`Self::rx_wants_more`]).
+    rx_pressed: bool,
     /// Bytes for the host: PDUs built here, with RAM read data sent in place.
     pub out: SendQueue,
 }
@@ -201,6 +204,7 @@ impl Transport {
             rx_max,
             rx: RxBuf::new(RX_START),
             drained: false,
+            rx_pressed: false,
             out: SendQueue::with_capacity(SEND_START),
         })
     }
@@ -368,7 +372,21 @@ impl Transport {
             Err(e) => return Err(format!("read: {e}")),
         };
         self.drained = drained;
+        // A read that stopped at the end of the buffer with the socket not empty: at this
+        // size every few PDUs cost a read, a compaction and a header parsed twice.
+        self.rx_pressed = !drained && self.rx.capacity() < self.rx_max;
         Ok(filled)
+    }
+
+    /// How large the receive buffer should grow because its traffic keeps filling it (0:
+    /// it need not): twice its size, so a busy connection reaches [`Self::rx_max`] in a
+    /// few reads while an idle one keeps its few KiB (issue 26).
+    pub fn rx_wants_more(&mut self, capacity: usize) -> usize {
+        if std::mem::take(&mut self.rx_pressed) {
+            capacity + 1
+        } else {
+            0
+        }
     }
 
     /// ICReq (NVMe/TCP 1.0 §3.6.2.2): negotiate digests, answer ICResp.
