@@ -259,8 +259,11 @@ pub struct PolicyInputs {
     /// found work and the thread's CPU time (wall time alone grows when the thread is
     /// preempted).
     pub busy_fraction: f64,
-    /// Device completions in the window.
+    /// Device completions in the window, of channels that are not `never`.
     pub completions: u64,
+    /// Completions in the window of `never` channels ([`crate::Polling::Never`]): counted
+    /// apart, since their load is never a reason to spin.
+    pub quiet_completions: u64,
     /// Mean device commands outstanding in the window.
     pub outstanding: f64,
     /// Predicted device completion time: the (channel, operation class) estimates weighted by
@@ -271,6 +274,20 @@ pub struct PolicyInputs {
     pub wake_cost: Duration,
     /// Length of the window the counts cover.
     pub window: Duration,
+}
+
+impl PolicyInputs {
+    /// The busy fraction that counts toward polling: with `never` namespaces beside others,
+    /// only the others' share of it (work split by completions: a rough attribution, but one
+    /// that a `never` namespace's load alone can never tip; with only `never` completions,
+    /// none).
+    pub fn spin_busy(&self) -> f64 {
+        if self.quiet_completions == 0 {
+            return self.busy_fraction;
+        }
+        let share = self.completions as f64 / (self.completions + self.quiet_completions) as f64;
+        self.busy_fraction * share
+    }
 }
 
 /// Chooses a reactor's mode; see the module docs.
@@ -364,6 +381,12 @@ impl ModePolicy {
         if i.completions == 0 && i.outstanding < 0.01 && i.busy_fraction < 0.05 {
             return Mode::Interrupt;
         }
+        // Only `never` namespaces completed: however busy they keep the reactor, they wait
+        // for their interrupts.
+        if i.completions == 0 && i.quiet_completions > 0 {
+            return Mode::Interrupt;
+        }
+        let busy = i.spin_busy();
         // Saturated: the work itself keeps the core busy, so polling costs little idle CPU
         // (at most 1 - busy) and saves every wake-up. A band around the threshold keeps a
         // load that hovers at it from flipping the mode.
@@ -372,7 +395,7 @@ impl ModePolicy {
         } else {
             -HYSTERESIS_BAND
         };
-        if 1.0 - i.busy_fraction <= self.cfg.cpu_budget + band {
+        if 1.0 - busy <= self.cfg.cpu_budget + band {
             return Mode::Poll;
         }
         if let Some(p) = i.predicted {
@@ -423,7 +446,7 @@ impl ModePolicy {
         let dwelt = self
             .since
             .is_none_or(|s| i.now.saturating_duration_since(s) >= self.cfg.min_dwell);
-        if self.current != Mode::Poll && want != Mode::Poll && i.busy_fraction >= PROBE_MIN_BUSY {
+        if self.current != Mode::Poll && want != Mode::Poll && i.spin_busy() >= PROBE_MIN_BUSY {
             self.loaded += 1;
         } else {
             self.loaded = 0;
@@ -575,6 +598,7 @@ mod tests {
             now,
             busy_fraction: busy,
             completions,
+            quiet_completions: 0,
             outstanding,
             predicted: predicted_us.map(Duration::from_micros),
             wake_cost: 8 * US,
@@ -733,6 +757,42 @@ mod tests {
             assert_eq!(p.evaluate(&inputs(t, 0.01, 0, 0.0, None)), None);
         }
         assert_eq!(p.probes(), 2);
+    }
+
+    /// The per-namespace override as the policy sees it: a `never` namespace's completions
+    /// alone never make it poll, probe or choose hybrid, however busy they keep the reactor;
+    /// beside an `auto` namespace only the latter's share of the busy time counts.
+    #[test]
+    fn never_load_never_makes_the_policy_spin() {
+        let ms = Duration::from_millis(1);
+        let never_only = |t, busy| PolicyInputs {
+            completions: 0,
+            quiet_completions: 20_000,
+            ..inputs(t, busy, 0, 4.0, None)
+        };
+        for start in Mode::ALL {
+            let mut p = ModePolicy::new(PolicyConfig::default(), start);
+            let mut t = Instant::now();
+            // Saturated by never traffic (95 % busy) for long enough to confirm and to probe.
+            for _ in 0..5000 {
+                t += 2 * ms;
+                p.evaluate(&never_only(t, 0.95));
+            }
+            assert_eq!(p.current(), Mode::Interrupt, "from {start}");
+            assert_eq!(p.probes(), 0, "from {start}: no busy-poll probe for never load");
+        }
+        // Beside an auto namespace: 90 % busy, but 3/4 of the completions are never: 22.5 %
+        // counts, which is not saturation (with a 0.3 budget).
+        let p = ModePolicy::new(PolicyConfig::default(), Mode::Interrupt);
+        let t = Instant::now();
+        let mixed = PolicyInputs {
+            quiet_completions: 30_000,
+            ..inputs(t, 0.9, 10_000, 4.0, Some(80))
+        };
+        assert!((mixed.spin_busy() - 0.225).abs() < 1e-9);
+        assert_ne!(p.desired(&mixed), Mode::Poll);
+        // The same busy share, all of it auto: saturated, polls.
+        assert_eq!(p.desired(&inputs(t, 0.9, 40_000, 4.0, Some(80))), Mode::Poll);
     }
 
     #[test]

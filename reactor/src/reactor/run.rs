@@ -28,6 +28,8 @@ impl Reactor {
         self.stats.iter_start_ns.store(iter_start_ns, Relaxed);
         let mut eval_due = self.eval.at + EVAL_INTERVAL;
         while !self.stop {
+            self.check_hold(t_iter);
+            let held = self.held;
             let mut work = self.drain_inbox();
             work |= self.run_timers(t_iter);
             // Messages or timers ran: a fresh time, or the first source's run would seem to
@@ -49,6 +51,9 @@ impl Reactor {
             let s = &self.stats;
             bump(&s.iterations, 1);
             bump(&s.mode_ns[self.mode.index()], iter_ns);
+            if held {
+                bump(&s.held_ns, iter_ns);
+            }
             if work {
                 bump(&s.busy_iterations, 1);
                 bump(&s.busy_ns, iter_ns);
@@ -91,7 +96,9 @@ impl Reactor {
         let inputs = PolicyInputs {
             now,
             busy_fraction: self.busy_ewma,
-            completions: self.load.completions - self.eval.completions,
+            completions: (self.load.completions - self.load.quiet_completions)
+                .saturating_sub(self.eval.completions - self.eval.quiet_completions),
+            quiet_completions: self.load.quiet_completions - self.eval.quiet_completions,
             outstanding: (self.load.outstanding + self.eval.outstanding) as f64 / 2.0,
             predicted,
             wake_cost: Duration::from_nanos(self.wake_cost_ns as u64),
@@ -102,6 +109,7 @@ impl Reactor {
             busy_ns,
             cpu_ns,
             completions: self.load.completions,
+            quiet_completions: self.load.quiet_completions,
             outstanding: self.load.outstanding,
         };
         let Some(policy) = &mut self.policy else { return };
