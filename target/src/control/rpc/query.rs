@@ -62,6 +62,8 @@ impl Ctx {
                     mode_ns: PerMode::from_array(st.mode_ns),
                     mode_pct: PerMode::from_array(std::array::from_fn(|m| pct(st.mode_ns[m], wall))),
                     switches: st.switches,
+                    held: st.held,
+                    held_pct: pct(st.held_ns, wall),
                     cpu_ns: st.cpu_ns,
                     cpu_pct_1s,
                     cpu_pct: pct(st.cpu_ns, wall),
@@ -219,6 +221,7 @@ impl Ctx {
                             write_cmds: t.write_cmds,
                             read_bytes: t.read_bytes,
                             write_bytes: t.write_bytes,
+                            polling: n.polling.get().to_string(),
                         }
                     })
                     .collect(),
