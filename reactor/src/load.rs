@@ -87,6 +87,8 @@ pub struct DeviceLoad {
     pub quiet_completions: u64,
     /// The channels set quiet.
     quiet: Vec<ChannelKey>,
+    /// The last completion was a quiet channel's.
+    pub last_quiet: bool,
     entries: Vec<Entry>,
     names: Vec<(ChannelKey, Arc<str>)>,
     /// The entry that completed last: a channel completes runs of one class, so it is
@@ -134,6 +136,7 @@ impl DeviceLoad {
             if e.quiet {
                 self.quiet_completions += 1;
             }
+            self.last_quiet = e.quiet;
             e.completions += 1;
             e.window += 1;
             if let Some(est) = estimate {

@@ -30,7 +30,7 @@ use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
 use tracing::{debug, warn};
 
-use crate::adaptive::{MarginSleep, ModePolicy, ModelKind, PolicyConfig};
+use crate::adaptive::{MarginSleep, ModePolicy, ModelKind, PolicyConfig, TurnaroundSpin};
 use crate::error::{ReactorError, Result};
 use crate::inbox::{Inbox, Remote};
 use crate::load::DeviceLoad;
@@ -160,6 +160,13 @@ pub struct Reactor {
     hold: SpinHold,
     /// The hold was on at the start of this iteration: the loop runs as in poll mode.
     held: bool,
+    /// Hybrid mode's spin through a closed-loop host's turnaround ([`TurnaroundSpin`]).
+    turnaround: TurnaroundSpin,
+    /// Device commands outstanding at the end of the last iteration.
+    prev_outstanding: u64,
+    /// When the device queues last went idle after a completion of a channel that is not
+    /// `never` (None: since then a command was submitted, or they never were busy).
+    idle_since: Option<Instant>,
     /// The time the loop read last (an iteration's start): what [`Reactor::hold_poll`] dates
     /// its note with, so that the I/O path reads no clock for it.
     now_hint: Instant,
@@ -255,6 +262,9 @@ impl Reactor {
             wake_cost_ns: 10_000.0,
             busy_ewma: 0.0,
             hold: SpinHold::default(),
+            turnaround: TurnaroundSpin::default(),
+            prev_outstanding: 0,
+            idle_since: None,
             held: false,
             now_hint: Instant::now(),
         })

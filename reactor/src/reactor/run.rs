@@ -46,6 +46,10 @@ impl Reactor {
             // the epoll_wait): what follows it is counted in the next one.
             let (w, slept, t_end) = self.wait_and_dispatch(plan, now);
             work |= w;
+            let out = self.load.outstanding;
+            if out != self.prev_outstanding {
+                self.note_outstanding(out, t_end);
+            }
             let end_ns = crate::stats::mono_ns_at(t_end);
             let iter_ns = end_ns.saturating_sub(iter_start_ns);
             let s = &self.stats;
@@ -74,6 +78,21 @@ impl Reactor {
         self.shutdown_sources();
     }
 
+    /// The device queues' outstanding count changed to `out` by the end of an iteration
+    /// (`now`): the idle-to-busy gaps are the host's turnarounds ([`TurnaroundSpin`]).
+    fn note_outstanding(&mut self, out: u64, now: Instant) {
+        if out == 0 {
+            // Only a completion of a channel that may spin starts a turnaround to spin
+            // through: a `never` namespace's never does.
+            self.idle_since = (!self.load.last_quiet).then_some(now);
+        } else if self.prev_outstanding == 0
+            && let Some(t) = self.idle_since.take()
+        {
+            self.turnaround.observe_gap(now.saturating_duration_since(t));
+        }
+        self.prev_outstanding = out;
+    }
+
     /// Publish the device load and, for an adaptive reactor, let the policy pick the mode.
     fn evaluate_policy(&mut self, now: Instant) {
         // The completion-weighted mean of the (channel, class) estimates of this window,
@@ -86,6 +105,8 @@ impl Reactor {
             .store(predicted.map_or(0, |p| p.as_nanos() as u64), Relaxed);
         s.publish_classes(self.load.classes());
         s.wake_cost_ns.store(self.wake_cost_ns as u64, Relaxed);
+        self.turnaround
+            .set_wake_cost(Duration::from_nanos(self.wake_cost_ns as u64));
         let busy_ns = s.busy_ns.load(Relaxed);
         let window = now.duration_since(self.eval.at).as_nanos().max(1) as f64;
         let cpu_ns = crate::sys::thread_cpu_ns();
@@ -102,6 +123,7 @@ impl Reactor {
             outstanding: (self.load.outstanding + self.eval.outstanding) as f64 / 2.0,
             predicted,
             wake_cost: Duration::from_nanos(self.wake_cost_ns as u64),
+            hybrid_spin: self.sleep_policy.margin().map(|m| m + self.turnaround.spin_for()),
             window: now.duration_since(self.eval.at),
         };
         self.eval = EvalMark {
