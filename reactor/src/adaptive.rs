@@ -169,6 +169,9 @@ impl LatencyModel {
 
 /// Lateness samples a [`MarginSleep`] keeps.
 pub const LATE_WINDOW: usize = 256;
+/// A [`MarginSleep`] whose margin covers every wait sleeps anyway once in this many, to
+/// measure the lateness again.
+pub const PROBE_EVERY: u32 = 32;
 
 /// Hybrid sleep: wake at the predicted completion minus a high quantile (`quantile`, p99 by
 /// default) of how late timed wake-ups really were, over the last [`LATE_WINDOW`] of them;
@@ -187,6 +190,8 @@ pub struct MarginSleep {
     since_update: usize,
     margin_ns: u64,
     cost_ns: u64,
+    /// Waits declined in a row only because the margin covered them.
+    declined: u32,
     /// The lateness quantile woken ahead of (0..=1).
     pub quantile: f64,
     /// Shortest sleep worth taking, whatever the measured cost.
@@ -202,6 +207,7 @@ impl Default for MarginSleep {
             since_update: 0,
             margin_ns: 14_000,
             cost_ns: 10_000,
+            declined: 0,
             quantile: 0.99,
             min_sleep: Duration::from_micros(4),
         }
@@ -237,8 +243,27 @@ impl SleepPolicy for MarginSleep {
     }
 
     fn wake_at(&mut self, now: Instant, expected: Instant) -> Option<Instant> {
-        let wake = expected.checked_sub(self.margin())?;
-        (wake.checked_duration_since(now)? >= self.wake_cost()).then_some(wake)
+        let left = expected.checked_duration_since(now)?;
+        if let Some(sleep) = left.checked_sub(self.margin())
+            && sleep >= self.wake_cost()
+        {
+            self.declined = 0;
+            return Some(now + sleep);
+        }
+        // Declined. When the wait itself is long enough to sleep in but the margin covers
+        // it, the margin may be stale: it is only measured by sleeping, so a burst of late
+        // wake-ups (a preempted VM) that pushed its p99 past the device's latency would keep
+        // hybrid spinning through every wait for good. Every PROBE_EVERY such waits, sleep
+        // half of one anyway to measure again (at most one I/O in 32 pays a wake-up). The
+        // measured cost is as stale as the margin: the floor decides what is worth it.
+        if left >= 4 * self.min_sleep {
+            self.declined += 1;
+            if self.declined >= PROBE_EVERY {
+                self.declined = 0;
+                return Some(now + left / 2);
+            }
+        }
+        None
     }
 
     fn margin(&self) -> Option<Duration> {
@@ -771,6 +796,32 @@ mod tests {
         // Past due, or due within the margin: spin.
         assert_eq!(s.wake_at(t + 30 * US, t + 23 * US), None);
         assert_eq!(s.wake_at(t, t + 5 * US), None);
+    }
+
+    /// A burst of very late wake-ups (a preempted VM) pushes the p99 past the device's 80 us:
+    /// every wait is then spun through, and without sleeping the lateness is never measured
+    /// again. A probe sleep once in [`PROBE_EVERY`] such waits refreshes it, and the margin
+    /// comes back down once the platform is quiet again.
+    #[test]
+    fn a_stale_margin_is_measured_again() {
+        let mut s = MarginSleep::default();
+        let t = Instant::now();
+        for _ in 0..LATE_WINDOW {
+            s.observe_wakeup(t, t + 500 * US);
+        }
+        assert_eq!(s.margin(), 500 * US);
+        let (mut probes, mut now) = (0, t);
+        for _ in 0..40 * LATE_WINDOW {
+            now += 100 * US;
+            if let Some(w) = s.wake_at(now, now + 80 * US) {
+                probes += 1;
+                s.observe_wakeup(w, w + 12 * US); // quiet again: 12 us late
+            }
+        }
+        assert!(probes >= LATE_WINDOW, "{probes} probes");
+        assert_eq!(s.margin(), 12 * US, "re-measured");
+        // Now it sleeps every time, until 12 us before the completion.
+        assert_eq!(s.wake_at(now, now + 80 * US), Some(now + 68 * US));
     }
 
     /// The turnaround spin: a closed-loop host's 12-16 us turnarounds are spun through (their
