@@ -912,7 +912,14 @@ def cmd_storm(out):
             raise SystemExit(f"storm: {name} missing")
 
 
-RESULT_SECTIONS = ("perf", "modes", "reactor", "file", "ab", "tls", "storm")
+def cmd_polling(out):
+    """ci/bench-polling.py writes polling.json and polling.md itself: check they are there."""
+    for name in ("polling.json", "polling.md"):
+        if not os.path.exists(os.path.join(out, name)):
+            raise SystemExit(f"polling: {name} missing")
+
+
+RESULT_SECTIONS = ("perf", "modes", "reactor", "file", "ab", "tls", "storm", "polling")
 
 
 def cmd_results(out):
@@ -951,9 +958,9 @@ def _utc(t):
 def main(argv):
     if len(argv) >= 3 and argv[1] == "rates":
         cmd_rates(argv[2], float(argv[3]) if len(argv) > 3 else 0.25)
-    elif len(argv) == 3 and argv[1] in ("perf", "modes", "reactor", "results", "ab", "tls", "storm"):
+    elif len(argv) == 3 and argv[1] in ("perf", "modes", "reactor", "results", "ab", "tls", "storm", "polling"):
         {"perf": cmd_perf, "modes": cmd_modes, "reactor": cmd_reactor, "results": cmd_results,
-         "ab": cmd_ab, "tls": cmd_tls, "storm": cmd_storm}[argv[1]](argv[2])
+         "ab": cmd_ab, "tls": cmd_tls, "storm": cmd_storm, "polling": cmd_polling}[argv[1]](argv[2])
     else:
         print(__doc__, file=sys.stderr)
         return 2

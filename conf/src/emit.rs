@@ -166,6 +166,9 @@ pub(crate) fn to_toml(c: &Config) -> String {
             let _ = writeln!(o, "min_cntlid = {}", s.min_cntlid);
             let _ = writeln!(o, "max_cntlid = {}", s.max_cntlid);
         }
+        if let Some(p) = s.polling {
+            let _ = writeln!(o, "polling = {}", quote(p.as_str()));
+        }
         for n in &s.namespaces {
             let _ = writeln!(o, "\n[[subsystem.namespace]]");
             let _ = writeln!(o, "nsid = {}", n.nsid);
@@ -184,6 +187,9 @@ pub(crate) fn to_toml(c: &Config) -> String {
             let _ = writeln!(o, "eui64 = {}", quote(&hex(&n.eui64)));
             if n.ana_group != 1 {
                 let _ = writeln!(o, "ana_group = {}", n.ana_group);
+            }
+            if let Some(p) = n.polling {
+                let _ = writeln!(o, "polling = {}", quote(p.as_str()));
             }
             // Written last: the sim backend is a table of its own, and keys
             // after its header would belong to it.

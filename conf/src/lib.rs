@@ -161,6 +161,57 @@ impl FromStr for ReactorMode {
     }
 }
 
+/// Whether a namespace's commands in flight may make its reactor spin (`polling`).
+///
+/// What each value means in each reactor mode is in `REFERENCE.md` ("Per-namespace
+/// polling"); in short: `always` busy-polls while the namespace has commands in flight and
+/// for a linger after the last one, whatever the mode; `never` makes its commands wait for
+/// the device's interrupt (they never start a spin or a hybrid sleep-then-spin, and never
+/// make the adaptive policy poll), but cannot stop a reactor that spins for another reason
+/// (a `poll` mode reactor, or another namespace's `always`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Polling {
+    /// Leave it to the reactor's mode and policy. Spelled `"auto"`; the default.
+    #[default]
+    Auto,
+    /// Spin while the namespace has commands in flight (a DRAM or Optane-class store where
+    /// every microsecond counts). Spelled `"always"`.
+    Always,
+    /// Never spin for its commands (bulk or background namespaces). Spelled `"never"`.
+    Never,
+}
+
+impl Polling {
+    /// The configuration spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Polling::Auto => "auto",
+            Polling::Always => "always",
+            Polling::Never => "never",
+        }
+    }
+}
+
+impl fmt::Display for Polling {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Polling {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Polling::Auto),
+            "always" => Ok(Polling::Always),
+            "never" => Ok(Polling::Never),
+            _ => Err(format!(
+                "unknown polling {s:?}: expected \"auto\", \"always\" or \"never\""
+            )),
+        }
+    }
+}
+
 /// How accepted connections are assigned to reactors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Placement {
@@ -460,6 +511,8 @@ pub struct Subsystem {
     /// subsystem); `min_cntlid <= max_cntlid`, and the range holds at least one ID
     /// per reactor.
     pub max_cntlid: u16,
+    /// The `polling` of its namespaces that set none (None: not given, `auto`).
+    pub polling: Option<Polling>,
 }
 
 /// The `[discovery]` table: DH-HMAC-CHAP on the discovery controller.
@@ -542,6 +595,12 @@ impl Subsystem {
         (self.min_cntlid, self.max_cntlid) == (MIN_CNTLID, MAX_CNTLID)
     }
 
+    /// The polling policy namespace `n` (one of this subsystem's) runs with: its own, else
+    /// the subsystem's, else `auto`.
+    pub fn polling_of(&self, n: &Namespace) -> Polling {
+        n.polling.or(self.polling).unwrap_or_default()
+    }
+
     /// Whether a host with NQN `host_nqn` may connect.
     pub fn allows_host(&self, host_nqn: &str) -> bool {
         self.allow_any_host || self.hosts.iter().any(|h| h == host_nqn)
@@ -566,6 +625,8 @@ pub struct Namespace {
     /// Its ANA group (NVMe 2.0 §8.1.3), 1..=[`ANAGRPMAX`]: its state on each listener is the
     /// listener's for the group.
     pub ana_group: u32,
+    /// Its own `polling` (None: the subsystem's; see [`Subsystem::polling_of`]).
+    pub polling: Option<Polling>,
 }
 
 /// The storage behind a namespace. More kinds may be added; match on it

@@ -104,6 +104,7 @@ pub(crate) struct RawSubsystem {
     pub dhchap_dh_groups: Option<Spanned<Vec<Spanned<String>>>>,
     pub min_cntlid: Option<Spanned<i64>>,
     pub max_cntlid: Option<Spanned<i64>>,
+    pub polling: Option<Spanned<String>>,
     pub namespace: Option<Vec<RawNamespace>>,
 }
 
@@ -157,6 +158,7 @@ pub(crate) struct RawNamespace {
     pub nguid: Option<Spanned<String>>,
     pub eui64: Option<Spanned<String>>,
     pub ana_group: Option<Spanned<i64>>,
+    pub polling: Option<Spanned<String>>,
 }
 
 /// One optional field per backend kind; validation requires exactly one.

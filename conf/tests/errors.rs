@@ -882,3 +882,32 @@ fn duplicate_file_paths() {
     )
     .expect("distinct files");
 }
+
+#[test]
+fn polling_values_are_checked_where_they_are() {
+    // Subsystem level: line 8; namespace level: line 12.
+    assert_err(
+        &format!("{BASE}{SUB}polling = \"sometimes\"\n"),
+        8,
+        11,
+        "unknown polling \"sometimes\": expected \"auto\", \"always\" or \"never\"",
+    );
+    let ns = "[[subsystem.namespace]]\nnsid = 1\nbackend = { ram = { size = \"1MiB\" } }\npolling = \"Always\"\n";
+    assert_err(
+        &format!("{BASE}{SUB}{ns}"),
+        11,
+        11,
+        "`polling`: unknown polling \"Always\"",
+    );
+    let ns = "[[subsystem.namespace]]\nnsid = 1\nbackend = { ram = { size = \"1MiB\" } }\npolling = 1\n";
+    let e = err(&format!("{BASE}{SUB}{ns}"));
+    assert_eq!(e.line(), Some(11), "{e}");
+    let ok = format!(
+        "{BASE}{SUB}polling = \"never\"\n[[subsystem.namespace]]\nnsid = 1\nbackend = {{ ram = {{ size = \"1MiB\" }} }}\npolling = \"always\"\n"
+    );
+    let c = Config::parse(&ok, "test.toml").expect("valid");
+    let s = &c.subsystems[0];
+    assert_eq!(s.polling_of(&s.namespaces[0]), pollux_conf::Polling::Always);
+    // Emitted and parsed back the same.
+    assert_eq!(Config::parse(&c.to_toml(), "test.toml").expect("round trip"), c);
+}

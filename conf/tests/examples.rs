@@ -113,6 +113,18 @@ fn poll_example() {
 }
 
 #[test]
+fn polling_example() {
+    let c = example("polling.toml");
+    assert_eq!(c.reactors.mode, ReactorMode::Interrupt);
+    let (fast, bulk) = (&c.subsystems[0], &c.subsystems[1]);
+    assert_eq!(fast.polling, Some(pollux_conf::Polling::Always));
+    assert_eq!(fast.namespaces[0].polling, None, "inherits");
+    assert_eq!(fast.polling_of(&fast.namespaces[0]), pollux_conf::Polling::Always);
+    assert_eq!(bulk.polling, None);
+    assert_eq!(bulk.polling_of(&bulk.namespaces[0]), pollux_conf::Polling::Never);
+}
+
+#[test]
 fn sim_example() {
     let c = example("sim.toml");
     assert_eq!(c.reactors.cores, vec![0]);

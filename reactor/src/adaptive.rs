@@ -9,7 +9,8 @@
 //!   sleep can lower the estimate but never raise it. The estimate is a low percentile of a
 //!   window of samples, which recovers from a device latency step within one window.
 //! - [`MarginSleep`]: the hybrid sleep policy: wake at the predicted completion minus a
-//!   margin learned from the measured lateness of timed wake-ups.
+//!   high quantile of the measured lateness of timed wake-ups, and spin through a wait
+//!   shorter than a wake-up costs.
 //! - [`ModePolicy`]: chooses busy-poll, hybrid or interrupt for a reactor from its load,
 //!   the predicted device latency against the cost of a wake-up, and an idle-CPU budget, with
 //!   hysteresis and a minimum dwell time.
@@ -166,32 +167,73 @@ impl LatencyModel {
     }
 }
 
-/// Hybrid sleep: wake at the predicted completion minus a margin learned from how late timed
-/// wake-ups really are (an EWMA of lateness plus two mean deviations), and do not sleep when
-/// what remains is shorter than `min_sleep`.
+/// Lateness samples a [`MarginSleep`] keeps.
+pub const LATE_WINDOW: usize = 256;
+/// A [`MarginSleep`] whose margin covers every wait sleeps anyway once in this many, to
+/// measure the lateness again.
+pub const PROBE_EVERY: u32 = 32;
+
+/// Hybrid sleep: wake at the predicted completion minus a high quantile (`quantile`, p99 by
+/// default) of how late timed wake-ups really were, over the last [`LATE_WINDOW`] of them;
+/// and do not sleep at all when the sleep would be shorter than a wake-up costs (the median
+/// lateness, at least `min_sleep`): spinning through it is cheaper and never late.
+///
+/// Why a quantile, not a mean plus deviations: on a VM the lateness is heavy-tailed (here
+/// 13-24 us at p50, 21-77 us at p99). A mean plus two mean deviations sits near the body of
+/// the distribution, so every tail wake-up overshoots the completion by the tail's excess,
+/// which at QD1 is latency added to that I/O; the quantile says directly how often a wake-up
+/// may be late: at p99, one in a hundred.
 #[derive(Debug, Clone)]
 pub struct MarginSleep {
-    late_ns: f64,
-    dev_ns: f64,
-    /// Shortest sleep worth taking.
+    ring: Vec<u64>,
+    pos: usize,
+    since_update: usize,
+    margin_ns: u64,
+    cost_ns: u64,
+    /// Waits declined in a row only because the margin covered them.
+    declined: u32,
+    /// The lateness quantile woken ahead of (0..=1).
+    pub quantile: f64,
+    /// Shortest sleep worth taking, whatever the measured cost.
     pub min_sleep: Duration,
 }
 
 impl Default for MarginSleep {
     fn default() -> Self {
-        // Start pessimistic (a wake-up costs ~ 10 us here) and learn.
+        // Start pessimistic (a wake-up is ~ 10-15 us late here) and learn.
         Self {
-            late_ns: 10_000.0,
-            dev_ns: 2_000.0,
+            ring: Vec::with_capacity(LATE_WINDOW),
+            pos: 0,
+            since_update: 0,
+            margin_ns: 14_000,
+            cost_ns: 10_000,
+            declined: 0,
+            quantile: 0.99,
             min_sleep: Duration::from_micros(4),
         }
     }
 }
 
 impl MarginSleep {
-    /// The current margin.
+    /// The current margin: the `quantile` of the measured lateness.
     pub fn margin(&self) -> Duration {
-        Duration::from_nanos((self.late_ns + 2.0 * self.dev_ns).max(0.0) as u64)
+        Duration::from_nanos(self.margin_ns)
+    }
+
+    /// What a timed wake-up costs: the median measured lateness (at least `min_sleep`).
+    pub fn wake_cost(&self) -> Duration {
+        Duration::from_nanos(self.cost_ns).max(self.min_sleep)
+    }
+
+    fn quantile_of(v: &mut [u64], q: f64) -> u64 {
+        let k = ((v.len() as f64 - 1.0) * q.clamp(0.0, 1.0)).round() as usize;
+        *v.select_nth_unstable(k).1
+    }
+
+    fn update(&mut self) {
+        let mut v = self.ring.clone();
+        self.margin_ns = Self::quantile_of(&mut v, self.quantile);
+        self.cost_ns = Self::quantile_of(&mut v, 0.5);
     }
 }
 
@@ -201,15 +243,116 @@ impl SleepPolicy for MarginSleep {
     }
 
     fn wake_at(&mut self, now: Instant, expected: Instant) -> Option<Instant> {
-        let wake = expected.checked_sub(self.margin())?;
-        (wake.checked_duration_since(now)? >= self.min_sleep).then_some(wake)
+        let left = expected.checked_duration_since(now)?;
+        if let Some(sleep) = left.checked_sub(self.margin())
+            && sleep >= self.wake_cost()
+        {
+            self.declined = 0;
+            return Some(now + sleep);
+        }
+        // Declined. When the wait itself is long enough to sleep in but the margin covers
+        // it, the margin may be stale: it is only measured by sleeping, so a burst of late
+        // wake-ups (a preempted VM) that pushed its p99 past the device's latency would keep
+        // hybrid spinning through every wait for good. Every PROBE_EVERY such waits, sleep
+        // half of one anyway to measure again (at most one I/O in 32 pays a wake-up). The
+        // measured cost is as stale as the margin: the floor decides what is worth it.
+        if left >= 4 * self.min_sleep {
+            self.declined += 1;
+            if self.declined >= PROBE_EVERY {
+                self.declined = 0;
+                return Some(now + left / 2);
+            }
+        }
+        None
+    }
+
+    fn margin(&self) -> Option<Duration> {
+        Some(MarginSleep::margin(self))
     }
 
     fn observe_wakeup(&mut self, requested: Instant, actual: Instant) {
-        let late = actual.saturating_duration_since(requested).as_nanos() as f64;
-        let err = late - self.late_ns;
-        self.late_ns += 0.125 * err;
-        self.dev_ns += 0.25 * (err.abs() - self.dev_ns);
+        let late = actual
+            .saturating_duration_since(requested)
+            .as_nanos()
+            .min(u128::from(u64::MAX)) as u64;
+        if self.ring.len() < LATE_WINDOW {
+            self.ring.push(late);
+        } else {
+            self.ring[self.pos] = late;
+        }
+        self.pos = (self.pos + 1) % LATE_WINDOW;
+        self.since_update += 1;
+        // Re-select every 16 wake-ups once the window is full (O(window) each), on every one
+        // while it fills (the pessimistic start goes at once).
+        if self.ring.len() < LATE_WINDOW || self.since_update >= 16 {
+            self.update();
+            self.since_update = 0;
+        }
+    }
+}
+
+/// Gaps a [`TurnaroundSpin`] keeps.
+pub const GAP_WINDOW: usize = 64;
+
+/// Spinning through the wait for a closed-loop host's next command: between a reactor's
+/// device queues going idle (the last completion's response left) and the next submission,
+/// a QD1 host turns around in a time as predictable as a device's (here ~15 us). A hybrid
+/// reactor that blocks in epoll then pays a whole blocking wake-up (here 38-53 us for an
+/// eventfd round trip between the two cores) on every I/O; spinning through it costs the gap.
+/// So: spin for the gap's p90 after each idle transition, when that is shorter than
+/// `max_spin` (what a wake-up costs, [`TurnaroundSpin::set_wake_cost`]); otherwise (an open
+/// loop, a host that thinks between commands) do not spin at all.
+#[derive(Debug, Clone)]
+pub struct TurnaroundSpin {
+    ring: Vec<u64>,
+    pos: usize,
+    spin_ns: u64,
+    /// Longest turnaround worth spinning through.
+    pub max_spin: Duration,
+}
+
+impl Default for TurnaroundSpin {
+    fn default() -> Self {
+        Self {
+            ring: Vec::with_capacity(GAP_WINDOW),
+            pos: 0,
+            spin_ns: 0,
+            max_spin: Duration::from_micros(30),
+        }
+    }
+}
+
+impl TurnaroundSpin {
+    /// A blocking wake-up costs about twice a timed one's lateness (a context switch out and
+    /// one in, and the lateness): the longest spin worth taking.
+    pub fn set_wake_cost(&mut self, timed_lateness: Duration) {
+        self.max_spin = timed_lateness * 2;
+    }
+
+    /// The device queues went idle and the next command came `gap` later.
+    pub fn observe_gap(&mut self, gap: Duration) {
+        let v = gap.as_nanos().min(u128::from(u64::MAX)) as u64;
+        if self.ring.len() < GAP_WINDOW {
+            self.ring.push(v);
+        } else {
+            self.ring[self.pos] = v;
+        }
+        self.pos = (self.pos + 1) % GAP_WINDOW;
+        if self.pos.is_multiple_of(8) || self.ring.len() < GAP_WINDOW {
+            let mut w = self.ring.clone();
+            let k = ((w.len() as f64 - 1.0) * 0.9).round() as usize;
+            self.spin_ns = *w.select_nth_unstable(k).1;
+        }
+    }
+
+    /// How long to spin after the queues go idle (zero: block at once).
+    pub fn spin_for(&self) -> Duration {
+        let p90 = Duration::from_nanos(self.spin_ns);
+        if self.ring.len() >= 8 && p90 <= self.max_spin {
+            p90
+        } else {
+            Duration::ZERO
+        }
     }
 }
 
@@ -259,8 +402,11 @@ pub struct PolicyInputs {
     /// found work and the thread's CPU time (wall time alone grows when the thread is
     /// preempted).
     pub busy_fraction: f64,
-    /// Device completions in the window.
+    /// Device completions in the window, of channels that are not `never`.
     pub completions: u64,
+    /// Completions in the window of `never` channels ([`crate::Polling::Never`]): counted
+    /// apart, since their load is never a reason to spin.
+    pub quiet_completions: u64,
     /// Mean device commands outstanding in the window.
     pub outstanding: f64,
     /// Predicted device completion time: the (channel, operation class) estimates weighted by
@@ -269,8 +415,26 @@ pub struct PolicyInputs {
     pub predicted: Option<Duration>,
     /// What a timed or interrupt wake-up costs (its measured lateness).
     pub wake_cost: Duration,
+    /// What hybrid mode spins per I/O, as measured: its wake margin before each expected
+    /// completion plus the turnaround spin after it ([`TurnaroundSpin`]). None: unknown (the
+    /// whole predicted wait is counted).
+    pub hybrid_spin: Option<Duration>,
     /// Length of the window the counts cover.
     pub window: Duration,
+}
+
+impl PolicyInputs {
+    /// The busy fraction that counts toward polling: with `never` namespaces beside others,
+    /// only the others' share of it (work split by completions: a rough attribution, but one
+    /// that a `never` namespace's load alone can never tip; with only `never` completions,
+    /// none).
+    pub fn spin_busy(&self) -> f64 {
+        if self.quiet_completions == 0 {
+            return self.busy_fraction;
+        }
+        let share = self.completions as f64 / (self.completions + self.quiet_completions) as f64;
+        self.busy_fraction * share
+    }
 }
 
 /// Chooses a reactor's mode; see the module docs.
@@ -364,6 +528,12 @@ impl ModePolicy {
         if i.completions == 0 && i.outstanding < 0.01 && i.busy_fraction < 0.05 {
             return Mode::Interrupt;
         }
+        // Only `never` namespaces completed: however busy they keep the reactor, they wait
+        // for their interrupts.
+        if i.completions == 0 && i.quiet_completions > 0 {
+            return Mode::Interrupt;
+        }
+        let busy = i.spin_busy();
         // Saturated: the work itself keeps the core busy, so polling costs little idle CPU
         // (at most 1 - busy) and saves every wake-up. A band around the threshold keeps a
         // load that hovers at it from flipping the mode.
@@ -372,28 +542,30 @@ impl ModePolicy {
         } else {
             -HYSTERESIS_BAND
         };
-        if 1.0 - i.busy_fraction <= self.cfg.cpu_budget + band {
+        if 1.0 - busy <= self.cfg.cpu_budget + band {
             return Mode::Poll;
         }
         if let Some(p) = i.predicted {
-            // Sleeping until shortly before the completion pays off when the device takes
-            // several wake-ups' time.
-            if p.as_secs_f64() >= self.cfg.sleep_payoff * i.wake_cost.as_secs_f64() {
-                return Mode::Hybrid;
-            }
-            // A fast device: sleeping for each completion adds a wake-up's latency and its
-            // CPU (two context switches and a timer; on a VM often more than a 10 us spin).
-            // Hybrid mode spins through a wait shorter than its learned wake-up margin and
-            // still sleeps in epoll between commands, so it costs at most one predicted wait
-            // of spinning per completion: take it while that fits the budget (with the same
+            // Hybrid costs its spinning: take it while that fits the budget (with the same
             // band as polling, so a load near the limit does not flip the mode).
-            let spin = i.completions as f64 * p.as_secs_f64() / i.window.as_secs_f64().max(1e-9);
+            // - A slow device (several wake-ups' time): hybrid sleeps through most of each
+            //   wait and spins its wake margin and the host's turnaround, as measured.
+            // - A fast device: sleeping for each completion adds a wake-up's latency and its
+            //   CPU (two context switches and a timer; on a VM often more than a 10 us spin).
+            //   Hybrid spins through a wait shorter than a wake-up costs and still sleeps in
+            //   epoll between commands, so it costs at most one predicted wait per completion.
             let band = if self.current == Mode::Hybrid {
                 HYSTERESIS_BAND
             } else {
                 -HYSTERESIS_BAND
             };
-            if spin <= self.cfg.cpu_budget + band {
+            let slow = p.as_secs_f64() >= self.cfg.sleep_payoff * i.wake_cost.as_secs_f64();
+            let spin = match i.hybrid_spin {
+                Some(s) if slow => s.min(p),
+                _ => p,
+            };
+            let per_sec = i.completions as f64 / i.window.as_secs_f64().max(1e-9);
+            if per_sec * spin.as_secs_f64() <= self.cfg.cpu_budget + band {
                 return Mode::Hybrid;
             }
             // Over budget: an interrupt per command. Poll only if the latency target
@@ -423,7 +595,7 @@ impl ModePolicy {
         let dwelt = self
             .since
             .is_none_or(|s| i.now.saturating_duration_since(s) >= self.cfg.min_dwell);
-        if self.current != Mode::Poll && want != Mode::Poll && i.busy_fraction >= PROBE_MIN_BUSY {
+        if self.current != Mode::Poll && want != Mode::Poll && i.spin_busy() >= PROBE_MIN_BUSY {
             self.loaded += 1;
         } else {
             self.loaded = 0;
@@ -565,9 +737,112 @@ mod tests {
             s.observe_wakeup(t, t + 3 * US);
         }
         let m = s.margin();
-        assert!(m >= 3 * US && m < 4 * US, "{m:?}");
+        assert_eq!(m, 3 * US);
         assert_eq!(s.wake_at(t, t + 100 * US), Some(t + 100 * US - m));
         assert_eq!(s.wake_at(t, t + 5 * US), None, "not worth sleeping");
+    }
+
+    /// A heavy-tailed lateness (a VM's: 15 us body, 1 in 20 wake-ups 40-75 us late): the
+    /// margin is its p99, so about 1 % of wake-ups overshoot the completion; a mean plus two
+    /// mean deviations (the former rule) would let about 5 % overshoot, each by tens of us.
+    #[test]
+    fn the_margin_is_a_high_quantile_of_a_heavy_tailed_lateness() {
+        let mut s = MarginSleep::default();
+        let t = Instant::now();
+        let late = |k: u64| {
+            if k % 20 == 7 {
+                Duration::from_micros(40 + (k * 7919) % 36) // the tail: 40-75 us
+            } else {
+                Duration::from_micros(13 + (k * 31) % 5) // the body: 13-17 us
+            }
+        };
+        let (mut ewma, mut dev) = (10_000.0f64, 2_000.0f64);
+        for k in 0..2000u64 {
+            s.observe_wakeup(t, t + late(k));
+            let err = late(k).as_nanos() as f64 - ewma;
+            ewma += 0.125 * err;
+            dev += 0.25 * (err.abs() - dev);
+        }
+        let m = s.margin();
+        let over = |margin: Duration| (0..2000u64).filter(|&k| late(k) > margin).count() as f64 / 2000.0;
+        assert!(over(m) <= 0.015, "p99 margin {m:?}: {:.3} late", over(m));
+        let old = Duration::from_nanos((ewma + 2.0 * dev) as u64);
+        assert!(over(old) >= 0.04, "mean + 2 dev {old:?}: {:.3} late", over(old));
+        assert!(m > old, "{m:?} vs {old:?}");
+        // The cost of a wake-up is the body (the median), not the tail.
+        assert!(
+            s.wake_cost() >= 13 * US && s.wake_cost() <= 17 * US,
+            "{:?}",
+            s.wake_cost()
+        );
+    }
+
+    /// The spin decision: a wait shorter than what a wake-up costs is spun through (no timed
+    /// sleep at all), a longer one is slept until the margin before it.
+    #[test]
+    fn waits_shorter_than_a_wake_up_are_spun_through() {
+        let mut s = MarginSleep::default();
+        let t = Instant::now();
+        for k in 0..300u64 {
+            s.observe_wakeup(t, t + Duration::from_micros(10 + k % 3)); // body 10-12 us, p99 12 us
+        }
+        let (m, cost) = (s.margin(), s.wake_cost());
+        assert_eq!((m, cost), (12 * US, 11 * US));
+        // 20 us to the completion: waking 12 us ahead leaves an 8 us sleep, below the 11 us a
+        // wake-up costs: spin.
+        assert_eq!(s.wake_at(t, t + 20 * US), None);
+        // 23 us: an 11 us sleep, worth it.
+        assert_eq!(s.wake_at(t, t + 23 * US), Some(t + 11 * US));
+        // Past due, or due within the margin: spin.
+        assert_eq!(s.wake_at(t + 30 * US, t + 23 * US), None);
+        assert_eq!(s.wake_at(t, t + 5 * US), None);
+    }
+
+    /// A burst of very late wake-ups (a preempted VM) pushes the p99 past the device's 80 us:
+    /// every wait is then spun through, and without sleeping the lateness is never measured
+    /// again. A probe sleep once in [`PROBE_EVERY`] such waits refreshes it, and the margin
+    /// comes back down once the platform is quiet again.
+    #[test]
+    fn a_stale_margin_is_measured_again() {
+        let mut s = MarginSleep::default();
+        let t = Instant::now();
+        for _ in 0..LATE_WINDOW {
+            s.observe_wakeup(t, t + 500 * US);
+        }
+        assert_eq!(s.margin(), 500 * US);
+        let (mut probes, mut now) = (0, t);
+        for _ in 0..40 * LATE_WINDOW {
+            now += 100 * US;
+            if let Some(w) = s.wake_at(now, now + 80 * US) {
+                probes += 1;
+                s.observe_wakeup(w, w + 12 * US); // quiet again: 12 us late
+            }
+        }
+        assert!(probes >= LATE_WINDOW, "{probes} probes");
+        assert_eq!(s.margin(), 12 * US, "re-measured");
+        // Now it sleeps every time, until 12 us before the completion.
+        assert_eq!(s.wake_at(now, now + 80 * US), Some(now + 68 * US));
+    }
+
+    /// The turnaround spin: a closed-loop host's 12-16 us turnarounds are spun through (their
+    /// p90), one that thinks 200 us between commands is not, nor a turnaround longer than
+    /// what a wake-up costs.
+    #[test]
+    fn turnaround_spin_covers_a_closed_loop_and_nothing_else() {
+        let mut s = TurnaroundSpin::default();
+        s.set_wake_cost(20 * US); // a blocking wake-up: ~40 us
+        assert_eq!(s.spin_for(), Duration::ZERO, "nothing learnt yet");
+        for k in 0..200u64 {
+            s.observe_gap(Duration::from_micros(12 + k % 5));
+        }
+        assert_eq!(s.spin_for(), 16 * US);
+        s.set_wake_cost(7 * US);
+        assert_eq!(s.spin_for(), Duration::ZERO, "longer than a 14 us wake-up: block");
+        s.set_wake_cost(20 * US);
+        for _ in 0..GAP_WINDOW {
+            s.observe_gap(200 * US);
+        }
+        assert_eq!(s.spin_for(), Duration::ZERO, "an open loop: block at once");
     }
 
     fn inputs(now: Instant, busy: f64, completions: u64, outstanding: f64, predicted_us: Option<u64>) -> PolicyInputs {
@@ -575,9 +850,11 @@ mod tests {
             now,
             busy_fraction: busy,
             completions,
+            quiet_completions: 0,
             outstanding,
             predicted: predicted_us.map(Duration::from_micros),
             wake_cost: 8 * US,
+            hybrid_spin: None,
             window: Duration::from_secs(1),
         }
     }
@@ -592,11 +869,31 @@ mod tests {
             Mode::Poll,
             "saturated"
         );
+        // A slow device at QD1 (10 K IOPS of 80 us): hybrid when what it spins per I/O (its
+        // measured margin and turnaround) fits the budget, never beyond it.
+        let slow = |spin_us: Option<u64>| PolicyInputs {
+            hybrid_spin: spin_us.map(Duration::from_micros),
+            ..inputs(t, 0.1, 10_000, 1.0, Some(80))
+        };
         assert_eq!(
-            p.desired(&inputs(t, 0.1, 10_000, 1.0, Some(80))),
+            p.desired(&slow(Some(20))),
             Mode::Hybrid,
-            "slow device, QD1"
+            "slow device, QD1: 20 % spinning"
         );
+        assert_eq!(p.desired(&slow(Some(40))), Mode::Interrupt, "40 % is over a 0.3 budget");
+        assert_eq!(
+            p.desired(&slow(None)),
+            Mode::Interrupt,
+            "unknown spin: the whole wait counts"
+        );
+        let half = ModePolicy::new(
+            PolicyConfig {
+                cpu_budget: 0.5,
+                ..PolicyConfig::default()
+            },
+            Mode::Interrupt,
+        );
+        assert_eq!(half.desired(&slow(Some(40))), Mode::Hybrid, "40 % fits a 0.5 budget");
         assert_eq!(
             p.desired(&inputs(t, 0.1, 50_000, 1.0, Some(10))),
             Mode::Interrupt,
@@ -733,6 +1030,42 @@ mod tests {
             assert_eq!(p.evaluate(&inputs(t, 0.01, 0, 0.0, None)), None);
         }
         assert_eq!(p.probes(), 2);
+    }
+
+    /// The per-namespace override as the policy sees it: a `never` namespace's completions
+    /// alone never make it poll, probe or choose hybrid, however busy they keep the reactor;
+    /// beside an `auto` namespace only the latter's share of the busy time counts.
+    #[test]
+    fn never_load_never_makes_the_policy_spin() {
+        let ms = Duration::from_millis(1);
+        let never_only = |t, busy| PolicyInputs {
+            completions: 0,
+            quiet_completions: 20_000,
+            ..inputs(t, busy, 0, 4.0, None)
+        };
+        for start in Mode::ALL {
+            let mut p = ModePolicy::new(PolicyConfig::default(), start);
+            let mut t = Instant::now();
+            // Saturated by never traffic (95 % busy) for long enough to confirm and to probe.
+            for _ in 0..5000 {
+                t += 2 * ms;
+                p.evaluate(&never_only(t, 0.95));
+            }
+            assert_eq!(p.current(), Mode::Interrupt, "from {start}");
+            assert_eq!(p.probes(), 0, "from {start}: no busy-poll probe for never load");
+        }
+        // Beside an auto namespace: 90 % busy, but 3/4 of the completions are never: 22.5 %
+        // counts, which is not saturation (with a 0.3 budget).
+        let p = ModePolicy::new(PolicyConfig::default(), Mode::Interrupt);
+        let t = Instant::now();
+        let mixed = PolicyInputs {
+            quiet_completions: 30_000,
+            ..inputs(t, 0.9, 10_000, 4.0, Some(80))
+        };
+        assert!((mixed.spin_busy() - 0.225).abs() < 1e-9);
+        assert_ne!(p.desired(&mixed), Mode::Poll);
+        // The same busy share, all of it auto: saturated, polls.
+        assert_eq!(p.desired(&inputs(t, 0.9, 40_000, 4.0, Some(80))), Mode::Poll);
     }
 
     #[test]

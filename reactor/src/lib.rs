@@ -7,6 +7,8 @@
 //!   queue per reactor with an eventfd doorbell rung only when the receiver may sleep.
 //! - Three [`Mode`]s: busy-poll, hybrid (timed sleep before an expected completion, then poll)
 //!   and interrupt (block in epoll), switchable at run time.
+//! - Per-namespace [`Polling`]: `always` holds a reactor in busy-poll while a namespace is
+//!   in use, `never` keeps a namespace's commands from making it spin ([`polling`]).
 //! - [`ReactorStats`] snapshots: busy/idle time, thread CPU time, iterations, per-mode time,
 //!   wake-up lateness, messages, and the device channels' completion time estimates per
 //!   (channel, operation class) ([`DeviceLoad`]).
@@ -18,6 +20,7 @@ mod error;
 mod inbox;
 mod load;
 mod mode;
+pub mod polling;
 mod reactor;
 mod runtime;
 mod stats;
@@ -28,6 +31,7 @@ pub use error::{ReactorError, Result};
 pub use inbox::{Message, Remote};
 pub use load::{ChannelKey, ClassStats, DeviceLoad};
 pub use mode::{FractionSleep, Mode, SleepPolicy};
+pub use polling::{ALWAYS_LINGER, DeviceWait, Polling, PollingCell, SpinHold};
 pub use reactor::{Next, Progress, Reactor, ReactorConfig, Source, SourceId, SourceOpts, TimerId};
 pub use runtime::{InitError, InitFn, Runtime};
 pub use stats::{ReactorStats, StatsCell, WAKE_BUCKETS};

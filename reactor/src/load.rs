@@ -39,6 +39,9 @@ struct Entry {
     window: u64,
     /// Completions in the window the last evaluation closed.
     last_window: u64,
+    /// The channel is `never` ([`DeviceLoad::set_quiet`]): its completions are no reason to
+    /// spin, so its estimate has no weight in the window's mean.
+    quiet: bool,
 }
 
 /// One (channel, class) estimate as published in [`crate::ReactorStats::classes`].
@@ -80,6 +83,12 @@ pub struct DeviceLoad {
     pub outstanding: u64,
     /// Completions seen (cumulative).
     pub completions: u64,
+    /// Of `completions`, those of `never` channels ([`DeviceLoad::set_quiet`]).
+    pub quiet_completions: u64,
+    /// The channels set quiet.
+    quiet: Vec<ChannelKey>,
+    /// The last completion was a quiet channel's.
+    pub last_quiet: bool,
     entries: Vec<Entry>,
     names: Vec<(ChannelKey, Arc<str>)>,
     /// The entry that completed last: a channel completes runs of one class, so it is
@@ -102,6 +111,21 @@ impl DeviceLoad {
         }
     }
 
+    /// Mark `channel` quiet (its namespace is `never`, [`crate::Polling::Never`]) or not:
+    /// a quiet channel's completions are counted apart ([`DeviceLoad::quiet_completions`])
+    /// and its estimates leave the policy's prediction, so its load alone never makes the
+    /// adaptive policy poll or choose hybrid. Called when the setting changes, not per
+    /// completion.
+    pub fn set_quiet(&mut self, channel: ChannelKey, quiet: bool) {
+        for e in self.entries.iter_mut().filter(|e| e.channel == channel) {
+            e.quiet = quiet;
+        }
+        self.quiet.retain(|&k| k != channel);
+        if quiet {
+            self.quiet.push(channel);
+        }
+    }
+
     /// A command of `class` on `channel` completed; `estimate` is the channel's estimate for
     /// the class now (None: it has none, the completion then only counts as a completion).
     pub fn complete(&mut self, channel: ChannelKey, class: usize, estimate: Option<Duration>) {
@@ -109,6 +133,10 @@ impl DeviceLoad {
         self.completions += 1;
         let i = self.entry(channel, class);
         if let Some(e) = self.entries.get_mut(i) {
+            if e.quiet {
+                self.quiet_completions += 1;
+            }
+            self.last_quiet = e.quiet;
             e.completions += 1;
             e.window += 1;
             if let Some(est) = estimate {
@@ -137,6 +165,7 @@ impl DeviceLoad {
                     .iter()
                     .find(|(k, _)| *k == channel)
                     .map_or_else(|| Arc::from(UNNAMED), |(_, n)| n.clone());
+                let quiet = self.quiet.contains(&channel);
                 self.entries.push(Entry {
                     channel,
                     class,
@@ -145,6 +174,7 @@ impl DeviceLoad {
                     completions: 0,
                     window: 0,
                     last_window: 0,
+                    quiet,
                 });
                 self.entries.len() - 1
             }
@@ -155,10 +185,14 @@ impl DeviceLoad {
 
     /// The completion-weighted mean estimate of the window so far: each (channel, class)
     /// estimate weighted by its completions since the last evaluation (None: no completion
-    /// of a class with an estimate).
+    /// of a class with an estimate). Quiet channels' classes are left out.
     pub fn window_mean(&self) -> Option<Duration> {
         let (mut sum, mut n) = (0u128, 0u128);
-        for e in self.entries.iter().filter(|e| e.window > 0 && e.estimate_ns > 0) {
+        for e in self
+            .entries
+            .iter()
+            .filter(|e| e.window > 0 && e.estimate_ns > 0 && !e.quiet)
+        {
             sum += u128::from(e.estimate_ns) * u128::from(e.window);
             n += u128::from(e.window);
         }
@@ -314,6 +348,27 @@ mod tests {
             l.evaluate(EWMA);
         }
         assert!((us(l.predicted()) - 10.0).abs() < 0.01, "{:?}", l.predicted());
+    }
+
+    #[test]
+    fn a_quiet_channel_has_no_weight_in_the_prediction() {
+        let mut l = DeviceLoad::default();
+        let c = LatencyModel::class(true, 4096);
+        l.set_quiet(2, true);
+        for _ in 0..10 {
+            l.complete(1, c, Some(5 * US));
+            l.complete(2, c, Some(80 * US));
+            l.complete(2, c, Some(80 * US));
+            l.evaluate(EWMA);
+        }
+        assert_eq!(l.predicted(), Some(5 * US), "the never channel's 80 us is left out");
+        assert_eq!((l.completions, l.quiet_completions), (30, 20));
+        // Back to auto: it counts again, entries that exist already included.
+        l.set_quiet(2, false);
+        l.complete(1, c, Some(5 * US));
+        l.complete(2, c, Some(80 * US));
+        assert_eq!(l.window_mean(), Some(Duration::from_nanos(42_500)));
+        assert_eq!(l.quiet_completions, 20);
     }
 
     #[test]

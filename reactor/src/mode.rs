@@ -70,6 +70,11 @@ pub trait SleepPolicy: Send {
     fn wake_at(&mut self, now: Instant, expected: Instant) -> Option<Instant>;
     /// Feedback after a timed sleep: when the reactor asked to wake and when it really did.
     fn observe_wakeup(&mut self, _requested: Instant, _actual: Instant) {}
+    /// How long before an expected completion it wakes (None: not a fixed margin, e.g. a
+    /// fraction of the wait): what the adaptive policy counts as hybrid's spin per I/O.
+    fn margin(&self) -> Option<Duration> {
+        None
+    }
 }
 
 /// Sleep a fixed fraction of the time left until the expected completion, and not at all when

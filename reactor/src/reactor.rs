@@ -30,11 +30,12 @@ use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
 use tracing::{debug, warn};
 
-use crate::adaptive::{MarginSleep, ModePolicy, ModelKind, PolicyConfig};
+use crate::adaptive::{MarginSleep, ModePolicy, ModelKind, PolicyConfig, TurnaroundSpin};
 use crate::error::{ReactorError, Result};
 use crate::inbox::{Inbox, Remote};
 use crate::load::DeviceLoad;
 use crate::mode::{FractionSleep, Mode, SleepPolicy};
+use crate::polling::SpinHold;
 use crate::stats::{ReactorStats, StatsCell, bump};
 use crate::sys::TimerFd;
 pub use source::{Next, Progress, Source, SourceOpts};
@@ -155,6 +156,20 @@ pub struct Reactor {
     eval: EvalMark,
     wake_cost_ns: f64,
     busy_ewma: f64,
+    /// The `always` hold ([`Reactor::hold_poll`]).
+    hold: SpinHold,
+    /// The hold was on at the start of this iteration: the loop runs as in poll mode.
+    held: bool,
+    /// Hybrid mode's spin through a closed-loop host's turnaround ([`TurnaroundSpin`]).
+    turnaround: TurnaroundSpin,
+    /// Device commands outstanding at the end of the last iteration.
+    prev_outstanding: u64,
+    /// When the device queues last went idle after a completion of a channel that is not
+    /// `never` (None: since then a command was submitted, or they never were busy).
+    idle_since: Option<Instant>,
+    /// The time the loop read last (an iteration's start): what [`Reactor::hold_poll`] dates
+    /// its note with, so that the I/O path reads no clock for it.
+    now_hint: Instant,
 }
 
 /// Counters at the last policy evaluation.
@@ -164,6 +179,7 @@ struct EvalMark {
     busy_ns: u64,
     cpu_ns: u64,
     completions: u64,
+    quiet_completions: u64,
     outstanding: u64,
 }
 
@@ -240,10 +256,17 @@ impl Reactor {
                 busy_ns: 0,
                 cpu_ns: 0,
                 completions: 0,
+                quiet_completions: 0,
                 outstanding: 0,
             },
             wake_cost_ns: 10_000.0,
             busy_ewma: 0.0,
+            hold: SpinHold::default(),
+            turnaround: TurnaroundSpin::default(),
+            prev_outstanding: 0,
+            idle_since: None,
+            held: false,
+            now_hint: Instant::now(),
         })
     }
 
@@ -263,9 +286,10 @@ impl Reactor {
     }
 
     /// The mode the loop really runs: interrupt mode with a polled source that has no fd
-    /// must poll.
+    /// must poll, and so must a reactor that an `always` namespace holds
+    /// ([`Reactor::hold_poll`]).
     pub fn effective_mode(&self) -> Mode {
-        if self.mode != Mode::Poll && self.fdless_polled > 0 {
+        if self.held || (self.mode != Mode::Poll && self.fdless_polled > 0) {
             Mode::Poll
         } else {
             self.mode
@@ -290,6 +314,40 @@ impl Reactor {
         for id in ids {
             self.wake(id);
         }
+    }
+
+    /// An `always` namespace has a command in flight (being submitted, running, completing):
+    /// busy-poll, whatever the mode, until [`crate::ALWAYS_LINGER`] after the latest such
+    /// call. Cheap enough for every command: no clock read (it dates the note with the
+    /// iteration's start) and, once the hold is on, no other work.
+    pub fn hold_poll(&mut self) {
+        self.hold.note(self.now_hint);
+        if !self.held {
+            self.held = true;
+            bump(&self.stats.hold_entries, 1);
+            self.stats.held.store(1, Relaxed);
+        }
+    }
+
+    /// The loop's check at each iteration's start (`now`): the hold lapsed, so the reactor
+    /// goes back to its mode, and every source runs once in it (as at a mode switch: a device
+    /// channel must arm its interrupt again or nothing would wake the reactor for it).
+    fn check_hold(&mut self, now: Instant) {
+        self.now_hint = now;
+        if self.held && !self.hold.active(now) {
+            self.held = false;
+            self.stats.held.store(0, Relaxed);
+            self.hybrid_slept_for = None;
+            let ids: Vec<SourceId> = self.slots.iter().map(|(id, _)| id).collect();
+            for id in ids {
+                self.wake(id);
+            }
+        }
+    }
+
+    /// Whether an `always` namespace holds this reactor in busy-poll now.
+    pub fn held(&self) -> bool {
+        self.held
     }
 
     /// How device channels on this reactor estimate completion times.

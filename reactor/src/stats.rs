@@ -51,6 +51,9 @@ pub struct StatsCell {
     pub(crate) hot_sources: AtomicU64,
     pub(crate) hot_entries: AtomicU64,
     pub(crate) forced_poll: AtomicU64,
+    pub(crate) held: AtomicU64,
+    pub(crate) held_ns: AtomicU64,
+    pub(crate) hold_entries: AtomicU64,
     pub(crate) adaptive: AtomicU64,
     pub(crate) switches: AtomicU64,
     pub(crate) outstanding: AtomicU64,
@@ -145,6 +148,9 @@ impl StatsCell {
             hot_sources: self.hot_sources.load(Relaxed),
             hot_entries: self.hot_entries.load(Relaxed),
             forced_poll: self.forced_poll.load(Relaxed) != 0,
+            held: self.held.load(Relaxed) != 0,
+            held_ns: self.held_ns.load(Relaxed),
+            hold_entries: self.hold_entries.load(Relaxed),
             adaptive: self.adaptive.load(Relaxed) != 0,
             switches: self.switches.load(Relaxed),
             outstanding: self.outstanding.load(Relaxed),
@@ -201,6 +207,14 @@ pub struct ReactorStats {
     pub hot_entries: u64,
     /// True while a source without an fd forces an interrupt-mode reactor to poll.
     pub forced_poll: bool,
+    /// True while an `always` namespace holds the reactor in busy-poll
+    /// ([`crate::Reactor::hold_poll`]).
+    pub held: bool,
+    /// Wall time in iterations run held in busy-poll by an `always` namespace, ns (also
+    /// counted in `mode_ns` under the reactor's own mode).
+    pub held_ns: u64,
+    /// Times an `always` namespace started holding the reactor in busy-poll.
+    pub hold_entries: u64,
     /// The mode is chosen by the adaptive policy.
     pub adaptive: bool,
     /// Mode switches made by the adaptive policy.
@@ -267,6 +281,9 @@ impl ReactorStats {
             hot_sources: self.hot_sources,
             hot_entries: d(self.hot_entries, earlier.hot_entries),
             forced_poll: self.forced_poll,
+            held: self.held,
+            held_ns: d(self.held_ns, earlier.held_ns),
+            hold_entries: d(self.hold_entries, earlier.hold_entries),
             adaptive: self.adaptive,
             switches: d(self.switches, earlier.switches),
             outstanding: self.outstanding,

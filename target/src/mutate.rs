@@ -49,6 +49,9 @@ pub struct Changes {
     pub removed_referrals: Vec<SocketAddr>,
     /// Listeners whose ANA states changed (bound addresses).
     pub ana_changed: Vec<SocketAddr>,
+    /// (subsystem, nsid, polling) of namespaces whose polling policy changed in place
+    /// (nothing is reopened for it).
+    pub polling_changed: Vec<(String, u32, String)>,
     /// The reactors' mode or adaptive policy changed.
     pub reactors_changed: bool,
     /// Keys that differ but only take effect at the next start.
@@ -67,6 +70,28 @@ impl Changes {
 pub struct Listeners {
     /// Bound address -> listener source.
     pub by_addr: HashMap<SocketAddr, SourceId>,
+}
+
+/// A subsystem's conf without its `polling` settings: they apply in place, so confs that
+/// differ only there are the same subsystem with the same namespaces.
+fn without_polling(s: &pollux_conf::Subsystem) -> pollux_conf::Subsystem {
+    let mut s = s.clone();
+    s.polling = None;
+    for n in &mut s.namespaces {
+        n.polling = None;
+    }
+    s
+}
+
+fn same_namespace(a: &pollux_conf::Namespace, b: &pollux_conf::Namespace) -> bool {
+    a.nsid == b.nsid
+        && pollux_conf::Namespace {
+            polling: None,
+            ..a.clone()
+        } == pollux_conf::Namespace {
+            polling: None,
+            ..b.clone()
+        }
 }
 
 /// Reconcile `new` against the running configuration and apply the difference. On error
@@ -116,21 +141,25 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
             .find(|o| o.nqn == s.nqn)
             .zip(old.subsystem(&s.nqn));
         match before {
-            Some((oc, oa)) if oc == s => subsystems.push(oa.clone()),
+            Some((oc, oa)) if without_polling(oc) == without_polling(s) => subsystems.push(oa.clone()),
             Some((oc, oa)) => {
                 let keep = |nsid: u32| {
                     let was = oc.namespaces.iter().find(|x| x.nsid == nsid)?;
                     let now = s.namespaces.iter().find(|x| x.nsid == nsid)?;
-                    if was == now { oa.namespace(nsid).cloned() } else { None }
+                    if same_namespace(was, now) {
+                        oa.namespace(nsid).cloned()
+                    } else {
+                        None
+                    }
                 };
                 subsystems.push(build_subsystem(s, n, new.state_dir.as_deref(), keep)?);
                 for nn in &s.namespaces {
-                    if oc.namespaces.iter().find(|x| x.nsid == nn.nsid) != Some(nn) {
+                    if !oc.namespaces.iter().any(|x| same_namespace(x, nn)) {
                         ch.added_namespaces.push((s.nqn.clone(), nn.nsid));
                     }
                 }
                 for on in &oc.namespaces {
-                    if s.namespaces.iter().find(|x| x.nsid == on.nsid) != Some(on) {
+                    if !s.namespaces.iter().any(|x| same_namespace(x, on)) {
                         ch.removed_namespaces.push((s.nqn.clone(), on.nsid));
                     }
                 }
@@ -218,7 +247,26 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
         || new.reactors.latency_target_us != running.reactors.latency_target_us;
     ch.reactors_changed = reactors_changed;
 
+    // Polling policies, set in place on the namespaces of the new snapshot (kept or new):
+    // the reactors read them at their next command or channel run.
+    let mut polling_set = Vec::new();
+    for (sc, sa) in new.subsystems.iter().zip(&subsystems) {
+        for nc in &sc.namespaces {
+            let Some(ns) = sa.namespace(nc.nsid) else { continue };
+            let want = crate::subsystem::polling(sc.polling_of(nc));
+            if ns.polling.get() != want {
+                polling_set.push((ns.clone(), want));
+                if !ch.added_namespaces.iter().any(|(q, id)| *q == sc.nqn && *id == nc.nsid) {
+                    ch.polling_changed.push((sc.nqn.clone(), nc.nsid, want.to_string()));
+                }
+            }
+        }
+    }
+
     // Swap: from here on nothing can fail.
+    for (ns, p) in polling_set {
+        ns.polling.set(p);
+    }
     let discovery_changed = !(ch.added_subsystems.is_empty()
         && ch.removed_subsystems.is_empty()
         && ch.changed_subsystems.is_empty()

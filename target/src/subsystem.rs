@@ -87,6 +87,10 @@ pub struct Namespace {
     pub resv: Arc<NsResv>,
     /// Its LBA range locks (fused Compare and Write, Copy).
     pub locks: crate::range_lock::RangeLocks,
+    /// Its polling policy (`polling`: its own, else its subsystem's): read relaxed by the
+    /// reactors on each command and channel run, set by the conf and `pollux ctl
+    /// set-polling` ([`pollux_reactor::polling`]).
+    pub polling: pollux_reactor::PollingCell,
 }
 
 impl Namespace {
@@ -250,11 +254,21 @@ fn open_reservations(n: &pollux_conf::Namespace, state_dir: Option<&Path>) -> Re
     NsResv::open(Some(state_file(dir, &n.nguid)))
 }
 
+/// The reactor's spelling of a conf `polling`.
+pub fn polling(p: pollux_conf::Polling) -> pollux_reactor::Polling {
+    match p {
+        pollux_conf::Polling::Auto => pollux_reactor::Polling::Auto,
+        pollux_conf::Polling::Always => pollux_reactor::Polling::Always,
+        pollux_conf::Polling::Never => pollux_reactor::Polling::Never,
+    }
+}
+
 /// Open a namespace's backend and build the namespace (`reactors` sets its counters;
-/// `state_dir`: where persistent reservations are kept).
+/// `state_dir`: where persistent reservations are kept; `polling`: its effective policy).
 pub fn build_namespace(
     nqn: &str,
     n: &pollux_conf::Namespace,
+    polling: pollux_conf::Polling,
     reactors: usize,
     state_dir: Option<&Path>,
 ) -> Result<Arc<Namespace>, TargetError> {
@@ -285,11 +299,13 @@ pub fn build_namespace(
         counters: (0..reactors.max(1)).map(|_| NsCounters::default()).collect(),
         resv,
         locks: Default::default(),
+        polling: pollux_reactor::PollingCell::new(self::polling(polling)),
     }))
 }
 
 /// Build a subsystem of a conf, reusing the namespaces `keep` offers (by nsid) instead of
-/// opening them again: their data and counters carry over.
+/// opening them again: their data and counters carry over (a kept namespace's `polling`
+/// is the caller's to set, once the change can no longer fail: [`crate::mutate`]).
 pub fn build_subsystem(
     s: &pollux_conf::Subsystem,
     reactors: usize,
@@ -300,7 +316,7 @@ pub fn build_subsystem(
     for n in &s.namespaces {
         let ns = match keep(n.nsid) {
             Some(ns) => ns,
-            None => build_namespace(&s.nqn, n, reactors, state_dir)?,
+            None => build_namespace(&s.nqn, n, s.polling_of(n), reactors, state_dir)?,
         };
         namespaces.insert(n.nsid, ns);
     }
@@ -352,6 +368,7 @@ pub(crate) fn test_namespace(nsid: u32, blocks: u64) -> Arc<Namespace> {
         inline_reads: true,
         resv: Arc::new(NsResv::volatile()),
         locks: Default::default(),
+        polling: Default::default(),
     })
 }
 

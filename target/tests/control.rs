@@ -627,3 +627,114 @@ fn every_listed_method_is_dispatched() {
     let e = ctx.call("no_such_method", &Value::Null).unwrap_err();
     assert_eq!(e.code, -32601);
 }
+
+/// The per-namespace polling policy (issue 25) at run time: `set_polling` changes it in place
+/// (the RAM namespace keeps its data), `subsystems` and the tables report it, `reactors`
+/// reports the `always` hold, `never` I/O completes in every mode (its channel waits for the
+/// simulated interrupt even in hybrid mode), a bad value is refused with the conf's message,
+/// and `save` writes it.
+#[test]
+fn polling_policy_changes_at_run_time_and_is_reported() {
+    let sock = sock_path();
+    let namespaces = "[[subsystem.namespace]]\nnsid = 1\nblock_size = 4096\nbackend = { ram = { size = \"1MiB\" } }\n\n\
+         [[subsystem.namespace]]\nnsid = 2\nblock_size = 4096\npolling = \"never\"\n\
+         backend = { sim = { size = \"1MiB\", read = { fixed_us = 80.0 }, write = { fixed_us = 80.0 } } }\n";
+    let control = format!("[control]\nsocket = \"{}\"\n", sock.display());
+    let text = common::conf_with("interrupt", &control, NQN, namespaces);
+    let cfg = Config::parse(&text, "polling-test.toml").unwrap();
+    let target = Target::start(&cfg, Options { pin: false }).unwrap();
+    let ctl = ControlServer::start(&target, &cfg).unwrap();
+    let mut c = Client::connect(&sock).unwrap();
+    let polling_of = |c: &mut Client, nsid: u64| -> String {
+        let ss = c.call("subsystems", Value::Null).unwrap();
+        let s = ss.as_array().unwrap().iter().find(|s| s["nqn"] == NQN).unwrap().clone();
+        let n = s["namespaces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["nsid"] == nsid)
+            .unwrap()
+            .clone();
+        n["polling"].as_str().unwrap().to_string()
+    };
+    assert_eq!(polling_of(&mut c, 1), "auto");
+    assert_eq!(polling_of(&mut c, 2), "never", "from the conf");
+
+    let mut ctrl = common::controller(common::addr(&target), 1);
+    let data = common::pattern(7, 0, 4096);
+    ctrl.io[0].write(1, 3, 1, &data).unwrap();
+
+    // always on the RAM namespace: applied in place, reported.
+    let r = c
+        .call("set_polling", json!({"nqn": NQN, "nsid": 1, "polling": "always"}))
+        .unwrap();
+    assert_eq!(r["polling_changed"], json!([[NQN, 1, "always"]]), "{r}");
+    assert_eq!(r["added_namespaces"], json!([]), "{r}");
+    assert_eq!(r["changed_subsystems"], json!([]), "nothing reopened: {r}");
+    assert_eq!(polling_of(&mut c, 1), "always");
+    let mut out = vec![0u8; 4096];
+    ctrl.io[0].read(1, 3, 1, &mut out).unwrap();
+    assert_eq!(out, data, "the RAM namespace kept its data");
+    for i in 0..200u64 {
+        ctrl.io[0].read(1, i % 16, 1, &mut out).unwrap();
+    }
+    let rs = c.call("reactors", Value::Null).unwrap();
+    let held: f64 = rs
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["held_pct"].as_f64().unwrap())
+        .sum();
+    assert!(held > 0.0, "an interrupt-mode reactor was held in busy-poll: {rs}");
+    let views: Vec<pollux_target::control::view::ReactorView> = serde_json::from_value(rs).unwrap();
+    assert!(pollux_target::control::cli::format_reactors(&views).contains("HELD%"));
+
+    // never: I/O completes in each mode, by the interrupt where the reactor sleeps.
+    for mode in ["hybrid", "interrupt", "poll", "adaptive"] {
+        for reactor in 0..2 {
+            c.call("set_mode", json!({"reactor": reactor, "mode": mode})).unwrap();
+        }
+        for i in 0..20u64 {
+            ctrl.io[0].read(2, i % 16, 1, &mut out).unwrap();
+        }
+    }
+    // The subsystem default is for the namespaces that set none: both set their own here.
+    let r = c.call("set_polling", json!({"nqn": NQN, "polling": "always"})).unwrap();
+    assert_eq!(r["polling_changed"], json!([]), "each keeps its own: {r}");
+    let r = c
+        .call("set_polling", json!({"nqn": NQN, "nsid": 2, "polling": "auto"}))
+        .unwrap();
+    assert_eq!(r["polling_changed"], json!([[NQN, 2, "auto"]]), "{r}");
+    let r = c
+        .call("set_polling", json!({"nqn": NQN, "nsid": 2, "polling": "never"}))
+        .unwrap();
+    assert_eq!(r["polling_changed"], json!([[NQN, 2, "never"]]), "{r}");
+    let ss: Vec<pollux_target::control::view::SubsystemView> =
+        serde_json::from_value(c.call("subsystems", Value::Null).unwrap()).unwrap();
+    let table = pollux_target::control::cli::format_subsystems(&ss);
+    assert!(
+        table.contains("POLLING") && table.contains("always") && table.contains("never"),
+        "{table}"
+    );
+
+    // Refused: an unknown value (the conf's message), a namespace that is not there.
+    let (code, msg) = rpc_code(c.call("set_polling", json!({"nqn": NQN, "nsid": 1, "polling": "sometimes"})));
+    assert_eq!(code, -32602);
+    assert!(msg.contains("polling") && msg.contains("always"), "{msg}");
+    let (_, msg) = rpc_code(c.call("set_polling", json!({"nqn": NQN, "nsid": 9, "polling": "never"})));
+    assert!(msg.contains("no namespace 9"), "{msg}");
+    assert_eq!(polling_of(&mut c, 1), "always", "a refused change changes nothing");
+
+    // save writes the running policy.
+    let path = std::env::temp_dir().join(format!("pollux-polling-{}.toml", std::process::id()));
+    c.call("save", json!({"path": path.to_str().unwrap()})).unwrap();
+    let saved = Config::from_path(&path).unwrap();
+    let s = saved.subsystems.iter().find(|s| s.nqn == NQN).unwrap();
+    assert_eq!(s.polling, Some(pollux_conf::Polling::Always));
+    assert_eq!(s.polling_of(&s.namespaces[0]), pollux_conf::Polling::Always);
+    assert_eq!(s.polling_of(&s.namespaces[1]), pollux_conf::Polling::Never);
+    let _ = std::fs::remove_file(&path);
+    ctrl.shutdown().unwrap();
+    drop(ctl);
+    target.shutdown().unwrap();
+}

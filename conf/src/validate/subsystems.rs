@@ -15,7 +15,7 @@ use crate::error::ConfError;
 use crate::ids::{derive_ids, derive_serial};
 use crate::nqn::{DISCOVERY_NQN, format_uuid, hex, parse_hex, parse_uuid, validate_nqn};
 use crate::raw::{RawNamespace, RawSubsystem};
-use crate::{Backend, MAX_CNTLID, MIN_CNTLID, Namespace, NvmeBackend, NvmeDevice, Subsystem};
+use crate::{Backend, MAX_CNTLID, MIN_CNTLID, Namespace, NvmeBackend, NvmeDevice, Polling, Subsystem};
 
 /// Identify Controller SN and MN widths (NVMe Base, Identify Controller data
 /// structure): ASCII, space padded.
@@ -190,6 +190,7 @@ fn subsystem(
         );
     }
 
+    let polling = polling(cx, &s.polling)?;
     let mut namespaces: Vec<Namespace> = Vec::new();
     let mut nsids: HashMap<u32, usize> = HashMap::new();
     for n in s.namespace.unwrap_or_default() {
@@ -209,7 +210,19 @@ fn subsystem(
         namespaces,
         min_cntlid,
         max_cntlid,
+        polling,
     })
+}
+
+/// A `polling` value, subsystem or namespace (None: not given).
+fn polling(cx: &Cx<'_>, v: &Option<Spanned<String>>) -> Result<Option<Polling>, ConfError> {
+    v.as_ref()
+        .map(|p| {
+            p.get_ref()
+                .parse::<Polling>()
+                .map_err(|e| cx.at(p.span(), format!("`polling`: {e}")))
+        })
+        .transpose()
 }
 
 fn namespace(
@@ -328,6 +341,8 @@ fn namespace(
             })?,
     };
 
+    let polling = polling(cx, &n.polling)?;
+
     Ok(Namespace {
         nsid,
         block_size,
@@ -336,5 +351,6 @@ fn namespace(
         nguid,
         eui64,
         ana_group,
+        polling,
     })
 }

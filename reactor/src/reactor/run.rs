@@ -28,6 +28,8 @@ impl Reactor {
         self.stats.iter_start_ns.store(iter_start_ns, Relaxed);
         let mut eval_due = self.eval.at + EVAL_INTERVAL;
         while !self.stop {
+            self.check_hold(t_iter);
+            let held = self.held;
             let mut work = self.drain_inbox();
             work |= self.run_timers(t_iter);
             // Messages or timers ran: a fresh time, or the first source's run would seem to
@@ -44,11 +46,18 @@ impl Reactor {
             // the epoll_wait): what follows it is counted in the next one.
             let (w, slept, t_end) = self.wait_and_dispatch(plan, now);
             work |= w;
+            let out = self.load.outstanding;
+            if out != self.prev_outstanding {
+                self.note_outstanding(out, t_end);
+            }
             let end_ns = crate::stats::mono_ns_at(t_end);
             let iter_ns = end_ns.saturating_sub(iter_start_ns);
             let s = &self.stats;
             bump(&s.iterations, 1);
             bump(&s.mode_ns[self.mode.index()], iter_ns);
+            if held {
+                bump(&s.held_ns, iter_ns);
+            }
             if work {
                 bump(&s.busy_iterations, 1);
                 bump(&s.busy_ns, iter_ns);
@@ -69,6 +78,21 @@ impl Reactor {
         self.shutdown_sources();
     }
 
+    /// The device queues' outstanding count changed to `out` by the end of an iteration
+    /// (`now`): the idle-to-busy gaps are the host's turnarounds ([`TurnaroundSpin`]).
+    fn note_outstanding(&mut self, out: u64, now: Instant) {
+        if out == 0 {
+            // Only a completion of a channel that may spin starts a turnaround to spin
+            // through: a `never` namespace's never does.
+            self.idle_since = (!self.load.last_quiet).then_some(now);
+        } else if self.prev_outstanding == 0
+            && let Some(t) = self.idle_since.take()
+        {
+            self.turnaround.observe_gap(now.saturating_duration_since(t));
+        }
+        self.prev_outstanding = out;
+    }
+
     /// Publish the device load and, for an adaptive reactor, let the policy pick the mode.
     fn evaluate_policy(&mut self, now: Instant) {
         // The completion-weighted mean of the (channel, class) estimates of this window,
@@ -81,6 +105,8 @@ impl Reactor {
             .store(predicted.map_or(0, |p| p.as_nanos() as u64), Relaxed);
         s.publish_classes(self.load.classes());
         s.wake_cost_ns.store(self.wake_cost_ns as u64, Relaxed);
+        self.turnaround
+            .set_wake_cost(Duration::from_nanos(self.wake_cost_ns as u64));
         let busy_ns = s.busy_ns.load(Relaxed);
         let window = now.duration_since(self.eval.at).as_nanos().max(1) as f64;
         let cpu_ns = crate::sys::thread_cpu_ns();
@@ -91,10 +117,13 @@ impl Reactor {
         let inputs = PolicyInputs {
             now,
             busy_fraction: self.busy_ewma,
-            completions: self.load.completions - self.eval.completions,
+            completions: (self.load.completions - self.load.quiet_completions)
+                .saturating_sub(self.eval.completions - self.eval.quiet_completions),
+            quiet_completions: self.load.quiet_completions - self.eval.quiet_completions,
             outstanding: (self.load.outstanding + self.eval.outstanding) as f64 / 2.0,
             predicted,
             wake_cost: Duration::from_nanos(self.wake_cost_ns as u64),
+            hybrid_spin: self.sleep_policy.margin().map(|m| m + self.turnaround.spin_for()),
             window: now.duration_since(self.eval.at),
         };
         self.eval = EvalMark {
@@ -102,6 +131,7 @@ impl Reactor {
             busy_ns,
             cpu_ns,
             completions: self.load.completions,
+            quiet_completions: self.load.quiet_completions,
             outstanding: self.load.outstanding,
         };
         let Some(policy) = &mut self.policy else { return };

@@ -52,6 +52,14 @@ impl Reactor {
         if asap {
             return WaitPlan::Poll;
         }
+        // Hybrid, nothing in flight: spin through a closed-loop host's turnaround when it is
+        // shorter than a wake-up (`TurnaroundSpin`), then block.
+        if mode == Mode::Hybrid
+            && expect.is_none()
+            && self.idle_since.is_some_and(|t| now < t + self.turnaround.spin_for())
+        {
+            return WaitPlan::Poll;
+        }
         let mut plan = match deadline {
             Some(d) if d <= now => return WaitPlan::Poll,
             Some(d) => WaitPlan::Until(d, false),

@@ -460,7 +460,7 @@ enum Engine {
 /// One reactor's channel on a file namespace.
 pub struct FileChannel {
     /// The namespace: its address is the channel's key, so it must outlive the channel.
-    _ns: Arc<Namespace>,
+    ns: Arc<Namespace>,
     fd: RawFd,
     engine: Engine,
     efd: Arc<EventFd>,
@@ -564,7 +564,7 @@ impl FileChannel {
         };
         Ok(Self {
             name: format!("file-ns{}-r{reactor}", ns.nsid),
-            _ns: ns,
+            ns,
             fd,
             engine,
             efd,
@@ -768,6 +768,10 @@ impl Channel for FileChannel {
 
     fn interrupt_fd(&self) -> Option<RawFd> {
         Some(self.efd.as_raw_fd())
+    }
+
+    fn polling(&self) -> pollux_reactor::Polling {
+        self.ns.polling.get()
     }
 
     fn outstanding(&self) -> usize {

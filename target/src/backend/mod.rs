@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use pollux_nvme::pci::DmaBuf;
 use pollux_nvme::spec::{Health, Status};
-use pollux_reactor::{ChannelKey, LatencyModel, Progress, Reactor, Source, SourceId, SourceOpts};
+use pollux_reactor::{ChannelKey, LatencyModel, Polling, Progress, Reactor, Source, SourceId, SourceOpts};
 use tracing::warn;
 
 use crate::error::TargetError;
@@ -302,6 +302,13 @@ pub trait Channel: 'static {
     fn interrupt_fd(&self) -> Option<RawFd>;
     /// Commands submitted and not yet completed.
     fn outstanding(&self) -> usize;
+    /// The polling policy of the namespace(s) it serves ([`pollux_reactor::Polling`]; read
+    /// at each run, a relaxed atomic load). A channel shared by several namespaces (an NVMe
+    /// device's queue pair) says `auto`: their `always` still holds the reactor from each
+    /// command's submission ([`crate::conn`]), but the shared queue's waits are the mode's.
+    fn polling(&self) -> Polling {
+        Polling::Auto
+    }
     /// Run the channel at least this often while it has work, fd or not (it notices lost
     /// completions and device resets).
     fn watchdog(&self) -> Option<Duration> {
@@ -326,27 +333,51 @@ pub trait Channel: 'static {
     fn shutdown(&mut self) {}
 }
 
-/// A channel as a reactor source: the one source type of every backend.
-pub struct ChannelSource(Box<dyn Channel>);
+/// A channel as a reactor source: the one source type of every backend. It applies the
+/// namespace's polling policy to what the channel says after each run (the channels
+/// themselves only arm their interrupts by [`Polling::device_wait`]).
+pub struct ChannelSource {
+    ch: Box<dyn Channel>,
+    /// Its key in the reactor's device load.
+    key: ChannelKey,
+    has_fd: bool,
+    /// The device load has it as quiet (`never`).
+    quiet: bool,
+}
 
 impl Source for ChannelSource {
     fn name(&self) -> &str {
-        self.0.name()
+        self.ch.name()
     }
 
     fn run(&mut self, r: &mut Reactor, _id: SourceId) -> Progress {
-        self.0.poll(r)
+        let mut p = self.ch.poll(r);
+        let polling = self.ch.polling();
+        match polling {
+            // Commands in flight (or one just completed): the hold goes on, to a linger
+            // after the last.
+            Polling::Always if p.did_work || self.ch.outstanding() > 0 => r.hold_poll(),
+            _ => {}
+        }
+        let quiet = polling == Polling::Never;
+        if quiet != self.quiet {
+            // Only when the setting changed: no work per run.
+            r.device_load().set_quiet(self.key, quiet);
+            self.quiet = quiet;
+        }
+        p.next = polling.shape(p.next, r.effective_mode(), self.has_fd);
+        p
     }
 
     fn shutdown(&mut self, _r: &mut Reactor, _id: SourceId) {
-        self.0.shutdown();
+        self.ch.shutdown();
     }
 }
 
 /// Run channel `id` every `every` while it has work, even with no interrupt.
 fn arm_watchdog(r: &mut Reactor, id: SourceId, every: Duration) {
     r.add_timer(Instant::now() + every, move |r| {
-        let busy = r.with_source::<ChannelSource, _>(id, |c, _| c.0.outstanding() > 0);
+        let busy = r.with_source::<ChannelSource, _>(id, |c, _| c.ch.outstanding() > 0);
         if let Some(busy) = busy {
             if busy {
                 r.wake(id);
@@ -418,7 +449,12 @@ pub fn channel_for(r: &mut Reactor, ns: &Arc<Namespace>) -> Result<SourceId, Sta
     let opened = ns.backend.open_channel(ns, &env).and_then(|ch| {
         let (fd, watchdog) = (ch.interrupt_fd(), ch.watchdog());
         r.device_load().name_channel(key, ch.name());
-        let src = Box::new(ChannelSource(ch));
+        let src = Box::new(ChannelSource {
+            ch,
+            key,
+            has_fd: fd.is_some(),
+            quiet: false,
+        });
         let id = match fd {
             Some(fd) => r.add_sleepable_source(src, SourceOpts::polled_with_fd(fd)),
             None => {
@@ -450,7 +486,7 @@ pub fn with_channel<R>(
     id: SourceId,
     f: impl FnOnce(&mut dyn Channel, &mut Reactor) -> R,
 ) -> Option<R> {
-    r.with_source::<ChannelSource, _>(id, |c, r| f(c.0.as_mut(), r))
+    r.with_source::<ChannelSource, _>(id, |c, r| f(c.ch.as_mut(), r))
 }
 
 /// Open a namespace's store as the conf describes it (`reactors`: one queue pair each for an

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use pollux_nvme::spec::Status;
 use pollux_reactor::sys::TimerFd;
-use pollux_reactor::{ChannelKey, LatencyModel, Mode, Next, Progress, Reactor};
+use pollux_reactor::{ChannelKey, DeviceWait, LatencyModel, Next, Polling, Progress, Reactor};
 use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 use rand_distr::{Bernoulli, Distribution, LogNormal, Uniform};
@@ -470,10 +470,11 @@ impl Channel for SimChannel {
             };
             self.start(now, req);
         }
-        // The device raises its interrupt only when the reactor sleeps on it (interrupt mode);
-        // polling and hybrid reactors poll for completions, as with an SSD queue polled by
-        // its driver.
-        if r.effective_mode() == Mode::Interrupt {
+        // The device raises its interrupt only when the reactor sleeps on it (interrupt mode,
+        // or a `never` namespace in hybrid mode); polling and hybrid reactors poll for
+        // completions, as with an SSD queue polled by its driver.
+        let wait = self.ns.polling.get().device_wait(r.effective_mode());
+        if wait == DeviceWait::Interrupt {
             self.arm_interrupt(now);
         } else if self.irq_at.is_some() {
             let _ = self.irq.disarm();
@@ -490,11 +491,21 @@ impl Channel for SimChannel {
                 did_work: did,
                 next: Next::Expect(t),
             },
+            // A class without an estimate is learnt by polling, except where its commands
+            // wait for the interrupt anyway (whose upper bound is the model's first sample).
+            None if wait == DeviceWait::Interrupt => Progress {
+                did_work: did,
+                next: Next::Idle,
+            },
             None => Progress {
                 did_work: did,
                 next: Next::Asap,
             },
         }
+    }
+
+    fn polling(&self) -> Polling {
+        self.ns.polling.get()
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use pollux_nvme::spec::{Sqe, Status};
 use pollux_nvme::tcp::{DataHdr, PduHeader};
-use pollux_reactor::{Reactor, SourceId};
+use pollux_reactor::{Polling, Reactor, SourceId};
 
 use super::{Conn, Queue};
 use crate::backend::{Completion, ReadData, Tag, WriteData, channel_for, existing_channel, with_channel};
@@ -164,6 +164,11 @@ impl Conn {
         data: WriteData<'_>,
         slot: Option<usize>,
     ) {
+        // An `always` namespace's command: the reactor busy-polls from now until a linger
+        // after it (one relaxed load per command; the hold reads no clock).
+        if io.namespace().is_some_and(|ns| ns.polling.get() == Polling::Always) {
+            r.hold_poll();
+        }
         // The data of one command of a fused pair: kept until its partner's is here too.
         if let Some(s) = slot
             && !self.fused.pairs.is_empty()

@@ -92,6 +92,17 @@ pub enum CtlCommand {
         /// optimized | non-optimized | inaccessible | persistent-loss | change.
         state: String,
     },
+    /// Set a namespace's polling policy at run time (auto, always or never; see the conf
+    /// reference, "Per-namespace polling"): NSID `default` sets the subsystem's, for its
+    /// namespaces that set none. It is a change of the running conf (`save` writes it).
+    SetPolling {
+        /// Subsystem NQN.
+        nqn: String,
+        /// Namespace id, or `default`.
+        nsid: String,
+        /// auto | always | never.
+        polling: String,
+    },
     /// Re-read the conf file and apply the difference (an invalid file changes nothing).
     Reload,
     /// Write the running configuration as TOML (to the conf file, or PATH).
@@ -131,6 +142,15 @@ impl CtlCommand {
                 "set_ana_state",
                 json!({"listener": listener, "group": group, "state": state}),
             ),
+            CtlCommand::SetPolling { nqn, nsid, polling } => {
+                let nsid = match nsid.as_str() {
+                    "default" => Value::Null,
+                    n => n
+                        .parse::<u64>()
+                        .map_or_else(|_| Value::String(n.to_string()), Value::from),
+                };
+                ("set_polling", json!({"nqn": nqn, "nsid": nsid, "polling": polling}))
+            }
             CtlCommand::Reload => ("reload", Value::Null),
             CtlCommand::Save { path } => ("save", path.as_ref().map_or(json!({}), |p| json!({"path": p}))),
             CtlCommand::Call { method, params } => {
@@ -222,6 +242,7 @@ pub fn format_reactors(rs: &[ReactorView]) -> String {
             "HYBRID%",
             "INTR%",
             "SWITCHES",
+            "HELD%",
             "CPU%1S",
             "CPU%",
             "BUSY%",
@@ -248,6 +269,7 @@ pub fn format_reactors(rs: &[ReactorView]) -> String {
             format!("{:.1}", r.mode_pct.hybrid),
             format!("{:.1}", r.mode_pct.interrupt),
             r.switches.to_string(),
+            format!("{:.1}{}", r.held_pct, if r.held { "*" } else { "" }),
             format!("{:.1}", r.cpu_pct_1s),
             format!("{:.1}", r.cpu_pct),
             format!("{:.1}", r.busy_pct),
@@ -320,7 +342,7 @@ pub fn format_subsystems(ss: &[SubsystemView]) -> String {
         let _ = writeln!(out, "  listeners {}", s.listeners.join(", "));
         let mut rows = vec![
             [
-                "NSID", "SIZE", "BLOCK", "BACKEND", "IO PATH", "UUID", "READS", "WRITES", "READ", "WRITTEN",
+                "NSID", "SIZE", "BLOCK", "BACKEND", "IO PATH", "POLLING", "UUID", "READS", "WRITES", "READ", "WRITTEN",
             ]
             .map(String::from)
             .to_vec(),
@@ -332,6 +354,11 @@ pub fn format_subsystems(ss: &[SubsystemView]) -> String {
                 n.block_size.to_string(),
                 n.backend.clone(),
                 n.io_path.clone(),
+                if n.polling.is_empty() {
+                    "-".into()
+                } else {
+                    n.polling.clone()
+                },
                 n.uuid.clone(),
                 n.read_cmds.to_string(),
                 n.write_cmds.to_string(),
@@ -430,7 +457,11 @@ pub fn format_result(cmd: &CtlCommand, v: Value) -> Result<String, ControlError>
         CtlCommand::Subsystems => format_subsystems(&serde_json::from_value::<Vec<SubsystemView>>(v).map_err(de)?),
         CtlCommand::Controllers => format_controllers(&serde_json::from_value::<CtrlList>(v).map_err(de)?),
         CtlCommand::Discovery => format_discovery(&serde_json::from_value::<DiscoveryView>(v).map_err(de)?),
-        CtlCommand::Reload | CtlCommand::Call { .. } | CtlCommand::Save { .. } | CtlCommand::SetAnaState { .. } => {
+        CtlCommand::Reload
+        | CtlCommand::Call { .. }
+        | CtlCommand::Save { .. }
+        | CtlCommand::SetAnaState { .. }
+        | CtlCommand::SetPolling { .. } => {
             let mut o = serde_json::to_string_pretty(&v).map_err(de)?;
             o.push('\n');
             o

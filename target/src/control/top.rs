@@ -105,7 +105,15 @@ fn draw(f: &mut Frame, path: &Path, s: &State) {
         Row::new(vec![
             ratatui::text::Span::raw(r.id.to_string()),
             ratatui::text::Span::raw(r.core.map_or("-".into(), |c| c.to_string())),
-            ratatui::text::Span::styled(r.mode.clone(), mode_style(&r.mode)),
+            // "held": an `always` namespace keeps it in busy-poll whatever its mode.
+            ratatui::text::Span::styled(
+                if r.held {
+                    format!("{} held", r.mode)
+                } else {
+                    r.mode.clone()
+                },
+                mode_style(if r.held { "poll" } else { &r.mode }),
+            ),
             ratatui::text::Span::raw(if r.adaptive { "adaptive" } else { "fixed" }),
             ratatui::text::Span::raw(format!("{:.1}", r.cpu_pct_1s)),
             ratatui::text::Span::raw(format!("{:.1}", r.busy_pct)),
@@ -122,7 +130,7 @@ fn draw(f: &mut Frame, path: &Path, s: &State) {
         [
             Constraint::Length(7),
             Constraint::Length(5),
-            Constraint::Length(10),
+            Constraint::Length(15),
             Constraint::Length(9),
             Constraint::Length(7),
             Constraint::Length(7),
@@ -155,12 +163,24 @@ fn draw(f: &mut Frame, path: &Path, s: &State) {
             .filter(|l| l.contains(" ana "))
             .map(String::as_str)
             .collect();
+        // Each namespace's polling policy that is not `auto`, as nsid:policy.
+        let polling: Vec<String> = x
+            .namespaces
+            .iter()
+            .filter(|n| !n.polling.is_empty() && n.polling != "auto")
+            .map(|n| format!("{}:{}", n.nsid, n.polling))
+            .collect();
         Row::new(vec![
             x.nqn.clone(),
             x.namespaces.len().to_string(),
             x.controllers.to_string(),
             r.to_string(),
             w.to_string(),
+            if polling.is_empty() {
+                "auto".into()
+            } else {
+                polling.join(" ")
+            },
             if ana.is_empty() {
                 "all optimized".into()
             } else {
@@ -176,10 +196,22 @@ fn draw(f: &mut Frame, path: &Path, s: &State) {
             Constraint::Length(11),
             Constraint::Length(12),
             Constraint::Length(12),
+            Constraint::Length(18),
             Constraint::Min(20),
         ],
     )
-    .header(Row::new(["SUBSYSTEM", "NAMESPACES", "CONTROLLERS", "READS", "WRITES", "ANA"]).style(bold))
+    .header(
+        Row::new([
+            "SUBSYSTEM",
+            "NAMESPACES",
+            "CONTROLLERS",
+            "READS",
+            "WRITES",
+            "POLLING",
+            "ANA",
+        ])
+        .style(bold),
+    )
     .block(Block::bordered().title("Subsystems"));
     f.render_widget(t, subsystems);
     let list = s.ctrls.as_ref().map(|c| c.controllers.as_slice()).unwrap_or_default();

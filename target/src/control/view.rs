@@ -79,6 +79,12 @@ pub struct ReactorView {
     pub mode_pct: PerMode<f64>,
     /// Mode switches made by the adaptive policy.
     pub switches: u64,
+    /// An `always` namespace holds the reactor in busy-poll now (absent from older targets).
+    #[serde(default)]
+    pub held: bool,
+    /// Wall time held in busy-poll by `always` namespaces, % of the reactor's life.
+    #[serde(default)]
+    pub held_pct: f64,
     /// Thread CPU time, ns.
     pub cpu_ns: u64,
     /// CPU % over the last second (or as much of it as has been sampled).
@@ -182,6 +188,9 @@ pub struct NamespaceView {
     /// held and by which host, the registrants, PTPL. Empty otherwise.
     #[serde(default)]
     pub reservation: String,
+    /// Its polling policy now: `auto`, `always` or `never` (absent from older targets).
+    #[serde(default)]
+    pub polling: String,
 }
 
 /// One subsystem, as `subsystems` reports it.

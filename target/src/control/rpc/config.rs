@@ -20,6 +20,7 @@ fn changes_json(c: &crate::mutate::Changes) -> Value {
         "removed_listeners": c.removed_listeners.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
         "added_referrals": c.added_referrals.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
         "removed_referrals": c.removed_referrals.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+        "polling_changed": c.polling_changed,
         "reactors_changed": c.reactors_changed,
         "restart_needed": c.restart_needed,
     })
@@ -172,6 +173,30 @@ impl Ctx {
                         hosts.remove(i);
                     }
                     (_, Some(i)) => hosts[i] = entry(),
+                }
+            }
+            "set_polling" => {
+                // `{nqn, nsid, polling}` sets a namespace's; without `nsid`, the subsystem's
+                // default (for its namespaces that set none). The conf validates the value.
+                let nqn = str_param(params, "nqn")?;
+                let polling = str_param(params, "polling")?;
+                let value = toml::Value::String(polling.to_string());
+                let sub = subsystem_table(&mut doc, nqn)?;
+                match params.get("nsid") {
+                    None | Some(Value::Null) => {
+                        sub.insert("polling".into(), value);
+                    }
+                    Some(v) => {
+                        let nsid = v
+                            .as_i64()
+                            .ok_or_else(|| RpcError::params(format!("'nsid' must be an integer, got {v}")))?;
+                        let ns = array(sub, "namespace")?
+                            .iter_mut()
+                            .filter_map(toml::Value::as_table_mut)
+                            .find(|t| t.get("nsid").and_then(toml::Value::as_integer) == Some(nsid))
+                            .ok_or_else(|| RpcError::params(format!("subsystem '{nqn}' has no namespace {nsid}")))?;
+                        ns.insert("polling".into(), value);
+                    }
                 }
             }
             "set_allow_any_host" => {

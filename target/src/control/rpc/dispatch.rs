@@ -25,7 +25,7 @@ impl Ctx {
             "save" => self.save(params),
             "add_subsystem" | "remove_subsystem" | "add_namespace" | "remove_namespace" | "add_host"
             | "remove_host" | "set_host_keys" | "set_allow_any_host" | "add_listener" | "remove_listener"
-            | "add_referral" | "remove_referral" | "set_ana_state" => self.mutation(method, params),
+            | "add_referral" | "remove_referral" | "set_ana_state" | "set_polling" => self.mutation(method, params),
             other => Err(RpcError::new(METHOD_NOT_FOUND, format!("method not found: '{other}'"))),
         }
     }
@@ -78,7 +78,7 @@ impl Ctx {
 }
 
 /// Every method [`Ctx::call`] dispatches (what `pollux ctl call` accepts).
-pub const METHODS: [&str; 24] = [
+pub const METHODS: [&str; 25] = [
     "version",
     "reactors",
     "subsystems",
@@ -98,6 +98,7 @@ pub const METHODS: [&str; 24] = [
     "set_host_keys",
     "remove_host",
     "set_allow_any_host",
+    "set_polling",
     "add_listener",
     "remove_listener",
     "add_referral",

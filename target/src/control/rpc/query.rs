@@ -62,6 +62,8 @@ impl Ctx {
                     mode_ns: PerMode::from_array(st.mode_ns),
                     mode_pct: PerMode::from_array(std::array::from_fn(|m| pct(st.mode_ns[m], wall))),
                     switches: st.switches,
+                    held: st.held,
+                    held_pct: pct(st.held_ns, wall),
                     cpu_ns: st.cpu_ns,
                     cpu_pct_1s,
                     cpu_pct: pct(st.cpu_ns, wall),
@@ -220,6 +222,7 @@ impl Ctx {
                             read_bytes: t.read_bytes,
                             write_bytes: t.write_bytes,
                             reservation: reservation_summary(&n.resv.state()),
+                            polling: n.polling.get().to_string(),
                         }
                     })
                     .collect(),
