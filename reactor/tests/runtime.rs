@@ -284,7 +284,10 @@ fn hybrid_mode_sleeps_before_an_expected_completion_then_polls() {
     for _ in 0..20 {
         rt.remote(0).unwrap().send(move |r| {
             let dev = r.source_mut::<Device>(id).unwrap();
-            dev.due = Some(Instant::now() + Duration::from_micros(2000));
+            // 10 ms: hybrid wakes ahead of a completion by the p99 of its measured timer
+            // lateness and spins through waits that margin covers; two test binaries on
+            // two loaded cores have seen wake-ups over 2 ms late, never near 10.
+            dev.due = Some(Instant::now() + Duration::from_millis(10));
             r.wake(id);
         });
         let late = done_rx.recv_timeout(Duration::from_secs(5)).unwrap();
@@ -296,8 +299,8 @@ fn hybrid_mode_sleeps_before_an_expected_completion_then_polls() {
     // the reactor is still busy and are not counted as timed wake-ups.
     assert!(d.wakeups() >= 10, "hybrid took timed sleeps: {}", d.wakeups());
     assert!(
-        d.sleep_ns > 10 * 1_000_000,
-        "slept about half of each 2 ms: {} ns",
+        d.sleep_ns > 50 * 1_000_000,
+        "slept most of each 10 ms: {} ns",
         d.sleep_ns
     );
     rt.shutdown().unwrap();
