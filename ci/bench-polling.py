@@ -29,22 +29,15 @@ env: BENCH_POLLING_PAIRS (3), BENCH_POLLING_T (3 s), BENCH_POLLING_IDLE_T (3 s),
 """
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import time
 
+from benchlib import free_port, start_target, stop_target
+
 NQN_FAST = "nqn.2026-11.io.pollux:bench-fast"
 NQN_BULK = "nqn.2026-11.io.pollux:bench-bulk"
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def conf(path, port, tcore, mode, fast, bulk):
@@ -116,19 +109,9 @@ def cpu_between(a, b):
 def cycle(pollux, out, name, cfg, port, ccore, t, idle_t, bg_rate, warm):
     log_path = f"{out}/polling.target.log"
     logf = open(log_path, "a")
-    env = dict(os.environ, RUST_LOG="warn", NO_COLOR="1")
-    target = subprocess.Popen([pollux, "-c", cfg], stdout=logf, stderr=logf, env=env)
+    target = start_target(pollux, cfg, port, logf, "polling")
     bg = None
     try:
-        t0 = time.time()
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port)).close()
-                break
-            except OSError:
-                if time.time() - t0 > 20 or target.poll() is not None:
-                    raise SystemExit(f"polling: the target did not come up (see {log_path})")
-                time.sleep(0.05)
         # The listener may accept before the reactor thread is named: look for a while.
         tid = None
         for _ in range(100):
@@ -172,11 +155,7 @@ def cycle(pollux, out, name, cfg, port, ccore, t, idle_t, bg_rate, warm):
     finally:
         if bg and bg.poll() is None:
             bg.kill()
-        target.terminate()
-        try:
-            target.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            target.kill()
+        stop_target(target)
         logf.close()
     lat = rep["latency_ns"]
     act_s, bulk_s = (a1[0] - a0[0]) / 1e9, (b1[0] - b0[0]) / 1e9

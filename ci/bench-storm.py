@@ -26,6 +26,8 @@ import sys
 import threading
 import time
 
+from benchlib import free_port, start_target, stop_target
+
 NQN = "nqn.2026-11.io.pollux:bench-storm"
 HOST = "nqn.2014-08.org.nvmexpress:uuid:0c0c0c0c-0000-4000-8000-0000000000ff"
 
@@ -55,14 +57,6 @@ def big_capsule():
     # SGL1: data block, offset 0, length `data` (type 0x01 offset subtype).
     struct.pack_into("<QIxxxB", sqe, 24, 0, data, 0x01)
     return ch + bytes(sqe) + bytes(data)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def read_some(s, n, timeout=5.0):
@@ -156,18 +150,8 @@ backend = {{ ram = {{ size = "64MiB" }} }}
 """)
     log_path = f"{out}/storm.target.log"
     logf = open(log_path, "w")
-    env = dict(os.environ, RUST_LOG="warn")
-    target = subprocess.Popen([pollux, "-c", cfg], stdout=logf, stderr=logf, env=env)
+    target = start_target(pollux, cfg, port, logf, "storm")
     try:
-        t0 = time.time()
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port)).close()
-                break
-            except OSError:
-                if time.time() - t0 > 20 or target.poll() is not None:
-                    raise SystemExit("storm: the target did not come up")
-                time.sleep(0.05)
         time.sleep(0.5)
         rss_start = rss_kib(target.pid)
         cycles = []
@@ -231,11 +215,7 @@ backend = {{ ram = {{ size = "64MiB" }} }}
                 break
         rss_end = rss_kib(target.pid)
     finally:
-        target.terminate()
-        try:
-            target.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            target.kill()
+        stop_target(target)
         logf.close()
     with open(f"{out}/storm.runs.jsonl", "w") as f:
         for c in cycles:
