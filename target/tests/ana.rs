@@ -51,9 +51,7 @@ ana_group = 2
 backend = {{ ram = {{ size = "4MiB" }} }}
 "#
     );
-    let t = start_text(&text);
-    let cfg = pollux_conf::Config::parse(&text, "test.toml").unwrap();
-    let ctx = Ctx::new(&t, &cfg.reactors);
+    let (t, ctx) = start_with_ctx(&text);
     let a = t.listen_addrs();
     (t, ctx, [a[0], a[1]])
 }

@@ -47,9 +47,7 @@ backend = {{ ram = {{ size = "4MiB" }} }}
 "#,
         *host_key.encode()
     );
-    let t = start_text(&text);
-    let cfg = pollux_conf::Config::parse(&text, "test.toml").unwrap();
-    let ctx = Ctx::new(&t, &cfg.reactors);
+    let (t, ctx) = start_with_ctx(&text);
     (t, ctx)
 }
 

@@ -19,7 +19,6 @@ use pollux_nvme::spec::{Sqe, Status};
 use pollux_target::control::rpc::Ctx;
 use pollux_target::host::sqe::{self, CopyRange};
 use pollux_target::host::{Controller, Data, Digests, HostQueue};
-use serde_json::Value;
 
 const F_NQN: &str = "nqn.2026-11.io.pollux:fused";
 const BLOCKS8M: u64 = 16384;
@@ -356,21 +355,10 @@ fn compare_and_write_is_atomic_against_other_queues_and_reactors_on_sim() {
     counter_race(SIM, "sim");
 }
 
-/// The `nvme_devices` view of fake device `name`.
-fn device(ctx: &Ctx, name: &str) -> Value {
-    let v = ctx.call("nvme_devices", &Value::Null).unwrap();
-    v.as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["name"] == name)
-        .cloned()
-        .unwrap_or_else(|| panic!("no device {name} in {v}"))
-}
-
 /// (Copies pollux sent as device Copy commands, Copy commands the fake executed, I/O commands
 /// it executed.)
 fn device_counts(ctx: &Ctx, name: &str) -> (u64, u64, u64) {
-    let d = device(ctx, name);
+    let d = nvme_device(ctx, name);
     let n = |k: &str| d[k].as_u64().unwrap_or_else(|| panic!("{k} in {d}"));
     (n("offloaded_copies"), n("fake_copy_commands"), n("fake_io_commands"))
 }
@@ -386,10 +374,8 @@ fn copy_on_an_nvme_backend_is_the_devices_own_copy_within_its_limits() {
         "[[subsystem.namespace]]\nnsid = 1\nblock_size = 512\n\
          backend = { nvme = { fake = \"ncopy0\", size = \"8MiB\", latency_us = 5.0 } }",
     );
-    let t = start_text(&text);
-    let cfg = pollux_conf::Config::parse(&text, "test.toml").unwrap();
-    let ctx = Ctx::new(&t, &cfg.reactors);
-    assert_eq!(device(&ctx, "ncopy0")["copy_offload"], true);
+    let (t, ctx) = start_with_ctx(&text);
+    assert_eq!(nvme_device(&ctx, "ncopy0")["copy_offload"], true);
     let mut c = Controller::connect(addr(&t), F_NQN, HOST, 2, 32, Digests::NONE).unwrap();
     let copy = |c: &mut Controller, dst: u64, ranges: &[CopyRange], fua: bool| {
         let s = sqe::copy(1, dst, ranges.len() as u32, fua);

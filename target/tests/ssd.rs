@@ -35,29 +35,12 @@ fn ssd_conf(mode: &str, device: &str, latency_us: f64) -> String {
 }
 
 /// A target from `text` and its control-socket methods.
-fn start_with_ctx(text: &str) -> (Target, Ctx) {
-    let t = start_text(text);
-    let cfg = pollux_conf::Config::parse(text, "test.toml").unwrap();
-    let ctx = Ctx::new(&t, &cfg.reactors);
-    (t, ctx)
-}
-
 fn start_ssd(mode: &str, device: &str, latency_us: f64) -> (Target, Ctx) {
     start_with_ctx(&ssd_conf(mode, device, latency_us))
 }
 
 fn connect(t: &Target, io: u16) -> Controller {
     Controller::connect(addr(t), SSD_NQN, HOST, io, 64, Digests::NONE).unwrap()
-}
-
-fn device(ctx: &Ctx, name: &str) -> Value {
-    let v = ctx.call("nvme_devices", &Value::Null).unwrap();
-    v.as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["name"] == name)
-        .cloned()
-        .unwrap_or_else(|| panic!("no device {name} in {v}"))
 }
 
 #[test]
@@ -80,7 +63,7 @@ fn data_round_trips_through_the_userspace_driver_in_every_mode() {
         // Write Zeroes and deallocate read back zeroes.
         assert_zeroing_reads_zeroes(&mut c, 100, mode);
         c.io[0].flush(1).unwrap();
-        let d = device(&ctx, &name);
+        let d = nvme_device(&ctx, &name);
         assert_eq!(d["kind"], "fake");
         assert_eq!(d["io_queues"], 2, "one queue pair per reactor");
         assert_eq!(d["state"], "ok");
@@ -152,7 +135,7 @@ fn writes_cut_off_before_their_data_give_their_dma_buffers_back() {
     c.shutdown().unwrap();
     // Two reactors, a 2 MiB chunk each for a round's 1 MiB, and slack for a connection's
     // close that lands after the next one's writes; without recycling it is ROUNDS MiB.
-    let allocated = device(&ctx, name)["data_dma_bytes"].as_u64().unwrap();
+    let allocated = nvme_device(&ctx, name)["data_dma_bytes"].as_u64().unwrap();
     assert!(
         allocated > 0 && allocated <= 8 << 20,
         "{allocated} bytes of DMA data buffers"
@@ -215,7 +198,7 @@ fn injected_errors_reach_the_host_and_the_namespace_recovers() {
     ctx.call("nvme_fault", &json!({"device": "faulty", "kind": "cfs"}))
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while device(&ctx, "faulty")["resets"] == 0 {
+    while nvme_device(&ctx, "faulty")["resets"] == 0 {
         assert!(Instant::now() < deadline, "no reset after CSTS.CFS");
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -255,7 +238,7 @@ fn a_lost_completion_times_out_resets_and_the_host_sees_an_abort() {
     // The command fails when its queue notices the reset, the counter follows when the
     // admin thread is done.
     let deadline = Instant::now() + Duration::from_secs(5);
-    while device(&ctx, "lossy")["resets"] == 0 {
+    while nvme_device(&ctx, "lossy")["resets"] == 0 {
         assert!(Instant::now() < deadline, "no reset counted");
         std::thread::sleep(Duration::from_millis(10));
     }

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use pollux_conf::Config;
 use pollux_nvme::spec::{SglDescriptor, Sqe, Status};
 use pollux_nvme::tcp::PduHeader;
+use pollux_target::control::rpc::Ctx;
 use pollux_target::host::{Controller, Digests, HostError, HostQueue, QueueOpts, RawReply, sqe};
 use pollux_target::{Options, Target};
 
@@ -119,6 +120,26 @@ pub fn assert_zeroing_reads_zeroes(c: &mut Controller, slba: u64, what: &str) {
 }
 
 /// Starts a target with [`conf`] in interrupt mode.
+/// A target started from `text` and an in-process control context on it, as `pollux ctl`
+/// would reach it.
+pub fn start_with_ctx(text: &str) -> (Target, Ctx) {
+    let t = start_text(text);
+    let cfg = Config::parse(text, "test.toml").unwrap();
+    let ctx = Ctx::new(&t, &cfg.reactors);
+    (t, ctx)
+}
+
+/// The `nvme_devices` view of (fake) device `name`.
+pub fn nvme_device(ctx: &Ctx, name: &str) -> serde_json::Value {
+    let v = ctx.call("nvme_devices", &serde_json::Value::Null).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == name)
+        .cloned()
+        .unwrap_or_else(|| panic!("no device {name} in {v}"))
+}
+
 pub fn start(extra: &str) -> Target {
     start_text(&conf("interrupt", extra))
 }
