@@ -9,8 +9,12 @@ runs; the Pareto frontier of (p50, reactor CPU) among the fixed points (poll, in
 hybrid with the measured or a fixed wake margin, spinning or sleeping through the host's
 turnaround); adaptive's point at each budget and its verdict:
 
-    idle(X)  = reactor CPU - busy share: the CPU X spent without finding work, which is what
-               cpu_budget bounds (a saturated poll-mode reactor is at 100 % CPU and in budget)
+    work     = poll mode's busy share / its IOPS: the reactor's CPU per I/O of real work in this
+               cell (in poll mode every iteration either finds work or spins, so its busy share
+               is exact; a sleeping mode's counts the wait that ends in an event as busy)
+    idle(X)  = CPU(X) - IOPS(X) x work: the CPU X spends not doing I/O work (spinning, and the
+               cost of its sleeps and wake-ups), which is what cpu_budget bounds (a saturated
+               poll-mode reactor is at 100 % CPU and in budget)
     F        = the lowest-p50 frontier point with idle(F) <= budget + TOL: the best latency
                the budget allows among the fixed mechanisms
     pass     = p50(A) <= 1.05 p50(F) and CPU(A) <= CPU(F) + TOL and idle(A) <= budget + TOL
@@ -57,7 +61,6 @@ def point_summary(runs):
     s = br.summarize(runs)
     cpu = s["target_cpu"]
     busy = s["target_busy"]
-    idle = None if cpu is None or busy is None else max(0.0, cpu - busy)
     return {
         "runs": s["runs"],
         "p50_us": s["lat_us"]["p50"],
@@ -65,7 +68,7 @@ def point_summary(runs):
         "iops": s["iops"],
         "cpu": cpu,
         "busy": busy,
-        "idle_cpu": idle,
+        "idle_cpu": None,
         "mode_share": s["mode_share"],
         "switches": s["switches"],
         "rate": runs[0].get("rate") if runs else None,
@@ -114,6 +117,9 @@ def verdict(points, front, a, budget):
         "cpu_minus_F": dcpu,
         "frontier_p50_at_A_cpu": at_cpu,
         "p50_over_frontier_at_A_cpu": a["p50_us"] / at_cpu if at_cpu else None,
+        # Adaptive is on (or below) the frontier: within SLACK of the best fixed p50 at its own
+        # CPU, or cheaper than every fixed point of the frontier.
+        "on_frontier": at_cpu is None or a["p50_us"] <= SLACK * at_cpu,
         "latency_ok": lat_ok,
         "cpu_ok": cpu_ok,
         "in_budget": in_budget,
@@ -151,13 +157,18 @@ def cmd_frontier(out):
     for key in sorted(cells, key=lambda k: (DEVICES.index(k[0]) if k[0] in DEVICES else 99, k[2] != "saturating", k[1])):
         ns, qd, load = key
         pts = cells[key]
+        poll = pts.get("poll")
+        work = poll["busy"] / poll["iops"] if poll and poll["busy"] is not None and poll["iops"] else None
+        for p in pts.values():
+            if work is not None and p["cpu"] is not None and p["iops"]:
+                p["idle_cpu"] = max(0.0, p["cpu"] - p["iops"] * work)
         fixed = {n: p for n, p in pts.items() if not n.startswith("adaptive-")}
         front = frontier_of(fixed)
         verdicts = {}
         for b in budgets:
             a = pts.get(f"adaptive-{b:g}")
             verdicts[f"{b:g}"] = verdict(fixed, front, a, b)
-        doc_cells.append({"ns": ns, "qd": qd, "load": load, "points": pts, "frontier": front, "verdicts": verdicts})
+        doc_cells.append({"ns": ns, "qd": qd, "load": load, "work_us_per_io": None if work is None else 1e6 * work, "points": pts, "frontier": front, "verdicts": verdicts})
 
     doc = {"tolerance_cpu": TOL, "slack_p50": SLACK, "budgets": budgets, "cells": doc_cells}
     with open(os.path.join(out, "frontier.json"), "w") as f:
@@ -170,8 +181,9 @@ def cmd_frontier(out):
          "span preconditioned), sim 10 us fixed, sim 80 us lognormal (sigma 0.3), sim bimodal (80 us, "
          "2 % at 1 ms). `saturating`: as fast as the QD allows; `paced25`: paced at 25 % of poll mode's "
          f"saturating IOPS in that cell. Medians of {reps} run(s) per point. CPU: the reactor thread's CPU "
-         "time over wall time; idle: CPU minus the busy share (time in iterations that found work), what "
-         "`cpu_budget` bounds.", "",
+         "time over wall time. idle: CPU minus IOPS x the cell's work per I/O (poll mode's busy share over "
+         "its IOPS: in poll mode an iteration either finds work or spins), i.e. the CPU not spent on I/O "
+         "work (spinning, sleeping and waking), what `cpu_budget` bounds.", "",
          "Points: `poll`, `interrupt`, `hybrid-p99-*` (the measured p99 lateness as wake margin), "
          "`hybrid-mN-*` (`hybrid_margin_us = N`); `-spin`/`-sleep`: `hybrid_turnaround`. Plot labels: "
          "`p99s` = hybrid-p99-spin, `10z` = hybrid-m10-sleep, and so on.", "",
@@ -183,21 +195,27 @@ def cmd_frontier(out):
         bs = f"{b:g}"
         n_pass = sum(1 for c in doc_cells if c["verdicts"].get(bs) and c["verdicts"][bs]["pass"])
         n_all = sum(1 for c in doc_cells if c["verdicts"].get(bs))
-        L += [f"## Verdicts, cpu_budget {bs}: {n_pass} of {n_all} cells pass", "",
+        n_on = sum(1 for c in doc_cells if c["verdicts"].get(bs) and c["verdicts"][bs]["on_frontier"])
+        L += [f"## Verdicts, cpu_budget {bs}: {n_pass} of {n_all} cells pass; adaptive on the frontier in {n_on}", "",
               "| device | QD | load | F | F p50 us | F CPU | adaptive p50 us | adaptive CPU | adaptive idle | p50 / F | CPU - F | at own CPU | verdict |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for c in doc_cells:
             v = c["verdicts"].get(bs)
             if not v:
+                a = c["points"].get(f"adaptive-{bs}")
+                if a:
+                    L.append(f"| {c['ns']} | {c['qd']} | {c['load']} | none within the budget | - | - | {br.fmt(a['p50_us'])} | "
+                             f"{br.pct(a['cpu'])} | {br.pct(a['idle_cpu'])} | - | - | - | no verdict |")
                 continue
             L.append(f"| {c['ns']} | {c['qd']} | {c['load']} | {v['F']} | {br.fmt(v['F_p50_us'])} | {br.pct(v['F_cpu'])} | "
                      f"{br.fmt(v['A_p50_us'])} | {br.pct(v['A_cpu'])} | {br.pct(v['A_idle_cpu'])} | {br.fmt(v['p50_ratio'], 3)} | "
-                     f"{100 * v['cpu_minus_F']:+.0f} pts | {br.fmt(v['p50_over_frontier_at_A_cpu'], 3)} | {why(v)} |")
+                     f"{100 * v['cpu_minus_F']:+.0f} pts | {br.fmt(v['p50_over_frontier_at_A_cpu'], 3)}{' (on)' if v['on_frontier'] else ''} | {why(v)} |")
         L.append("")
     L += ["## Every point", ""]
     for c in doc_cells:
         pts = c["points"]
-        L += [f"### {c['ns']}, QD{c['qd']}, {c['load']}" + (f" ({pts['poll']['rate']:.0f} IOPS)" if c["load"] == "paced25" and pts.get("poll", {}).get("rate") else ""), "",
+        L += [f"### {c['ns']}, QD{c['qd']}, {c['load']}" + (f" ({pts['poll']['rate']:.0f} IOPS)" if c["load"] == "paced25" and pts.get("poll", {}).get("rate") else "")
+              + (f"; work {c['work_us_per_io']:.1f} us of CPU per I/O" if c["work_us_per_io"] else ""), "",
               "| point | p50 us | p99 us | IOPS | CPU | idle | poll/hybrid/intr % | frontier |", "|---|---|---|---|---|---|---|---|"]
         for n, p in sorted(pts.items(), key=lambda kv: (kv[0].startswith("adaptive-"), kv[1]["cpu"] or 0)):
             ms = "/".join(br.fmt(100 * x, 0) if x is not None else "-" for x in p["mode_share"])
