@@ -919,7 +919,7 @@ def cmd_polling(out):
             raise SystemExit(f"polling: {name} missing")
 
 
-RESULT_SECTIONS = ("perf", "modes", "reactor", "file", "ab", "tls", "storm", "polling")
+RESULT_SECTIONS = ("perf", "modes", "reactor", "file", "ab", "tls", "storm", "polling", "frontier")
 
 
 def cmd_results(out):

@@ -85,6 +85,10 @@ pub(crate) fn to_toml(c: &Config) -> String {
         let _ = writeln!(o, "latency_target_us = {}", float(t));
     }
     let _ = writeln!(o, "policy = {}", quote(r.policy.as_str()));
+    if let Some(m) = r.hybrid_margin_us {
+        let _ = writeln!(o, "hybrid_margin_us = {}", float(m));
+    }
+    let _ = writeln!(o, "hybrid_turnaround = {}", quote(r.hybrid_turnaround.as_str()));
 
     for l in &c.listeners {
         let _ = writeln!(o, "\n[[listener]]");

@@ -93,6 +93,12 @@ pub struct Reactors {
     pub latency_target_us: Option<f64>,
     /// Which sleep policy decides how long a hybrid reactor sleeps.
     pub policy: SleepPolicyKind,
+    /// A fixed wake margin (microseconds) a hybrid reactor wakes before a predicted
+    /// completion; finite and `>= 0`. None: the measured p99 of its timed wake-ups'
+    /// lateness.
+    pub hybrid_margin_us: Option<f64>,
+    /// Whether a hybrid reactor spins through a closed-loop host's turnaround.
+    pub hybrid_turnaround: HybridTurnaround,
 }
 
 impl Default for Reactors {
@@ -105,6 +111,8 @@ impl Default for Reactors {
             cpu_budget: 0.3,
             latency_target_us: None,
             policy: SleepPolicyKind::default(),
+            hybrid_margin_us: None,
+            hybrid_turnaround: HybridTurnaround::default(),
         }
     }
 }
@@ -291,6 +299,47 @@ impl FromStr for SleepPolicyKind {
             "linux-half-mean" => Ok(SleepPolicyKind::LinuxHalfMean),
             _ => Err(format!(
                 "unknown sleep policy {s:?}: expected \"pollux\" or \"linux-half-mean\""
+            )),
+        }
+    }
+}
+
+/// What a hybrid reactor does while it waits for a host's next command (nothing in flight
+/// on its devices).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum HybridTurnaround {
+    /// Spin through a closed-loop host's turnaround when it is shorter than a blocking
+    /// wake-up costs, then sleep until an event. Spelled `"spin"`; the default.
+    #[default]
+    Spin,
+    /// Never spin through it: sleep until an event at once. Spelled `"sleep"`.
+    Sleep,
+}
+
+impl HybridTurnaround {
+    /// The configuration spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HybridTurnaround::Spin => "spin",
+            HybridTurnaround::Sleep => "sleep",
+        }
+    }
+}
+
+impl fmt::Display for HybridTurnaround {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for HybridTurnaround {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "spin" => Ok(HybridTurnaround::Spin),
+            "sleep" => Ok(HybridTurnaround::Sleep),
+            _ => Err(format!(
+                "unknown hybrid turnaround {s:?}: expected \"spin\" or \"sleep\""
             )),
         }
     }

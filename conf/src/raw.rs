@@ -55,6 +55,8 @@ pub(crate) struct RawReactors {
     pub cpu_budget: Option<Spanned<f64>>,
     pub latency_target_us: Option<Spanned<f64>>,
     pub policy: Option<Spanned<String>>,
+    pub hybrid_margin_us: Option<Spanned<f64>>,
+    pub hybrid_turnaround: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]

@@ -518,6 +518,28 @@ fn reactors_new_keys() {
     );
     r("policy = \"Pollux\"", 10, "unknown sleep policy");
     r("sleep_policy = \"pollux\"", 1, "unknown key `sleep_policy`");
+    r(
+        "hybrid_margin_us = -1",
+        20,
+        "`hybrid_margin_us` must be at least 0 and at most 1000000 (one second), got -1",
+    );
+    r(
+        "hybrid_margin_us = 2e6",
+        20,
+        "at most 1000000 (one second), got 2000000",
+    );
+    r(
+        "hybrid_margin_us = nan",
+        20,
+        "`hybrid_margin_us` must be a finite number, got NaN",
+    );
+    r("hybrid_margin_us = \"10us\"", 20, "");
+    r(
+        "hybrid_turnaround = \"poll\"",
+        21,
+        "unknown hybrid turnaround \"poll\": expected \"spin\" or \"sleep\"",
+    );
+    r("hybrid_turnaround = true", 21, "");
 }
 
 #[test]

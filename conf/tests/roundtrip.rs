@@ -4,8 +4,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use pollux_conf::{
-    Backend, Config, Control, FileBackend, KeepAlive, Latency, NvmeBackend, NvmeDevice, Placement, ReactorMode,
-    SimBackend, SleepPolicyKind, Transport, derive_ids, parse_size, validate_nqn,
+    Backend, Config, Control, FileBackend, HybridTurnaround, KeepAlive, Latency, NvmeBackend, NvmeDevice, Placement,
+    ReactorMode, SimBackend, SleepPolicyKind, Transport, derive_ids, parse_size, validate_nqn,
 };
 use proptest::prelude::*;
 
@@ -102,6 +102,8 @@ mode = "adaptive"
 cpu_budget = 0.1
 latency_target_us = 1e-7
 policy = "linux-half-mean"
+hybrid_margin_us = 12.5
+hybrid_turnaround = "sleep"
 
 [[listener]]
 address = "127.0.0.1:4420"
@@ -140,6 +142,8 @@ seed = 0
     assert_eq!(c.reactors.cpu_budget, 0.1);
     assert_eq!(c.reactors.latency_target_us, Some(1e-7));
     assert_eq!(c.reactors.policy, SleepPolicyKind::LinuxHalfMean);
+    assert_eq!(c.reactors.hybrid_margin_us, Some(12.5));
+    assert_eq!(c.reactors.hybrid_turnaround, HybridTurnaround::Sleep);
     assert_eq!(
         c.control,
         Control {
@@ -265,6 +269,10 @@ fn defaults_of_new_keys() {
     assert_eq!(
         (r.cpu_budget, r.latency_target_us, r.policy),
         (0.3, None, SleepPolicyKind::Pollux)
+    );
+    assert_eq!(
+        (r.hybrid_margin_us, r.hybrid_turnaround),
+        (None, HybridTurnaround::Spin)
     );
     // An integer is accepted where a float is expected.
     let c = Config::parse(
@@ -471,6 +479,9 @@ const FRAGMENTS: &[&str] = &[
     "cpu_budget = 0\n",
     "latency_target_us = inf\n",
     "policy = \"linux-half-mean\"\n",
+    "hybrid_margin_us = 0\n",
+    "hybrid_margin_us = -3\n",
+    "hybrid_turnaround = \"sleep\"\n",
     "[control]\n",
     "socket = \"ctl.sock\"\n",
     "metrics = \"127.0.0.1:9100\"\n",
@@ -555,6 +566,8 @@ proptest! {
         cpu_budget in prop_oneof![Just(1.0), unit_fraction()],
         latency_target_us in prop::option::of(positive_us()),
         policy in prop::sample::select(vec![SleepPolicyKind::Pollux, SleepPolicyKind::LinuxHalfMean]),
+        hybrid_margin_us in prop::option::of(us().prop_filter("<= 1 s", |x| *x <= 1e6)),
+        hybrid_turnaround in prop::sample::select(vec![HybridTurnaround::Spin, HybridTurnaround::Sleep]),
         sim in sim_backend(),
         file in file_backend(),
         nvme in nvme_backends(),
@@ -566,6 +579,8 @@ proptest! {
         c.reactors.cpu_budget = cpu_budget;
         c.reactors.latency_target_us = latency_target_us;
         c.reactors.policy = policy;
+        c.reactors.hybrid_margin_us = hybrid_margin_us;
+        c.reactors.hybrid_turnaround = hybrid_turnaround;
         c.control = control;
         let s = &mut c.subsystems[0];
         let mut second = s.namespaces[0].clone();

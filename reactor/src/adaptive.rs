@@ -192,6 +192,8 @@ pub struct MarginSleep {
     cost_ns: u64,
     /// Waits declined in a row only because the margin covered them.
     declined: u32,
+    /// A margin given by the operator (`hybrid_margin_us`): used as it is, never measured.
+    fixed: Option<u64>,
     /// The lateness quantile woken ahead of (0..=1).
     pub quantile: f64,
     /// Shortest sleep worth taking, whatever the measured cost.
@@ -208,6 +210,7 @@ impl Default for MarginSleep {
             margin_ns: 14_000,
             cost_ns: 10_000,
             declined: 0,
+            fixed: None,
             quantile: 0.99,
             min_sleep: Duration::from_micros(4),
         }
@@ -215,9 +218,21 @@ impl Default for MarginSleep {
 }
 
 impl MarginSleep {
-    /// The current margin: the `quantile` of the measured lateness.
+    /// A margin sleep that wakes `margin` before each predicted completion, whatever the
+    /// measured lateness (None: the measured `quantile`, as [`MarginSleep::default`]). The
+    /// lateness is still measured for the wake-up cost, which decides what wait is too
+    /// short to sleep in.
+    pub fn with_margin(margin: Option<Duration>) -> Self {
+        Self {
+            fixed: margin.map(|m| m.as_nanos().min(u128::from(u64::MAX)) as u64),
+            ..Self::default()
+        }
+    }
+
+    /// The current margin: the one given ([`MarginSleep::with_margin`]), else the `quantile`
+    /// of the measured lateness.
     pub fn margin(&self) -> Duration {
-        Duration::from_nanos(self.margin_ns)
+        Duration::from_nanos(self.fixed.unwrap_or(self.margin_ns))
     }
 
     /// What a timed wake-up costs: the median measured lateness (at least `min_sleep`).
@@ -255,8 +270,9 @@ impl SleepPolicy for MarginSleep {
         // wake-ups (a preempted VM) that pushed its p99 past the device's latency would keep
         // hybrid spinning through every wait for good. Every PROBE_EVERY such waits, sleep
         // half of one anyway to measure again (at most one I/O in 32 pays a wake-up). The
-        // measured cost is as stale as the margin: the floor decides what is worth it.
-        if left >= 4 * self.min_sleep {
+        // measured cost is as stale as the margin: the floor decides what is worth it. A
+        // given margin is never stale: nothing to measure.
+        if self.fixed.is_none() && left >= 4 * self.min_sleep {
             self.declined += 1;
             if self.declined >= PROBE_EVERY {
                 self.declined = 0;
@@ -294,6 +310,17 @@ impl SleepPolicy for MarginSleep {
 /// Gaps a [`TurnaroundSpin`] keeps.
 pub const GAP_WINDOW: usize = 64;
 
+/// What hybrid mode does while it waits for a host's next command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Turnaround {
+    /// Spin through a closed-loop host's turnaround when it is shorter than a wake-up
+    /// ([`TurnaroundSpin`]).
+    #[default]
+    Spin,
+    /// Never spin through it: block until an event at once.
+    Sleep,
+}
+
 /// Spinning through the wait for a closed-loop host's next command: between a reactor's
 /// device queues going idle (the last completion's response left) and the next submission,
 /// a QD1 host turns around in a time as predictable as a device's (here ~15 us). A hybrid
@@ -309,6 +336,8 @@ pub struct TurnaroundSpin {
     spin_ns: u64,
     /// Longest turnaround worth spinning through.
     pub max_spin: Duration,
+    /// Whether to spin at all ([`Turnaround::Sleep`]: never; the gaps are still measured).
+    pub rule: Turnaround,
 }
 
 impl Default for TurnaroundSpin {
@@ -318,11 +347,20 @@ impl Default for TurnaroundSpin {
             pos: 0,
             spin_ns: 0,
             max_spin: Duration::from_micros(30),
+            rule: Turnaround::Spin,
         }
     }
 }
 
 impl TurnaroundSpin {
+    /// A turnaround spin that follows `rule`.
+    pub fn with_rule(rule: Turnaround) -> Self {
+        Self {
+            rule,
+            ..Self::default()
+        }
+    }
+
     /// A blocking wake-up costs about twice a timed one's lateness (a context switch out and
     /// one in, and the lateness): the longest spin worth taking.
     pub fn set_wake_cost(&mut self, timed_lateness: Duration) {
@@ -348,7 +386,7 @@ impl TurnaroundSpin {
     /// How long to spin after the queues go idle (zero: block at once).
     pub fn spin_for(&self) -> Duration {
         let p90 = Duration::from_nanos(self.spin_ns);
-        if self.ring.len() >= 8 && p90 <= self.max_spin {
+        if self.rule == Turnaround::Spin && self.ring.len() >= 8 && p90 <= self.max_spin {
             p90
         } else {
             Duration::ZERO
@@ -843,6 +881,59 @@ mod tests {
             s.observe_gap(200 * US);
         }
         assert_eq!(s.spin_for(), Duration::ZERO, "an open loop: block at once");
+    }
+
+    /// A given margin is the margin, whatever the lateness measured: the wake-up is that
+    /// long before the predicted completion, a margin covering the wait spins through it
+    /// (and never probe-sleeps: there is nothing to re-measure), and zero wakes at the
+    /// prediction itself.
+    #[test]
+    fn a_fixed_margin_is_used_as_given() {
+        let t = Instant::now();
+        for given in [0, 5, 10, 20, 40] {
+            let mut s = MarginSleep::with_margin(Some(given * US));
+            assert_eq!(s.margin(), given * US);
+            for _ in 0..LATE_WINDOW {
+                s.observe_wakeup(t, t + 30 * US); // 30 us late: the measured p99 would be 30 us
+            }
+            assert_eq!(s.margin(), given * US, "the lateness does not move it");
+            assert_eq!(s.wake_at(t, t + 100 * US), Some(t + 100 * US - given * US));
+        }
+        let mut s = MarginSleep::with_margin(Some(40 * US));
+        let mut now = t;
+        for _ in 0..4 * PROBE_EVERY {
+            now += 100 * US;
+            assert_eq!(s.wake_at(now, now + 30 * US), None, "covered by the margin: spin");
+        }
+        // Without a given margin the same waits are probed once in PROBE_EVERY.
+        let mut m = MarginSleep::default();
+        for _ in 0..LATE_WINDOW {
+            m.observe_wakeup(t, t + 40 * US);
+        }
+        let probes = (0..4 * PROBE_EVERY)
+            .filter(|k| {
+                let now = t + *k * 100 * US;
+                m.wake_at(now, now + 30 * US).is_some()
+            })
+            .count();
+        assert_eq!(probes, 4);
+        assert_eq!(MarginSleep::with_margin(None).margin(), MarginSleep::default().margin());
+    }
+
+    /// `sleep` never spins through a turnaround, however short and regular the host's.
+    #[test]
+    fn a_sleeping_turnaround_never_spins() {
+        let mut s = TurnaroundSpin {
+            rule: Turnaround::Sleep,
+            ..TurnaroundSpin::default()
+        };
+        s.set_wake_cost(50 * US);
+        for k in 0..4 * GAP_WINDOW as u64 {
+            s.observe_gap(Duration::from_micros(2 + k % 3));
+            assert_eq!(s.spin_for(), Duration::ZERO);
+        }
+        s.rule = Turnaround::Spin;
+        assert_eq!(s.spin_for(), 4 * US, "the same gaps, spun through");
     }
 
     fn inputs(now: Instant, busy: f64, completions: u64, outstanding: f64, predicted_us: Option<u64>) -> PolicyInputs {

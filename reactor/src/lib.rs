@@ -26,7 +26,7 @@ mod runtime;
 mod stats;
 pub mod sys;
 
-pub use adaptive::{LatencyModel, MarginSleep, ModePolicy, ModelKind, PolicyConfig, PolicyInputs};
+pub use adaptive::{LatencyModel, MarginSleep, ModePolicy, ModelKind, PolicyConfig, PolicyInputs, Turnaround};
 pub use error::{ReactorError, Result};
 pub use inbox::{Message, Remote};
 pub use load::{ChannelKey, ClassStats, DeviceLoad};

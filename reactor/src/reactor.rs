@@ -30,7 +30,7 @@ use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
 use tracing::{debug, warn};
 
-use crate::adaptive::{MarginSleep, ModePolicy, ModelKind, PolicyConfig, TurnaroundSpin};
+use crate::adaptive::{MarginSleep, ModePolicy, ModelKind, PolicyConfig, Turnaround, TurnaroundSpin};
 use crate::error::{ReactorError, Result};
 use crate::inbox::{Inbox, Remote};
 use crate::load::DeviceLoad;
@@ -98,6 +98,11 @@ pub struct ReactorConfig {
     /// `Robust` with the margin sleep (pollux), or `LinuxMean` with a half-time sleep (the
     /// Linux 4.10 baseline).
     pub model: ModelKind,
+    /// A fixed hybrid wake margin before each predicted completion (`Robust` only; None: the
+    /// measured p99 lateness of timed wake-ups, [`MarginSleep`]).
+    pub hybrid_margin: Option<Duration>,
+    /// Whether hybrid mode spins through a closed-loop host's turnaround ([`TurnaroundSpin`]).
+    pub turnaround: Turnaround,
 }
 
 impl Default for ReactorConfig {
@@ -109,6 +114,8 @@ impl Default for ReactorConfig {
             fd_poll_interval: Duration::from_micros(5),
             adaptive: None,
             model: ModelKind::Robust,
+            hybrid_margin: None,
+            turnaround: Turnaround::Spin,
         }
     }
 }
@@ -238,7 +245,7 @@ impl Reactor {
             fd_poll_interval: cfg.fd_poll_interval,
             next_fd_poll: Instant::now(),
             sleep_policy: match cfg.model {
-                ModelKind::Robust => Box::new(MarginSleep::default()) as Box<dyn SleepPolicy>,
+                ModelKind::Robust => Box::new(MarginSleep::with_margin(cfg.hybrid_margin)) as Box<dyn SleepPolicy>,
                 ModelKind::LinuxMean => Box::new(FractionSleep {
                     fraction: 0.5,
                     min_sleep: Duration::ZERO,
@@ -262,7 +269,7 @@ impl Reactor {
             wake_cost_ns: 10_000.0,
             busy_ewma: 0.0,
             hold: SpinHold::default(),
-            turnaround: TurnaroundSpin::default(),
+            turnaround: TurnaroundSpin::with_rule(cfg.turnaround),
             prev_outstanding: 0,
             idle_since: None,
             held: false,
@@ -370,6 +377,17 @@ impl Reactor {
     /// Replace the hybrid-mode sleep policy.
     pub fn set_sleep_policy(&mut self, policy: Box<dyn SleepPolicy>) {
         self.sleep_policy = policy;
+    }
+
+    /// Replace hybrid mode's wake margin (`Some(None)`: a fresh measured margin sleep,
+    /// `Some(Some(m))`: a fixed margin `m`; None: keep the sleep policy, e.g. the Linux
+    /// half-mean baseline's) and its turnaround rule.
+    pub fn set_hybrid(&mut self, margin: Option<Option<Duration>>, turnaround: Turnaround) {
+        if let Some(m) = margin {
+            self.sleep_policy = Box::new(MarginSleep::with_margin(m));
+        }
+        self.turnaround.rule = turnaround;
+        self.hybrid_slept_for = None;
     }
 
     /// Change the stall threshold.

@@ -57,8 +57,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use pollux_conf::{Config, ReactorMode, SleepPolicyKind};
-use pollux_reactor::{Mode, ModelKind, PolicyConfig, ReactorConfig, ReactorStats, Runtime};
+use pollux_conf::{Config, HybridTurnaround, ReactorMode, SleepPolicyKind};
+use pollux_reactor::{Mode, ModelKind, PolicyConfig, ReactorConfig, ReactorStats, Runtime, Turnaround};
 use tracing::info;
 
 pub use error::TargetError;
@@ -100,6 +100,17 @@ pub(crate) fn modes_of(r: &pollux_conf::Reactors) -> (Mode, Option<PolicyConfig>
     }
 }
 
+/// A conf's fixed hybrid wake margin (None: measured) and turnaround rule.
+pub(crate) fn hybrid_of(r: &pollux_conf::Reactors) -> (Option<Duration>, Turnaround) {
+    // Validated finite and within 0..=1e6 us: the conversion is exact to the nanosecond.
+    let margin = r.hybrid_margin_us.map(|us| Duration::from_nanos((us * 1000.0) as u64));
+    let turnaround = match r.hybrid_turnaround {
+        HybridTurnaround::Spin => Turnaround::Spin,
+        HybridTurnaround::Sleep => Turnaround::Sleep,
+    };
+    (margin, turnaround)
+}
+
 impl Target {
     /// Bind the listeners, build the namespaces, start the reactors.
     pub fn start(cfg: &Config, opts: Options) -> Result<Self, TargetError> {
@@ -109,6 +120,7 @@ impl Target {
             SleepPolicyKind::Pollux => ModelKind::Robust,
             SleepPolicyKind::LinuxHalfMean => ModelKind::LinuxMean,
         };
+        let (hybrid_margin, turnaround) = hybrid_of(&cfg.reactors);
         let n = cfg.reactors.cores.len();
         let mut socks = Vec::new();
         let mut addrs = Vec::new();
@@ -152,6 +164,8 @@ impl Target {
                 stall_threshold: Duration::from_micros(cfg.reactors.stall_threshold_us),
                 adaptive,
                 model,
+                hybrid_margin,
+                turnaround,
                 ..Default::default()
             })
             .collect();

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 
-use pollux_conf::Config;
+use pollux_conf::{Config, SleepPolicyKind};
 use pollux_reactor::{Reactor, Remote, SourceId};
 use tracing::{info, warn};
 
@@ -52,7 +52,7 @@ pub struct Changes {
     /// (subsystem, nsid, polling) of namespaces whose polling policy changed in place
     /// (nothing is reopened for it).
     pub polling_changed: Vec<(String, u32, String)>,
-    /// The reactors' mode or adaptive policy changed.
+    /// The reactors' mode, adaptive policy or hybrid sleep rules changed.
     pub reactors_changed: bool,
     /// Keys that differ but only take effect at the next start.
     pub restart_needed: Vec<String>,
@@ -107,6 +107,8 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
     if new.reactors.policy != running.reactors.policy {
         ch.restart_needed.push("reactors.policy".into());
     }
+    let hybrid_changed = new.reactors.hybrid_margin_us != running.reactors.hybrid_margin_us
+        || new.reactors.hybrid_turnaround != running.reactors.hybrid_turnaround;
     if new.transport != running.transport {
         ch.restart_needed.push("transport".into());
     }
@@ -245,7 +247,7 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
     let reactors_changed = new.reactors.mode != running.reactors.mode
         || new.reactors.cpu_budget != running.reactors.cpu_budget
         || new.reactors.latency_target_us != running.reactors.latency_target_us;
-    ch.reactors_changed = reactors_changed;
+    ch.reactors_changed = reactors_changed || hybrid_changed;
 
     // Polling policies, set in place on the namespaces of the new snapshot (kept or new):
     // the reactors read them at their next command or channel run.
@@ -335,6 +337,15 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
                     r.set_mode(mode);
                 }
             });
+        }
+    }
+    if hybrid_changed {
+        // A fresh margin sleep: with a margin given, the lateness learnt so far is moot; back
+        // to the measured one, it is learnt again within a window of wake-ups.
+        let (margin, turnaround) = crate::hybrid_of(&new.reactors);
+        let robust = new.reactors.policy == SleepPolicyKind::Pollux;
+        for remote in remotes {
+            remote.send(move |r| r.set_hybrid(robust.then_some(margin), turnaround));
         }
     }
     if !ch.restart_needed.is_empty() {

@@ -243,3 +243,22 @@ fn the_saved_running_configuration_loads_back_to_the_same_state() {
     assert!(ch.is_empty(), "re-applying the saved conf changes nothing: {ch:?}");
     t.shutdown().unwrap();
 }
+
+/// The hybrid sleep rules apply in place: a reload that sets them needs no restart, and the
+/// running conf shows them.
+#[test]
+fn hybrid_margin_and_turnaround_apply_without_a_restart() {
+    let t = start(&conf("allow_any_host = true", "", ""));
+    let mut c = next(&t, "allow_any_host = true", "", "");
+    c.reactors.hybrid_margin_us = Some(20.0);
+    c.reactors.hybrid_turnaround = pollux_conf::HybridTurnaround::Sleep;
+    let ch = t.apply(c).unwrap();
+    assert!(ch.reactors_changed, "{ch:?}");
+    assert!(ch.restart_needed.is_empty(), "{ch:?}");
+    let running = t.running_config();
+    assert!(running.contains("hybrid_margin_us = 20.0"), "{running}");
+    assert!(running.contains("hybrid_turnaround = \"sleep\""), "{running}");
+    // Applying the same again changes nothing.
+    let again = t.apply(Config::parse(&running, "<test>").unwrap()).unwrap();
+    assert!(!again.reactors_changed, "{again:?}");
+}

@@ -3,11 +3,13 @@
 use super::cx::{Cx, positive};
 use crate::error::ConfError;
 use crate::raw::RawReactors;
-use crate::{Placement, ReactorMode, Reactors, SleepPolicyKind};
+use crate::{HybridTurnaround, Placement, ReactorMode, Reactors, SleepPolicyKind};
 
 /// The highest core index accepted: Linux's `cpu_set_t`, which
 /// `sched_setaffinity` takes, holds CPUs 0..1024.
 const MAX_CORE: i64 = 1023;
+/// The largest `hybrid_margin_us` accepted.
+const MAX_MARGIN_US: f64 = 1_000_000.0;
 
 pub(super) fn reactors(cx: &Cx<'_>, r: RawReactors) -> Result<Reactors, ConfError> {
     if r.cores.get_ref().is_empty() {
@@ -53,6 +55,18 @@ pub(super) fn reactors(cx: &Cx<'_>, r: RawReactors) -> Result<Reactors, ConfErro
         None => SleepPolicyKind::default(),
         Some(p) => p.get_ref().parse().map_err(|e| cx.at(p.span(), e))?,
     };
+    // A margin beyond a second is no wake margin but a typo (a sleep that could never be
+    // taken before any device's completion).
+    let hybrid_margin_us = match &r.hybrid_margin_us {
+        None => None,
+        Some(v) => Some(cx.float(v, "hybrid_margin_us", |x| {
+            (!(0.0..=MAX_MARGIN_US).contains(&x)).then_some("must be at least 0 and at most 1000000 (one second)")
+        })?),
+    };
+    let hybrid_turnaround = match &r.hybrid_turnaround {
+        None => HybridTurnaround::default(),
+        Some(t) => t.get_ref().parse().map_err(|e| cx.at(t.span(), e))?,
+    };
     Ok(Reactors {
         cores,
         mode,
@@ -61,5 +75,7 @@ pub(super) fn reactors(cx: &Cx<'_>, r: RawReactors) -> Result<Reactors, ConfErro
         cpu_budget,
         latency_target_us,
         policy,
+        hybrid_margin_us,
+        hybrid_turnaround,
     })
 }
