@@ -466,46 +466,32 @@ impl Conn {
             );
         }
         // The backend's own copy (an NVMe device's Copy) when it has one and the copy is
-        // within its limits: one command, under the same lock and fence.
-        if ns.backend.caps().copy_offload.is_some_and(|l| l.fits(&srcs)) {
-            let op = LockedOp {
-                start: dst,
-                end: dst + total,
-                lock: None,
-                reads: Vec::new(),
-                next: 0,
-                got: Vec::new(),
-                written: 0,
-                kind: OpKind::Copy {
-                    cid,
-                    fua,
-                    device: Some(srcs),
-                },
-                ns,
-            };
-            let key = self.fused.ops.insert(op);
-            return self.try_start(r, id, key);
-        }
-        // Reads no larger than a channel's buffers (MDTS).
-        let chunk = u64::from(self.shared.transport.max_io_size.max(ns.block_size));
-        let mut reads = Vec::new();
-        for (off, len) in srcs {
-            let mut at = 0;
-            while at < len {
-                let n = (len - at).min(chunk);
-                reads.push((off + at, n as u32));
-                at += n;
+        // within its limits: one command, under the same lock and fence, and no reads.
+        // Otherwise reads no larger than a channel's buffers (MDTS), then the writes.
+        let (reads, got, device) = if ns.backend.caps().copy_offload.is_some_and(|l| l.fits(&srcs)) {
+            (Vec::new(), Vec::new(), Some(srcs))
+        } else {
+            let chunk = u64::from(self.shared.transport.max_io_size.max(ns.block_size));
+            let mut reads = Vec::new();
+            for (off, len) in srcs {
+                let mut at = 0;
+                while at < len {
+                    let n = (len - at).min(chunk);
+                    reads.push((off + at, n as u32));
+                    at += n;
+                }
             }
-        }
+            (reads, Vec::with_capacity(total as usize), None)
+        };
         let op = LockedOp {
             start: dst,
             end: dst + total,
             lock: None,
             reads,
             next: 0,
-            got: Vec::with_capacity(total as usize),
+            got,
             written: 0,
-            kind: OpKind::Copy { cid, fua, device: None },
+            kind: OpKind::Copy { cid, fua, device },
             ns,
         };
         let key = self.fused.ops.insert(op);

@@ -148,16 +148,15 @@ pub enum SsdOp<'a> {
 /// The source range entries (format 0, NVM Command Set 1.0 §3.2.2.1, Figure 50) of a device
 /// Copy of `ranges`, if it is one the device takes: within its limits and one page of entries.
 fn copy_entries(ns: &pci::Namespace, ranges: &[(u64, u64)]) -> Option<Vec<u8>> {
-    let l = ns.copy?;
-    let max_ranges = l.max_ranges.min(super::COPY_ENTRIES_MAX) as usize;
-    let total = ranges.iter().try_fold(0u64, |t, r| t.checked_add(r.1))?;
-    let fits = !ranges.is_empty()
-        && ranges.len() <= max_ranges
-        && total <= l.max_blocks
-        && ranges
-            .iter()
-            .all(|&(_, n)| n > 0 && n <= u64::from(l.max_range_blocks) && n <= pci::queue::MAX_NLB);
-    if !fits {
+    let limits = super::copy_offload(ns)?;
+    // Each entry's NLB is 16 bits of blocks - 1: the limits never allow more, but the cast
+    // below must not wrap whatever they say.
+    if ranges.is_empty() || !ranges.iter().all(|&(_, n)| n > 0 && n <= pci::queue::MAX_NLB) {
+        return None;
+    }
+    let shift = ns.lba_shift;
+    let bytes: Vec<(u64, u64)> = ranges.iter().map(|&(slba, n)| (slba << shift, n << shift)).collect();
+    if !limits.fits(&bytes) {
         return None;
     }
     let mut raw = vec![0u8; ranges.len() * pci::queue::COPY_ENTRY];

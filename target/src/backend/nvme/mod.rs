@@ -274,7 +274,7 @@ impl Backend for SsdNamespace {
 
 /// The device's own Copy on `ns`, within its limits (MSSRL, MCL, MSRC + 1) and what one
 /// command's entry list holds (a page, PRP1 alone), when it has one (ONCS bit 8, OCFS bit 0).
-fn copy_offload(ns: &pci::Namespace) -> Option<CopyOffload> {
+pub(super) fn copy_offload(ns: &pci::Namespace) -> Option<CopyOffload> {
     let l = ns.copy?;
     let shift = ns.lba_shift;
     Some(CopyOffload {
