@@ -374,20 +374,17 @@ impl Reactor {
         self.stats.adaptive.store(u64::from(self.policy.is_some()), Relaxed);
     }
 
-    /// Replace the hybrid-mode sleep policy.
+    /// Replace the hybrid-mode sleep policy (a sleep already taken for an expected
+    /// completion is the old policy's: the new one decides afresh).
     pub fn set_sleep_policy(&mut self, policy: Box<dyn SleepPolicy>) {
         self.sleep_policy = policy;
+        self.hybrid_slept_for = None;
     }
 
-    /// Replace hybrid mode's wake margin (`Some(None)`: a fresh measured margin sleep,
-    /// `Some(Some(m))`: a fixed margin `m`; None: keep the sleep policy, e.g. the Linux
-    /// half-mean baseline's) and its turnaround rule.
-    pub fn set_hybrid(&mut self, margin: Option<Option<Duration>>, turnaround: Turnaround) {
-        if let Some(m) = margin {
-            self.sleep_policy = Box::new(MarginSleep::with_margin(m));
-        }
-        self.turnaround.rule = turnaround;
-        self.hybrid_slept_for = None;
+    /// Whether hybrid mode spins through a closed-loop host's turnaround; what it learnt of
+    /// the host's turnarounds is kept.
+    pub fn set_turnaround(&mut self, rule: Turnaround) {
+        self.turnaround.rule = rule;
     }
 
     /// Change the stall threshold.

@@ -15,8 +15,8 @@ use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 
-use pollux_conf::{Config, SleepPolicyKind};
-use pollux_reactor::{Reactor, Remote, SourceId};
+use pollux_conf::Config;
+use pollux_reactor::{MarginSleep, ModelKind, Reactor, Remote, SourceId};
 use tracing::{info, warn};
 
 use crate::ana::AnaStates;
@@ -107,8 +107,8 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
     if new.reactors.policy != running.reactors.policy {
         ch.restart_needed.push("reactors.policy".into());
     }
-    let hybrid_changed = new.reactors.hybrid_margin_us != running.reactors.hybrid_margin_us
-        || new.reactors.hybrid_turnaround != running.reactors.hybrid_turnaround;
+    let margin_changed = new.reactors.hybrid_margin_us != running.reactors.hybrid_margin_us;
+    let turnaround_changed = new.reactors.hybrid_turnaround != running.reactors.hybrid_turnaround;
     if new.transport != running.transport {
         ch.restart_needed.push("transport".into());
     }
@@ -247,7 +247,7 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
     let reactors_changed = new.reactors.mode != running.reactors.mode
         || new.reactors.cpu_budget != running.reactors.cpu_budget
         || new.reactors.latency_target_us != running.reactors.latency_target_us;
-    ch.reactors_changed = reactors_changed || hybrid_changed;
+    ch.reactors_changed = reactors_changed || margin_changed || turnaround_changed;
 
     // Polling policies, set in place on the namespaces of the new snapshot (kept or new):
     // the reactors read them at their next command or channel run.
@@ -339,13 +339,18 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
             });
         }
     }
-    if hybrid_changed {
-        // A fresh margin sleep: with a margin given, the lateness learnt so far is moot; back
-        // to the measured one, it is learnt again within a window of wake-ups.
+    if margin_changed || turnaround_changed {
         let (margin, turnaround) = crate::hybrid_of(&new.reactors);
-        let robust = new.reactors.policy == SleepPolicyKind::Pollux;
         for remote in remotes {
-            remote.send(move |r| r.set_hybrid(robust.then_some(margin), turnaround));
+            remote.send(move |r| {
+                // A fresh margin sleep: with a margin given, the lateness learnt so far is
+                // moot; back to the measured one, it is learnt again within a window of
+                // wake-ups. The Linux half-mean baseline has no margin to set.
+                if margin_changed && r.model_kind() == ModelKind::Robust {
+                    r.set_sleep_policy(Box::new(MarginSleep::with_margin(margin)));
+                }
+                r.set_turnaround(turnaround);
+            });
         }
     }
     if !ch.restart_needed.is_empty() {
