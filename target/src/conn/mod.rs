@@ -392,7 +392,11 @@ impl Conn {
             self.dispatch(r, id, &f.hdr, data, digest_ok, &pdu[..f.hl]);
             rx.consume(f.plen);
         }
-        let grow_to = grow_to.max(self.tcp.rx_wants_more(rx.capacity()));
+        // Reads keep filling it: any size past the current one (grow_rx doubles past the
+        // need, so the buffer grows fourfold).
+        if self.tcp.take_rx_pressed() {
+            grow_to = grow_to.max(rx.capacity() + 1);
+        }
         if grow_to > rx.capacity() && !self.closed {
             self.tcp.grow_rx(&mut rx, grow_to, r.local::<RxPool>());
             // Read again: the socket may hold the rest, and no new edge will say so.

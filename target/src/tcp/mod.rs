@@ -378,15 +378,11 @@ impl Transport {
         Ok(filled)
     }
 
-    /// How large the receive buffer should grow because its traffic keeps filling it (0:
-    /// it need not): twice its size, so a busy connection reaches [`Self::rx_max`] in a
-    /// few reads while an idle one keeps its few KiB (issue 26).
-    pub fn rx_wants_more(&mut self, capacity: usize) -> usize {
-        if std::mem::take(&mut self.rx_pressed) {
-            capacity + 1
-        } else {
-            0
-        }
+    /// Whether the last plain read filled the receive buffer while the socket held more,
+    /// once: its traffic wants a larger buffer, so a busy connection reaches
+    /// [`Self::rx_max`] in a few reads while an idle one keeps its few KiB (issue 26).
+    pub fn take_rx_pressed(&mut self) -> bool {
+        std::mem::take(&mut self.rx_pressed)
     }
 
     /// ICReq (NVMe/TCP 1.0 §3.6.2.2): negotiate digests, answer ICResp.
