@@ -53,28 +53,15 @@ impl Engine {
         if mdts != 0 && len > PAGE_SIZE << mdts {
             return Status::INVALID_FIELD.with_dnr();
         }
-        let segs = match self.prp_segments(sqe, len) {
-            Ok(s) => s,
-            Err(s) => return s,
-        };
-        let space = self.inner.dma.lock();
-        let mut done = off;
-        for (iova, n) in segs {
-            let ok = if sqe.opcode == opcode::io::READ {
-                space.write(iova, &r.data[done..done + n])
-            } else {
-                space.read(iova, &mut r.data[done..done + n])
-            };
-            if !ok {
-                return Status::DATA_TRANSFER_ERROR;
-            }
-            done += n;
-        }
-        let moved = if sqe.opcode == opcode::io::READ {
-            &self.inner.bytes_read
+        let data = &mut r.data[off..off + len];
+        let (status, moved) = if sqe.opcode == opcode::io::READ {
+            (self.transfer_out(sqe, data), &self.inner.bytes_read)
         } else {
-            &self.inner.bytes_written
+            (self.transfer_in(sqe, data), &self.inner.bytes_written)
         };
+        if status != Status::SUCCESS {
+            return status;
+        }
         moved.fetch_add(len as u64, Ordering::Relaxed);
         Status::SUCCESS
     }
@@ -96,19 +83,9 @@ impl Engine {
             return COMMAND_SIZE_LIMIT_EXCEEDED.with_dnr();
         }
         let mut entries = vec![0u8; nr * COPY_ENTRY];
-        let segs = match self.prp_segments(sqe, entries.len()) {
-            Ok(s) => s,
-            Err(s) => return s,
-        };
-        {
-            let space = self.inner.dma.lock();
-            let mut done = 0;
-            for (iova, n) in segs {
-                if !space.read(iova, &mut entries[done..done + n]) {
-                    return Status::DATA_TRANSFER_ERROR;
-                }
-                done += n;
-            }
+        let read = self.transfer_in(sqe, &mut entries);
+        if read != Status::SUCCESS {
+            return read;
         }
         let shift = r.ns.lba_shift;
         let mut total = 0u64;

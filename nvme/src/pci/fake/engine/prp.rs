@@ -1,5 +1,5 @@
 //! The fake's data transfers: walking PRP1/PRP2 and PRP lists through its IOVA space, and
-//! copying a command's data out to host memory.
+//! copying a command's data out to host memory and in from it.
 
 use super::Engine;
 use crate::pci::Result;
@@ -55,6 +55,7 @@ impl Engine {
         Ok(segs)
     }
 
+    /// Copy `data` to the host memory the command's PRPs name (a Read's data, a log page).
     pub(super) fn transfer_out(&self, sqe: &Sqe, data: &[u8]) -> Status {
         let segs = match self.prp_segments(sqe, data.len()) {
             Ok(s) => s,
@@ -64,6 +65,24 @@ impl Engine {
         let mut done = 0;
         for (iova, n) in segs {
             if !space.write(iova, &data[done..done + n]) {
+                return Status::DATA_TRANSFER_ERROR;
+            }
+            done += n;
+        }
+        Status::SUCCESS
+    }
+
+    /// Fill `data` from the host memory the command's PRPs name (a Write's data, a Copy's
+    /// source range entries).
+    pub(super) fn transfer_in(&self, sqe: &Sqe, data: &mut [u8]) -> Status {
+        let segs = match self.prp_segments(sqe, data.len()) {
+            Ok(s) => s,
+            Err(s) => return s,
+        };
+        let space = self.inner.dma.lock();
+        let mut done = 0;
+        for (iova, n) in segs {
+            if !space.read(iova, &mut data[done..done + n]) {
                 return Status::DATA_TRANSFER_ERROR;
             }
             done += n;
