@@ -20,6 +20,7 @@
 
 use std::fs;
 use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::OnceLock;
@@ -651,7 +652,8 @@ fn load(path: &Path) -> Result<ResvState, TargetError> {
 }
 
 /// Write a state file atomically and durably: a temporary file beside it, flushed, renamed
-/// over it, the directory flushed.
+/// over it, the directory flushed. Readable by pollux's user alone: it holds the
+/// registrants' keys, the secret each host preempts the others with.
 fn store(path: &Path, s: &ResvState) -> std::io::Result<()> {
     let f = StateFile {
         version: STATE_VERSION,
@@ -672,7 +674,14 @@ fn store(path: &Path, s: &ResvState) -> std::io::Result<()> {
     let text = serde_json::to_string_pretty(&f).map_err(std::io::Error::other)?;
     let tmp = path.with_extension("tmp");
     {
-        let mut out = fs::File::create(&tmp)?;
+        let mut out = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        // A temporary file left by a crash keeps the mode it was created with.
+        out.set_permissions(fs::Permissions::from_mode(0o600))?;
         out.write_all(text.as_bytes())?;
         out.sync_all()?;
     }
@@ -1008,6 +1017,8 @@ mod tests {
         s.ptpl = true;
         store(&path, &s).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(load(&path).ok(), Some(s.clone()));
+        let mode = fs::metadata(&path).map(|m| m.permissions().mode()).unwrap_or(0o777);
+        assert_eq!(mode & 0o077, 0, "the keys are readable by others: {mode:o}");
         fs::write(&path, "{\"version\": 1, \"generation\": 3").ok();
         let err = load(&path).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(err.contains(&path.display().to_string()), "{err}");
