@@ -268,6 +268,7 @@ impl Target {
                 predicted_us = st.predicted_ns / 1000,
                 wakeups = st.wakeups(),
                 hot_entries = st.hot_entries,
+                hold_entries = st.hold_entries,
                 stalls = st.stalls,
                 "reactor summary"
             );
