@@ -75,6 +75,11 @@ def point_summary(runs):
     }
 
 
+def is_adaptive(name):
+    """Adaptive's points (this binary's, and BENCH_FRONTIER_BASE_BIN's `base-`): never fixed."""
+    return name.startswith("adaptive-") or name.startswith("base-adaptive-")
+
+
 def frontier_of(points):
     """Names of the fixed points that no other fixed point beats in both p50 and CPU."""
     ok = {n: p for n, p in points.items() if p["p50_us"] is not None and p["cpu"] is not None}
@@ -162,12 +167,14 @@ def cmd_frontier(out):
         for p in pts.values():
             if work is not None and p["cpu"] is not None and p["iops"]:
                 p["idle_cpu"] = max(0.0, p["cpu"] - p["iops"] * work)
-        fixed = {n: p for n, p in pts.items() if not n.startswith("adaptive-")}
+        fixed = {n: p for n, p in pts.items() if not is_adaptive(n)}
         front = frontier_of(fixed)
         verdicts = {}
         for b in budgets:
             a = pts.get(f"adaptive-{b:g}")
             verdicts[f"{b:g}"] = verdict(fixed, front, a, b)
+            if f"base-adaptive-{b:g}" in pts:
+                verdicts[f"base-{b:g}"] = verdict(fixed, front, pts[f"base-adaptive-{b:g}"], b)
         doc_cells.append({"ns": ns, "qd": qd, "load": load, "work_us_per_io": None if work is None else 1e6 * work, "points": pts, "frontier": front, "verdicts": verdicts})
 
     doc = {"tolerance_cpu": TOL, "slack_p50": SLACK, "budgets": budgets, "cells": doc_cells}
@@ -191,18 +198,21 @@ def cmd_frontier(out):
          f"adaptive passes when its p50 <= {SLACK:.2f} x F's, its CPU <= F's + {TOL:.2f} and its idle CPU "
          f"<= the budget + {TOL:.2f}. `at own CPU`: adaptive's p50 over the best frontier p50 at no more "
          "CPU than adaptive's (how far above the frontier it sits).", ""]
-    for b in budgets:
-        bs = f"{b:g}"
-        n_pass = sum(1 for c in doc_cells if c["verdicts"].get(bs) and c["verdicts"][bs]["pass"])
-        n_all = sum(1 for c in doc_cells if c["verdicts"].get(bs))
-        n_on = sum(1 for c in doc_cells if c["verdicts"].get(bs) and c["verdicts"][bs]["on_frontier"])
-        L += [f"## Verdicts, cpu_budget {bs}: {n_pass} of {n_all} cells pass; adaptive on the frontier in {n_on}", "",
+    vkeys = [(f"{b:g}", f"{b:g}", "adaptive") for b in budgets]
+    vkeys += [(f"base-{b:g}", f"{b:g}", "base-adaptive") for b in budgets
+              if any(f"base-{b:g}" in c["verdicts"] for c in doc_cells)]
+    for vk, bs, prefix in vkeys:
+        n_pass = sum(1 for c in doc_cells if c["verdicts"].get(vk) and c["verdicts"][vk]["pass"])
+        n_all = sum(1 for c in doc_cells if c["verdicts"].get(vk))
+        n_on = sum(1 for c in doc_cells if c["verdicts"].get(vk) and c["verdicts"][vk]["on_frontier"])
+        who = "adaptive" if prefix == "adaptive" else "the base binary's adaptive (BENCH_FRONTIER_BASE_BIN)"
+        L += [f"## Verdicts of {who}, cpu_budget {bs}: {n_pass} of {n_all} cells pass; on the frontier in {n_on}", "",
               "| device | QD | load | F | F p50 us | F CPU | adaptive p50 us | adaptive CPU | adaptive idle | p50 / F | CPU - F | at own CPU | verdict |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for c in doc_cells:
-            v = c["verdicts"].get(bs)
+            v = c["verdicts"].get(vk)
             if not v:
-                a = c["points"].get(f"adaptive-{bs}")
+                a = c["points"].get(f"{prefix}-{bs}")
                 if a:
                     L.append(f"| {c['ns']} | {c['qd']} | {c['load']} | none within the budget | - | - | {br.fmt(a['p50_us'])} | "
                              f"{br.pct(a['cpu'])} | {br.pct(a['idle_cpu'])} | - | - | - | no verdict |")
@@ -217,7 +227,7 @@ def cmd_frontier(out):
         L += [f"### {c['ns']}, QD{c['qd']}, {c['load']}" + (f" ({pts['poll']['rate']:.0f} IOPS)" if c["load"] == "paced25" and pts.get("poll", {}).get("rate") else "")
               + (f"; work {c['work_us_per_io']:.1f} us of CPU per I/O" if c["work_us_per_io"] else ""), "",
               "| point | p50 us | p99 us | IOPS | CPU | idle | poll/hybrid/intr % | frontier |", "|---|---|---|---|---|---|---|---|"]
-        for n, p in sorted(pts.items(), key=lambda kv: (kv[0].startswith("adaptive-"), kv[1]["cpu"] or 0)):
+        for n, p in sorted(pts.items(), key=lambda kv: (is_adaptive(kv[0]), kv[1]["cpu"] or 0)):
             ms = "/".join(br.fmt(100 * x, 0) if x is not None else "-" for x in p["mode_share"])
             L.append(f"| {n} | {br.fmt(p['p50_us'])} | {br.fmt(p['p99_us'])} | {br.kiops(p['iops'])} | {br.pct(p['cpu'])} | "
                      f"{br.pct(p['idle_cpu'])} | {ms} | {'yes' if n in c['frontier'] else ''} |")
@@ -246,7 +256,7 @@ def cmd_frontier(out):
                     continue
                 pts = c["points"]
                 for n, p in pts.items():
-                    if n.startswith("adaptive-") or p["cpu"] is None:
+                    if is_adaptive(n) or p["cpu"] is None:
                         continue
                     color = "tab:red" if n == "poll" else "tab:blue" if n == "interrupt" else \
                         "tab:green" if n.endswith("-spin") else "tab:olive"
@@ -263,7 +273,7 @@ def cmd_frontier(out):
                         xs.append(100 * p["cpu"])
                         ys.append(p["p50_us"])
                     ax.plot(xs, ys, color="black", linewidth=1.2, zorder=2, label="frontier (fixed)")
-                for b, mk in zip(sorted(c["verdicts"]), ("*", "D", "P", "X")):
+                for b, mk in zip(sorted(k for k in c["verdicts"] if not k.startswith("base-")), ("*", "D", "P", "X")):
                     a = pts.get(f"adaptive-{b}")
                     if not a or a["cpu"] is None:
                         continue
@@ -271,6 +281,10 @@ def cmd_frontier(out):
                     ax.scatter([100 * a["cpu"]], [a["p50_us"]], s=160 if mk == "*" else 60, marker=mk, color="tab:purple",
                                edgecolors="black", zorder=4,
                                label=f"adaptive {b} ({'pass' if v and v['pass'] else 'miss'})")
+                    base = pts.get(f"base-adaptive-{b}")
+                    if base and base["cpu"] is not None:
+                        ax.scatter([100 * base["cpu"]], [base["p50_us"]], s=60 if mk == "*" else 30, marker=mk,
+                                   color="tab:gray", edgecolors="black", zorder=4, label=f"base adaptive {b}")
                     if v:
                         F = pts[v["F"]]
                         ax.scatter([100 * F["cpu"]], [F["p50_us"]], s=110, facecolors="none", edgecolors="tab:purple",
