@@ -13,7 +13,9 @@
 //!   shorter than a wake-up costs.
 //! - [`ModePolicy`]: chooses busy-poll, hybrid or interrupt for a reactor from its load,
 //!   the predicted device latency against the cost of a wake-up, and an idle-CPU budget, with
-//!   hysteresis and a minimum dwell time.
+//!   hysteresis and a minimum dwell time. What it has measured of a mode outweighs what it
+//!   models: hybrid's spin per completion once hybrid ran (and, where commands overlap and
+//!   the model can only bound it, it runs hybrid to measure it), interrupt mode's saturation.
 
 use std::time::{Duration, Instant};
 
@@ -457,6 +459,11 @@ pub struct PolicyInputs {
     /// completion plus the turnaround spin after it ([`TurnaroundSpin`]). None: unknown (the
     /// whole predicted wait is counted).
     pub hybrid_spin: Option<Duration>,
+    /// What hybrid mode spun per completion in this window, measured: the time of its
+    /// iterations that neither found work nor slept, over the window's completions. Only for
+    /// a window spent (nearly) all in hybrid mode and not held in busy-poll by an `always`
+    /// namespace; None otherwise.
+    pub hybrid_measured: Option<Duration>,
     /// Length of the window the counts cover.
     pub window: Duration,
 }
@@ -491,6 +498,19 @@ pub struct ModePolicy {
     /// When the running busy-poll period started as a probe.
     probing_since: Option<Instant>,
     probes: u64,
+    /// When interrupt mode was last found saturated, and at what completion rate.
+    interrupt_saturated: Option<(Instant, f64)>,
+    /// Hybrid's measured spin per completion in ns (smoothed over the windows that measured
+    /// it), and when it was last measured.
+    hybrid_cost: Option<(f64, Instant)>,
+    /// Consecutive evaluations in interrupt mode at which a hybrid probe would be worth it.
+    overlapped: u32,
+    /// The current hybrid probe interval (grows after failed probes, as the busy-poll one).
+    hybrid_probe_every: Duration,
+    last_hybrid_probe: Option<Instant>,
+    /// When the running hybrid period started as a probe.
+    hybrid_probing_since: Option<Instant>,
+    hybrid_probes: u64,
 }
 
 /// Busy fraction from which a sleeping reactor counts as loaded (a probe candidate).
@@ -501,6 +521,23 @@ pub const PROBE_SUSTAIN: u32 = 16;
 pub const PROBE_SUCCESS: Duration = Duration::from_secs(1);
 /// The probe interval grows at most to this many times its base.
 pub const PROBE_BACKOFF_MAX: u32 = 16;
+/// A measurement of another mode stands for this long (the load may have changed since):
+/// hybrid's spin per completion, after which the model prices hybrid again, and interrupt
+/// mode's saturation.
+pub const MEASURED_TTL: Duration = Duration::from_secs(1);
+/// Interrupt mode counts as keeping a reactor full when at most this share of the core is
+/// left idle.
+pub const INTERRUPT_FULL_IDLE: f64 = 0.2;
+/// A load counts as the one a measurement was made at while their completion rates are
+/// within this ratio of each other.
+pub const SAME_LOAD: f64 = 0.8;
+/// Weight of a window's measurement in the smoothed hybrid cost.
+const HYBRID_COST_EWMA: f64 = 0.25;
+/// A mean of at least this many device commands in flight: their waits overlap, so the
+/// model's sum of one spin per completion counts the same spinning several times and is
+/// only an upper bound. There the policy measures what hybrid spins (a hybrid probe)
+/// before it rules hybrid out.
+pub const OVERLAP_MIN: f64 = 1.5;
 
 impl ModePolicy {
     /// A policy that starts in `initial`.
@@ -516,6 +553,13 @@ impl ModePolicy {
             last_probe: None,
             probing_since: None,
             probes: 0,
+            interrupt_saturated: None,
+            hybrid_cost: None,
+            overlapped: 0,
+            hybrid_probe_every: cfg.probe_interval.unwrap_or_default(),
+            last_hybrid_probe: None,
+            hybrid_probing_since: None,
+            hybrid_probes: 0,
         }
     }
 
@@ -527,6 +571,43 @@ impl ModePolicy {
     /// The current probe interval.
     pub fn probe_interval(&self) -> Duration {
         self.probe_every
+    }
+
+    /// Hybrid probes started (see [`ModePolicy::evaluate`]).
+    pub fn hybrid_probes(&self) -> u64 {
+        self.hybrid_probes
+    }
+
+    /// The current hybrid probe interval.
+    pub fn hybrid_probe_interval(&self) -> Duration {
+        self.hybrid_probe_every
+    }
+
+    /// Hybrid's measured spin per completion, while it stands ([`MEASURED_TTL`]).
+    pub fn measured_hybrid_spin(&self, now: Instant) -> Option<Duration> {
+        self.hybrid_cost
+            .filter(|&(_, t)| now.saturating_duration_since(t) < MEASURED_TTL)
+            .map(|(ns, _)| Duration::from_nanos(ns as u64))
+    }
+
+    /// What hybrid would spin per completion at `i`: as measured while that stands,
+    /// otherwise as modelled (see [`ModePolicy::desired`]).
+    fn hybrid_spin(&self, i: &PolicyInputs, predicted: Duration) -> Duration {
+        if let Some(m) = self.measured_hybrid_spin(i.now) {
+            return m;
+        }
+        let slow = predicted.as_secs_f64() >= self.cfg.sleep_payoff * i.wake_cost.as_secs_f64();
+        match i.hybrid_spin {
+            Some(s) if slow => s.min(predicted),
+            _ => predicted,
+        }
+    }
+
+    fn start_hybrid_probe(&mut self, now: Instant) -> Option<Mode> {
+        self.last_hybrid_probe = Some(now);
+        self.hybrid_probing_since = Some(now);
+        self.hybrid_probes += 1;
+        self.switch(Mode::Hybrid, now)
     }
 
     fn switch(&mut self, to: Mode, now: Instant) -> Option<Mode> {
@@ -541,6 +622,19 @@ impl ModePolicy {
                 base
             } else {
                 (self.probe_every * 2).min(base * PROBE_BACKOFF_MAX)
+            };
+        }
+        if self.current == Mode::Hybrid
+            && to != Mode::Hybrid
+            && let Some(start) = self.hybrid_probing_since.take()
+            && let Some(base) = self.cfg.probe_interval
+        {
+            // A hybrid probe that did not hold: what hybrid measurably spins did not fit the
+            // budget after all. Try less often.
+            self.hybrid_probe_every = if now.saturating_duration_since(start) >= PROBE_SUCCESS {
+                base
+            } else {
+                (self.hybrid_probe_every * 2).min(base * PROBE_BACKOFF_MAX)
             };
         }
         self.current = to;
@@ -571,16 +665,7 @@ impl ModePolicy {
         if i.completions == 0 && i.quiet_completions > 0 {
             return Mode::Interrupt;
         }
-        let busy = i.spin_busy();
-        // Saturated: the work itself keeps the core busy, so polling costs little idle CPU
-        // (at most 1 - busy) and saves every wake-up. A band around the threshold keeps a
-        // load that hovers at it from flipping the mode.
-        let band = if self.current == Mode::Poll {
-            HYSTERESIS_BAND
-        } else {
-            -HYSTERESIS_BAND
-        };
-        if 1.0 - busy <= self.cfg.cpu_budget + band {
+        if self.saturated(i) {
             return Mode::Poll;
         }
         if let Some(p) = i.predicted {
@@ -592,18 +677,11 @@ impl ModePolicy {
             //   CPU (two context switches and a timer; on a VM often more than a 10 us spin).
             //   Hybrid spins through a wait shorter than a wake-up costs and still sleeps in
             //   epoll between commands, so it costs at most one predicted wait per completion.
-            let band = if self.current == Mode::Hybrid {
-                HYSTERESIS_BAND
-            } else {
-                -HYSTERESIS_BAND
-            };
-            let slow = p.as_secs_f64() >= self.cfg.sleep_payoff * i.wake_cost.as_secs_f64();
-            let spin = match i.hybrid_spin {
-                Some(s) if slow => s.min(p),
-                _ => p,
-            };
-            let per_sec = i.completions as f64 / i.window.as_secs_f64().max(1e-9);
-            if per_sec * spin.as_secs_f64() <= self.cfg.cpu_budget + band {
+            // - Either, once hybrid ran: what it measurably spun per completion. With several
+            //   commands in flight their waits overlap and one spin serves several of them, so
+            //   the two rules above only bound it from above (see the hybrid probe in
+            //   `evaluate`).
+            if self.hybrid_fits(i, p) {
                 return Mode::Hybrid;
             }
             // Over budget: an interrupt per command. Poll only if the latency target
@@ -614,7 +692,50 @@ impl ModePolicy {
                 return Mode::Poll;
             }
         }
+        // Interrupt mode saturated the reactor moments ago at this load (its wake-ups cost
+        // the CPU that polling saves): leaving busy-poll for it would only come back.
+        if self.current != Mode::Interrupt && self.interrupt_saturated(i) {
+            return Mode::Poll;
+        }
         Mode::Interrupt
+    }
+
+    /// Completions per second in `i`'s window.
+    fn rate(i: &PolicyInputs) -> f64 {
+        i.completions as f64 / i.window.as_secs_f64().max(1e-9)
+    }
+
+    /// Saturated: the work itself keeps the core busy, so polling costs little idle CPU (at
+    /// most 1 - busy) and saves every wake-up. A band around the threshold keeps a load that
+    /// hovers at it from flipping the mode.
+    fn saturated(&self, i: &PolicyInputs) -> bool {
+        let band = if self.current == Mode::Poll {
+            HYSTERESIS_BAND
+        } else {
+            -HYSTERESIS_BAND
+        };
+        1.0 - i.spin_busy() <= self.cfg.cpu_budget + band
+    }
+
+    /// Whether what hybrid spins (measured, or modelled from `predicted`) fits the budget,
+    /// with the same band as polling, so a load near the limit does not flip the mode.
+    fn hybrid_fits(&self, i: &PolicyInputs, predicted: Duration) -> bool {
+        let band = if self.current == Mode::Hybrid {
+            HYSTERESIS_BAND
+        } else {
+            -HYSTERESIS_BAND
+        };
+        Self::rate(i) * self.hybrid_spin(i, predicted).as_secs_f64() <= self.cfg.cpu_budget + band
+    }
+
+    /// Interrupt mode was found saturated within [`MEASURED_TTL`], at the load of now (its
+    /// completion rate within [`SAME_LOAD`] of it either way: a load of larger commands at a
+    /// lower rate, or a new one, is another load).
+    fn interrupt_saturated(&self, i: &PolicyInputs) -> bool {
+        let now = Self::rate(i);
+        self.interrupt_saturated.is_some_and(|(t, rate)| {
+            i.now.saturating_duration_since(t) < MEASURED_TTL && now >= SAME_LOAD * rate && now * SAME_LOAD <= rate
+        })
     }
 
     /// Evaluate: returns Some(mode) when the policy switches.
@@ -628,7 +749,34 @@ impl ModePolicy {
     /// budget, it stays; otherwise it leaves after the minimum dwell and the interval
     /// doubles (a failed probe costs one dwell of polling; at most 5% of a core at the base
     /// interval, decaying 16-fold).
+    ///
+    /// It also probes *hybrid*: with several commands in flight (a mean of [`OVERLAP_MIN`])
+    /// the model's price of hybrid is an upper bound, so where the model alone rules hybrid
+    /// out (no measurement standing) a reactor tries hybrid at most once a probe interval
+    /// (doubling after each try that did not stay, as for busy-poll): in interrupt mode under
+    /// sustained load of that kind, and in busy-poll mode instead of leaving for interrupt.
+    /// From its second window there it prices hybrid by what it measurably spins: it stays
+    /// while that fits the budget and leaves after the minimum dwell if not.
     pub fn evaluate(&mut self, i: &PolicyInputs) -> Option<Mode> {
+        if let Some(m) = i.hybrid_measured {
+            let ns = m.as_nanos() as f64;
+            let smoothed = match self.hybrid_cost {
+                Some((c, t)) if i.now.saturating_duration_since(t) < MEASURED_TTL => c + HYBRID_COST_EWMA * (ns - c),
+                _ => ns,
+            };
+            self.hybrid_cost = Some((smoothed, i.now));
+        }
+        // Only device completions date the load (sockets alone, as a RAM namespace's, leave
+        // it to the busy-poll probe); and only a reactor that interrupt mode keeps nearly all
+        // busy is worth keeping in busy-poll for it (polling costs it at most that little
+        // more), not one merely over a generous budget's threshold.
+        if self.current == Mode::Interrupt
+            && i.completions > 0
+            && self.saturated(i)
+            && 1.0 - i.spin_busy() <= INTERRUPT_FULL_IDLE
+        {
+            self.interrupt_saturated = Some((i.now, Self::rate(i)));
+        }
         let want = self.desired(i);
         let dwelt = self
             .since
@@ -651,6 +799,33 @@ impl ModePolicy {
             self.probes += 1;
             return self.switch(Mode::Poll, i.now);
         }
+        // Hybrid ruled out by the model alone while commands overlap: measure it first.
+        let overlap = i.completions > 0
+            && i.outstanding >= OVERLAP_MIN
+            && self.measured_hybrid_spin(i.now).is_none()
+            && !self.saturated(i)
+            && i.predicted.is_some_and(|p| !self.hybrid_fits(i, p));
+        let hybrid_probe_due = self.cfg.probe_interval.is_some()
+            && self
+                .last_hybrid_probe
+                .is_none_or(|t| i.now.saturating_duration_since(t) >= self.hybrid_probe_every);
+        self.overlapped = if overlap && self.current == Mode::Interrupt {
+            self.overlapped + 1
+        } else {
+            0
+        };
+        if self.overlapped >= PROBE_SUSTAIN && dwelt && hybrid_probe_due {
+            self.overlapped = 0;
+            return self.start_hybrid_probe(i.now);
+        }
+        // Busy-poll that is not saturated, with hybrid ruled out on the model's word: try
+        // hybrid, measured, before interrupt (or before staying in busy-poll because
+        // interrupt mode saturated).
+        let want = if overlap && self.current == Mode::Poll && hybrid_probe_due {
+            Mode::Hybrid
+        } else {
+            want
+        };
         if want == self.current {
             self.pending = None;
             return None;
@@ -661,6 +836,9 @@ impl ModePolicy {
         };
         self.pending = Some((want, n));
         if n >= self.cfg.confirmations && dwelt {
+            if want == Mode::Hybrid && overlap {
+                return self.start_hybrid_probe(i.now);
+            }
             return self.switch(want, i.now);
         }
         None
@@ -946,6 +1124,7 @@ mod tests {
             predicted: predicted_us.map(Duration::from_micros),
             wake_cost: 8 * US,
             hybrid_spin: None,
+            hybrid_measured: None,
             window: Duration::from_secs(1),
         }
     }
@@ -1060,14 +1239,14 @@ mod tests {
         let mut p = ModePolicy::new(cfg, Mode::Interrupt);
         let t0 = Instant::now();
         let ms = Duration::from_millis(1);
-        // A reactor half busy in interrupt mode on a fast device (spinning through its
+        // A reactor half busy in interrupt mode on a fast device at QD1 (spinning through its
         // completions would take half the core): interrupt by the thresholds,
         // but after PROBE_SUSTAIN loaded evaluations it tries busy-poll.
         let mut t = t0;
         let mut probed_at = None;
         for _ in 0..PROBE_SUSTAIN + 1 {
             t += 2 * ms;
-            if p.evaluate(&inputs(t, 0.45, 100_000, 8.0, Some(5))) == Some(Mode::Poll) {
+            if p.evaluate(&inputs(t, 0.45, 100_000, 1.0, Some(5))) == Some(Mode::Poll) {
                 probed_at = Some(t);
                 break;
             }
@@ -1079,7 +1258,7 @@ mod tests {
         let mut back = None;
         while back.is_none() {
             t += 2 * ms;
-            back = p.evaluate(&inputs(t, 0.45, 100_000, 8.0, Some(5)));
+            back = p.evaluate(&inputs(t, 0.45, 100_000, 1.0, Some(5)));
         }
         assert_eq!(back, Some(Mode::Interrupt));
         assert!(t - probed_at >= cfg.min_dwell);
@@ -1087,14 +1266,14 @@ mod tests {
         // No probe before the doubled interval.
         while t - probed_at < base * 2 - 10 * ms {
             t += 2 * ms;
-            assert_eq!(p.evaluate(&inputs(t, 0.45, 100_000, 8.0, Some(5))), None);
+            assert_eq!(p.evaluate(&inputs(t, 0.45, 100_000, 1.0, Some(5))), None);
         }
         // The second probe finds saturation (busy-poll made the reactor 90% busy): it stays,
         // and a long stay resets the interval.
         let mut second = None;
         for _ in 0..200 {
             t += 2 * ms;
-            if let Some(m) = p.evaluate(&inputs(t, 0.45, 100_000, 8.0, Some(5))) {
+            if let Some(m) = p.evaluate(&inputs(t, 0.45, 100_000, 1.0, Some(5))) {
                 second = Some(m);
                 break;
             }
@@ -1180,5 +1359,197 @@ mod tests {
             Mode::Interrupt,
         );
         assert_eq!(p.desired(&inputs(t, 0.5, 50_000, 1.0, Some(5))), Mode::Poll);
+    }
+
+    /// A 10 us device at QD 8, paced (the frontier's sim10 QD8 cell: 77.6 K IOPS, 4 in
+    /// flight on average). The model prices hybrid at one whole wait per completion, 0.78 of
+    /// a core: over budget. But the waits overlap, so the policy probes hybrid and prices it
+    /// by what it measurably spins.
+    #[test]
+    fn overlapping_commands_probe_hybrid_and_price_it_as_measured() {
+        let cfg = PolicyConfig::default();
+        let base = cfg.probe_interval.unwrap_or_default();
+        let ms = Duration::from_millis(1);
+        let qd8 = |t, measured_us: Option<u64>| PolicyInputs {
+            hybrid_measured: measured_us.map(Duration::from_micros),
+            ..inputs(t, 0.2, 77_600, 4.0, Some(10))
+        };
+        let t0 = Instant::now();
+        let probe = |p: &mut ModePolicy, t: &mut Instant| {
+            for _ in 0..=PROBE_SUSTAIN {
+                *t += 2 * ms;
+                if let Some(m) = p.evaluate(&qd8(*t, None)) {
+                    return Some(m);
+                }
+            }
+            None
+        };
+
+        // Measured 3 us per completion: 0.23 of a core, inside 0.3. Hybrid stays, and a
+        // probe that held leaves the interval at its base.
+        let mut p = ModePolicy::new(cfg, Mode::Interrupt);
+        assert_eq!(p.desired(&qd8(t0, None)), Mode::Interrupt, "the model: 0.78 of a core");
+        let mut t = t0;
+        assert_eq!(probe(&mut p, &mut t), Some(Mode::Hybrid), "no hybrid probe");
+        assert_eq!((p.hybrid_probes(), p.probes()), (1, 0));
+        for _ in 0..1000 {
+            t += 2 * ms;
+            assert_eq!(p.evaluate(&qd8(t, Some(3))), None, "measured inside the budget: stays");
+        }
+        assert_eq!(p.measured_hybrid_spin(t), Some(3 * US));
+        // The load goes; the next evaluation leaves hybrid for interrupt.
+        let mut left = None;
+        while left.is_none() {
+            t += 2 * ms;
+            left = p.evaluate(&inputs(t, 0.0, 0, 0.0, None));
+        }
+        assert_eq!(left, Some(Mode::Interrupt));
+        assert_eq!(p.hybrid_probe_interval(), base, "a probe that held");
+
+        // Measured 6 us per completion: 0.47 of a core. Back to interrupt after the dwell,
+        // the next probe waits twice as long, and none comes while the measurement stands.
+        let mut p = ModePolicy::new(cfg, Mode::Interrupt);
+        let mut t = t0;
+        assert_eq!(probe(&mut p, &mut t), Some(Mode::Hybrid));
+        let probed_at = t;
+        let mut back = None;
+        while back.is_none() {
+            t += 2 * ms;
+            back = p.evaluate(&qd8(t, Some(6)));
+        }
+        assert_eq!(back, Some(Mode::Interrupt));
+        assert!(t - probed_at >= cfg.min_dwell);
+        assert_eq!(p.hybrid_probe_interval(), base * 2);
+        while t - probed_at < base * 2 - 10 * ms {
+            t += 2 * ms;
+            assert_eq!(p.evaluate(&qd8(t, None)), None, "no probe before the doubled interval");
+        }
+        assert_eq!(probe(&mut p, &mut t), Some(Mode::Hybrid), "the second probe");
+        assert_eq!(p.hybrid_probes(), 2);
+
+        // From busy-poll (a load that looked saturated in interrupt mode, where each wake-up
+        // costs CPU, but is not: 0.4 busy in poll mode), the model's word would send it to
+        // interrupt; it goes to hybrid instead, and stays there while its measured spin fits.
+        let mut p = ModePolicy::new(cfg, Mode::Poll);
+        let mut t = t0;
+        let mut to = None;
+        while to.is_none() && t - t0 < Duration::from_millis(200) {
+            t += 2 * ms;
+            to = p.evaluate(&PolicyInputs {
+                busy_fraction: 0.4,
+                ..qd8(t, None)
+            });
+        }
+        assert_eq!(to, Some(Mode::Hybrid), "busy-poll leaves by way of hybrid");
+        assert_eq!(p.hybrid_probes(), 1);
+        for _ in 0..1000 {
+            t += 2 * ms;
+            assert_eq!(p.evaluate(&qd8(t, Some(3))), None, "measured inside the budget: stays");
+        }
+
+        // One command at a time: the model's price is exact, so no hybrid probe.
+        let mut p = ModePolicy::new(cfg, Mode::Interrupt);
+        let mut t = t0;
+        for _ in 0..10 * PROBE_SUSTAIN {
+            t += 2 * ms;
+            assert_eq!(p.evaluate(&inputs(t, 0.2, 77_600, 1.0, Some(10))), None, "QD1");
+        }
+        assert_eq!(p.hybrid_probes(), 0);
+    }
+
+    /// Once hybrid ran, its measured spin decides, in both directions, until it is stale.
+    #[test]
+    fn a_measured_hybrid_spin_overrides_the_model_until_it_is_stale() {
+        let ms = Duration::from_millis(1);
+        // A slow device at QD1: the model (margin plus turnaround, 20 us per I/O at 10 K
+        // IOPS) says 0.2 of a core; measured, hybrid spun 40 us per I/O (its margin kept
+        // missing): 0.4, over 0.3.
+        let slow = |t, measured_us: Option<u64>| PolicyInputs {
+            hybrid_spin: Some(20 * US),
+            hybrid_measured: measured_us.map(Duration::from_micros),
+            ..inputs(t, 0.1, 10_000, 1.0, Some(80))
+        };
+        let t0 = Instant::now();
+        let mut p = ModePolicy::new(PolicyConfig::default(), Mode::Hybrid);
+        assert_eq!(p.desired(&slow(t0, None)), Mode::Hybrid, "modelled: 0.2");
+        let mut t = t0;
+        let mut switched = None;
+        for _ in 0..100 {
+            t += 2 * ms;
+            switched = switched.or(p.evaluate(&slow(t, Some(40))));
+        }
+        assert_eq!(switched, Some(Mode::Interrupt), "measured: 0.4");
+        assert_eq!(
+            p.desired(&slow(t + MEASURED_TTL, None)),
+            Mode::Hybrid,
+            "stale: the model again"
+        );
+        // The smoothing: one window's outlier moves the estimate by a quarter of the way.
+        let mut q = ModePolicy::new(PolicyConfig::default(), Mode::Hybrid);
+        q.evaluate(&slow(t0, Some(10)));
+        q.evaluate(&slow(t0 + ms, Some(50)));
+        assert_eq!(q.measured_hybrid_spin(t0 + ms), Some(20 * US));
+    }
+
+    /// Interrupt mode whose wake-ups keep the reactor busy (saturated by the thresholds)
+    /// sends it to busy-poll, where the same load reads half busy: without a memory of that,
+    /// the two would alternate at every minimum dwell (seen at 48 K IOPS on a 10 us device,
+    /// QD 8, paced: 39 switches in 2.5 s). Busy-poll stays while that measurement stands and
+    /// the load is the same.
+    #[test]
+    fn a_load_that_saturated_interrupt_mode_keeps_busy_poll() {
+        let cfg = PolicyConfig::default();
+        let ms = Duration::from_millis(1);
+        // One command at a time (no hybrid probe), 50 K IOPS, a fast device.
+        let load = |t, busy, completions| inputs(t, busy, completions, 1.0, Some(10));
+        let t0 = Instant::now();
+        let mut p = ModePolicy::new(cfg, Mode::Interrupt);
+        let mut t = t0;
+        let mut to = None;
+        while to.is_none() {
+            t += 2 * ms;
+            to = p.evaluate(&load(t, 0.95, 50_000));
+        }
+        assert_eq!(to, Some(Mode::Poll), "saturated in interrupt mode");
+        let polled_at = t;
+        while t - polled_at < MEASURED_TTL - 10 * ms {
+            t += 2 * ms;
+            assert_eq!(
+                p.evaluate(&load(t, 0.45, 50_000)),
+                None,
+                "half busy in busy-poll: stays"
+            );
+        }
+        // Past the measurement's life: back to interrupt, which measures again.
+        let mut to = None;
+        while to.is_none() {
+            t += 2 * ms;
+            to = p.evaluate(&load(t, 0.45, 50_000));
+        }
+        assert_eq!(to, Some(Mode::Interrupt));
+        assert!(t - polled_at >= MEASURED_TTL);
+        // A lighter load is not the one measured: busy-poll leaves after its dwell.
+        let mut p = ModePolicy::new(cfg, Mode::Interrupt);
+        let mut t = t0;
+        while p.evaluate(&load(t, 0.95, 50_000)).is_none() {
+            t += 2 * ms;
+        }
+        let polled_at = t;
+        let mut to = None;
+        while to.is_none() {
+            t += 2 * ms;
+            to = p.evaluate(&load(t, 0.2, 35_000));
+        }
+        assert_eq!(to, Some(Mode::Interrupt));
+        assert!(t - polled_at < 2 * cfg.min_dwell, "left at the dwell");
+        // Nor is a load without device completions (a RAM namespace: sockets only), whatever
+        // it did in interrupt mode.
+        let mut p = ModePolicy::new(cfg, Mode::Interrupt);
+        let mut t = t0;
+        for _ in 0..100 {
+            t += 2 * ms;
+            p.evaluate(&inputs(t, 0.95, 0, 0.0, None));
+        }
+        assert!(!p.interrupt_saturated(&inputs(t, 0.2, 0, 0.0, None)));
     }
 }

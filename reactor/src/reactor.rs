@@ -171,6 +171,10 @@ pub struct Reactor {
     turnaround: TurnaroundSpin,
     /// Device commands outstanding at the end of the last iteration.
     prev_outstanding: u64,
+    /// Time of the iterations run in hybrid mode and not held, and of those among them that
+    /// neither found work nor slept: what hybrid spins, for the policy.
+    hybrid_ns: u64,
+    hybrid_spin_ns: u64,
     /// When the device queues last went idle after a completion of a channel that is not
     /// `never` (None: since then a command was submitted, or they never were busy).
     idle_since: Option<Instant>,
@@ -188,6 +192,8 @@ struct EvalMark {
     completions: u64,
     quiet_completions: u64,
     outstanding: u64,
+    hybrid_ns: u64,
+    hybrid_spin_ns: u64,
 }
 
 impl Reactor {
@@ -265,7 +271,11 @@ impl Reactor {
                 completions: 0,
                 quiet_completions: 0,
                 outstanding: 0,
+                hybrid_ns: 0,
+                hybrid_spin_ns: 0,
             },
+            hybrid_ns: 0,
+            hybrid_spin_ns: 0,
             wake_cost_ns: 10_000.0,
             busy_ewma: 0.0,
             hold: SpinHold::default(),

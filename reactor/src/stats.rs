@@ -37,6 +37,7 @@ pub struct StatsCell {
     pub(crate) busy_ns: AtomicU64,
     pub(crate) idle_ns: AtomicU64,
     pub(crate) sleep_ns: AtomicU64,
+    pub(crate) spin_ns: AtomicU64,
     pub(crate) iterations: AtomicU64,
     pub(crate) busy_iterations: AtomicU64,
     pub(crate) fd_polls: AtomicU64,
@@ -60,6 +61,7 @@ pub struct StatsCell {
     pub(crate) completions: AtomicU64,
     pub(crate) predicted_ns: AtomicU64,
     pub(crate) wake_cost_ns: AtomicU64,
+    pub(crate) hybrid_spin_ns: AtomicU64,
     /// The (channel, class) estimates of the last policy evaluation.
     pub(crate) classes: Mutex<Vec<ClassStats>>,
     /// When the iteration in progress began ([`mono_ns`]; 0: none). An iteration blocked in
@@ -134,6 +136,7 @@ impl StatsCell {
             busy_ns: self.busy_ns.load(Relaxed),
             idle_ns: self.idle_ns.load(Relaxed) + pending,
             sleep_ns: self.sleep_ns.load(Relaxed),
+            spin_ns: self.spin_ns.load(Relaxed),
             iterations: self.iterations.load(Relaxed),
             busy_iterations: self.busy_iterations.load(Relaxed),
             fd_polls: self.fd_polls.load(Relaxed),
@@ -157,6 +160,7 @@ impl StatsCell {
             completions: self.completions.load(Relaxed),
             predicted_ns: self.predicted_ns.load(Relaxed),
             wake_cost_ns: self.wake_cost_ns.load(Relaxed),
+            hybrid_spin_ns: self.hybrid_spin_ns.load(Relaxed),
             classes: self.classes.lock().unwrap_or_else(|p| p.into_inner()).clone(),
         }
     }
@@ -179,6 +183,8 @@ pub struct ReactorStats {
     pub idle_ns: u64,
     /// Wall time blocked in the kernel waiting for events, ns.
     pub sleep_ns: u64,
+    /// Wall time in iterations that neither found work nor slept (spinning), ns.
+    pub spin_ns: u64,
     /// Loop iterations.
     pub iterations: u64,
     /// Iterations that found work.
@@ -229,6 +235,10 @@ pub struct ReactorStats {
     pub predicted_ns: u64,
     /// Measured cost of a timed wake-up (EWMA of its lateness), ns.
     pub wake_cost_ns: u64,
+    /// What hybrid mode measurably spun per device completion (iterations that neither found
+    /// work nor slept), ns: an adaptive reactor's smoothed figure while it stands, a fixed
+    /// hybrid reactor's last window (0: none measured).
+    pub hybrid_spin_ns: u64,
     /// Per (channel, class) estimates behind `predicted_ns`, in the order they first completed.
     pub classes: Vec<ClassStats>,
 }
@@ -267,6 +277,7 @@ impl ReactorStats {
             busy_ns: d(self.busy_ns, earlier.busy_ns),
             idle_ns: d(self.idle_ns, earlier.idle_ns),
             sleep_ns: d(self.sleep_ns, earlier.sleep_ns),
+            spin_ns: d(self.spin_ns, earlier.spin_ns),
             iterations: d(self.iterations, earlier.iterations),
             busy_iterations: d(self.busy_iterations, earlier.busy_iterations),
             fd_polls: d(self.fd_polls, earlier.fd_polls),
@@ -290,6 +301,7 @@ impl ReactorStats {
             completions: d(self.completions, earlier.completions),
             predicted_ns: self.predicted_ns,
             wake_cost_ns: self.wake_cost_ns,
+            hybrid_spin_ns: self.hybrid_spin_ns,
             classes: self.classes.clone(),
         }
     }

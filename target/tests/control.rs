@@ -294,6 +294,7 @@ fn reactors_report_every_field_and_count_io() {
         "outstanding",
         "predicted_ns",
         "wake_cost_ns",
+        "hybrid_spin_ns",
         "wake_late_us",
         "stalls",
     ] {

@@ -8,6 +8,7 @@ use tracing::debug;
 use super::wait::WaitPlan;
 use super::{EvalMark, Reactor, SourceId};
 use crate::adaptive::PolicyInputs;
+use crate::mode::Mode;
 use crate::stats::bump;
 
 /// How often the adaptive policy evaluates.
@@ -15,6 +16,8 @@ const EVAL_INTERVAL: Duration = Duration::from_millis(2);
 /// Weight of the newest window in the smoothed policy inputs (a time constant of ~4 windows:
 /// one burst, or one preemption of the thread, must not flip the mode).
 const EWMA: f64 = 0.25;
+/// A window measures hybrid's spin when at least this share of it ran in hybrid mode.
+const HYBRID_WINDOW_SHARE: f64 = 0.9;
 
 impl Reactor {
     /// Run the loop until [`Reactor::stop`].
@@ -67,6 +70,16 @@ impl Reactor {
             if !slept.is_zero() {
                 bump(&s.sleep_ns, slept.as_nanos() as u64);
             }
+            let spun = !work && slept.is_zero();
+            if spun {
+                bump(&s.spin_ns, iter_ns);
+            }
+            if self.mode == Mode::Hybrid && !held {
+                self.hybrid_ns += iter_ns;
+                if spun {
+                    self.hybrid_spin_ns += iter_ns;
+                }
+            }
             if t_end >= eval_due {
                 self.evaluate_policy(t_end);
                 eval_due = self.eval.at + EVAL_INTERVAL;
@@ -114,16 +127,24 @@ impl Reactor {
         let cpu = cpu_ns.saturating_sub(self.eval.cpu_ns) as f64 / window;
         let busy = wall_busy.min(cpu).min(1.0);
         self.busy_ewma += EWMA * (busy - self.busy_ewma);
+        let completions = (self.load.completions - self.load.quiet_completions)
+            .saturating_sub(self.eval.completions - self.eval.quiet_completions);
+        // What hybrid spun per completion, from a window spent (nearly) all in it: the
+        // iterations that neither found work nor slept. A window that began in another mode
+        // or was held in busy-poll measures something else.
+        let hybrid_window = self.hybrid_ns - self.eval.hybrid_ns;
+        let hybrid_measured = (hybrid_window as f64 >= HYBRID_WINDOW_SHARE * window && completions > 0)
+            .then(|| Duration::from_nanos((self.hybrid_spin_ns - self.eval.hybrid_spin_ns) / completions));
         let inputs = PolicyInputs {
             now,
             busy_fraction: self.busy_ewma,
-            completions: (self.load.completions - self.load.quiet_completions)
-                .saturating_sub(self.eval.completions - self.eval.quiet_completions),
+            completions,
             quiet_completions: self.load.quiet_completions - self.eval.quiet_completions,
             outstanding: (self.load.outstanding + self.eval.outstanding) as f64 / 2.0,
             predicted,
             wake_cost: Duration::from_nanos(self.wake_cost_ns as u64),
             hybrid_spin: self.sleep_policy.margin().map(|m| m + self.turnaround.spin_for()),
+            hybrid_measured,
             window: now.duration_since(self.eval.at),
         };
         self.eval = EvalMark {
@@ -133,9 +154,20 @@ impl Reactor {
             completions: self.load.completions,
             quiet_completions: self.load.quiet_completions,
             outstanding: self.load.outstanding,
+            hybrid_ns: self.hybrid_ns,
+            hybrid_spin_ns: self.hybrid_spin_ns,
         };
-        let Some(policy) = &mut self.policy else { return };
-        if let Some(mode) = policy.evaluate(&inputs) {
+        let Some(policy) = &mut self.policy else {
+            if let Some(m) = hybrid_measured {
+                s.hybrid_spin_ns.store(m.as_nanos() as u64, Relaxed);
+            }
+            return;
+        };
+        let switched = policy.evaluate(&inputs);
+        let standing = policy.measured_hybrid_spin(now);
+        s.hybrid_spin_ns
+            .store(standing.map_or(0, |m| m.as_nanos() as u64), Relaxed);
+        if let Some(mode) = switched {
             bump(&self.stats.switches, 1);
             debug!(reactor = self.id, ?inputs, to = %mode, "adaptive policy switches mode");
             self.set_mode(mode);

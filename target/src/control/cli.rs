@@ -252,6 +252,7 @@ pub fn format_reactors(rs: &[ReactorView]) -> String {
             "OUTST",
             "PREDICTED",
             "WAKECOST",
+            "HYBSPIN",
             "LATE_P50/P99_US",
             "STALLS",
         ]
@@ -279,6 +280,7 @@ pub fn format_reactors(rs: &[ReactorView]) -> String {
             r.outstanding.to_string(),
             ns(r.predicted_ns),
             ns(r.wake_cost_ns),
+            ns(r.hybrid_spin_ns),
             format!("{}/{}", opt(r.wake_late_us.p50), opt(r.wake_late_us.p99)),
             r.stalls.to_string(),
         ]);

@@ -331,6 +331,7 @@ mod tests {
                 window_completions: 2,
             }],
             wake_cost_ns: 9_000,
+            hybrid_spin_ns: 0,
             wakeups: 4,
             wake_late_us: Lateness::default(),
             stalls: 1,

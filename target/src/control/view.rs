@@ -114,6 +114,10 @@ pub struct ReactorView {
     pub classes: Vec<ClassView>,
     /// Measured cost of a timed wake-up, ns.
     pub wake_cost_ns: u64,
+    /// What hybrid mode measurably spun per device completion, ns (0: none measured; absent
+    /// from older targets).
+    #[serde(default)]
+    pub hybrid_spin_ns: u64,
     /// Timed wake-ups counted.
     pub wakeups: u64,
     /// Wake-up lateness percentiles, us.

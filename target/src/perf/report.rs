@@ -64,6 +64,8 @@ pub struct ReactorReport {
     pub cpu: f64,
     /// Share of wall time in iterations that found work.
     pub busy: f64,
+    /// Share of wall time in iterations that neither found work nor slept (spinning).
+    pub spin: f64,
     /// Share of wall time in poll, hybrid and interrupt mode.
     pub mode_share: [f64; 3],
     /// Mode at the end.
@@ -74,6 +76,9 @@ pub struct ReactorReport {
     pub wakeups: u64,
     /// Device completions the reactor saw.
     pub completions: u64,
+    /// What hybrid mode measurably spun per device completion at the end, ns (0: none
+    /// measured; [`pollux_reactor::ReactorStats::hybrid_spin_ns`]).
+    pub hybrid_spin_ns: u64,
 }
 
 /// The target's side, from reactor accounting of an in-process target.
@@ -229,11 +234,13 @@ pub(super) fn target_report(before: &[ReactorStats], after: &[ReactorStats], wal
                 core: a.core,
                 cpu: d.cpu_ns as f64 / w,
                 busy: d.busy_ns as f64 / mw as f64,
+                spin: d.spin_ns as f64 / mw as f64,
                 mode_share: std::array::from_fn(|i| d.mode_ns[i] as f64 / mw as f64),
                 mode: a.mode.to_string(),
                 switches: d.switches,
                 wakeups: d.wakeups(),
                 completions: d.completions,
+                hybrid_spin_ns: a.hybrid_spin_ns,
             }
         })
         .collect();

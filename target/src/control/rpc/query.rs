@@ -77,6 +77,7 @@ impl Ctx {
                     predicted_ns: st.predicted_ns,
                     classes: st.classes.iter().map(ClassView::of).collect(),
                     wake_cost_ns: st.wake_cost_ns,
+                    hybrid_spin_ns: st.hybrid_spin_ns,
                     wakeups: st.wakeups(),
                     wake_late_us: Lateness {
                         p50: st.wake_late_percentile_us(0.5),
