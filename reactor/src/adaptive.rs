@@ -539,6 +539,16 @@ const HYBRID_COST_EWMA: f64 = 0.25;
 /// before it rules hybrid out.
 pub const OVERLAP_MIN: f64 = 1.5;
 
+/// The probe interval after a probe that kept its mode for `held`: back to `base` when that
+/// was [`PROBE_SUCCESS`] or longer, otherwise doubled, up to [`PROBE_BACKOFF_MAX`] times `base`.
+fn next_probe_interval(every: Duration, base: Duration, held: Duration) -> Duration {
+    if held >= PROBE_SUCCESS {
+        base
+    } else {
+        (every * 2).min(base * PROBE_BACKOFF_MAX)
+    }
+}
+
 impl ModePolicy {
     /// A policy that starts in `initial`.
     pub fn new(cfg: PolicyConfig, initial: Mode) -> Self {
@@ -618,11 +628,7 @@ impl ModePolicy {
         {
             // A probe that did not hold: polling did not raise the load enough (it was not
             // saturated, or it only burned the budget). Try less often.
-            self.probe_every = if now.saturating_duration_since(start) >= PROBE_SUCCESS {
-                base
-            } else {
-                (self.probe_every * 2).min(base * PROBE_BACKOFF_MAX)
-            };
+            self.probe_every = next_probe_interval(self.probe_every, base, now.saturating_duration_since(start));
         }
         if self.current == Mode::Hybrid
             && to != Mode::Hybrid
@@ -631,11 +637,8 @@ impl ModePolicy {
         {
             // A hybrid probe that did not hold: what hybrid measurably spins did not fit the
             // budget after all. Try less often.
-            self.hybrid_probe_every = if now.saturating_duration_since(start) >= PROBE_SUCCESS {
-                base
-            } else {
-                (self.hybrid_probe_every * 2).min(base * PROBE_BACKOFF_MAX)
-            };
+            self.hybrid_probe_every =
+                next_probe_interval(self.hybrid_probe_every, base, now.saturating_duration_since(start));
         }
         self.current = to;
         self.since = Some(now);
