@@ -127,17 +127,27 @@ run_guest() {
         log "guest $1: QEMU never reached the guest's init (a TCG boot hang, not a test result): booting it once more"
         rc=0
         _run_guest_once "$@" || rc=$?
-    elif [ "$rc" != 0 ] && [ -z "$(_step_of "$_ci_last_guest_log")" ] &&
-        tr -d '\r' < "$_ci_last_guest_log" 2>/dev/null |
-        grep -E 'Oops|BUG:|Kernel panic|general protection fault|int3' >/dev/null; then
+    else
         # The guest kernel itself died under TCG before the script's first step (seen: an
-        # int3 oops in sched_clock_cpu while the 6.12 kernel booted): no step of the test
-        # ran, so its result says nothing about pollux. Boot once more.
-        log "guest $1: the guest kernel crashed before the script's first step (console $_ci_last_guest_log): booting it once more"
-        rc=0
-        _run_guest_once "$@" || rc=$?
+        # int3 oops in sched_clock_cpu while the 6.12 kernel booted, once twice in a row):
+        # no step of the test ran, so its result says nothing about pollux. Boot again, up
+        # to three boots in all.
+        local boots=1
+        while [ "$rc" != 0 ] && [ "$boots" -lt 3 ] && _crashed_before_first_step; do
+            boots=$((boots + 1))
+            log "guest $1: the guest kernel crashed before the script's first step (console $_ci_last_guest_log): boot $boots of at most 3"
+            rc=0
+            _run_guest_once "$@" || rc=$?
+        done
     fi
     return "$rc"
+}
+
+# _crashed_before_first_step: the last guest console shows a kernel crash and no step.
+_crashed_before_first_step() {
+    [ -z "$(_step_of "$_ci_last_guest_log")" ] &&
+        tr -d '\r' < "$_ci_last_guest_log" 2>/dev/null |
+        grep -E 'Oops|BUG:|Kernel panic|general protection fault|int3' >/dev/null
 }
 
 _run_guest_once() {

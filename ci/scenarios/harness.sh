@@ -6,7 +6,9 @@
 #  - a failing guest step is reported with its name, the guest's FAIL line
 #    and the console tail,
 #  - --nvme IMG --iommu gives a controller the guest can bind to vfio-pci,
-#  - a hung guest is killed at its timeout, leaving no QEMU and no relay.
+#  - a hung guest is killed at its timeout, leaving no QEMU and no relay,
+#  - a guest kernel that crashes before the first step is booted again, three
+#    boots in all, and then fails.
 set -euo pipefail
 # shellcheck source=ci/lib.sh
 . "$(dirname "$0")/../lib.sh"
@@ -56,6 +58,17 @@ cat "$tmp/hang-report.txt" >&2
 [ "$took" -le 35 ] || fail "hung guest took ${took}s to be killed (timeout 20 s)"
 grep -q "TIMED OUT .* in step 'expected-hang'" "$tmp/hang-report.txt" ||
     fail "run_guest did not name the step the guest hung in"
+log "case 5: a guest kernel that crashes before the first step is booted three times in all"
+rc=0
+run_guest harness-crash.sh --timeout 60 2>"$tmp/crash-report.txt" || rc=$?
+cat "$tmp/crash-report.txt" >&2
+[ "$rc" != 0 ] || fail "crashing guest: run_guest returned 0"
+grep "boot 3 of at most 3" "$tmp/crash-report.txt" >/dev/null ||
+    fail "run_guest did not boot the crashed guest three times"
+if [ ! -e "$CI_LOG_DIR/guest-harness-crash.3.log" ] || [ -e "$CI_LOG_DIR/guest-harness-crash.4.log" ]; then
+    fail "want exactly three consoles of the crashing guest"
+fi
+
 # Only the greeting server may remain of what this scenario started.
 left=$(ci_tagged_pids | while read -r p; do
     c=$(tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null) || continue
