@@ -492,12 +492,8 @@ pub struct ModePolicy {
     switches: u64,
     /// Consecutive evaluations with sustained load in a sleeping mode.
     loaded: u32,
-    /// The current probe interval (grows after failed probes).
-    probe_every: Duration,
-    last_probe: Option<Instant>,
-    /// When the running busy-poll period started as a probe.
-    probing_since: Option<Instant>,
-    probes: u64,
+    /// Busy-poll probes under sustained load in a sleeping mode.
+    poll_probe: Probe,
     /// When interrupt mode was last found saturated, and at what completion rate.
     interrupt_saturated: Option<(Instant, f64)>,
     /// Hybrid's measured spin per completion in ns (smoothed over the windows that measured
@@ -505,12 +501,57 @@ pub struct ModePolicy {
     hybrid_cost: Option<(f64, Instant)>,
     /// Consecutive evaluations in interrupt mode at which a hybrid probe would be worth it.
     overlapped: u32,
-    /// The current hybrid probe interval (grows after failed probes, as the busy-poll one).
-    hybrid_probe_every: Duration,
-    last_hybrid_probe: Option<Instant>,
-    /// When the running hybrid period started as a probe.
-    hybrid_probing_since: Option<Instant>,
-    hybrid_probes: u64,
+    /// Hybrid probes where the model alone rules hybrid out while commands overlap.
+    hybrid_probe: Probe,
+}
+
+/// One kind of probe's schedule: a try of `mode` at most once per interval, which doubles
+/// after each try that did not keep the mode for [`PROBE_SUCCESS`] and goes back to its base
+/// after one that did ([`next_probe_interval`]).
+#[derive(Debug, Clone)]
+struct Probe {
+    mode: Mode,
+    /// The current interval.
+    every: Duration,
+    last: Option<Instant>,
+    /// When the running period in `mode` started as this probe.
+    since: Option<Instant>,
+    started: u64,
+}
+
+impl Probe {
+    fn new(mode: Mode, base: Option<Duration>) -> Self {
+        Self {
+            mode,
+            every: base.unwrap_or_default(),
+            last: None,
+            since: None,
+            started: 0,
+        }
+    }
+
+    /// Whether the interval since the last try has passed (`base`: probing is configured).
+    fn due(&self, base: Option<Duration>, now: Instant) -> bool {
+        base.is_some() && self.last.is_none_or(|t| now.saturating_duration_since(t) >= self.every)
+    }
+
+    fn start(&mut self, now: Instant) {
+        self.last = Some(now);
+        self.since = Some(now);
+        self.started += 1;
+    }
+
+    /// The policy switches `from` one mode `to` another at `now`: a probe of `from` that is
+    /// running ends, and sets the next interval by how long it held.
+    fn switching(&mut self, from: Mode, to: Mode, base: Option<Duration>, now: Instant) {
+        if from == self.mode
+            && to != self.mode
+            && let Some(start) = self.since.take()
+            && let Some(base) = base
+        {
+            self.every = next_probe_interval(self.every, base, now.saturating_duration_since(start));
+        }
+    }
 }
 
 /// Busy fraction from which a sleeping reactor counts as loaded (a probe candidate).
@@ -553,44 +594,38 @@ impl ModePolicy {
     /// A policy that starts in `initial`.
     pub fn new(cfg: PolicyConfig, initial: Mode) -> Self {
         Self {
-            probe_every: cfg.probe_interval.unwrap_or_default(),
+            poll_probe: Probe::new(Mode::Poll, cfg.probe_interval),
+            hybrid_probe: Probe::new(Mode::Hybrid, cfg.probe_interval),
             cfg,
             current: initial,
             since: None,
             pending: None,
             switches: 0,
             loaded: 0,
-            last_probe: None,
-            probing_since: None,
-            probes: 0,
             interrupt_saturated: None,
             hybrid_cost: None,
             overlapped: 0,
-            hybrid_probe_every: cfg.probe_interval.unwrap_or_default(),
-            last_hybrid_probe: None,
-            hybrid_probing_since: None,
-            hybrid_probes: 0,
         }
     }
 
     /// Busy-poll probes started.
     pub fn probes(&self) -> u64 {
-        self.probes
+        self.poll_probe.started
     }
 
     /// The current probe interval.
     pub fn probe_interval(&self) -> Duration {
-        self.probe_every
+        self.poll_probe.every
     }
 
     /// Hybrid probes started (see [`ModePolicy::evaluate`]).
     pub fn hybrid_probes(&self) -> u64 {
-        self.hybrid_probes
+        self.hybrid_probe.started
     }
 
     /// The current hybrid probe interval.
     pub fn hybrid_probe_interval(&self) -> Duration {
-        self.hybrid_probe_every
+        self.hybrid_probe.every
     }
 
     /// Hybrid's measured spin per completion, while it stands ([`MEASURED_TTL`]).
@@ -614,32 +649,17 @@ impl ModePolicy {
     }
 
     fn start_hybrid_probe(&mut self, now: Instant) -> Option<Mode> {
-        self.last_hybrid_probe = Some(now);
-        self.hybrid_probing_since = Some(now);
-        self.hybrid_probes += 1;
+        self.hybrid_probe.start(now);
         self.switch(Mode::Hybrid, now)
     }
 
     fn switch(&mut self, to: Mode, now: Instant) -> Option<Mode> {
-        if self.current == Mode::Poll
-            && to != Mode::Poll
-            && let Some(start) = self.probing_since.take()
-            && let Some(base) = self.cfg.probe_interval
-        {
-            // A probe that did not hold: polling did not raise the load enough (it was not
-            // saturated, or it only burned the budget). Try less often.
-            self.probe_every = next_probe_interval(self.probe_every, base, now.saturating_duration_since(start));
-        }
-        if self.current == Mode::Hybrid
-            && to != Mode::Hybrid
-            && let Some(start) = self.hybrid_probing_since.take()
-            && let Some(base) = self.cfg.probe_interval
-        {
-            // A hybrid probe that did not hold: what hybrid measurably spins did not fit the
-            // budget after all. Try less often.
-            self.hybrid_probe_every =
-                next_probe_interval(self.hybrid_probe_every, base, now.saturating_duration_since(start));
-        }
+        // A probe that did not hold tries less often: busy-poll did not raise the load enough
+        // (it was not saturated, or it only burned the budget), or what hybrid measurably
+        // spins did not fit the budget after all.
+        let base = self.cfg.probe_interval;
+        self.poll_probe.switching(self.current, to, base, now);
+        self.hybrid_probe.switching(self.current, to, base, now);
         self.current = to;
         self.since = Some(now);
         self.pending = None;
@@ -712,23 +732,23 @@ impl ModePolicy {
     /// most 1 - busy) and saves every wake-up. A band around the threshold keeps a load that
     /// hovers at it from flipping the mode.
     fn saturated(&self, i: &PolicyInputs) -> bool {
-        let band = if self.current == Mode::Poll {
+        1.0 - i.spin_busy() <= self.cfg.cpu_budget + self.band(Mode::Poll)
+    }
+
+    /// The hysteresis band on the budget for `mode`: widened while the reactor is in it (it
+    /// stays), narrowed otherwise (it enters only clearly inside).
+    fn band(&self, mode: Mode) -> f64 {
+        if self.current == mode {
             HYSTERESIS_BAND
         } else {
             -HYSTERESIS_BAND
-        };
-        1.0 - i.spin_busy() <= self.cfg.cpu_budget + band
+        }
     }
 
     /// Whether what hybrid spins (measured, or modelled from `predicted`) fits the budget,
     /// with the same band as polling, so a load near the limit does not flip the mode.
     fn hybrid_fits(&self, i: &PolicyInputs, predicted: Duration) -> bool {
-        let band = if self.current == Mode::Hybrid {
-            HYSTERESIS_BAND
-        } else {
-            -HYSTERESIS_BAND
-        };
-        Self::rate(i) * self.hybrid_spin(i, predicted).as_secs_f64() <= self.cfg.cpu_budget + band
+        Self::rate(i) * self.hybrid_spin(i, predicted).as_secs_f64() <= self.cfg.cpu_budget + self.band(Mode::Hybrid)
     }
 
     /// Interrupt mode was found saturated within [`MEASURED_TTL`], at the load of now (its
@@ -789,17 +809,9 @@ impl ModePolicy {
         } else {
             self.loaded = 0;
         }
-        if self.cfg.probe_interval.is_some()
-            && self.loaded >= PROBE_SUSTAIN
-            && dwelt
-            && self
-                .last_probe
-                .is_none_or(|t| i.now.saturating_duration_since(t) >= self.probe_every)
-        {
+        if self.loaded >= PROBE_SUSTAIN && dwelt && self.poll_probe.due(self.cfg.probe_interval, i.now) {
             self.loaded = 0;
-            self.last_probe = Some(i.now);
-            self.probing_since = Some(i.now);
-            self.probes += 1;
+            self.poll_probe.start(i.now);
             return self.switch(Mode::Poll, i.now);
         }
         // Hybrid ruled out by the model alone while commands overlap: measure it first.
@@ -808,10 +820,7 @@ impl ModePolicy {
             && self.measured_hybrid_spin(i.now).is_none()
             && !self.saturated(i)
             && i.predicted.is_some_and(|p| !self.hybrid_fits(i, p));
-        let hybrid_probe_due = self.cfg.probe_interval.is_some()
-            && self
-                .last_hybrid_probe
-                .is_none_or(|t| i.now.saturating_duration_since(t) >= self.hybrid_probe_every);
+        let hybrid_probe_due = self.hybrid_probe.due(self.cfg.probe_interval, i.now);
         self.overlapped = if overlap && self.current == Mode::Interrupt {
             self.overlapped + 1
         } else {
