@@ -1126,6 +1126,27 @@ mod tests {
         assert_eq!(s.spin_for(), 4 * US, "the same gaps, spun through");
     }
 
+    /// Policy time within which a switch the tests wait for must come.
+    const LONG: Duration = Duration::from_secs(10);
+
+    /// Evaluates `p` at `at(t)` every 2 ms of policy time (advancing `t`) until it switches,
+    /// for at most `limit`: the mode it switched to (None: none within `limit`).
+    fn next_switch(
+        p: &mut ModePolicy,
+        t: &mut Instant,
+        limit: Duration,
+        at: impl Fn(Instant) -> PolicyInputs,
+    ) -> Option<Mode> {
+        let start = *t;
+        while *t - start < limit {
+            *t += Duration::from_millis(2);
+            if let Some(m) = p.evaluate(&at(*t)) {
+                return Some(m);
+            }
+        }
+        None
+    }
+
     fn inputs(now: Instant, busy: f64, completions: u64, outstanding: f64, predicted_us: Option<u64>) -> PolicyInputs {
         PolicyInputs {
             now,
@@ -1267,11 +1288,7 @@ mod tests {
         assert_eq!(p.probes(), 1);
         // Polling did not saturate it (still half idle: over budget): back to interrupt after
         // the dwell, and the next probe waits twice as long.
-        let mut back = None;
-        while back.is_none() {
-            t += 2 * ms;
-            back = p.evaluate(&inputs(t, 0.45, 100_000, 1.0, Some(5)));
-        }
+        let back = next_switch(&mut p, &mut t, LONG, |t| inputs(t, 0.45, 100_000, 1.0, Some(5)));
         assert_eq!(back, Some(Mode::Interrupt));
         assert!(t - probed_at >= cfg.min_dwell);
         assert_eq!(p.probe_interval(), base * 2);
@@ -1282,14 +1299,7 @@ mod tests {
         }
         // The second probe finds saturation (busy-poll made the reactor 90% busy): it stays,
         // and a long stay resets the interval.
-        let mut second = None;
-        for _ in 0..200 {
-            t += 2 * ms;
-            if let Some(m) = p.evaluate(&inputs(t, 0.45, 100_000, 1.0, Some(5))) {
-                second = Some(m);
-                break;
-            }
-        }
+        let second = next_switch(&mut p, &mut t, 400 * ms, |t| inputs(t, 0.45, 100_000, 1.0, Some(5)));
         assert_eq!(second, Some(Mode::Poll));
         for _ in 0..1000 {
             t += 2 * ms;
@@ -1299,11 +1309,7 @@ mod tests {
                 "saturated: stays"
             );
         }
-        let mut left = None;
-        while left.is_none() {
-            t += 2 * ms;
-            left = p.evaluate(&inputs(t, 0.0, 0, 0.0, None));
-        }
+        let left = next_switch(&mut p, &mut t, LONG, |t| inputs(t, 0.0, 0, 0.0, None));
         assert_eq!(left, Some(Mode::Interrupt));
         assert_eq!(p.probe_interval(), base, "a probe that held resets the interval");
         // An idle reactor never probes.
@@ -1387,15 +1393,9 @@ mod tests {
             ..inputs(t, 0.2, 77_600, 4.0, Some(10))
         };
         let t0 = Instant::now();
-        let probe = |p: &mut ModePolicy, t: &mut Instant| {
-            for _ in 0..=PROBE_SUSTAIN {
-                *t += 2 * ms;
-                if let Some(m) = p.evaluate(&qd8(*t, None)) {
-                    return Some(m);
-                }
-            }
-            None
-        };
+        // The hybrid probe comes within PROBE_SUSTAIN + 1 evaluations of the load.
+        let probe =
+            |p: &mut ModePolicy, t: &mut Instant| next_switch(p, t, 2 * ms * (PROBE_SUSTAIN + 1), |t| qd8(t, None));
 
         // Measured 3 us per completion: 0.23 of a core, inside 0.3. Hybrid stays, and a
         // probe that held leaves the interval at its base.
@@ -1410,11 +1410,7 @@ mod tests {
         }
         assert_eq!(p.measured_hybrid_spin(t), Some(3 * US));
         // The load goes; the next evaluation leaves hybrid for interrupt.
-        let mut left = None;
-        while left.is_none() {
-            t += 2 * ms;
-            left = p.evaluate(&inputs(t, 0.0, 0, 0.0, None));
-        }
+        let left = next_switch(&mut p, &mut t, LONG, |t| inputs(t, 0.0, 0, 0.0, None));
         assert_eq!(left, Some(Mode::Interrupt));
         assert_eq!(p.hybrid_probe_interval(), base, "a probe that held");
 
@@ -1424,11 +1420,7 @@ mod tests {
         let mut t = t0;
         assert_eq!(probe(&mut p, &mut t), Some(Mode::Hybrid));
         let probed_at = t;
-        let mut back = None;
-        while back.is_none() {
-            t += 2 * ms;
-            back = p.evaluate(&qd8(t, Some(6)));
-        }
+        let back = next_switch(&mut p, &mut t, LONG, |t| qd8(t, Some(6)));
         assert_eq!(back, Some(Mode::Interrupt));
         assert!(t - probed_at >= cfg.min_dwell);
         assert_eq!(p.hybrid_probe_interval(), base * 2);
@@ -1444,14 +1436,10 @@ mod tests {
         // interrupt; it goes to hybrid instead, and stays there while its measured spin fits.
         let mut p = ModePolicy::new(cfg, Mode::Poll);
         let mut t = t0;
-        let mut to = None;
-        while to.is_none() && t - t0 < Duration::from_millis(200) {
-            t += 2 * ms;
-            to = p.evaluate(&PolicyInputs {
-                busy_fraction: 0.4,
-                ..qd8(t, None)
-            });
-        }
+        let to = next_switch(&mut p, &mut t, Duration::from_millis(200), |t| PolicyInputs {
+            busy_fraction: 0.4,
+            ..qd8(t, None)
+        });
         assert_eq!(to, Some(Mode::Hybrid), "busy-poll leaves by way of hybrid");
         assert_eq!(p.hybrid_probes(), 1);
         for _ in 0..1000 {
@@ -1517,11 +1505,7 @@ mod tests {
         let t0 = Instant::now();
         let mut p = ModePolicy::new(cfg, Mode::Interrupt);
         let mut t = t0;
-        let mut to = None;
-        while to.is_none() {
-            t += 2 * ms;
-            to = p.evaluate(&load(t, 0.95, 50_000));
-        }
+        let to = next_switch(&mut p, &mut t, LONG, |t| load(t, 0.95, 50_000));
         assert_eq!(to, Some(Mode::Poll), "saturated in interrupt mode");
         let polled_at = t;
         while t - polled_at < MEASURED_TTL - 10 * ms {
@@ -1533,25 +1517,18 @@ mod tests {
             );
         }
         // Past the measurement's life: back to interrupt, which measures again.
-        let mut to = None;
-        while to.is_none() {
-            t += 2 * ms;
-            to = p.evaluate(&load(t, 0.45, 50_000));
-        }
+        let to = next_switch(&mut p, &mut t, LONG, |t| load(t, 0.45, 50_000));
         assert_eq!(to, Some(Mode::Interrupt));
         assert!(t - polled_at >= MEASURED_TTL);
         // A lighter load is not the one measured: busy-poll leaves after its dwell.
         let mut p = ModePolicy::new(cfg, Mode::Interrupt);
         let mut t = t0;
-        while p.evaluate(&load(t, 0.95, 50_000)).is_none() {
-            t += 2 * ms;
-        }
+        assert_eq!(
+            next_switch(&mut p, &mut t, LONG, |t| load(t, 0.95, 50_000)),
+            Some(Mode::Poll)
+        );
         let polled_at = t;
-        let mut to = None;
-        while to.is_none() {
-            t += 2 * ms;
-            to = p.evaluate(&load(t, 0.2, 35_000));
-        }
+        let to = next_switch(&mut p, &mut t, LONG, |t| load(t, 0.2, 35_000));
         assert_eq!(to, Some(Mode::Interrupt));
         assert!(t - polled_at < 2 * cfg.min_dwell, "left at the dwell");
         // Nor is a load without device completions (a RAM namespace: sockets only), whatever
