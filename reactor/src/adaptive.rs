@@ -496,12 +496,11 @@ pub struct ModePolicy {
     loaded: u32,
     /// Busy-poll probes under sustained load in a sleeping mode.
     poll_probe: Probe,
-    /// The work per device completion in ns that busy-poll measured (smoothed over its
-    /// windows), and when it last did: see [`ModePolicy::poll_busy`].
-    poll_work: Option<(f64, Instant)>,
-    /// Hybrid's measured spin per completion in ns (smoothed over the windows that measured
-    /// it), and when it was last measured.
-    hybrid_cost: Option<(f64, Instant)>,
+    /// The work per device completion that busy-poll measured: see
+    /// [`ModePolicy::poll_busy`].
+    poll_work: Measured,
+    /// Hybrid's measured spin per completion.
+    hybrid_cost: Measured,
     /// Consecutive evaluations in interrupt mode at which a hybrid probe would be worth it.
     overlapped: u32,
     /// Hybrid probes where the model alone rules hybrid out while commands overlap.
@@ -594,14 +593,35 @@ const MEASURED_EWMA: f64 = 0.25;
 /// before it rules hybrid out.
 pub const OVERLAP_MIN: f64 = 1.5;
 
-/// Folds a window's measurement `x` into a smoothed figure and dates it `now`; a figure
-/// older than `ttl` is replaced.
-fn smooth(figure: &mut Option<(f64, Instant)>, x: f64, ttl: Duration, now: Instant) {
-    let smoothed = match *figure {
-        Some((c, t)) if now.saturating_duration_since(t) < ttl => c + MEASURED_EWMA * (x - c),
-        _ => x,
-    };
-    *figure = Some((smoothed, now));
+/// A figure measured of a mode per completion, in ns: smoothed over the windows that
+/// measured it ([`MEASURED_EWMA`]), standing for `ttl` after the last of them.
+#[derive(Debug, Clone)]
+struct Measured {
+    ttl: Duration,
+    /// The smoothed figure and when it was last measured.
+    figure: Option<(f64, Instant)>,
+}
+
+impl Measured {
+    fn new(ttl: Duration) -> Self {
+        Self { ttl, figure: None }
+    }
+
+    /// Folds a window's measurement `ns` in and dates it `now`; a stale figure is replaced.
+    fn fold(&mut self, ns: f64, now: Instant) {
+        let smoothed = match self.figure {
+            Some((c, t)) if now.saturating_duration_since(t) < self.ttl => c + MEASURED_EWMA * (ns - c),
+            _ => ns,
+        };
+        self.figure = Some((smoothed, now));
+    }
+
+    /// The figure, while it stands.
+    fn get(&self, now: Instant) -> Option<Duration> {
+        self.figure
+            .filter(|&(_, t)| now.saturating_duration_since(t) < self.ttl)
+            .map(|(ns, _)| Duration::from_nanos(ns as u64))
+    }
 }
 
 /// The probe interval after a probe that kept its mode for `held`: back to `base` when that
@@ -626,8 +646,8 @@ impl ModePolicy {
             pending: None,
             switches: 0,
             loaded: 0,
-            poll_work: None,
-            hybrid_cost: None,
+            poll_work: Measured::new(POLL_WORK_TTL),
+            hybrid_cost: Measured::new(MEASURED_TTL),
             overlapped: 0,
         }
     }
@@ -654,9 +674,7 @@ impl ModePolicy {
 
     /// Hybrid's measured spin per completion, while it stands ([`MEASURED_TTL`]).
     pub fn measured_hybrid_spin(&self, now: Instant) -> Option<Duration> {
-        self.hybrid_cost
-            .filter(|&(_, t)| now.saturating_duration_since(t) < MEASURED_TTL)
-            .map(|(ns, _)| Duration::from_nanos(ns as u64))
+        self.hybrid_cost.get(now)
     }
 
     /// What hybrid would spin per completion at `i`: as measured while that stands,
@@ -774,9 +792,7 @@ impl ModePolicy {
 
     /// Busy-poll's measured work per device completion, while it stands ([`POLL_WORK_TTL`]).
     pub fn measured_poll_work(&self, now: Instant) -> Option<Duration> {
-        self.poll_work
-            .filter(|&(_, t)| now.saturating_duration_since(t) < POLL_WORK_TTL)
-            .map(|(ns, _)| Duration::from_nanos(ns as u64))
+        self.poll_work.get(now)
     }
 
     /// The hysteresis band on the budget for `mode`: widened while the reactor is in it (it
@@ -816,13 +832,12 @@ impl ModePolicy {
     /// while that fits the budget and leaves after [`PROBE_DWELL`] if not.
     pub fn evaluate(&mut self, i: &PolicyInputs) -> Option<Mode> {
         if let Some(m) = i.hybrid_measured {
-            smooth(&mut self.hybrid_cost, m.as_nanos() as f64, MEASURED_TTL, i.now);
+            self.hybrid_cost.fold(m.as_nanos() as f64, i.now);
         }
         // Only device completions price a load by its work (sockets alone, as a RAM
         // namespace's, leave it to the reading and the busy-poll probe).
         if self.current == Mode::Poll && i.completions > 0 {
-            let ns = i.spin_busy() / Self::rate(i) * 1e9;
-            smooth(&mut self.poll_work, ns, POLL_WORK_TTL, i.now);
+            self.poll_work.fold(i.spin_busy() / Self::rate(i) * 1e9, i.now);
         }
         let want = self.desired(i);
         let dwell = if self.poll_probe.running(self.current) || self.hybrid_probe.running(self.current) {
