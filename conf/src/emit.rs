@@ -6,7 +6,7 @@ use crate::nqn::{format_uuid, hex};
 use crate::size::format_size;
 use std::path::PathBuf;
 
-use crate::{Backend, Config, Dhchap, HostKeys, Latency, NvmeBackend, NvmeDevice, TlsKey, TlsMode};
+use crate::{Backend, Config, Dhchap, HostKeys, Latency, NvmeBackend, NvmeDevice, RBD_OP_TIMEOUT_S, TlsKey, TlsMode};
 
 /// A TOML string literal for `s`, escaped by the toml crate itself so any
 /// NQN (which may hold arbitrary UTF-8 after the colon) survives.
@@ -186,9 +186,18 @@ pub(crate) fn to_toml(c: &Config) -> String {
             ) {
                 let _ = writeln!(o, "block_size = {}", n.block_size);
             }
-            let _ = writeln!(o, "uuid = {}", quote(&format_uuid(&n.uuid)));
-            let _ = writeln!(o, "nguid = {}", quote(&hex(&n.nguid)));
-            let _ = writeln!(o, "eui64 = {}", quote(&hex(&n.eui64)));
+            // Identifiers are written only where the conf gave them: derived ones are
+            // derived again (and an RBD namespace's come from its cluster and image at
+            // start, the same on every gateway).
+            if n.given_ids.uuid {
+                let _ = writeln!(o, "uuid = {}", quote(&format_uuid(&n.uuid)));
+            }
+            if n.given_ids.nguid {
+                let _ = writeln!(o, "nguid = {}", quote(&hex(&n.nguid)));
+            }
+            if n.given_ids.eui64 {
+                let _ = writeln!(o, "eui64 = {}", quote(&hex(&n.eui64)));
+            }
             if n.ana_group != 1 {
                 let _ = writeln!(o, "ana_group = {}", n.ana_group);
             }
@@ -223,6 +232,29 @@ pub(crate) fn to_toml(c: &Config) -> String {
                         ),
                     };
                     let _ = writeln!(o, "backend = {{ nvme = {{ {dev}, nsid = {nsid} }} }}");
+                }
+                Backend::Rbd(r) => {
+                    let mut keys = vec![
+                        format!("pool = {}", quote(&r.pool)),
+                        format!("image = {}", quote(&r.image)),
+                    ];
+                    if let Some(ns) = &r.rados_namespace {
+                        keys.push(format!("rados_namespace = {}", quote(ns)));
+                    }
+                    keys.push(format!("ceph_conf = {}", path(&r.ceph_conf)));
+                    if r.user != "admin" {
+                        keys.push(format!("user = {}", quote(&r.user)));
+                    }
+                    if let Some(k) = &r.keyring {
+                        keys.push(format!("keyring = {}", path(k)));
+                    }
+                    if r.write_cache {
+                        keys.push("write_cache = true".into());
+                    }
+                    if r.op_timeout_s != RBD_OP_TIMEOUT_S {
+                        keys.push(format!("op_timeout_s = {}", r.op_timeout_s));
+                    }
+                    let _ = writeln!(o, "backend = {{ rbd = {{ {} }} }}", keys.join(", "));
                 }
                 Backend::Sim(sim) => {
                     let _ = writeln!(o, "\n[subsystem.namespace.backend.sim]");

@@ -671,11 +671,26 @@ pub struct Namespace {
     pub nguid: [u8; 16],
     /// IEEE extended unique identifier (given or derived).
     pub eui64: [u8; 8],
+    /// Which of `uuid`, `nguid` and `eui64` the conf gave. An `rbd` namespace's derived
+    /// identifiers are replaced at start by ones derived from the cluster and the image
+    /// ([`RbdBackend`]), so that every gateway serving the image presents the same namespace.
+    pub given_ids: GivenIds,
     /// Its ANA group (NVMe 2.0 §8.1.3), 1..=[`ANAGRPMAX`]: its state on each listener is the
     /// listener's for the group.
     pub ana_group: u32,
     /// Its own `polling` (None: the subsystem's; see [`Subsystem::polling_of`]).
     pub polling: Option<Polling>,
+}
+
+/// Which namespace identifiers a conf gave explicitly (the others are derived).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GivenIds {
+    /// `uuid` was given.
+    pub uuid: bool,
+    /// `nguid` was given.
+    pub nguid: bool,
+    /// `eui64` was given.
+    pub eui64: bool,
 }
 
 /// The storage behind a namespace. More kinds may be added; match on it
@@ -696,6 +711,9 @@ pub enum Backend {
     /// driver: a PCI function bound to vfio-pci, or the in-process fake
     /// controller (testing).
     Nvme(NvmeBackend),
+    /// A Ceph RBD image, reached through librbd (loaded at run time): pollux as a gateway
+    /// to a distributed store.
+    Rbd(RbdBackend),
 }
 
 impl Backend {
@@ -707,6 +725,44 @@ impl Backend {
             Backend::File(_) => "file",
             Backend::Sim(_) => "sim",
             Backend::Nvme(_) => "nvme",
+            Backend::Rbd(_) => "rbd",
+        }
+    }
+}
+
+/// The default `op_timeout_s` of an `rbd` backend.
+pub const RBD_OP_TIMEOUT_S: u32 = 10;
+
+/// An `rbd` backend: a Ceph RBD image.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RbdBackend {
+    /// The RADOS pool.
+    pub pool: String,
+    /// The image's name.
+    pub image: String,
+    /// The RADOS namespace within the pool (None: the default one).
+    pub rados_namespace: Option<String>,
+    /// The cluster's configuration file (absolute; default `/etc/ceph/ceph.conf`).
+    pub ceph_conf: PathBuf,
+    /// The Ceph user, without `client.` (default `admin`).
+    pub user: String,
+    /// A keyring file (owner-only), when not the one `ceph_conf` names.
+    pub keyring: Option<PathBuf>,
+    /// librbd's writeback cache: writes complete once cached in this gateway, the
+    /// namespace reports a volatile write cache, and Flush and FUA writes reach the
+    /// cluster. Off (the default): a write completes once the cluster has it.
+    pub write_cache: bool,
+    /// Seconds a command may wait on the cluster before it fails with a retryable status
+    /// (librados' `rados_osd_op_timeout`; also bounds connecting), 1..=300.
+    pub op_timeout_s: u32,
+}
+
+impl RbdBackend {
+    /// `pool[/rados_namespace]/image`, as `rbd` writes an image spec.
+    pub fn spec(&self) -> String {
+        match &self.rados_namespace {
+            Some(ns) => format!("{}/{ns}/{}", self.pool, self.image),
+            None => format!("{}/{}", self.pool, self.image),
         }
     }
 }

@@ -173,6 +173,20 @@ pub(crate) struct RawBackend {
     pub file: Option<RawFile>,
     pub sim: Option<RawSim>,
     pub nvme: Option<RawNvme>,
+    pub rbd: Option<RawRbd>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRbd {
+    pub pool: Spanned<String>,
+    pub image: Spanned<String>,
+    pub ceph_conf: Option<Spanned<String>>,
+    pub user: Option<Spanned<String>>,
+    pub keyring: Option<Spanned<String>>,
+    pub rados_namespace: Option<Spanned<String>>,
+    pub write_cache: Option<Spanned<bool>>,
+    pub op_timeout_s: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]

@@ -88,6 +88,7 @@ fn hand_built_config_round_trips() {
     c.keep_alive = KeepAlive { min_ms: 10, max_ms: 20 };
     c.subsystems[0].namespaces[0].backend = Backend::Ram { size: 1536 << 20 };
     c.subsystems[0].namespaces[0].uuid[0] ^= 0xff;
+    c.subsystems[0].namespaces[0].given_ids.uuid = true;
     round_trip(&c);
 }
 

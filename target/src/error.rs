@@ -48,6 +48,26 @@ pub enum TargetError {
         #[source]
         source: io::Error,
     },
+    /// librbd could not be loaded: an rbd namespace cannot be served on this machine.
+    #[error("cannot load {lib} ({why}): install Ceph's librbd (Debian: apt-get install librbd1) to serve RBD images")]
+    RbdLibrary {
+        /// The library file.
+        lib: &'static str,
+        /// The loader's reason.
+        why: String,
+    },
+    /// A librados or librbd call on an image failed.
+    #[error("rbd image {image} (ceph conf {}): {what}: {}", conf.display(), errno_text(*errno))]
+    Rbd {
+        /// The image, `pool[/namespace]/image`.
+        image: String,
+        /// The cluster's configuration file.
+        conf: PathBuf,
+        /// What pollux was doing, and what it means.
+        what: String,
+        /// The negative errno librados or librbd returned.
+        errno: i32,
+    },
     /// A backing file is missing and the conf gives no size to create it.
     #[error("{} does not exist and no `size` is given to create it", path.display())]
     FileMissing {
@@ -160,4 +180,13 @@ pub enum TargetError {
     /// The reactors could not be started or stopped.
     #[error(transparent)]
     Reactor(#[from] pollux_reactor::ReactorError),
+}
+
+/// A librados/librbd return code (a negative errno) as text.
+fn errno_text(errno: i32) -> String {
+    format!(
+        "{} (errno {})",
+        io::Error::from_raw_os_error(errno.saturating_abs()),
+        errno.saturating_abs()
+    )
 }

@@ -285,14 +285,28 @@ pub fn build_namespace(
     // An NVMe namespace has its device format's block size.
     let block_size = backend.block_size().unwrap_or(n.block_size);
     let bytes = backend.len();
+    // The store's own identifiers (an RBD image's, the same on every gateway) replace the
+    // ones derived from this conf, except where the conf gave them.
+    let (mut uuid, mut nguid, mut eui64) = (n.uuid, n.nguid, n.eui64);
+    if let Some(ids) = backend.ids() {
+        if !n.given_ids.uuid {
+            uuid = ids.uuid;
+        }
+        if !n.given_ids.nguid {
+            nguid = ids.nguid;
+        }
+        if !n.given_ids.eui64 {
+            eui64 = ids.eui64;
+        }
+    }
     Ok(Arc::new(Namespace {
         nsid: n.nsid,
         block_size,
         block_shift: block_size.trailing_zeros(),
         blocks: bytes / u64::from(block_size),
-        uuid: n.uuid,
-        nguid: n.nguid,
-        eui64: n.eui64,
+        uuid,
+        nguid,
+        eui64,
         ana_group: n.ana_group,
         inline_reads: backend.caps().inline_reads,
         backend,

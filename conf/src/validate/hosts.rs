@@ -118,6 +118,18 @@ pub fn read_tls_key_file(path: &Path) -> Result<ConfiguredPsk, String> {
 /// A key file's secret; refused unless it is a regular file that neither group nor others
 /// may read or write (as ssh refuses a private key others can read).
 fn read_secret_file<K>(path: &Path, parse: &dyn Fn(&str) -> Result<K, String>) -> Result<K, String> {
+    let meta = check_owner_only(path)?;
+    if meta.len() > KEY_FILE_MAX {
+        return Err(format!("is {} bytes: not a key", meta.len()));
+    }
+    let text = Zeroizing::new(std::fs::read_to_string(path).map_err(|e| format!("cannot be read: {e}"))?);
+    parse(&text)
+}
+
+/// A file holding a secret (a key file, a Ceph keyring): its metadata, or why it is
+/// refused: not a regular file, or one that group or others may read or write (as ssh
+/// refuses a private key others can read).
+pub(super) fn check_owner_only(path: &Path) -> Result<std::fs::Metadata, String> {
     let meta = std::fs::metadata(path).map_err(|e| format!("cannot be read: {e}"))?;
     if !meta.is_file() {
         return Err("is not a regular file".into());
@@ -128,11 +140,7 @@ fn read_secret_file<K>(path: &Path, parse: &dyn Fn(&str) -> Result<K, String>) -
             "is accessible to others (mode {mode:04o}): a key file must be readable by its owner only (chmod 600)"
         ));
     }
-    if meta.len() > KEY_FILE_MAX {
-        return Err(format!("is {} bytes: not a key", meta.len()));
-    }
-    let text = Zeroizing::new(std::fs::read_to_string(path).map_err(|e| format!("cannot be read: {e}"))?);
-    parse(&text)
+    Ok(meta)
 }
 
 /// `dhchap_hashes` and `dhchap_dh_groups`, most preferred first.

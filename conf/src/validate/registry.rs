@@ -32,6 +32,8 @@ pub(super) struct IdRegistry {
     pub(super) nvme: HashMap<(String, u32), (IdOwner, usize)>,
     /// Whether each NVMe device name is a PCI function (true) or a fake one.
     pub(super) nvme_kinds: HashMap<String, (bool, usize)>,
+    /// RBD images in use, with the line naming them.
+    pub(super) rbd: HashMap<super::backend::ImageKey, (IdOwner, usize)>,
 }
 
 /// All-zero identifiers mean "not reported" in Identify Namespace and the

@@ -15,7 +15,7 @@ use crate::error::ConfError;
 use crate::ids::{derive_ids, derive_serial};
 use crate::nqn::{DISCOVERY_NQN, format_uuid, hex, parse_hex, parse_uuid, validate_nqn};
 use crate::raw::{RawNamespace, RawSubsystem};
-use crate::{Backend, MAX_CNTLID, MIN_CNTLID, Namespace, NvmeBackend, NvmeDevice, Polling, Subsystem};
+use crate::{Backend, GivenIds, MAX_CNTLID, MIN_CNTLID, Namespace, NvmeBackend, NvmeDevice, Polling, Subsystem};
 
 /// Identify Controller SN and MN widths (NVMe Base, Identify Controller data
 /// structure): ASCII, space padded.
@@ -350,6 +350,11 @@ fn namespace(
         uuid,
         nguid,
         eui64,
+        given_ids: GivenIds {
+            uuid: n.uuid.is_some(),
+            nguid: n.nguid.is_some(),
+            eui64: n.eui64.is_some(),
+        },
         ana_group,
         polling,
     })

@@ -2,7 +2,8 @@
 //!
 //! A [`Backend`] is a namespace's data store, shared by every reactor: RAM ([`ram`]), a
 //! simulated SSD ([`sim`]), a file or block device through io_uring ([`file`]), a namespace of
-//! a local NVMe SSD through pollux's userspace driver ([`nvme`]). A backend that completes
+//! a local NVMe SSD through pollux's userspace driver ([`nvme`]), a Ceph RBD image through
+//! librbd ([`rbd`]). A backend that completes
 //! commands asynchronously opens one [`Channel`] per reactor (for an SSD its own queue pair,
 //! for a file its own io_uring): the channel takes typed operations ([`BlockOp`]), completes
 //! each with one [`Completion`] type through the function its reactor gave it, and tells the
@@ -15,6 +16,7 @@
 pub mod file;
 pub mod nvme;
 pub mod ram;
+pub mod rbd;
 pub mod sim;
 
 use std::any::Any;
@@ -279,6 +281,12 @@ pub trait Backend: Send + Sync + std::fmt::Debug + Any {
     fn device_health(&self) -> Option<(&str, Health)> {
         None
     }
+    /// Identifiers the store itself determines (an RBD image: its cluster and image), used
+    /// for the namespace in place of those derived from the conf's subsystem and nsid
+    /// unless the conf gives them.
+    fn ids(&self) -> Option<pollux_conf::DerivedIds> {
+        None
+    }
     /// Starts of this store under pollux and unsafe shutdowns among them, where the store
     /// keeps that record (files).
     fn shutdown_record(&self) -> Option<(u64, u64)> {
@@ -500,6 +508,7 @@ pub fn open(n: &pollux_conf::Namespace, reactors: usize) -> Result<Box<dyn Backe
         Conf::Sim(sim) => Box::new(sim::SimDisk::open(sim)?),
         Conf::File(f) => Box::new(file::FileDisk::open(&f.path, f.size, f.direct, f.shared, n.block_size)?),
         Conf::Nvme(b) => Box::new(nvme::SsdDevice::open(b, n.block_size, reactors)?),
+        Conf::Rbd(b) => Box::new(rbd::RbdDisk::open(b, n.block_size)?),
     })
 }
 

@@ -13,10 +13,13 @@ use crate::raw::{RawBackend, RawSize};
 
 mod file;
 mod nvme;
+mod rbd;
 mod sim;
 
 use file::file_backend;
 use nvme::nvme_backend;
+pub(super) use rbd::ImageKey;
+use rbd::rbd_backend;
 use sim::sim_backend;
 
 pub(super) fn backend(
@@ -28,17 +31,18 @@ pub(super) fn backend(
     block_size: u32,
     ids: &mut IdRegistry,
 ) -> Result<Backend, ConfError> {
-    match (&b.ram, &b.file, &b.sim, &b.nvme) {
-        (Some(ram), None, None, None) => Ok(Backend::Ram {
+    match (&b.ram, &b.file, &b.sim, &b.nvme, &b.rbd) {
+        (Some(ram), None, None, None, None) => Ok(Backend::Ram {
             size: capacity(cx, &ram.size, "RAM", block_size)?,
         }),
-        (None, Some(file), None, None) => {
+        (None, Some(file), None, None, None) => {
             file_backend(cx, file, nqn, nsid, block_size, &mut ids.files).map(Backend::File)
         }
-        (None, None, Some(sim), None) => sim_backend(cx, sim, nsid, nsid_span, block_size).map(Backend::Sim),
-        (None, None, None, Some(nvme)) => {
+        (None, None, Some(sim), None, None) => sim_backend(cx, sim, nsid, nsid_span, block_size).map(Backend::Sim),
+        (None, None, None, Some(nvme), None) => {
             nvme_backend(cx, nvme, nqn, nsid, nsid_span, block_size, ids).map(Backend::Nvme)
         }
+        (None, None, None, None, Some(rbd)) => rbd_backend(cx, rbd, nqn, nsid, &mut ids.rbd).map(Backend::Rbd),
         _ => {
             // None or several. toml 0.8 cannot give the span of an (implicit)
             // table, so each kind is located by its required key.
@@ -54,6 +58,9 @@ pub(super) fn backend(
             }
             if let Some(span) = b.nvme.as_ref().and_then(|n| n.pci.as_ref().or(n.fake.as_ref())) {
                 kinds.push(("nvme", span.span()));
+            }
+            if let Some(r) = &b.rbd {
+                kinds.push(("rbd", r.pool.span()));
             }
             kinds.sort_by_key(|(_, span)| span.start);
             Err(match kinds.as_slice() {

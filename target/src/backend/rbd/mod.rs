@@ -1,0 +1,741 @@
+//! Ceph RBD images: pollux as a gateway to a distributed store (SPDK: `module/bdev/rbd`;
+//! the Ceph NVMe-oF gateway builds on it).
+//!
+//! librbd is loaded at run time ([`client::library`], from bindgen's dynamic-loading
+//! bindings in [`sys`]): building pollux never needs Ceph, and an rbd namespace on a machine
+//! without librbd fails to open with an error naming the library while the rest serves.
+//!
+//! One image handle per namespace, shared by the reactors. librbd's handles are
+//! thread-safe, and a handle per reactor would make the reactors of one gateway separate
+//! clients of the image: with the exclusive-lock feature (on by default) their writes
+//! would pass the lock back and forth between them. Each reactor has its own channel:
+//! its commands' `rbd_aio_*` completions carry a pointer to that channel's inbox, and the
+//! completion callback (on librbd's thread) only pushes the finished operation onto the
+//! inbox's lock-free queue and writes its eventfd. The reactor drains the queue when it
+//! polls (busy-poll, hybrid) or when the eventfd wakes it (interrupt), so every mode works
+//! and the adaptive policy sees librbd's latency like any device's. This is librbd's
+//! `rbd_set_image_notification` mechanism with the queue per reactor instead of per image:
+//! with one notification eventfd per image, every reactor would be woken for every other
+//! reactor's completions.
+//!
+//! Connecting, opening, closing and resizing block on the cluster: they run on the thread
+//! that opens the namespace (start, a control client) and on a closer thread, never on a
+//! reactor. Every wait is bounded by `op_timeout_s` (librados' op timeouts); a command
+//! still unanswered twice that long after its submission completes with Namespace Not
+//! Ready (retryable) anyway, so the host retries rather than times out.
+
+pub mod client;
+#[rustfmt::skip]
+pub mod sys;
+
+use std::collections::VecDeque;
+use std::ffi::c_void;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crossbeam_queue::SegQueue;
+use pollux_conf::{DerivedIds, RbdBackend};
+use pollux_nvme::spec::Status;
+use pollux_reactor::sys::EventFd;
+use pollux_reactor::{ChannelKey, LatencyModel, Progress, Reactor};
+use tracing::{info, warn};
+
+use super::{Backend, BlockOp, Caps, Channel, ChannelEnv, CompleteFn, Completion, ReadData, Tag, WriteData};
+use crate::backend::account_completion;
+use crate::error::TargetError;
+use crate::subsystem::Namespace;
+use client::{Cluster, Image, SizeWatch, library, rbd_error};
+
+/// How often a channel with commands in flight runs even without a completion: it answers
+/// the commands the cluster has kept past their bound.
+const WATCHDOG: Duration = Duration::from_millis(250);
+/// A completion seen within this long of the previous poll was seen when it happened
+/// (busy polling): its latency is exact.
+const EXACT_GAP: Duration = Duration::from_micros(5);
+
+/// The health of a namespace's connection to its cluster, as the I/O sees it.
+#[derive(Debug, Default)]
+pub struct RbdHealth {
+    /// Operations completed by librbd.
+    pub ops: AtomicU64,
+    /// Of them, those that failed because the cluster did not answer in time or was
+    /// unreachable (ETIMEDOUT, ESHUTDOWN, ...): answered with Namespace Not Ready.
+    pub unavailable: AtomicU64,
+    /// Other failed operations.
+    pub errors: AtomicU64,
+    /// Commands answered by pollux's own bound before librbd completed them.
+    pub overdue: AtomicU64,
+    /// The last operation failed for the cluster's unavailability (cleared by a success).
+    pub degraded: AtomicBool,
+}
+
+/// An RBD image served as a namespace.
+#[derive(Debug)]
+pub struct RbdDisk {
+    /// The conf that opened it.
+    pub conf: RbdBackend,
+    image: Option<Arc<Image>>,
+    len: u64,
+    /// The cluster's fsid.
+    pub fsid: String,
+    /// The image's id.
+    pub image_id: String,
+    /// The image has the exclusive-lock feature.
+    pub exclusive_lock: bool,
+    /// Header updates (resizes) seen by the watch.
+    pub watch: Arc<SizeWatch>,
+    /// The connection's health.
+    pub health: Arc<RbdHealth>,
+}
+
+impl RbdDisk {
+    /// Connect (or reuse the connection to) `b`'s cluster and open its image. Blocks on the
+    /// cluster, within `op_timeout_s`.
+    pub fn open(b: &RbdBackend, block_size: u32) -> Result<Self, TargetError> {
+        library()?;
+        let cluster = Cluster::get(b)?;
+        let mut image = Image::open(cluster, b)?;
+        let len = image
+            .size()
+            .map_err(|rc| rbd_error(b, "cannot read the image's size", rc.into()))?;
+        if len == 0 || len % u64::from(block_size) != 0 {
+            return Err(rbd_error(
+                b,
+                format!("the image's size, {len} bytes, is not a positive multiple of the block size {block_size}"),
+                -i64::from(libc::EINVAL),
+            ));
+        }
+        let watch = Arc::new(SizeWatch::default());
+        if let Err(rc) = image.watch(watch.clone()) {
+            warn!(image = %b.spec(), rc, "cannot watch the image's header: a resize by another client is not noticed");
+        }
+        let exclusive_lock = image.features & u64::from(sys::RBD_FEATURE_EXCLUSIVE_LOCK) != 0;
+        if exclusive_lock {
+            // Two clients writing an image with exclusive-lock pass the lock to and fro, each
+            // write waiting for the other gateway to release it. With ANA groups one
+            // gateway is optimized for the namespace and the hosts write through it; the
+            // others take the lock only on failover.
+            info!(image = %b.spec(), "the image has exclusive-lock: write it through one gateway at a time (its optimized ANA group); writes through two gateways at once pass the lock between them");
+        }
+        info!(
+            image = %b.spec(),
+            fsid = %image.cluster.fsid,
+            id = %image.id,
+            bytes = len,
+            write_cache = b.write_cache,
+            "rbd namespace opened"
+        );
+        Ok(Self {
+            conf: b.clone(),
+            len,
+            fsid: image.cluster.fsid.clone(),
+            image_id: image.id.clone(),
+            exclusive_lock,
+            image: Some(Arc::new(image)),
+            watch,
+            health: Arc::new(RbdHealth::default()),
+        })
+    }
+
+    /// The identifiers every gateway serving this image presents: derived from the
+    /// cluster's fsid, the pool's id, the RADOS namespace and the image's id (which a
+    /// rename keeps), never from the subsystem or nsid of one gateway's conf.
+    pub fn derived_ids(&self) -> DerivedIds {
+        let pool_id = self.image.as_ref().map_or(0, |i| i.pool_id);
+        let key = format!(
+            "rbd:{}/{}/{}/{}",
+            self.fsid,
+            pool_id,
+            self.conf.rados_namespace.as_deref().unwrap_or(""),
+            self.image_id
+        );
+        pollux_conf::derive_ids(&key, 0)
+    }
+
+    /// Whether this gateway holds the image's exclusive lock now (blocks briefly on
+    /// librbd's state, not on the cluster).
+    pub fn owns_lock(&self) -> bool {
+        self.image.as_ref().is_some_and(|i| i.owns_lock())
+    }
+}
+
+impl Drop for RbdDisk {
+    /// Closing the image flushes and releases its lock on the cluster: it happens on a
+    /// closer thread, whichever thread (a reactor, say) drops the namespace. Channels hold
+    /// the image too; the last holder closes it ([`ImageRef`]).
+    fn drop(&mut self) {
+        drop(ImageRef(self.image.take()));
+    }
+}
+
+/// A holder of the image that, when it is the last, closes it on a closer thread.
+struct ImageRef(Option<Arc<Image>>);
+
+impl Drop for ImageRef {
+    fn drop(&mut self) {
+        let Some(img) = self.0.take().and_then(Arc::into_inner) else {
+            return;
+        };
+        let spawned = std::thread::Builder::new()
+            .name("rbd-close".into())
+            .spawn(move || drop(img));
+        if let Err(e) = spawned {
+            warn!(error = %e, "cannot start a thread to close an rbd image: its handle is leaked");
+        }
+    }
+}
+
+impl Backend for RbdDisk {
+    fn kind(&self) -> &'static str {
+        "rbd"
+    }
+
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn io_path(&self) -> &'static str {
+        "librbd"
+    }
+
+    /// With librbd's writeback cache a write completes once cached in this gateway:
+    /// a volatile write cache, made durable by Flush (and FUA writes).
+    fn caps(&self) -> Caps {
+        Caps {
+            volatile_cache: self.conf.write_cache,
+            ..Caps::default()
+        }
+    }
+
+    fn ids(&self) -> Option<DerivedIds> {
+        Some(self.derived_ids())
+    }
+
+    fn open_channel(&self, ns: &Arc<Namespace>, env: &ChannelEnv) -> Result<Box<dyn Channel>, TargetError> {
+        let image = self
+            .image
+            .clone()
+            .ok_or_else(|| rbd_error(&self.conf, "the image is closed", -i64::from(libc::ESHUTDOWN)))?;
+        let ch = RbdChannel::new(ns.clone(), image, self, env).map_err(|e| {
+            rbd_error(
+                &self.conf,
+                format!("cannot open a channel: {e}"),
+                -i64::from(libc::EMFILE),
+            )
+        })?;
+        Ok(Box::new(ch))
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// Where librbd's completion callback leaves a channel's finished operations.
+struct Inbox {
+    done: SegQueue<usize>,
+    efd: EventFd,
+}
+
+/// The argument of one operation's completion: boxed, so its address is stable while
+/// librbd holds it.
+struct Slot {
+    inbox: Arc<Inbox>,
+    aio: usize,
+}
+
+/// librbd's completion callback, on one of librbd's threads: it only hands the operation
+/// to its channel's reactor.
+unsafe extern "C" fn on_complete(_c: sys::rbd_completion_t, arg: *mut c_void) {
+    // SAFETY: `arg` is the Slot of a live Aio: the channel frees neither the Slot nor the
+    // Aio before this operation is popped from the inbox, which happens after this push.
+    let slot = unsafe { &*(arg as *const Slot) };
+    slot.inbox.done.push(slot.aio);
+    // A full eventfd counter only means a wake-up is already pending.
+    let _ = slot.inbox.efd.notify();
+}
+
+/// One librbd operation of a command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AioOp {
+    Read { off: u64, len: u32 },
+    Write { off: u64, len: u32 },
+    Flush,
+    Zero { off: u64, len: u64 },
+}
+
+/// An operation librbd holds: its completion, and the callback's argument.
+struct Aio {
+    cmd: usize,
+    op: AioOp,
+    comp: sys::rbd_completion_t,
+    slot: Box<Slot>,
+}
+
+/// One command: one or more operations (a Deallocate's ranges), then perhaps a flush (a
+/// FUA write through the writeback cache).
+struct Cmd {
+    tag: Tag,
+    /// A read's destination or a write's source: librbd reads or writes it until the
+    /// operation completes, so it lives here until then.
+    buf: Vec<u8>,
+    read_len: u32,
+    pending: u32,
+    then_flush: bool,
+    status: Status,
+    submitted: Instant,
+    class: usize,
+    /// Already answered by the bound ([`RbdChannel::answer_overdue`]): its operations
+    /// still run, and their end only frees it.
+    answered: bool,
+}
+
+/// One reactor's channel on an rbd namespace.
+pub struct RbdChannel {
+    /// The namespace: its address is the channel's key, so it must outlive the channel.
+    ns: Arc<Namespace>,
+    image: ImageRef,
+    inbox: Arc<Inbox>,
+    cmds: slab::Slab<Cmd>,
+    aios: slab::Slab<Aio>,
+    /// Slots and buffers of finished operations, reused. Boxed: a slot's address is what
+    /// librbd holds, and it must not move when it goes back into an Aio.
+    #[allow(clippy::vec_box)]
+    free_slots: Vec<Box<Slot>>,
+    free_bufs: Vec<Vec<u8>>,
+    max_io: usize,
+    write_cache: bool,
+    /// A command unanswered this long after its submission is answered anyway.
+    bound: Duration,
+    complete: CompleteFn,
+    model: LatencyModel,
+    key: ChannelKey,
+    health: Arc<RbdHealth>,
+    last_poll: Instant,
+    name: String,
+}
+
+/// Whether a librbd error means the cluster is (for now) unreachable or too slow, which a
+/// retry later may get past: the monitor or OSDs down, a timeout, the client blocklisted
+/// or its lock taken away.
+fn unavailable(errno: i32) -> bool {
+    matches!(
+        errno,
+        libc::ETIMEDOUT
+            | libc::EAGAIN
+            | libc::ESHUTDOWN
+            | libc::ENOTCONN
+            | libc::ECONNREFUSED
+            | libc::ECONNRESET
+            | libc::EROFS
+            | libc::EBUSY
+            | libc::EINTR
+    )
+}
+
+impl RbdChannel {
+    fn new(ns: Arc<Namespace>, image: Arc<Image>, disk: &RbdDisk, env: &ChannelEnv) -> std::io::Result<Self> {
+        let inbox = Arc::new(Inbox {
+            done: SegQueue::new(),
+            efd: EventFd::new()?,
+        });
+        Ok(Self {
+            name: format!("rbd-ns{}-r{}", ns.nsid, env.reactor),
+            ns,
+            image: ImageRef(Some(image)),
+            inbox,
+            cmds: slab::Slab::new(),
+            aios: slab::Slab::new(),
+            free_slots: Vec::new(),
+            free_bufs: Vec::new(),
+            max_io: env.max_io as usize,
+            write_cache: disk.conf.write_cache,
+            bound: Duration::from_secs(2 * u64::from(disk.conf.op_timeout_s)),
+            complete: env.complete,
+            model: env.model.clone(),
+            key: env.key,
+            health: disk.health.clone(),
+            last_poll: Instant::now(),
+        })
+    }
+
+    fn handle(&self) -> sys::rbd_image_t {
+        self.image.0.as_ref().map_or(std::ptr::null_mut(), |i| i.handle)
+    }
+
+    fn take_buf(&mut self, len: usize) -> Vec<u8> {
+        let mut b = self.free_bufs.pop().unwrap_or_else(|| Vec::with_capacity(self.max_io));
+        b.clear();
+        b.resize(len, 0);
+        b
+    }
+
+    /// Start operation `op` of command `cmd`. Err: librbd refused it (a negative errno),
+    /// nothing is pending for it.
+    fn start(&mut self, cmd: usize, op: AioOp) -> Result<(), i32> {
+        let lib = library().map_err(|_| -libc::ENOSYS)?;
+        let image = self.handle();
+        let entry = self.aios.vacant_entry();
+        let aio = entry.key();
+        let mut slot = self.free_slots.pop().unwrap_or_else(|| {
+            Box::new(Slot {
+                inbox: self.inbox.clone(),
+                aio,
+            })
+        });
+        slot.aio = aio;
+        let arg = std::ptr::from_ref::<Slot>(&slot).cast_mut().cast::<c_void>();
+        let mut comp: sys::rbd_completion_t = std::ptr::null_mut();
+        // SAFETY: `arg` points to the boxed Slot, kept in the Aio until the completion is
+        // popped from the inbox; writes the completion through the pointer.
+        let rc = unsafe { lib.rbd_aio_create_completion(arg, Some(on_complete), &mut comp) };
+        if rc < 0 {
+            self.free_slots.push(slot);
+            return Err(rc);
+        }
+        let Some(c) = self.cmds.get_mut(cmd) else {
+            // SAFETY: never submitted: ours to release.
+            unsafe { lib.rbd_aio_release(comp) };
+            self.free_slots.push(slot);
+            return Err(-libc::EINVAL);
+        };
+        let buf = c.buf.as_mut_ptr();
+        // SAFETY: (every arm) a live image; the buffer is the command's, which stays in
+        // `cmds` (its heap block unmoved: it is never resized while an operation is
+        // pending) until every operation of the command has completed; its length covers
+        // `len` (sized by submit).
+        let rc = unsafe {
+            match op {
+                AioOp::Read { off, len } => lib.rbd_aio_read(image, off, len as usize, buf.cast(), comp) as i64,
+                AioOp::Write { off, len } => lib.rbd_aio_write(image, off, len as usize, buf.cast(), comp) as i64,
+                AioOp::Flush => i64::from(lib.rbd_aio_flush(image, comp)),
+                AioOp::Zero { off, len } => i64::from(lib.rbd_aio_write_zeroes(image, off, len as usize, comp, 0, 0)),
+            }
+        };
+        if rc < 0 {
+            // SAFETY: librbd did not take the completion: ours to release.
+            unsafe { lib.rbd_aio_release(comp) };
+            self.free_slots.push(slot);
+            return Err(i32::try_from(rc).unwrap_or(-libc::EIO));
+        }
+        c.pending += 1;
+        entry.insert(Aio { cmd, op, comp, slot });
+        Ok(())
+    }
+
+    /// Operation `aio` completed (popped from the inbox).
+    fn finish_aio(&mut self, r: &mut Reactor, aio: usize, now: Instant, exact: bool) {
+        let Some(a) = self.aios.try_remove(aio) else {
+            warn!(channel = %self.name, aio, "a completion for no operation: ignored");
+            return;
+        };
+        let Ok(lib) = library() else { return };
+        // SAFETY: the completion has completed (its callback ran): its value is final.
+        let ret = unsafe { lib.rbd_aio_get_return_value(a.comp) } as i64;
+        // SAFETY: completed and no longer referenced by librbd or pollux.
+        unsafe { lib.rbd_aio_release(a.comp) };
+        self.free_slots.push(a.slot);
+        self.health.ops.fetch_add(1, Ordering::Relaxed);
+        let Some(c) = self.cmds.get_mut(a.cmd) else { return };
+        c.pending -= 1;
+        if ret < 0 {
+            let errno = i32::try_from(-ret).unwrap_or(libc::EIO);
+            let status = if unavailable(errno) {
+                self.health.unavailable.fetch_add(1, Ordering::Relaxed);
+                self.health.degraded.store(true, Ordering::Relaxed);
+                Status::NAMESPACE_NOT_READY
+            } else {
+                self.health.errors.fetch_add(1, Ordering::Relaxed);
+                match (errno, a.op) {
+                    (libc::EINVAL, _) => Status::LBA_OUT_OF_RANGE,
+                    (_, AioOp::Read { .. }) => Status::UNRECOVERED_READ_ERROR,
+                    _ => Status::WRITE_FAULT,
+                }
+            };
+            if !c.answered {
+                warn!(channel = %self.name, image = %self.ns.nsid, op = ?a.op, error = %std::io::Error::from_raw_os_error(errno), ?status, "rbd operation failed");
+            }
+            if c.status.is_success() {
+                c.status = status;
+            }
+        } else {
+            self.health.degraded.store(false, Ordering::Relaxed);
+            if let AioOp::Read { len, .. } = a.op
+                && ret < i64::from(len)
+                && c.status.is_success()
+            {
+                // Past the image's end: it shrank under the namespace.
+                c.status = Status::LBA_OUT_OF_RANGE;
+            }
+        }
+        if c.pending > 0 {
+            return;
+        }
+        if c.then_flush && c.status.is_success() {
+            // A FUA write through the writeback cache: durable once flushed.
+            c.then_flush = false;
+            if let Err(rc) = self.start(a.cmd, AioOp::Flush)
+                && let Some(c) = self.cmds.get_mut(a.cmd)
+            {
+                warn!(channel = %self.name, rc, "cannot start the flush of a FUA write");
+                c.status = Status::WRITE_FAULT;
+            } else {
+                return;
+            }
+        }
+        let c = self.cmds.remove(a.cmd);
+        if !c.answered {
+            account_completion(
+                r,
+                self.key,
+                &mut self.model,
+                c.class,
+                now.saturating_duration_since(c.submitted),
+                exact,
+            );
+            let data =
+                (c.read_len > 0 && c.status.is_success()).then(|| ReadData::Bytes(&c.buf[..c.read_len as usize]));
+            (self.complete)(
+                r,
+                Completion {
+                    tag: c.tag,
+                    status: c.status,
+                    data,
+                },
+            );
+        }
+        self.free_bufs.push(c.buf);
+    }
+
+    /// Answer, with Namespace Not Ready, the commands the cluster has kept past the bound
+    /// (librados' op timeout did not end them: a lock wait, say). Their operations still
+    /// run; their buffers stay until librbd is done with them.
+    fn answer_overdue(&mut self, r: &mut Reactor, now: Instant) -> bool {
+        let bound = self.bound;
+        let overdue: Vec<usize> = self
+            .cmds
+            .iter()
+            .filter(|(_, c)| !c.answered && now.saturating_duration_since(c.submitted) > bound)
+            .map(|(k, _)| k)
+            .collect();
+        for k in &overdue {
+            let Some(c) = self.cmds.get_mut(*k) else { continue };
+            c.answered = true;
+            self.health.overdue.fetch_add(1, Ordering::Relaxed);
+            self.health.degraded.store(true, Ordering::Relaxed);
+            warn!(channel = %self.name, waited_ms = now.saturating_duration_since(c.submitted).as_millis() as u64, "the cluster has not completed a command: answering Namespace Not Ready");
+            let (tag, class, submitted) = (c.tag, c.class, c.submitted);
+            account_completion(
+                r,
+                self.key,
+                &mut self.model,
+                class,
+                now.saturating_duration_since(submitted),
+                false,
+            );
+            (self.complete)(
+                r,
+                Completion {
+                    tag,
+                    status: Status::NAMESPACE_NOT_READY,
+                    data: None,
+                },
+            );
+        }
+        !overdue.is_empty()
+    }
+}
+
+impl Channel for RbdChannel {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// A write's data is copied into the command's buffer (librbd reads it until the
+    /// write completes); a read's data comes back with the completion. Write Zeroes and
+    /// Deallocate are librbd's write_zeroes (whole objects are removed, partial ones
+    /// zeroed), so deallocated blocks read back as zeroes; a discard would leave partial
+    /// objects' data (`rbd_skip_partial_discard`).
+    fn submit(&mut self, r: &mut Reactor, tag: Tag, _ns: &Namespace, op: BlockOp<'_>) -> Result<(), Status> {
+        let mut ops: VecDeque<AioOp> = VecDeque::with_capacity(1);
+        let (buf, read_len, then_flush, class) = match op {
+            BlockOp::Read { off, len } => {
+                ops.push_back(AioOp::Read { off, len });
+                (self.take_buf(len as usize), len, false, LatencyModel::class(true, len))
+            }
+            BlockOp::Write {
+                off,
+                data: WriteData::Bytes(data),
+                fua,
+            } => {
+                let len = u32::try_from(data.len()).map_err(|_| Status::INTERNAL_ERROR)?;
+                let mut b = self.take_buf(0);
+                b.extend_from_slice(data);
+                ops.push_back(AioOp::Write { off, len });
+                // Without the cache every write is durable when it completes.
+                (b, 0, fua && self.write_cache, LatencyModel::class(false, len))
+            }
+            // DMA buffers come from NVMe channels only.
+            BlockOp::Write { .. } => return Err(Status::INTERNAL_ERROR),
+            BlockOp::WriteZeroes { off, len } => {
+                ops.push_back(AioOp::Zero { off, len });
+                (Vec::new(), 0, false, LatencyModel::class(false, 0))
+            }
+            BlockOp::Deallocate { ranges } => {
+                ops.extend(ranges.iter().map(|&(off, len)| AioOp::Zero { off, len }));
+                (Vec::new(), 0, false, LatencyModel::class(false, 0))
+            }
+            BlockOp::Flush => {
+                ops.push_back(AioOp::Flush);
+                (Vec::new(), 0, false, LatencyModel::class(false, 0))
+            }
+            // No copy offload (Caps::copy_offload): a Copy is read and written through pollux.
+            BlockOp::Copy { .. } => return Err(Status::INTERNAL_ERROR),
+        };
+        let cmd = self.cmds.insert(Cmd {
+            tag,
+            buf,
+            read_len,
+            pending: 0,
+            then_flush,
+            status: Status::SUCCESS,
+            submitted: Instant::now(),
+            class,
+            answered: false,
+        });
+        for op in ops {
+            if let Err(rc) = self.start(cmd, op) {
+                warn!(channel = %self.name, ?op, error = %std::io::Error::from_raw_os_error(-rc), "librbd refused an operation");
+                let Some(c) = self.cmds.get_mut(cmd) else { break };
+                if c.pending == 0 {
+                    // Nothing of it runs: refused whole.
+                    let c = self.cmds.remove(cmd);
+                    self.free_bufs.push(c.buf);
+                    return Err(if unavailable(-rc) {
+                        Status::NAMESPACE_NOT_READY
+                    } else {
+                        Status::INTERNAL_ERROR
+                    });
+                }
+                // Some ranges run: the command fails when they end.
+                c.status = Status::WRITE_FAULT;
+                break;
+            }
+        }
+        r.device_load().outstanding += 1;
+        Ok(())
+    }
+
+    fn interrupt_fd(&self) -> Option<RawFd> {
+        Some(self.inbox.efd.as_raw_fd())
+    }
+
+    fn polling(&self) -> pollux_reactor::Polling {
+        self.ns.polling.get()
+    }
+
+    fn outstanding(&self) -> usize {
+        self.cmds.iter().filter(|(_, c)| !c.answered).count()
+    }
+
+    fn watchdog(&self) -> Option<Duration> {
+        Some(WATCHDOG)
+    }
+
+    fn poll(&mut self, r: &mut Reactor) -> Progress {
+        self.inbox.efd.drain();
+        let now = Instant::now();
+        let exact = now.duration_since(self.last_poll) <= EXACT_GAP;
+        self.last_poll = now;
+        let mut did = false;
+        while let Some(aio) = self.inbox.done.pop() {
+            self.finish_aio(r, aio, now, exact);
+            did = true;
+        }
+        if !self.cmds.is_empty() {
+            did |= self.answer_overdue(r, now);
+        }
+        Progress {
+            did_work: did,
+            next: self.model.next_run(
+                self.cmds
+                    .iter()
+                    .filter(|(_, c)| !c.answered)
+                    .map(|(_, c)| (c.submitted, c.class)),
+            ),
+        }
+    }
+
+    /// Waits (bounded) for what librbd still holds buffers of, then, with the writeback
+    /// cache, flushes it: a clean stop leaves nothing of an acknowledged write behind.
+    fn shutdown(&mut self) {
+        let deadline = Instant::now() + self.bound + Duration::from_secs(1);
+        if self.write_cache && self.start_shutdown_flush().is_err() {
+            warn!(channel = %self.name, "cannot flush librbd's cache at stop");
+        }
+        while !self.aios.is_empty() && Instant::now() < deadline {
+            self.inbox.efd.drain();
+            while let Some(aio) = self.inbox.done.pop() {
+                self.forget_aio(aio);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+impl RbdChannel {
+    /// A flush of the whole cache, answered to nobody (at stop).
+    fn start_shutdown_flush(&mut self) -> Result<(), i32> {
+        let cmd = self.cmds.insert(Cmd {
+            tag: Tag {
+                source: pollux_reactor::SourceId::default(),
+                serial: u64::MAX,
+                slot: usize::MAX,
+            },
+            buf: Vec::new(),
+            read_len: 0,
+            pending: 0,
+            then_flush: false,
+            status: Status::SUCCESS,
+            submitted: Instant::now(),
+            class: 0,
+            answered: true,
+        });
+        self.start(cmd, AioOp::Flush)
+    }
+
+    /// Free a completed operation without answering anyone (at stop).
+    fn forget_aio(&mut self, aio: usize) {
+        let Some(a) = self.aios.try_remove(aio) else { return };
+        if let Ok(lib) = library() {
+            // SAFETY: completed; no longer referenced.
+            unsafe { lib.rbd_aio_release(a.comp) };
+        }
+        self.free_slots.push(a.slot);
+        if let Some(c) = self.cmds.get_mut(a.cmd) {
+            c.pending = c.pending.saturating_sub(1);
+            if c.pending == 0 {
+                self.cmds.remove(a.cmd);
+            }
+        }
+    }
+}
+
+impl Drop for RbdChannel {
+    /// Operations librbd still holds (a cluster that never answered within the stop's
+    /// bound) keep their slot and buffer: leaked, never freed under librbd.
+    fn drop(&mut self) {
+        if self.aios.is_empty() {
+            return;
+        }
+        warn!(channel = %self.name, pending = self.aios.len(), "librbd still holds operations at close: their buffers are leaked, not freed");
+        for a in self.aios.drain() {
+            std::mem::forget(a.slot);
+        }
+        for c in self.cmds.drain() {
+            std::mem::forget(c.buf);
+        }
+    }
+}
