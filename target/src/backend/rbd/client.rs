@@ -117,7 +117,7 @@ impl Cluster {
             return Err(rbd_error(b, "cannot create a cluster handle", rc.into()));
         }
         // From here the handle is shut down on every path (Drop).
-        let c = Cluster {
+        let mut c = Cluster {
             handle,
             fsid: String::new(),
         };
@@ -169,9 +169,9 @@ impl Cluster {
             return Err(rbd_error(b, "cannot read the cluster's fsid", rc.into()));
         }
         // SAFETY: NUL-terminated by rados_cluster_fsid, within the buffer.
-        let fsid = unsafe { CStr::from_ptr(fsid.as_ptr()) }.to_string_lossy().into_owned();
-        info!(conf = %b.ceph_conf.display(), user = %b.user, %fsid, "connected to the Ceph cluster");
-        Ok(Cluster { fsid, ..c })
+        c.fsid = unsafe { CStr::from_ptr(fsid.as_ptr()) }.to_string_lossy().into_owned();
+        info!(conf = %b.ceph_conf.display(), user = %b.user, fsid = %c.fsid, "connected to the Ceph cluster");
+        Ok(c)
     }
 }
 
