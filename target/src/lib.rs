@@ -273,6 +273,18 @@ impl Target {
                 "reactor summary"
             );
         }
+        // The namespaces go with the target: an RBD image is closed on a closer thread
+        // (it flushes and releases its exclusive lock on the cluster); wait for that, or the
+        // process would exit holding the lock, and another gateway's writes would wait for
+        // the cluster to time this one's watch out.
+        for s in &self.shared.snapshot.load().subsystems {
+            for ns in s.namespaces.values() {
+                if let Some(r) = ns.backend.as_any().downcast_ref::<backend::rbd::RbdDisk>() {
+                    r.close();
+                }
+            }
+        }
+        backend::rbd::wait_closed(std::time::Duration::from_secs(30));
         info!("target stopped");
         Ok(())
     }

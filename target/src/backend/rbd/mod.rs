@@ -31,7 +31,8 @@ pub mod sys;
 use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -76,7 +77,8 @@ pub struct RbdHealth {
 pub struct RbdDisk {
     /// The conf that opened it.
     pub conf: RbdBackend,
-    image: Option<Arc<Image>>,
+    /// None once closed ([`RbdDisk::close`]). Locked only to open a channel or close.
+    image: Mutex<Option<Arc<Image>>>,
     len: u64,
     /// The cluster's fsid.
     pub fsid: String,
@@ -133,7 +135,7 @@ impl RbdDisk {
             fsid: image.cluster.fsid.clone(),
             image_id: image.id.clone(),
             exclusive_lock,
-            image: Some(Arc::new(image)),
+            image: Mutex::new(Some(Arc::new(image))),
             watch,
             health: Arc::new(RbdHealth::default()),
         })
@@ -143,7 +145,7 @@ impl RbdDisk {
     /// cluster's fsid, the pool's id, the RADOS namespace and the image's id (which a
     /// rename keeps), never from the subsystem or nsid of one gateway's conf.
     pub fn derived_ids(&self) -> DerivedIds {
-        let pool_id = self.image.as_ref().map_or(0, |i| i.pool_id);
+        let pool_id = self.image().map_or(0, |i| i.pool_id);
         let key = format!(
             "rbd:{}/{}/{}/{}",
             self.fsid,
@@ -157,7 +159,18 @@ impl RbdDisk {
     /// Whether this gateway holds the image's exclusive lock now (blocks briefly on
     /// librbd's state, not on the cluster).
     pub fn owns_lock(&self) -> bool {
-        self.image.as_ref().is_some_and(|i| i.owns_lock())
+        self.image().is_some_and(|i| i.owns_lock())
+    }
+
+    fn image(&self) -> Option<Arc<Image>> {
+        self.image.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Close the image now (on a closer thread, once the channels that still hold it are
+    /// gone: [`wait_closed`]); channels can no longer be opened on it. At stop, after the
+    /// reactors: the image's exclusive lock is released before the process exits.
+    pub fn close(&self) {
+        drop(ImageRef(self.image.lock().unwrap_or_else(|p| p.into_inner()).take()));
     }
 }
 
@@ -166,7 +179,7 @@ impl Drop for RbdDisk {
     /// closer thread, whichever thread (a reactor, say) drops the namespace. Channels hold
     /// the image too; the last holder closes it ([`ImageRef`]).
     fn drop(&mut self) {
-        drop(ImageRef(self.image.take()));
+        self.close();
     }
 }
 
@@ -181,9 +194,28 @@ impl Drop for ImageRef {
         let spawned = std::thread::Builder::new()
             .name("rbd-close".into())
             .spawn(move || drop(img));
-        if let Err(e) = spawned {
-            warn!(error = %e, "cannot start a thread to close an rbd image: its handle is leaked");
+        match spawned {
+            Ok(h) => CLOSERS.lock().unwrap_or_else(|p| p.into_inner()).push(h),
+            Err(e) => warn!(error = %e, "cannot start a thread to close an rbd image: its handle is leaked"),
         }
+    }
+}
+
+/// Closer threads not yet joined.
+static CLOSERS: Mutex<Vec<JoinHandle<()>>> = Mutex::new(Vec::new());
+
+/// Wait, up to `limit`, until every image dropped so far is closed (at stop: off the
+/// reactors, which have stopped).
+pub fn wait_closed(limit: Duration) {
+    let deadline = Instant::now() + limit;
+    let mut closers = std::mem::take(&mut *CLOSERS.lock().unwrap_or_else(|p| p.into_inner()));
+    while !closers.is_empty() {
+        closers.retain(|h| !h.is_finished());
+        if Instant::now() >= deadline {
+            warn!(images = closers.len(), "rbd images still closing at exit: their exclusive locks wait for the cluster to time this gateway out");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
     }
 }
 
@@ -215,8 +247,7 @@ impl Backend for RbdDisk {
 
     fn open_channel(&self, ns: &Arc<Namespace>, env: &ChannelEnv) -> Result<Box<dyn Channel>, TargetError> {
         let image = self
-            .image
-            .clone()
+            .image()
             .ok_or_else(|| rbd_error(&self.conf, "the image is closed", -i64::from(libc::ESHUTDOWN)))?;
         let ch = RbdChannel::new(ns.clone(), image, self, env).map_err(|e| {
             rbd_error(

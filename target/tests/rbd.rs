@@ -1,0 +1,344 @@
+//! The rbd backend against a real Ceph cluster (one monitor, one memstore OSD on 127.0.0.1,
+//! started and stopped by `ci/ceph.sh` by its own pids): data round trips and zeroing,
+//! identifiers shared by every gateway, durability of acknowledged writes through a
+//! `kill -9`, with and without librbd's cache, clear errors for a wrong pool, image, or
+//! cluster, and a cluster that stops answering mid-I/O.
+//!
+//! Needs Ceph's daemons and librbd (`ci/test` installs them). Without them the test says
+//! so and passes, unless `POLLUX_REQUIRE_CEPH=1` (set by `ci/test`), which makes it fail.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{HOST, pattern, start_text};
+use pollux_conf::Config;
+use pollux_nvme::spec::Status;
+use pollux_target::host::{Controller, Data, Digests, sqe};
+use pollux_target::{Options, Target};
+use zerocopy::byteorder::little_endian::U32;
+
+const NQN: &str = "nqn.2026-12.io.pollux:rbd-test";
+const BS: usize = 512;
+
+/// A one-node cluster in a scratch directory, stopped on drop.
+struct Ceph {
+    dir: PathBuf,
+    conf: PathBuf,
+}
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../ci/ceph.sh")
+}
+
+impl Ceph {
+    /// None (after saying why) where this machine has no Ceph and none is required.
+    fn start(name: &str) -> Option<Ceph> {
+        let have = Command::new("sh")
+            .args(["-c", "command -v ceph-mon && command -v ceph-osd && command -v rbd"])
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+            && Path::new("/usr/lib/x86_64-linux-gnu/librbd.so.1").exists();
+        if !have {
+            assert!(
+                std::env::var_os("POLLUX_REQUIRE_CEPH").is_none(),
+                "POLLUX_REQUIRE_CEPH is set but Ceph (ceph-mon, ceph-osd, rbd, librbd1) is not installed"
+            );
+            eprintln!("rbd tests: no Ceph on this machine (apt-get install ceph-mon ceph-osd ceph-common librbd1): not run");
+            return None;
+        }
+        let dir = std::env::temp_dir().join(format!("pollux-rbd-{name}-{}", std::process::id()));
+        let out = Command::new("bash")
+            .arg(script())
+            .args(["start", dir.to_str().unwrap()])
+            .env("CEPH_IMG_SIZE", "64M")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "ci/ceph.sh start failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Some(Ceph {
+            conf: dir.join("ceph.conf"),
+            dir,
+        })
+    }
+
+    fn run(&self, cmd: &str, args: &[&str]) -> Vec<u8> {
+        let out = Command::new(cmd)
+            .arg("-c")
+            .arg(&self.conf)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{cmd} {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    }
+
+    /// The image's bytes as the cluster has them (`rbd export`), read by no pollux code.
+    fn export(&self, image: &str) -> Vec<u8> {
+        self.run("rbd", &["export", "--no-progress", &format!("rbd/{image}"), "-"])
+    }
+
+    fn create(&self, image: &str, size: &str) {
+        self.run("rbd", &["create", "--size", size, &format!("rbd/{image}")]);
+    }
+
+    fn fsid(&self) -> String {
+        String::from_utf8(self.run("ceph", &["fsid"])).unwrap().trim().to_owned()
+    }
+
+    fn signal(&self, what: &str) {
+        let out = Command::new("bash")
+            .args(["-c", &format!(". '{}' && ceph_{what} '{}'", script().display(), self.dir.display())])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "ceph_{what}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+impl Drop for Ceph {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(script())
+            .args(["stop", self.dir.to_str().unwrap()])
+            .output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A conf with one reactor, a listener on `listen`, subsystem [`NQN`] holding `namespaces`.
+fn conf(listen: &str, namespaces: &str) -> String {
+    format!(
+        "[reactors]\ncores = [0]\nmode = \"adaptive\"\n[[listener]]\naddress = \"{listen}\"\n\
+         [[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n{namespaces}"
+    )
+}
+
+fn rbd_ns(nsid: u32, ceph: &Ceph, image: &str, extra: &str) -> String {
+    format!(
+        "[[subsystem.namespace]]\nnsid = {nsid}\nbackend = {{ rbd = {{ pool = \"rbd\", image = \"{image}\", ceph_conf = \"{}\"{extra} }} }}\n",
+        ceph.conf.display()
+    )
+}
+
+fn connect(addr: SocketAddr, queues: u16) -> Controller {
+    Controller::connect(addr, NQN, HOST, queues, 32, Digests::NONE).unwrap()
+}
+
+fn free_addr() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+/// The pollux binary serving `text`, listening once it returns.
+fn spawn_pollux(dir: &Path, text: &str, addr: SocketAddr) -> Child {
+    let path = dir.join("gateway.toml");
+    std::fs::write(&path, text).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_pollux"))
+        .arg("--config")
+        .arg(&path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while TcpStream::connect(addr).is_err() {
+        assert!(Instant::now() < deadline, "pollux did not listen on {addr}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child
+}
+
+#[test]
+fn rbd_namespaces_against_a_real_cluster() {
+    let Some(ceph) = Ceph::start("main") else { return };
+    let fsid = ceph.fsid();
+    let ram = "[[subsystem.namespace]]\nnsid = 9\nbackend = { ram = { size = \"1MiB\" } }\n";
+
+    // Data: patterns in and out on two queues, across an object boundary (4 MiB), then
+    // Write Zeroes and Deallocate read back zeroes, and the cluster has what was written.
+    let t = start_text(&conf("127.0.0.1:0", &format!("{}{ram}", rbd_ns(1, &ceph, "img0", ""))));
+    let addr = t.listen_addrs()[0];
+    let mut c = connect(addr, 2);
+    assert_eq!(c.id.vwc & 1, 0, "no volatile write cache without librbd's cache");
+    let object = (4 << 20) / BS as u64;
+    common::assert_round_trips(&mut c, BS, &[1, 8, 256, 16], |k| [0, 100, object - 128, 7000][k], 11, "rbd");
+    common::assert_zeroing_reads_zeroes(&mut c, 20_000, "rbd");
+    let data = pattern(5, 3000, 8 * BS);
+    c.io[0].write(1, 3000, 8, &data).unwrap();
+    c.io[0].flush(1).unwrap();
+    let id1 = c.admin.identify_namespace(1).unwrap();
+    assert_eq!(id1.nsze * BS as u64, 64 << 20, "the image's size");
+    c.shutdown().ok();
+    t.shutdown().unwrap();
+    let img = ceph.export("img0");
+    assert_eq!(&img[3000 * BS..3008 * BS], &data[..], "the data is in Ceph, not in pollux");
+
+    // Identity: another gateway serving the image as another nsid of another subsystem
+    // presents the same namespace; it is derived from the fsid and image id.
+    let other = format!(
+        "[reactors]\ncores = [0]\n[[listener]]\naddress = \"127.0.0.1:0\"\n[[subsystem]]\nnqn = \"nqn.2026-12.io.pollux:other\"\nallow_any_host = true\n{}",
+        rbd_ns(5, &ceph, "img0", "")
+    );
+    let t = Target::start(&Config::parse(&other, "o.toml").unwrap(), Options { pin: false }).unwrap();
+    let mut c2 =
+        Controller::connect(t.listen_addrs()[0], "nqn.2026-12.io.pollux:other", HOST, 1, 8, Digests::NONE).unwrap();
+    let id5 = c2.admin.identify_namespace(5).unwrap();
+    assert_eq!((id5.nguid, id5.eui64), (id1.nguid, id1.eui64), "one image, one namespace identity");
+    assert_ne!(id5.nguid, pollux_conf::derive_ids("nqn.2026-12.io.pollux:other", 5).nguid);
+    assert!(!fsid.is_empty());
+    let mut back = vec![0u8; 8 * BS];
+    c2.io[0].read(5, 3000, 8, &mut back).unwrap();
+    assert_eq!(back, data, "the other gateway reads what the first wrote");
+    c2.shutdown().ok();
+    t.shutdown().unwrap();
+
+    // Bad input: each a clear error at start, naming what is wrong.
+    let bad = |ns: String, needle: &str| {
+        let started = Instant::now();
+        let e = Target::start(
+            &Config::parse(&conf("127.0.0.1:0", &ns), "bad.toml").unwrap(),
+            Options { pin: false },
+        )
+        .err()
+        .unwrap_or_else(|| panic!("started with {ns}"))
+        .to_string();
+        assert!(e.contains(needle), "{e} lacks {needle:?}");
+        started.elapsed()
+    };
+    bad(rbd_ns(1, &ceph, "nosuch", ""), "image \"nosuch\" does not exist in pool \"rbd\"");
+    bad(
+        rbd_ns(1, &ceph, "img0", "").replace("pool = \"rbd\"", "pool = \"nopool\""),
+        "pool \"nopool\" does not exist",
+    );
+    let dir = std::env::temp_dir().join(format!("pollux-rbd-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let dead = dir.join("dead.conf");
+    let port = free_addr().port();
+    std::fs::write(
+        &dead,
+        format!("[global]\nmon host = v2:127.0.0.1:{port}\nauth client required = none\n"),
+    )
+    .unwrap();
+    let dead_ns = format!(
+        "[[subsystem.namespace]]\nnsid = 1\nbackend = {{ rbd = {{ pool = \"rbd\", image = \"img0\", ceph_conf = \"{}\", op_timeout_s = 2 }} }}\n",
+        dead.display()
+    );
+    let took = bad(dead_ns, "cannot connect to the cluster within 2 s");
+    assert!(took < Duration::from_secs(15), "an unreachable cluster is given up in bounded time: {took:?}");
+
+    durability_through_kill_9(&ceph, &dir, false);
+    durability_through_kill_9(&ceph, &dir, true);
+    cluster_stops_answering(&ceph);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Writes acknowledged as durable (FUA, or before a completed Flush) are in Ceph even when
+/// the gateway is killed with SIGKILL the next instant.
+fn durability_through_kill_9(ceph: &Ceph, dir: &Path, write_cache: bool) {
+    let image = if write_cache { "cached" } else { "direct" };
+    ceph.create(image, "16M");
+    let addr = free_addr();
+    let extra = if write_cache { ", write_cache = true" } else { "" };
+    let mut child = spawn_pollux(dir, &conf(&addr.to_string(), &rbd_ns(1, ceph, image, extra)), addr);
+    let mut c = Controller::connect(addr, NQN, HOST, 1, 64, Digests::NONE).unwrap();
+    assert_eq!(c.id.vwc & 1, u8::from(write_cache), "VWC follows write_cache");
+    // librbd's cache writes through until the first flush (rbd_cache_writethrough_until_flush):
+    // one first, so that what follows goes through the writeback cache.
+    c.io[0].flush(1).unwrap();
+    let flushed = pattern(22, 4096, 8 * BS);
+    c.io[0].write(1, 4096, 8, &flushed).unwrap();
+    c.io[0].flush(1).unwrap();
+    // Last, FUA writes in flight together (64 KiB each): acknowledged only once each is in
+    // the cluster. Without that, librbd (writearound or writeback) acknowledges them while
+    // they are still on their way, and the kill below catches some.
+    let fua: Vec<Vec<u8>> = (0..FUA_WRITES).map(|i| pattern(21 + i, fua_lba(i), 128 * BS)).collect();
+    for (i, d) in fua.iter().enumerate() {
+        let mut s = sqe::write(1, fua_lba(i as u64), 128);
+        s.cdw12 = U32::new(s.cdw12.get() | 1 << 30);
+        c.io[0].submit(s, Data::ToCtrl(d.clone()), i as u64).unwrap();
+    }
+    let mut acked = 0;
+    while acked < FUA_WRITES {
+        acked += c.io[0]
+            .poll_completions(Some(Duration::from_secs(5)), |done| {
+                assert!(done.status.is_success(), "FUA write: {:?}", done.status)
+            })
+            .unwrap() as u64;
+    }
+    // The next instant: no chance to flush anything at exit.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let img = ceph.export(image);
+    assert_eq!(
+        &img[4096 * BS..4104 * BS],
+        &flushed[..],
+        "{image}: a write followed by a completed Flush is in Ceph"
+    );
+    for (i, d) in fua.iter().enumerate() {
+        let at = fua_lba(i as u64) as usize * BS;
+        assert!(&img[at..at + d.len()] == &d[..], "{image}: acknowledged FUA write {i} is not in Ceph");
+    }
+}
+
+const FUA_WRITES: u64 = 24;
+
+fn fua_lba(i: u64) -> u64 {
+    8192 + i * 128
+}
+
+/// The cluster stops answering (its daemons stopped with SIGSTOP) during I/O: commands to
+/// the rbd namespace end with Namespace Not Ready (retryable) within a bounded time, the
+/// RAM namespace beside it keeps serving, and once the cluster answers again I/O resumes.
+fn cluster_stops_answering(ceph: &Ceph) {
+    let ram = "[[subsystem.namespace]]\nnsid = 9\nbackend = { ram = { size = \"1MiB\" } }\n";
+    let text = conf("127.0.0.1:0", &format!("{}{ram}", rbd_ns(1, ceph, "img0", ", op_timeout_s = 3")));
+    let t = start_text(&text);
+    let mut c = connect(t.listen_addrs()[0], 2);
+    c.io[0].set_timeout(Duration::from_secs(30));
+    let data = pattern(31, 500, 8 * BS);
+    c.io[0].write(1, 500, 8, &data).unwrap();
+    ceph.signal("pause");
+    let started = Instant::now();
+    let mut stuck = c.io[0].exec(sqe::write(1, 600, 8), Data::ToCtrl(vec![0x5a; 8 * BS])).unwrap();
+    let waited = started.elapsed();
+    // librados' op timeout (3 s) or pollux's own bound (twice that).
+    assert!(
+        waited >= Duration::from_secs(2) && waited < Duration::from_secs(12),
+        "answered after {waited:?}"
+    );
+    assert_eq!((stuck.status.sct(), stuck.status.sc()), (Status::NAMESPACE_NOT_READY.sct(), Status::NAMESPACE_NOT_READY.sc()), "{:?}", stuck.status);
+    assert!(!stuck.status.dnr(), "retryable: Do Not Retry is clear");
+    // The neighbour serves meanwhile.
+    let mut back = vec![0u8; BS];
+    c.io[1].write(9, 0, 1, &[7u8; BS]).unwrap();
+    c.io[1].read(9, 0, 1, &mut back).unwrap();
+    assert_eq!(back, [7u8; BS]);
+    ceph.signal("resume");
+    // I/O resumes by itself (the host's retry, here by hand).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        stuck = c.io[0].exec(sqe::write(1, 600, 8), Data::ToCtrl(vec![0x5a; 8 * BS])).unwrap();
+        if stuck.status.is_success() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "I/O did not resume: {:?}", stuck.status);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let mut back = vec![0u8; 8 * BS];
+    c.io[0].read(1, 500, 8, &mut back).unwrap();
+    assert_eq!(back, data, "nothing written before the outage was lost");
+    c.shutdown().ok();
+    t.shutdown().unwrap();
+}
