@@ -49,7 +49,9 @@ impl Ceph {
                 std::env::var_os("POLLUX_REQUIRE_CEPH").is_none(),
                 "POLLUX_REQUIRE_CEPH is set but Ceph (ceph-mon, ceph-osd, rbd, librbd1) is not installed"
             );
-            eprintln!("rbd tests: no Ceph on this machine (apt-get install ceph-mon ceph-osd ceph-common librbd1): not run");
+            eprintln!(
+                "rbd tests: no Ceph on this machine (apt-get install ceph-mon ceph-osd ceph-common librbd1): not run"
+            );
             return None;
         }
         let dir = std::env::temp_dir().join(format!("pollux-rbd-{name}-{}", std::process::id()));
@@ -72,12 +74,7 @@ impl Ceph {
     }
 
     fn run(&self, cmd: &str, args: &[&str]) -> Vec<u8> {
-        let out = Command::new(cmd)
-            .arg("-c")
-            .arg(&self.conf)
-            .args(args)
-            .output()
-            .unwrap();
+        let out = Command::new(cmd).arg("-c").arg(&self.conf).args(args).output().unwrap();
         assert!(
             out.status.success(),
             "{cmd} {args:?}: {}",
@@ -96,15 +93,25 @@ impl Ceph {
     }
 
     fn fsid(&self) -> String {
-        String::from_utf8(self.run("ceph", &["fsid"])).unwrap().trim().to_owned()
+        String::from_utf8(self.run("ceph", &["fsid"]))
+            .unwrap()
+            .trim()
+            .to_owned()
     }
 
     fn signal(&self, what: &str) {
         let out = Command::new("bash")
-            .args(["-c", &format!(". '{}' && ceph_{what} '{}'", script().display(), self.dir.display())])
+            .args([
+                "-c",
+                &format!(". '{}' && ceph_{what} '{}'", script().display(), self.dir.display()),
+            ])
             .output()
             .unwrap();
-        assert!(out.status.success(), "ceph_{what}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "ceph_{what}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }
 
@@ -173,7 +180,14 @@ fn rbd_namespaces_against_a_real_cluster() {
     let mut c = connect(addr, 2);
     assert_eq!(c.id.vwc & 1, 0, "no volatile write cache without librbd's cache");
     let object = (4 << 20) / BS as u64;
-    common::assert_round_trips(&mut c, BS, &[1, 8, 256, 16], |k| [0, 100, object - 128, 7000][k], 11, "rbd");
+    common::assert_round_trips(
+        &mut c,
+        BS,
+        &[1, 8, 256, 16],
+        |k| [0, 100, object - 128, 7000][k],
+        11,
+        "rbd",
+    );
     common::assert_zeroing_reads_zeroes(&mut c, 20_000, "rbd");
     let data = pattern(5, 3000, 8 * BS);
     c.io[0].write(1, 3000, 8, &data).unwrap();
@@ -183,7 +197,11 @@ fn rbd_namespaces_against_a_real_cluster() {
     c.shutdown().ok();
     t.shutdown().unwrap();
     let img = ceph.export("img0");
-    assert_eq!(&img[3000 * BS..3008 * BS], &data[..], "the data is in Ceph, not in pollux");
+    assert_eq!(
+        &img[3000 * BS..3008 * BS],
+        &data[..],
+        "the data is in Ceph, not in pollux"
+    );
 
     // Identity: another gateway serving the image as another nsid of another subsystem
     // presents the same namespace; it is derived from the fsid and image id.
@@ -192,11 +210,25 @@ fn rbd_namespaces_against_a_real_cluster() {
         rbd_ns(5, &ceph, "img0", "")
     );
     let t = Target::start(&Config::parse(&other, "o.toml").unwrap(), Options { pin: false }).unwrap();
-    let mut c2 =
-        Controller::connect(t.listen_addrs()[0], "nqn.2026-12.io.pollux:other", HOST, 1, 8, Digests::NONE).unwrap();
+    let mut c2 = Controller::connect(
+        t.listen_addrs()[0],
+        "nqn.2026-12.io.pollux:other",
+        HOST,
+        1,
+        8,
+        Digests::NONE,
+    )
+    .unwrap();
     let id5 = c2.admin.identify_namespace(5).unwrap();
-    assert_eq!((id5.nguid, id5.eui64), (id1.nguid, id1.eui64), "one image, one namespace identity");
-    assert_ne!(id5.nguid, pollux_conf::derive_ids("nqn.2026-12.io.pollux:other", 5).nguid);
+    assert_eq!(
+        (id5.nguid, id5.eui64),
+        (id1.nguid, id1.eui64),
+        "one image, one namespace identity"
+    );
+    assert_ne!(
+        id5.nguid,
+        pollux_conf::derive_ids("nqn.2026-12.io.pollux:other", 5).nguid
+    );
     assert!(!fsid.is_empty());
     let mut back = vec![0u8; 8 * BS];
     c2.io[0].read(5, 3000, 8, &mut back).unwrap();
@@ -217,7 +249,10 @@ fn rbd_namespaces_against_a_real_cluster() {
         assert!(e.contains(needle), "{e} lacks {needle:?}");
         started.elapsed()
     };
-    bad(rbd_ns(1, &ceph, "nosuch", ""), "image \"nosuch\" does not exist in pool \"rbd\"");
+    bad(
+        rbd_ns(1, &ceph, "nosuch", ""),
+        "image \"nosuch\" does not exist in pool \"rbd\"",
+    );
     bad(
         rbd_ns(1, &ceph, "img0", "").replace("pool = \"rbd\"", "pool = \"nopool\""),
         "pool \"nopool\" does not exist",
@@ -236,7 +271,10 @@ fn rbd_namespaces_against_a_real_cluster() {
         dead.display()
     );
     let took = bad(dead_ns, "cannot connect to the cluster within 2 s");
-    assert!(took < Duration::from_secs(15), "an unreachable cluster is given up in bounded time: {took:?}");
+    assert!(
+        took < Duration::from_secs(15),
+        "an unreachable cluster is given up in bounded time: {took:?}"
+    );
 
     durability_through_kill_9(&ceph, &dir, false);
     durability_through_kill_9(&ceph, &dir, true);
@@ -288,7 +326,10 @@ fn durability_through_kill_9(ceph: &Ceph, dir: &Path, write_cache: bool) {
     );
     for (i, d) in fua.iter().enumerate() {
         let at = fua_lba(i as u64) as usize * BS;
-        assert!(&img[at..at + d.len()] == &d[..], "{image}: acknowledged FUA write {i} is not in Ceph");
+        assert!(
+            &img[at..at + d.len()] == &d[..],
+            "{image}: acknowledged FUA write {i} is not in Ceph"
+        );
     }
 }
 
@@ -303,23 +344,47 @@ fn fua_lba(i: u64) -> u64 {
 /// RAM namespace beside it keeps serving, and once the cluster answers again I/O resumes.
 fn cluster_stops_answering(ceph: &Ceph) {
     let ram = "[[subsystem.namespace]]\nnsid = 9\nbackend = { ram = { size = \"1MiB\" } }\n";
-    let text = conf("127.0.0.1:0", &format!("{}{ram}", rbd_ns(1, ceph, "img0", ", op_timeout_s = 3")));
-    let t = start_text(&text);
+    let text = conf(
+        "127.0.0.1:0",
+        &format!("{}{ram}", rbd_ns(1, ceph, "img0", ", op_timeout_s = 3")),
+    );
+    let (t, ctx) = common::start_with_ctx(&text);
+    let rbd_view = || {
+        let v = ctx.call("subsystems", &serde_json::Value::Null).unwrap();
+        v[0]["namespaces"][0]["rbd"].clone()
+    };
+    let v = rbd_view();
+    assert_eq!(v["image"], "rbd/img0", "{v}");
+    assert_eq!(v["fsid"], ceph.fsid(), "{v}");
+    assert_eq!(v["health"], "ok", "{v}");
     let mut c = connect(t.listen_addrs()[0], 2);
     c.io[0].set_timeout(Duration::from_secs(30));
     let data = pattern(31, 500, 8 * BS);
     c.io[0].write(1, 500, 8, &data).unwrap();
     ceph.signal("pause");
     let started = Instant::now();
-    let mut stuck = c.io[0].exec(sqe::write(1, 600, 8), Data::ToCtrl(vec![0x5a; 8 * BS])).unwrap();
+    let mut stuck = c.io[0]
+        .exec(sqe::write(1, 600, 8), Data::ToCtrl(vec![0x5a; 8 * BS]))
+        .unwrap();
     let waited = started.elapsed();
     // librados' op timeout (3 s) or pollux's own bound (twice that).
     assert!(
         waited >= Duration::from_secs(2) && waited < Duration::from_secs(12),
         "answered after {waited:?}"
     );
-    assert_eq!((stuck.status.sct(), stuck.status.sc()), (Status::NAMESPACE_NOT_READY.sct(), Status::NAMESPACE_NOT_READY.sc()), "{:?}", stuck.status);
+    assert_eq!(
+        (stuck.status.sct(), stuck.status.sc()),
+        (Status::NAMESPACE_NOT_READY.sct(), Status::NAMESPACE_NOT_READY.sc()),
+        "{:?}",
+        stuck.status
+    );
     assert!(!stuck.status.dnr(), "retryable: Do Not Retry is clear");
+    let v = rbd_view();
+    assert_eq!(v["health"], "unavailable", "{v}");
+    assert!(
+        v["unavailable"].as_u64().unwrap() + v["overdue"].as_u64().unwrap() >= 1,
+        "{v}"
+    );
     // The neighbour serves meanwhile.
     let mut back = vec![0u8; BS];
     c.io[1].write(9, 0, 1, &[7u8; BS]).unwrap();
@@ -329,7 +394,9 @@ fn cluster_stops_answering(ceph: &Ceph) {
     // I/O resumes by itself (the host's retry, here by hand).
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        stuck = c.io[0].exec(sqe::write(1, 600, 8), Data::ToCtrl(vec![0x5a; 8 * BS])).unwrap();
+        stuck = c.io[0]
+            .exec(sqe::write(1, 600, 8), Data::ToCtrl(vec![0x5a; 8 * BS]))
+            .unwrap();
         if stuck.status.is_success() {
             break;
         }
@@ -339,6 +406,8 @@ fn cluster_stops_answering(ceph: &Ceph) {
     let mut back = vec![0u8; 8 * BS];
     c.io[0].read(1, 500, 8, &mut back).unwrap();
     assert_eq!(back, data, "nothing written before the outage was lost");
+    assert_eq!(rbd_view()["health"], "ok", "healthy again once the cluster answers");
+    assert_eq!(rbd_view()["lock_owner"], true, "this gateway wrote: it holds the lock");
     c.shutdown().ok();
     t.shutdown().unwrap();
 }

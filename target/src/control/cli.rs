@@ -371,6 +371,30 @@ pub fn format_subsystems(ss: &[SubsystemView]) -> String {
         for l in table(&rows).lines() {
             let _ = writeln!(out, "  {l}");
         }
+        for n in &s.namespaces {
+            if let Some(r) = &n.rbd {
+                let _ = writeln!(
+                    out,
+                    "  namespace {} rbd {} (id {}) cluster {} ({}): {}, {} ops, {} unavailable, {} errors, {} overdue; cache {}, lock {}",
+                    n.nsid,
+                    r.image,
+                    r.image_id,
+                    r.fsid,
+                    r.ceph_conf,
+                    r.health,
+                    r.ops,
+                    r.unavailable,
+                    r.errors,
+                    r.overdue,
+                    if r.write_cache { "writeback" } else { "off" },
+                    match (r.exclusive_lock, r.lock_owner) {
+                        (false, _) => "none (no exclusive-lock feature)",
+                        (true, true) => "held here",
+                        (true, false) => "not held here",
+                    }
+                );
+            }
+        }
         for n in s.namespaces.iter().filter(|n| !n.reservation.is_empty()) {
             let _ = writeln!(out, "  namespace {} reservation: {}", n.nsid, n.reservation);
         }

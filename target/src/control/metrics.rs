@@ -112,6 +112,29 @@ impl Scrape {
         }
         Ok(())
     }
+
+    /// A family with one sample per rbd namespace, labelled `subsystem`, `nsid` and `image`.
+    fn per_rbd(
+        &self,
+        enc: &mut DescriptorEncoder,
+        name: &str,
+        kind: MetricType,
+        help: &str,
+        f: fn(&crate::control::view::RbdView) -> u64,
+    ) -> fmt::Result {
+        let samples = self.subsystems.iter().flat_map(|s| {
+            s.namespaces.iter().filter_map(move |n| {
+                let r = n.rbd.as_ref()?;
+                let labels = [
+                    ("subsystem", s.nqn.clone()),
+                    ("nsid", n.nsid.to_string()),
+                    ("image", r.image.clone()),
+                ];
+                Some((labels, Num::Int(f(r))))
+            })
+        });
+        family(enc, name, kind, help, samples)
+    }
 }
 
 impl Collector for Scrape {
@@ -265,6 +288,48 @@ impl Collector for Scrape {
         )?;
         self.per_namespace(enc, "pollux_namespace_read_bytes", "Bytes read.", |n| n.read_bytes)?;
         self.per_namespace(enc, "pollux_namespace_write_bytes", "Bytes written.", |n| n.write_bytes)?;
+        self.per_rbd(
+            enc,
+            "pollux_rbd_operations",
+            Counter,
+            "librbd operations completed.",
+            |r| r.ops,
+        )?;
+        self.per_rbd(
+            enc,
+            "pollux_rbd_unavailable",
+            Counter,
+            "librbd operations that failed because the cluster was unreachable or too slow (answered Namespace Not Ready).",
+            |r| r.unavailable,
+        )?;
+        self.per_rbd(
+            enc,
+            "pollux_rbd_errors",
+            Counter,
+            "librbd operations failed otherwise.",
+            |r| r.errors,
+        )?;
+        self.per_rbd(
+            enc,
+            "pollux_rbd_overdue",
+            Counter,
+            "Commands answered Namespace Not Ready by pollux's bound before librbd completed them.",
+            |r| r.overdue,
+        )?;
+        self.per_rbd(
+            enc,
+            "pollux_rbd_unhealthy",
+            Gauge,
+            "1 while the last librbd operation failed for the cluster's unavailability.",
+            |r| u64::from(r.health != "ok"),
+        )?;
+        self.per_rbd(
+            enc,
+            "pollux_rbd_lock_owner",
+            Gauge,
+            "1 while this gateway holds the image's exclusive lock.",
+            |r| u64::from(r.lock_owner),
+        )?;
         let controllers =
             (self.subsystems.iter()).map(|s| ([("subsystem", s.nqn.as_str())], Num::Int(s.controllers as u64)));
         family(
@@ -362,6 +427,7 @@ mod tests {
                 write_bytes: 1024,
                 reservation: String::new(),
                 polling: "auto".into(),
+                rbd: None,
             }],
             listeners: vec![],
             controllers: 1,
@@ -514,6 +580,43 @@ mod tests {
             Some(1.0)
         );
         assert_eq!(get("pollux_uptime_seconds", &[]), Some(12.25));
+    }
+
+    #[test]
+    fn rbd_namespaces_have_their_families() {
+        let mut s = subsystem("s");
+        s.namespaces[0].backend = "rbd".into();
+        s.namespaces[0].rbd = Some(crate::control::view::RbdView {
+            image: "rbd/img0".into(),
+            pool: "rbd".into(),
+            image_id: "1234".into(),
+            fsid: "f".into(),
+            ceph_conf: "/etc/ceph/ceph.conf".into(),
+            write_cache: false,
+            exclusive_lock: true,
+            lock_owner: true,
+            health: "unavailable".into(),
+            ops: 10,
+            unavailable: 2,
+            errors: 1,
+            overdue: 1,
+        });
+        let text = render(vec![reactor(0, "poll")], vec![s, subsystem("ram")], 1.0).unwrap();
+        validate(&text);
+        for line in [
+            "pollux_rbd_operations_total{subsystem=\"s\",nsid=\"1\",image=\"rbd/img0\"} 10",
+            "pollux_rbd_unavailable_total{subsystem=\"s\",nsid=\"1\",image=\"rbd/img0\"} 2",
+            "pollux_rbd_errors_total{subsystem=\"s\",nsid=\"1\",image=\"rbd/img0\"} 1",
+            "pollux_rbd_overdue_total{subsystem=\"s\",nsid=\"1\",image=\"rbd/img0\"} 1",
+            "pollux_rbd_unhealthy{subsystem=\"s\",nsid=\"1\",image=\"rbd/img0\"} 1",
+            "pollux_rbd_lock_owner{subsystem=\"s\",nsid=\"1\",image=\"rbd/img0\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        }
+        assert!(
+            !text.contains("subsystem=\"ram\",nsid=\"1\",image"),
+            "a RAM namespace has no rbd samples"
+        );
     }
 
     #[test]

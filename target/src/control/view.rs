@@ -195,6 +195,41 @@ pub struct NamespaceView {
     /// Its polling policy now: `auto`, `always` or `never` (absent from older targets).
     #[serde(default)]
     pub polling: String,
+    /// An rbd namespace's image and the health of its cluster connection.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rbd: Option<RbdView>,
+}
+
+/// An rbd namespace's image and cluster, as `subsystems` and the metrics report them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RbdView {
+    /// `pool[/namespace]/image`.
+    pub image: String,
+    /// The pool.
+    pub pool: String,
+    /// The image's id.
+    pub image_id: String,
+    /// The cluster's fsid.
+    pub fsid: String,
+    /// The cluster's configuration file.
+    pub ceph_conf: String,
+    /// librbd's writeback cache is on.
+    pub write_cache: bool,
+    /// The image has the exclusive-lock feature.
+    pub exclusive_lock: bool,
+    /// This gateway holds the exclusive lock now.
+    pub lock_owner: bool,
+    /// `ok`, or `unavailable` while the last operation failed for the cluster's
+    /// unavailability (or went past its bound).
+    pub health: String,
+    /// Operations librbd completed.
+    pub ops: u64,
+    /// Of them, failed because the cluster was unreachable or too slow.
+    pub unavailable: u64,
+    /// Other failed operations.
+    pub errors: u64,
+    /// Commands answered Namespace Not Ready by pollux's bound before librbd completed them.
+    pub overdue: u64,
 }
 
 /// One subsystem, as `subsystems` reports it.

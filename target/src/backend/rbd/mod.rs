@@ -31,9 +31,9 @@ pub mod sys;
 use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crossbeam_queue::SegQueue;
@@ -212,7 +212,10 @@ pub fn wait_closed(limit: Duration) {
     while !closers.is_empty() {
         closers.retain(|h| !h.is_finished());
         if Instant::now() >= deadline {
-            warn!(images = closers.len(), "rbd images still closing at exit: their exclusive locks wait for the cluster to time this gateway out");
+            warn!(
+                images = closers.len(),
+                "rbd images still closing at exit: their exclusive locks wait for the cluster to time this gateway out"
+            );
             return;
         }
         std::thread::sleep(Duration::from_millis(5));

@@ -224,6 +224,7 @@ impl Ctx {
                             write_bytes: t.write_bytes,
                             reservation: reservation_summary(&n.resv.state()),
                             polling: n.polling.get().to_string(),
+                            rbd: rbd_view(n.backend.as_ref()),
                         }
                     })
                     .collect(),
@@ -295,4 +296,30 @@ fn reservation_summary(s: &crate::resv::ResvState) -> String {
         out.push_str("; persists (PTPL)");
     }
     out
+}
+
+/// An rbd namespace's image and connection health (None for other backends).
+fn rbd_view(b: &dyn crate::backend::Backend) -> Option<crate::control::view::RbdView> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let r = b.as_any().downcast_ref::<crate::backend::rbd::RbdDisk>()?;
+    Some(crate::control::view::RbdView {
+        image: r.conf.spec(),
+        pool: r.conf.pool.clone(),
+        image_id: r.image_id.clone(),
+        fsid: r.fsid.clone(),
+        ceph_conf: r.conf.ceph_conf.display().to_string(),
+        write_cache: r.conf.write_cache,
+        exclusive_lock: r.exclusive_lock,
+        lock_owner: r.owns_lock(),
+        health: if r.health.degraded.load(Relaxed) {
+            "unavailable"
+        } else {
+            "ok"
+        }
+        .into(),
+        ops: r.health.ops.load(Relaxed),
+        unavailable: r.health.unavailable.load(Relaxed),
+        errors: r.health.errors.load(Relaxed),
+        overdue: r.health.overdue.load(Relaxed),
+    })
 }
