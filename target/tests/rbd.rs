@@ -327,7 +327,7 @@ fn durability_through_kill_9(ceph: &Ceph, dir: &Path, write_cache: bool) {
     for (i, d) in fua.iter().enumerate() {
         let at = fua_lba(i as u64) as usize * BS;
         assert!(
-            &img[at..at + d.len()] == &d[..],
+            img[at..at + d.len()] == d[..],
             "{image}: acknowledged FUA write {i} is not in Ceph"
         );
     }
