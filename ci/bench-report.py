@@ -919,7 +919,38 @@ def cmd_polling(out):
             raise SystemExit(f"polling: {name} missing")
 
 
-RESULT_SECTIONS = ("perf", "modes", "reactor", "file", "ab", "tls", "storm", "polling", "frontier")
+def cmd_rbd(out):
+    """ci/bench-rbd.py writes rbd.json and rbd.md: plot each cell's IOPS of rbd bench,
+    fio-rbd and the pollux gateway (rbd-iops.png), and their p50 (rbd-p50.png)."""
+    path = os.path.join(out, "rbd.json")
+    if not os.path.exists(path) or not os.path.exists(os.path.join(out, "rbd.md")):
+        raise SystemExit("rbd: rbd.json or rbd.md missing")
+    with open(path) as f:
+        cells = json.load(f)["cells"]
+    plt = plt_or_none()
+    if plt is None:
+        return
+    names = [f"{c['workload']}\nQD{c['qd']}" for c in cells]
+    for what, keys, ylabel in (
+        ("iops", ("rbd_bench_iops", "fio_iops", "pollux_iops"), "IOPS (median)"),
+        ("p50", (None, "fio_p50_us", "pollux_p50_us"), "p50 latency, us (median)"),
+    ):
+        fig, ax = plt.subplots(figsize=(8, 4))
+        for i, (k, label) in enumerate(zip(keys, ("rbd bench (librbd)", "fio rbd engine (librbd)", "pollux gateway"))):
+            if k is None:
+                continue
+            ax.bar([x + (i - 1) * 0.27 for x in range(len(cells))], [c[k] or 0 for c in cells], 0.27, label=label)
+        ax.set_xticks(range(len(cells)))
+        ax.set_xticklabels(names)
+        ax.set_ylabel(ylabel)
+        ax.set_title("4K random I/O on a one-node Ceph cluster: librbd vs the pollux gateway")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, f"rbd-{what}.png"), dpi=100)
+        plt.close(fig)
+
+
+RESULT_SECTIONS = ("perf", "modes", "reactor", "file", "ab", "tls", "storm", "polling", "frontier", "rbd")
 
 
 def cmd_results(out):
@@ -958,9 +989,9 @@ def _utc(t):
 def main(argv):
     if len(argv) >= 3 and argv[1] == "rates":
         cmd_rates(argv[2], float(argv[3]) if len(argv) > 3 else 0.25)
-    elif len(argv) == 3 and argv[1] in ("perf", "modes", "reactor", "results", "ab", "tls", "storm", "polling"):
+    elif len(argv) == 3 and argv[1] in ("perf", "modes", "reactor", "results", "ab", "tls", "storm", "polling", "rbd"):
         {"perf": cmd_perf, "modes": cmd_modes, "reactor": cmd_reactor, "results": cmd_results,
-         "ab": cmd_ab, "tls": cmd_tls, "storm": cmd_storm, "polling": cmd_polling}[argv[1]](argv[2])
+         "ab": cmd_ab, "tls": cmd_tls, "storm": cmd_storm, "polling": cmd_polling, "rbd": cmd_rbd}[argv[1]](argv[2])
     else:
         print(__doc__, file=sys.stderr)
         return 2

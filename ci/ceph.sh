@@ -32,6 +32,7 @@
 # so its cleanup still kills them):
 #   ci/ceph.sh start DIR [PORT]   start as above, print CEPH_CONF=, CEPH_FSID=, CEPH_PORT=
 #   ci/ceph.sh stop DIR
+#   ci/ceph.sh pause|resume DIR [mon|osd]
 #   ci/ceph.sh status DIR         the daemons' pids and `ceph osd stat`; rc 1 unless both run
 # Env: CEPH_MEMSTORE_BYTES (the OSD's capacity, 1 GiB), CEPH_CONF_EXTRA (lines appended to
 # the conf's [global]: a key set again there wins).
@@ -272,6 +273,8 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
             ceph_start "$2" "${3:-}"
             printf 'CEPH_CONF=%s\nCEPH_FSID=%s\nCEPH_PORT=%s\n' "$CEPH_CONF" "$CEPH_FSID" "$CEPH_PORT" ;;
         stop) ceph_stop "$2" ;;
+        pause) ceph_pause "$2" "${3:-}" ;;
+        resume) ceph_resume "$2" "${3:-}" ;;
         status)
             rc=0
             for w in mon osd; do

@@ -236,6 +236,37 @@ fn rbd_namespaces_against_a_real_cluster() {
     c2.shutdown().ok();
     t.shutdown().unwrap();
 
+    // At run time: `add_namespace` of a missing image is refused with the reason while the
+    // target goes on serving; the image added, it serves what was written, and Compare runs
+    // on it (pollux reads and compares under its range lock).
+    let (t, ctx) = common::start_with_ctx(&conf("127.0.0.1:0", ram));
+    let add = |image: &str| {
+        ctx.call(
+            "add_namespace",
+            &serde_json::json!({"nqn": NQN, "nsid": 3, "backend": {"rbd": {"pool": "rbd", "image": image, "ceph_conf": ceph.conf}}}),
+        )
+    };
+    let e = add("nosuch").unwrap_err().message;
+    assert!(e.contains("image \"nosuch\" does not exist"), "{e}");
+    let mut c = connect(t.listen_addrs()[0], 1);
+    c.io[0].write(9, 0, 1, &[3u8; BS]).unwrap();
+    add("img0").unwrap();
+    c.io[0].read(3, 3000, 8, &mut back).unwrap();
+    assert_eq!(back, data, "the namespace added at run time serves the image");
+    let same = c.io[0]
+        .exec(sqe::compare(3, 3000, 8), Data::ToCtrl(data.clone()))
+        .unwrap();
+    assert!(same.status.is_success(), "Compare of equal data: {:?}", same.status);
+    let mut other = data.clone();
+    other[100] ^= 1;
+    let differs = c.io[0].exec(sqe::compare(3, 3000, 8), Data::ToCtrl(other)).unwrap();
+    assert_eq!(
+        (differs.status.sct(), differs.status.sc()),
+        (Status::COMPARE_FAILURE.sct(), Status::COMPARE_FAILURE.sc())
+    );
+    c.shutdown().ok();
+    t.shutdown().unwrap();
+
     // Bad input: each a clear error at start, naming what is wrong.
     let bad = |ns: String, needle: &str| {
         let started = Instant::now();
