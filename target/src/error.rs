@@ -48,6 +48,12 @@ pub enum TargetError {
         #[source]
         source: io::Error,
     },
+    /// The namespace's store cannot be resized.
+    #[error("a {kind} namespace cannot be resized (only rbd namespaces can)")]
+    ResizeUnsupported {
+        /// The backend kind.
+        kind: &'static str,
+    },
     /// librbd could not be loaded: an rbd namespace cannot be served on this machine.
     #[error("cannot load {lib} ({why}): install Ceph's librbd (Debian: apt-get install librbd1) to serve RBD images")]
     RbdLibrary {

@@ -199,7 +199,7 @@ pub fn copy_ranges(data: &[u8], ns: &Namespace) -> Result<Vec<(u64, u64)>, Statu
         let slba = u64::from_le_bytes([r[8], r[9], r[10], r[11], r[12], r[13], r[14], r[15]]);
         let nlb = u64::from(u16::from_le_bytes([r[16], r[17]])) + 1;
         match slba.checked_add(nlb) {
-            Some(end) if end <= ns.blocks => {}
+            Some(end) if end <= ns.blocks() => {}
             _ => return Err(Status::LBA_OUT_OF_RANGE.with_dnr()),
         }
         total += nlb;
@@ -251,7 +251,7 @@ pub fn decode_io(sqe: &Sqe, subsys: &Subsystem, max_io: u32) -> Result<Io, Statu
     let nlb = u64::from(sqe.cdw12.get() & 0xFFFF) + 1;
     let range = |ns: &Namespace| -> Result<(u64, u64), Status> {
         match slba.checked_add(nlb) {
-            Some(end) if end <= ns.blocks => Ok((slba << ns.block_shift, nlb << ns.block_shift)),
+            Some(end) if end <= ns.blocks() => Ok((slba << ns.block_shift, nlb << ns.block_shift)),
             _ => Err(Status::LBA_OUT_OF_RANGE.with_dnr()),
         }
     };
@@ -325,7 +325,7 @@ pub fn decode_io(sqe: &Sqe, subsys: &Subsystem, max_io: u32) -> Result<Io, Statu
             if ranges > COPY_MAX_RANGES {
                 return Err(COMMAND_SIZE_LIMIT_EXCEEDED.with_dnr());
             }
-            if slba >= ns.blocks {
+            if slba >= ns.blocks() {
                 return Err(Status::LBA_OUT_OF_RANGE.with_dnr());
             }
             Ok(Io::Copy {
@@ -354,7 +354,7 @@ pub fn dsm_ranges(data: &[u8], ns: &Namespace) -> Result<Vec<(u64, u64)>, Status
             continue;
         }
         match slba.checked_add(nlb) {
-            Some(end) if end <= ns.blocks => out.push((slba << ns.block_shift, nlb << ns.block_shift)),
+            Some(end) if end <= ns.blocks() => out.push((slba << ns.block_shift, nlb << ns.block_shift)),
             _ => return Err(Status::LBA_OUT_OF_RANGE.with_dnr()),
         }
     }

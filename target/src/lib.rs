@@ -45,6 +45,7 @@ pub mod perf;
 pub mod range_lock;
 pub mod referral;
 pub mod request;
+pub mod resize;
 pub mod resv;
 pub mod setup;
 pub mod sgl;
@@ -82,6 +83,8 @@ impl Default for Options {
 pub struct Target {
     runtime: Runtime,
     shared: Arc<Shared>,
+    /// Notices stores resized by someone else (dropped, it stops).
+    resize_watch: resize::Watcher,
 }
 
 /// The starting mode and the adaptive policy (if any) of a conf's reactors.
@@ -199,7 +202,12 @@ impl Target {
         for a in &addrs {
             info!(address = %a.addr, tls = a.tls.as_str(), "listening (NVMe/TCP, discovery and subsystems)");
         }
-        Ok(Self { runtime, shared })
+        let resize_watch = resize::Watcher::spawn(shared.clone(), runtime.remotes())?;
+        Ok(Self {
+            runtime,
+            shared,
+            resize_watch,
+        })
     }
 
     /// The bound listener addresses, in conf order (ports resolved).
@@ -241,6 +249,7 @@ impl Target {
     /// Stop accepting, close every connection, join the reactors.
     pub fn shutdown(self) -> Result<(), TargetError> {
         let before = self.runtime.stats();
+        drop(self.resize_watch);
         self.runtime.shutdown()?;
         // The reactors gave their queue pairs back: shut the NVMe controllers down now
         // (CC.SHN, NVMe 2.0 §3.6.1) rather than whenever the last namespace reference goes.

@@ -380,6 +380,45 @@ fn local_listeners(r: &mut Reactor) -> &mut Listeners {
     r.local::<Listeners>().unwrap_or_else(|| unreachable!("set just above"))
 }
 
+/// Namespace `nsid` of subsystem `nqn` is now `bytes` long (its store was resized, by
+/// `pollux ctl resize-namespace` or by someone else): serve the new size and tell every
+/// controller of the subsystem (Namespace Attribute Changed, NVMe 2.0 §5.27.1.3). A size
+/// that is not a whole number of blocks is served rounded down.
+pub fn namespace_resized(shared: &Shared, remotes: &[Remote], nqn: &str, nsid: u32, bytes: u64) {
+    let snap = shared.snapshot.load();
+    let Some(ns) = snap.subsystem(nqn).and_then(|s| s.namespace(nsid)) else {
+        return;
+    };
+    let blocks = bytes >> ns.block_shift;
+    let old = ns.blocks.swap(blocks, std::sync::atomic::Ordering::Relaxed);
+    if old == blocks {
+        return;
+    }
+    info!(
+        nqn,
+        nsid,
+        old_bytes = old << ns.block_shift,
+        new_bytes = blocks << ns.block_shift,
+        "namespace resized"
+    );
+    for remote in remotes {
+        let nqn = nqn.to_string();
+        remote.send(move |r| {
+            let ctrls: Vec<_> = r
+                .local::<Local>()
+                .map(|l| l.ctrls.values().copied().collect())
+                .unwrap_or_default();
+            for q in ctrls {
+                r.with_source::<Conn, _>(q.source, |c, _| {
+                    if c.serial() == q.serial {
+                        c.namespace_changed(&nqn, nsid);
+                    }
+                });
+            }
+        });
+    }
+}
+
 /// On one reactor: bring every controller it owns up to date with `snap`.
 fn refresh_controllers(r: &mut Reactor, snap: &Arc<Snapshot>, discovery_changed: bool) {
     let ctrls: Vec<_> = r

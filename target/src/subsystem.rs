@@ -66,8 +66,9 @@ pub struct Namespace {
     pub block_size: u32,
     /// log2(block_size).
     pub block_shift: u32,
-    /// Size in logical blocks.
-    pub blocks: u64,
+    /// Size in logical blocks: read relaxed on every command ([`Namespace::blocks`]),
+    /// changed when the store is resized ([`crate::mutate::namespace_resized`]).
+    pub blocks: AtomicU64,
     /// RFC 4122 UUID.
     pub uuid: [u8; 16],
     /// Namespace globally unique identifier.
@@ -94,9 +95,15 @@ pub struct Namespace {
 }
 
 impl Namespace {
-    /// Size in bytes.
+    /// Size in logical blocks now.
+    #[inline]
+    pub fn blocks(&self) -> u64 {
+        self.blocks.load(Relaxed)
+    }
+
+    /// Size in bytes now.
     pub fn bytes(&self) -> u64 {
-        self.blocks << self.block_shift
+        self.blocks() << self.block_shift
     }
 
     /// Counters of reactor `r`.
@@ -303,7 +310,7 @@ pub fn build_namespace(
         nsid: n.nsid,
         block_size,
         block_shift: block_size.trailing_zeros(),
-        blocks: bytes / u64::from(block_size),
+        blocks: AtomicU64::new(bytes / u64::from(block_size)),
         uuid,
         nguid,
         eui64,
@@ -372,7 +379,7 @@ pub(crate) fn test_namespace(nsid: u32, blocks: u64) -> Arc<Namespace> {
         nsid,
         block_size: 512,
         block_shift: 9,
-        blocks,
+        blocks: blocks.into(),
         uuid: [nsid as u8; 16],
         nguid: [0; 16],
         eui64: [0; 8],

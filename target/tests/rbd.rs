@@ -267,6 +267,8 @@ fn rbd_namespaces_against_a_real_cluster() {
     c.shutdown().ok();
     t.shutdown().unwrap();
 
+    resizes_reach_the_host(&ceph);
+
     // Bad input: each a clear error at start, naming what is wrong.
     let bad = |ns: String, needle: &str| {
         let started = Instant::now();
@@ -311,6 +313,92 @@ fn rbd_namespaces_against_a_real_cluster() {
     durability_through_kill_9(&ceph, &dir, true);
     cluster_stops_answering(&ceph);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The image grows by `rbd resize` (another client) and by `pollux ctl resize-namespace`:
+/// each time the host gets a Namespace Attribute Changed event naming the namespace, and
+/// Identify and I/O follow the new size. Shrinking through pollux, or resizing a RAM
+/// namespace, is refused with the reason.
+fn resizes_reach_the_host(ceph: &Ceph) {
+    let ram = "[[subsystem.namespace]]\nnsid = 9\nbackend = { ram = { size = \"1MiB\" } }\n";
+    let (t, ctx) = common::start_with_ctx(&conf("127.0.0.1:0", &format!("{}{ram}", rbd_ns(1, ceph, "img0", ""))));
+    let mut c = connect(t.listen_addrs()[0], 1);
+    // Namespace attribute notices on (the Linux host does this at connect).
+    c.admin.set_features(0x0B, 1 << 8).unwrap();
+    let expect_resize = |c: &mut Controller, bytes: u64, what: &str| {
+        let aer = c.admin.submit(sqe::async_event_request(), Data::None, 7).unwrap();
+        let t0 = Instant::now();
+        let mut got = None;
+        while got.is_none() && t0.elapsed() < Duration::from_secs(20) {
+            c.admin
+                .poll_completions(Some(Duration::from_millis(100)), |done| {
+                    if done.cid == aer {
+                        got = Some((done.status, done.dw0));
+                    }
+                })
+                .unwrap();
+        }
+        // Notice, Namespace Attribute Changed, log page 04h (NVMe 2.0 §5.2).
+        assert_eq!(got, Some((Status::SUCCESS, 0x0004_0002)), "{what}: no event");
+        let log = c.admin.get_log_page(0x04, 0, 4096).unwrap();
+        assert_eq!(
+            &log[0..8],
+            &[1, 0, 0, 0, 0, 0, 0, 0],
+            "{what}: the changed namespace list names nsid 1"
+        );
+        assert_eq!(
+            c.admin.identify_namespace(1).unwrap().nsze * BS as u64,
+            bytes,
+            "{what}: Identify"
+        );
+        let last = bytes / BS as u64 - 8;
+        let d = pattern(41, last, 8 * BS);
+        c.io[0].write(1, last, 8, &d).unwrap();
+        let mut back = vec![0u8; 8 * BS];
+        c.io[0].read(1, last, 8, &mut back).unwrap();
+        assert_eq!(back, d, "{what}: I/O at the new end");
+        let past = c.io[0]
+            .exec(sqe::read(1, bytes / BS as u64, 1), Data::FromCtrl(vec![0; BS]))
+            .unwrap();
+        assert_eq!(
+            (past.status.sct(), past.status.sc()),
+            (0, 0x80),
+            "{what}: LBA Out of Range past it"
+        );
+    };
+    ceph.run("rbd", &["resize", "--size", "80M", "rbd/img0"]);
+    expect_resize(&mut c, 80 << 20, "rbd resize by another client");
+    let r = ctx
+        .call(
+            "resize_namespace",
+            &serde_json::json!({"nqn": NQN, "nsid": 1, "size": "96MiB"}),
+        )
+        .unwrap();
+    assert_eq!(r["size"], 96 << 20);
+    expect_resize(&mut c, 96 << 20, "pollux ctl resize-namespace");
+    let info = String::from_utf8(ceph.run("rbd", &["info", "--format", "json", "rbd/img0"])).unwrap();
+    assert!(
+        info.contains(&format!("\"size\":{}", 96 << 20)),
+        "the image itself grew: {info}"
+    );
+    let e = ctx
+        .call(
+            "resize_namespace",
+            &serde_json::json!({"nqn": NQN, "nsid": 1, "size": "32MiB"}),
+        )
+        .unwrap_err()
+        .message;
+    assert!(e.contains("shrinking the image") && e.contains("refused"), "{e}");
+    let e = ctx
+        .call(
+            "resize_namespace",
+            &serde_json::json!({"nqn": NQN, "nsid": 9, "size": "2MiB"}),
+        )
+        .unwrap_err()
+        .message;
+    assert!(e.contains("a ram namespace cannot be resized"), "{e}");
+    c.shutdown().ok();
+    t.shutdown().unwrap();
 }
 
 /// Writes acknowledged as durable (FUA, or before a completed Flush) are in Ceph even when

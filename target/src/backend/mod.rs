@@ -287,6 +287,17 @@ pub trait Backend: Send + Sync + std::fmt::Debug + Any {
     fn ids(&self) -> Option<pollux_conf::DerivedIds> {
         None
     }
+    /// Resize the store to `bytes` (`pollux ctl resize-namespace`; blocks on the store, never
+    /// called on a reactor). Err: the store cannot be resized (most cannot), or failed.
+    fn resize(&self, _bytes: u64) -> Result<(), TargetError> {
+        Err(TargetError::ResizeUnsupported { kind: self.kind() })
+    }
+    /// The store's size now, if something other than pollux may have changed it since the
+    /// last call (an RBD image resized by another client); None otherwise. May block on the
+    /// store: called on the resize watcher's thread ([`crate::resize`]).
+    fn refresh_size(&self) -> Option<u64> {
+        None
+    }
     /// Starts of this store under pollux and unsafe shutdowns among them, where the store
     /// keeps that record (files).
     fn shutdown_record(&self) -> Option<(u64, u64)> {

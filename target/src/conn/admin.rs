@@ -386,6 +386,18 @@ impl Conn {
     }
 }
 
+impl Conn {
+    /// Namespace `nsid` of subsystem `nqn` changed in place (resized): an admin queue of a
+    /// controller of that subsystem tells its host.
+    pub fn namespace_changed(&mut self, nqn: &str, nsid: u32) {
+        let Queue::Admin(ctrl) = &mut self.q else { return };
+        if ctrl.subsys.as_ref().is_some_and(|s| s.nqn == nqn) {
+            ctrl.namespace_changed(nsid);
+            self.complete_events();
+        }
+    }
+}
+
 /// Run `f` on controller `cntlid` owned by this reactor, if it exists.
 pub(super) fn with_ctrl<R>(r: &mut Reactor, cntlid: u16, f: impl FnOnce(&mut Ctrl, &mut Reactor) -> R) -> Option<R> {
     let aref = r.local::<Local>()?.ctrls.get(&cntlid).copied()?;

@@ -103,6 +103,16 @@ pub enum CtlCommand {
         /// auto | always | never.
         polling: String,
     },
+    /// Resize a namespace's store (an rbd image; shrinking is refused) and serve the new
+    /// size; its hosts get a Namespace Attribute Changed event.
+    ResizeNamespace {
+        /// Subsystem NQN.
+        nqn: String,
+        /// Namespace id.
+        nsid: u32,
+        /// The new size: bytes, or a size such as "20GiB".
+        size: String,
+    },
     /// Re-read the conf file and apply the difference (an invalid file changes nothing).
     Reload,
     /// Write the running configuration as TOML (to the conf file, or PATH).
@@ -150,6 +160,9 @@ impl CtlCommand {
                         .map_or_else(|_| Value::String(n.to_string()), Value::from),
                 };
                 ("set_polling", json!({"nqn": nqn, "nsid": nsid, "polling": polling}))
+            }
+            CtlCommand::ResizeNamespace { nqn, nsid, size } => {
+                ("resize_namespace", json!({"nqn": nqn, "nsid": nsid, "size": size}))
             }
             CtlCommand::Reload => ("reload", Value::Null),
             CtlCommand::Save { path } => ("save", path.as_ref().map_or(json!({}), |p| json!({"path": p}))),
@@ -487,6 +500,7 @@ pub fn format_result(cmd: &CtlCommand, v: Value) -> Result<String, ControlError>
         | CtlCommand::Call { .. }
         | CtlCommand::Save { .. }
         | CtlCommand::SetAnaState { .. }
+        | CtlCommand::ResizeNamespace { .. }
         | CtlCommand::SetPolling { .. } => {
             let mut o = serde_json::to_string_pretty(&v).map_err(de)?;
             o.push('\n');

@@ -195,9 +195,9 @@ pub fn identify_namespace(ctrl: &Ctrl, nsid: u32) -> Reply {
     let mut id = nvme_id_ns::new_zeroed();
     // An inactive NSID gets a zero-filled structure (NVMe 2.0 §5.17.2.1).
     if let Some(ns) = subsys.namespace(nsid) {
-        id.nsze = ns.blocks.to_le();
-        id.ncap = ns.blocks.to_le();
-        id.nuse = ns.blocks.to_le();
+        id.nsze = ns.blocks().to_le();
+        id.ncap = ns.blocks().to_le();
+        id.nuse = ns.blocks().to_le();
         id.nlbaf = 0;
         id.flbas = 0;
         id.lbaf[0].ds = ns.block_shift as u8;

@@ -260,16 +260,7 @@ impl Ctrl {
                     (Some(a), Some(b)) => !Arc::ptr_eq(a, b),
                     _ => true,
                 });
-                if !changed.is_empty() {
-                    for nsid in &changed {
-                        if !self.changed_ns.contains(nsid) {
-                            self.changed_ns.push(*nsid);
-                        }
-                    }
-                    if self.aec & (1 << 8) != 0 {
-                        event = Some(AER_NS_ATTR_CHANGED);
-                    }
-                }
+                event = self.note_changed_namespaces(&changed);
                 self.subsys = Some(new.clone());
                 info!(cntlid = self.cntlid, changed = ?changed, "controller sees a changed subsystem");
                 update = SubsystemUpdate::Changed(new);
@@ -281,6 +272,35 @@ impl Ctrl {
             self.events.push_back(ev);
         }
         update
+    }
+
+    /// Namespaces `changed` (added, removed, or their attributes, such as the size, changed):
+    /// listed in the Changed Namespace List log; the Namespace Attribute Changed event, if
+    /// the host enabled it (AEC bit 8, NVMe 2.0 §5.27.1.3).
+    fn note_changed_namespaces(&mut self, changed: &[u32]) -> Option<u32> {
+        if changed.is_empty() {
+            return None;
+        }
+        for nsid in changed {
+            if !self.changed_ns.contains(nsid) {
+                self.changed_ns.push(*nsid);
+            }
+        }
+        (self.aec & (1 << 8) != 0).then_some(AER_NS_ATTR_CHANGED)
+    }
+
+    /// Namespace `nsid` of this controller's subsystem changed in place (its size): the
+    /// host is told as for any namespace change.
+    pub fn namespace_changed(&mut self, nsid: u32) {
+        if self.subsys.as_ref().is_none_or(|s| s.namespace(nsid).is_none()) {
+            return;
+        }
+        if let Some(ev) = self.note_changed_namespaces(&[nsid])
+            && !self.events.contains(&ev)
+        {
+            self.events.push_back(ev);
+        }
+        info!(cntlid = self.cntlid, nsid, "controller sees a changed namespace");
     }
 
     /// The port's ANA states changed since the host last heard: queue an ANA change event if

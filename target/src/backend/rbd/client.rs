@@ -222,6 +222,9 @@ unsafe extern "C" fn on_update(arg: *mut c_void) {
     // rbd_update_unwatch returned (no callback runs after it).
     let w = unsafe { &*(arg as *const Arc<SizeWatch>) };
     w.updates.fetch_add(1, std::sync::atomic::Ordering::Release);
+    // Reading the size here (librbd's own thread, inside its notification) could deadlock:
+    // the resize watcher reads it.
+    crate::resize::ring();
 }
 
 impl Image {

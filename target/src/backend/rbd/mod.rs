@@ -79,7 +79,10 @@ pub struct RbdDisk {
     pub conf: RbdBackend,
     /// None once closed ([`RbdDisk::close`]). Locked only to open a channel or close.
     image: Mutex<Option<Arc<Image>>>,
-    len: u64,
+    /// Its size as last read (at open, a resize, a header update).
+    len: AtomicU64,
+    /// The watch's update count when the size was last read.
+    seen_updates: AtomicU64,
     /// The cluster's fsid.
     pub fsid: String,
     /// The image's id.
@@ -131,7 +134,8 @@ impl RbdDisk {
         );
         Ok(Self {
             conf: b.clone(),
-            len,
+            len: AtomicU64::new(len),
+            seen_updates: AtomicU64::new(0),
             fsid: image.cluster.fsid.clone(),
             image_id: image.id.clone(),
             exclusive_lock,
@@ -228,11 +232,58 @@ impl Backend for RbdDisk {
     }
 
     fn len(&self) -> u64 {
-        self.len
+        self.len.load(Ordering::Relaxed)
     }
 
     fn io_path(&self) -> &'static str {
         "librbd"
+    }
+
+    /// `rbd_resize`: other gateways and clients see the new size through their watch.
+    /// Shrinking is refused: the blocks past the new end would be lost to every host.
+    fn resize(&self, bytes: u64) -> Result<(), TargetError> {
+        let image = self
+            .image()
+            .ok_or_else(|| rbd_error(&self.conf, "the image is closed", -i64::from(libc::ESHUTDOWN)))?;
+        let now = image
+            .size()
+            .map_err(|rc| rbd_error(&self.conf, "cannot read the image's size", rc.into()))?;
+        if bytes < now {
+            return Err(rbd_error(
+                &self.conf,
+                format!(
+                    "shrinking the image from {now} to {bytes} bytes is refused: the data past {bytes} would be lost (shrink it with `rbd resize --allow-shrink` if you mean it)"
+                ),
+                -i64::from(libc::EINVAL),
+            ));
+        }
+        image.resize(bytes).map_err(|rc| {
+            rbd_error(
+                &self.conf,
+                format!("cannot resize the image to {bytes} bytes"),
+                rc.into(),
+            )
+        })?;
+        self.len.store(bytes, Ordering::Relaxed);
+        info!(image = %self.conf.spec(), bytes, "rbd image resized");
+        Ok(())
+    }
+
+    /// After a header update (the watch's callback counted one): the image's size now.
+    fn refresh_size(&self) -> Option<u64> {
+        let updates = self.watch.updates.load(Ordering::Acquire);
+        if self.seen_updates.swap(updates, Ordering::AcqRel) == updates {
+            return None;
+        }
+        let size = match self.image()?.size() {
+            Ok(s) => s,
+            Err(rc) => {
+                warn!(image = %self.conf.spec(), rc, "cannot read the image's size after an update");
+                return None;
+            }
+        };
+        self.len.store(size, Ordering::Relaxed);
+        Some(size)
     }
 
     /// With librbd's writeback cache a write completes once cached in this gateway:

@@ -59,6 +59,37 @@ fn subsystem_table<'a>(doc: &'a mut toml::Table, nqn: &str) -> Result<&'a mut to
 }
 
 impl Ctx {
+    /// `resize_namespace` {nqn, nsid, size}: resize the namespace's store (an rbd image) and
+    /// serve the new size; its hosts get a Namespace Attribute Changed event. `size` is bytes
+    /// or a size string ("20GiB"). Nothing of the conf changes: an rbd namespace's size is
+    /// its image's.
+    pub(super) fn resize_namespace(&self, params: &Value) -> Result<Value, RpcError> {
+        let nqn = str_param(params, "nqn")?;
+        let nsid = params
+            .get("nsid")
+            .and_then(Value::as_u64)
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(|| RpcError::params("missing integer param 'nsid'"))?;
+        let bytes = match params.get("size") {
+            Some(Value::Number(n)) => n
+                .as_u64()
+                .ok_or_else(|| RpcError::params("'size' must be a positive integer"))?,
+            Some(Value::String(s)) => {
+                pollux_conf::parse_size(s).map_err(|e| RpcError::params(format!("'size' {s:?}: {e}")))?
+            }
+            _ => {
+                return Err(RpcError::params(
+                    "missing param 'size' (bytes, or a size such as \"20GiB\")",
+                ));
+            }
+        };
+        match crate::resize::resize_namespace(&self.shared, &self.remotes, nqn, nsid, bytes) {
+            Ok(b) => Ok(serde_json::json!({"nqn": nqn, "nsid": nsid, "size": b})),
+            Err(crate::resize::ResizeError::Params(m)) => Err(RpcError::params(m)),
+            Err(crate::resize::ResizeError::Store(e)) => Err(RpcError::new(CONFIG_ERROR, e.to_string())),
+        }
+    }
+
     /// Apply a new configuration; on error nothing changed.
     fn apply(&self, cfg: pollux_conf::Config) -> Result<Value, RpcError> {
         let ch = crate::mutate::reconcile(&self.shared, &self.remotes, cfg)

@@ -21,6 +21,7 @@ impl Ctx {
             "set_cpu_budget" => to_value(self.set_cpu_budget(params)?),
             "nvme_devices" => to_value(self.nvme_devices()),
             "nvme_fault" => self.nvme_fault(params),
+            "resize_namespace" => self.resize_namespace(params),
             "reload" => self.reload(),
             "save" => self.save(params),
             "add_subsystem" | "remove_subsystem" | "add_namespace" | "remove_namespace" | "add_host"
@@ -78,7 +79,7 @@ impl Ctx {
 }
 
 /// Every method [`Ctx::call`] dispatches (what `pollux ctl call` accepts).
-pub const METHODS: [&str; 25] = [
+pub const METHODS: [&str; 26] = [
     "version",
     "reactors",
     "subsystems",
@@ -99,6 +100,7 @@ pub const METHODS: [&str; 25] = [
     "remove_host",
     "set_allow_any_host",
     "set_polling",
+    "resize_namespace",
     "add_listener",
     "remove_listener",
     "add_referral",

@@ -1,0 +1,136 @@
+//! Namespaces whose store changes size: `pollux ctl resize-namespace`, and stores resized by
+//! someone else (an RBD image resized by `rbd resize` or another gateway, which librbd's
+//! header watch reports). Reading a store's size may block on it, so it happens here, on a
+//! watcher thread of its own or the control thread, never on a reactor; the new size then
+//! reaches the hosts as a Namespace Attribute Changed event (NVMe 2.0 §5.27.1.3) through
+//! [`crate::mutate::namespace_resized`].
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use pollux_reactor::Remote;
+use tracing::warn;
+
+use crate::error::TargetError;
+use crate::subsystem::Shared;
+
+/// Rung (by any store's watch, on the store's own thread) when a store may have changed
+/// size: a count, so that a ring between two checks is never missed.
+static BELL: (Mutex<u64>, Condvar) = (Mutex::new(0), Condvar::new());
+
+/// A store may have changed size: wake the watchers.
+pub fn ring() {
+    let mut n = BELL.0.lock().unwrap_or_else(|p| p.into_inner());
+    *n = n.wrapping_add(1);
+    BELL.1.notify_all();
+}
+
+/// A target's resize watcher thread.
+#[derive(Debug)]
+pub struct Watcher {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Watcher {
+    /// Watch the namespaces of `shared` for size changes, telling the reactors of `remotes`.
+    /// It sleeps until a store rings ([`ring`]).
+    pub fn spawn(shared: Arc<Shared>, remotes: Arc<[Remote]>) -> Result<Self, TargetError> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("resize-watch".into())
+            .spawn(move || {
+                let mut seen = *BELL.0.lock().unwrap_or_else(|p| p.into_inner());
+                loop {
+                    {
+                        let mut n = BELL.0.lock().unwrap_or_else(|p| p.into_inner());
+                        while *n == seen && !s.load(Ordering::Relaxed) {
+                            n = BELL.1.wait(n).unwrap_or_else(|p| p.into_inner());
+                        }
+                        seen = *n;
+                    }
+                    if s.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    check(&shared, &remotes);
+                }
+            })
+            .map_err(|source| TargetError::Thread {
+                name: "resize-watch".into(),
+                source,
+            })?;
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        ring();
+        if let Some(t) = self.thread.take()
+            && t.join().is_err()
+        {
+            warn!("the resize watcher panicked");
+        }
+    }
+}
+
+/// Every namespace whose store's size changed: served at the new size, its hosts told.
+fn check(shared: &Shared, remotes: &[Remote]) {
+    // A resize comes with a burst of header notifications: let it settle.
+    std::thread::sleep(Duration::from_millis(20));
+    let snap = shared.snapshot.load();
+    for s in &snap.subsystems {
+        for ns in s.namespaces.values() {
+            if let Some(bytes) = ns.backend.refresh_size()
+                && bytes >> ns.block_shift != ns.blocks()
+            {
+                crate::mutate::namespace_resized(shared, remotes, &s.nqn, ns.nsid, bytes);
+            }
+        }
+    }
+}
+
+/// `pollux ctl resize-namespace`: resize namespace `nsid` of `nqn`'s store to `bytes` (a
+/// multiple of its block size, not smaller than now) and serve the new size.
+pub fn resize_namespace(
+    shared: &Shared,
+    remotes: &[Remote],
+    nqn: &str,
+    nsid: u32,
+    bytes: u64,
+) -> Result<u64, ResizeError> {
+    let snap = shared.snapshot.load();
+    let ns = snap
+        .subsystem(nqn)
+        .ok_or_else(|| ResizeError::Params(format!("no subsystem '{nqn}'")))?
+        .namespace(nsid)
+        .ok_or_else(|| ResizeError::Params(format!("subsystem '{nqn}' has no namespace {nsid}")))?
+        .clone();
+    if bytes == 0 || !bytes.is_multiple_of(u64::from(ns.block_size)) {
+        return Err(ResizeError::Params(format!(
+            "size {bytes} is not a positive multiple of the namespace's block size {}",
+            ns.block_size
+        )));
+    }
+    ns.backend.resize(bytes).map_err(ResizeError::Store)?;
+    crate::mutate::namespace_resized(shared, remotes, nqn, nsid, bytes);
+    Ok(bytes)
+}
+
+/// Why a resize was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ResizeError {
+    /// The request names no namespace or a bad size.
+    #[error("{0}")]
+    Params(String),
+    /// The store refused or failed.
+    #[error(transparent)]
+    Store(TargetError),
+}
