@@ -12,13 +12,12 @@ mod common;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
-use std::time::{Duration, Instant};
 
 use common::*;
 use pollux_nvme::spec::{Sqe, Status};
 use pollux_target::control::rpc::Ctx;
 use pollux_target::host::sqe::{self, CopyRange};
-use pollux_target::host::{Controller, Data, Digests, HostQueue};
+use pollux_target::host::{Controller, Data, Digests};
 
 const F_NQN: &str = "nqn.2026-11.io.pollux:fused";
 const BLOCKS8M: u64 = 16384;
@@ -36,34 +35,6 @@ const SIM: &str = "{ sim = { size = \"8MiB\", read = { median_us = 20.0, sigma =
 const RAM: &str = "{ ram = { size = \"8MiB\" } }";
 
 /// Submit `cmds` back to back on `q` and wait for all their statuses, in order.
-fn run_all(q: &mut HostQueue, cmds: Vec<(Sqe, Data)>) -> Vec<Status> {
-    let mut cids = Vec::new();
-    for (s, d) in cmds {
-        cids.push(q.submit(s, d, 0).unwrap());
-    }
-    let mut got: Vec<Option<Status>> = vec![None; cids.len()];
-    let deadline = Instant::now() + WAIT;
-    while got.iter().any(Option::is_none) {
-        assert!(Instant::now() < deadline, "completions did not come");
-        q.poll_completions(Some(Duration::from_millis(100)), |c| {
-            if let Some(i) = cids.iter().position(|&x| x == c.cid) {
-                got[i] = Some(c.status);
-            }
-        })
-        .unwrap();
-    }
-    got.into_iter().map(Option::unwrap).collect()
-}
-
-fn caw(q: &mut HostQueue, slba: u64, nlb: u32, expect: &[u8], new: &[u8]) -> (Status, Status) {
-    let (c, w) = sqe::compare_and_write(1, slba, nlb);
-    let s = run_all(
-        q,
-        vec![(c, Data::ToCtrl(expect.to_vec())), (w, Data::ToCtrl(new.to_vec()))],
-    );
-    (s[0], s[1])
-}
-
 fn read(c: &mut Controller, slba: u64, nlb: u32) -> Vec<u8> {
     let mut back = vec![0u8; nlb as usize * 512];
     // In reads of at most 128 blocks (64 KiB, below the transport's limit).
@@ -81,11 +52,11 @@ fn exercise(c: &mut Controller, what: &str) {
         let old = pattern(1, slba, len);
         let new = pattern(2, slba, len);
         c.io[0].write(1, slba, nlb, &old).unwrap();
-        let (a, b) = caw(&mut c.io[0], slba, nlb, &old, &new);
+        let (a, b) = caw(&mut c.io[0], 1, slba, nlb, &old, &new);
         assert_eq!((a, b), (Status::SUCCESS, Status::SUCCESS), "{what}: equal, written");
         assert_eq!(read(c, slba, nlb), new, "{what}: the write of the pair landed");
         // A miscompare: Compare Failure and Failed Fused Command, nothing written.
-        let (a, b) = caw(&mut c.io[0], slba, nlb, &old, &pattern(3, slba, len));
+        let (a, b) = caw(&mut c.io[0], 1, slba, nlb, &old, &pattern(3, slba, len));
         assert_eq!((code(a), code(b)), ((2, 0x85), (0, 0x09)), "{what}: miscompare");
         assert_eq!(read(c, slba, nlb), new, "{what}: a miscompare changed the data");
     }
@@ -300,7 +271,7 @@ fn counter_race(backend: &str, what: &str) {
                 let mut next = cur.clone();
                 next[..8].copy_from_slice(&(n + 1).to_le_bytes());
                 next[512..520].copy_from_slice(&(k << 32 | i).to_le_bytes());
-                let (s1, s2) = caw(q, 0, 2, &cur, &next);
+                let (s1, s2) = caw(q, 1, 0, 2, &cur, &next);
                 if s1.is_success() {
                     assert!(s2.is_success(), "a matching compare's write failed: {s2:?}");
                     mine += 1;

@@ -264,6 +264,51 @@ fn rbd_namespaces_against_a_real_cluster() {
         (differs.status.sct(), differs.status.sc()),
         (Status::COMPARE_FAILURE.sct(), Status::COMPARE_FAILURE.sc())
     );
+    // A one-sector fused Compare and Write is librbd's compare-and-write (atomic in the
+    // cluster, across gateways): one librbd operation. A longer one is pollux's own: read,
+    // compare and write under its range lock (two operations).
+    let ops = || {
+        let v = ctx.call("subsystems", &serde_json::Value::Null).unwrap();
+        let ns = v[0]["namespaces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["nsid"] == 3)
+            .cloned()
+            .unwrap();
+        ns["rbd"]["ops"].as_u64().unwrap()
+    };
+    for (nlb, librbd_ops) in [(1u32, 1u64), (8, 2)] {
+        let len = nlb as usize * BS;
+        let (old, new) = (&data[..len], pattern(6, 3000, len));
+        let before = ops();
+        assert_eq!(
+            common::caw(&mut c.io[0], 3, 3000, nlb, old, &new),
+            (Status::SUCCESS, Status::SUCCESS)
+        );
+        assert_eq!(ops() - before, librbd_ops, "{nlb} blocks: librbd operations");
+        let mut back = vec![0u8; len];
+        c.io[0].read(3, 3000, nlb, &mut back).unwrap();
+        assert_eq!(back, new, "{nlb} blocks: the write of the pair landed");
+        let (cmp, wr) = common::caw(&mut c.io[0], 3, 3000, nlb, old, &pattern(7, 3000, len));
+        assert_eq!(
+            (cmp.sct(), cmp.sc()),
+            (Status::COMPARE_FAILURE.sct(), Status::COMPARE_FAILURE.sc())
+        );
+        assert_eq!(
+            (wr.sct(), wr.sc()),
+            (0, 0x09),
+            "the Write: Command Aborted due to Failed Fused Command"
+        );
+        c.io[0].read(3, 3000, nlb, &mut back).unwrap();
+        assert_eq!(back, new, "{nlb} blocks: a miscompare writes nothing");
+        c.io[0].write(3, 3000, 8, &data).unwrap();
+    }
+    // A block never written compares as zeroes.
+    assert_eq!(
+        common::caw(&mut c.io[0], 3, 100_000, 1, &[0; BS], &pattern(8, 100_000, BS)),
+        (Status::SUCCESS, Status::SUCCESS)
+    );
     c.shutdown().ok();
     t.shutdown().unwrap();
 

@@ -313,6 +313,7 @@ impl Backend for FileDisk {
             dma_data: false,
             inline_reads: false,
             copy_offload: None,
+            compare_and_write: None,
         }
     }
 
@@ -742,7 +743,7 @@ impl Channel for FileChannel {
             }
             BlockOp::Flush => ops.push(FileOp::Flush),
             // No copy offload (Caps::copy_offload): a Copy is read and written through pollux.
-            BlockOp::Copy { .. } => return Err(Status::INTERNAL_ERROR),
+            BlockOp::Copy { .. } | BlockOp::CompareAndWrite { .. } => return Err(Status::INTERNAL_ERROR),
         }
         self.submit_ops(r, tag, &ops, payload)
     }

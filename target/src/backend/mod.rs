@@ -79,6 +79,21 @@ pub enum BlockOp<'a> {
     },
     /// Make completed writes durable (flush a volatile cache).
     Flush,
+    /// Compare the `expect.len()` bytes at `off` with `expect` and, only if they are equal,
+    /// write `data` (as long) there, atomically for every client of the store (an RBD
+    /// image's other gateways included): only to a backend with
+    /// [`Caps::compare_and_write`], within one of its units. A miscompare completes with
+    /// Compare Failure, the blocks unchanged.
+    CompareAndWrite {
+        /// Byte offset.
+        off: u64,
+        /// What the blocks must hold.
+        expect: &'a [u8],
+        /// What to write then.
+        data: &'a [u8],
+        /// Force unit access.
+        fua: bool,
+    },
     /// Copy the (offset, length) source ranges, in order, to `dst`, by the store itself (a
     /// device's own Copy): only to a backend whose [`Caps::copy_offload`] they fit. Every
     /// source is read before the destination is written.
@@ -212,6 +227,12 @@ pub struct Caps {
     /// It copies blocks itself ([`BlockOp::Copy`]: an NVMe device's own Copy), within these
     /// limits; None: a Copy is read and written through pollux.
     pub copy_offload: Option<CopyOffload>,
+    /// It compares and writes atomically itself ([`BlockOp::CompareAndWrite`]: an RBD
+    /// image's compare-and-write, atomic in the cluster), for a range within one aligned
+    /// unit of this many bytes (an RBD object); None, or a range across units: a fused
+    /// Compare and Write is read, compared and written by pollux under its range lock,
+    /// atomic among this target's hosts only.
+    pub compare_and_write: Option<u64>,
 }
 
 /// The limits of a backend's own Copy ([`Caps::copy_offload`]), in bytes.

@@ -261,7 +261,7 @@ impl RamDisk {
             BlockOp::Deallocate { ranges } => ranges.iter().for_each(|&(off, len)| self.zero(off, len)),
             BlockOp::Read { .. } | BlockOp::Flush => {}
             // No copy offload (Caps::copy_offload): a Copy is read and written through pollux.
-            BlockOp::Copy { .. } => return Status::INTERNAL_ERROR,
+            BlockOp::Copy { .. } | BlockOp::CompareAndWrite { .. } => return Status::INTERNAL_ERROR,
         }
         Status::SUCCESS
     }

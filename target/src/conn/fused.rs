@@ -4,7 +4,9 @@
 //! (compare,) write and unlock; and writes that meet a locked range park here until it is
 //! unlocked. A Copy on a backend that copies itself ([`crate::backend::Caps::copy_offload`]:
 //! an NVMe device's own Copy), within its limits, is one backend command between the fence
-//! and the unlock instead of the reads and writes; beyond them it is read and written.
+//! and the unlock instead of the reads and writes; beyond them it is read and written. So
+//! is a Compare and Write on a backend that compares and writes atomically itself
+//! ([`crate::backend::Caps::compare_and_write`]: an RBD image, atomic across gateways).
 //!
 //! Fused pairs: the first command (FUSE 01b) must be a Compare and the second (FUSE 10b) a
 //! Write, submitted next on the same queue, with the same namespace and LBA range. A first
@@ -118,13 +120,15 @@ pub(super) struct Pair {
 /// What a locked operation does once its reads are in.
 #[derive(Debug)]
 enum OpKind {
-    /// Compare the blocks with `expect`; equal, write `data`.
+    /// Compare the blocks with `expect`; equal, write `data`. With `device`, the store does
+    /// both in one command ([`BlockOp::CompareAndWrite`], no reads).
     Caw {
         cmp_cid: u16,
         wr_cid: u16,
         expect: Vec<u8>,
         data: Option<Owned>,
         fua: bool,
+        device: bool,
     },
     /// Write what was read at the start of the locked range; or, with `device`, have the
     /// backend copy these source ranges itself (one [`BlockOp::Copy`], no reads).
@@ -356,11 +360,15 @@ impl Conn {
         }
         let p = self.fused.pairs.remove(k);
         let Some(wr) = p.wr else { return };
+        // A store that compares and writes atomically itself does it in one command, within
+        // one of its units: atomic for all its clients, not only this target's.
+        let end = p.off + u64::from(p.len);
+        let device = (p.ns.backend.caps().compare_and_write).is_some_and(|unit| p.off / unit == (end - 1) / unit);
         let op = LockedOp {
             start: p.off,
-            end: p.off + u64::from(p.len),
+            end,
             lock: None,
-            reads: vec![(p.off, p.len)],
+            reads: if device { Vec::new() } else { vec![(p.off, p.len)] },
             next: 0,
             got: Vec::with_capacity(p.len as usize),
             written: 0,
@@ -370,6 +378,7 @@ impl Conn {
                 expect: p.expect.unwrap_or_default(),
                 data: wr.data,
                 fua: wr.fua,
+                device,
             },
             ns: p.ns,
         };
@@ -563,8 +572,8 @@ impl Conn {
             }
             // Every read is in: compare (Compare and Write), then write.
             let write_len = match &mut op.kind {
-                OpKind::Caw { expect, .. } => {
-                    if op.written == 0 && op.got != *expect {
+                OpKind::Caw { expect, device, .. } => {
+                    if !*device && op.written == 0 && op.got != *expect {
                         return self.finish(r, key, Status::COMPARE_FAILURE, FAILED_FUSED);
                     }
                     expect.len() as u64
@@ -574,6 +583,45 @@ impl Conn {
             };
             if op.written >= write_len {
                 return self.finish(r, key, Status::SUCCESS, Status::SUCCESS);
+            }
+            if let OpKind::Caw {
+                wr_cid,
+                fua,
+                expect,
+                data,
+                device: true,
+                ..
+            } = &mut op.kind
+            {
+                let (cid, fua, off) = (*wr_cid, *fua, op.start);
+                let expect = std::mem::take(expect);
+                let Some(d) = data.take() else {
+                    return self.finish(r, key, Status::SUCCESS, Status::INTERNAL_ERROR);
+                };
+                op.written = write_len;
+                let (bytes, dma) = match d {
+                    Owned::Heap(v) => (v, None),
+                    Owned::Dma(buf, len) => Owned::bytes(WriteData::Dma { buf, len }),
+                };
+                if let Some(b) = dma {
+                    recycle_buf(r, Some(&ns), DataBuf::Dma(b));
+                }
+                let io = Io::Write {
+                    ns: ns.clone(),
+                    off,
+                    len: write_len as u32,
+                    fua,
+                };
+                let op = BlockOp::CompareAndWrite {
+                    off,
+                    expect: &expect,
+                    data: &bytes,
+                    fua,
+                };
+                if let Err(s) = self.submit_step(r, id, key, cid, io, op) {
+                    return self.finish(r, key, s, FAILED_FUSED);
+                }
+                return;
             }
             if let OpKind::Copy {
                 cid,
@@ -703,6 +751,11 @@ impl Conn {
                 }
                 op.next += 1;
             }
+            // The store's own compare-and-write: a miscompare is the Compare's, and so is any
+            // other failure (whether it compared is unknown); the Write did not run.
+            _ if !status.is_success() && matches!(op.kind, OpKind::Caw { device: true, .. }) => {
+                return self.finish(r, key, status, FAILED_FUSED);
+            }
             _ if !status.is_success() => return self.finish(r, key, Status::SUCCESS, status),
             _ => {}
         }
@@ -733,13 +786,17 @@ impl Conn {
         let c = op.ns.counters(self.reactor);
         match op.kind {
             OpKind::Caw {
-                cmp_cid, wr_cid, data, ..
+                cmp_cid,
+                wr_cid,
+                data,
+                device,
+                ..
             } => {
                 if let Some(d) = data {
                     d.recycle(r, &op.ns);
                 }
                 // A Compare counts as a read, its Write as a write (NVMe 2.0 §5.16.1.3).
-                if op.next > 0 {
+                if op.next > 0 || device {
                     bump(&c.read_cmds, 1);
                 }
                 if second.is_success() {

@@ -12,7 +12,7 @@ use pollux_conf::Config;
 use pollux_nvme::spec::{SglDescriptor, Sqe, Status};
 use pollux_nvme::tcp::PduHeader;
 use pollux_target::control::rpc::Ctx;
-use pollux_target::host::{Controller, Digests, HostError, HostQueue, QueueOpts, RawReply, sqe};
+use pollux_target::host::{Controller, Data, Digests, HostError, HostQueue, QueueOpts, RawReply, sqe};
 use pollux_target::{Options, Target};
 
 /// The subsystem every test connects to (any host).
@@ -369,4 +369,35 @@ impl Drop for Healthy {
     fn drop(&mut self) {
         self.stop.store(true, Relaxed);
     }
+}
+
+/// Submit `cmds` together (a fused pair, say) and wait for all: their statuses, in order.
+pub fn run_all(q: &mut HostQueue, cmds: Vec<(Sqe, Data)>) -> Vec<Status> {
+    let mut cids = Vec::new();
+    for (s, d) in cmds {
+        cids.push(q.submit(s, d, 0).unwrap());
+    }
+    let mut got: Vec<Option<Status>> = vec![None; cids.len()];
+    let deadline = Instant::now() + WAIT;
+    while got.iter().any(Option::is_none) {
+        assert!(Instant::now() < deadline, "completions did not come");
+        q.poll_completions(Some(Duration::from_millis(100)), |c| {
+            if let Some(i) = cids.iter().position(|&x| x == c.cid) {
+                got[i] = Some(c.status);
+            }
+        })
+        .unwrap();
+    }
+    got.into_iter().map(Option::unwrap).collect()
+}
+
+/// A fused Compare and Write of `nlb` blocks at `slba` of namespace `nsid`: the statuses of
+/// the Compare and of the Write.
+pub fn caw(q: &mut HostQueue, nsid: u32, slba: u64, nlb: u32, expect: &[u8], new: &[u8]) -> (Status, Status) {
+    let (c, w) = sqe::compare_and_write(nsid, slba, nlb);
+    let s = run_all(
+        q,
+        vec![(c, Data::ToCtrl(expect.to_vec())), (w, Data::ToCtrl(new.to_vec()))],
+    );
+    (s[0], s[1])
 }

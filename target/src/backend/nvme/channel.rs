@@ -480,6 +480,8 @@ impl Channel for SsdChannel {
                     fua,
                 }
             }
+            // Not offered (Caps::compare_and_write): pollux compares under its range lock.
+            BlockOp::CompareAndWrite { .. } => return Err(Status::INTERNAL_ERROR),
         };
         let dev_ns = dev_ns.ns;
         self.submit_op(r, tag, &dev_ns, op)

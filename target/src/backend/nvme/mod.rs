@@ -240,6 +240,7 @@ impl Backend for SsdNamespace {
             dma_data: true,
             inline_reads: false,
             copy_offload: copy_offload(&self.ns),
+            compare_and_write: None,
         }
     }
 
