@@ -64,7 +64,7 @@ def cpu_s(pid):
 def run_rbd_bench(conf, image, rw, qd, t, iops_guess, cache):
     """`rbd bench` sized to run about t s (it takes a total, not a duration)."""
     total = max(int(iops_guess * t), 200) * 4096
-    out = sh(["rbd", "-c", conf, f"--rbd_cache={cache}", "bench", "--io-type", "read" if rw == "randread" else "write",
+    out = sh(["rbd", "-c", conf, f"--rbd_cache={cache}", "--rbd_cache_writethrough_until_flush=false", "bench", "--io-type", "read" if rw == "randread" else "write",
               "--io-size", "4096", "--io-threads", str(qd), "--io-total", str(total),
               "--io-pattern", "rand", f"rbd/{image}"])
     m = re.search(r"elapsed:\s*([\d.]+)\s+ops:\s*(\d+)\s+ops/sec:\s*([\d.]+)", out)
@@ -77,7 +77,8 @@ def run_fio(conf, image, rw, qd, t, cache):
     out = sh(["fio", "--name=rbd", "--ioengine=rbd", "--clientname=admin", "--pool=rbd",
               f"--rbdname={image}", f"--rw={rw}", "--bs=4k", f"--iodepth={qd}", "--time_based",
               f"--runtime={t}", "--direct=1", "--output-format=json"],
-             env=dict(os.environ, CEPH_CONF=conf, CEPH_ARGS=f"--rbd_cache={cache}"))
+             env=dict(os.environ, CEPH_CONF=conf,
+                      CEPH_ARGS=f"--rbd_cache={cache} --rbd_cache_writethrough_until_flush=false"))
     job = json.loads(out[out.index("{"):])["jobs"][0]
     side = job["read" if rw == "randread" else "write"]
     return {"iops": side["iops"], "p50_us": side["clat_ns"]["percentile"]["50.000000"] / 1000, "cpu": None}

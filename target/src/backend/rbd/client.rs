@@ -136,6 +136,10 @@ impl Cluster {
             ("rados_mon_op_timeout", timeout.clone()),
             ("rados_osd_op_timeout", timeout),
             ("rbd_cache", b.write_cache.to_string()),
+            // librbd's safety net for clients that never flush (write through until the first
+            // flush) is not needed: the namespace reports its volatile cache (VWC) and the
+            // hosts flush. Without this the cache stays write-through until they do.
+            ("rbd_cache_writethrough_until_flush", "false".to_owned()),
         ];
         if let Some(k) = &b.keyring {
             opts.push(("keyring", k.to_string_lossy().into_owned()));
