@@ -403,24 +403,12 @@ pub fn namespace_resized(shared: &Shared, remotes: &[Remote], nqn: &str, nsid: u
     );
     for remote in remotes {
         let nqn = nqn.to_string();
-        remote.send(move |r| {
-            let ctrls: Vec<_> = r
-                .local::<Local>()
-                .map(|l| l.ctrls.values().copied().collect())
-                .unwrap_or_default();
-            for q in ctrls {
-                r.with_source::<Conn, _>(q.source, |c, _| {
-                    if c.serial() == q.serial {
-                        c.namespace_changed(&nqn, nsid);
-                    }
-                });
-            }
-        });
+        remote.send(move |r| for_each_ctrl(r, |c, _, _| c.namespace_changed(&nqn, nsid)));
     }
 }
 
-/// On one reactor: bring every controller it owns up to date with `snap`.
-fn refresh_controllers(r: &mut Reactor, snap: &Arc<Snapshot>, discovery_changed: bool) {
+/// On one reactor: run `f` on the admin queue of every controller it owns.
+fn for_each_ctrl(r: &mut Reactor, mut f: impl FnMut(&mut Conn, &mut Reactor, SourceId)) {
     let ctrls: Vec<_> = r
         .local::<Local>()
         .map(|l| l.ctrls.values().copied().collect())
@@ -428,8 +416,13 @@ fn refresh_controllers(r: &mut Reactor, snap: &Arc<Snapshot>, discovery_changed:
     for q in ctrls {
         r.with_source::<Conn, _>(q.source, |c, r| {
             if c.serial() == q.serial {
-                c.refresh_ctrl(r, q.source, snap, discovery_changed);
+                f(c, r, q.source);
             }
         });
     }
+}
+
+/// On one reactor: bring every controller it owns up to date with `snap`.
+fn refresh_controllers(r: &mut Reactor, snap: &Arc<Snapshot>, discovery_changed: bool) {
+    for_each_ctrl(r, |c, r, id| c.refresh_ctrl(r, id, snap, discovery_changed));
 }

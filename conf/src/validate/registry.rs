@@ -36,6 +36,39 @@ pub(super) struct IdRegistry {
     pub(super) rbd: HashMap<super::backend::ImageKey, (IdOwner, usize)>,
 }
 
+/// Claim `key` (a file, a device namespace, an image) for namespace `nsid` of `nqn`, named
+/// on conf line `line`. Err: `what` is already the backend of another namespace: the
+/// message says which, and that `what` can back only one.
+pub(super) fn claim_backend<K: std::hash::Hash + Eq>(
+    seen: &mut HashMap<K, (IdOwner, usize)>,
+    key: K,
+    nqn: &str,
+    nsid: u32,
+    line: usize,
+    what: &str,
+    kind: &str,
+) -> Result<(), String> {
+    match seen.entry(key) {
+        Entry::Occupied(o) => {
+            let (owner, line) = o.get();
+            Err(format!(
+                "{what} is already the backend of namespace {} in {:?} (line {line}); {kind} can back only one namespace",
+                owner.nsid, owner.nqn
+            ))
+        }
+        Entry::Vacant(v) => {
+            v.insert((
+                IdOwner {
+                    nqn: nqn.to_owned(),
+                    nsid,
+                },
+                line,
+            ));
+            Ok(())
+        }
+    }
+}
+
 /// All-zero identifiers mean "not reported" in Identify Namespace and the
 /// Namespace Identification Descriptor list, so they cannot be configured.
 pub(super) fn nonzero<const N: usize>(

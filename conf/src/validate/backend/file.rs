@@ -1,7 +1,7 @@
 //! The `file` backend.
 
 use std::collections::HashMap;
-use std::collections::hash_map::Entry;
+
 use std::path::PathBuf;
 
 use super::capacity;
@@ -9,7 +9,7 @@ use crate::FileBackend;
 use crate::error::ConfError;
 use crate::raw::RawFile;
 use crate::validate::cx::Cx;
-use crate::validate::registry::IdOwner;
+use crate::validate::registry::{IdOwner, claim_backend};
 
 pub(super) fn file_backend(
     cx: &Cx<'_>,
@@ -26,29 +26,16 @@ pub(super) fn file_backend(
     };
     let direct = f.direct.as_ref().is_none_or(|d| *d.get_ref());
     let shared = f.shared.as_ref().is_some_and(|s| *s.get_ref());
-    match files.entry(path.clone()) {
-        Entry::Occupied(owner) => {
-            let (owner, line) = owner.get();
-            return Err(cx.at(
-                f.path.span(),
-                format!(
-                    "file {} is already the backend of namespace {} in {:?} (line {line}); a file can back only one namespace",
-                    path.display(),
-                    owner.nsid,
-                    owner.nqn
-                ),
-            ));
-        }
-        Entry::Vacant(v) => {
-            v.insert((
-                IdOwner {
-                    nqn: nqn.to_owned(),
-                    nsid,
-                },
-                cx.line(&f.path.span()),
-            ));
-        }
-    }
+    claim_backend(
+        files,
+        path.clone(),
+        nqn,
+        nsid,
+        cx.line(&f.path.span()),
+        &format!("file {}", path.display()),
+        "a file",
+    )
+    .map_err(|m| cx.at(f.path.span(), m))?;
     Ok(FileBackend {
         path,
         size,

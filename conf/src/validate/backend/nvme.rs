@@ -9,7 +9,7 @@ use crate::error::ConfError;
 use crate::raw::RawNvme;
 use crate::validate::MAX_NSID;
 use crate::validate::cx::{Cx, non_negative};
-use crate::validate::registry::{IdOwner, IdRegistry};
+use crate::validate::registry::{IdRegistry, claim_backend};
 use crate::{NvmeBackend, NvmeDevice};
 
 /// A PCI address `[DDDD:]BB:DD.F` (hex; domain 0000 when omitted), normalised
@@ -131,26 +131,15 @@ pub(super) fn nvme_backend(
             v.insert((is_pci, line));
         }
     }
-    match ids.nvme.entry((name.clone(), dev_nsid)) {
-        Entry::Occupied(owner) => {
-            let (owner, line) = owner.get();
-            return Err(cx.at(
-                span,
-                format!(
-                    "namespace {dev_nsid} of NVMe device {name} is already the backend of namespace {} in {:?} (line {line}); a device namespace can back only one namespace",
-                    owner.nsid, owner.nqn
-                ),
-            ));
-        }
-        Entry::Vacant(v) => {
-            v.insert((
-                IdOwner {
-                    nqn: nqn.to_owned(),
-                    nsid,
-                },
-                line,
-            ));
-        }
-    }
+    claim_backend(
+        &mut ids.nvme,
+        (name.clone(), dev_nsid),
+        nqn,
+        nsid,
+        line,
+        &format!("namespace {dev_nsid} of NVMe device {name}"),
+        "a device namespace",
+    )
+    .map_err(|m| cx.at(span, m))?;
     Ok(NvmeBackend { device, nsid: dev_nsid })
 }

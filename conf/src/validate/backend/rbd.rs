@@ -1,7 +1,7 @@
 //! The `rbd` backend: a Ceph RBD image.
 
 use std::collections::HashMap;
-use std::collections::hash_map::Entry;
+
 use std::path::PathBuf;
 
 use toml::Spanned;
@@ -10,7 +10,7 @@ use crate::error::ConfError;
 use crate::raw::RawRbd;
 use crate::validate::cx::Cx;
 use crate::validate::hosts::check_owner_only;
-use crate::validate::registry::IdOwner;
+use crate::validate::registry::{IdOwner, claim_backend};
 use crate::{RBD_OP_TIMEOUT_S, RbdBackend};
 
 /// Where librados looks for its configuration when none is given.
@@ -100,28 +100,15 @@ pub(super) fn rbd_backend(
         b.rados_namespace.clone().unwrap_or_default(),
         b.image.clone(),
     );
-    match images.entry(key) {
-        Entry::Occupied(o) => {
-            let (owner, line) = o.get();
-            return Err(cx.at(
-                r.image.span(),
-                format!(
-                    "RBD image {} is already the backend of namespace {} in {:?} (line {line}); an image can back only one namespace of a target",
-                    b.spec(),
-                    owner.nsid,
-                    owner.nqn
-                ),
-            ));
-        }
-        Entry::Vacant(v) => {
-            v.insert((
-                IdOwner {
-                    nqn: nqn.to_owned(),
-                    nsid,
-                },
-                cx.line(&r.image.span()),
-            ));
-        }
-    }
+    claim_backend(
+        images,
+        key,
+        nqn,
+        nsid,
+        cx.line(&r.image.span()),
+        &format!("RBD image {}", b.spec()),
+        "an image",
+    )
+    .map_err(|m| cx.at(r.image.span(), m))?;
     Ok(b)
 }
