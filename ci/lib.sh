@@ -15,6 +15,12 @@
 #   need_pollux                fail unless $POLLUX_BIN is an executable
 #   start_pollux CONF [PORT]   start $POLLUX_BIN --config CONF, wait for PORT
 #   stop_pollux                SIGTERM, wait, SIGKILL; rc 0 only on exit 0
+#   start_side_pollux NAME CONF PORT
+#                              another pollux (pid in $CI_LOG_DIR/NAME.pid, log
+#                              pollux-NAME.log) in its own session, so that a
+#                              relay may SIGKILL and restart it; waits until
+#                              PORT listens (30 s)
+#   stop_side_pollux NAME      SIGKILL it (call it from the scenario's EXIT trap)
 #   ci_track PID               have ci_cleanup kill this background process
 #   ci_tagged_pids             print PIDs of live processes this scenario started
 #
@@ -217,6 +223,21 @@ _pollux_tail() {
 # the log tail if pollux exits or is not listening in POLLUX_START_TIMEOUT.
 # Run it in the scenario's shell, not in $(...): stop_pollux must be able
 # to wait for the process.
+start_side_pollux() {
+    local name=$1 conf=$2 port=$3 n=0
+    NO_COLOR=1 setsid "$POLLUX_BIN" --config "$conf" >>"$CI_LOG_DIR/pollux-$name.log" 2>&1 </dev/null &
+    echo $! > "$CI_LOG_DIR/$name.pid"
+    until (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do
+        sleep 0.1; n=$((n + 1)); [ $n -lt 300 ] || fail "pollux $name did not listen on $port within 30 s"
+    done
+}
+
+stop_side_pollux() {
+    local f=$CI_LOG_DIR/$1.pid
+    [ -s "$f" ] && kill -9 "$(cat "$f")" 2>/dev/null
+    rm -f "$f"
+}
+
 start_pollux() {
     local conf=$1 n=1 deadline
     need_pollux

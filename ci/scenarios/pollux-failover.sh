@@ -53,17 +53,8 @@ conf b "$pb" $'min_cntlid = 101\nmax_cntlid = 200' 'ana = { 1 = "non-optimized" 
 # Target B runs as the harness's pollux; A is started and killed by the relay below.
 start_pollux "$CI_LOG_DIR/b.toml" "$pb"
 a_pid=$CI_LOG_DIR/a.pid
-start_a() {
-    NO_COLOR=1 setsid "$POLLUX_BIN" --config "$CI_LOG_DIR/a.toml" >>"$CI_LOG_DIR/pollux-a.log" 2>&1 </dev/null &
-    echo $! > "$a_pid"
-    local n=0
-    until (exec 3<>"/dev/tcp/127.0.0.1/$pa") 2>/dev/null; do
-        sleep 0.1; n=$((n + 1)); [ $n -lt 100 ] || fail "target A did not start"
-    done
-}
-stop_a() { [ -s "$a_pid" ] && kill -9 "$(cat "$a_pid")" 2>/dev/null; rm -f "$a_pid"; }
-trap 'stop_a; ci_cleanup' EXIT
-start_a
+trap 'stop_side_pollux a; ci_cleanup' EXIT
+start_side_pollux a "$CI_LOG_DIR/a.toml" "$pa"
 
 # The relay: a guest line "kill" or "restart" on 10.0.2.100:9000 runs it now, so the
 # guest times the failover from its own clock.
@@ -88,6 +79,6 @@ run_guest pollux-failover.sh --timeout 600 --share "$share" --guestfwd "4420=$pa
 cp "$share/failover.txt" "$CI_LOG_DIR/failover.txt" 2>/dev/null || fail "the guest wrote no measurements"
 cat "$CI_LOG_DIR/failover.txt"
 grep -q "controller created cntlid=1[0-9][0-9] " "$POLLUX_LOG" || fail "B handed out no controller ID from 101..=200"
-stop_a
+stop_side_pollux a
 stop_pollux || fail "pollux B did not stop cleanly"
 log "PASS"

@@ -66,17 +66,8 @@ conf b "$pb" 1 $'min_cntlid = 101\nmax_cntlid = 200' 1
 # Gateway B runs as the harness's pollux; A is started and killed by the relay below.
 start_pollux "$CI_LOG_DIR/b.toml" "$pb"
 a_pid=$CI_LOG_DIR/a.pid
-start_a() {
-    NO_COLOR=1 setsid "$POLLUX_BIN" --config "$CI_LOG_DIR/a.toml" >>"$CI_LOG_DIR/pollux-a.log" 2>&1 </dev/null &
-    echo $! > "$a_pid"
-    local n=0
-    until (exec 3<>"/dev/tcp/127.0.0.1/$pa") 2>/dev/null; do
-        sleep 0.1; n=$((n + 1)); [ $n -lt 300 ] || fail "gateway A did not start"
-    done
-}
-stop_a() { [ -s "$a_pid" ] && kill -9 "$(cat "$a_pid")" 2>/dev/null; rm -f "$a_pid"; }
-trap 'stop_a; ci_cleanup' EXIT
-start_a
+trap 'stop_side_pollux a; ci_cleanup' EXIT
+start_side_pollux a "$CI_LOG_DIR/a.toml" "$pa"
 
 subs=$("$POLLUX_BIN" ctl --socket "$CI_LOG_DIR/b.sock" subsystems) || fail "pollux ctl subsystems failed"
 echo "$subs"
@@ -120,7 +111,7 @@ done
 grep -q "controller created cntlid=1[0-9][0-9] " "$POLLUX_LOG" || fail "B handed out no controller ID from 101..=200"
 subs=$("$POLLUX_BIN" ctl --socket "$CI_LOG_DIR/b.sock" subsystems) || fail "pollux ctl subsystems failed"
 echo "$subs" | grep "rbd rbd/" | tee -a "$CI_LOG_DIR/rbd.txt"
-stop_a
+stop_side_pollux a
 stop_pollux || fail "gateway B did not stop cleanly"
 ceph_stop "$cdir"
 log "PASS"
