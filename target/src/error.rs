@@ -190,9 +190,6 @@ pub enum TargetError {
 
 /// A librados/librbd return code (a negative errno) as text.
 fn errno_text(errno: i32) -> String {
-    format!(
-        "{} (errno {})",
-        io::Error::from_raw_os_error(errno.saturating_abs()),
-        errno.saturating_abs()
-    )
+    // "Connection timed out (os error 110)": the reason and the errno.
+    io::Error::from_raw_os_error(errno.saturating_abs()).to_string()
 }
