@@ -462,12 +462,14 @@ fn durability_through_kill_9(ceph: &Ceph, dir: &Path, write_cache: bool) {
     let flushed = pattern(22, 4096, 8 * BS);
     c.io[0].write(1, 4096, 8, &flushed).unwrap();
     c.io[0].flush(1).unwrap();
-    // Last, FUA writes in flight together (64 KiB each): acknowledged only once each is in
+    // Last, FUA writes in flight together (128 KiB each): acknowledged only once each is in
     // the cluster. Without that, librbd (writearound or writeback) acknowledges them while
     // they are still on their way, and the kill below catches some.
-    let fua: Vec<Vec<u8>> = (0..FUA_WRITES).map(|i| pattern(21 + i, fua_lba(i), 128 * BS)).collect();
+    let fua: Vec<Vec<u8>> = (0..FUA_WRITES)
+        .map(|i| pattern(21 + i, fua_lba(i), FUA_BLOCKS as usize * BS))
+        .collect();
     for (i, d) in fua.iter().enumerate() {
-        let mut s = sqe::write(1, fua_lba(i as u64), 128);
+        let mut s = sqe::write(1, fua_lba(i as u64), FUA_BLOCKS);
         s.cdw12 = U32::new(s.cdw12.get() | 1 << 30);
         c.io[0].submit(s, Data::ToCtrl(d.clone()), i as u64).unwrap();
     }
@@ -497,10 +499,11 @@ fn durability_through_kill_9(ceph: &Ceph, dir: &Path, write_cache: bool) {
     }
 }
 
-const FUA_WRITES: u64 = 24;
+const FUA_WRITES: u64 = 48;
+const FUA_BLOCKS: u32 = 256;
 
 fn fua_lba(i: u64) -> u64 {
-    8192 + i * 128
+    8192 + i * u64::from(FUA_BLOCKS)
 }
 
 /// The cluster stops answering (its daemons stopped with SIGSTOP) during I/O: commands to
