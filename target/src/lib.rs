@@ -251,13 +251,15 @@ impl Target {
         let before = self.runtime.stats();
         drop(self.resize_watch);
         self.runtime.shutdown()?;
-        // The reactors gave their queue pairs back: shut the NVMe controllers down now
-        // (CC.SHN, NVMe 2.0 §3.6.1) rather than whenever the last namespace reference goes.
+        // The reactors gave their channels back: let go of the stores now rather than
+        // whenever the last namespace reference goes. An NVMe controller is shut down
+        // (CC.SHN, NVMe 2.0 §3.6.1); an RBD image is closed on a closer thread (it flushes
+        // and releases its exclusive lock), waited for below, or the process would exit
+        // holding the lock and another gateway's writes would wait for the cluster to time
+        // this one's watch out.
         for s in &self.shared.snapshot.load().subsystems {
             for ns in s.namespaces.values() {
-                if let Some(n) = ns.backend.as_any().downcast_ref::<backend::nvme::SsdNamespace>() {
-                    n.dev.shutdown();
-                }
+                ns.backend.stop();
             }
         }
         for st in before {
@@ -281,17 +283,6 @@ impl Target {
                 stalls = st.stalls,
                 "reactor summary"
             );
-        }
-        // The namespaces go with the target: an RBD image is closed on a closer thread
-        // (it flushes and releases its exclusive lock on the cluster); wait for that, or the
-        // process would exit holding the lock, and another gateway's writes would wait for
-        // the cluster to time this one's watch out.
-        for s in &self.shared.snapshot.load().subsystems {
-            for ns in s.namespaces.values() {
-                if let Some(r) = ns.backend.as_any().downcast_ref::<backend::rbd::RbdDisk>() {
-                    r.close();
-                }
-            }
         }
         backend::rbd::wait_closed(std::time::Duration::from_secs(30));
         info!("target stopped");

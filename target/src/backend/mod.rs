@@ -319,6 +319,11 @@ pub trait Backend: Send + Sync + std::fmt::Debug + Any {
     fn refresh_size(&self) -> Option<u64> {
         None
     }
+    /// The reactors have stopped (the target is stopping): let go of the store now rather
+    /// than whenever the last namespace reference goes (an NVMe controller is shut down, an
+    /// RBD image closed). May block on the store; [`crate::backend::rbd::wait_closed`]
+    /// waits for the images.
+    fn stop(&self) {}
     /// Starts of this store under pollux and unsafe shutdowns among them, where the store
     /// keeps that record (files).
     fn shutdown_record(&self) -> Option<(u64, u64)> {

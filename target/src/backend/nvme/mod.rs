@@ -226,6 +226,11 @@ pub struct SsdNamespace {
 }
 
 impl Backend for SsdNamespace {
+    /// CC.SHN (NVMe 2.0 §3.6.1): the reactors gave their queue pairs back.
+    fn stop(&self) {
+        self.dev.shutdown();
+    }
+
     fn kind(&self) -> &'static str {
         "nvme"
     }

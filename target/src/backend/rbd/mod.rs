@@ -308,6 +308,11 @@ impl Backend for RbdDisk {
         Some(self.derived_ids())
     }
 
+    /// Close the image (releasing its exclusive lock) before the process exits.
+    fn stop(&self) {
+        self.close();
+    }
+
     fn open_channel(&self, ns: &Arc<Namespace>, env: &ChannelEnv) -> Result<Box<dyn Channel>, TargetError> {
         let image = self
             .image()
