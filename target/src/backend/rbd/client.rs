@@ -203,8 +203,6 @@ pub struct Image {
     pub id: String,
     /// Its feature bits (`RBD_FEATURE_*`).
     pub features: u64,
-    /// Its object size in bytes.
-    pub object_size: u64,
     /// Where the size watch's callback records a change ([`Image::watch`]).
     watch: Option<(u64, *mut Arc<SizeWatch>)>,
 }
@@ -275,7 +273,6 @@ impl Image {
             pool_id,
             id: String::new(),
             features: 0,
-            object_size: 0,
             watch: None,
         };
         let mut id = [0 as c_char; 128];
@@ -291,15 +288,6 @@ impl Image {
         if rc < 0 {
             return Err(rbd_error(b, "cannot read the image's features", rc.into()));
         }
-        // SAFETY: rbd_image_info_t is plain data (integers and char arrays): all zeroes is a
-        // valid value, which rbd_stat overwrites.
-        let mut info: sys::rbd_image_info_t = unsafe { std::mem::zeroed() };
-        // SAFETY: writes one rbd_image_info_t of the size given.
-        let rc = unsafe { lib.rbd_stat(img.handle, &mut info, std::mem::size_of::<sys::rbd_image_info_t>()) };
-        if rc < 0 {
-            return Err(rbd_error(b, "cannot read the image's layout", rc.into()));
-        }
-        img.object_size = info.obj_size;
         Ok(img)
     }
 

@@ -6,8 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 funcs='rados_(create2|conf_read_file|conf_set|connect|shutdown|cluster_fsid|ioctx_create|ioctx_destroy|ioctx_set_namespace|ioctx_get_id)'
-funcs+='|rbd_(version|open|close|stat|get_size|get_id|get_features|resize|update_watch|update_unwatch|is_exclusive_lock_owner)'
-funcs+='|rbd_aio_(create_completion|read|write|flush|discard|write_zeroes|compare_and_write|get_return_value|release)'
+funcs+='|rbd_(version|open|close|get_size|get_id|get_features|resize|update_watch|update_unwatch|is_exclusive_lock_owner)'
+funcs+='|rbd_aio_(create_completion|read|write|flush|write_zeroes|compare_and_write|get_return_value|release)'
 hdr=$(mktemp --suffix=.h)
 trap 'rm -f "$hdr"' EXIT
 printf '#include <rados/librados.h>\n#include <rbd/librbd.h>\n' >"$hdr"

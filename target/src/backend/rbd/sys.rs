@@ -4,7 +4,7 @@
 //           librados-dev and librbd-dev 16.2.15+ds-0+deb12u2
 // bindgen:  0.73.2
 // Date:     2026-12-03
-// Functions: ^(rados_(create2|conf_read_file|conf_set|connect|shutdown|cluster_fsid|ioctx_create|ioctx_destroy|ioctx_set_namespace|ioctx_get_id)|rbd_(version|open|close|stat|get_size|get_id|get_features|resize|update_watch|update_unwatch|is_exclusive_lock_owner)|rbd_aio_(create_completion|read|write|flush|discard|write_zeroes|compare_and_write|get_return_value|release))$
+// Functions: ^(rados_(create2|conf_read_file|conf_set|connect|shutdown|cluster_fsid|ioctx_create|ioctx_destroy|ioctx_set_namespace|ioctx_get_id)|rbd_(version|open|close|get_size|get_id|get_features|resize|update_watch|update_unwatch|is_exclusive_lock_owner)|rbd_aio_(create_completion|read|write|flush|write_zeroes|compare_and_write|get_return_value|release))$
 // Loaded at run time from librbd.so.1 (whose dependencies include librados.so.2,
 // so dlsym finds the rados_* symbols through the same handle).
 
@@ -24,17 +24,6 @@ pub type rbd_completion_t = *mut ::std::os::raw::c_void;
 pub type rbd_callback_t =
     ::std::option::Option<unsafe extern "C" fn(cb: rbd_completion_t, arg: *mut ::std::os::raw::c_void)>;
 pub type rbd_update_callback_t = ::std::option::Option<unsafe extern "C" fn(arg: *mut ::std::os::raw::c_void)>;
-#[repr(C)]
-#[derive(Debug, Copy, Clone)]
-pub struct rbd_image_info_t {
-    pub size: u64,
-    pub obj_size: u64,
-    pub num_objs: u64,
-    pub order: ::std::os::raw::c_int,
-    pub block_name_prefix: [::std::os::raw::c_char; 24usize],
-    pub parent_pool: i64,
-    pub parent_name: [::std::os::raw::c_char; 96usize],
-}
 pub struct Ceph {
     __library: ::libloading::Library,
     pub rados_create2: unsafe extern "C" fn(
@@ -75,8 +64,6 @@ pub struct Ceph {
     ) -> ::std::os::raw::c_int,
     pub rbd_close: unsafe extern "C" fn(image: rbd_image_t) -> ::std::os::raw::c_int,
     pub rbd_resize: unsafe extern "C" fn(image: rbd_image_t, size: u64) -> ::std::os::raw::c_int,
-    pub rbd_stat:
-        unsafe extern "C" fn(image: rbd_image_t, info: *mut rbd_image_info_t, infosize: usize) -> ::std::os::raw::c_int,
     pub rbd_get_size: unsafe extern "C" fn(image: rbd_image_t, size: *mut u64) -> ::std::os::raw::c_int,
     pub rbd_get_features: unsafe extern "C" fn(image: rbd_image_t, features: *mut u64) -> ::std::os::raw::c_int,
     pub rbd_get_id: unsafe extern "C" fn(
@@ -100,8 +87,6 @@ pub struct Ceph {
         buf: *mut ::std::os::raw::c_char,
         c: rbd_completion_t,
     ) -> ::std::os::raw::c_int,
-    pub rbd_aio_discard:
-        unsafe extern "C" fn(image: rbd_image_t, off: u64, len: u64, c: rbd_completion_t) -> ::std::os::raw::c_int,
     pub rbd_aio_write_zeroes: unsafe extern "C" fn(
         image: rbd_image_t,
         off: u64,
@@ -164,14 +149,12 @@ impl Ceph {
         let rbd_open = __library.get(b"rbd_open\0").map(|sym| *sym)?;
         let rbd_close = __library.get(b"rbd_close\0").map(|sym| *sym)?;
         let rbd_resize = __library.get(b"rbd_resize\0").map(|sym| *sym)?;
-        let rbd_stat = __library.get(b"rbd_stat\0").map(|sym| *sym)?;
         let rbd_get_size = __library.get(b"rbd_get_size\0").map(|sym| *sym)?;
         let rbd_get_features = __library.get(b"rbd_get_features\0").map(|sym| *sym)?;
         let rbd_get_id = __library.get(b"rbd_get_id\0").map(|sym| *sym)?;
         let rbd_is_exclusive_lock_owner = __library.get(b"rbd_is_exclusive_lock_owner\0").map(|sym| *sym)?;
         let rbd_aio_write = __library.get(b"rbd_aio_write\0").map(|sym| *sym)?;
         let rbd_aio_read = __library.get(b"rbd_aio_read\0").map(|sym| *sym)?;
-        let rbd_aio_discard = __library.get(b"rbd_aio_discard\0").map(|sym| *sym)?;
         let rbd_aio_write_zeroes = __library.get(b"rbd_aio_write_zeroes\0").map(|sym| *sym)?;
         let rbd_aio_compare_and_write = __library.get(b"rbd_aio_compare_and_write\0").map(|sym| *sym)?;
         let rbd_aio_create_completion = __library.get(b"rbd_aio_create_completion\0").map(|sym| *sym)?;
@@ -196,14 +179,12 @@ impl Ceph {
             rbd_open,
             rbd_close,
             rbd_resize,
-            rbd_stat,
             rbd_get_size,
             rbd_get_features,
             rbd_get_id,
             rbd_is_exclusive_lock_owner,
             rbd_aio_write,
             rbd_aio_read,
-            rbd_aio_discard,
             rbd_aio_write_zeroes,
             rbd_aio_compare_and_write,
             rbd_aio_create_completion,
@@ -292,14 +273,6 @@ impl Ceph {
     pub unsafe fn rbd_resize(&self, image: rbd_image_t, size: u64) -> ::std::os::raw::c_int {
         (self.rbd_resize)(image, size)
     }
-    pub unsafe fn rbd_stat(
-        &self,
-        image: rbd_image_t,
-        info: *mut rbd_image_info_t,
-        infosize: usize,
-    ) -> ::std::os::raw::c_int {
-        (self.rbd_stat)(image, info, infosize)
-    }
     pub unsafe fn rbd_get_size(&self, image: rbd_image_t, size: *mut u64) -> ::std::os::raw::c_int {
         (self.rbd_get_size)(image, size)
     }
@@ -340,15 +313,6 @@ impl Ceph {
         c: rbd_completion_t,
     ) -> ::std::os::raw::c_int {
         (self.rbd_aio_read)(image, off, len, buf, c)
-    }
-    pub unsafe fn rbd_aio_discard(
-        &self,
-        image: rbd_image_t,
-        off: u64,
-        len: u64,
-        c: rbd_completion_t,
-    ) -> ::std::os::raw::c_int {
-        (self.rbd_aio_discard)(image, off, len, c)
     }
     pub unsafe fn rbd_aio_write_zeroes(
         &self,
