@@ -545,7 +545,7 @@ pub fn open(n: &pollux_conf::Namespace, reactors: usize) -> Result<Box<dyn Backe
         Conf::Sim(sim) => Box::new(sim::SimDisk::open(sim)?),
         Conf::File(f) => Box::new(file::FileDisk::open(&f.path, f.size, f.direct, f.shared, n.block_size)?),
         Conf::Nvme(b) => Box::new(nvme::SsdDevice::open(b, n.block_size, reactors)?),
-        Conf::Rbd(b) => Box::new(rbd::RbdDisk::open(b, n.block_size)?),
+        Conf::Rbd(b) => Box::new(rbd::RbdDisk::open(b, n.block_size, reactors)?),
     })
 }
 

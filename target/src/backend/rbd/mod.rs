@@ -28,7 +28,6 @@ pub mod client;
 #[rustfmt::skip]
 pub mod sys;
 
-use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -46,7 +45,7 @@ use tracing::{info, warn};
 use super::{Backend, BlockOp, Caps, Channel, ChannelEnv, CompleteFn, Completion, ReadData, Tag, WriteData};
 use crate::backend::account_completion;
 use crate::error::TargetError;
-use crate::subsystem::Namespace;
+use crate::subsystem::{Namespace, bump};
 use client::{Cluster, Image, SizeWatch, library, rbd_error};
 
 /// What librbd compares and writes atomically: one sector (`ImageCompareAndWriteRequest`'s
@@ -59,11 +58,17 @@ const WATCHDOG: Duration = Duration::from_millis(250);
 /// (busy polling): its latency is exact.
 const EXACT_GAP: Duration = Duration::from_micros(5);
 
+/// An operation count written by one reactor only (relaxed load + store, no locked
+/// instruction), padded to a cache line so reactors never share one.
+#[derive(Debug, Default)]
+#[repr(align(64))]
+struct ReactorOps(AtomicU64);
+
 /// The health of a namespace's connection to its cluster, as the I/O sees it.
 #[derive(Debug, Default)]
 pub struct RbdHealth {
-    /// Operations completed by librbd.
-    pub ops: AtomicU64,
+    /// Operations completed by librbd, per reactor (index: reactor id): [`RbdHealth::ops`].
+    ops: Box<[ReactorOps]>,
     /// Of them, those that failed because the cluster did not answer in time or was
     /// unreachable (ETIMEDOUT, ESHUTDOWN, ...): answered with Namespace Not Ready.
     pub unavailable: AtomicU64,
@@ -73,6 +78,33 @@ pub struct RbdHealth {
     pub overdue: AtomicU64,
     /// The last operation failed for the cluster's unavailability (cleared by a success).
     pub degraded: AtomicBool,
+}
+
+impl RbdHealth {
+    fn new(reactors: usize) -> Self {
+        Self {
+            ops: (0..reactors.max(1)).map(|_| ReactorOps::default()).collect(),
+            ..Self::default()
+        }
+    }
+
+    /// Operations librbd completed, all reactors together.
+    pub fn ops(&self) -> u64 {
+        self.ops.iter().map(|o| o.0.load(Ordering::Relaxed)).sum()
+    }
+
+    /// One more completed on reactor `reactor` (only that reactor calls this for it).
+    fn count_op(&self, reactor: usize) {
+        bump(&self.ops[reactor % self.ops.len()].0, 1);
+    }
+
+    /// The cluster answered: healthy again. Written only on a change, so that reactors
+    /// completing operations do not pass the flag's cache line between them.
+    fn answered(&self) {
+        if self.degraded.load(Ordering::Relaxed) {
+            self.degraded.store(false, Ordering::Relaxed);
+        }
+    }
 }
 
 /// An RBD image served as a namespace.
@@ -101,7 +133,8 @@ pub struct RbdDisk {
 impl RbdDisk {
     /// Connect (or reuse the connection to) `b`'s cluster and open its image. Blocks on the
     /// cluster, within `op_timeout_s`.
-    pub fn open(b: &RbdBackend, block_size: u32) -> Result<Self, TargetError> {
+    /// `reactors`: how many count its operations.
+    pub fn open(b: &RbdBackend, block_size: u32, reactors: usize) -> Result<Self, TargetError> {
         library()?;
         let cluster = Cluster::get(b)?;
         let mut image = Image::open(cluster, b)?;
@@ -144,7 +177,7 @@ impl RbdDisk {
             exclusive_lock,
             image: Mutex::new(Some(Arc::new(image))),
             watch,
-            health: Arc::new(RbdHealth::default()),
+            health: Arc::new(RbdHealth::new(reactors)),
         })
     }
 
@@ -171,6 +204,12 @@ impl RbdDisk {
 
     fn image(&self) -> Option<Arc<Image>> {
         self.image.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The image, or an error once it is closed (the target stopping).
+    fn open_image(&self) -> Result<Arc<Image>, TargetError> {
+        self.image()
+            .ok_or_else(|| rbd_error(&self.conf, "the image is closed", -i64::from(libc::ESHUTDOWN)))
     }
 
     /// Close the image now (on a closer thread, once the channels that still hold it are
@@ -245,9 +284,7 @@ impl Backend for RbdDisk {
     /// `rbd_resize`: other gateways and clients see the new size through their watch.
     /// Shrinking is refused: the blocks past the new end would be lost to every host.
     fn resize(&self, bytes: u64) -> Result<(), TargetError> {
-        let image = self
-            .image()
-            .ok_or_else(|| rbd_error(&self.conf, "the image is closed", -i64::from(libc::ESHUTDOWN)))?;
+        let image = self.open_image()?;
         let now = image
             .size()
             .map_err(|rc| rbd_error(&self.conf, "cannot read the image's size", rc.into()))?;
@@ -314,9 +351,7 @@ impl Backend for RbdDisk {
     }
 
     fn open_channel(&self, ns: &Arc<Namespace>, env: &ChannelEnv) -> Result<Box<dyn Channel>, TargetError> {
-        let image = self
-            .image()
-            .ok_or_else(|| rbd_error(&self.conf, "the image is closed", -i64::from(libc::ESHUTDOWN)))?;
+        let image = self.open_image()?;
         let ch = RbdChannel::new(ns.clone(), image, self, env).map_err(|e| {
             rbd_error(
                 &self.conf,
@@ -407,6 +442,23 @@ struct Cmd {
     answered: bool,
 }
 
+impl Cmd {
+    /// A command not yet started (`answered`: one nobody waits for).
+    fn new(tag: Tag, buf: Vec<u8>, read_len: u32, then_flush: bool, class: usize, answered: bool) -> Self {
+        Self {
+            tag,
+            buf,
+            read_len,
+            pending: 0,
+            then_flush,
+            status: Status::SUCCESS,
+            submitted: Instant::now(),
+            class,
+            answered,
+        }
+    }
+}
+
 /// One reactor's channel on an rbd namespace.
 pub struct RbdChannel {
     /// The namespace: its address is the channel's key, so it must outlive the channel.
@@ -428,6 +480,13 @@ pub struct RbdChannel {
     model: LatencyModel,
     key: ChannelKey,
     health: Arc<RbdHealth>,
+    /// This channel's reactor (its slot in the health's operation counts).
+    reactor: usize,
+    /// The operations of the command being submitted, kept so that submitting allocates
+    /// nothing.
+    ops: Vec<AioOp>,
+    /// When the commands are next checked against the bound ([`RbdChannel::answer_overdue`]).
+    next_overdue_check: Instant,
     last_poll: Instant,
     name: String,
 }
@@ -472,6 +531,9 @@ impl RbdChannel {
             model: env.model.clone(),
             key: env.key,
             health: disk.health.clone(),
+            reactor: env.reactor,
+            ops: Vec::with_capacity(1),
+            next_overdue_check: Instant::now() + WATCHDOG,
             last_poll: Instant::now(),
         })
     }
@@ -566,7 +628,7 @@ impl RbdChannel {
         // SAFETY: completed and no longer referenced by librbd or pollux.
         unsafe { lib.rbd_aio_release(a.comp) };
         self.free_slots.push(a.slot);
-        self.health.ops.fetch_add(1, Ordering::Relaxed);
+        self.health.count_op(self.reactor);
         let Some(c) = self.cmds.get_mut(a.cmd) else { return };
         c.pending -= 1;
         if ret < 0 && matches!(a.op, AioOp::CompareAndWrite { .. }) && -ret == i64::from(libc::EILSEQ) {
@@ -595,7 +657,7 @@ impl RbdChannel {
                 c.status = status;
             }
         } else {
-            self.health.degraded.store(false, Ordering::Relaxed);
+            self.health.answered();
             if let AioOp::Read { len, .. } = a.op
                 && ret < i64::from(len)
                 && c.status.is_success()
@@ -621,26 +683,28 @@ impl RbdChannel {
         }
         let c = self.cmds.remove(a.cmd);
         if !c.answered {
-            account_completion(
-                r,
-                self.key,
-                &mut self.model,
-                c.class,
-                now.saturating_duration_since(c.submitted),
-                exact,
-            );
             let data =
                 (c.read_len > 0 && c.status.is_success()).then(|| ReadData::Bytes(&c.buf[..c.read_len as usize]));
-            (self.complete)(
-                r,
-                Completion {
-                    tag: c.tag,
-                    status: c.status,
-                    data,
-                },
-            );
+            let took = now.saturating_duration_since(c.submitted);
+            self.answer(r, c.tag, c.status, data, c.class, took, exact);
         }
         self.free_bufs.push(c.buf);
+    }
+
+    /// Tell the command's connection it ended, and the latency model how long it took.
+    #[allow(clippy::too_many_arguments)]
+    fn answer(
+        &mut self,
+        r: &mut Reactor,
+        tag: Tag,
+        status: Status,
+        data: Option<ReadData<'_>>,
+        class: usize,
+        took: Duration,
+        exact: bool,
+    ) {
+        account_completion(r, self.key, &mut self.model, class, took, exact);
+        (self.complete)(r, Completion { tag, status, data });
     }
 
     /// Answer, with Namespace Not Ready, the commands the cluster has kept past the bound
@@ -660,23 +724,8 @@ impl RbdChannel {
             self.health.overdue.fetch_add(1, Ordering::Relaxed);
             self.health.degraded.store(true, Ordering::Relaxed);
             warn!(channel = %self.name, waited_ms = now.saturating_duration_since(c.submitted).as_millis() as u64, "the cluster has not completed a command: answering Namespace Not Ready");
-            let (tag, class, submitted) = (c.tag, c.class, c.submitted);
-            account_completion(
-                r,
-                self.key,
-                &mut self.model,
-                class,
-                now.saturating_duration_since(submitted),
-                false,
-            );
-            (self.complete)(
-                r,
-                Completion {
-                    tag,
-                    status: Status::NAMESPACE_NOT_READY,
-                    data: None,
-                },
-            );
+            let (tag, class, took) = (c.tag, c.class, now.saturating_duration_since(c.submitted));
+            self.answer(r, tag, Status::NAMESPACE_NOT_READY, None, class, took, false);
         }
         !overdue.is_empty()
     }
@@ -693,10 +742,11 @@ impl Channel for RbdChannel {
     /// zeroed), so deallocated blocks read back as zeroes; a discard would leave partial
     /// objects' data (`rbd_skip_partial_discard`).
     fn submit(&mut self, r: &mut Reactor, tag: Tag, _ns: &Namespace, op: BlockOp<'_>) -> Result<(), Status> {
-        let mut ops: VecDeque<AioOp> = VecDeque::with_capacity(1);
+        let mut ops = std::mem::take(&mut self.ops);
+        ops.clear();
         let (buf, read_len, then_flush, class) = match op {
             BlockOp::Read { off, len } => {
-                ops.push_back(AioOp::Read { off, len });
+                ops.push(AioOp::Read { off, len });
                 (self.take_buf(len as usize), len, false, LatencyModel::class(true, len))
             }
             BlockOp::Write {
@@ -707,14 +757,14 @@ impl Channel for RbdChannel {
                 let len = u32::try_from(data.len()).map_err(|_| Status::INTERNAL_ERROR)?;
                 let mut b = self.take_buf(0);
                 b.extend_from_slice(data);
-                ops.push_back(AioOp::Write { off, len });
+                ops.push(AioOp::Write { off, len });
                 // Without the cache every write is durable when it completes.
                 (b, 0, fua && self.write_cache, LatencyModel::class(false, len))
             }
             // DMA buffers come from NVMe channels only.
             BlockOp::Write { .. } => return Err(Status::INTERNAL_ERROR),
             BlockOp::WriteZeroes { off, len } => {
-                ops.push_back(AioOp::Zero { off, len });
+                ops.push(AioOp::Zero { off, len });
                 (Vec::new(), 0, false, LatencyModel::class(false, 0))
             }
             BlockOp::Deallocate { ranges } => {
@@ -722,7 +772,7 @@ impl Channel for RbdChannel {
                 (Vec::new(), 0, false, LatencyModel::class(false, 0))
             }
             BlockOp::Flush => {
-                ops.push_back(AioOp::Flush);
+                ops.push(AioOp::Flush);
                 (Vec::new(), 0, false, LatencyModel::class(false, 0))
             }
             BlockOp::CompareAndWrite { off, expect, data, fua } => {
@@ -733,24 +783,15 @@ impl Channel for RbdChannel {
                 let mut b = self.take_buf(0);
                 b.extend_from_slice(expect);
                 b.extend_from_slice(data);
-                ops.push_back(AioOp::CompareAndWrite { off, len });
+                ops.push(AioOp::CompareAndWrite { off, len });
                 (b, 0, fua && self.write_cache, LatencyModel::class(false, len))
             }
             // No copy offload (Caps::copy_offload): a Copy is read and written through pollux.
             BlockOp::Copy { .. } => return Err(Status::INTERNAL_ERROR),
         };
-        let cmd = self.cmds.insert(Cmd {
-            tag,
-            buf,
-            read_len,
-            pending: 0,
-            then_flush,
-            status: Status::SUCCESS,
-            submitted: Instant::now(),
-            class,
-            answered: false,
-        });
-        for op in ops {
+        let cmd = self.cmds.insert(Cmd::new(tag, buf, read_len, then_flush, class, false));
+        let mut refused = None;
+        for &op in &ops {
             if let Err(rc) = self.start(cmd, op) {
                 warn!(channel = %self.name, ?op, error = %std::io::Error::from_raw_os_error(-rc), "librbd refused an operation");
                 let Some(c) = self.cmds.get_mut(cmd) else { break };
@@ -758,16 +799,21 @@ impl Channel for RbdChannel {
                     // Nothing of it runs: refused whole.
                     let c = self.cmds.remove(cmd);
                     self.free_bufs.push(c.buf);
-                    return Err(if unavailable(-rc) {
+                    refused = Some(if unavailable(-rc) {
                         Status::NAMESPACE_NOT_READY
                     } else {
                         Status::INTERNAL_ERROR
                     });
+                } else {
+                    // Some ranges run: the command fails when they end.
+                    c.status = Status::WRITE_FAULT;
                 }
-                // Some ranges run: the command fails when they end.
-                c.status = Status::WRITE_FAULT;
                 break;
             }
+        }
+        self.ops = ops;
+        if let Some(status) = refused {
+            return Err(status);
         }
         r.device_load().outstanding += 1;
         Ok(())
@@ -799,7 +845,9 @@ impl Channel for RbdChannel {
             self.finish_aio(r, aio, now, exact);
             did = true;
         }
-        if !self.cmds.is_empty() {
+        // The bound is seconds: checked at the watchdog's pace, not on every poll.
+        if now >= self.next_overdue_check {
+            self.next_overdue_check = now + WATCHDOG;
             did |= self.answer_overdue(r, now);
         }
         Progress {
@@ -833,21 +881,12 @@ impl Channel for RbdChannel {
 impl RbdChannel {
     /// A flush of the whole cache, answered to nobody (at stop).
     fn start_shutdown_flush(&mut self) -> Result<(), i32> {
-        let cmd = self.cmds.insert(Cmd {
-            tag: Tag {
-                source: pollux_reactor::SourceId::default(),
-                serial: u64::MAX,
-                slot: usize::MAX,
-            },
-            buf: Vec::new(),
-            read_len: 0,
-            pending: 0,
-            then_flush: false,
-            status: Status::SUCCESS,
-            submitted: Instant::now(),
-            class: 0,
-            answered: true,
-        });
+        let nobody = Tag {
+            source: pollux_reactor::SourceId::default(),
+            serial: u64::MAX,
+            slot: usize::MAX,
+        };
+        let cmd = self.cmds.insert(Cmd::new(nobody, Vec::new(), 0, false, 0, true));
         self.start(cmd, AioOp::Flush)
     }
 

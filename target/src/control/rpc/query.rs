@@ -317,7 +317,7 @@ fn rbd_view(b: &dyn crate::backend::Backend) -> Option<crate::control::view::Rbd
             "ok"
         }
         .into(),
-        ops: r.health.ops.load(Relaxed),
+        ops: r.health.ops(),
         unavailable: r.health.unavailable.load(Relaxed),
         errors: r.health.errors.load(Relaxed),
         overdue: r.health.overdue.load(Relaxed),
