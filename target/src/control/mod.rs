@@ -15,6 +15,7 @@
 
 pub mod cli;
 pub mod client;
+pub mod format;
 pub mod metrics;
 pub mod rpc;
 pub mod server;

@@ -1,0 +1,298 @@
+//! The tables and listings `pollux ctl` prints for people (`--json` prints the raw result).
+
+use std::fmt::Write as _;
+
+use super::view::{CtrlList, DiscoveryView, ReactorView, SubsystemView};
+
+/// Columns padded to their widest cell; the first row is the header.
+pub fn table(rows: &[Vec<String>]) -> String {
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..cols)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|s| s.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for r in rows {
+        let mut line = String::new();
+        for (c, cell) in r.iter().enumerate() {
+            let _ = write!(line, "{cell:<w$}  ", w = widths[c]);
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// A duration in ns, short: `850ns`, `12.3us`, `4.1ms`.
+pub fn ns(v: u64) -> String {
+    match v {
+        0 => "-".into(),
+        v if v < 1_000 => format!("{v}ns"),
+        v if v < 1_000_000 => format!("{:.1}us", v as f64 / 1e3),
+        v if v < 1_000_000_000 => format!("{:.1}ms", v as f64 / 1e6),
+        v => format!("{:.2}s", v as f64 / 1e9),
+    }
+}
+
+/// A byte count, short.
+pub fn bytes(v: u64) -> String {
+    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut x = v as f64;
+    let mut i = 0;
+    while x >= 1024.0 && i < U.len() - 1 {
+        x /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{v}B")
+    } else {
+        format!("{x:.1}{}", U[i])
+    }
+}
+
+fn opt(v: Option<u64>) -> String {
+    v.map_or("-".into(), |x| x.to_string())
+}
+
+/// The reactors table.
+pub fn format_reactors(rs: &[ReactorView]) -> String {
+    let mut rows = vec![
+        [
+            "REACTOR",
+            "CORE",
+            "MODE",
+            "ADAPTIVE",
+            "BUDGET",
+            "POLL%",
+            "HYBRID%",
+            "INTR%",
+            "SWITCHES",
+            "HELD%",
+            "CPU%1S",
+            "CPU%",
+            "BUSY%",
+            "ITERATIONS",
+            "IOPS",
+            "CMDS",
+            "OUTST",
+            "PREDICTED",
+            "WAKECOST",
+            "HYBSPIN",
+            "LATE_P50/P99_US",
+            "STALLS",
+        ]
+        .map(String::from)
+        .to_vec(),
+    ];
+    for r in rs {
+        rows.push(vec![
+            r.id.to_string(),
+            r.core.map_or("-".into(), |c| c.to_string()),
+            r.mode.clone(),
+            if r.adaptive { "on" } else { "off" }.into(),
+            format!("{:.2}", r.cpu_budget),
+            format!("{:.1}", r.mode_pct.poll),
+            format!("{:.1}", r.mode_pct.hybrid),
+            format!("{:.1}", r.mode_pct.interrupt),
+            r.switches.to_string(),
+            format!("{:.1}{}", r.held_pct, if r.held { "*" } else { "" }),
+            format!("{:.1}", r.cpu_pct_1s),
+            format!("{:.1}", r.cpu_pct),
+            format!("{:.1}", r.busy_pct),
+            r.iterations.to_string(),
+            format!("{:.0}", r.iops),
+            r.commands.to_string(),
+            r.outstanding.to_string(),
+            ns(r.predicted_ns),
+            ns(r.wake_cost_ns),
+            ns(r.hybrid_spin_ns),
+            format!("{}/{}", opt(r.wake_late_us.p50), opt(r.wake_late_us.p99)),
+            r.stalls.to_string(),
+        ]);
+    }
+    table(&rows)
+}
+
+/// The per-class estimates behind each reactor's PREDICTED (`pollux ctl estimates`): WEIGHT
+/// is the class's completions in the last policy window. Its own table, so that the
+/// reactors table keeps one row per reactor for scripts that read it.
+pub fn format_classes(rs: &[ReactorView]) -> String {
+    let mut rows = vec![
+        ["REACTOR", "CHANNEL", "OP", "SIZE", "ESTIMATE", "COMPLETIONS", "WEIGHT"]
+            .map(String::from)
+            .to_vec(),
+    ];
+    for r in rs {
+        for c in &r.classes {
+            rows.push(vec![
+                r.id.to_string(),
+                c.channel.clone(),
+                c.op.clone(),
+                c.size.clone(),
+                ns(c.estimate_ns),
+                c.completions.to_string(),
+                c.window_completions.to_string(),
+            ]);
+        }
+    }
+    if rows.len() == 1 {
+        return "no latency estimates yet (no device channel has completed a command)\n".into();
+    }
+    table(&rows)
+}
+
+/// The subsystems listing: one block per subsystem.
+pub fn format_subsystems(ss: &[SubsystemView]) -> String {
+    let mut out = String::new();
+    for s in ss {
+        let hosts = if s.allow_any_host {
+            "any".to_string()
+        } else {
+            s.hosts.join(", ")
+        };
+        let _ = writeln!(out, "{}", s.nqn);
+        let _ = writeln!(
+            out,
+            "  serial {}  model {}  controllers {}",
+            s.serial, s.model, s.controllers
+        );
+        let _ = writeln!(out, "  hosts {hosts}");
+        if (s.min_cntlid, s.max_cntlid) != (pollux_conf::MIN_CNTLID, pollux_conf::MAX_CNTLID) {
+            let _ = writeln!(out, "  controller ids {}..={}", s.min_cntlid, s.max_cntlid);
+        }
+        if !s.dhchap_hosts.is_empty() {
+            let _ = writeln!(out, "  dhchap {}", s.dhchap_hosts.join(", "));
+        }
+        if !s.tls_hosts.is_empty() {
+            let _ = writeln!(out, "  tls psk {}", s.tls_hosts.join(", "));
+        }
+        let _ = writeln!(out, "  listeners {}", s.listeners.join(", "));
+        let mut rows = vec![
+            [
+                "NSID", "SIZE", "BLOCK", "BACKEND", "IO PATH", "POLLING", "UUID", "READS", "WRITES", "READ", "WRITTEN",
+            ]
+            .map(String::from)
+            .to_vec(),
+        ];
+        for n in &s.namespaces {
+            rows.push(vec![
+                n.nsid.to_string(),
+                bytes(n.size),
+                n.block_size.to_string(),
+                n.backend.clone(),
+                n.io_path.clone(),
+                if n.polling.is_empty() {
+                    "-".into()
+                } else {
+                    n.polling.clone()
+                },
+                n.uuid.clone(),
+                n.read_cmds.to_string(),
+                n.write_cmds.to_string(),
+                bytes(n.read_bytes),
+                bytes(n.write_bytes),
+            ]);
+        }
+        for l in table(&rows).lines() {
+            let _ = writeln!(out, "  {l}");
+        }
+        for n in &s.namespaces {
+            if let Some(r) = &n.rbd {
+                let _ = writeln!(
+                    out,
+                    "  namespace {} rbd {} (id {}) cluster {} ({}): {}, {} ops, {} unavailable, {} errors, {} overdue; cache {}, lock {}",
+                    n.nsid,
+                    r.image,
+                    r.image_id,
+                    r.fsid,
+                    r.ceph_conf,
+                    r.health,
+                    r.ops,
+                    r.unavailable,
+                    r.errors,
+                    r.overdue,
+                    if r.write_cache { "writeback" } else { "off" },
+                    match (r.exclusive_lock, r.lock_owner) {
+                        (false, _) => "none (no exclusive-lock feature)",
+                        (true, true) => "held here",
+                        (true, false) => "not held here",
+                    }
+                );
+            }
+        }
+        for n in s.namespaces.iter().filter(|n| !n.reservation.is_empty()) {
+            let _ = writeln!(out, "  namespace {} reservation: {}", n.nsid, n.reservation);
+        }
+    }
+    if ss.is_empty() {
+        out.push_str("no subsystems (discovery only)\n");
+    }
+    out
+}
+
+/// The discovery view: one line each.
+pub fn format_discovery(d: &DiscoveryView) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "genctr {}  controllers {}", d.genctr, d.controllers);
+    let _ = writeln!(out, "listeners {}", d.listeners.join(", "));
+    let referrals = if d.referrals.is_empty() {
+        "none".to_string()
+    } else {
+        d.referrals.join(", ")
+    };
+    let _ = writeln!(out, "referrals {referrals}");
+    out
+}
+
+/// The controllers table.
+pub fn format_controllers(c: &CtrlList) -> String {
+    let mut rows = vec![
+        [
+            "CNTLID",
+            "SUBSYSTEM",
+            "HOSTNQN",
+            "HOSTID",
+            "KATO_MS",
+            "READY",
+            "ADMIN",
+            "IO_QUEUES(qid:reactor)",
+            "AGE_S",
+            "AUTH",
+        ]
+        .map(String::from)
+        .to_vec(),
+    ];
+    for x in &c.controllers {
+        let q: Vec<String> = x.io_queues.iter().map(|(q, r)| format!("{q}:{r}")).collect();
+        rows.push(vec![
+            x.cntlid.to_string(),
+            x.subsystem.clone(),
+            x.hostnqn.clone(),
+            x.hostid.clone(),
+            x.kato_ms.to_string(),
+            if x.ready { "yes" } else { "no" }.into(),
+            x.admin_reactor.to_string(),
+            if q.is_empty() { "-".into() } else { q.join(",") },
+            format!("{:.0}", x.age_s),
+            x.authenticated.clone().unwrap_or_else(|| "-".into()),
+        ]);
+    }
+    let mut out = if c.controllers.is_empty() {
+        "no controllers\n".to_string()
+    } else {
+        table(&rows)
+    };
+    if !c.unanswered.is_empty() {
+        let _ = writeln!(
+            out,
+            "warning: reactors {:?} did not answer; their controllers are missing",
+            c.unanswered
+        );
+    }
+    out
+}
