@@ -69,6 +69,40 @@ pub struct Config {
     pub state_dir: Option<PathBuf>,
     /// Where the configuration came from: a file name, or `"<embedded>"`.
     pub origin: String,
+    /// The text it was parsed from, as its author wrote it (comments, order, what was left
+    /// to defaults): run-time changes edit this document, and `pollux ctl save` writes it.
+    pub document: Document,
+}
+
+/// The TOML text a [`Config`] was parsed from. Configurations are compared by meaning, so
+/// two documents always compare equal: a comment does not make two configurations differ.
+#[derive(Clone, Default)]
+pub struct Document(std::sync::Arc<str>);
+
+impl Document {
+    /// The text.
+    pub fn text(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<&str> for Document {
+    fn from(t: &str) -> Self {
+        Document(t.into())
+    }
+}
+
+impl PartialEq for Document {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl std::fmt::Debug for Document {
+    /// The length only: the text may hold inline secrets.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Document({} bytes)", self.0.len())
+    }
 }
 
 /// The `[reactors]` table.
@@ -926,6 +960,25 @@ impl Config {
     /// directory.
     pub fn parse(text: &str, origin: &str) -> Result<Config, ConfError> {
         validate::build(text, origin, validate::Base::CurrentDir)
+    }
+
+    /// Parses and validates `text` as the new content of the configuration file `path`
+    /// (a run-time change to be saved there): relative paths resolve against the directory
+    /// holding `path`, as [`Config::from_path`] would resolve them; `origin` names the text
+    /// in errors. Nothing is read from `path` itself.
+    pub fn parse_as(text: &str, origin: &str, path: &Path) -> Result<Config, ConfError> {
+        validate::build(text, origin, validate::Base::SavedAs(path))
+    }
+
+    /// Whether any key is given inline in the conf (`dhchap_key`, `dhchap_ctrl_key`,
+    /// `tls_key`) rather than read from a key file: such a conf is a secret itself.
+    pub fn has_inline_secrets(&self) -> bool {
+        let dhchap = self.subsystems.iter().flat_map(|s| s.host_keys.values());
+        let tls = self.subsystems.iter().flat_map(|s| s.tls_keys.values());
+        dhchap
+            .chain(self.discovery.host_keys.values())
+            .any(|k| k.host.file.is_none() || k.ctrl.as_ref().is_some_and(|c| c.file.is_none()))
+            || tls.chain(self.discovery.tls_keys.values()).any(|k| k.file.is_none())
     }
 
     /// The built-in configuration, `conf/examples/ram.toml` (one reactor on

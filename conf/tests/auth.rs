@@ -169,3 +169,25 @@ fn bad_keys_and_key_files_are_refused_with_the_reason() {
         None,
     );
 }
+
+#[test]
+fn a_conf_file_holding_an_inline_key_must_be_owner_only() {
+    // Issue 35: `--check` accepted a 0644 conf with inline keys while refusing a 0644 key
+    // file. A conf holding a secret is a key file.
+    let hk = key(Some(HashId::Sha256));
+    let text = sub(&format!("{{ nqn = \"{HOST}\", dhchap_key = \"{hk}\" }}"), "");
+    let open = temp_file("inline-open.toml", &text, 0o644);
+    let e = Config::from_path(&open).expect_err("a 0644 conf holding a key was accepted");
+    assert_eq!(e.line(), Some(7), "{e}");
+    assert!(e.message().contains("mode 0644"), "{e}");
+    assert!(e.message().contains("dhchap_key_file"), "{e}");
+    assert!(!e.to_string().contains(&hk[10..20]), "the error shows the secret: {e}");
+    let closed = temp_file("inline-closed.toml", &text, 0o600);
+    let c = Config::from_path(&closed).expect("an owner-only conf holding a key");
+    assert!(c.has_inline_secrets());
+    // Keys in key files: the conf itself is no secret, any mode will do.
+    let kf = temp_file("k.key", &format!("{hk}\n"), 0o600);
+    let text = sub(&format!("{{ nqn = \"{HOST}\", dhchap_key_file = \"{}\" }}", kf.display()), "");
+    let c = Config::from_path(&temp_file("files.toml", &text, 0o644)).expect("keys in key files");
+    assert!(!c.has_inline_secrets());
+}

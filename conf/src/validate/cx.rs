@@ -138,7 +138,7 @@ impl Cx<'_> {
         } else {
             let dir = match self.base {
                 Base::CurrentDir => Path::new(""),
-                Base::DirOf(file) => file.parent().unwrap_or(Path::new("")),
+                Base::DirOf(file) | Base::SavedAs(file) => file.parent().unwrap_or(Path::new("")),
             };
             let dir = if dir.is_absolute() {
                 dir.to_path_buf()

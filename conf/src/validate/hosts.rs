@@ -10,6 +10,7 @@ use std::path::Path;
 use toml::Spanned;
 use zeroize::Zeroizing;
 
+use super::Base;
 use super::cx::Cx;
 use crate::error::ConfError;
 use crate::nqn::validate_nqn;
@@ -97,6 +98,18 @@ fn secret_of<K>(
         // Never echo the value: it is a secret.
         (Some(i), None) => {
             let k = parse(i.get_ref()).map_err(|e| cx.at(i.span(), format!("invalid `{key}`: {e}")))?;
+            // A conf file holding a key inline is a key file: the same rule applies to it.
+            if let Base::DirOf(conf) = cx.base
+                && let Err(why) = check_owner_only(conf)
+                && conf.exists()
+            {
+                return Err(cx.at(
+                    i.span(),
+                    format!(
+                        "`{key}` is given inline, but this conf file {why}; or give the key in a file (`{key}_file`)"
+                    ),
+                ));
+            }
             Ok(Some((k, None)))
         }
         (None, Some(f)) => {

@@ -37,6 +37,9 @@ pub(crate) enum Base<'a> {
     CurrentDir,
     /// The directory holding this configuration file.
     DirOf(&'a Path),
+    /// The directory holding the file this text is to be saved to (a run-time change): as
+    /// `DirOf`, but the file on disk is not this text, so its mode says nothing about it.
+    SavedAs(&'a Path),
 }
 
 /// Parses and validates `text`.
@@ -93,6 +96,7 @@ pub(crate) fn build(text: &str, origin: &str, base: Base<'_>) -> Result<Config, 
         referrals,
         state_dir,
         origin: origin.to_owned(),
+        document: text.into(),
     })
 }
 
