@@ -14,6 +14,7 @@ mod error;
 mod ids;
 mod nqn;
 mod raw;
+pub mod save;
 mod size;
 mod validate;
 

@@ -187,7 +187,10 @@ fn a_conf_file_holding_an_inline_key_must_be_owner_only() {
     assert!(c.has_inline_secrets());
     // Keys in key files: the conf itself is no secret, any mode will do.
     let kf = temp_file("k.key", &format!("{hk}\n"), 0o600);
-    let text = sub(&format!("{{ nqn = \"{HOST}\", dhchap_key_file = \"{}\" }}", kf.display()), "");
+    let text = sub(
+        &format!("{{ nqn = \"{HOST}\", dhchap_key_file = \"{}\" }}", kf.display()),
+        "",
+    );
     let c = Config::from_path(&temp_file("files.toml", &text, 0o644)).expect("keys in key files");
     assert!(!c.has_inline_secrets());
 }

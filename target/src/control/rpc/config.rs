@@ -4,6 +4,9 @@
 
 use serde_json::Value;
 
+use toml_edit::TableLike;
+
+use super::document::{self, Step};
 use super::{CONFIG_ERROR, Ctx, METHOD_NOT_FOUND, RpcError};
 
 // ------------------------------------------------------------------ runtime configuration
@@ -31,31 +34,6 @@ pub(super) fn str_param<'a>(params: &'a Value, key: &str) -> Result<&'a str, Rpc
         .get(key)
         .and_then(Value::as_str)
         .ok_or_else(|| RpcError::params(format!("missing string param '{key}'")))
-}
-
-fn toml_of(v: &Value) -> Result<toml::Value, RpcError> {
-    toml::Value::try_from(v).map_err(|e| RpcError::params(format!("not representable in the conf file: {e}")))
-}
-
-fn array<'a>(doc: &'a mut toml::Table, key: &str) -> Result<&'a mut Vec<toml::Value>, RpcError> {
-    match doc
-        .entry(key.to_string())
-        .or_insert_with(|| toml::Value::Array(Vec::new()))
-    {
-        toml::Value::Array(a) => Ok(a),
-        _ => Err(RpcError::new(
-            CONFIG_ERROR,
-            format!("running conf: '{key}' is not an array"),
-        )),
-    }
-}
-
-fn subsystem_table<'a>(doc: &'a mut toml::Table, nqn: &str) -> Result<&'a mut toml::Table, RpcError> {
-    array(doc, "subsystem")?
-        .iter_mut()
-        .filter_map(toml::Value::as_table_mut)
-        .find(|t| t.get("nqn").and_then(toml::Value::as_str) == Some(nqn))
-        .ok_or_else(|| RpcError::params(format!("no subsystem '{nqn}'")))
 }
 
 impl Ctx {
@@ -105,61 +83,105 @@ impl Ctx {
         Ok(changes_json(&ch))
     }
 
-    /// `save {path?}`: write the running configuration as TOML (to the conf file by default).
+    /// `save {path?}`: write the running configuration's document (the conf file as its
+    /// author wrote it, with the run-time changes edited in) to the conf file, or to `path`.
+    /// The write is atomic (a temporary file, fsync, rename) and the previous version is
+    /// kept as `FILE.bak`; a document holding a key inline is written owner-only (0600).
     pub(super) fn save(&self, params: &Value) -> Result<Value, RpcError> {
-        let (text, origin) = {
-            let c = self.shared.config.lock().unwrap_or_else(|p| p.into_inner());
-            (c.to_toml(), c.origin.clone())
-        };
+        let running = self.shared.config.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let path = match params.get("path") {
             Some(Value::String(p)) => p.clone(),
             Some(other) => return Err(RpcError::params(format!("'path' must be a string, got {other}"))),
-            None if origin == pollux_conf::EMBEDDED_ORIGIN => {
+            None if running.origin == pollux_conf::EMBEDDED_ORIGIN => {
                 return Err(RpcError::params(
-                    "running the embedded default: give a 'path' to save to",
+                    "running the embedded default: give a path to save to (`pollux ctl save --to FILE`)",
                 ));
             }
-            None => origin,
+            None => running.origin.clone(),
         };
-        std::fs::write(&path, text).map_err(|e| RpcError::new(CONFIG_ERROR, format!("cannot write {path}: {e}")))?;
-        tracing::info!(file = %path, "control: running configuration saved");
-        Ok(serde_json::json!({ "path": path }))
+        let text = document_text(&running);
+        // Relative paths in the document resolve against the file's directory: saved
+        // elsewhere, they must still name the same files.
+        if path != running.origin {
+            let same = |mut c: pollux_conf::Config| {
+                c.origin.clone_from(&running.origin);
+                c == running
+            };
+            match pollux_conf::Config::parse_as(&text, &path, std::path::Path::new(&path)) {
+                Ok(c) if same(c.clone()) => {}
+                Ok(_) => {
+                    return Err(RpcError::params(format!(
+                        "saved to {path}, the conf's relative paths would name other files: save next to {} or use absolute paths",
+                        running.origin
+                    )));
+                }
+                Err(e) => return Err(RpcError::new(CONFIG_ERROR, format!("cannot save to {path}: {e}"))),
+            }
+        }
+        let secret = running.has_inline_secrets();
+        let saved = pollux_conf::save::save(std::path::Path::new(&path), &text, secret)
+            .map_err(|e| RpcError::new(CONFIG_ERROR, e.to_string()))?;
+        tracing::info!(file = %path, backup = ?saved.backup, "control: running configuration saved");
+        Ok(serde_json::json!({
+            "path": path,
+            "backup": saved.backup.map(|b| b.display().to_string()),
+            "mode": format!("{:04o}", saved.mode),
+        }))
     }
 
-    /// A mutation: edit the running conf as a TOML document, validate the result with the
-    /// conf crate (every rule of a conf file applies), then reconcile.
+    /// A mutation: edit the running conf's document, validate the result with the conf
+    /// crate (every rule of a conf file applies), then reconcile. A refusal names the param
+    /// and the value the caller gave, not a line of a document they never saw.
     pub(super) fn mutation(&self, method: &str, params: &Value) -> Result<Value, RpcError> {
         if !params.is_object() {
             return Err(RpcError::params(format!(
                 "'{method}' takes named params (a JSON object)"
             )));
         }
-        let (text, origin) = {
-            let c = self.shared.config.lock().unwrap_or_else(|p| p.into_inner());
-            (c.to_toml(), c.origin.clone())
+        let running = self.shared.config.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let mut doc = document::parse(&document_text(&running))?;
+        let edited = self.edit(&mut doc, method, params)?;
+        let new_text = doc.to_string();
+        let origin = running.origin.clone();
+        let parsed = if origin == pollux_conf::EMBEDDED_ORIGIN {
+            pollux_conf::Config::parse(&new_text, method)
+        } else {
+            pollux_conf::Config::parse_as(&new_text, method, std::path::Path::new(&origin))
         };
-        let mut doc: toml::Table = text
-            .parse()
-            .map_err(|e| RpcError::new(CONFIG_ERROR, format!("running conf does not parse: {e}")))?;
-        match method {
-            "add_subsystem" => array(&mut doc, "subsystem")?.push(toml_of(params)?),
+        let mut cfg = parsed.map_err(|e| refusal(method, &new_text, &edited, &e))?;
+        cfg.origin = origin;
+        tracing::info!(method, "control: configuration change");
+        self.apply(cfg)
+    }
+
+    /// Edit `doc` as `method` says; the path of the item written (empty when the change
+    /// removed something).
+    fn edit(&self, doc: &mut toml_edit::DocumentMut, method: &str, params: &Value) -> Result<Vec<Step>, RpcError> {
+        let root = doc.as_table_mut() as &mut dyn TableLike;
+        let key = |k: &str| Step::Key(k.to_string());
+        let no_sub = |nqn: &str| RpcError::params(format!("no subsystem '{nqn}'"));
+        Ok(match method {
+            "add_subsystem" => {
+                let i = document::push_table(root, "subsystem", document::table(params, &[], method)?)?;
+                vec![key("subsystem"), Step::Index(i)]
+            }
             "remove_subsystem" => {
                 let nqn = str_param(params, "nqn")?;
-                let subs = array(&mut doc, "subsystem")?;
-                let before = subs.len();
-                subs.retain(|t| t.get("nqn").and_then(toml::Value::as_str) != Some(nqn));
-                if subs.len() == before {
-                    return Err(RpcError::params(format!("no subsystem '{nqn}'")));
+                let gone = document::remove_where(root, "subsystem", |t| {
+                    document::as_table_like(t).and_then(|t| document::str_of(t, "nqn")) == Some(nqn)
+                });
+                if gone == 0 {
+                    return Err(no_sub(nqn));
                 }
+                Vec::new()
             }
             "add_namespace" => {
                 let nqn = str_param(params, "nqn")?;
-                let mut ns = params.clone();
-                if let Some(o) = ns.as_object_mut() {
-                    o.remove("nqn");
-                }
-                let ns = toml_of(&ns)?;
-                array(subsystem_table(&mut doc, nqn)?, "namespace")?.push(ns);
+                let ns = document::table(params, &["nqn"], method)?;
+                let (i, sub) = document::find_mut(root, "subsystem", |t| document::str_of(t, "nqn") == Some(nqn))
+                    .ok_or_else(|| no_sub(nqn))?;
+                let j = document::push_table(sub, "namespace", ns)?;
+                vec![key("subsystem"), Step::Index(i), key("namespace"), Step::Index(j)]
             }
             "remove_namespace" => {
                 let nqn = str_param(params, "nqn")?;
@@ -167,43 +189,61 @@ impl Ctx {
                     .get("nsid")
                     .and_then(Value::as_i64)
                     .ok_or_else(|| RpcError::params("missing integer param 'nsid'"))?;
-                let list = array(subsystem_table(&mut doc, nqn)?, "namespace")?;
-                let before = list.len();
-                list.retain(|t| t.get("nsid").and_then(toml::Value::as_integer) != Some(nsid));
-                if list.len() == before {
+                let (_, sub) = document::find_mut(root, "subsystem", |t| document::str_of(t, "nqn") == Some(nqn))
+                    .ok_or_else(|| no_sub(nqn))?;
+                let gone = document::remove_where(sub, "namespace", |t| {
+                    document::as_table_like(t).and_then(|t| document::int_of(t, "nsid")) == Some(nsid)
+                });
+                if gone == 0 {
                     return Err(RpcError::params(format!("subsystem '{nqn}' has no namespace {nsid}")));
                 }
+                Vec::new()
             }
             "add_host" | "remove_host" | "set_host_keys" => {
                 let (nqn, host) = (str_param(params, "nqn")?, str_param(params, "host")?);
                 let keys = host_key_fields(params)?;
-                let hosts = array(subsystem_table(&mut doc, nqn)?, "hosts")?;
-                let at = hosts.iter().position(|h| host_nqn(h) == Some(host));
-                let entry = || -> toml::Value {
-                    if keys.is_empty() {
-                        return toml::Value::String(host.to_string());
-                    }
-                    let mut t = toml::Table::new();
-                    t.insert("nqn".into(), toml::Value::String(host.to_string()));
+                let entry = if keys.is_empty() {
+                    toml_edit::Value::from(host)
+                } else {
+                    let mut t = toml_edit::InlineTable::new();
+                    t.insert("nqn", host.into());
                     for (k, v) in &keys {
-                        t.insert((*k).into(), toml::Value::String(v.clone()));
+                        t.insert(*k, v.as_str().into());
                     }
-                    toml::Value::Table(t)
+                    toml_edit::Value::InlineTable(t)
                 };
+                let (i, sub) = document::find_mut(root, "subsystem", |t| document::str_of(t, "nqn") == Some(nqn))
+                    .ok_or_else(|| no_sub(nqn))?;
+                let hosts: Vec<Option<String>> = match sub.get("hosts") {
+                    Some(toml_edit::Item::Value(toml_edit::Value::Array(a))) => {
+                        a.iter().map(|v| host_nqn(v).map(str::to_string)).collect()
+                    }
+                    _ => Vec::new(),
+                };
+                let at = hosts.iter().position(|h| h.as_deref() == Some(host));
+                let path = |k: usize| vec![key("subsystem"), Step::Index(i), key("hosts"), Step::Index(k)];
                 match (method, at) {
                     ("add_host", Some(_)) => {
                         return Err(RpcError::params(format!("host '{host}' is already allowed on '{nqn}'")));
                     }
-                    ("add_host", None) => hosts.push(entry()),
+                    ("add_host", None) => path(document::push_value(sub, "hosts", entry)?),
                     (_, None) => {
                         return Err(RpcError::params(format!(
                             "host '{host}' is not in the hosts of '{nqn}'"
                         )));
                     }
-                    ("remove_host", Some(i)) => {
-                        hosts.remove(i);
+                    (m, Some(k)) => {
+                        let Some(toml_edit::Item::Value(toml_edit::Value::Array(a))) = sub.get_mut("hosts") else {
+                            return Err(RpcError::new(CONFIG_ERROR, "running conf: 'hosts' is not an array"));
+                        };
+                        if m == "remove_host" {
+                            a.remove(k);
+                            Vec::new()
+                        } else {
+                            a.replace(k, entry);
+                            path(k)
+                        }
                     }
-                    (_, Some(i)) => hosts[i] = entry(),
                 }
             }
             "set_polling" => {
@@ -211,22 +251,30 @@ impl Ctx {
                 // default (for its namespaces that set none). The conf validates the value.
                 let nqn = str_param(params, "nqn")?;
                 let polling = str_param(params, "polling")?;
-                let value = toml::Value::String(polling.to_string());
-                let sub = subsystem_table(&mut doc, nqn)?;
+                let (i, sub) = document::find_mut(root, "subsystem", |t| document::str_of(t, "nqn") == Some(nqn))
+                    .ok_or_else(|| no_sub(nqn))?;
                 match params.get("nsid") {
                     None | Some(Value::Null) => {
-                        sub.insert("polling".into(), value);
+                        sub.insert("polling", toml_edit::value(polling));
+                        vec![key("subsystem"), Step::Index(i), key("polling")]
                     }
                     Some(v) => {
                         let nsid = v
                             .as_i64()
                             .ok_or_else(|| RpcError::params(format!("'nsid' must be an integer, got {v}")))?;
-                        let ns = array(sub, "namespace")?
-                            .iter_mut()
-                            .filter_map(toml::Value::as_table_mut)
-                            .find(|t| t.get("nsid").and_then(toml::Value::as_integer) == Some(nsid))
-                            .ok_or_else(|| RpcError::params(format!("subsystem '{nqn}' has no namespace {nsid}")))?;
-                        ns.insert("polling".into(), value);
+                        let (j, ns) =
+                            document::find_mut(sub, "namespace", |t| document::int_of(t, "nsid") == Some(nsid))
+                                .ok_or_else(|| {
+                                    RpcError::params(format!("subsystem '{nqn}' has no namespace {nsid}"))
+                                })?;
+                        ns.insert("polling", toml_edit::value(polling));
+                        vec![
+                            key("subsystem"),
+                            Step::Index(i),
+                            key("namespace"),
+                            Step::Index(j),
+                            key("polling"),
+                        ]
                     }
                 }
             }
@@ -236,20 +284,24 @@ impl Ctx {
                     .get("allow")
                     .and_then(Value::as_bool)
                     .ok_or_else(|| RpcError::params("missing boolean param 'allow'"))?;
-                subsystem_table(&mut doc, nqn)?.insert("allow_any_host".into(), toml::Value::Boolean(allow));
+                let (i, sub) = document::find_mut(root, "subsystem", |t| document::str_of(t, "nqn") == Some(nqn))
+                    .ok_or_else(|| no_sub(nqn))?;
+                sub.insert("allow_any_host", toml_edit::value(allow));
+                vec![key("subsystem"), Step::Index(i), key("allow_any_host")]
             }
             "add_listener" => {
                 let a = str_param(params, "address")?;
-                let mut t = toml::Table::new();
-                t.insert("address".into(), toml::Value::String(a.to_string()));
+                let mut t = toml_edit::Table::new();
+                t.insert("address", toml_edit::value(a));
                 match params.get("tls") {
                     None | Some(Value::Null) => {}
                     Some(Value::String(m)) => {
-                        t.insert("tls".into(), toml::Value::String(m.clone()));
+                        t.insert("tls", toml_edit::value(m.as_str()));
                     }
                     Some(_) => return Err(RpcError::params("'tls' must be a string")),
                 }
-                array(&mut doc, "listener")?.push(toml::Value::Table(t));
+                let i = document::push_table(root, "listener", t)?;
+                vec![key("listener"), Step::Index(i)]
             }
             "set_ana_state" => {
                 let l = str_param(params, "listener")?;
@@ -278,18 +330,19 @@ impl Ctx {
                     .iter()
                     .map(|b| b.addr.to_string())
                     .collect();
-                let list = array(&mut doc, "listener")?;
+                let mut list = document::tables_mut(root, "listener");
                 let at = list
                     .iter()
-                    .position(|t| t.get("address").and_then(toml::Value::as_str) == Some(l))
+                    .position(|t| document::str_of(&**t, "address") == Some(l))
                     .or_else(|| bound.iter().position(|b| b == l))
                     .ok_or_else(|| RpcError::params(format!("no listener '{l}'")))?;
                 let t = list
                     .get_mut(at)
-                    .and_then(toml::Value::as_table_mut)
                     .ok_or_else(|| RpcError::new(CONFIG_ERROR, "running conf: a listener is not a table"))?;
-                let ana = t.entry("ana").or_insert_with(|| toml::Value::Table(toml::Table::new()));
-                let Some(ana) = ana.as_table_mut() else {
+                if t.get("ana").is_none() {
+                    t.insert("ana", toml_edit::Item::Value(toml_edit::InlineTable::new().into()));
+                }
+                let Some(ana) = t.get_mut("ana").and_then(toml_edit::Item::as_table_like_mut) else {
                     return Err(RpcError::new(
                         CONFIG_ERROR,
                         "running conf: a listener's 'ana' is not a table",
@@ -298,59 +351,81 @@ impl Ctx {
                 if s == pollux_conf::AnaState::Optimized {
                     ana.remove(&group.to_string());
                 } else {
-                    ana.insert(group.to_string(), toml::Value::String(s.name().to_string()));
+                    ana.insert(&group.to_string(), toml_edit::value(s.name()));
+                }
+                if ana.is_empty() {
+                    t.remove("ana");
+                    Vec::new()
+                } else {
+                    vec![key("listener"), Step::Index(at), key("ana")]
                 }
             }
             "remove_listener" => {
                 let a = str_param(params, "address")?;
-                let list = array(&mut doc, "listener")?;
-                let before = list.len();
-                list.retain(|t| t.get("address").and_then(toml::Value::as_str) != Some(a));
-                if list.len() == before {
+                let gone = document::remove_where(root, "listener", |t| {
+                    document::as_table_like(t).and_then(|t| document::str_of(t, "address")) == Some(a)
+                });
+                if gone == 0 {
                     return Err(RpcError::params(format!(
                         "no listener '{a}' (use the address as configured)"
                     )));
                 }
+                Vec::new()
             }
             "add_referral" => {
                 let a = str_param(params, "address")?;
-                let mut t = toml::Table::new();
-                t.insert("address".into(), toml::Value::String(a.to_string()));
+                let mut t = toml_edit::Table::new();
+                t.insert("address", toml_edit::value(a));
                 // The conf refuses a duplicate, a malformed address and one of the listeners
                 // as configured; reconcile one reaching a bound listener.
-                array(&mut doc, "referral")?.push(toml::Value::Table(t));
+                let i = document::push_table(root, "referral", t)?;
+                vec![key("referral"), Step::Index(i)]
             }
             "remove_referral" => {
                 let a = str_param(params, "address")?;
                 // Compared parsed, so "[fd00:0::2]:8009" removes "[fd00::2]:8009".
                 let want: Option<std::net::SocketAddr> = a.trim().parse().ok();
-                let list = array(&mut doc, "referral")?;
-                let before = list.len();
-                list.retain(|t| {
-                    let have = t.get("address").and_then(toml::Value::as_str);
-                    have != Some(a) && (want.is_none() || have.and_then(|h| h.parse().ok()) != want)
+                let gone = document::remove_where(root, "referral", |t| {
+                    let have = document::as_table_like(t).and_then(|t| document::str_of(t, "address"));
+                    have == Some(a) || (want.is_some() && have.and_then(|h| h.parse().ok()) == want)
                 });
-                if list.len() == before {
+                if gone == 0 {
                     return Err(RpcError::params(format!("no referral '{a}'")));
                 }
+                Vec::new()
             }
             _ => return Err(RpcError::new(METHOD_NOT_FOUND, format!("method not found: '{method}'"))),
+        })
+    }
+}
+
+/// The running conf's document: the text it was parsed from, or (a conf built in code) its
+/// TOML.
+fn document_text(c: &pollux_conf::Config) -> String {
+    match c.document.text() {
+        "" => c.to_toml(),
+        t => t.to_string(),
+    }
+}
+
+/// A refusal of the edited document, in the terms of the change's params: the param (as a
+/// dotted path) and the value given when the refusal points into what the change wrote.
+fn refusal(method: &str, text: &str, edited: &[Step], e: &pollux_conf::ConfError) -> RpcError {
+    let at = e.span().map(|s| s.start);
+    match at.and_then(|at| document::param_at(text, edited, at)) {
+        Some((param, shown)) if !shown.is_empty() => {
+            RpcError::params(format!("{method}: param '{param}' = {shown}: {}", e.message()))
         }
-        let new_text =
-            toml::to_string(&doc).map_err(|e| RpcError::new(CONFIG_ERROR, format!("cannot write the conf: {e}")))?;
-        let mut cfg =
-            pollux_conf::Config::parse(&new_text, "<control>").map_err(|e| RpcError::params(e.to_string()))?;
-        cfg.origin = origin;
-        tracing::info!(method, "control: configuration change");
-        self.apply(cfg)
+        Some((param, _)) => RpcError::params(format!("{method}: param '{param}': {}", e.message())),
+        None => RpcError::params(format!("{method}: {}", e.message())),
     }
 }
 
 /// The host NQN of a `hosts` entry: a string, or a table's `nqn`.
-fn host_nqn(v: &toml::Value) -> Option<&str> {
+fn host_nqn(v: &toml_edit::Value) -> Option<&str> {
     match v {
-        toml::Value::String(s) => Some(s),
-        toml::Value::Table(t) => t.get("nqn").and_then(toml::Value::as_str),
+        toml_edit::Value::String(s) => Some(s.value()),
+        toml_edit::Value::InlineTable(t) => t.get("nqn").and_then(toml_edit::Value::as_str),
         _ => None,
     }
 }

@@ -35,6 +35,7 @@ use crate::subsystem::Shared;
 
 mod config;
 mod dispatch;
+mod document;
 mod modes;
 mod nvme;
 mod query;
