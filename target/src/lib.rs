@@ -32,6 +32,7 @@
 
 pub mod ana;
 pub mod backend;
+pub mod check;
 pub mod conn;
 pub mod control;
 pub mod ctrl;
@@ -40,6 +41,7 @@ pub mod health;
 pub mod host;
 pub mod io;
 pub mod listener;
+pub mod log;
 pub mod mutate;
 pub mod perf;
 pub mod range_lock;

@@ -3,6 +3,7 @@
 //! `pollux perf ...` is the NVMe/TCP load generator ([`pollux_target::perf`]); `pollux ctl ...`
 //! and `pollux top` talk to a running target's control socket ([`pollux_target::control`]).
 
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -10,7 +11,6 @@ use clap::{Parser, Subcommand};
 use pollux_conf::Config;
 use pollux_target::{Options, Target};
 use tracing::{error, info};
-use tracing_subscriber::EnvFilter;
 
 /// pollux: a polled-mode NVMe-over-TCP storage target.
 #[derive(Debug, Parser)]
@@ -63,11 +63,8 @@ fn wait_signal(set: &libc::sigset_t) -> i32 {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    // `--check` prints its verdict itself: only warnings are logged.
+    pollux_target::log::init(if cli.check.is_some() { "warn" } else { "info" });
     if let Some(Command::Perf(args)) = &cli.command {
         return pollux_target::perf::cli::main(args);
     }
@@ -78,13 +75,22 @@ fn main() -> ExitCode {
         _ => {}
     }
     if let Some(path) = cli.check {
-        return match Config::from_path(&path) {
+        // `FILE:LINE:COL: message` from the start of the line, no log prefix: editors and
+        // CI read it as they read a compiler's.
+        return match pollux_target::check::check(&path) {
             Ok(cfg) => {
-                info!(file = %path.display(), subsystems = cfg.subsystems.len(), "conf file is valid");
+                let _ = writeln!(
+                    std::io::stdout(),
+                    "{}: valid ({} reactors, {} listeners, {} subsystems)",
+                    path.display(),
+                    cfg.reactors.cores.len(),
+                    cfg.listeners.len(),
+                    cfg.subsystems.len()
+                );
                 ExitCode::SUCCESS
             }
             Err(e) => {
-                error!("{e}");
+                let _ = writeln!(std::io::stderr(), "{e}");
                 ExitCode::from(2)
             }
         };

@@ -613,11 +613,13 @@ fn every_listed_method_is_dispatched() {
     let env = start();
     let cfg = Config::parse(&common::conf("interrupt", ""), "t.toml").unwrap();
     let ctx = pollux_target::control::rpc::Ctx::new(env.target(), &cfg.reactors);
-    for m in pollux_target::control::rpc::METHODS {
+    for m in pollux_target::control::methods::METHODS.iter().map(|m| m.name) {
         // Methods that change or write the running state are not run: a wrong parameter
         // stops them before they do anything.
         let params = match m {
-            "version" | "reactors" | "subsystems" | "discovery" | "controllers" | "nvme_devices" => Value::Null,
+            "version" | "reactors" | "subsystems" | "discovery" | "controllers" | "nvme_devices" | "methods" => {
+                Value::Null
+            }
             "save" => json!({"path": 1}),
             _ => json!({"__not_a_param__": true}),
         };
@@ -627,6 +629,10 @@ fn every_listed_method_is_dispatched() {
     }
     let e = ctx.call("no_such_method", &Value::Null).unwrap_err();
     assert_eq!(e.code, -32601);
+    // A typo is answered with the nearest method.
+    let e = ctx.call("add_nammespace", &Value::Null).unwrap_err();
+    assert_eq!(e.code, -32601);
+    assert!(e.message.contains("did you mean 'add_namespace'"), "{}", e.message);
 }
 
 /// The per-namespace polling policy (issue 25) at run time: `set_polling` changes it in place

@@ -16,10 +16,12 @@
 pub mod cli;
 pub mod client;
 pub mod format;
+pub mod methods;
 pub mod metrics;
 pub mod rpc;
 pub mod server;
 pub mod top;
+pub mod verbs;
 pub mod view;
 
 use std::path::PathBuf;
@@ -78,7 +80,7 @@ pub enum ControlError {
         /// Its message.
         message: String,
     },
-    /// A conf file named by `--config` could not be loaded.
+    /// A conf file named by `--config` named no socket, or a command line is no request.
     #[error("{0}")]
     Conf(String),
 }

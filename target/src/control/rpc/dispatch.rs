@@ -23,11 +23,24 @@ impl Ctx {
             "nvme_fault" => self.nvme_fault(params),
             "resize_namespace" => self.resize_namespace(params),
             "reload" => self.reload(),
+            "methods" => Ok(crate::control::methods::to_json()),
+            "log_level" => log_level(params),
             "save" => self.save(params),
             "add_subsystem" | "remove_subsystem" | "add_namespace" | "remove_namespace" | "add_host"
             | "remove_host" | "set_host_keys" | "set_allow_any_host" | "add_listener" | "remove_listener"
             | "add_referral" | "remove_referral" | "set_ana_state" | "set_polling" => self.mutation(method, params),
-            other => Err(RpcError::new(METHOD_NOT_FOUND, format!("method not found: '{other}'"))),
+            other => {
+                let near = crate::control::methods::nearest(other);
+                let hint = match near.as_slice() {
+                    [] => String::new(),
+                    [one] => format!("; did you mean '{one}'?"),
+                    many => format!("; did you mean one of {}?", many.join(", ")),
+                };
+                Err(RpcError::new(
+                    METHOD_NOT_FOUND,
+                    format!("method not found: '{other}'{hint} (`pollux ctl methods` lists them)"),
+                ))
+            }
         }
     }
 
@@ -78,35 +91,18 @@ impl Ctx {
     }
 }
 
-/// Every method [`Ctx::call`] dispatches (what `pollux ctl call` accepts).
-pub const METHODS: [&str; 26] = [
-    "version",
-    "reactors",
-    "subsystems",
-    "discovery",
-    "controllers",
-    "set_mode",
-    "set_cpu_budget",
-    "nvme_devices",
-    "nvme_fault",
-    "reload",
-    "save",
-    "add_subsystem",
-    "remove_subsystem",
-    "add_namespace",
-    "remove_namespace",
-    "add_host",
-    "set_host_keys",
-    "remove_host",
-    "set_allow_any_host",
-    "set_polling",
-    "resize_namespace",
-    "add_listener",
-    "remove_listener",
-    "add_referral",
-    "remove_referral",
-    "set_ana_state",
-];
+/// `log_level {level?}`: the process's log filter, set first when `level` is given.
+fn log_level(params: &Value) -> Result<Value, RpcError> {
+    if let Some(l) = param(params, "level", 0)? {
+        let l = l
+            .as_str()
+            .ok_or_else(|| RpcError::params(format!("'level' must be a string, got {l}")))?;
+        crate::log::set_filter(l).map_err(|e| RpcError::params(e.to_string()))?;
+        tracing::info!(filter = l, "control: log filter set");
+    }
+    let filter = crate::log::filter().map_err(|e| RpcError::new(super::CONFIG_ERROR, e.to_string()))?;
+    Ok(json!({ "filter": filter }))
+}
 
 /// Param `name` (object) or `pos` (array); Ok(None) if absent.
 pub(super) fn param<'a>(params: &'a Value, name: &str, pos: usize) -> Result<Option<&'a Value>, RpcError> {

@@ -40,7 +40,7 @@ mod modes;
 mod nvme;
 mod query;
 
-pub use dispatch::{METHODS, error_response};
+pub use dispatch::error_response;
 
 /// JSON-RPC: invalid JSON.
 pub const PARSE_ERROR: i64 = -32700;
