@@ -164,7 +164,7 @@ impl StatsCell {
             let started = self.iter_start_ns.load(Acquire);
             tries += 1;
             if started == BOOKING && tries < PATIENCE {
-                if tries % 64 == 0 {
+                if tries.is_multiple_of(64) {
                     std::thread::yield_now(); // the reactor thread was preempted mid-booking
                 } else {
                     std::hint::spin_loop();
