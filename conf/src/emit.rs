@@ -210,6 +210,9 @@ pub(crate) fn to_toml(c: &Config) -> String {
                 Backend::Ram { size } => {
                     let _ = writeln!(o, "backend = {{ ram = {{ size = {} }} }}", quote(&format_size(*size)));
                 }
+                Backend::Null { size } => {
+                    let _ = writeln!(o, "backend = {{ null = {{ size = {} }} }}", quote(&format_size(*size)));
+                }
                 Backend::File(f) => {
                     let mut keys = vec![format!("path = {}", path(&f.path))];
                     if let Some(size) = f.size {

@@ -749,11 +749,17 @@ pub enum Backend {
     /// A Ceph RBD image, reached through librbd (loaded at run time): pollux as a gateway
     /// to a distributed store.
     Rbd(RbdBackend),
+    /// No store (SPDK's null bdev): writes are discarded and reads return zeroes, for
+    /// benchmarks of the target itself.
+    Null {
+        /// Capacity in bytes: > 0 and a multiple of the block size.
+        size: u64,
+    },
 }
 
 impl Backend {
-    /// The configuration name of the backend kind (`"ram"`, `"file"` or
-    /// `"sim"`), for logs.
+    /// The configuration name of the backend kind (`"ram"`, `"file"`, `"sim"`, `"nvme"`,
+    /// `"rbd"` or `"null"`), for logs.
     pub fn kind(&self) -> &'static str {
         match self {
             Backend::Ram { .. } => "ram",
@@ -761,6 +767,7 @@ impl Backend {
             Backend::Sim(_) => "sim",
             Backend::Nvme(_) => "nvme",
             Backend::Rbd(_) => "rbd",
+            Backend::Null { .. } => "null",
         }
     }
 }

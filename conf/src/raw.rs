@@ -174,6 +174,7 @@ pub(crate) struct RawBackend {
     pub sim: Option<RawSim>,
     pub nvme: Option<RawNvme>,
     pub rbd: Option<RawRbd>,
+    pub null: Option<RawRam>,
 }
 
 #[derive(Deserialize)]
@@ -199,6 +200,7 @@ pub(crate) struct RawNvme {
     pub latency_us: Option<Spanned<f64>>,
 }
 
+/// A `ram` backend's keys, and a `null` one's (the same: a size).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawRam {

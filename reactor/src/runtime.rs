@@ -64,6 +64,9 @@ impl Runtime {
                 seen.push(core);
             }
         }
+        // The origin of the reactors' iteration times, before any of them reads a clock
+        // (`stats::mono_ns_at`).
+        crate::stats::epoch();
         let mut stats = Vec::new();
         let mut inboxes = Vec::new();
         for (i, c) in configs.iter().enumerate() {

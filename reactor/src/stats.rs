@@ -3,23 +3,41 @@
 //! list, the per-class estimates, is behind a mutex that the reactor only tries, once per
 //! policy evaluation: it never waits for a reader.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
 use std::sync::{Mutex, TryLockError};
 
 use crate::load::ClassStats;
 use crate::mode::Mode;
 use crate::sys;
 
-/// Monotonic nanoseconds since a process-wide epoch (so they fit an atomic).
+/// [`StatsCell::iter_start_ns`] of a reactor whose loop has not started (or whose thread
+/// failed to initialise): no iteration is pending.
+const NOT_STARTED: u64 = 0;
+/// [`StatsCell::iter_start_ns`] while the reactor books an ended iteration into the time
+/// counters: a snapshot waits for the next start rather than count that iteration twice
+/// (once booked, once as pending).
+const BOOKING: u64 = u64::MAX;
+
+/// The process-wide origin of [`mono_ns`]. [`crate::Runtime::start`] takes it before any
+/// reactor thread runs, so that every time a reactor reads is after it.
+pub(crate) fn epoch() -> std::time::Instant {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    *EPOCH.get_or_init(std::time::Instant::now)
+}
+
+/// Monotonic nanoseconds since [`epoch`] (so they fit an atomic), never [`NOT_STARTED`].
 pub(crate) fn mono_ns() -> u64 {
     mono_ns_at(std::time::Instant::now())
 }
 
 /// [`mono_ns`] of a time already read (the loop has one: no second clock read).
+///
+/// Why at least 1: 0 says "no iteration pending" ([`NOT_STARTED`]). When the epoch was taken
+/// lazily here, after the first reactor had read its loop's start, that start saturated to
+/// 0: the reactor's first iteration, the whole idle time of an interrupt-mode reactor, read
+/// as nothing until it woke (an idle target's summary divided its CPU time by 1 ns).
 pub(crate) fn mono_ns_at(t: std::time::Instant) -> u64 {
-    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    t.saturating_duration_since(*EPOCH.get_or_init(std::time::Instant::now))
-        .as_nanos() as u64
+    (t.saturating_duration_since(epoch()).as_nanos() as u64).clamp(1, BOOKING - 1)
 }
 
 /// Buckets of the wake-up lateness histogram: bucket 0 is < 1 us late, bucket i (i >= 1) is
@@ -64,8 +82,10 @@ pub struct StatsCell {
     pub(crate) hybrid_spin_ns: AtomicU64,
     /// The (channel, class) estimates of the last policy evaluation.
     pub(crate) classes: Mutex<Vec<ClassStats>>,
-    /// When the iteration in progress began ([`mono_ns`]; 0: none). An iteration blocked in
-    /// epoll has not been added to the time counters yet: snapshots add it as idle time.
+    /// When the iteration in progress began ([`mono_ns`]; [`NOT_STARTED`]: none; [`BOOKING`]:
+    /// the ended one is being added to the counters). An iteration blocked in epoll has not
+    /// been added to the time counters yet: snapshots add it as idle time, in the current
+    /// mode.
     pub(crate) iter_start_ns: AtomicU64,
 }
 
@@ -77,6 +97,21 @@ pub(crate) fn bump(c: &AtomicU64, by: u64) {
 }
 
 impl StatsCell {
+    /// The reactor thread ended an iteration: until [`StatsCell::iteration_booked`], snapshots
+    /// wait instead of adding the iteration as pending to counters that may already hold it.
+    #[inline]
+    pub(crate) fn booking_iteration(&self) {
+        self.iter_start_ns.store(BOOKING, Relaxed);
+        // The marker is visible before any of the counters it guards (a seqlock's writer).
+        std::sync::atomic::fence(Release);
+    }
+
+    /// The ended iteration is in the counters; the next began at `start_ns` ([`mono_ns`]).
+    #[inline]
+    pub(crate) fn iteration_booked(&self, start_ns: u64) {
+        self.iter_start_ns.store(start_ns, Release);
+    }
+
     pub(crate) fn record_wake_lateness(&self, late_ns: u64) {
         let us = late_ns / 1000;
         let bucket = if us == 0 {
@@ -118,12 +153,40 @@ impl StatsCell {
                 c => sys::clock_ns(c as i64 as libc::clockid_t),
             }
         };
-        let mode = self.mode.load(Relaxed).min(2);
-        let started = self.iter_start_ns.load(Relaxed);
-        let pending = if started == 0 || self.exited.load(Relaxed) {
-            0
-        } else {
-            mono_ns().saturating_sub(started)
+        // The time counters and the pending iteration are read as one: a snapshot taken
+        // while the reactor books an iteration retries, or that iteration would be counted
+        // twice and the next snapshot would go backwards.
+        // Booking takes tens of nanoseconds; a reader gives up waiting (and adds nothing
+        // pending) only if the reactor thread died mid-booking.
+        const PATIENCE: u32 = 100_000;
+        let mut tries = 0u32;
+        let (mode, busy_ns, idle_ns, mode_ns) = loop {
+            let started = self.iter_start_ns.load(Acquire);
+            tries += 1;
+            if started == BOOKING && tries < PATIENCE {
+                if tries.is_multiple_of(64) {
+                    std::thread::yield_now(); // the reactor thread was preempted mid-booking
+                } else {
+                    std::hint::spin_loop();
+                }
+                continue;
+            }
+            let mode = self.mode.load(Relaxed).min(2);
+            let busy_ns = self.busy_ns.load(Relaxed);
+            let idle_ns = self.idle_ns.load(Relaxed);
+            let mode_ns: [u64; 3] = std::array::from_fn(|i| self.mode_ns[i].load(Relaxed));
+            std::sync::atomic::fence(Acquire);
+            if self.iter_start_ns.load(Relaxed) != started && tries < PATIENCE {
+                continue;
+            }
+            let pending = if started == NOT_STARTED || started == BOOKING || self.exited.load(Relaxed) {
+                0
+            } else {
+                mono_ns().saturating_sub(started)
+            };
+            let mut mode_ns = mode_ns;
+            mode_ns[mode] += pending;
+            break (mode, busy_ns, idle_ns + pending, mode_ns);
         };
         ReactorStats {
             id,
@@ -133,14 +196,14 @@ impl StatsCell {
             },
             mode: Mode::ALL[mode],
             cpu_ns,
-            busy_ns: self.busy_ns.load(Relaxed),
-            idle_ns: self.idle_ns.load(Relaxed) + pending,
+            busy_ns,
+            idle_ns,
             sleep_ns: self.sleep_ns.load(Relaxed),
             spin_ns: self.spin_ns.load(Relaxed),
             iterations: self.iterations.load(Relaxed),
             busy_iterations: self.busy_iterations.load(Relaxed),
             fd_polls: self.fd_polls.load(Relaxed),
-            mode_ns: std::array::from_fn(|i| self.mode_ns[i].load(Relaxed) + if i == mode { pending } else { 0 }),
+            mode_ns,
             mode_entries: std::array::from_fn(|i| self.mode_entries[i].load(Relaxed)),
             wake_late: std::array::from_fn(|i| self.wake_late[i].load(Relaxed)),
             wake_late_sum_ns: self.wake_late_sum_ns.load(Relaxed),

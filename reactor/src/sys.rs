@@ -35,6 +35,43 @@ pub fn pin_current_thread(core: usize) -> io::Result<()> {
     Ok(())
 }
 
+/// Let the calling thread run on `cores` only (sched_setaffinity); an empty list is refused.
+pub fn confine_current_thread(cores: &[usize]) -> io::Result<()> {
+    let max = 8 * std::mem::size_of::<libc::cpu_set_t>();
+    if cores.is_empty() || cores.iter().any(|&c| c >= max) {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: all-zero is a valid empty cpu_set_t.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in cores {
+        // SAFETY: c < CPU_SETSIZE, checked above.
+        unsafe { libc::CPU_SET(c, &mut set) };
+    }
+    // SAFETY: `set` is a valid cpu_set_t of the size passed; pid 0 is the calling thread.
+    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Run the calling thread at the lowest priority Linux has: SCHED_IDLE, which any other
+/// thread preempts at once and which gets only what a core leaves unused (sched(7)), or
+/// where that is refused, nice 19.
+pub fn lowest_priority_current_thread() -> io::Result<()> {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: pid 0 is the calling thread (Linux schedules threads, not processes); `param`
+    // is a valid sched_param, read only.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } == 0 {
+        return Ok(());
+    }
+    // SAFETY: on Linux, PRIO_PROCESS with who = 0 is the calling thread; no memory touched.
+    if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 19) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Set the calling thread's timer slack (the kernel's default 50 us would swamp microsecond sleeps).
 pub fn set_timer_slack_ns(ns: u64) -> io::Result<()> {
     // SAFETY: PR_SET_TIMERSLACK takes an unsigned long by value and touches no memory of ours.

@@ -472,3 +472,46 @@ fn mode_switches_at_run_time_are_counted() {
     wait_for("stop", Duration::from_secs(5), || stopped.load(SeqCst));
     rt.shutdown().unwrap();
 }
+
+fn mode_wall(st: &pollux_reactor::ReactorStats) -> u64 {
+    st.mode_ns.iter().sum()
+}
+
+/// A snapshot taken while the reactor books an iteration counted it twice (booked, and
+/// pending since the start not yet moved on), and the next one went back.
+#[test]
+fn snapshots_of_a_running_reactor_never_go_back() {
+    let rt = Arc::new(start(&[Mode::Poll]));
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let (rt, stop) = (rt.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut prev = rt.stats()[0].clone();
+                let mut n = 0u64;
+                while !stop.load(SeqCst) {
+                    let st = rt.stats()[0].clone();
+                    assert!(
+                        mode_wall(&st) >= mode_wall(&prev) && st.busy_ns + st.idle_ns >= prev.busy_ns + prev.idle_ns,
+                        "snapshot {n} went back: {:?} then {:?} (busy {} + idle {} then {} + {})",
+                        prev.mode_ns,
+                        st.mode_ns,
+                        prev.busy_ns,
+                        prev.idle_ns,
+                        st.busy_ns,
+                        st.idle_ns
+                    );
+                    prev = st;
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(1));
+    stop.store(true, SeqCst);
+    for r in readers {
+        assert!(r.join().unwrap() > 1000, "the readers read");
+    }
+    Arc::try_unwrap(rt).unwrap().shutdown().unwrap();
+}

@@ -39,7 +39,8 @@ pub enum TargetError {
         /// What is wrong with it.
         why: String,
     },
-    /// Memory for a RAM or simulated namespace could not be mapped.
+    /// Memory for a RAM or simulated namespace (address space for a null one's zeroes)
+    /// could not be mapped.
     #[error("cannot map {bytes} bytes of RAM: {source}")]
     Ram {
         /// The size asked for.

@@ -28,7 +28,7 @@ impl Reactor {
         // `Instant` difference costs ~25 instructions.
         let mut t_iter = Instant::now();
         let mut iter_start_ns = crate::stats::mono_ns_at(t_iter);
-        self.stats.iter_start_ns.store(iter_start_ns, Relaxed);
+        self.stats.iteration_booked(iter_start_ns);
         let mut eval_due = self.eval.at + EVAL_INTERVAL;
         while !self.stop {
             self.check_hold(t_iter);
@@ -56,6 +56,7 @@ impl Reactor {
             let end_ns = crate::stats::mono_ns_at(t_end);
             let iter_ns = end_ns.saturating_sub(iter_start_ns);
             let s = &self.stats;
+            s.booking_iteration();
             bump(&s.iterations, 1);
             bump(&s.mode_ns[self.mode.index()], iter_ns);
             if held {
@@ -86,7 +87,7 @@ impl Reactor {
             }
             t_iter = t_end;
             iter_start_ns = end_ns;
-            self.stats.iter_start_ns.store(end_ns, Relaxed);
+            self.stats.iteration_booked(end_ns);
         }
         self.shutdown_sources();
     }

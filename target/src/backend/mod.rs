@@ -3,7 +3,8 @@
 //! A [`Backend`] is a namespace's data store, shared by every reactor: RAM ([`ram`]), a
 //! simulated SSD ([`sim`]), a file or block device through io_uring ([`file`]), a namespace of
 //! a local NVMe SSD through pollux's userspace driver ([`nvme`]), a Ceph RBD image through
-//! librbd ([`rbd`]). A backend that completes
+//! librbd ([`rbd`]), or none at all ([`null`]: writes discarded, reads zeroes). A backend
+//! that completes
 //! commands asynchronously opens one [`Channel`] per reactor (for an SSD its own queue pair,
 //! for a file its own io_uring): the channel takes typed operations ([`BlockOp`]), completes
 //! each with one [`Completion`] type through the function its reactor gave it, and tells the
@@ -14,6 +15,7 @@
 //! asynchronous), and its line in [`open`]. Nothing else names a backend type.
 
 pub mod file;
+pub mod null;
 pub mod nvme;
 pub mod ram;
 pub mod rbd;
@@ -258,7 +260,7 @@ impl CopyOffload {
 
 /// A namespace's data store, shared by all reactors.
 pub trait Backend: Send + Sync + std::fmt::Debug + Any {
-    /// "ram", "sim", "file" or "nvme" (the conf's name; shown by `pollux ctl`).
+    /// "ram", "sim", "file", "nvme", "rbd" or "null" (the conf's name; shown by `pollux ctl`).
     fn kind(&self) -> &'static str;
     /// Size in bytes.
     fn len(&self) -> u64;
@@ -281,6 +283,12 @@ pub trait Backend: Send + Sync + std::fmt::Debug + Any {
     /// simulated SSD).
     fn memory(&self) -> Option<&RamDisk> {
         None
+    }
+    /// Where a read at `off` can be sent from without a backend call: the namespace's
+    /// memory at that offset (RAM, simulated SSD), or a null namespace's zeroes. None: the
+    /// data comes with the read's completion.
+    fn read_in_place(&self, off: u64) -> Option<ReadData<'_>> {
+        self.memory().map(|m| ReadData::Ram(m, off))
     }
     /// Run `op` now, on the calling reactor, if this store completes inline (RAM): its
     /// status. None: submit it to a channel. With [`Caps::inline_reads`], a read is not
@@ -546,6 +554,9 @@ pub fn open(n: &pollux_conf::Namespace, reactors: usize) -> Result<Box<dyn Backe
         Conf::File(f) => Box::new(file::FileDisk::open(&f.path, f.size, f.direct, f.shared, n.block_size)?),
         Conf::Nvme(b) => Box::new(nvme::SsdDevice::open(b, n.block_size, reactors)?),
         Conf::Rbd(b) => Box::new(rbd::RbdDisk::open(b, n.block_size, reactors)?),
+        Conf::Null { size } => {
+            Box::new(null::NullDisk::new(*size).map_err(|source| TargetError::Ram { bytes: *size, source })?)
+        }
     })
 }
 

@@ -32,24 +32,94 @@ static ZEROES: [u8; PAGE as usize] = [0; PAGE as usize];
 /// A RAM disk of `len` bytes (a multiple of 8).
 #[derive(Debug)]
 pub struct RamDisk {
+    /// `map`'s, copied here so that an access reads no pointer more than before.
     base: NonNull<u8>,
     len: u64,
+    map: Arc<Mapping>,
     /// The thread committing the memory ([`RamDisk::populated`]), until it is done.
     populating: Option<std::thread::JoinHandle<()>>,
     /// Tells it to stop (the disk is going).
     stop: Arc<AtomicBool>,
 }
 
-/// Commit `len` bytes from `base` a huge page at a time until done or `stop`.
-fn populate(base: usize, len: u64, stop: &AtomicBool) {
+/// The disk's memory, one anonymous mapping, unmapped when its last holder goes: the disk,
+/// or the thread populating it. So dropping a disk (which may happen on a reactor, with the
+/// last reference to a removed namespace) never waits for that thread.
+#[derive(Debug)]
+struct Mapping {
+    base: NonNull<u8>,
+    len: u64,
+}
+
+// SAFETY: the mapping is only accessed through VolatileSlice copies (which tolerate concurrent
+// access, as guest memory does) and madvise; it is unmapped in Drop only.
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in RamDisk::new; the last holder is going,
+        // and no RamDisk (whose accesses borrow it) outlives its own Arc.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len as usize) };
+    }
+}
+
+/// The cores the reactors are pinned to ([`keep_populating_off`]).
+static REACTOR_CORES: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+
+/// The threads that populate RAM disks from now on run on the cores left once `cores` (the
+/// reactors') are taken out, when any is left. Called once the reactors' cores are known.
+pub fn keep_populating_off(cores: &[usize]) {
+    *REACTOR_CORES.lock().unwrap_or_else(|p| p.into_inner()) = cores.to_vec();
+}
+
+/// Make the calling (populating) thread give way to everything else: the lowest priority
+/// there is and, where there are cores without a reactor, only those.
+///
+/// Why: filling a 3 GiB namespace is seconds of CPU in the kernel (zeroing each huge page),
+/// and a thread of normal priority on a reactor's core took its share of it: connects timed
+/// out waiting for ICResp under load and the reactor logged 11-22 ms stalls on a quiet
+/// machine. At SCHED_IDLE any reactor preempts it on wake-up and leaves it only the time
+/// the core would be idle.
+fn give_way() {
+    if let Err(e) = pollux_reactor::sys::lowest_priority_current_thread() {
+        tracing::debug!(error = %e, "RAM disk populate: cannot lower its priority");
+    }
+    let reactors = REACTOR_CORES.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    if reactors.is_empty() {
+        return;
+    }
+    let allowed = match pollux_reactor::sys::allowed_cores() {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::debug!(error = %e, "RAM disk populate: cannot read its cores");
+            return;
+        }
+    };
+    let free: Vec<usize> = allowed.iter().copied().filter(|c| !reactors.contains(c)).collect();
+    if free.is_empty() || free.len() == allowed.len() {
+        return; // every core runs a reactor (SCHED_IDLE alone keeps out of its way), or none
+    }
+    if let Err(e) = pollux_reactor::sys::confine_current_thread(&free) {
+        tracing::debug!(error = %e, cores = ?free, "RAM disk populate: cannot keep off the reactors' cores");
+    }
+}
+
+/// Commit the mapping a huge page at a time until done or `stop`: MADV_POPULATE_WRITE holds
+/// the process's mmap lock while it faults a range in, so one call per huge page (the least
+/// a fault commits with THP) lets a reactor's own mmap or munmap in between.
+fn populate(map: &Mapping, stop: &AtomicBool) {
     const CHUNK: u64 = 2 << 20;
+    give_way();
+    let (base, len) = (map.base.as_ptr() as usize, map.len);
     let t0 = std::time::Instant::now();
     let mut at = 0;
     while at < len && !stop.load(Relaxed) {
         let n = CHUNK.min(len - at);
-        // SAFETY: `[base + at, base + at + n)` is inside the disk's mapping, which stays
-        // mapped until this thread is joined (Drop sets `stop` and joins first).
-        // MADV_POPULATE_WRITE only faults the pages in writable; it changes no content.
+        // SAFETY: `[base + at, base + at + n)` is inside the mapping, which stays mapped
+        // while this thread holds `map`. MADV_POPULATE_WRITE only faults the pages in
+        // writable; it changes no content.
         let rc = unsafe {
             libc::madvise(
                 (base + at as usize) as *mut libc::c_void,
@@ -72,7 +142,7 @@ fn populate(base: usize, len: u64, stop: &AtomicBool) {
 }
 
 // SAFETY: the mapping is only accessed through VolatileSlice copies (which tolerate concurrent
-// access, as guest memory does) and madvise; it is unmapped in Drop only.
+// access, as guest memory does) and madvise; it is unmapped by `Mapping` only.
 unsafe impl Send for RamDisk {}
 // SAFETY: as above.
 unsafe impl Sync for RamDisk {}
@@ -115,6 +185,7 @@ impl RamDisk {
         Ok(Self {
             base,
             len,
+            map: Arc::new(Mapping { base, len }),
             populating: None,
             stop: Arc::new(AtomicBool::new(false)),
         })
@@ -128,13 +199,14 @@ impl RamDisk {
     /// meanwhile stays correct (a write that reaches a page first takes its fault as
     /// before). The memory is resident from then on. Where the kernel cannot populate
     /// (before Linux 5.14, or short of memory) the rest stays lazily committed, with a
-    /// warning.
+    /// warning. The thread runs at the lowest priority, off the reactors' cores where
+    /// there are others ([`keep_populating_off`]): filling never delays a reactor.
     pub fn populated(len: u64) -> std::io::Result<Self> {
         let mut d = Self::new(len)?;
-        let (stop, base) = (d.stop.clone(), d.base.as_ptr() as usize);
+        let (stop, map) = (d.stop.clone(), d.map.clone());
         let handle = std::thread::Builder::new()
             .name("pollux-ram-populate".into())
-            .spawn(move || populate(base, len, &stop))?;
+            .spawn(move || populate(&map, &stop))?;
         d.populating = Some(handle);
         Ok(d)
     }
@@ -311,11 +383,9 @@ impl Backend for RamDisk {
 
 impl Drop for RamDisk {
     fn drop(&mut self) {
-        // The populating thread works on the mapping: stopped (within one huge page) first.
+        // The populating thread stops within one huge page and, holding the mapping, unmaps
+        // it if it is the last: not waited for here.
         self.stop.store(true, Relaxed);
-        self.wait_populated();
-        // SAFETY: unmaps exactly the mapping made in new(); no reference outlives self.
-        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len as usize) };
     }
 }
 
@@ -386,6 +456,90 @@ mod tests {
         let mut b = vec![1u8; 4096];
         d.read(len - 4096, &mut b);
         assert!(b.iter().all(|&x| x == 0));
+    }
+
+    /// The populating threads of this process, by their (truncated) name.
+    fn populating_threads() -> Vec<libc::pid_t> {
+        let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+            return Vec::new();
+        };
+        tasks
+            .filter_map(|t| {
+                let t = t.ok()?;
+                let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
+                (comm.trim_end() == "pollux-ram-popu").then(|| t.file_name().to_str()?.parse().ok())?
+            })
+            .collect()
+    }
+
+    fn cores_of(tid: libc::pid_t) -> Vec<usize> {
+        // SAFETY: all-zero is a valid empty cpu_set_t.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `set` is a valid, writable cpu_set_t of the size passed.
+        let rc = unsafe { libc::sched_getaffinity(tid, size_of::<libc::cpu_set_t>(), &mut set) };
+        if rc != 0 {
+            return Vec::new(); // the thread is gone
+        }
+        // SAFETY: CPU_ISSET reads bit `c` of a valid set; c < CPU_SETSIZE.
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+            .collect()
+    }
+
+    /// Defect: the thread filling a RAM disk ran at normal priority wherever the scheduler
+    /// put it, a reactor's core included, and took its share of that core: connects timed
+    /// out and reactors stalled 11-22 ms while a 3 GiB namespace filled.
+    #[test]
+    fn the_populating_thread_gives_way_to_the_reactors() {
+        let allowed = pollux_reactor::sys::allowed_cores().unwrap_or_else(|e| panic!("{e}"));
+        // The first core plays a reactor's where there is another for the fill.
+        let reactor = (allowed.len() > 1).then(|| allowed[0]);
+        keep_populating_off(&reactor.into_iter().collect::<Vec<_>>());
+        let d = RamDisk::populated(1 << 30).unwrap_or_else(|e| panic!("{e}"));
+        let t0 = std::time::Instant::now();
+        let mut seen: Vec<(libc::pid_t, i32, Vec<usize>)>;
+        let gave_way = loop {
+            let threads = populating_threads();
+            seen = threads
+                .iter()
+                // SAFETY: sched_getscheduler reads a thread's policy; -1 if it is gone.
+                .map(|&tid| (tid, unsafe { libc::sched_getscheduler(tid) }, cores_of(tid)))
+                .collect();
+            if !seen.is_empty()
+                && seen.iter().all(|(_, policy, cores)| {
+                    *policy == libc::SCHED_IDLE && reactor.is_none_or(|r| !cores.contains(&r))
+                })
+            {
+                break true;
+            }
+            if t0.elapsed() > std::time::Duration::from_secs(5) {
+                break false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        };
+        drop(d);
+        assert!(
+            gave_way,
+            "populating threads (tid, policy, cores) {seen:?}: SCHED_IDLE ({}) off core {reactor:?} expected",
+            libc::SCHED_IDLE
+        );
+    }
+
+    /// Dropping a disk mid-fill does not wait for the filling thread (it may be a reactor
+    /// that drops it), and the thread lets the memory go when it stops.
+    #[test]
+    fn a_disk_dropped_while_populating_is_unmapped_by_the_thread() {
+        let d = RamDisk::populated(1 << 30).unwrap_or_else(|e| panic!("{e}"));
+        let map = Arc::downgrade(&d.map);
+        drop(d);
+        let t0 = std::time::Instant::now();
+        while map.upgrade().is_some() {
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(10),
+                "the mapping is never let go"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
     }
 
     #[test]

@@ -550,9 +550,9 @@ impl Conn {
             if op.next < op.reads.len() {
                 let (off, len) = op.reads[op.next];
                 if ns.inline_reads
-                    && let Some(m) = ns.backend.memory()
+                    && let Some(d) = ns.backend.read_in_place(off)
                 {
-                    ReadData::Ram(m, off).append_to(len as usize, &mut op.got);
+                    d.append_to(len as usize, &mut op.got);
                     op.next += 1;
                     continue;
                 }
@@ -744,7 +744,7 @@ impl Conn {
                 if !status.is_success() {
                     return self.finish(r, key, status, FAILED_FUSED);
                 }
-                let data = data.or_else(|| op.ns.backend.memory().map(|m| ReadData::Ram(m, *off)));
+                let data = data.or_else(|| op.ns.backend.read_in_place(*off));
                 match data {
                     Some(d) => d.append_to(*len as usize, &mut op.got),
                     None => return self.finish(r, key, Status::INTERNAL_ERROR, FAILED_FUSED),

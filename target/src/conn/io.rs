@@ -366,7 +366,7 @@ impl Conn {
         len: u32,
         data: Option<ReadData<'_>>,
     ) {
-        let Some(data) = data.or_else(|| ns.backend.memory().map(|m| ReadData::Ram(m, off))) else {
+        let Some(data) = data.or_else(|| ns.backend.read_in_place(off)) else {
             return self.fail(r, cid, Status::INTERNAL_ERROR, ns.nsid, 0);
         };
         let success = self.sq.flow_off;
@@ -676,7 +676,7 @@ impl Conn {
 /// or the namespace's memory) against the host's `expect`; Compare Failure on a mismatch.
 /// A Compare counts as a read command in SMART (NVMe 2.0 §5.16.1.3).
 fn compare(ns: &Namespace, off: u64, len: u32, expect: &[u8], data: Option<ReadData<'_>>, reactor: usize) -> Status {
-    let Some(data) = data.or_else(|| ns.backend.memory().map(|m| ReadData::Ram(m, off))) else {
+    let Some(data) = data.or_else(|| ns.backend.read_in_place(off)) else {
         return Status::INTERNAL_ERROR;
     };
     let mut actual = Vec::with_capacity(len as usize);

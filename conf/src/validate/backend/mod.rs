@@ -31,18 +31,23 @@ pub(super) fn backend(
     block_size: u32,
     ids: &mut IdRegistry,
 ) -> Result<Backend, ConfError> {
-    match (&b.ram, &b.file, &b.sim, &b.nvme, &b.rbd) {
-        (Some(ram), None, None, None, None) => Ok(Backend::Ram {
+    match (&b.ram, &b.file, &b.sim, &b.nvme, &b.rbd, &b.null) {
+        (Some(ram), None, None, None, None, None) => Ok(Backend::Ram {
             size: capacity(cx, &ram.size, "RAM", block_size)?,
         }),
-        (None, Some(file), None, None, None) => {
+        (None, Some(file), None, None, None, None) => {
             file_backend(cx, file, nqn, nsid, block_size, &mut ids.files).map(Backend::File)
         }
-        (None, None, Some(sim), None, None) => sim_backend(cx, sim, nsid, nsid_span, block_size).map(Backend::Sim),
-        (None, None, None, Some(nvme), None) => {
+        (None, None, Some(sim), None, None, None) => {
+            sim_backend(cx, sim, nsid, nsid_span, block_size).map(Backend::Sim)
+        }
+        (None, None, None, Some(nvme), None, None) => {
             nvme_backend(cx, nvme, nqn, nsid, nsid_span, block_size, ids).map(Backend::Nvme)
         }
-        (None, None, None, None, Some(rbd)) => rbd_backend(cx, rbd, nqn, nsid, &mut ids.rbd).map(Backend::Rbd),
+        (None, None, None, None, Some(rbd), None) => rbd_backend(cx, rbd, nqn, nsid, &mut ids.rbd).map(Backend::Rbd),
+        (None, None, None, None, None, Some(null)) => Ok(Backend::Null {
+            size: capacity(cx, &null.size, "null", block_size)?,
+        }),
         _ => {
             // None or several. toml 0.8 cannot give the span of an (implicit)
             // table, so each kind is located by its required key.
@@ -61,6 +66,9 @@ pub(super) fn backend(
             }
             if let Some(r) = &b.rbd {
                 kinds.push(("rbd", r.pool.span()));
+            }
+            if let Some(n) = &b.null {
+                kinds.push(("null", n.size.span()));
             }
             kinds.sort_by_key(|(_, span)| span.start);
             Err(match kinds.as_slice() {
