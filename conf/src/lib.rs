@@ -32,7 +32,7 @@ pub use pollux_nvme::spec::AnaState;
 pub use pollux_nvme::spec::ana::ANAGRPMAX;
 pub use pollux_nvme::tls::ConfiguredPsk;
 pub use size::{format_size, parse_size};
-pub use validate::hosts::read_tls_key_file;
+pub use validate::hosts::{read_dhchap_key_file, read_tls_key_file};
 
 /// The text of `conf/examples/ram.toml`, the configuration used when none is
 /// given (see [`Config::embedded_default`]).

@@ -128,6 +128,13 @@ pub fn read_tls_key_file(path: &Path) -> Result<ConfiguredPsk, String> {
     read_secret_file(path, &|t: &str| ConfiguredPsk::parse(t).map_err(|e| e.to_string()))
 }
 
+/// A DH-HMAC-CHAP secret file's key (`dhchap_key_file`; also `pollux perf
+/// --dhchap-key-file`), by the rules of [`read_secret_file`]; the reason names no part of
+/// the key.
+pub fn read_dhchap_key_file(path: &Path) -> Result<DhchapKey, String> {
+    read_secret_file(path, &|t: &str| DhchapKey::parse(t).map_err(|e| e.to_string()))
+}
+
 /// A key file's secret; refused unless it is a regular file that neither group nor others
 /// may read or write (as ssh refuses a private key others can read).
 fn read_secret_file<K>(path: &Path, parse: &dyn Fn(&str) -> Result<K, String>) -> Result<K, String> {

@@ -24,7 +24,7 @@ pub use properties::{Cap, Cc, Csts, Vs, property};
 pub use sgl::SglDescriptor;
 pub use smart::{Health, critical_warning};
 pub use sqe::Sqe;
-pub use status::{Status, sct};
+pub use status::{Status, StatusContext, StatusIn, sct};
 
 #[cfg(test)]
 mod tests {

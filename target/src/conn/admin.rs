@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
-use pollux_nvme::spec::{Sqe, Status};
+use pollux_nvme::spec::{Sqe, Status, StatusContext};
 use pollux_reactor::{Reactor, SourceId};
 use tracing::{debug, info, warn};
 
@@ -102,7 +102,7 @@ impl Conn {
     /// asks its controller's reactor to attach it and is answered when that replies.
     fn connect(&mut self, r: &mut Reactor, id: SourceId, cid: u16, sqe: &Sqe, c: ConnectCmd, data: &[u8]) {
         let refuse = |c: &mut Self, no: Refusal, qid: u16| {
-            info!(peer = %c.tcp.peer, qid, status = %no.status, "connect refused: {}", no.why);
+            info!(peer = %c.tcp.peer, qid, status = %no.status.in_context(StatusContext::Fabrics), "connect refused: {}", no.why);
             c.resp(cid, no.status, no.dw0, 0);
         };
         let req = match connect::check(&self.shared, sqe, c, data, self.tcp.tls_identity()) {
@@ -190,7 +190,7 @@ impl Conn {
                 self.resp(cid, Status::SUCCESS, connect_dw0(cntlid, atr), 0);
             }
             Err(no) => {
-                info!(peer = %self.tcp.peer, qid = self.sq.qid, cntlid, status = %no.status, "I/O queue connect refused: {}", no.why);
+                info!(peer = %self.tcp.peer, qid = self.sq.qid, cntlid, status = %no.status.in_context(StatusContext::Fabrics), "I/O queue connect refused: {}", no.why);
                 self.q = Queue::Unbound;
                 self.resp(cid, no.status, no.dw0, 0);
             }

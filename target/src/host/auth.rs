@@ -6,6 +6,7 @@
 
 use pollux_nvme::auth::msg::{Message, Negotiate, Reason, Reply};
 use pollux_nvme::auth::{self, DhGroup, DhPrivate, DhchapKey, HashId, SECP, SPSP, Transaction};
+use pollux_nvme::spec::StatusContext;
 
 use super::queue::{Data, HostQueue};
 use super::{HostError, sqe};
@@ -86,7 +87,10 @@ impl HostQueue {
             .encode(),
         )?;
         if !sent.status.is_success() {
-            return Err(fail(format!("Negotiate: {}", sent.status)));
+            return Err(fail(format!(
+                "Negotiate: {}",
+                sent.status.in_context(StatusContext::Fabrics)
+            )));
         }
         let ch = match Message::parse(&self.auth_receive(RECEIVE_LEN)?) {
             Ok(Message::Challenge(c)) if c.t_id == t_id => c,
@@ -134,7 +138,10 @@ impl HostQueue {
             .encode(),
         )?;
         if !sent.status.is_success() {
-            return Err(fail(format!("Reply: {}", sent.status)));
+            return Err(fail(format!(
+                "Reply: {}",
+                sent.status.in_context(StatusContext::Fabrics)
+            )));
         }
         let r2 = match Message::parse(&self.auth_receive(RECEIVE_LEN)?) {
             Ok(Message::Success1 { t_id: got, r2, .. }) if got == t_id => r2,

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use pollux_nvme::PduError;
-use pollux_nvme::spec::Status;
+use pollux_nvme::spec::{Status, StatusContext};
 
 /// What can go wrong talking to a target.
 #[derive(Debug, thiserror::Error)]
@@ -41,16 +41,18 @@ pub enum HostError {
     #[error("ICResp rejected: {0}")]
     IcResp(String),
     /// Fabrics Connect completed with an error status (NVMe-oF 1.1 §6.3). `dw0` carries
-    /// IATTR/IPO for Connect Invalid Parameters.
-    #[error("connect refused: {status}, dw0 {dw0:#x}")]
+    /// IATTR/IPO for Connect Invalid Parameters. The status is named as a Fabrics
+    /// command's (`Connect Invalid Host (sct 0x1, sc 0x84, dnr)`).
+    #[error("connect refused: {}, dw0 {dw0:#x}", status.in_context(StatusContext::Fabrics))]
     ConnectRefused {
         /// The completion status.
         status: Status,
         /// Completion dword 0.
         dw0: u32,
     },
-    /// A command completed with an error status.
-    #[error("command (opcode {opcode:#04x}) failed: {status}, dw0 {dw0:#x}")]
+    /// A command completed with an error status, named for its kind of command (a Fabrics
+    /// command's command-specific codes are not an I/O command's).
+    #[error("command (opcode {opcode:#04x}) failed: {}, dw0 {dw0:#x}", status.in_context(context_of(*opcode)))]
     Command {
         /// The command's opcode (0x7F for fabrics).
         opcode: u8,
@@ -76,6 +78,16 @@ pub enum HostError {
     /// The controller did not become ready / shut down as asked.
     #[error("controller state: {0}")]
     Controller(String),
+}
+
+/// The kind of command an opcode is, for naming its status: 0x7F is every Fabrics command
+/// (NVMe-oF 1.1 §2.1).
+fn context_of(opcode: u8) -> StatusContext {
+    if opcode == pollux_nvme::spec::opcode::FABRICS {
+        StatusContext::Fabrics
+    } else {
+        StatusContext::Nvm
+    }
 }
 
 impl HostError {

@@ -8,11 +8,12 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use pollux_conf::Config;
+use pollux_conf::DhchapKey;
 use pollux_nvme::tls::ConfiguredPsk;
 use zeroize::Zeroizing;
 
 use super::{DEFAULT_HOSTNQN, PerfError, PerfOpts, PerfReport, Workload};
-use crate::host::{Digests, HostTls};
+use crate::host::{Digests, HostDhchap, HostTls};
 use crate::{Options, Target};
 
 /// `pollux perf`: NVMe/TCP load generator (like spdk_nvme_perf).
@@ -43,9 +44,12 @@ pub struct PerfArgs {
     /// Count-based run: measure exactly N I/Os instead of a duration.
     #[arg(long, value_name = "N")]
     pub ios: Option<u64>,
-    /// Client cores, one pinned thread each: "0", "0,2", "0-3".
-    #[arg(long, default_value = "0")]
-    pub cores: String,
+    /// Client cores, one pinned thread each: "0", "0,2", "0-3". Default: one core that no
+    /// reactor of --target-conf (or the --floor server) runs on, else 0. Sharing a core with
+    /// a polling reactor works but is warned about: the two take turns, and latency goes
+    /// from microseconds to milliseconds.
+    #[arg(long)]
+    pub cores: Option<String>,
     /// I/O queues (TCP connections) per client thread.
     #[arg(long, default_value_t = 1)]
     pub conns_per_core: usize,
@@ -89,11 +93,29 @@ pub struct PerfArgs {
     /// TLS 1.3 on every queue with this configured PSK ('NVMeTLSkey-1:01:...:', as `nvme
     /// gen-tls-key` writes), derived for the host NQN and the subsystem NQN (NVMe/TCP 1.0
     /// §3.6.1.3). Visible to other users in the process list: prefer --tls-key-file.
-    #[arg(long, value_name = "KEY", value_parser = tls_key_arg, conflicts_with = "tls_key_file")]
-    pub tls_key: Option<TlsKeyArg>,
+    #[arg(long, value_name = "KEY", value_parser = secret_arg, conflicts_with = "tls_key_file")]
+    pub tls_key: Option<SecretArg>,
     /// The same from a file, which neither group nor others may access (chmod 600).
     #[arg(long, value_name = "FILE")]
     pub tls_key_file: Option<PathBuf>,
+    /// DH-HMAC-CHAP (NVMe 2.0 §8.13.5) on every queue where the controller asks for it, with
+    /// this host secret ('DHHC-1:XX:...:', as `nvme gen-dhchap-key` writes; `nvme connect
+    /// --dhchap-secret`). Visible to other users in the process list: prefer
+    /// --dhchap-key-file.
+    #[arg(long, value_name = "KEY", value_parser = secret_arg, conflicts_with = "dhchap_key_file")]
+    pub dhchap_key: Option<SecretArg>,
+    /// The same from a file, which neither group nor others may access (chmod 600), as the
+    /// conf's `dhchap_key_file`.
+    #[arg(long, value_name = "FILE")]
+    pub dhchap_key_file: Option<PathBuf>,
+    /// Bidirectional DH-HMAC-CHAP: the controller's secret, with which the controller must
+    /// prove itself too (`nvme connect --dhchap-ctrl-secret`). Prefer
+    /// --dhchap-ctrl-key-file.
+    #[arg(long, value_name = "KEY", value_parser = secret_arg, conflicts_with = "dhchap_ctrl_key_file")]
+    pub dhchap_ctrl_key: Option<SecretArg>,
+    /// The same from an owner-only file, as the conf's `dhchap_ctrl_key_file`.
+    #[arg(long, value_name = "FILE")]
+    pub dhchap_ctrl_key_file: Option<PathBuf>,
     /// PSK identity version with --tls-key: 0 (nvme-cli's default) or 1 (with the PSK digest).
     #[arg(long, value_name = "0|1", value_parser = clap::value_parser!(u8).range(0..=1))]
     pub tls_identity: Option<u8>,
@@ -188,19 +210,56 @@ pub fn parse_cores(s: &str) -> Result<Vec<usize>, PerfError> {
     Ok(v)
 }
 
-/// A `--tls-key` as given, parsed by [`to_opts`]: clap's own error for a value its parser
-/// refuses would echo the value, a secret. `Debug` does not show it; zeroed when dropped.
+/// A secret as given (`--tls-key`, `--dhchap-key`, `--dhchap-ctrl-key`), parsed by
+/// [`to_opts`]: clap's own error for a value its parser refuses would echo the value, a
+/// secret. `Debug` does not show it; zeroed when dropped.
 #[derive(Clone)]
-pub struct TlsKeyArg(Zeroizing<String>);
+pub struct SecretArg(Zeroizing<String>);
 
-impl std::fmt::Debug for TlsKeyArg {
+impl std::fmt::Debug for SecretArg {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("TlsKeyArg(..)")
+        f.write_str("SecretArg(..)")
     }
 }
 
-fn tls_key_arg(s: &str) -> Result<TlsKeyArg, std::convert::Infallible> {
-    Ok(TlsKeyArg(Zeroizing::new(s.to_string())))
+fn secret_arg(s: &str) -> Result<SecretArg, std::convert::Infallible> {
+    Ok(SecretArg(Zeroizing::new(s.to_string())))
+}
+
+/// One DH-HMAC-CHAP secret from `--NAME KEY` or `--NAME-file FILE`; the reason for a
+/// refusal names no part of the key ([`pollux_nvme::auth::KeyError`] never carries it).
+fn dhchap_secret(
+    name: &str,
+    inline: Option<&SecretArg>,
+    file: Option<&PathBuf>,
+) -> Result<Option<DhchapKey>, PerfError> {
+    match (inline, file) {
+        (Some(k), _) => DhchapKey::parse(&k.0)
+            .map(Some)
+            .map_err(|e| PerfError::Options(format!("--{name}: {e}"))),
+        (None, Some(path)) => pollux_conf::read_dhchap_key_file(path)
+            .map(Some)
+            .map_err(|why| PerfError::Options(format!("--{name}-file {}: {why}", path.display()))),
+        (None, None) => Ok(None),
+    }
+}
+
+/// The DH-HMAC-CHAP options: a host secret, and a controller secret for bidirectional
+/// authentication (which needs the host's: the host authenticates first).
+fn dhchap_opts(a: &PerfArgs) -> Result<Option<HostDhchap>, PerfError> {
+    let host = dhchap_secret("dhchap-key", a.dhchap_key.as_ref(), a.dhchap_key_file.as_ref())?;
+    let ctrl = dhchap_secret(
+        "dhchap-ctrl-key",
+        a.dhchap_ctrl_key.as_ref(),
+        a.dhchap_ctrl_key_file.as_ref(),
+    )?;
+    match (host, ctrl) {
+        (Some(host), ctrl) => Ok(Some(HostDhchap::new(host, ctrl))),
+        (None, Some(_)) => Err(PerfError::Options(
+            "--dhchap-ctrl-key needs --dhchap-key (or --dhchap-key-file): the host authenticates first".into(),
+        )),
+        (None, None) => Ok(None),
+    }
 }
 
 /// The TLS options: a PSK from --tls-key or --tls-key-file, with --tls-identity.
@@ -232,8 +291,9 @@ fn size(what: &str, s: &str) -> Result<u64, PerfError> {
     pollux_conf::parse_size(s).map_err(|e| PerfError::Options(format!("{what} {s:?}: {e}")))
 }
 
-/// Builds the options; `target` is the in-process target's address and default subsystem.
-pub fn to_opts(a: &PerfArgs, target: Option<(SocketAddr, String)>) -> Result<PerfOpts, PerfError> {
+/// Builds the options; `target` is the in-process target's address and default subsystem,
+/// `cores` the client's cores ([`client_cores`]).
+pub fn to_opts(a: &PerfArgs, target: Option<(SocketAddr, String)>, cores: &[usize]) -> Result<PerfOpts, PerfError> {
     let trid = a.trid.as_deref().map(parse_trid).transpose()?.unwrap_or_default();
     let (addr, default_nqn) = match target {
         Some((addr, nqn)) => (addr, Some(nqn)),
@@ -264,8 +324,7 @@ pub fn to_opts(a: &PerfArgs, target: Option<(SocketAddr, String)>) -> Result<Per
     o.duration = secs("-t", a.time)?;
     o.warmup = secs("--warmup", a.warmup)?;
     o.ios = a.ios;
-    let cores = parse_cores(&a.cores)?;
-    o.cores = cores.into_iter().map(|c| (!a.no_pin).then_some(c)).collect();
+    o.cores = cores.iter().map(|&c| (!a.no_pin).then_some(c)).collect();
     o.conns_per_core = a.conns_per_core;
     o.digests = Digests {
         hdgst: a.hdgst,
@@ -280,7 +339,42 @@ pub fn to_opts(a: &PerfArgs, target: Option<(SocketAddr, String)>) -> Result<Per
     o.fill = a.fill;
     o.sqflow = a.sqflow;
     o.tls = tls_opts(a)?;
+    o.dhchap = dhchap_opts(a)?;
+    o.progress = !a.json && std::io::IsTerminal::is_terminal(&std::io::stderr());
     Ok(o)
+}
+
+/// The client's cores, and why they are a bad choice when they are: `--cores` as given,
+/// else the first core this process may run on that is not in `target` (the in-process
+/// target's reactor cores, or the floor server's), else 0 when the target is remote.
+///
+/// A busy-polling client on the core of a polling reactor takes turns with it in time
+/// slices: a QD1 read waits for the other's slice, milliseconds instead of microseconds. So
+/// the default never does that (and refuses when every core is the target's), and a
+/// `--cores` that does is warned about.
+pub fn client_cores(a: &PerfArgs, target: &[usize]) -> Result<(Vec<usize>, Option<String>), PerfError> {
+    let unpinned = a.no_pin || target.is_empty();
+    if let Some(list) = &a.cores {
+        let cores = parse_cores(list)?;
+        let shared: Vec<usize> = cores.iter().copied().filter(|c| target.contains(c)).collect();
+        let warning = (!unpinned && !shared.is_empty()).then(|| {
+            format!(
+                "--cores {list} shares core(s) {shared:?} with the target (cores {target:?}): the client and the target take turns on them, so latency will be in milliseconds and IOPS a fraction of what either can do; leave out --cores to choose free cores"
+            )
+        });
+        return Ok((cores, warning));
+    }
+    if unpinned {
+        return Ok((vec![0], None));
+    }
+    let allowed = pollux_reactor::sys::allowed_cores()
+        .map_err(|e| PerfError::Options(format!("cannot read the cores this process may use: {e}")))?;
+    match allowed.iter().copied().find(|c| !target.contains(c)) {
+        Some(c) => Ok((vec![c], None)),
+        None => Err(PerfError::Options(format!(
+            "no core left for the client: the target runs on cores {target:?}, all that this process may use ({allowed:?}); a client sharing a core with a polling reactor measures their taking turns, not the target. Use a conf with fewer reactor cores, or give --cores to share one anyway"
+        ))),
+    }
 }
 
 /// Runs `pollux perf` and prints the report: 0 on success, 1 if the run failed, 2 for bad
@@ -334,11 +428,10 @@ struct Probe {
 }
 
 /// The two cores to probe when both are known, pinned and not the same.
-fn probe_cores(a: &PerfArgs, target_core: Option<usize>) -> Result<Option<Probe>, CliError> {
+fn probe_cores(a: &PerfArgs, client: usize, target_core: Option<usize>) -> Result<Option<Probe>, CliError> {
     if a.no_probe || a.no_pin {
         return Ok(None);
     }
-    let client = parse_cores(&a.cores).map_err(usage)?[0];
     Ok(a.probe_core
         .or(target_core)
         .filter(|&t| t != client)
@@ -376,26 +469,58 @@ fn bracketed(probe: Option<Probe>, run: impl FnOnce() -> Result<PerfReport, CliE
     Ok(r)
 }
 
+/// The client's cores for a target on `target` cores, the collision warned about once.
+fn cores_for(a: &PerfArgs, target: &[usize]) -> Result<Vec<usize>, CliError> {
+    let (cores, warning) = client_cores(a, target).map_err(usage)?;
+    if let Some(w) = warning {
+        tracing::warn!("{w}");
+    }
+    Ok(cores)
+}
+
 fn run_cli(a: &PerfArgs) -> Result<PerfReport, CliError> {
     if let Some(core) = a.floor {
+        let cores = cores_for(a, &[core])?;
         // The floor needs no target: any address satisfies the options' parser.
-        let o = to_opts(a, Some((SocketAddr::from(([127, 0, 0, 1], 0)), "nqn.floor".into()))).map_err(usage)?;
-        if o.tls.is_some() {
-            return Err(CliError::Usage("--floor measures plain TCP: no TLS options".into()));
+        let o = to_opts(
+            a,
+            Some((SocketAddr::from(([127, 0, 0, 1], 0)), "nqn.floor".into())),
+            &cores,
+        )
+        .map_err(usage)?;
+        if o.verify {
+            return Err(CliError::Usage(
+                "--floor answers with fixed bytes, not a namespace: nothing to --verify".into(),
+            ));
         }
-        return bracketed(probe_cores(a, Some(core))?, || Ok(super::floor::run(&o, core)?));
+        if o.tls.is_some() || o.dhchap.is_some() {
+            return Err(CliError::Usage(
+                "--floor measures plain TCP: no TLS or DH-HMAC-CHAP options".into(),
+            ));
+        }
+        return bracketed(probe_cores(a, cores[0], Some(core))?, || {
+            Ok(super::floor::run(&o, core)?)
+        });
     }
     let Some(path) = &a.target_conf else {
-        let o = to_opts(a, None).map_err(usage)?;
-        return bracketed(probe_cores(a, None)?, || Ok(super::run(&o)?));
+        let cores = cores_for(a, &[])?;
+        let o = to_opts(a, None, &cores).map_err(usage)?;
+        return bracketed(probe_cores(a, cores[0], None)?, || Ok(super::run(&o)?));
     };
     let cfg = Config::from_path(path).map_err(|e| CliError::Usage(e.to_string()))?;
-    let cores = probe_cores(a, cfg.reactors.cores.first().copied())?;
-    bracketed(cores, || run_target(a, path, &cfg))
+    // Unpinned reactors (--no-pin) may run anywhere: nothing to keep apart.
+    let reactor_cores = if a.no_pin {
+        Vec::new()
+    } else {
+        cfg.reactors.cores.clone()
+    };
+    let cores = cores_for(a, &reactor_cores)?;
+    let probe = probe_cores(a, cores[0], cfg.reactors.cores.first().copied())?;
+    bracketed(probe, || run_target(a, path, &cfg, &cores))
 }
 
 /// Starts the in-process target from `cfg`, runs the job against it, and stops it.
-fn run_target(a: &PerfArgs, path: &std::path::Path, cfg: &Config) -> Result<PerfReport, CliError> {
+fn run_target(a: &PerfArgs, path: &std::path::Path, cfg: &Config, cores: &[usize]) -> Result<PerfReport, CliError> {
     let nqn = cfg
         .subsystems
         .first()
@@ -405,7 +530,7 @@ fn run_target(a: &PerfArgs, path: &std::path::Path, cfg: &Config) -> Result<Perf
     let addr = target.listen_addrs().first().copied();
     let result = match addr {
         None => Err(CliError::Usage(format!("{}: no listener", path.display()))),
-        Some(addr) => to_opts(a, Some((addr, nqn)))
+        Some(addr) => to_opts(a, Some((addr, nqn)), cores)
             .map_err(usage)
             .and_then(|o| super::run_with_stats(&o, &|| target.reactor_stats()).map_err(CliError::from)),
     };
@@ -448,6 +573,91 @@ mod tests {
         use clap::Parser as _;
         let base = ["perf", "--floor", "1", "--cores", "0", "--ios", "200", "-t", "1"];
         Cli::parse_from(base.iter().chain(extra)).perf
+    }
+
+    fn parse(argv: &[&str]) -> PerfArgs {
+        use clap::Parser as _;
+        Cli::parse_from(["perf"].iter().chain(argv)).perf
+    }
+
+    fn two_cores() -> bool {
+        pollux_reactor::sys::allowed_cores().is_ok_and(|c| c.len() >= 2)
+    }
+
+    #[test]
+    fn the_default_client_core_is_one_no_reactor_runs_on_and_a_collision_is_refused_or_warned() {
+        if !two_cores() {
+            return;
+        }
+        let allowed = pollux_reactor::sys::allowed_cores().unwrap();
+        let first = allowed[0];
+        // Remote target: core 0, as always.
+        assert_eq!(client_cores(&parse(&[]), &[]).unwrap(), (vec![0], None));
+        // In-process target on the first core: the client goes elsewhere.
+        let (cores, warning) = client_cores(&parse(&[]), &[first]).unwrap();
+        assert_eq!((cores.len(), warning), (1, None));
+        assert_ne!(cores[0], first);
+        assert!(allowed.contains(&cores[0]));
+        // Every core is the target's: refused, with the reason and the way out.
+        let e = client_cores(&parse(&[]), &allowed).unwrap_err().to_string();
+        assert!(
+            e.contains("no core left for the client") && e.contains("--cores"),
+            "{e}"
+        );
+        // Asked for: allowed, with a warning that says why it will be slow.
+        let (cores, warning) = client_cores(&parse(&["--cores", &first.to_string()]), &[first]).unwrap();
+        assert_eq!(cores, vec![first]);
+        let w = warning.expect("a warning");
+        assert!(w.contains("take turns") && w.contains("leave out --cores"), "{w}");
+        // Apart, or unpinned: nothing to say.
+        let other = allowed[1];
+        assert_eq!(
+            client_cores(&parse(&["--cores", &other.to_string()]), &[first]).unwrap(),
+            (vec![other], None)
+        );
+        assert_eq!(client_cores(&parse(&["--no-pin"]), &allowed).unwrap(), (vec![0], None));
+    }
+
+    #[test]
+    fn an_in_process_target_and_the_default_client_do_not_share_a_core() {
+        if !two_cores() {
+            return;
+        }
+        let core = pollux_reactor::sys::allowed_cores().unwrap()[0];
+        let dir = std::env::temp_dir().join(format!("pollux-perf-cores-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let conf = dir.join("poll.toml");
+        std::fs::write(
+            &conf,
+            format!(
+                r#"
+[reactors]
+cores = [{core}]
+mode = "poll"
+
+[[listener]]
+address = "127.0.0.1:0"
+
+[[subsystem]]
+nqn = "nqn.2026-11.io.pollux:perf-cores"
+allow_any_host = true
+
+[[subsystem.namespace]]
+nsid = 1
+backend = {{ ram = {{ size = "4MiB" }} }}
+"#
+            ),
+        )
+        .unwrap();
+        let path = conf.to_str().unwrap();
+        let r = run_cli(&parse(&["--target-conf", path, "--ios", "2000", "-q", "1"])).unwrap();
+        // The placement probe names both cores: before, the client took core 0 as well (and
+        // no probe ran, one core being both).
+        let p = r.placement.expect("client and target on two cores, probed");
+        assert_eq!(p.target_core, core);
+        assert_ne!(p.client_core, core);
+        assert_eq!(r.ios, 2000);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -13,14 +13,17 @@
 //! for the target's CPU per I/O and its mode mix.
 //!
 //! `--verify` writes, in every logical block, a pattern encoding its LBA and a generation
-//! (the count of writes to that I/O unit in this run) and checks every block read; a
-//! mismatch ends the run with an error naming the LBA. Queues work on disjoint LBA ranges
+//! (the count of writes to that I/O unit in this run) and checks every block read; after
+//! the run it reads back every unit written during it and checks that too (so a write-only
+//! job is verified as well); a mismatch ends the run with an error naming the LBA, and a
+//! run that checked nothing at all is an error. Queues work on disjoint LBA ranges
 //! and never have two commands on one I/O unit at once, so the expected content of every
 //! block is always known.
 
 pub mod cli;
 mod floor;
 mod placement;
+mod progress;
 mod report;
 mod verify;
 mod worker;
@@ -33,7 +36,7 @@ use std::time::{Duration, Instant};
 use pollux_reactor::ReactorStats;
 use tracing::warn;
 
-use crate::host::{Controller, ControllerOpts, Digests, HostError, HostTls};
+use crate::host::{Controller, ControllerOpts, Digests, HostDhchap, HostError, HostTls};
 pub use placement::{Placement, probe as probe_placement};
 pub use report::{LatencySummary, PerfReport, ReactorReport, TargetReport, ThreadCpu};
 use worker::{Shared, ThreadPlan, ThreadResult};
@@ -107,6 +110,13 @@ pub enum PerfError {
         expected_gen: u32,
         /// What the block held instead.
         found: String,
+    },
+    /// `--verify` was asked for but the run neither read a block nor wrote one to read back
+    /// (an `idle` job, say): a verify that checked nothing is not a pass.
+    #[error("--verify checked nothing: the {workload} run read no block and wrote none to read back")]
+    NothingVerified {
+        /// The workload's name.
+        workload: &'static str,
     },
     /// A client thread could not be started or pinned, or panicked.
     #[error("client thread: {0}")]
@@ -226,6 +236,12 @@ pub struct PerfOpts {
     /// TLS 1.3 with a PSK on every queue (NVMe/TCP 1.0 §3.6.1), derived for `hostnqn` and
     /// `subnqn` (None: plain TCP).
     pub tls: Option<HostTls>,
+    /// DH-HMAC-CHAP keys (NVMe 2.0 §8.13.5) for every queue whose Connect asks for it
+    /// (None: connect without).
+    pub dhchap: Option<HostDhchap>,
+    /// Draw live progress (elapsed, remaining, IOPS) on stderr from a thread of its own:
+    /// only for a terminal, never with `--json` (the command line decides).
+    pub progress: bool,
 }
 
 /// Connect CATTR bit 2: SQ flow control disable (NVMe-oF 1.1 §3.3.1).
@@ -263,6 +279,8 @@ impl PerfOpts {
             fill: false,
             sqflow: false,
             tls: None,
+            dhchap: None,
+            progress: false,
         }
     }
 
@@ -319,6 +337,7 @@ fn run_inner(opts: &PerfOpts, stats: Option<&dyn Fn() -> Vec<ReactorStats>>) -> 
     co.digests = opts.digests;
     co.timeout = opts.timeout;
     co.tls = opts.tls.clone();
+    co.dhchap = opts.dhchap.clone();
     if !opts.sqflow {
         co.io_cattr |= CATTR_DISABLE_SQFLOW;
     }
@@ -379,13 +398,14 @@ fn run_inner(opts: &PerfOpts, stats: Option<&dyn Fn() -> Vec<ReactorStats>>) -> 
         )));
     }
 
+    let threads = opts.cores.len();
     let shared = Arc::new(Shared {
         phase: AtomicU8::new(worker::WARMUP),
         abort: AtomicBool::new(false),
         finished: std::sync::atomic::AtomicUsize::new(0),
         ready: std::sync::atomic::AtomicUsize::new(0),
+        completed: (0..threads).map(|_| worker::Counter::default()).collect(),
     });
-    let threads = opts.cores.len();
     let mut queues = std::mem::take(&mut ctrl.io).into_iter();
     let mut plans = Vec::with_capacity(threads);
     for (t, core) in opts.cores.iter().enumerate() {
@@ -420,6 +440,8 @@ fn run_inner(opts: &PerfOpts, stats: Option<&dyn Fn() -> Vec<ReactorStats>>) -> 
                     .spawn_scoped(s, move || worker::run_thread(opts, plan, &sh))
             })
             .collect();
+        // Off the I/O path: it reads the counters the threads publish, a few times a second.
+        let progress = opts.progress.then(|| progress::Progress::start(s, opts, &shared));
         let sleep_until = |until: Instant| {
             while Instant::now() < until && !shared.abort.load(Ordering::Relaxed) {
                 std::thread::sleep(Duration::from_millis(2).min(until.saturating_duration_since(Instant::now())));
@@ -446,6 +468,9 @@ fn run_inner(opts: &PerfOpts, stats: Option<&dyn Fn() -> Vec<ReactorStats>>) -> 
         let after = stats.map(|f| f());
         let tasks1 = report::task_times();
         shared.phase.store(worker::STOP, Ordering::Release);
+        if let Some(p) = progress {
+            p.finish();
+        }
         let joined = handles
             .into_iter()
             .map(|h| match h {
@@ -488,6 +513,11 @@ fn run_inner(opts: &PerfOpts, stats: Option<&dyn Fn() -> Vec<ReactorStats>>) -> 
         _ => None,
     };
     let mut r = report::build(opts, bs, units, wall, done, target);
+    if opts.verify && r.verified_blocks.unwrap_or(0) + r.readback_blocks.unwrap_or(0) == 0 {
+        return Err(PerfError::NothingVerified {
+            workload: opts.workload.name(),
+        });
+    }
     r.thread_cpu = report::task_delta(&tasks.0, &tasks.1, wall);
     r.in_place_reads = in_place_reads;
     Ok(r)

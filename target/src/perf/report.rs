@@ -113,6 +113,9 @@ pub struct PerfReport {
     pub ddgst: bool,
     /// Every queue ran over TLS 1.3 (`--tls-key`).
     pub tls: bool,
+    /// Every queue was set up with DH-HMAC-CHAP keys (`--dhchap-key`; authenticated where
+    /// the controller asked).
+    pub dhchap: bool,
     /// Pacing asked for, IOPS.
     pub rate: Option<f64>,
     /// Namespace block size.
@@ -142,8 +145,11 @@ pub struct PerfReport {
     pub client_ns_per_io: f64,
     /// Loop iterations per I/O (below 1: batching).
     pub client_iterations_per_io: f64,
-    /// Blocks checked by --verify (None without it).
+    /// Blocks read in the measured window and checked by --verify (None without it).
     pub verified_blocks: Option<u64>,
+    /// Blocks written during the run (warmup included) that --verify read back after it and
+    /// checked against what was last written there (None without --verify).
+    pub readback_blocks: Option<u64>,
     /// The in-process target, when measured.
     pub target: Option<TargetReport>,
     /// User and system CPU of this process's reactor and client threads over the measured
@@ -262,6 +268,7 @@ pub(super) fn build(
 ) -> PerfReport {
     let mut hist: Option<Histogram<u64>> = None;
     let (mut reads, mut writes, mut cpu, mut busy, mut twall, mut verified, mut iters) = (0, 0, 0, 0, 0, 0, 0);
+    let mut readback = 0;
     for t in &threads {
         match &mut hist {
             None => hist = Some(t.hist.clone()),
@@ -276,6 +283,7 @@ pub(super) fn build(
         busy += t.busy_ns;
         twall += t.wall_ns;
         verified += t.verified_blocks;
+        readback += t.readback_blocks;
         iters += t.iterations;
     }
     let ios = reads + writes;
@@ -294,6 +302,7 @@ pub(super) fn build(
         hdgst: opts.digests.hdgst,
         ddgst: opts.digests.ddgst,
         tls: opts.tls.is_some(),
+        dhchap: opts.dhchap.is_some(),
         rate: opts.rate,
         block_size,
         units,
@@ -309,6 +318,7 @@ pub(super) fn build(
         client_ns_per_io: per_io(busy),
         client_iterations_per_io: per_io(iters),
         verified_blocks: opts.verify.then_some(verified),
+        readback_blocks: opts.verify.then_some(readback),
         target,
         thread_cpu: Vec::new(),
         placement: None,
@@ -370,8 +380,11 @@ impl PerfReport {
                 100.0 * self.client_busy
             );
         }
-        if let Some(v) = self.verified_blocks {
-            let _ = writeln!(s, "  verify: {v} blocks read back and checked, no mismatch");
+        if let (Some(v), Some(b)) = (self.verified_blocks, self.readback_blocks) {
+            let _ = writeln!(
+                s,
+                "  verify: {v} blocks checked as read, {b} written blocks read back after the run and checked, no mismatch"
+            );
         }
         if !self.thread_cpu.is_empty() {
             let parts: Vec<String> = self

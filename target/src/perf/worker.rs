@@ -29,7 +29,15 @@ pub(super) struct Shared {
     pub finished: AtomicUsize,
     /// Threads connected, pinned and done with --fill: the warmup starts when all are.
     pub ready: AtomicUsize,
+    /// Commands each thread completed so far (warmup included), for the progress line.
+    pub completed: Vec<Counter>,
 }
+
+/// A count one thread writes and others read, alone in its cache line (so publishing it
+/// costs the I/O path one store to a line it owns).
+#[derive(Debug, Default)]
+#[repr(align(128))]
+pub(super) struct Counter(pub std::sync::atomic::AtomicU64);
 
 /// One thread's share of the job.
 #[derive(Debug)]
@@ -64,6 +72,8 @@ pub(super) struct ThreadResult {
     /// The measured window as this thread saw it, ns.
     pub wall_ns: u64,
     pub verified_blocks: u64,
+    /// Blocks written in this run that were read back after it and checked (--verify).
+    pub readback_blocks: u64,
     pub iterations: u64,
 }
 
@@ -85,6 +95,8 @@ struct QState {
     busy: Vec<u64>,
     /// Verify: the generation last written to each unit (0: none in this run).
     gens: Vec<u32>,
+    /// Verify: units a write of the run (not --fill) completed on, read back after the run.
+    written: Vec<u64>,
 }
 
 impl QState {
@@ -92,6 +104,21 @@ impl QState {
         self.busy
             .get((u / 64) as usize)
             .is_some_and(|w| w & (1 << (u % 64)) != 0)
+    }
+
+    fn set_written(&mut self, u: u64) {
+        if let Some(w) = self.written.get_mut((u / 64) as usize) {
+            *w |= 1 << (u % 64);
+        }
+    }
+
+    /// The units written in this run, in order.
+    fn written_units(&self) -> impl Iterator<Item = u64> + '_ {
+        self.written.iter().enumerate().flat_map(|(i, &w)| {
+            (0..64u64)
+                .filter(move |b| w & (1 << b) != 0)
+                .map(move |b| i as u64 * 64 + b)
+        })
     }
 
     fn set_busy(&mut self, u: u64, on: bool) {
@@ -214,6 +241,7 @@ fn thread_body(opts: &PerfOpts, plan: ThreadPlan, shared: &Shared) -> Result<Thr
                 rng: Xoshiro256PlusPlus::seed_from_u64(opts.seed ^ (global + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)),
                 random_unit,
                 busy: vec![0; words],
+                written: vec![0; words],
                 gens: vec![0; if verify { units_per_queue as usize } else { 0 }],
             }
         })
@@ -430,6 +458,11 @@ fn thread_body(opts: &PerfOpts, plan: ThreadPlan, shared: &Shared) -> Result<Thr
             }
         }
         in_flight -= completed;
+        if completed > 0
+            && let Some(c) = shared.completed.get(index)
+        {
+            c.0.store(tally.completed, Ordering::Relaxed);
+        }
         if opts.blocking
             && in_flight == 0
             && interval.is_some()
@@ -468,6 +501,13 @@ fn thread_body(opts: &PerfOpts, plan: ThreadPlan, shared: &Shared) -> Result<Thr
         cpu0 = sys::thread_cpu_ns();
         cpu1 = cpu0;
     }
+    // A write-only job reads nothing back while it runs: check what it wrote now, outside
+    // the measured window, so `--verify` never passes having checked nothing.
+    let readback_blocks = if verify && !shared.abort.load(Ordering::Acquire) {
+        read_back(opts, &mut queues, &qs, pool, bs, nlb)?
+    } else {
+        0
+    };
     Ok(ThreadResult {
         queues,
         hist: tally.hist,
@@ -477,6 +517,7 @@ fn thread_body(opts: &PerfOpts, plan: ThreadPlan, shared: &Shared) -> Result<Thr
         busy_ns,
         wall_ns: wall1.saturating_sub(wall0),
         verified_blocks: tally.verified_blocks,
+        readback_blocks,
         iterations,
     })
 }
@@ -522,6 +563,7 @@ fn complete(
             if let Some(g) = q.gens.get_mut(io.unit as usize) {
                 *g = io.gen_;
             }
+            q.set_written(io.unit);
         } else {
             match verify::check(&c.buf, slba, bs, io.gen_) {
                 Ok(()) => {
@@ -673,6 +715,97 @@ fn fill(
         }
         if !busy {
             return Ok(());
+        }
+    }
+}
+
+/// `--verify` after the run: reads back every unit a write of the run completed on, up to
+/// `queue_depth` reads in flight per queue, and checks each block against the generation
+/// last written there. Returns the blocks checked.
+fn read_back(
+    opts: &PerfOpts,
+    queues: &mut [HostQueue],
+    qs: &[QState],
+    mut pool: Vec<Vec<u8>>,
+    bs: usize,
+    nlb: u32,
+) -> Result<u64, PerfError> {
+    let nq = queues.len();
+    let depth = opts.queue_depth.min(pool.len() / nq.max(1)).max(1);
+    let mut todo: Vec<_> = qs.iter().map(|q| q.written_units().peekable()).collect();
+    let mut in_flight = vec![0usize; nq];
+    let mut checked = 0u64;
+    let mut last = Instant::now();
+    loop {
+        let mut busy = false;
+        for (qi, hq) in queues.iter_mut().enumerate() {
+            let q = &qs[qi];
+            while in_flight[qi] < depth {
+                let Some(&u) = todo[qi].peek() else { break };
+                let Some(buf) = pool.pop() else { break };
+                todo[qi].next();
+                let slba = (q.base + u) * u64::from(nlb);
+                hq.submit_read(opts.nsid, slba, nlb, buf, u)
+                    .map_err(|source| PerfError::Queue {
+                        qid: q.qid,
+                        ios: checked,
+                        source,
+                    })?;
+                in_flight[qi] += 1;
+            }
+            if in_flight[qi] == 0 {
+                continue;
+            }
+            busy = true;
+            let mut err = None;
+            let n = hq
+                .poll_completions(None, |c: Completion| {
+                    let u = c.tag;
+                    let slba = (q.base + u) * u64::from(nlb);
+                    let gen_ = q.gens.get(u as usize).copied().unwrap_or(0);
+                    if err.is_none() {
+                        if !c.is_success() {
+                            err = Some(PerfError::IoFailed {
+                                op: "verify read-back",
+                                lba: slba,
+                                nlb,
+                                qid: q.qid,
+                                status: c.status,
+                            });
+                        } else if let Err(m) = verify::check(&c.buf, slba, bs, gen_) {
+                            err = Some(PerfError::Verify {
+                                lba: m.lba,
+                                qid: q.qid,
+                                expected_gen: gen_,
+                                found: m.found,
+                            });
+                        } else {
+                            checked += u64::from(nlb);
+                        }
+                    }
+                    pool.push(c.buf);
+                })
+                .map_err(|source| PerfError::Queue {
+                    qid: q.qid,
+                    ios: checked,
+                    source,
+                })?;
+            if let Some(e) = err {
+                return Err(e);
+            }
+            in_flight[qi] -= n;
+            if n > 0 {
+                last = Instant::now();
+            } else if last.elapsed() > opts.timeout {
+                return Err(PerfError::Stalled {
+                    qid: q.qid,
+                    in_flight: in_flight[qi],
+                    waited: last.elapsed(),
+                });
+            }
+        }
+        if !busy {
+            return Ok(checked);
         }
     }
 }

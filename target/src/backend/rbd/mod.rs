@@ -651,7 +651,7 @@ impl RbdChannel {
                 }
             };
             if !c.answered {
-                warn!(channel = %self.name, image = %self.ns.nsid, op = ?a.op, error = %std::io::Error::from_raw_os_error(errno), ?status, "rbd operation failed");
+                warn!(channel = %self.name, image = %self.ns.nsid, op = ?a.op, error = %std::io::Error::from_raw_os_error(errno), %status, "rbd operation failed");
             }
             if c.status.is_success() {
                 c.status = status;
