@@ -136,6 +136,7 @@ impl Target {
             s.set_nonblocking(true).map_err(err)?;
             addrs.push(BoundListener {
                 addr: s.local_addr().map_err(err)?,
+                configured: l.address,
                 tls: l.tls,
                 ana: Arc::new(ana::AnaStates::new(l)),
                 max_connections: l.max_connections,

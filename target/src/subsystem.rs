@@ -148,6 +148,9 @@ pub struct Subsystem {
     /// The controller ids its controllers get (`min_cntlid..=max_cntlid` of the conf), so
     /// that targets exporting the same subsystem never hand out the same id.
     pub cntlids: RangeInclusive<u16>,
+    /// The listeners that serve it, by configured address (its conf's `listeners`); None:
+    /// every listener.
+    pub listeners: Option<Vec<SocketAddr>>,
 }
 
 impl Subsystem {
@@ -169,6 +172,18 @@ impl Subsystem {
     /// The namespace `nsid`, if active.
     pub fn namespace(&self, nsid: u32) -> Option<&Arc<Namespace>> {
         self.namespaces.get(&nsid)
+    }
+
+    /// Whether listener `l` serves this subsystem: a host discovers it there (NVMe-oF 1.1
+    /// §5.3) and may connect to it there (SPDK's `spdk_nvmf_subsystem_listener_allowed`,
+    /// nvmet's port-to-subsystem links). A connection whose listener is gone (None) still
+    /// reaches the subsystems every listener serves.
+    pub fn served_on(&self, l: Option<&BoundListener>) -> bool {
+        match (&self.listeners, l) {
+            (None, _) => true,
+            (Some(_), None) => false,
+            (Some(ls), Some(l)) => ls.contains(&l.configured) || ls.contains(&l.addr),
+        }
     }
 }
 
@@ -193,6 +208,9 @@ pub struct Snapshot {
 pub struct BoundListener {
     /// Its address (the port resolved).
     pub addr: SocketAddr,
+    /// Its address as configured (a port 0 unresolved): what a subsystem's `listeners`
+    /// names.
+    pub configured: SocketAddr,
     /// Its TLS mode.
     pub tls: TlsMode,
     /// The ANA states of its path, shared with its connections.
@@ -352,6 +370,7 @@ pub fn build_subsystem(
         dhchap: s.dhchap.clone(),
         namespaces,
         cntlids: s.min_cntlid..=s.max_cntlid,
+        listeners: s.listeners.clone(),
     }))
 }
 
@@ -407,5 +426,6 @@ pub(crate) fn test_subsystem(namespaces: &[Arc<Namespace>], hosts: &[&str]) -> A
         dhchap: Dhchap::default(),
         namespaces: namespaces.iter().map(|n| (n.nsid, n.clone())).collect(),
         cntlids: crate::ctrl::FULL_CNTLID_RANGE,
+        listeners: None,
     })
 }
