@@ -15,6 +15,7 @@ use pollux_nvme::tls::{PskIdentity, TlsPsk};
 use crate::ana::AnaStates;
 use crate::backend::Backend;
 use crate::error::TargetError;
+use crate::latency::{Latencies, LatencyHistogram};
 use crate::resv::{NsResv, state_file};
 
 /// I/O counters of one namespace on one reactor: written by that reactor only (relaxed
@@ -36,6 +37,11 @@ pub struct NsCounters {
     pub writes: [AtomicU64; 2],
     /// The fence epoch of this reactor: its low bit is the slot new writes count in.
     pub write_epoch: AtomicU64,
+    /// Completion latency of its Read commands, from arrival to completion.
+    pub read_latency: LatencyHistogram,
+    /// Completion latency of its Write and Write Zeroes commands, from arrival (before an R2T
+    /// data transfer) to completion.
+    pub write_latency: LatencyHistogram,
 }
 
 /// Add to a counter that only the calling reactor writes.
@@ -121,6 +127,16 @@ impl Namespace {
             t.write_bytes += c.write_bytes.load(Relaxed);
         }
         t
+    }
+
+    /// The read and write latency histograms, summed over reactors.
+    pub fn latencies(&self) -> (Latencies, Latencies) {
+        let (mut read, mut write) = (Latencies::default(), Latencies::default());
+        for c in self.counters.iter() {
+            c.read_latency.add_to(&mut read);
+            c.write_latency.add_to(&mut write);
+        }
+        (read, write)
     }
 }
 

@@ -218,7 +218,7 @@ fn write_exclusive_and_exclusive_access_between_two_hosts() {
     let ctx = pollux_target::control::rpc::Ctx::new(&t, &cfg.reactors);
     let views: Vec<pollux_target::control::view::SubsystemView> =
         serde_json::from_value(ctx.call("subsystems", &serde_json::Value::Null).unwrap()).unwrap();
-    let text = pollux_target::control::cli::format_subsystems(&views);
+    let text = pollux_target::control::format::format_subsystems(&views);
     let a_text = uuid::Uuid::from_bytes(a_id).hyphenated().to_string();
     assert!(
         text.contains(&format!(
