@@ -397,6 +397,8 @@ mod tests {
         let w = format_reactors(&rs, true);
         let header: Vec<&str> = w.lines().next().unwrap_or_default().split_whitespace().collect();
         assert_eq!(header.len(), 22, "{w}");
+        // All 22, the default before, do not fit.
+        assert!(w.lines().any(|l| l.chars().count() > 120), "{w}");
         assert!(w.lines().nth(1).is_some_and(|l| l.contains("123456789")), "{w}");
     }
 }
