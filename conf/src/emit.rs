@@ -173,6 +173,10 @@ pub(crate) fn to_toml(c: &Config) -> String {
         if let Some(p) = s.polling {
             let _ = writeln!(o, "polling = {}", quote(p.as_str()));
         }
+        if let Some(ls) = &s.listeners {
+            let ls: Vec<String> = ls.iter().map(|a| quote(&a.to_string())).collect();
+            let _ = writeln!(o, "listeners = [{}]", ls.join(", "));
+        }
         for n in &s.namespaces {
             let _ = writeln!(o, "\n[[subsystem.namespace]]");
             let _ = writeln!(o, "nsid = {}", n.nsid);

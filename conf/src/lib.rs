@@ -49,7 +49,7 @@ pub struct Config {
     /// Reactor threads: cores, mode and connection placement.
     pub reactors: Reactors,
     /// Addresses to listen on (at least one); each serves the discovery
-    /// subsystem and every configured subsystem.
+    /// subsystem and every configured subsystem whose `listeners` does not leave it out.
     pub listeners: Vec<Listener>,
     /// NVMe/TCP transport limits advertised to hosts.
     pub transport: Transport,
@@ -597,6 +597,11 @@ pub struct Subsystem {
     pub max_cntlid: u16,
     /// The `polling` of its namespaces that set none (None: not given, `auto`).
     pub polling: Option<Polling>,
+    /// The listeners that serve it, by their configured [`Listener::address`] (SPDK's
+    /// `nvmf_subsystem_add_listener`, nvmet's port-to-subsystem links): a host discovers it
+    /// and connects to it only there. None (not given): every listener. Never empty, each
+    /// one of the conf's listeners, no duplicates.
+    pub listeners: Option<Vec<SocketAddr>>,
 }
 
 /// The `[discovery]` table: DH-HMAC-CHAP on the discovery controller.
@@ -683,6 +688,11 @@ impl Subsystem {
     /// the subsystem's, else `auto`.
     pub fn polling_of(&self, n: &Namespace) -> Polling {
         n.polling.or(self.polling).unwrap_or_default()
+    }
+
+    /// Whether the listener configured at `address` serves this subsystem.
+    pub fn served_on(&self, address: SocketAddr) -> bool {
+        self.listeners.as_ref().is_none_or(|l| l.contains(&address))
     }
 
     /// Whether a host with NQN `host_nqn` may connect.

@@ -107,6 +107,7 @@ pub(crate) struct RawSubsystem {
     pub min_cntlid: Option<Spanned<i64>>,
     pub max_cntlid: Option<Spanned<i64>>,
     pub polling: Option<Spanned<String>>,
+    pub listeners: Option<Spanned<Vec<Spanned<String>>>>,
     pub namespace: Option<Vec<RawNamespace>>,
 }
 

@@ -40,6 +40,7 @@ pub mod error;
 pub mod health;
 pub mod host;
 pub mod io;
+pub mod latency;
 pub mod listener;
 pub mod log;
 pub mod mutate;
@@ -53,6 +54,12 @@ pub mod setup;
 pub mod sgl;
 pub mod subsystem;
 pub mod tcp;
+
+/// pollux's version (the crate's, `CARGO_PKG_VERSION`).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The commit pollux was built from (`git rev-parse --short HEAD` at build time, with
+/// `-dirty` when the tree had changes), or `unknown` when built outside a git checkout.
+pub const BUILD_COMMIT: &str = env!("POLLUX_BUILD_COMMIT");
 
 use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::AtomicU64;
@@ -138,6 +145,7 @@ impl Target {
             s.set_nonblocking(true).map_err(err)?;
             addrs.push(BoundListener {
                 addr: s.local_addr().map_err(err)?,
+                configured: l.address,
                 tls: l.tls,
                 ana: Arc::new(ana::AnaStates::new(l)),
                 max_connections: l.max_connections,

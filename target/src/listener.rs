@@ -111,6 +111,9 @@ impl Listener {
 /// What a connection takes from the listener that accepted it.
 #[derive(Debug, Clone, Default)]
 pub struct Path {
+    /// The listener's bound address (None: unknown), which decides the subsystems a host
+    /// may connect to through it ([`crate::subsystem::Subsystem::served_on`]).
+    pub addr: Option<SocketAddr>,
     /// The listener's TLS mode.
     pub tls: TlsMode,
     /// The ANA states of its path.
@@ -167,6 +170,7 @@ impl Source for Listener {
                         match self.addr.and_then(|a| snap.listener(a)) {
                             Some(l) => (
                                 Path {
+                                    addr: self.addr,
                                     tls: l.tls,
                                     ana: l.ana.clone(),
                                     open: self.open.clone(),
@@ -175,6 +179,7 @@ impl Source for Listener {
                             ),
                             None => (
                                 Path {
+                                    addr: self.addr,
                                     open: self.open.clone(),
                                     ..Path::default()
                                 },

@@ -195,6 +195,7 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
             // states once nothing can fail any more (below).
             Some(b) => bound.push(BoundListener {
                 addr: b.addr,
+                configured: l.address,
                 tls: l.tls,
                 ana: b.ana.clone(),
                 max_connections: l.max_connections,
@@ -209,6 +210,7 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
                 let addr = sock.local_addr().map_err(err)?;
                 bound.push(BoundListener {
                     addr,
+                    configured: l.address,
                     tls: l.tls,
                     ana: Arc::new(AnaStates::new(l)),
                     max_connections: l.max_connections,

@@ -87,6 +87,7 @@ mod tests {
     fn bound(a: &str) -> BoundListener {
         BoundListener {
             addr: a.parse().unwrap_or_else(|e| panic!("{a}: {e}")),
+            configured: a.parse().unwrap_or_else(|e| panic!("{a}: {e}")),
             tls: TlsMode::None,
             ana: Default::default(),
             max_connections: None,

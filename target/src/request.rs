@@ -56,6 +56,9 @@ pub struct Request {
     pub step: Option<usize>,
     /// The fence slot a write was counted in while in flight ([`crate::range_lock`]).
     pub wslot: Option<u8>,
+    /// When the command arrived (CLOCK_MONOTONIC, ns; 0: not timed), for its namespace's
+    /// latency histogram ([`crate::latency`]).
+    pub started_ns: u64,
 }
 
 impl Request {
@@ -67,6 +70,7 @@ impl Request {
             state,
             step: None,
             wslot: None,
+            started_ns: 0,
         }
     }
 

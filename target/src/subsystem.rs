@@ -15,6 +15,7 @@ use pollux_nvme::tls::{PskIdentity, TlsPsk};
 use crate::ana::AnaStates;
 use crate::backend::Backend;
 use crate::error::TargetError;
+use crate::latency::{Latencies, LatencyHistogram};
 use crate::resv::{NsResv, state_file};
 
 /// I/O counters of one namespace on one reactor: written by that reactor only (relaxed
@@ -36,6 +37,11 @@ pub struct NsCounters {
     pub writes: [AtomicU64; 2],
     /// The fence epoch of this reactor: its low bit is the slot new writes count in.
     pub write_epoch: AtomicU64,
+    /// Completion latency of its Read commands, from arrival to completion.
+    pub read_latency: LatencyHistogram,
+    /// Completion latency of its Write and Write Zeroes commands, from arrival (before an R2T
+    /// data transfer) to completion.
+    pub write_latency: LatencyHistogram,
 }
 
 /// Add to a counter that only the calling reactor writes.
@@ -122,6 +128,16 @@ impl Namespace {
         }
         t
     }
+
+    /// The read and write latency histograms, summed over reactors.
+    pub fn latencies(&self) -> (Latencies, Latencies) {
+        let (mut read, mut write) = (Latencies::default(), Latencies::default());
+        for c in self.counters.iter() {
+            c.read_latency.add_to(&mut read);
+            c.write_latency.add_to(&mut write);
+        }
+        (read, write)
+    }
 }
 
 /// One NVM subsystem.
@@ -148,6 +164,9 @@ pub struct Subsystem {
     /// The controller ids its controllers get (`min_cntlid..=max_cntlid` of the conf), so
     /// that targets exporting the same subsystem never hand out the same id.
     pub cntlids: RangeInclusive<u16>,
+    /// The listeners that serve it, by configured address (its conf's `listeners`); None:
+    /// every listener.
+    pub listeners: Option<Vec<SocketAddr>>,
 }
 
 impl Subsystem {
@@ -169,6 +188,18 @@ impl Subsystem {
     /// The namespace `nsid`, if active.
     pub fn namespace(&self, nsid: u32) -> Option<&Arc<Namespace>> {
         self.namespaces.get(&nsid)
+    }
+
+    /// Whether listener `l` serves this subsystem: a host discovers it there (NVMe-oF 1.1
+    /// §5.3) and may connect to it there (SPDK's `spdk_nvmf_subsystem_listener_allowed`,
+    /// nvmet's port-to-subsystem links). A connection whose listener is gone (None) still
+    /// reaches the subsystems every listener serves.
+    pub fn served_on(&self, l: Option<&BoundListener>) -> bool {
+        match (&self.listeners, l) {
+            (None, _) => true,
+            (Some(_), None) => false,
+            (Some(ls), Some(l)) => ls.contains(&l.configured) || ls.contains(&l.addr),
+        }
     }
 }
 
@@ -193,6 +224,9 @@ pub struct Snapshot {
 pub struct BoundListener {
     /// Its address (the port resolved).
     pub addr: SocketAddr,
+    /// Its address as configured (a port 0 unresolved): what a subsystem's `listeners`
+    /// names.
+    pub configured: SocketAddr,
     /// Its TLS mode.
     pub tls: TlsMode,
     /// The ANA states of its path, shared with its connections.
@@ -352,6 +386,7 @@ pub fn build_subsystem(
         dhchap: s.dhchap.clone(),
         namespaces,
         cntlids: s.min_cntlid..=s.max_cntlid,
+        listeners: s.listeners.clone(),
     }))
 }
 
@@ -407,5 +442,6 @@ pub(crate) fn test_subsystem(namespaces: &[Arc<Namespace>], hosts: &[&str]) -> A
         dhchap: Dhchap::default(),
         namespaces: namespaces.iter().map(|n| (n.nsid, n.clone())).collect(),
         cntlids: crate::ctrl::FULL_CNTLID_RANGE,
+        listeners: None,
     })
 }

@@ -535,7 +535,7 @@ fn reactors_report_one_estimate_per_channel_and_class_and_their_weighted_mean() 
     let text = pollux_target::control::format::format_classes(&views);
     assert!(text.contains("CHANNEL") && text.contains("sim-ns2-"), "{text}");
     // The reactors table stays one row per reactor (scripts read it by reactor id).
-    let reactors = pollux_target::control::format::format_reactors(&views);
+    let reactors = pollux_target::control::format::format_reactors(&views, false);
     assert!(!reactors.contains("CHANNEL"), "{reactors}");
     ctrl.shutdown().unwrap();
     drop(ctl);
@@ -694,7 +694,7 @@ fn polling_policy_changes_at_run_time_and_is_reported() {
         .sum();
     assert!(held > 0.0, "an interrupt-mode reactor was held in busy-poll: {rs}");
     let views: Vec<pollux_target::control::view::ReactorView> = serde_json::from_value(rs).unwrap();
-    assert!(pollux_target::control::format::format_reactors(&views).contains("HELD%"));
+    assert!(pollux_target::control::format::format_reactors(&views, true).contains("HELD%"));
 
     // never: I/O completes in each mode, by the interrupt where the reactor sleeps.
     for mode in ["hybrid", "interrupt", "poll", "adaptive"] {

@@ -69,7 +69,7 @@ pub(crate) fn build(text: &str, origin: &str, base: Base<'_>) -> Result<Config, 
         Some(c) => control(&cx, c, &listeners)?,
         None => Control::default(),
     };
-    let subsystems = subsystems(&cx, raw.subsystem.unwrap_or_default(), reactors.cores.len())?;
+    let subsystems = subsystems(&cx, raw.subsystem.unwrap_or_default(), reactors.cores.len(), &listeners)?;
     let referrals = referrals(&cx, raw.referral.unwrap_or_default(), &listeners)?;
     let discovery = match raw.discovery {
         Some(d) => hosts::discovery(&cx, d)?,

@@ -3,19 +3,23 @@
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::net::SocketAddr;
 
 use toml::Spanned;
 
 use super::MAX_NSID;
 use super::backend::backend;
 use super::cx::Cx;
+use super::listeners::{once, socket_addr};
 use super::registry::{IdRegistry, nonzero, unique};
 use crate::ANAGRPMAX;
 use crate::error::ConfError;
 use crate::ids::{derive_ids, derive_serial};
 use crate::nqn::{DISCOVERY_NQN, format_uuid, hex, parse_hex, parse_uuid, validate_nqn};
 use crate::raw::{RawNamespace, RawSubsystem};
-use crate::{Backend, GivenIds, MAX_CNTLID, MIN_CNTLID, Namespace, NvmeBackend, NvmeDevice, Polling, Subsystem};
+use crate::{
+    Backend, GivenIds, Listener, MAX_CNTLID, MIN_CNTLID, Namespace, NvmeBackend, NvmeDevice, Polling, Subsystem,
+};
 
 /// Identify Controller SN and MN widths (NVMe Base, Identify Controller data
 /// structure): ASCII, space padded.
@@ -26,7 +30,13 @@ const MODEL_MAX: usize = 40;
 const DEFAULT_MODEL: &str = "pollux";
 
 /// `reactors`: how many reactors the conf runs (each hands out controller IDs of its own).
-pub(super) fn subsystems(cx: &Cx<'_>, raw: Vec<RawSubsystem>, reactors: usize) -> Result<Vec<Subsystem>, ConfError> {
+/// `listeners`: the conf's listeners, which a subsystem's `listeners` names.
+pub(super) fn subsystems(
+    cx: &Cx<'_>,
+    raw: Vec<RawSubsystem>,
+    reactors: usize,
+    listeners: &[Listener],
+) -> Result<Vec<Subsystem>, ConfError> {
     let mut seen: HashMap<String, usize> = HashMap::new();
     let mut ids = IdRegistry::default();
     let mut out: Vec<Subsystem> = Vec::with_capacity(raw.len());
@@ -34,7 +44,7 @@ pub(super) fn subsystems(cx: &Cx<'_>, raw: Vec<RawSubsystem>, reactors: usize) -
     let mut range_lines: HashMap<usize, usize> = HashMap::new();
     for s in raw {
         let range_span = s.min_cntlid.as_ref().or(s.max_cntlid.as_ref()).map(Spanned::span);
-        let sub = subsystem(cx, s, &mut seen, &mut ids, reactors)?;
+        let sub = subsystem(cx, s, &mut seen, &mut ids, reactors, listeners)?;
         if let (false, Some(span)) = (sub.default_cntlid_range(), range_span) {
             // Controller IDs are unique across the target whatever the ranges; disjoint
             // explicit ranges are what an operator splitting the ID space means, so an
@@ -122,6 +132,7 @@ fn subsystem(
     seen: &mut HashMap<String, usize>,
     ids: &mut IdRegistry,
     reactors: usize,
+    listeners: &[Listener],
 ) -> Result<Subsystem, ConfError> {
     let nqn_span = s.nqn.span();
     let nqn = s.nqn.into_inner();
@@ -191,6 +202,7 @@ fn subsystem(
     }
 
     let polling = polling(cx, &s.polling)?;
+    let served_on = served_on(cx, &s.listeners, &nqn, listeners)?;
     let mut namespaces: Vec<Namespace> = Vec::new();
     let mut nsids: HashMap<u32, usize> = HashMap::new();
     for n in s.namespace.unwrap_or_default() {
@@ -211,7 +223,45 @@ fn subsystem(
         min_cntlid,
         max_cntlid,
         polling,
+        listeners: served_on,
     })
+}
+
+/// A subsystem's `listeners`: the listeners that serve it, each named by its configured
+/// `address` (None: not given, every listener).
+fn served_on(
+    cx: &Cx<'_>,
+    v: &Option<Spanned<Vec<Spanned<String>>>>,
+    nqn: &str,
+    listeners: &[Listener],
+) -> Result<Option<Vec<SocketAddr>>, ConfError> {
+    let Some(list) = v else { return Ok(None) };
+    if list.get_ref().is_empty() {
+        return Err(cx.at(
+            list.span(),
+            format!(
+                "subsystem {nqn:?}: `listeners` is empty, so no host could reach it; name the listeners that serve it, or leave the key out for every listener"
+            ),
+        ));
+    }
+    let mut seen = HashMap::new();
+    let mut out = Vec::with_capacity(list.get_ref().len());
+    for a in list.get_ref() {
+        let address = socket_addr(cx, a, "listener")?;
+        if !listeners.iter().any(|l| l.address == address) {
+            let known: Vec<String> = listeners.iter().map(|l| format!("\"{}\"", l.address)).collect();
+            return Err(cx.at(
+                a.span(),
+                format!(
+                    "subsystem {nqn:?}: `listeners` names {address}, which is not a [[listener]] address of this conf (they are {})",
+                    known.join(", ")
+                ),
+            ));
+        }
+        once(cx, &mut seen, address, a, "listener")?;
+        out.push(address);
+    }
+    Ok(Some(out))
 }
 
 /// A `polling` value, subsystem or namespace (None: not given).

@@ -105,7 +105,7 @@ impl Conn {
             info!(peer = %c.tcp.peer, qid, status = %no.status.in_context(StatusContext::Fabrics), "connect refused: {}", no.why);
             c.resp(cid, no.status, no.dw0, 0);
         };
-        let req = match connect::check(&self.shared, sqe, c, data, self.tcp.tls_identity()) {
+        let req = match connect::check(&self.shared, sqe, c, data, self.tcp.tls_identity(), self.listener) {
             Ok(req) => req,
             Err(no) => return refuse(self, no, c.qid),
         };
@@ -363,6 +363,18 @@ impl Conn {
     /// allowed; otherwise hand the new subsystem to its I/O queues and raise the AER the
     /// host enabled.
     pub fn refresh_ctrl(&mut self, r: &mut Reactor, id: SourceId, snap: &Snapshot, discovery_changed: bool) {
+        // A subsystem no longer served on this controller's listener loses the controller
+        // there, as SPDK's `nvmf_subsystem_remove_listener` disconnects its queue pairs.
+        let listener = self.listener.and_then(|a| snap.listener(a));
+        if let Queue::Admin(ctrl) = &self.q
+            && ctrl
+                .subsys
+                .as_ref()
+                .and_then(|s| snap.subsystem(&s.nqn))
+                .is_some_and(|s| !s.served_on(listener))
+        {
+            return self.close(r, id, "listener no longer serves the subsystem");
+        }
         let Queue::Admin(ctrl) = &mut self.q else { return };
         match ctrl.update_subsystem(snap, discovery_changed) {
             SubsystemUpdate::Delete(why) => return self.close(r, id, why),

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use pollux_nvme::spec::{Sqe, Status};
 use pollux_nvme::tcp::{DataHdr, PduHeader};
+use pollux_reactor::sys::monotonic_ns;
 use pollux_reactor::{Polling, Reactor, SourceId};
 
 use super::{Conn, Queue};
@@ -61,6 +62,19 @@ fn count_write(ns: &Namespace, reactor: usize, io: &Io) {
         }
         Io::WriteZeroes { .. } => bump(&ns.counters(reactor).write_cmds, 1),
         _ => {}
+    }
+}
+
+/// Record a completed write's latency (`started`: when it arrived) in its namespace's
+/// histogram on this reactor; other commands are not timed.
+#[inline(always)]
+fn time_write(io: &Io, reactor: usize, started: u64) {
+    if let Io::Write { ns, .. } | Io::WriteZeroes { ns, .. } = io
+        && started != 0
+    {
+        ns.counters(reactor)
+            .write_latency
+            .record(monotonic_ns().saturating_sub(started));
     }
 }
 
@@ -164,6 +178,11 @@ impl Conn {
         data: WriteData<'_>,
         slot: Option<usize>,
     ) {
+        // When the command arrived: now, or when its data was asked for (R2T).
+        let started = match slot.and_then(|s| self.reqs.get_mut(s)) {
+            Some(q) if q.started_ns != 0 => q.started_ns,
+            _ => monotonic_ns(),
+        };
         // An `always` namespace's command: the reactor busy-polls from now until a linger
         // after it (one relaxed load per command; the hold reads no clock).
         if io.namespace().is_some_and(|ns| ns.polling.get() == Polling::Always) {
@@ -192,7 +211,7 @@ impl Conn {
         // data goes to the socket from the memory.
         let io = match io {
             Io::Read { ns, off, len } if ns.inline_reads && slot.is_none() => {
-                return self.send_read(r, cid, ns, off, len, None);
+                return self.send_read(r, cid, ns, off, len, None, started);
             }
             // The host's data is kept for the comparison when the blocks have been read.
             Io::Compare { ns, off, len, .. } => {
@@ -269,8 +288,11 @@ impl Conn {
             self.free(slot);
             count_write(&ns, self.reactor, &io);
             return match io {
-                Io::Read { off, len, .. } if status.is_success() => self.send_read(r, cid, ns, off, len, None),
-                _ if status.is_success() => self.resp(cid, status, 0, 0),
+                Io::Read { off, len, .. } if status.is_success() => self.send_read(r, cid, ns, off, len, None, started),
+                _ if status.is_success() => {
+                    time_write(&io, self.reactor, started);
+                    self.resp(cid, status, 0, 0)
+                }
                 _ => self.fail(r, cid, status, nsid, 0),
             };
         }
@@ -295,6 +317,7 @@ impl Conn {
             None => {
                 let mut req = Request::new(cid, io, ReqState::Submitted);
                 req.wslot = wslot;
+                req.started_ns = started;
                 self.reqs.insert(req)
             }
         };
@@ -356,7 +379,9 @@ impl Conn {
     /// came with the completion (a file's buffer, an SSD's DMA buffer); without it the bytes
     /// are in the namespace's memory (RAM, simulated SSD). Those are sent from the namespace
     /// in place (see `tcp::sendq`) unless a data digest must cover them: the digest is
-    /// computed over a copy, so that it covers exactly the bytes sent.
+    /// computed over a copy, so that it covers exactly the bytes sent. `started`: when the
+    /// command arrived, for the namespace's read latency histogram.
+    #[allow(clippy::too_many_arguments)]
     fn send_read(
         &mut self,
         r: &mut Reactor,
@@ -365,6 +390,7 @@ impl Conn {
         off: u64,
         len: u32,
         data: Option<ReadData<'_>>,
+        started: u64,
     ) {
         let Some(data) = data.or_else(|| ns.backend.read_in_place(off)) else {
             return self.fail(r, cid, Status::INTERNAL_ERROR, ns.nsid, 0);
@@ -384,6 +410,9 @@ impl Conn {
         let c = ns.counters(self.reactor);
         bump(&c.read_cmds, 1);
         bump(&c.read_bytes, u64::from(len));
+        if started != 0 {
+            c.read_latency.record(monotonic_ns().saturating_sub(started));
+        }
         if success {
             self.completion_queued();
         } else {
@@ -411,7 +440,9 @@ impl Conn {
             return self.step_done(r, id, k, &req.io, status, data);
         }
         match req.io {
-            Io::Read { ns, off, len } if status.is_success() => self.send_read(r, req.cid, ns, off, len, data),
+            Io::Read { ns, off, len } if status.is_success() => {
+                self.send_read(r, req.cid, ns, off, len, data, req.started_ns)
+            }
             Io::Compare { ns, off, len, expect } if status.is_success() => {
                 let status = compare(&ns, off, len, &expect, data, self.reactor);
                 self.resp_or_fail(r, req.cid, status, ns.nsid);
@@ -420,8 +451,12 @@ impl Conn {
                 bump(&ns.counters(self.reactor).read_cmds, 1);
                 self.resp(req.cid, status, 0, 0);
             }
-            // Success, or the Abort the host asked for: nothing for the error log.
-            _ if status.is_success() || status == Status::ABORT_REQUESTED => self.resp(req.cid, status, 0, 0),
+            io if status.is_success() => {
+                time_write(&io, self.reactor, req.started_ns);
+                self.resp(req.cid, status, 0, 0)
+            }
+            // The Abort the host asked for: nothing for the error log.
+            _ if status == Status::ABORT_REQUESTED => self.resp(req.cid, status, 0, 0),
             io => {
                 let nsid = io.namespace().map_or(0, |n| n.nsid);
                 self.fail(r, req.cid, status, nsid, 0);
@@ -524,7 +559,9 @@ impl Conn {
         };
         let progress = R2tProgress { len, received: 0 };
         let state = ReqState::AwaitingData { buf, progress };
-        let ttag = self.reqs.insert(Request::new(cid, io, state));
+        let mut req = Request::new(cid, io, state);
+        req.started_ns = monotonic_ns();
+        let ttag = self.reqs.insert(req);
         self.tcp.r2t(cid, ttag as u16, len);
         Some(ttag)
     }

@@ -107,6 +107,8 @@ pub struct Conn {
     unsent: VecDeque<u64>,
     /// Open connections of the listener that accepted this one (this one included).
     listener_open: Arc<AtomicU64>,
+    /// The bound address of the listener that accepted it (None: unknown).
+    listener: Option<std::net::SocketAddr>,
 }
 
 impl Conn {
@@ -147,6 +149,7 @@ impl Conn {
             fused: fused::Fused::default(),
             unsent: VecDeque::new(),
             listener_open: path.open,
+            listener: path.addr,
         })
     }
 

@@ -83,7 +83,11 @@ pub enum CtlCommand {
     /// Version, commit and uptime.
     Version,
     /// Per-reactor mode, CPU, load and latency.
-    Reactors,
+    Reactors {
+        /// All 22 columns (default: the essential ones, within 120 columns).
+        #[arg(long)]
+        wide: bool,
+    },
     /// Per-reactor latency estimates behind PREDICTED: one per device channel, operation and
     /// size class, with its weight in the last policy window.
     Estimates,
@@ -134,7 +138,7 @@ impl CtlCommand {
     pub fn request(&self) -> Result<(String, Value), BadRequest> {
         Ok(match self {
             CtlCommand::Version => ("version".into(), Value::Null),
-            CtlCommand::Reactors | CtlCommand::Estimates => ("reactors".into(), Value::Null),
+            CtlCommand::Reactors { .. } | CtlCommand::Estimates => ("reactors".into(), Value::Null),
             CtlCommand::Subsystems => ("subsystems".into(), Value::Null),
             CtlCommand::Controllers => ("controllers".into(), Value::Null),
             CtlCommand::Discovery => ("discovery".into(), Value::Null),
@@ -168,7 +172,9 @@ pub fn format_result(cmd: &CtlCommand, v: Value) -> Result<String, ControlError>
                 x.version, x.uptime_s, x.reactors, x.pid
             )
         }
-        CtlCommand::Reactors => format_reactors(&serde_json::from_value::<Vec<ReactorView>>(v).map_err(de)?),
+        CtlCommand::Reactors { wide } => {
+            format_reactors(&serde_json::from_value::<Vec<ReactorView>>(v).map_err(de)?, *wide)
+        }
         CtlCommand::Estimates => format_classes(&serde_json::from_value::<Vec<ReactorView>>(v).map_err(de)?),
         CtlCommand::Subsystems => format_subsystems(&serde_json::from_value::<Vec<SubsystemView>>(v).map_err(de)?),
         CtlCommand::Controllers => format_controllers(&serde_json::from_value::<CtrlList>(v).map_err(de)?),

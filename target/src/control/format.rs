@@ -59,38 +59,60 @@ fn opt(v: Option<u64>) -> String {
     v.map_or("-".into(), |x| x.to_string())
 }
 
-/// The reactors table.
-pub fn format_reactors(rs: &[ReactorView]) -> String {
-    let mut rows = vec![
-        [
-            "REACTOR",
-            "CORE",
-            "MODE",
-            "ADAPTIVE",
-            "BUDGET",
-            "POLL%",
-            "HYBRID%",
-            "INTR%",
-            "SWITCHES",
-            "HELD%",
-            "CPU%1S",
-            "CPU%",
-            "BUSY%",
-            "ITERATIONS",
-            "IOPS",
-            "CMDS",
-            "OUTST",
-            "PREDICTED",
-            "WAKECOST",
-            "HYBSPIN",
-            "LATE_P50/P99_US",
-            "STALLS",
-        ]
-        .map(String::from)
-        .to_vec(),
+/// The columns of the default reactors table, which fits 120 columns (`--wide`: all of
+/// them).
+const ESSENTIAL: [&str; 12] = [
+    "REACTOR",
+    "CORE",
+    "MODE",
+    "POLL%",
+    "HYBRID%",
+    "INTR%",
+    "CPU%",
+    "BUSY%",
+    "IOPS",
+    "OUTST",
+    "PREDICTED",
+    "STALLS",
+];
+
+/// The reactors table: the essential columns, or all 22 when `wide`.
+pub fn format_reactors(rs: &[ReactorView], wide: bool) -> String {
+    let header = [
+        "REACTOR",
+        "CORE",
+        "MODE",
+        "ADAPTIVE",
+        "BUDGET",
+        "POLL%",
+        "HYBRID%",
+        "INTR%",
+        "SWITCHES",
+        "HELD%",
+        "CPU%1S",
+        "CPU%",
+        "BUSY%",
+        "ITERATIONS",
+        "IOPS",
+        "CMDS",
+        "OUTST",
+        "PREDICTED",
+        "WAKECOST",
+        "HYBSPIN",
+        "LATE_P50/P99_US",
+        "STALLS",
     ];
+    let keep: Vec<bool> = header.iter().map(|h| wide || ESSENTIAL.contains(h)).collect();
+    let pick = |row: Vec<String>| -> Vec<String> {
+        row.into_iter()
+            .zip(&keep)
+            .filter(|(_, k)| **k)
+            .map(|(c, _)| c)
+            .collect()
+    };
+    let mut rows = vec![pick(header.map(String::from).to_vec())];
     for r in rs {
-        rows.push(vec![
+        rows.push(pick(vec![
             r.id.to_string(),
             r.core.map_or("-".into(), |c| c.to_string()),
             r.mode.clone(),
@@ -113,7 +135,7 @@ pub fn format_reactors(rs: &[ReactorView]) -> String {
             ns(r.hybrid_spin_ns),
             format!("{}/{}", opt(r.wake_late_us.p50), opt(r.wake_late_us.p99)),
             r.stalls.to_string(),
-        ]);
+        ]));
     }
     table(&rows)
 }
@@ -171,10 +193,27 @@ pub fn format_subsystems(ss: &[SubsystemView]) -> String {
         if !s.tls_hosts.is_empty() {
             let _ = writeln!(out, "  tls psk {}", s.tls_hosts.join(", "));
         }
-        let _ = writeln!(out, "  listeners {}", s.listeners.join(", "));
+        if s.paths.is_empty() {
+            let _ = writeln!(out, "  listeners {}", s.listeners.join(", "));
+        } else {
+            // Each listener serving it, with the ANA state there of each of its groups.
+            let mut rows = vec![["LISTENER", "TLS", "ANA (group:state)"].map(String::from).to_vec()];
+            for p in &s.paths {
+                let ana: Vec<String> = p.ana.iter().map(|(g, st)| format!("{g}:{st}")).collect();
+                rows.push(vec![
+                    p.address.clone(),
+                    p.tls.clone(),
+                    if ana.is_empty() { "-".into() } else { ana.join(" ") },
+                ]);
+            }
+            for l in table(&rows).lines() {
+                let _ = writeln!(out, "  {l}");
+            }
+        }
         let mut rows = vec![
             [
                 "NSID", "SIZE", "BLOCK", "BACKEND", "IO PATH", "POLLING", "UUID", "READS", "WRITES", "READ", "WRITTEN",
+                "R_P50", "R_P99", "W_P50", "W_P99",
             ]
             .map(String::from)
             .to_vec(),
@@ -196,6 +235,10 @@ pub fn format_subsystems(ss: &[SubsystemView]) -> String {
                 n.write_cmds.to_string(),
                 bytes(n.read_bytes),
                 bytes(n.write_bytes),
+                ns(n.read_latency.p50_ns),
+                ns(n.read_latency.p99_ns),
+                ns(n.write_latency.p50_ns),
+                ns(n.write_latency.p99_ns),
             ]);
         }
         for l in table(&rows).lines() {
@@ -295,4 +338,67 @@ pub fn format_controllers(c: &CtrlList) -> String {
         );
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::control::view::{Lateness, PerMode};
+
+    /// A reactor with every figure as wide as a long-running, loaded target makes it.
+    fn busy_reactor(id: usize) -> ReactorView {
+        ReactorView {
+            id,
+            core: Some(127),
+            mode: "interrupt".into(),
+            adaptive: true,
+            cpu_budget: 0.3,
+            mode_ns: PerMode::from_array([u64::MAX / 4; 3]),
+            mode_pct: PerMode::from_array([33.3, 33.3, 100.0]),
+            switches: 123_456_789,
+            held: true,
+            held_pct: 100.0,
+            cpu_ns: u64::MAX / 4,
+            cpu_pct_1s: 100.0,
+            cpu_pct: 100.0,
+            busy_ns: u64::MAX / 4,
+            busy_pct: 100.0,
+            iterations: 18_446_744_073_709,
+            iops: 12_345_678.0,
+            commands: 98_765_432_109_876,
+            outstanding: 65_536,
+            device_completions: 98_765_432_109_876,
+            predicted_ns: 999_999_999,
+            classes: vec![],
+            wake_cost_ns: 999_999,
+            hybrid_spin_ns: 999_999,
+            wakeups: 1 << 40,
+            wake_late_us: Lateness {
+                p50: Some(123_456),
+                p90: Some(1_234_567),
+                p99: Some(12_345_678),
+            },
+            stalls: 123_456_789,
+            sources: 4096,
+            connections: 4096,
+        }
+    }
+
+    #[test]
+    fn the_default_reactors_table_fits_120_columns_and_wide_has_all_22() {
+        let rs = [busy_reactor(0), busy_reactor(1)];
+        let t = format_reactors(&rs, false);
+        for l in t.lines() {
+            assert!(l.chars().count() <= 120, "{} columns: {l}", l.chars().count());
+        }
+        let header: Vec<&str> = t.lines().next().unwrap_or_default().split_whitespace().collect();
+        assert_eq!(header, ESSENTIAL, "{t}");
+        assert_eq!(t.lines().count(), 3);
+        let w = format_reactors(&rs, true);
+        let header: Vec<&str> = w.lines().next().unwrap_or_default().split_whitespace().collect();
+        assert_eq!(header.len(), 22, "{w}");
+        // All 22, the default before, do not fit.
+        assert!(w.lines().any(|l| l.chars().count() > 120), "{w}");
+        assert!(w.lines().nth(1).is_some_and(|l| l.contains("123456789")), "{w}");
+    }
 }

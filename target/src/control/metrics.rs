@@ -7,13 +7,15 @@
 use std::fmt;
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric, MetricEncoder, prometheus_text};
-use prometheus_client::metrics::MetricType::{self, Counter, Gauge};
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet, prometheus_text,
+};
+use prometheus_client::metrics::MetricType::{self, Counter, Gauge, Histogram};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
-use super::view::{NamespaceView, ReactorView, SubsystemView};
+use super::view::{LatencyView, NamespaceView, ReactorView, SubsystemView};
 
 /// The `Content-Type` of what [`render`] writes.
 pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
@@ -63,6 +65,88 @@ fn family<L: EncodeLabelSet>(
     Ok(())
 }
 
+/// The process figures every Prometheus client library exports (`process_*`), read from
+/// `/proc/self` and the C library; a figure that cannot be read is left out.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ProcessStats {
+    /// User and system CPU time, seconds (getrusage).
+    pub cpu_seconds: Option<f64>,
+    /// Resident memory, bytes (`/proc/self/statm`).
+    pub resident_memory_bytes: Option<u64>,
+    /// Virtual memory, bytes (`/proc/self/statm`).
+    pub virtual_memory_bytes: Option<u64>,
+    /// Open file descriptors (`/proc/self/fd`).
+    pub open_fds: Option<u64>,
+    /// The open file descriptor limit (RLIMIT_NOFILE).
+    pub max_fds: Option<u64>,
+    /// When the process started, seconds since the Unix epoch (`/proc/self/stat` starttime
+    /// after `/proc/stat` btime).
+    pub start_time_seconds: Option<f64>,
+}
+
+impl ProcessStats {
+    /// This process's figures now.
+    pub fn read() -> Self {
+        // SAFETY: sysconf only reads a configuration value.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        // SAFETY: likewise.
+        let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+        let statm = std::fs::read_to_string("/proc/self/statm").ok();
+        let statm_field = |i: usize| -> Option<u64> {
+            let pages: u64 = statm.as_deref()?.split_whitespace().nth(i)?.parse().ok()?;
+            Some(pages * u64::try_from(page).ok().filter(|p| *p > 0)?)
+        };
+        Self {
+            cpu_seconds: cpu_seconds(),
+            resident_memory_bytes: statm_field(1),
+            virtual_memory_bytes: statm_field(0),
+            open_fds: std::fs::read_dir("/proc/self/fd").ok().map(|d| d.count() as u64),
+            max_fds: max_fds(),
+            start_time_seconds: start_time(u64::try_from(ticks).ok().filter(|t| *t > 0)),
+        }
+    }
+}
+
+fn cpu_seconds() -> Option<f64> {
+    // SAFETY: an all-zero rusage is a valid value for getrusage to overwrite.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a valid out pointer for the duration of the call.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return None;
+    }
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    Some(tv(ru.ru_utime) + tv(ru.ru_stime))
+}
+
+fn max_fds() -> Option<u64> {
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `rl` is a valid out pointer for the duration of the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } != 0 || rl.rlim_cur == libc::RLIM_INFINITY {
+        return None;
+    }
+    Some(rl.rlim_cur)
+}
+
+/// The process's start: its starttime (clock ticks after boot, field 22 of
+/// `/proc/self/stat`, proc(5)) plus the boot time (`btime` of `/proc/stat`).
+fn start_time(ticks_per_s: Option<u64>) -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces: count from after it.
+    let after = &stat[stat.rfind(')')? + 1..];
+    let start_ticks: u64 = after.split_whitespace().nth(22 - 3)?.parse().ok()?;
+    let btime: u64 = std::fs::read_to_string("/proc/stat")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(btime as f64 + start_ticks as f64 / ticks_per_s? as f64)
+}
+
 /// One scrape's views. They are sampled per scrape, not kept as live metrics, so they reach
 /// the encoder as a collector of constant metrics.
 #[derive(Debug)]
@@ -72,6 +156,7 @@ struct Scrape {
     uptime_s: f64,
     /// The reactors' ids as label values.
     ids: Vec<String>,
+    process: ProcessStats,
 }
 
 impl Scrape {
@@ -113,6 +198,96 @@ impl Scrape {
         Ok(())
     }
 
+    /// A histogram family with one histogram per namespace, labelled `subsystem` and `nsid`,
+    /// in seconds: buckets at the octave bounds of [`crate::latency::EXPORT_OCTAVES`], then
+    /// `+Inf`.
+    fn per_namespace_histogram(
+        &self,
+        enc: &mut DescriptorEncoder,
+        name: &str,
+        help: &str,
+        f: fn(&NamespaceView) -> &LatencyView,
+    ) -> fmt::Result {
+        let mut m = enc.encode_descriptor(name, help, None, Histogram)?;
+        for s in &self.subsystems {
+            for n in &s.namespaces {
+                let nsid = n.nsid.to_string();
+                let labels = [("subsystem", s.nqn.as_str()), ("nsid", nsid.as_str())];
+                let l = f(n);
+                // The encoder takes each bucket's own count and sums them itself.
+                let mut below = 0;
+                let mut buckets: Vec<(f64, u64)> = l
+                    .buckets
+                    .iter()
+                    .map(|[le, cum]| {
+                        let own = cum.saturating_sub(below);
+                        below = below.max(*cum);
+                        (*le as f64 / 1e9, own)
+                    })
+                    .collect();
+                buckets.push((f64::INFINITY, l.count.saturating_sub(below)));
+                m.encode_family(&labels)?.encode_histogram::<NoLabelSet>(
+                    l.sum_ns as f64 / 1e9,
+                    l.count,
+                    &buckets,
+                    None,
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The `process_*` families, each only when its figure could be read.
+    fn process(&self, enc: &mut DescriptorEncoder) -> fmt::Result {
+        let p = &self.process;
+        let one = |enc: &mut DescriptorEncoder, name: &str, kind: MetricType, help: &str, v: Option<Num>| match v {
+            Some(v) => family(enc, name, kind, help, [([] as [(&str, &str); 0], v)]),
+            None => Ok(()),
+        };
+        one(
+            enc,
+            "process_cpu_seconds",
+            Counter,
+            "Total user and system CPU time spent in seconds.",
+            p.cpu_seconds.map(Num::Float),
+        )?;
+        one(
+            enc,
+            "process_resident_memory_bytes",
+            Gauge,
+            "Resident memory size in bytes.",
+            p.resident_memory_bytes.map(Num::Int),
+        )?;
+        one(
+            enc,
+            "process_virtual_memory_bytes",
+            Gauge,
+            "Virtual memory size in bytes.",
+            p.virtual_memory_bytes.map(Num::Int),
+        )?;
+        one(
+            enc,
+            "process_open_fds",
+            Gauge,
+            "Number of open file descriptors.",
+            p.open_fds.map(Num::Int),
+        )?;
+        one(
+            enc,
+            "process_max_fds",
+            Gauge,
+            "Maximum number of open file descriptors.",
+            p.max_fds.map(Num::Int),
+        )?;
+        one(
+            enc,
+            "process_start_time_seconds",
+            Gauge,
+            "Start time of the process since unix epoch in seconds.",
+            p.start_time_seconds.map(Num::Float),
+        )
+    }
+
     /// A family with one sample per rbd namespace, labelled `subsystem`, `nsid` and `image`.
     fn per_rbd(
         &self,
@@ -142,6 +317,17 @@ impl Collector for Scrape {
         let enc = &mut enc;
         let help = "Seconds since the control plane started.";
         ConstGauge::new(self.uptime_s).encode(enc.encode_descriptor("pollux_uptime_seconds", help, None, Gauge)?)?;
+        family(
+            enc,
+            "pollux_build_info",
+            Gauge,
+            "The version and commit pollux was built from (always 1).",
+            [(
+                [("version", crate::VERSION), ("commit", crate::BUILD_COMMIT)],
+                Num::Int(1),
+            )],
+        )?;
+        self.process(enc)?;
         let modes = self.reactors.iter().zip(&self.ids).flat_map(|(r, id)| {
             ["poll", "hybrid", "interrupt"].map(|m| ([("reactor", id.as_str()), ("mode", m)], Num::from(r.mode == m)))
         });
@@ -287,6 +473,18 @@ impl Collector for Scrape {
             info,
         )?;
         self.per_namespace(enc, "pollux_namespace_read_bytes", "Bytes read.", |n| n.read_bytes)?;
+        self.per_namespace_histogram(
+            enc,
+            "pollux_namespace_read_latency_seconds",
+            "Completion latency of Read commands, from the command's arrival to its completion.",
+            |n| &n.read_latency,
+        )?;
+        self.per_namespace_histogram(
+            enc,
+            "pollux_namespace_write_latency_seconds",
+            "Completion latency of Write and Write Zeroes commands, from the command's arrival (before its data transfer) to its completion.",
+            |n| &n.write_latency,
+        )?;
         self.per_namespace(enc, "pollux_namespace_write_bytes", "Bytes written.", |n| n.write_bytes)?;
         self.per_rbd(
             enc,
@@ -352,6 +550,7 @@ pub fn render(reactors: Vec<ReactorView>, subsystems: Vec<SubsystemView>, uptime
         subsystems,
         uptime_s,
         ids,
+        process: ProcessStats::read(),
     }));
     let mut out = String::new();
     prometheus_text::encode(&mut out, &registry)?;
@@ -428,8 +627,20 @@ mod tests {
                 reservation: String::new(),
                 polling: "auto".into(),
                 rbd: None,
+                read_latency: LatencyView::of(&{
+                    let h = crate::latency::LatencyHistogram::default();
+                    // Two reads of 3 us, one of 5 ms.
+                    h.record(3_000);
+                    h.record(3_000);
+                    h.record(5_000_000);
+                    let mut l = crate::latency::Latencies::default();
+                    h.add_to(&mut l);
+                    l
+                }),
+                write_latency: LatencyView::default(),
             }],
             listeners: vec![],
+            paths: vec![],
             controllers: 1,
             min_cntlid: 1,
             max_cntlid: 0xFFEF,
@@ -464,7 +675,7 @@ mod tests {
             if let Some(rest) = line.strip_prefix("# TYPE ") {
                 let (name, kind) = rest.split_once(' ').unwrap();
                 assert!(helped.contains(name), "TYPE before HELP: {line}");
-                assert!(["counter", "gauge"].contains(&kind), "{line}");
+                assert!(["counter", "gauge", "histogram"].contains(&kind), "{line}");
                 assert!(typed.insert(name.to_string(), kind.to_string()).is_none());
                 continue;
             }
@@ -503,7 +714,15 @@ mod tests {
                 None => (series, Vec::new()),
             };
             assert!(ident(name), "{line}");
-            let kind = typed.get(name).unwrap_or_else(|| panic!("sample without TYPE: {line}"));
+            // A histogram's samples are its name with `_bucket`, `_sum` or `_count`.
+            let histogram = ["_bucket", "_sum", "_count"]
+                .iter()
+                .filter_map(|x| name.strip_suffix(x))
+                .find(|f| typed.get(*f).is_some_and(|k| k == "histogram"));
+            let kind = match histogram {
+                Some(f) => &typed[f],
+                None => typed.get(name).unwrap_or_else(|| panic!("sample without TYPE: {line}")),
+            };
             if kind == "counter" {
                 assert!(name.ends_with("_total"), "counter {name} should end in _total");
                 assert!(v >= 0.0);
@@ -580,6 +799,46 @@ mod tests {
             Some(1.0)
         );
         assert_eq!(get("pollux_uptime_seconds", &[]), Some(12.25));
+        // Latency histograms: cumulative buckets in seconds, +Inf, sum and count.
+        let ns = [("subsystem", "nqn.2026-11.io.pollux:a"), ("nsid", "1")];
+        let bucket = |le: &str| {
+            let mut l = ns.to_vec();
+            l.push(("le", le));
+            get("pollux_namespace_read_latency_seconds_bucket", &l)
+        };
+        assert_eq!(bucket("1.024e-06"), Some(0.0), "{text}");
+        assert_eq!(bucket("4.096e-06"), Some(2.0), "{text}");
+        assert_eq!(bucket("0.004194304"), Some(2.0), "{text}");
+        assert_eq!(bucket("0.008388608"), Some(3.0), "{text}");
+        assert_eq!(bucket("+Inf"), Some(3.0), "{text}");
+        assert_eq!(get("pollux_namespace_read_latency_seconds_count", &ns), Some(3.0));
+        assert_eq!(get("pollux_namespace_read_latency_seconds_sum", &ns), Some(0.005006));
+        assert_eq!(get("pollux_namespace_write_latency_seconds_count", &ns), Some(0.0));
+        assert!(
+            text.contains("# TYPE pollux_namespace_read_latency_seconds histogram"),
+            "{text}"
+        );
+        // Build info and the process figures of this very process.
+        assert_eq!(
+            get(
+                "pollux_build_info",
+                &[("version", crate::VERSION), ("commit", crate::BUILD_COMMIT)]
+            ),
+            Some(1.0)
+        );
+        assert!(!crate::BUILD_COMMIT.is_empty());
+        assert!(get("process_cpu_seconds_total", &[]).is_some_and(|v| v > 0.0), "{text}");
+        assert!(
+            get("process_resident_memory_bytes", &[]).is_some_and(|v| v > 1e5),
+            "{text}"
+        );
+        assert!(get("process_open_fds", &[]).is_some_and(|v| v >= 3.0), "{text}");
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        let start = get("process_start_time_seconds", &[]).unwrap_or_default();
+        assert!(start > now - 86_400.0 && start <= now + 1.0, "start {start}, now {now}");
     }
 
     #[test]

@@ -198,6 +198,53 @@ pub struct NamespaceView {
     /// An rbd namespace's image and the health of its cluster connection.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rbd: Option<RbdView>,
+    /// Completion latency of its Read commands (absent from older targets: none).
+    #[serde(default)]
+    pub read_latency: LatencyView,
+    /// Completion latency of its Write and Write Zeroes commands.
+    #[serde(default)]
+    pub write_latency: LatencyView,
+}
+
+/// A namespace's completion latency histogram (`crate::latency`), as `subsystems` and the
+/// metrics report it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LatencyView {
+    /// Completions recorded.
+    pub count: u64,
+    /// The sum of their latencies, ns.
+    pub sum_ns: u64,
+    /// The median, as the upper bound of its bucket (within 25 %), ns; 0: none.
+    pub p50_ns: u64,
+    /// The 99th percentile, likewise.
+    pub p99_ns: u64,
+    /// Cumulative counts at octave bounds: `[le_ns, completions that took less]`.
+    pub buckets: Vec<[u64; 2]>,
+}
+
+impl LatencyView {
+    /// The view of summed histograms.
+    pub fn of(l: &crate::latency::Latencies) -> Self {
+        Self {
+            count: l.count(),
+            sum_ns: l.sum_ns,
+            p50_ns: l.quantile_ns(0.5),
+            p99_ns: l.quantile_ns(0.99),
+            buckets: l.cumulative().into_iter().map(|(le, n)| [le, n]).collect(),
+        }
+    }
+}
+
+/// A listener that serves a subsystem, with the ANA state on its path of each ANA group the
+/// subsystem's namespaces are in (NVMe 2.0 §8.1.3).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PathView {
+    /// Its bound address.
+    pub address: String,
+    /// Its TLS mode: `none`, `allowed`, `required`.
+    pub tls: String,
+    /// `(group, state)` of each group, state as the conf spells it (`optimized`, ...).
+    pub ana: Vec<(u32, String)>,
 }
 
 /// An rbd namespace's image and cluster, as `subsystems` and the metrics report them.
@@ -256,6 +303,10 @@ pub struct SubsystemView {
     pub namespaces: Vec<NamespaceView>,
     /// Listener addresses serving it.
     pub listeners: Vec<String>,
+    /// The listeners serving it with the ANA state of each of its groups there (absent from
+    /// older targets: none).
+    #[serde(default)]
+    pub paths: Vec<PathView>,
     /// Connected controllers.
     pub controllers: usize,
     /// The lowest controller ID its controllers get (absent from older targets: 1).

@@ -3,6 +3,7 @@
 //! the attachment of an I/O queue to its controller. Pure: the connection applies the
 //! result (SPDK: `ctrlr.c`'s connect path).
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use pollux_conf::{DISCOVERY_NQN, validate_nqn};
@@ -223,13 +224,15 @@ pub struct ConnectCmd {
 }
 
 /// Check a Connect (NVMe-oF 1.1 §6.3) against the target's subsystems and limits; `tls`:
-/// the PSK identity the queue's TLS session was secured with.
+/// the PSK identity the queue's TLS session was secured with; `listener`: the bound address
+/// of the listener the queue came through.
 pub fn check(
     shared: &Shared,
     sqe: &Sqe,
     c: ConnectCmd,
     data: &[u8],
     tls: Option<&PskIdentity>,
+    listener: Option<SocketAddr>,
 ) -> Result<ConnectReq, Refusal> {
     if c.recfmt != 0 {
         return Err(refuse(
@@ -304,10 +307,31 @@ pub fn check(
         None
     } else {
         let snap = shared.snapshot.load();
+        // A subsystem that does not exist (yet), or that this listener does not serve (yet),
+        // is refused without DNR, as SPDK does (`spdk_nvmf_tgt_find_subsystem` failing in
+        // `nvmf_ctrlr_cmd_connect`: Invalid Parameters at SUBNQN, DNR clear): an operator may
+        // be removing and re-adding it, and a host reconnecting meanwhile must retry rather
+        // than delete its controller (NVMe 2.0 §3.3.3.2.1: DNR set means the same command
+        // would fail again). nvmet sets DNR here, which is what makes blktests nvme/061 race.
         let Some(s) = snap.subsystem(&d.subnqn) else {
             let why = format!("unknown subsystem {}", d.subnqn);
-            return Err(invalid(ipo_data(connect_off::SUBNQN), why));
+            return Err(refuse(
+                Status::CONNECT_INVALID_PARAMETERS,
+                ipo_data(connect_off::SUBNQN),
+                why,
+            ));
         };
+        if !s.served_on(listener.and_then(|a| snap.listener(a))) {
+            let why = match listener {
+                Some(a) => format!("subsystem {} is not served on listener {a}", d.subnqn),
+                None => format!("subsystem {} is not served on this listener", d.subnqn),
+            };
+            return Err(refuse(
+                Status::CONNECT_INVALID_PARAMETERS,
+                ipo_data(connect_off::SUBNQN),
+                why,
+            ));
+        }
         if !s.allows(&d.hostnqn) {
             let why = format!("host {} not allowed", d.hostnqn);
             return Err(refuse(

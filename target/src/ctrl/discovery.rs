@@ -43,8 +43,9 @@ fn referral_entry(addr: SocketAddr) -> Vec<u8> {
 }
 
 /// The discovery log (LID 70h, NVMe-oF 1.1 §5.3): one entry per subsystem the host may see
-/// on each listener, then one per referral (every host sees every referral). `local` stands
-/// in for a listener bound to an unspecified address.
+/// on each listener that serves it (a subsystem's `listeners`), then one per referral (every
+/// host sees every referral). `local` stands in for a listener bound to an unspecified
+/// address.
 pub fn discovery_log(snapshot: &Snapshot, hostnqn: &str, local: SocketAddr) -> Vec<u8> {
     let visible: Vec<_> = snapshot.subsystems.iter().filter(|s| s.allows(hostnqn)).collect();
     let mut entries = Vec::new();
@@ -59,7 +60,7 @@ pub fn discovery_log(snapshot: &Snapshot, hostnqn: &str, local: SocketAddr) -> V
             TlsMode::Required => (1, 2),
             TlsMode::Allowed => (2, 2),
         };
-        for s in &visible {
+        for s in visible.iter().filter(|s| s.served_on(Some(b))) {
             let mut e = vec![0u8; 1024];
             e[0] = 3; // TRTYPE: TCP
             e[1] = if matches!(ip, IpAddr::V4(_)) { 1 } else { 2 }; // ADRFAM

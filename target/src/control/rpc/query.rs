@@ -7,8 +7,8 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use super::{Ctx, REACTOR_TIMEOUT};
 use crate::control::view::{
-    ClassView, CtrlList, CtrlView, DiscoveryView, Lateness, NamespaceView, PerMode, ReactorView, SubsystemView,
-    VersionView,
+    ClassView, CtrlList, CtrlView, DiscoveryView, LatencyView, Lateness, NamespaceView, PathView, PerMode, ReactorView,
+    SubsystemView, VersionView,
 };
 
 /// The NQN a discovery controller reports as its subsystem.
@@ -163,6 +163,7 @@ impl Ctx {
             let groups: std::collections::BTreeSet<u32> = s.namespaces.values().map(|n| n.ana_group).collect();
             snap.listeners
                 .iter()
+                .filter(|l| s.served_on(Some(l)))
                 .map(|l| {
                     let mut v = l.addr.to_string();
                     if l.tls != pollux_conf::TlsMode::None {
@@ -176,6 +177,22 @@ impl Ctx {
                         v.push_str(&format!(" ana {}", ana.join(",")));
                     }
                     v
+                })
+                .collect()
+        };
+        // The same, structured: every group's state, optimized ones included.
+        let paths_of = |s: &crate::subsystem::Subsystem| -> Vec<PathView> {
+            let groups: std::collections::BTreeSet<u32> = s.namespaces.values().map(|n| n.ana_group).collect();
+            snap.listeners
+                .iter()
+                .filter(|l| s.served_on(Some(l)))
+                .map(|l| PathView {
+                    address: l.addr.to_string(),
+                    tls: l.tls.as_str().to_string(),
+                    ana: groups
+                        .iter()
+                        .map(|g| (*g, l.ana.state(*g).name().to_string()))
+                        .collect(),
                 })
                 .collect()
         };
@@ -211,6 +228,7 @@ impl Ctx {
                     .values()
                     .map(|n| {
                         let t = n.totals();
+                        let (read, write) = n.latencies();
                         NamespaceView {
                             nsid: n.nsid,
                             size: n.bytes(),
@@ -225,10 +243,13 @@ impl Ctx {
                             reservation: reservation_summary(&n.resv.state()),
                             polling: n.polling.get().to_string(),
                             rbd: rbd_view(n.backend.as_ref()),
+                            read_latency: LatencyView::of(&read),
+                            write_latency: LatencyView::of(&write),
                         }
                     })
                     .collect(),
                 listeners: listeners_of(s),
+                paths: paths_of(s),
                 controllers: ctrls
                     .controllers
                     .iter()
