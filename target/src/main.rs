@@ -12,9 +12,12 @@ use pollux_conf::Config;
 use pollux_target::{Options, Target};
 use tracing::{error, info};
 
+/// `pollux --version`: the version and the commit built.
+const LONG_VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("POLLUX_BUILD_COMMIT"), ")");
+
 /// pollux: a polled-mode NVMe-over-TCP storage target.
 #[derive(Debug, Parser)]
-#[command(version, about, args_conflicts_with_subcommands = true)]
+#[command(name = "pollux", version = LONG_VERSION, about, args_conflicts_with_subcommands = true)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,

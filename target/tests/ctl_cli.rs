@@ -262,3 +262,15 @@ fn check_prints_file_line_col_first() {
     std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
     let _ = std::fs::remove_dir_all(&d);
 }
+
+#[test]
+fn version_names_pollux_and_its_commit() {
+    let o = Command::new(BIN).arg("--version").output().unwrap();
+    assert!(o.status.success());
+    let v = out(&o);
+    assert!(
+        v.starts_with(&format!("pollux {} (commit ", env!("CARGO_PKG_VERSION"))),
+        "{v}"
+    );
+    assert!(v.contains(pollux_target::BUILD_COMMIT), "{v}");
+}

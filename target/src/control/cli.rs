@@ -168,8 +168,8 @@ pub fn format_result(cmd: &CtlCommand, v: Value) -> Result<String, ControlError>
         CtlCommand::Version => {
             let x: VersionView = serde_json::from_value(v).map_err(de)?;
             format!(
-                "pollux {}  uptime {:.0}s  reactors {}  pid {}\n",
-                x.version, x.uptime_s, x.reactors, x.pid
+                "pollux {} (commit {})  uptime {:.0}s  reactors {}  pid {}\n",
+                x.version, x.commit, x.uptime_s, x.reactors, x.pid
             )
         }
         CtlCommand::Reactors { wide } => {

@@ -52,6 +52,9 @@ pub struct Lateness {
 pub struct VersionView {
     /// Crate version.
     pub version: String,
+    /// The commit built (`unknown` outside a git checkout).
+    #[serde(default)]
+    pub commit: String,
     /// Seconds since the control plane started (with the target).
     pub uptime_s: f64,
     /// Number of reactors.

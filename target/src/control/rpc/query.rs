@@ -20,7 +20,8 @@ impl Ctx {
     /// `version`.
     pub fn version(&self) -> VersionView {
         VersionView {
-            version: env!("CARGO_PKG_VERSION").to_string(),
+            version: crate::VERSION.to_string(),
+            commit: crate::BUILD_COMMIT.to_string(),
             uptime_s: self.started.elapsed().as_secs_f64(),
             reactors: self.reactor_count(),
             pid: std::process::id(),
