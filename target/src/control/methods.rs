@@ -245,7 +245,7 @@ pub const METHODS: &[Method] = &[
         summary: "Write the running conf to its file (comments kept, FILE.bak kept), or elsewhere",
         mutation: false,
         verb: false,
-        params: &[p("path", Kind::Str, "another file to write")],
+        params: &[at("to", "path", Kind::Str, "another file to write")],
     },
     Method {
         name: "add_subsystem",
@@ -331,7 +331,7 @@ pub const METHODS: &[Method] = &[
     },
     Method {
         name: "set_polling",
-        summary: "Set a namespace's polling policy (without --nsid: the subsystem's default)",
+        summary: "Set a namespace's polling policy (NSID `default`: the subsystem's, for its namespaces that set none)",
         mutation: true,
         verb: true,
         params: &[
@@ -466,6 +466,28 @@ pub fn insert_at(obj: &mut Map<String, Value>, path: &str, v: Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_reference_lists_every_method_with_its_params() {
+        // conf/REFERENCE.md's "`pollux ctl` verbs" table is written from this table:
+        // regenerate it when a method or a param changes.
+        let doc = include_str!("../../../conf/REFERENCE.md");
+        for m in METHODS {
+            let row = format!("| `{}` | `{}", m.name, m.verb_name());
+            let line = doc
+                .lines()
+                .find(|l| l.starts_with(&row))
+                .unwrap_or_else(|| panic!("conf/REFERENCE.md lacks the row of {}", m.name));
+            for p in m.params {
+                let shown = if p.positional {
+                    p.name.to_uppercase()
+                } else {
+                    format!("--{}", p.name)
+                };
+                assert!(line.contains(&shown), "REFERENCE's {} row lacks {shown}", m.name);
+            }
+        }
+    }
 
     #[test]
     fn names_are_unique_and_suggestions_find_typos() {

@@ -412,8 +412,10 @@ fn document_text(c: &pollux_conf::Config) -> String {
 /// dotted path) and the value given when the refusal points into what the change wrote.
 fn refusal(method: &str, text: &str, edited: &[Step], e: &pollux_conf::ConfError) -> RpcError {
     let at = e.span().map(|s| s.start);
+    // A key's value is never echoed (`dhchap_key`, `dhchap_ctrl_key`, `tls_key`).
+    let secret = |p: &str| p.rsplit('.').next().is_some_and(|k| k.ends_with("_key"));
     match at.and_then(|at| document::param_at(text, edited, at)) {
-        Some((param, shown)) if !shown.is_empty() => {
+        Some((param, shown)) if !shown.is_empty() && !secret(&param) => {
             RpcError::params(format!("{method}: param '{param}' = {shown}: {}", e.message()))
         }
         Some((param, _)) => RpcError::params(format!("{method}: param '{param}': {}", e.message())),
