@@ -62,7 +62,7 @@ expect() { # WHAT GOT WANT
 [ -S "$sock" ] || fail "no control socket at $sock"
 expect "socket mode" "$(stat -c %a "$sock")" 600
 out=$(ctl version) || fail "ctl version failed"
-grep -qE '^pollux [0-9]+\.[0-9]+\.[0-9]+ +uptime [0-9]+s +reactors 2 ' <<<"$out" || fail "ctl version: $out"
+grep -qE '^pollux [0-9]+\.[0-9]+\.[0-9]+ \(commit [0-9a-z-]+\) +uptime [0-9]+s +reactors 2 ' <<<"$out" || fail "ctl version: $out"
 log "ok: $out"
 conf2=$CI_LOG_DIR/second.toml
 write_conf "$conf2" "$(free_port)" "$(free_port)"

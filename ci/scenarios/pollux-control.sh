@@ -62,8 +62,7 @@ guest=$!
 ci_track "$guest"
 
 wait_guest add-ns
-ctl call add_namespace "{\"nqn\":\"$sub1\",\"nsid\":2,\"backend\":{\"ram\":{\"size\":\"32MiB\"}}}" ||
-    fail "ctl add_namespace"
+ctl add-namespace --nqn "$sub1" --nsid 2 --ram 32MiB || fail "ctl add-namespace"
 # A bad request is refused with a clear message and changes nothing.
 if out=$(ctl call add_namespace "{\"nqn\":\"$sub1\",\"nsid\":2,\"backend\":{\"ram\":{\"size\":\"1MiB\"}}}" 2>&1); then
     fail "a duplicate nsid was accepted"
@@ -72,7 +71,7 @@ log "refused as expected: $out"
 answer add-ns
 
 wait_guest add-listener
-ctl call add_listener "{\"address\":\"127.0.0.1:$p2\"}" || fail "ctl add_listener"
+ctl add-listener --address "127.0.0.1:$p2" || fail "ctl add-listener"
 answer add-listener
 
 wait_guest remove-host

@@ -61,10 +61,12 @@ fn opt(v: Option<u64>) -> String {
 
 /// The columns of the default reactors table, which fits 120 columns (`--wide`: all of
 /// them).
-const ESSENTIAL: [&str; 12] = [
+const ESSENTIAL: [&str; 14] = [
     "REACTOR",
     "CORE",
     "MODE",
+    "ADAPTIVE",
+    "BUDGET",
     "POLL%",
     "HYBRID%",
     "INTR%",
