@@ -27,8 +27,10 @@ fn populating() -> bool {
 /// reactor logged 11-22 ms stalls. Measured here on one CPU with QD1 round trips during a
 /// 2 GiB fill, on a 2-CPU machine loaded by other builds: 12-34 stalls (callbacks over
 /// 2 ms) a second and a p99 of 4-8 ms before the fill ran at SCHED_IDLE; 0-1.5 stalls a
-/// second after, as with no fill at all (0.5-4.5), so the bound leaves room for a busy
-/// machine.
+/// second after, as with no fill at all (0.5-4.5). The bound sits between the two, away
+/// from both: a busy machine's own stalls do not fail it, the defect's do. (The property
+/// itself, a SCHED_IDLE fill off the reactors' cores, is checked without timing by
+/// `backend::ram`'s unit test.)
 #[test]
 fn a_reactor_serves_while_a_large_ram_namespace_populates() {
     one_cpu();
@@ -78,7 +80,7 @@ backend = { ram = { size = "2GiB" } }
     assert!(connect < Duration::from_secs(1), "connect took {connect:?}");
     let per_s = stalled as f64 / watched.as_secs_f64();
     assert!(
-        per_s <= 4.0,
+        per_s <= 8.0,
         "the reactor stalled {stalled} times in {watched:?} of the fill (p99 {p99:?}, worst {worst:?})"
     );
     c.shutdown().unwrap();

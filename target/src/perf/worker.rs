@@ -703,15 +703,7 @@ fn fill(
                 });
             }
             in_flight[qi] -= n;
-            if n > 0 {
-                last = Instant::now();
-            } else if last.elapsed() > opts.timeout {
-                return Err(PerfError::Stalled {
-                    qid: q.qid,
-                    in_flight: in_flight[qi],
-                    waited: last.elapsed(),
-                });
-            }
+            progressed(n, &mut last, opts.timeout, q.qid, in_flight[qi])?;
         }
         if !busy {
             return Ok(());
@@ -794,18 +786,26 @@ fn read_back(
                 return Err(e);
             }
             in_flight[qi] -= n;
-            if n > 0 {
-                last = Instant::now();
-            } else if last.elapsed() > opts.timeout {
-                return Err(PerfError::Stalled {
-                    qid: q.qid,
-                    in_flight: in_flight[qi],
-                    waited: last.elapsed(),
-                });
-            }
+            progressed(n, &mut last, opts.timeout, q.qid, in_flight[qi])?;
         }
         if !busy {
             return Ok(checked);
         }
     }
+}
+
+/// A poll of queue `qid` completed `n` commands: note the progress, or fail the run when
+/// none has come for `timeout` with `in_flight` commands out (a fill's or a read-back's
+/// stall, as the measured phase's).
+fn progressed(n: usize, last: &mut Instant, timeout: Duration, qid: u16, in_flight: usize) -> Result<(), PerfError> {
+    if n > 0 {
+        *last = Instant::now();
+    } else if last.elapsed() > timeout {
+        return Err(PerfError::Stalled {
+            qid,
+            in_flight,
+            waited: last.elapsed(),
+        });
+    }
+    Ok(())
 }
