@@ -130,8 +130,8 @@ start_pollux "$conf" "$p_io"
 rot=$CI_LOG_DIR/rotate.sh
 cat > "$rot" <<SH
 #!/bin/sh
-"$POLLUX_BIN" ctl --socket "$sock" call set_host_keys \
-    '{"nqn":"$pfx:s384","host":"$host","dhchap_key_file":"$keys/krot.key","dhchap_ctrl_key_file":"$keys/c384.key"}' \
+"$POLLUX_BIN" ctl --socket "$sock" set-host-keys --nqn "$pfx:s384" --host "$host" \
+    --dhchap-key-file "$keys/krot.key" --dhchap-ctrl-key-file "$keys/c384.key" \
     >> "$CI_LOG_DIR/rotate.log" 2>&1 && echo rotated || echo rotate-failed
 SH
 chmod +x "$rot"
@@ -146,7 +146,8 @@ run_guest pollux-auth.sh --kernel 6.12 --timeout 420 --guestfwd "4420=$p_io" --g
     --env "KROT=$krot" --env "KWRONG=$kwrong" --env "CWRONG=$cwrong" "${big_env[@]}" ||
     fail "pollux-auth guest failed (pollux log: $POLLUX_LOG)"
 
-grep -q "rotated" "$CI_LOG_DIR/relay.log" 2>/dev/null || grep -q '"changed_subsystems"' "$CI_LOG_DIR/rotate.log" ||
+grep -q "rotated" "$CI_LOG_DIR/relay.log" 2>/dev/null ||
+    grep -q "^set-host-keys: changed subsystem $pfx:s384" "$CI_LOG_DIR/rotate.log" ||
     fail "the key was never rotated (rotate.log: $(cat "$CI_LOG_DIR/rotate.log" 2>/dev/null))"
 # Every outcome in pollux's log, with the host NQN; never a key.
 for want in "queue authenticated (DH-HMAC-CHAP) .*hash=sha256 dhgroup=null" \
