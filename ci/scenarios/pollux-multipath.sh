@@ -63,7 +63,7 @@ ci_track "$guest"
 
 wait_guest inaccessible
 ctl subsystems | tee "$CI_LOG_DIR/subsystems-inaccessible.txt"
-grep -q "127.0.0.1:$p1 ana 1:inaccessible" "$CI_LOG_DIR/subsystems-inaccessible.txt" ||
+grep -qE "^ +127\.0\.0\.1:$p1 +none +1:inaccessible\b" "$CI_LOG_DIR/subsystems-inaccessible.txt" ||
     fail "ctl subsystems does not show the inaccessible path"
 # A bad request changes nothing.
 if out=$(ctl set-ana-state "127.0.0.1:$p1" 999 optimized 2>&1); then fail "group 999 was accepted"; fi
