@@ -524,6 +524,20 @@ mod tests {
     }
 
     #[test]
+    fn the_decoder_accepts_todays_nvm_opcodes() {
+        let s = subsystem();
+        let accepted = [
+            0x00, 0x01, 0x02, 0x05, 0x08, 0x09, 0x0C, 0x0D, 0x0E, 0x11, 0x15, 0x19,
+        ];
+        for op in 0..=255u8 {
+            let mut q = sqe::read(1, 0, 1);
+            q.opcode = op;
+            let invalid = decode_io(&q, &s, MAX_IO).err() == Some(Status::INVALID_OPCODE.with_dnr());
+            assert_eq!(invalid, !accepted.contains(&op), "opcode {op:#x}");
+        }
+    }
+
+    #[test]
     fn dataset_management_maps_to_deallocate_only_with_the_attribute_and_blocks() {
         let s = subsystem();
         let ns = s.namespace(1).cloned().unwrap_or_else(|| panic!("namespace 1"));

@@ -86,6 +86,15 @@ fn copy_str(dst: &mut [u8], s: &str) {
     dst[..n].copy_from_slice(&s.as_bytes()[..n]);
 }
 
+/// Optional NVM Command Support (Identify Controller ONCS, NVMe 2.0 §5.17.2.1): Compare
+/// (bit 0), Dataset Management (bit 2), Write Zeroes (bit 3), Get Features Select and Set
+/// Features Save (bit 4: every feature answers them; none is saveable), Reservations (bit 5),
+/// Verify (bit 7), Copy (bit 8).
+pub const ONCS: u16 = 1u16 | (1 << 2) | (1 << 3) | (1 << 4) | (1 << 5) | (1 << 7) | (1 << 8);
+/// Optional Admin Command Support (Identify Controller OACS, NVMe 2.0 §5.17.2.1): none of
+/// the optional admin commands is served.
+pub const OACS: u16 = 0;
+
 /// MDTS in units of the minimum page size (4 KiB), as a power of two.
 pub fn mdts(max_io_size: u32) -> u8 {
     (max_io_size / 4096).max(1).ilog2() as u8
@@ -158,10 +167,8 @@ pub fn identify_controller(ctrl: &Ctrl, shared: &Shared) -> Vec<u8> {
     id.cqes = 0x44;
     id.maxcmd = (t.io_queue_depth.min(0xFFFF) as u16).to_le();
     id.nn = nn.to_le();
-    // Compare (bit 0), Dataset Management (bit 2), Write Zeroes (bit 3), Get Features
-    // Select and Set Features Save (bit 4: every feature answers them; none is saveable),
-    // Reservations (bit 5), Verify (bit 7), Copy (bit 8).
-    id.oncs = (1u16 | (1 << 2) | (1 << 3) | (1 << 4) | (1 << 5) | (1 << 7) | (1 << 8)).to_le();
+    id.oacs = OACS.to_le();
+    id.oncs = ONCS.to_le();
     // FUSES bit 0: fused Compare and Write (NVMe 2.0 §5.17.2.1, `conn::fused`).
     id.fuses = 1u16.to_le();
     // OCFS bit 0: Copy source range format 0 (NVM Command Set 1.0 §4.1.5.1... Figure 97).
@@ -489,4 +496,16 @@ pub fn execute(ctrl: &mut Ctrl, env: &AdminEnv<'_>, sqe: &Sqe) -> Outcome {
         Admin::Unsupported(_) => Reply::err(Status::INVALID_OPCODE.with_dnr()),
     };
     Outcome::Reply { rep, max_len }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identify_controller_reports_todays_optional_commands() {
+        // Compare, Dataset Management, Write Zeroes, Save/Select, Reservations, Verify, Copy.
+        assert_eq!(ONCS, 0x01BD);
+        assert_eq!(OACS, 0);
+    }
 }

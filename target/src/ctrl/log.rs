@@ -212,3 +212,39 @@ pub fn get_log_page(
     };
     log_slice(log, offset, len)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_effects_log_lists_todays_commands() {
+        let dword = |log: &[u8], at: usize| u32::from_le_bytes([log[at], log[at + 1], log[at + 2], log[at + 3]]);
+        let log = effects_log();
+        assert_eq!(log.len(), 4096);
+        // Admin (ACS): Get Log Page, Identify, Abort, Set/Get Features, AER, Keep Alive.
+        let admin = [0x02, 0x06, 0x08, 0x09, 0x0A, 0x0C, 0x18];
+        // I/O (IOCS): CSUPP, and LBCC for Write, Write Zeroes, Dataset Management, Copy.
+        let io = [
+            (0x00, 1),
+            (0x01, 3),
+            (0x02, 1),
+            (0x05, 1),
+            (0x08, 3),
+            (0x09, 3),
+            (0x0C, 1),
+            (0x0D, 1),
+            (0x0E, 1),
+            (0x11, 1),
+            (0x15, 1),
+            (0x19, 3),
+        ];
+        for op in 0..256usize {
+            let want = u32::from(admin.contains(&op));
+            assert_eq!(dword(&log, op * 4), want, "ACS {op:#x}");
+            let want = io.iter().find(|(o, _)| *o == op).map_or(0, |(_, v)| *v);
+            assert_eq!(dword(&log, 1024 + op * 4), want, "IOCS {op:#x}");
+        }
+        assert!(log[2048..].iter().all(|&b| b == 0));
+    }
+}
