@@ -1,12 +1,14 @@
 //! Hand-written NVMe base spec 2.0 wire structures and constants: the submission queue entry
 //! (SQE, NVMe 2.0 §4.2), the completion queue entry (CQE, NVMe 2.0 §4.6), the SGL descriptor (NVMe 2.0 §4.3.2), status
-//! values (NVMe 2.0 §4.6.1.2), opcodes (NVMe 2.0 §5, NVM Command Set 1.0 §3, NVMe-oF 1.1 §6) and the
+//! values (NVMe 2.0 §4.6.1.2), opcodes (NVMe 2.0 §5, NVM Command Set 1.0 §3, NVMe-oF 1.1 §6),
+//! the table of the commands served ([`command`]) and the
 //! controller properties a fabrics target exposes (NVMe 2.0 §3.1.3).
 //!
 //! Multi-byte fields use `zerocopy::little_endian` types: the structs have alignment 1, can be
 //! read from any offset of a receive buffer, and are correct on any host.
 
 pub mod ana;
+pub mod command;
 mod cqe;
 mod ids;
 pub mod opcode;
@@ -16,6 +18,7 @@ mod sgl;
 pub mod smart;
 mod sqe;
 mod status;
+pub mod text;
 
 pub use ana::AnaState;
 pub use cqe::Cqe;
