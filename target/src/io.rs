@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use pollux_nvme::spec::resv::{Access, ResvCdw10};
-use pollux_nvme::spec::{Sqe, Status, opcode};
+use pollux_nvme::spec::{Sqe, Status, command, opcode};
 
 use crate::backend::{BlockOp, WriteData};
 use crate::sgl::{DataPtr, data_ptr};
@@ -223,21 +223,8 @@ pub fn decode_io(sqe: &Sqe, subsys: &Subsystem, max_io: u32) -> Result<Io, Statu
     if sqe.opcode == FLUSH && nsid == u32::MAX {
         return Ok(Io::Flush { ns: None });
     }
-    if !matches!(
-        sqe.opcode,
-        FLUSH
-            | READ
-            | WRITE
-            | WRITE_ZEROES
-            | DATASET_MANAGEMENT
-            | COMPARE
-            | VERIFY
-            | RESERVATION_REGISTER
-            | RESERVATION_ACQUIRE
-            | RESERVATION_RELEASE
-            | RESERVATION_REPORT
-            | COPY
-    ) {
+    // The NVM commands served (`command::NVM`): one bit test.
+    if !command::NVM_OPCODES.contains(sqe.opcode) {
         return Err(Status::INVALID_OPCODE.with_dnr());
     }
     if sqe.fuse() != Sqe::FUSE_NONE {
@@ -526,9 +513,7 @@ mod tests {
     #[test]
     fn the_decoder_accepts_todays_nvm_opcodes() {
         let s = subsystem();
-        let accepted = [
-            0x00, 0x01, 0x02, 0x05, 0x08, 0x09, 0x0C, 0x0D, 0x0E, 0x11, 0x15, 0x19,
-        ];
+        let accepted = [0x00, 0x01, 0x02, 0x05, 0x08, 0x09, 0x0C, 0x0D, 0x0E, 0x11, 0x15, 0x19];
         for op in 0..=255u8 {
             let mut q = sqe::read(1, 0, 1);
             q.opcode = op;

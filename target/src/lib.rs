@@ -16,6 +16,8 @@
 //! | Controller state, AER events, keep-alive deadline, subsystem changes (NVMe 2.0 §3, §5.2) | [`ctrl`] | `ctrlr.c` |
 //! | Fabrics commands, Connect checks, I/O queue attach (NVMe-oF 1.1 §3.3, §6) | [`ctrl::connect`] | `ctrlr.c` |
 //! | Admin commands: Identify, Get/Set Features, Keep Alive, AER, Abort (NVMe 2.0 §5) | [`ctrl::admin`] | `ctrlr.c` |
+//! | What a controller command answers: status, completion dwords, data | [`ctrl::reply`] | `spdk_nvmf_request` rsp |
+//! | The commands served, one table per command set (opcode, name, data direction, effects, ONCS/OACS bit): the I/O decoder's opcodes, the Commands Supported and Effects log and Identify's ONCS/OACS derive from it (NVMe 2.0 §5.16.1.6) | [`pollux_nvme::spec::command`] | `g_cmds_and_effect_log_page` |
 //! | Properties CAP/VS/CC/CSTS (NVMe-oF 1.1 §6.5-6.6) | [`ctrl::property`] | `ctrlr.c` |
 //! | Log pages (NVMe 2.0 §5.16) | [`ctrl::log`] | `ctrlr.c` |
 //! | Discovery log (NVMe-oF 1.1 §5.3), referrals to other targets | [`ctrl::discovery`], [`referral`] | `ctrlr_discovery.c` |

@@ -12,8 +12,9 @@ use pollux_reactor::{Reactor, SourceId};
 use tracing::{info, warn};
 
 use super::{Conn, Queue};
-use crate::ctrl::admin::{Reply, c2h_len};
+use crate::ctrl::admin::c2h_len;
 use crate::ctrl::auth::{AuthCtx, DhDone, DhJob, MAX_MESSAGE, Outcome, QueueAuth, check_command};
+use crate::ctrl::reply::Reply;
 
 /// How long a queue that must authenticate may take to (after its Connect, or after a
 /// failed exchange), before it is closed: a host that stalls mid-exchange holds nothing for

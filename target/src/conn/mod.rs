@@ -33,8 +33,8 @@ pub use admin::for_each_ctrl;
 pub use io::deliver;
 
 use crate::ana::AnaStates;
-use crate::ctrl::admin::Reply;
 use crate::ctrl::auth::QueueAuth;
+use crate::ctrl::reply::Reply;
 use crate::ctrl::{Ctrl, QueueRef};
 use crate::listener::Path;
 use crate::request::Requests;

@@ -11,11 +11,13 @@ use std::time::Instant;
 use pollux_conf::DISCOVERY_NQN;
 use pollux_nvme::bindings::{nvme_id_ctrl, nvme_id_ns};
 use pollux_nvme::spec::ana::{ANAGRPMAX, ANATT_S};
-use pollux_nvme::spec::{Sqe, Status, Vs, cns, opcode};
+use pollux_nvme::spec::text::{ascii_padded, nul_terminated};
+use pollux_nvme::spec::{Sqe, Status, Vs, cns, command, opcode};
 use zerocopy::{FromZeros, IntoBytes};
 
 use super::features::{CCTEMP_K, FeatureEffect, WCTEMP_K, get_features, set_features};
 use super::log::{LogEnv, get_log_page};
+use super::reply::Reply;
 use super::{AER_LIMIT, Ctrl, ERROR_LOG_ENTRIES};
 use crate::sgl::{DataPtr, Xfer, data_ptr, xfer};
 use crate::subsystem::Shared;
@@ -25,75 +27,6 @@ use crate::tcp::ADMIN_IN_CAPSULE;
 pub const VERSION: Vs = Vs::V1_3;
 /// Keep-alive granularity reported in KAS, in 100 ms units.
 pub const KAS_100MS: u16 = 10;
-
-/// The result of a command: status, completion dwords and data for the host.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Reply {
-    /// Status.
-    pub status: Status,
-    /// Completion dword 0.
-    pub dw0: u32,
-    /// Completion dword 1.
-    pub dw1: u32,
-    /// Controller-to-host data.
-    pub data: Vec<u8>,
-}
-
-impl Reply {
-    /// Success without data.
-    pub fn ok() -> Self {
-        Self::dw0(0)
-    }
-    /// Success with a result dword.
-    pub fn dw0(dw0: u32) -> Self {
-        Self {
-            status: Status::SUCCESS,
-            dw0,
-            dw1: 0,
-            data: Vec::new(),
-        }
-    }
-    /// Success with data.
-    pub fn data(data: Vec<u8>) -> Self {
-        Self {
-            status: Status::SUCCESS,
-            dw0: 0,
-            dw1: 0,
-            data,
-        }
-    }
-    /// An error.
-    pub fn err(status: Status) -> Self {
-        Self {
-            status,
-            dw0: 0,
-            dw1: 0,
-            data: Vec::new(),
-        }
-    }
-}
-
-pub(super) fn pad_ascii(dst: &mut [u8], s: &str) {
-    dst.fill(b' ');
-    for (d, c) in dst.iter_mut().zip(s.bytes()) {
-        *d = c;
-    }
-}
-
-fn copy_str(dst: &mut [u8], s: &str) {
-    dst.fill(0);
-    let n = s.len().min(dst.len().saturating_sub(1));
-    dst[..n].copy_from_slice(&s.as_bytes()[..n]);
-}
-
-/// Optional NVM Command Support (Identify Controller ONCS, NVMe 2.0 §5.17.2.1): Compare
-/// (bit 0), Dataset Management (bit 2), Write Zeroes (bit 3), Get Features Select and Set
-/// Features Save (bit 4: every feature answers them; none is saveable), Reservations (bit 5),
-/// Verify (bit 7), Copy (bit 8).
-pub const ONCS: u16 = 1u16 | (1 << 2) | (1 << 3) | (1 << 4) | (1 << 5) | (1 << 7) | (1 << 8);
-/// Optional Admin Command Support (Identify Controller OACS, NVMe 2.0 §5.17.2.1): none of
-/// the optional admin commands is served.
-pub const OACS: u16 = 0;
 
 /// MDTS in units of the minimum page size (4 KiB), as a power of two.
 pub fn mdts(max_io_size: u32) -> u8 {
@@ -114,9 +47,9 @@ pub fn identify_controller(ctrl: &Ctrl, shared: &Shared) -> Vec<u8> {
         ),
         None => ("", "pollux discovery", DISCOVERY_NQN, 0),
     };
-    pad_ascii(&mut id.sn, serial);
-    pad_ascii(&mut id.mn, model);
-    pad_ascii(&mut id.fr, env!("CARGO_PKG_VERSION"));
+    ascii_padded(&mut id.sn, serial);
+    ascii_padded(&mut id.mn, model);
+    ascii_padded(&mut id.fr, env!("CARGO_PKG_VERSION"));
     id.rab = 6;
     // Several hosts may connect to one subsystem: multi-controller (CMIC bit 1); every
     // listener serves every subsystem, so with more than one it has several ports (bit 0);
@@ -167,8 +100,9 @@ pub fn identify_controller(ctrl: &Ctrl, shared: &Shared) -> Vec<u8> {
     id.cqes = 0x44;
     id.maxcmd = (t.io_queue_depth.min(0xFFFF) as u16).to_le();
     id.nn = nn.to_le();
-    id.oacs = OACS.to_le();
-    id.oncs = ONCS.to_le();
+    // ONCS and OACS: the commands served ([`command`]), as the I/O decoder accepts them.
+    id.oacs = command::OACS.to_le();
+    id.oncs = command::ONCS.to_le();
     // FUSES bit 0: fused Compare and Write (NVMe 2.0 §5.17.2.1, `conn::fused`).
     id.fuses = 1u16.to_le();
     // OCFS bit 0: Copy source range format 0 (NVM Command Set 1.0 §4.1.5.1... Figure 97).
@@ -183,7 +117,7 @@ pub fn identify_controller(ctrl: &Ctrl, shared: &Shared) -> Vec<u8> {
     };
     // SGLs supported (bit 0), SGL data block with offset for in-capsule data (bit 20).
     id.sgls = ((1u32 << 0) | (1 << 20)).to_le();
-    copy_str(&mut id.subnqn, nqn);
+    nul_terminated(&mut id.subnqn, nqn);
     id.ioccsz = ((64 + t.in_capsule_data_size) / 16).to_le();
     id.iorcsz = 1u32.to_le();
     id.msdbd = 1;
@@ -505,7 +439,17 @@ mod tests {
     #[test]
     fn identify_controller_reports_todays_optional_commands() {
         // Compare, Dataset Management, Write Zeroes, Save/Select, Reservations, Verify, Copy.
-        assert_eq!(ONCS, 0x01BD);
-        assert_eq!(OACS, 0);
+        assert_eq!(command::ONCS, 0x01BD);
+        assert_eq!(command::OACS, 0);
+    }
+
+    #[test]
+    fn the_admin_decoder_serves_exactly_the_admin_table() {
+        for op in 0..=255u8 {
+            let mut sqe = Sqe::new_zeroed();
+            sqe.opcode = op;
+            let served = !matches!(decode_admin(&sqe), Admin::Unsupported(_));
+            assert_eq!(served, command::ADMIN_OPCODES.contains(op), "opcode {op:#x}");
+        }
     }
 }

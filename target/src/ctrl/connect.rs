@@ -7,9 +7,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use pollux_conf::{DISCOVERY_NQN, validate_nqn};
+use pollux_nvme::bindings::nvmf_connect_data;
 use pollux_nvme::spec::{Sqe, Status, opcode};
 use pollux_nvme::tls::PskIdentity;
 use tracing::info;
+use zerocopy::FromBytes;
 
 use super::{Ctrl, QueueRef};
 use crate::sgl::{DataPtr, data_ptr};
@@ -121,14 +123,18 @@ pub struct ConnectData {
 
 /// Byte offsets of Connect data fields (for the invalid-parameter offset, IPO).
 pub mod connect_off {
+    use std::mem::offset_of;
+
+    use pollux_nvme::bindings::nvmf_connect_data;
+
     /// Host identifier.
-    pub const HOSTID: u32 = 0;
+    pub const HOSTID: u32 = offset_of!(nvmf_connect_data, hostid) as u32;
     /// Controller id.
-    pub const CNTLID: u32 = 16;
+    pub const CNTLID: u32 = offset_of!(nvmf_connect_data, cntlid) as u32;
     /// Subsystem NQN.
-    pub const SUBNQN: u32 = 256;
+    pub const SUBNQN: u32 = offset_of!(nvmf_connect_data, subsysnqn) as u32;
     /// Host NQN.
-    pub const HOSTNQN: u32 = 512;
+    pub const HOSTNQN: u32 = offset_of!(nvmf_connect_data, hostnqn) as u32;
 }
 
 /// Byte offsets in the Connect SQE (for IPO with IATTR 0).
@@ -154,16 +160,14 @@ fn nqn_field(b: &[u8]) -> Result<String, ()> {
 
 /// Parse Connect data; Err carries the offset of the bad field.
 pub fn parse_connect_data(d: &[u8]) -> Result<ConnectData, u32> {
-    if d.len() < 1024 {
+    let Ok((cd, _)) = nvmf_connect_data::read_from_prefix(d) else {
         return Err(connect_off::HOSTID);
-    }
-    let mut hostid = [0u8; 16];
-    hostid.copy_from_slice(&d[0..16]);
+    };
     Ok(ConnectData {
-        hostid,
-        cntlid: u16::from_le_bytes([d[16], d[17]]),
-        subnqn: nqn_field(&d[256..512]).map_err(|_| connect_off::SUBNQN)?,
-        hostnqn: nqn_field(&d[512..768]).map_err(|_| connect_off::HOSTNQN)?,
+        hostid: cd.hostid,
+        cntlid: u16::from_le(cd.cntlid),
+        subnqn: nqn_field(&cd.subsysnqn).map_err(|_| connect_off::SUBNQN)?,
+        hostnqn: nqn_field(&cd.hostnqn).map_err(|_| connect_off::HOSTNQN)?,
     })
 }
 
@@ -420,4 +424,24 @@ pub fn attach_io(ctrl: &mut Ctrl, qid: u16, d: &ConnectData, q: QueueRef) -> Res
 /// The refusal for an I/O queue Connect naming a controller that does not exist.
 pub fn no_such_controller() -> Refusal {
     invalid(ipo_data(connect_off::CNTLID), "no such controller")
+}
+
+#[cfg(test)]
+mod tests {
+    use pollux_nvme::spec::command::{FABRICS, Opcodes};
+    use zerocopy::FromZeros;
+
+    use super::*;
+
+    #[test]
+    fn the_fabrics_decoder_serves_exactly_the_fabrics_table() {
+        let served = Opcodes::of(FABRICS);
+        for t in 0..=255u8 {
+            let mut sqe = Sqe::new_zeroed();
+            sqe.opcode = opcode::FABRICS;
+            sqe.set_fctype(t);
+            let decoded = !matches!(decode_fabrics(&sqe), Fabrics::Other(_));
+            assert_eq!(decoded, served.contains(t), "fctype {t:#x}");
+        }
+    }
 }

@@ -13,7 +13,7 @@ use pollux_nvme::spec::{Status, feature};
 use std::sync::Arc;
 
 use super::Ctrl;
-use super::admin::Reply;
+use super::reply::Reply;
 use crate::subsystem::{Namespace, Shared};
 
 /// Warning Composite Temperature Threshold reported in Identify Controller (WCTEMP, kelvin)

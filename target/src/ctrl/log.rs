@@ -5,10 +5,13 @@
 
 use std::net::SocketAddr;
 
-use pollux_nvme::spec::{Status, log_page, opcode};
+use pollux_nvme::bindings::{nvme_error_log_page, nvmf_trtype};
+use pollux_nvme::spec::text::ascii_padded;
+use pollux_nvme::spec::{Status, command, log_page};
+use zerocopy::{FromZeros, IntoBytes};
 
-use super::admin::{Reply, pad_ascii};
 use super::discovery::discovery_log;
+use super::reply::Reply;
 use super::{Ctrl, ERROR_LOG_ENTRIES};
 use crate::health;
 use crate::subsystem::{Shared, Snapshot};
@@ -32,66 +35,36 @@ pub fn smart_log(ctrl: &Ctrl, env: &LogEnv<'_>, nsid: u32) -> Option<Vec<u8>> {
     Some(h.to_page())
 }
 
-/// Error Information (LID 01h): 64-byte entries, newest first.
+/// Error Information (LID 01h, NVMe 2.0 §5.16.1.2): 64-byte entries, newest first.
 pub fn error_log(ctrl: &Ctrl) -> Vec<u8> {
-    let mut out = vec![0u8; 64 * ERROR_LOG_ENTRIES];
-    for (i, e) in ctrl.errors.iter().rev().enumerate() {
-        let b = &mut out[i * 64..i * 64 + 64];
-        b[0..8].copy_from_slice(&e.count.to_le_bytes());
-        b[8..10].copy_from_slice(&e.sqid.to_le_bytes());
-        b[10..12].copy_from_slice(&e.cid.to_le_bytes());
-        b[12..14].copy_from_slice(&e.status.to_cqe_field().to_le_bytes());
-        b[14..16].copy_from_slice(&0xFFFFu16.to_le_bytes()); // parameter error location: n/a
-        b[16..24].copy_from_slice(&e.lba.to_le_bytes());
-        b[24..28].copy_from_slice(&e.nsid.to_le_bytes());
-        b[29] = 3; // transport type: TCP
+    let mut out = vec![0u8; size_of::<nvme_error_log_page>() * ERROR_LOG_ENTRIES];
+    let slots = out.chunks_exact_mut(size_of::<nvme_error_log_page>());
+    for (slot, e) in slots.zip(ctrl.errors.iter().rev()) {
+        let mut page = nvme_error_log_page::new_zeroed();
+        page.error_count = e.count.to_le();
+        page.sqid = e.sqid.to_le();
+        page.cmdid = e.cid.to_le();
+        page.status_field = e.status.to_cqe_field().to_le();
+        page.parm_error_location = 0xFFFFu16.to_le(); // not applicable
+        page.lba = e.lba.to_le();
+        page.nsid = e.nsid.to_le();
+        page.trtype = nvmf_trtype::NVMF_TRTYPE_TCP as u8;
+        slot.copy_from_slice(page.as_bytes());
     }
     out
 }
 
-/// Commands Supported and Effects (LID 05h), NVMe 2.0 §5.16.1.6.
+/// Commands Supported and Effects (LID 05h), NVMe 2.0 §5.16.1.6: the commands served
+/// ([`command`]).
 pub fn effects_log() -> Vec<u8> {
-    use opcode::{admin, io};
-    let mut out = vec![0u8; 4096];
-    let mut set = |base: usize, op: u8, lbcc: bool| {
-        let v: u32 = 1 | if lbcc { 1 << 1 } else { 0 };
-        out[base + op as usize * 4..base + op as usize * 4 + 4].copy_from_slice(&v.to_le_bytes());
-    };
-    for op in [
-        admin::GET_LOG_PAGE,
-        admin::IDENTIFY,
-        admin::ABORT,
-        admin::SET_FEATURES,
-        admin::GET_FEATURES,
-        admin::ASYNC_EVENT_REQUEST,
-        admin::KEEP_ALIVE,
-    ] {
-        set(0, op, false);
-    }
-    for (op, lbcc) in [
-        (io::FLUSH, false),
-        (io::WRITE, true),
-        (io::READ, false),
-        (io::WRITE_ZEROES, true),
-        (io::DATASET_MANAGEMENT, true),
-        (io::COMPARE, false),
-        (io::VERIFY, false),
-        (io::RESERVATION_REGISTER, false),
-        (io::RESERVATION_REPORT, false),
-        (io::RESERVATION_ACQUIRE, false),
-        (io::RESERVATION_RELEASE, false),
-        (io::COPY, true),
-    ] {
-        set(1024, op, lbcc);
-    }
-    out
+    command::effects().to_vec()
 }
 
 /// Firmware Slot Information (LID 03h).
 pub fn firmware_log() -> Vec<u8> {
     let mut out = vec![0u8; 512];
     out[0] = 1; // slot 1 active
-    pad_ascii(&mut out[8..16], env!("CARGO_PKG_VERSION"));
+    ascii_padded(&mut out[8..16], env!("CARGO_PKG_VERSION"));
     out
 }
 
@@ -246,5 +219,35 @@ mod tests {
             assert_eq!(dword(&log, 1024 + op * 4), want, "IOCS {op:#x}");
         }
         assert!(log[2048..].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn error_log_entries_sit_where_the_spec_puts_them() {
+        let mut c = Ctrl::new(1, None, "nqn.h".into(), [0; 16], 0);
+        for count in [7, 8] {
+            c.errors.push_back(super::super::ErrorEntry {
+                count,
+                sqid: 2,
+                cid: 0x1234,
+                status: Status::LBA_OUT_OF_RANGE,
+                nsid: 5,
+                lba: 0x0102_0304_0506_0708,
+            });
+        }
+        let log = error_log(&c);
+        assert_eq!(log.len(), 64 * ERROR_LOG_ENTRIES);
+        // Newest first (NVMe 2.0 §5.16.1.2, Figure 205).
+        let e = &log[..64];
+        assert_eq!(e[0..8], 8u64.to_le_bytes());
+        assert_eq!(e[8..10], 2u16.to_le_bytes());
+        assert_eq!(e[10..12], 0x1234u16.to_le_bytes());
+        assert_eq!(e[12..14], Status::LBA_OUT_OF_RANGE.to_cqe_field().to_le_bytes());
+        assert_eq!(e[14..16], [0xFF, 0xFF]);
+        assert_eq!(e[16..24], 0x0102_0304_0506_0708u64.to_le_bytes());
+        assert_eq!(e[24..28], 5u32.to_le_bytes());
+        assert_eq!((e[28], e[29]), (0, 3), "TRTYPE: TCP");
+        assert!(e[30..].iter().all(|&b| b == 0));
+        assert_eq!(log[64..72], 7u64.to_le_bytes());
+        assert!(log[128..].iter().all(|&b| b == 0));
     }
 }

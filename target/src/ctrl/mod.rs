@@ -1,6 +1,6 @@
 //! Controllers: the state of an admin queue and what its I/O queues need from it (SPDK:
 //! `ctrlr.c`). Fabrics commands and queue creation are in [`connect`], admin commands,
-//! features and properties in [`admin`], log pages in [`log`], the discovery log in
+//! features and properties in [`admin`], what a command answers in [`reply`], log pages in [`log`], the discovery log in
 //! [`discovery`]. Everything here is controller state and decisions, without sockets or
 //! reactors: the connection ([`crate::conn`]) applies them.
 //!
@@ -17,6 +17,7 @@ pub mod discovery;
 pub mod features;
 pub mod log;
 pub mod property;
+pub mod reply;
 pub mod resv;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};

@@ -4,7 +4,8 @@
 use pollux_nvme::spec::{Cap, Cc, Csts, Status, property};
 
 use super::Ctrl;
-use super::admin::{Reply, VERSION};
+use super::admin::VERSION;
+use super::reply::Reply;
 use crate::subsystem::Shared;
 
 /// The CAP property (NVMe 2.0 §3.1.3.1): MQES, CQR, TO 7.5 s, NVM command set, 4 KiB pages.
