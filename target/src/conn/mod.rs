@@ -456,7 +456,7 @@ impl Conn {
             // SPDK ("Cannot allocate tcp_req") end the queue, and so does this, with a
             // C2HTermReq that says why.
             let why = CloseReason::SqOverflow {
-                entries: u32::from(self.sq.entries),
+                entries: self.sq.entries,
             };
             let f = Fatal::new(fes::PDU_SEQUENCE_ERROR, 0, why);
             return self.fatal(r, id, f, &[]);
