@@ -59,8 +59,10 @@ pub(super) fn hosts(cx: &Cx<'_>, list: &[Spanned<RawHost>]) -> Result<Hosts, Con
 
 /// A host's TLS PSK, inline (`tls_key`) or from a file (`tls_key_file`), not both.
 fn tls_key(cx: &Cx<'_>, e: &RawHostEntry) -> Result<Option<TlsKey>, ConfError> {
-    let parse = |t: &str| ConfiguredPsk::parse(t).map_err(|e| e.to_string());
-    Ok(secret_of(cx, &e.tls_key, &e.tls_key_file, "tls_key", parse)?.map(|(key, file)| TlsKey { key, file }))
+    Ok(
+        secret_of(cx, &e.tls_key, &e.tls_key_file, "tls_key", ConfiguredPsk::parse)?
+            .map(|(key, file)| TlsKey { key, file }),
+    )
 }
 
 fn host_keys(cx: &Cx<'_>, span: std::ops::Range<usize>, e: &RawHostEntry) -> Result<Option<HostKeys>, ConfError> {
@@ -83,8 +85,7 @@ fn secret(
     file: &Option<Spanned<String>>,
     key: &str,
 ) -> Result<Option<Secret>, ConfError> {
-    let parse = |t: &str| DhchapKey::parse(t).map_err(|e| e.to_string());
-    Ok(secret_of(cx, inline, file, key, parse)?.map(|(key, file)| Secret { key, file }))
+    Ok(secret_of(cx, inline, file, key, DhchapKey::parse)?.map(|(key, file)| Secret { key, file }))
 }
 
 /// One secret, inline or from a file, not both: the key and the file it came from.
