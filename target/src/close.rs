@@ -14,7 +14,8 @@ use pollux_nvme::tcp::{PduError, PduType};
 
 use crate::tcp::tls::TlsError;
 
-/// Why a connection closed. Display is the log's reason text.
+/// Why a connection closed. Display is the log's reason text. Small (the TLS errors are
+/// boxed): the receive path returns it in every `fill`'s `Result`.
 #[derive(Debug, thiserror::Error)]
 pub enum CloseReason {
     // ------------------------------------------------------------- the socket and TLS
@@ -29,10 +30,10 @@ pub enum CloseReason {
     Write(#[source] io::Error),
     /// A TLS session could not be set up for a host that began a handshake.
     #[error("TLS: {0}")]
-    TlsSetup(#[source] TlsError),
+    TlsSetup(#[source] Box<TlsError>),
     /// The TLS handshake failed (NVMe/TCP 1.0 §3.6.1.3, RFC 8446).
     #[error("TLS handshake failed: {0}")]
-    TlsHandshake(#[source] TlsError),
+    TlsHandshake(#[source] Box<TlsError>),
     /// Plaintext NVMe/TCP on a listener whose TLS is required.
     #[error("plaintext NVMe/TCP on a listener that requires TLS")]
     TlsRequired,
@@ -254,8 +255,10 @@ impl CloseReason {
 }
 
 /// One reactor's closes by kind. Only that reactor's connections add to it (a relaxed
-/// add on a cache line no other reactor writes: no lock); the control plane reads it.
+/// add on cache lines no other reactor writes: no lock, no false sharing between the
+/// reactors' counts, which lie side by side); the control plane reads it.
 #[derive(Debug, Default)]
+#[repr(align(128))]
 pub struct CloseCounts([AtomicU64; CloseKind::COUNT]);
 
 impl CloseCounts {
@@ -299,6 +302,13 @@ mod tests {
         );
         let e = io::Error::from(io::ErrorKind::BrokenPipe);
         assert_eq!(CloseReason::Write(e).to_string(), "write: broken pipe");
+    }
+
+    #[test]
+    fn no_larger_than_the_string_it_replaces() {
+        // The receive path returns it in every fill's Result, an H2CData check in a Fatal.
+        assert!(std::mem::size_of::<CloseReason>() <= std::mem::size_of::<String>());
+        assert!(std::mem::size_of::<Result<crate::tcp::Filled, CloseReason>>() <= std::mem::size_of::<String>());
     }
 
     #[test]

@@ -304,7 +304,8 @@ impl Transport {
             Err(e) => return Err(CloseReason::Read(e)),
         }
         if first[0] == TLS_HANDSHAKE_RECORD {
-            let link = TlsLink::accept(self.sock.clone(), lookup.clone()).map_err(CloseReason::TlsSetup)?;
+            let link =
+                TlsLink::accept(self.sock.clone(), lookup.clone()).map_err(|e| CloseReason::TlsSetup(Box::new(e)))?;
             self.chan = Channel::Tls(Box::new(link));
         } else if *mode == TlsMode::Required {
             return Err(CloseReason::TlsRequired);
@@ -320,7 +321,7 @@ impl Transport {
             return Ok(Filled::default());
         };
         if !link.open {
-            if !link.handshake().map_err(CloseReason::TlsHandshake)? {
+            if !link.handshake().map_err(|e| CloseReason::TlsHandshake(Box::new(e)))? {
                 self.drained = true;
                 return Ok(Filled::default());
             }
