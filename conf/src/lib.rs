@@ -24,15 +24,15 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-pub use error::ConfError;
+pub use error::{ConfError, UnknownValue};
 pub use ids::{DerivedIds, derive_ids, derive_serial};
-pub use nqn::{DISCOVERY_NQN, NQN_MAX_LEN, validate_nqn};
+pub use nqn::{DISCOVERY_NQN, HexError, NQN_MAX_LEN, NqnError, UuidError, validate_nqn};
 pub use pollux_nvme::auth::{DhGroup, DhchapKey, HashId};
 pub use pollux_nvme::spec::AnaState;
 pub use pollux_nvme::spec::ana::ANAGRPMAX;
 pub use pollux_nvme::tls::ConfiguredPsk;
-pub use size::{format_size, parse_size};
-pub use validate::hosts::{read_dhchap_key_file, read_tls_key_file};
+pub use size::{SizeError, format_size, parse_size};
+pub use validate::hosts::{KeyFileError, SecretFileError, read_dhchap_key_file, read_tls_key_file};
 
 /// The text of `conf/examples/ram.toml`, the configuration used when none is
 /// given (see [`Config::embedded_default`]).
@@ -190,16 +190,18 @@ impl fmt::Display for ReactorMode {
 }
 
 impl FromStr for ReactorMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownValue;
+    fn from_str(s: &str) -> Result<Self, UnknownValue> {
         match s {
             "poll" => Ok(ReactorMode::Poll),
             "hybrid" => Ok(ReactorMode::Hybrid),
             "interrupt" => Ok(ReactorMode::Interrupt),
             "adaptive" => Ok(ReactorMode::Adaptive),
-            _ => Err(format!(
-                "unknown reactor mode {s:?}: expected \"poll\", \"hybrid\", \"interrupt\" or \"adaptive\""
-            )),
+            _ => Err(UnknownValue {
+                what: "reactor mode",
+                value: s.to_owned(),
+                expected: r#""poll", "hybrid", "interrupt" or "adaptive""#,
+            }),
         }
     }
 }
@@ -242,15 +244,17 @@ impl fmt::Display for Polling {
 }
 
 impl FromStr for Polling {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownValue;
+    fn from_str(s: &str) -> Result<Self, UnknownValue> {
         match s {
             "auto" => Ok(Polling::Auto),
             "always" => Ok(Polling::Always),
             "never" => Ok(Polling::Never),
-            _ => Err(format!(
-                "unknown polling {s:?}: expected \"auto\", \"always\" or \"never\""
-            )),
+            _ => Err(UnknownValue {
+                what: "polling",
+                value: s.to_owned(),
+                expected: r#""auto", "always" or "never""#,
+            }),
         }
     }
 }
@@ -284,14 +288,16 @@ impl fmt::Display for Placement {
 }
 
 impl FromStr for Placement {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownValue;
+    fn from_str(s: &str) -> Result<Self, UnknownValue> {
         match s {
             "round-robin" => Ok(Placement::RoundRobin),
             "least-loaded" => Ok(Placement::LeastLoaded),
-            _ => Err(format!(
-                "unknown placement {s:?}: expected \"round-robin\" or \"least-loaded\""
-            )),
+            _ => Err(UnknownValue {
+                what: "placement",
+                value: s.to_owned(),
+                expected: r#""round-robin" or "least-loaded""#,
+            }),
         }
     }
 }
@@ -327,14 +333,16 @@ impl fmt::Display for SleepPolicyKind {
 }
 
 impl FromStr for SleepPolicyKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownValue;
+    fn from_str(s: &str) -> Result<Self, UnknownValue> {
         match s {
             "pollux" => Ok(SleepPolicyKind::Pollux),
             "linux-half-mean" => Ok(SleepPolicyKind::LinuxHalfMean),
-            _ => Err(format!(
-                "unknown sleep policy {s:?}: expected \"pollux\" or \"linux-half-mean\""
-            )),
+            _ => Err(UnknownValue {
+                what: "sleep policy",
+                value: s.to_owned(),
+                expected: r#""pollux" or "linux-half-mean""#,
+            }),
         }
     }
 }
@@ -368,14 +376,16 @@ impl fmt::Display for HybridTurnaround {
 }
 
 impl FromStr for HybridTurnaround {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownValue;
+    fn from_str(s: &str) -> Result<Self, UnknownValue> {
         match s {
             "spin" => Ok(HybridTurnaround::Spin),
             "sleep" => Ok(HybridTurnaround::Sleep),
-            _ => Err(format!(
-                "unknown hybrid turnaround {s:?}: expected \"spin\" or \"sleep\""
-            )),
+            _ => Err(UnknownValue {
+                what: "hybrid turnaround",
+                value: s.to_owned(),
+                expected: r#""spin" or "sleep""#,
+            }),
         }
     }
 }
@@ -454,15 +464,17 @@ impl TlsMode {
 }
 
 impl FromStr for TlsMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownValue;
+    fn from_str(s: &str) -> Result<Self, UnknownValue> {
         match s {
             "none" => Ok(TlsMode::None),
             "allowed" => Ok(TlsMode::Allowed),
             "required" => Ok(TlsMode::Required),
-            _ => Err(format!(
-                "unknown tls mode {s:?}: expected \"none\", \"allowed\" or \"required\""
-            )),
+            _ => Err(UnknownValue {
+                what: "tls mode",
+                value: s.to_owned(),
+                expected: r#""none", "allowed" or "required""#,
+            }),
         }
     }
 }

@@ -32,18 +32,15 @@ const MAX_LABEL_LEN: usize = 63;
 ///
 /// In every form the name is at most [`NQN_MAX_LEN`] bytes and holds no
 /// control character (it travels NUL-terminated in Connect data).
-pub fn validate_nqn(s: &str) -> Result<(), String> {
+pub fn validate_nqn(s: &str) -> Result<(), NqnError> {
     if s.is_empty() {
-        return Err("NQN is empty".into());
+        return Err(NqnError::Empty);
     }
     if s.len() > NQN_MAX_LEN {
-        return Err(format!(
-            "NQN is {} bytes long; at most {NQN_MAX_LEN} are allowed (NVMe 2.0 §4.5)",
-            s.len()
-        ));
+        return Err(NqnError::TooLong { len: s.len() });
     }
     if let Some(c) = s.chars().find(|c| c.is_control()) {
-        return Err(format!("NQN contains the control character {c:?}"));
+        return Err(NqnError::ControlCharacter(c));
     }
     if s == DISCOVERY_NQN {
         return Ok(());
@@ -52,12 +49,10 @@ pub fn validate_nqn(s: &str) -> Result<(), String> {
     // the domain form would accept "…:uuid:junk" since "org.nvmexpress" is a
     // valid domain.
     if let Some(uuid) = s.strip_prefix(UUID_NQN_PREFIX) {
-        return parse_uuid(uuid)
-            .map(|_| ())
-            .map_err(|e| format!("NQN in the {UUID_NQN_PREFIX} form must end in a UUID: {e}"));
+        return parse_uuid(uuid).map(|_| ()).map_err(NqnError::Uuid);
     }
     let Some(rest) = s.strip_prefix("nqn.") else {
-        return Err("NQN must start with \"nqn.\" (NVMe 2.0 §4.5)".into());
+        return Err(NqnError::Prefix);
     };
     // NVMe 2.0 §4.5: "yyyy-mm" is the year and month the naming authority acquired
     // the domain; it is followed by a '.' and the reverse domain.
@@ -68,47 +63,117 @@ pub fn validate_nqn(s: &str) -> Result<(), String> {
         && date[5..7].iter().all(u8::is_ascii_digit)
         && date[7] == b'.';
     if !well_formed {
-        return Err("NQN must have the form nqn.yyyy-mm.reverse.domain:name (NVMe 2.0 §4.5)".into());
+        return Err(NqnError::Form);
     }
     let year = digits(&date[..4]);
     let month = digits(&date[5..7]);
     if year < 1970 {
-        return Err(format!(
-            "NQN date {year:04}-{month:02} is implausible: the year must be 1970 or later"
-        ));
+        return Err(NqnError::Year { year, month });
     }
     if !(1..=12).contains(&month) {
-        return Err(format!(
-            "NQN date {year:04}-{month:02} has no month {month:02}: months are 01..12"
-        ));
+        return Err(NqnError::Month { year, month });
     }
     // The first eight bytes are ASCII, so slicing there is on a char boundary.
     let after_date = &rest[8..];
     let Some((domain, name)) = after_date.split_once(':') else {
-        return Err("NQN lacks the ':' that separates the reverse domain from the name (NVMe 2.0 §4.5)".into());
+        return Err(NqnError::Colon);
     };
     if domain.is_empty() {
-        return Err("NQN has an empty reverse domain after the date".into());
+        return Err(NqnError::EmptyDomain);
     }
     for label in domain.split('.') {
         if label.is_empty() {
-            return Err(format!("NQN reverse domain {domain:?} has an empty label"));
+            return Err(NqnError::EmptyLabel {
+                domain: domain.to_owned(),
+            });
         }
         if let Some(c) = label.chars().find(|c| !(c.is_ascii_alphanumeric() || *c == '-')) {
-            return Err(format!(
-                "NQN reverse domain {domain:?} contains {c:?}; labels hold only letters, digits and '-'"
-            ));
+            return Err(NqnError::LabelCharacter {
+                domain: domain.to_owned(),
+                c,
+            });
         }
         if label.len() > MAX_LABEL_LEN {
-            return Err(format!(
-                "NQN reverse domain label {label:?} is longer than {MAX_LABEL_LEN} characters"
-            ));
+            return Err(NqnError::LabelLength {
+                label: label.to_owned(),
+            });
         }
     }
     if name.is_empty() {
-        return Err("NQN must have at least one character after the ':'".into());
+        return Err(NqnError::EmptyName);
     }
     Ok(())
+}
+
+/// Why a name is not an NQN (NVMe 2.0 §4.5).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NqnError {
+    /// Nothing at all.
+    #[error("NQN is empty")]
+    Empty,
+    /// Longer than [`NQN_MAX_LEN`] bytes.
+    #[error("NQN is {len} bytes long; at most {max} are allowed (NVMe 2.0 §4.5)", max = NQN_MAX_LEN)]
+    TooLong {
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// A control character (it travels NUL-terminated in Connect data).
+    #[error("NQN contains the control character {0:?}")]
+    ControlCharacter(char),
+    /// The UUID form, without a UUID after its prefix.
+    #[error("NQN in the {prefix} form must end in a UUID: {0}", prefix = UUID_NQN_PREFIX)]
+    Uuid(UuidError),
+    /// Not `nqn.` first.
+    #[error("NQN must start with \"nqn.\" (NVMe 2.0 §4.5)")]
+    Prefix,
+    /// No `yyyy-mm.` after `nqn.`.
+    #[error("NQN must have the form nqn.yyyy-mm.reverse.domain:name (NVMe 2.0 §4.5)")]
+    Form,
+    /// A year before 1970.
+    #[error("NQN date {year:04}-{month:02} is implausible: the year must be 1970 or later")]
+    Year {
+        /// The year.
+        year: u32,
+        /// The month.
+        month: u32,
+    },
+    /// A month outside 01..12.
+    #[error("NQN date {year:04}-{month:02} has no month {month:02}: months are 01..12")]
+    Month {
+        /// The year.
+        year: u32,
+        /// The month.
+        month: u32,
+    },
+    /// No `:` between the reverse domain and the name.
+    #[error("NQN lacks the ':' that separates the reverse domain from the name (NVMe 2.0 §4.5)")]
+    Colon,
+    /// Nothing between the date and the `:`.
+    #[error("NQN has an empty reverse domain after the date")]
+    EmptyDomain,
+    /// Two dots in a row in the reverse domain.
+    #[error("NQN reverse domain {domain:?} has an empty label")]
+    EmptyLabel {
+        /// The reverse domain.
+        domain: String,
+    },
+    /// A character other than a letter, digit or `-` in the reverse domain.
+    #[error("NQN reverse domain {domain:?} contains {c:?}; labels hold only letters, digits and '-'")]
+    LabelCharacter {
+        /// The reverse domain.
+        domain: String,
+        /// The character.
+        c: char,
+    },
+    /// A label longer than a DNS label may be (RFC 1035 §2.3.4).
+    #[error("NQN reverse domain label {label:?} is longer than {max} characters", max = MAX_LABEL_LEN)]
+    LabelLength {
+        /// The label.
+        label: String,
+    },
+    /// Nothing after the `:`.
+    #[error("NQN must have at least one character after the ':'")]
+    EmptyName,
 }
 
 /// The value of a run of ASCII digits (at most four here, so no overflow).
@@ -124,10 +189,25 @@ fn digits(b: &[u8]) -> u32 {
 /// (NVMe 2.0 §4.5) and the one the conf has always taken. The uuid crate's
 /// own reason is left out of the message: it counts characters and groups
 /// from 0, which reads wrong next to the conf's 1-based line and column.
-pub(crate) fn parse_uuid(s: &str) -> Result<[u8; 16], String> {
+pub(crate) fn parse_uuid(s: &str) -> Result<[u8; 16], UuidError> {
     s.parse::<uuid::fmt::Hyphenated>()
         .map(|u| u.into_uuid().into_bytes())
-        .map_err(|_| format!("{s:?} is not a UUID of the form xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"))
+        .map_err(|_| UuidError(s.to_owned()))
+}
+
+/// Text that is not a UUID in its hyphenated form (the text given).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a UUID of the form xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx")]
+pub struct UuidError(pub String);
+
+/// Text that is not `digits` hex digits (the text given).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{text:?} is not {digits} hex digits")]
+pub struct HexError {
+    /// The text given.
+    pub text: String,
+    /// The digits expected.
+    pub digits: usize,
 }
 
 /// Formats 16 bytes as a UUID in lower-case 8-4-4-4-12 text form.
@@ -136,10 +216,13 @@ pub(crate) fn format_uuid(u: &[u8; 16]) -> String {
 }
 
 /// Parses exactly `2 * N` hex digits (either case) into `N` bytes.
-pub(crate) fn parse_hex<const N: usize>(s: &str) -> Result<[u8; N], String> {
+pub(crate) fn parse_hex<const N: usize>(s: &str) -> Result<[u8; N], HexError> {
     let b = s.as_bytes();
     if b.len() != 2 * N || !b.iter().all(u8::is_ascii_hexdigit) {
-        return Err(format!("{s:?} is not {} hex digits", 2 * N));
+        return Err(HexError {
+            text: s.to_owned(),
+            digits: 2 * N,
+        });
     }
     let mut out = [0u8; N];
     for (i, pair) in b.chunks_exact(2).enumerate() {
@@ -210,7 +293,7 @@ mod tests {
             ),
             ("nqn.2026-11.io.pollux:a\0b", "control"),
         ] {
-            let err = validate_nqn(bad).expect_err(bad);
+            let err = validate_nqn(bad).expect_err(bad).to_string();
             assert!(err.contains(why), "{bad:?}: {err:?} lacks {why:?}");
         }
     }
@@ -223,7 +306,7 @@ mod tests {
         assert_eq!(validate_nqn(&at), Ok(()));
         let over = format!("{at}a");
         assert_eq!(over.len(), 224);
-        let err = validate_nqn(&over).expect_err("224 bytes");
+        let err = validate_nqn(&over).expect_err("224 bytes").to_string();
         assert!(err.contains("224 bytes"), "{err}");
         // Multi-byte characters count in bytes, not characters.
         let wide = format!("{prefix}{}", "é".repeat(101));
@@ -242,7 +325,7 @@ mod tests {
         // The other forms the uuid crate knows are not conf text.
         assert!(parse_uuid("{f81d4fae-7dec-11d0-a765-00a0c91e6bf6}").is_err());
         assert!(parse_uuid("urn:uuid:f81d4fae-7dec-11d0-a765-00a0c91e6bf6").is_err());
-        let err = parse_uuid("not-a-uuid").expect_err("not a uuid");
+        let err = parse_uuid("not-a-uuid").expect_err("not a uuid").to_string();
         assert!(
             err.contains("\"not-a-uuid\" is not a UUID of the form xxxxxxxx-"),
             "{err}"

@@ -11,19 +11,15 @@ const TIB: u64 = 1 << 40;
 /// suffix is a power of 1024: storage sizes here are always binary.
 ///
 /// `Err` holds the reason; overflow of `u64` is an error, not a wrap.
-pub fn parse_size(s: &str) -> Result<u64, String> {
+pub fn parse_size(s: &str) -> Result<u64, SizeError> {
     let t = s.trim();
     let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, suffix) = t.split_at(digits_end);
     if num.is_empty() {
-        return Err(format!(
-            "{s:?} is not a size: expected digits with an optional suffix such as \"64KiB\", \"512M\" or \"1GiB\""
-        ));
+        return Err(SizeError::NotASize(s.to_owned()));
     }
     if suffix.starts_with(['.', ',']) {
-        return Err(format!(
-            "{s:?} is not a size: fractions are not accepted; use a smaller unit (\"1536MiB\", not \"1.5GiB\")"
-        ));
+        return Err(SizeError::Fraction(s.to_owned()));
     }
     let suffix = suffix.trim_start();
     let mult = match suffix.to_ascii_lowercase().as_str() {
@@ -33,15 +29,40 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "g" | "gb" | "gi" | "gib" => GIB,
         "t" | "tb" | "ti" | "tib" => TIB,
         _ => {
-            return Err(format!(
-                "{s:?} has an unknown size suffix {suffix:?}: use K, M, G or T (optionally with \"iB\" or \"B\"; all are powers of 1024)"
-            ));
+            return Err(SizeError::UnknownSuffix {
+                text: s.to_owned(),
+                suffix: suffix.to_owned(),
+            });
         }
     };
     num.parse::<u64>()
         .ok()
         .and_then(|n| n.checked_mul(mult))
-        .ok_or_else(|| format!("{s:?} is too large for a 64-bit byte count"))
+        .ok_or_else(|| SizeError::TooLarge(s.to_owned()))
+}
+
+/// Why a size string is not a size; each names the text given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SizeError {
+    /// No digits first.
+    #[error("{0:?} is not a size: expected digits with an optional suffix such as \"64KiB\", \"512M\" or \"1GiB\"")]
+    NotASize(String),
+    /// A fraction (`1.5G`).
+    #[error("{0:?} is not a size: fractions are not accepted; use a smaller unit (\"1536MiB\", not \"1.5GiB\")")]
+    Fraction(String),
+    /// A suffix other than K, M, G, T (with `i`/`B`) or B.
+    #[error(
+        "{text:?} has an unknown size suffix {suffix:?}: use K, M, G or T (optionally with \"iB\" or \"B\"; all are powers of 1024)"
+    )]
+    UnknownSuffix {
+        /// The text given.
+        text: String,
+        /// Its suffix.
+        suffix: String,
+    },
+    /// More bytes than a `u64` counts.
+    #[error("{0:?} is too large for a 64-bit byte count")]
+    TooLarge(String),
 }
 
 /// Formats a byte count in the largest binary unit that divides it exactly

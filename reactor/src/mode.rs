@@ -47,16 +47,21 @@ impl fmt::Display for Mode {
 }
 
 impl FromStr for Mode {
-    type Err = String;
+    type Err = UnknownMode;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "poll" => Ok(Mode::Poll),
             "hybrid" => Ok(Mode::Hybrid),
             "interrupt" => Ok(Mode::Interrupt),
-            other => Err(format!("unknown reactor mode '{other}' (poll, hybrid, interrupt)")),
+            other => Err(UnknownMode(other.to_owned())),
         }
     }
 }
+
+/// A word that names no [`Mode`] (the word given).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown reactor mode '{0}' (poll, hybrid, interrupt)")]
+pub struct UnknownMode(pub String);
 
 /// Decides, in hybrid mode, when to wake up before an expected completion.
 ///

@@ -122,16 +122,21 @@ impl fmt::Display for Polling {
 }
 
 impl FromStr for Polling {
-    type Err = String;
+    type Err = UnknownPolling;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "auto" => Ok(Polling::Auto),
             "always" => Ok(Polling::Always),
             "never" => Ok(Polling::Never),
-            other => Err(format!("unknown polling '{other}' (auto, always, never)")),
+            other => Err(UnknownPolling(other.to_owned())),
         }
     }
 }
+
+/// A word that names no [`Polling`] (the word given).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown polling '{0}' (auto, always, never)")]
+pub struct UnknownPolling(pub String);
 
 /// A namespace's polling setting as shared by the control plane (which changes it) and every
 /// reactor (which reads it on each command and channel run): one atomic byte, read relaxed.

@@ -27,6 +27,7 @@
 //! | Subsystems, namespaces, hosts: an immutable snapshot swapped whole | [`subsystem`] | `subsystem.c` |
 //! | One queue's glue: routing, the reactor-side effects of controller decisions, the I/O queue | [`conn`] | `tcp.c` (request state machine) |
 //! | Accepting connections and placing them on reactors | [`listener`] | `tcp.c` (acceptor) |
+//! | Why a connection closed, counted per reactor | [`close`] | `spdk_nvmf_qpair_disconnect` |
 //! | Run-time changes (`pollux ctl` add/remove) and the control plane | [`mutate`], [`control`] | `nvmf_rpc.c` |
 //!
 //! [`host`] is the other side: an NVMe/TCP host library for tests and the `pollux perf` load
@@ -35,6 +36,7 @@
 pub mod ana;
 pub mod backend;
 pub mod check;
+pub mod close;
 pub mod conn;
 pub mod control;
 pub mod ctrl;
@@ -169,6 +171,7 @@ impl Target {
             snapshot: ArcSwap::from_pointee(snapshot),
             reactors: n,
             conns_per_reactor: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            closes: (0..n).map(|_| close::CloseCounts::default()).collect(),
             controllers_created: AtomicU64::new(0),
             config: Mutex::new(cfg.clone()),
             started,

@@ -271,6 +271,8 @@ pub struct Shared {
     pub reactors: usize,
     /// Open connections per reactor (for least-loaded placement and stats).
     pub conns_per_reactor: Box<[AtomicU64]>,
+    /// Connections closed per reactor, by why (each reactor adds only to its own).
+    pub closes: Box<[crate::close::CloseCounts]>,
     /// Controllers ever created (for logs).
     pub controllers_created: AtomicU64,
     /// When the target started (SMART power-on hours).

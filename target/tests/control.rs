@@ -606,6 +606,46 @@ fn metrics_endpoint_serves_prometheus_text() {
     ctrl.shutdown().unwrap();
 }
 
+/// The sum over reactors of `pollux_connections_closed_total` for `reason`.
+fn closed_total(body: &str, reason: &str) -> u64 {
+    let label = format!("reason=\"{reason}\"}}");
+    body.lines()
+        .filter(|l| l.starts_with("pollux_connections_closed_total{") && l.contains(&label))
+        .map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap())
+        .sum()
+}
+
+#[test]
+fn closed_connections_are_counted_by_reason() {
+    let env = start_mode("interrupt", true);
+    let addr = env.ctl.metrics_addr().unwrap();
+    let (_, body) = http_get(addr, "/metrics");
+    assert!(
+        body.contains("# TYPE pollux_connections_closed_total counter"),
+        "{body}"
+    );
+    assert_eq!(closed_total(&body, "pdu_sequence"), 0, "{body}");
+    // A command capsule before ICReq (NVMe/TCP 1.0 §3.6.2.1): C2HTermReq, then close.
+    let mut s = TcpStream::connect(common::addr(env.target())).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut capsule = [0u8; 72];
+    capsule[..8].copy_from_slice(&[0x04, 0, 72, 0, 72, 0, 0, 0]);
+    s.write_all(&capsule).unwrap();
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest).unwrap();
+    assert_eq!(rest.first(), Some(&0x03), "C2HTermReq expected: {rest:?}");
+    // The count is the reactor's, read by the next scrape.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let (_, body) = http_get(addr, "/metrics");
+        if closed_total(&body, "pdu_sequence") == 1 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "close not counted:\n{body}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn every_listed_method_is_dispatched() {
     // `pollux ctl call` accepts rpc::METHODS: each must reach a handler (a missing or bad

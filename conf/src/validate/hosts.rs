@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
+use pollux_nvme::auth::KeyError;
+use pollux_nvme::tls::PskError;
 use toml::Spanned;
 use zeroize::Zeroizing;
 
@@ -57,8 +59,10 @@ pub(super) fn hosts(cx: &Cx<'_>, list: &[Spanned<RawHost>]) -> Result<Hosts, Con
 
 /// A host's TLS PSK, inline (`tls_key`) or from a file (`tls_key_file`), not both.
 fn tls_key(cx: &Cx<'_>, e: &RawHostEntry) -> Result<Option<TlsKey>, ConfError> {
-    let parse = |t: &str| ConfiguredPsk::parse(t).map_err(|e| e.to_string());
-    Ok(secret_of(cx, &e.tls_key, &e.tls_key_file, "tls_key", parse)?.map(|(key, file)| TlsKey { key, file }))
+    Ok(
+        secret_of(cx, &e.tls_key, &e.tls_key_file, "tls_key", ConfiguredPsk::parse)?
+            .map(|(key, file)| TlsKey { key, file }),
+    )
 }
 
 fn host_keys(cx: &Cx<'_>, span: std::ops::Range<usize>, e: &RawHostEntry) -> Result<Option<HostKeys>, ConfError> {
@@ -81,17 +85,16 @@ fn secret(
     file: &Option<Spanned<String>>,
     key: &str,
 ) -> Result<Option<Secret>, ConfError> {
-    let parse = |t: &str| DhchapKey::parse(t).map_err(|e| e.to_string());
-    Ok(secret_of(cx, inline, file, key, parse)?.map(|(key, file)| Secret { key, file }))
+    Ok(secret_of(cx, inline, file, key, DhchapKey::parse)?.map(|(key, file)| Secret { key, file }))
 }
 
 /// One secret, inline or from a file, not both: the key and the file it came from.
-fn secret_of<K>(
+fn secret_of<K, E: std::fmt::Display>(
     cx: &Cx<'_>,
     inline: &Option<Spanned<String>>,
     file: &Option<Spanned<String>>,
     key: &str,
-    parse: impl Fn(&str) -> Result<K, String>,
+    parse: impl Fn(&str) -> Result<K, E>,
 ) -> Result<Option<(K, Option<std::path::PathBuf>)>, ConfError> {
     match (inline, file) {
         (Some(i), Some(_)) => Err(cx.at(i.span(), format!("give `{key}` or `{key}_file`, not both"))),
@@ -124,41 +127,75 @@ fn secret_of<K>(
 
 /// A TLS PSK file's configured PSK (`tls_key_file`; also `pollux perf --tls-key-file`), by
 /// the rules of [`read_secret_file`]; the reason names no part of the key.
-pub fn read_tls_key_file(path: &Path) -> Result<ConfiguredPsk, String> {
-    read_secret_file(path, &|t: &str| ConfiguredPsk::parse(t).map_err(|e| e.to_string()))
+pub fn read_tls_key_file(path: &Path) -> Result<ConfiguredPsk, KeyFileError<PskError>> {
+    read_secret_file(path, &ConfiguredPsk::parse)
 }
 
 /// A DH-HMAC-CHAP secret file's key (`dhchap_key_file`; also `pollux perf
 /// --dhchap-key-file`), by the rules of [`read_secret_file`]; the reason names no part of
 /// the key.
-pub fn read_dhchap_key_file(path: &Path) -> Result<DhchapKey, String> {
-    read_secret_file(path, &|t: &str| DhchapKey::parse(t).map_err(|e| e.to_string()))
+pub fn read_dhchap_key_file(path: &Path) -> Result<DhchapKey, KeyFileError<KeyError>> {
+    read_secret_file(path, &DhchapKey::parse)
+}
+
+/// Why a file that should hold a secret is refused (see [`check_owner_only`]); names no
+/// part of the file's content.
+#[derive(Debug, thiserror::Error)]
+pub enum SecretFileError {
+    /// It could not be read (or stat'ed).
+    #[error("cannot be read: {0}")]
+    Unreadable(#[source] std::io::Error),
+    /// A directory, a device, a socket...
+    #[error("is not a regular file")]
+    NotRegular,
+    /// Group or others may read or write it.
+    #[error("is accessible to others (mode {mode:04o}): a key file must be readable by its owner only (chmod 600)")]
+    OpenToOthers {
+        /// Its permission bits.
+        mode: u32,
+    },
+}
+
+/// Why a key file gives no key: the file is refused, too large to be a key, or its text is
+/// not a key (`E`, the key format's error, which never carries the key).
+#[derive(Debug, thiserror::Error)]
+pub enum KeyFileError<E> {
+    /// The file is refused.
+    #[error(transparent)]
+    File(#[from] SecretFileError),
+    /// Larger than any key's text.
+    #[error("is {len} bytes: not a key")]
+    TooLarge {
+        /// Its size.
+        len: u64,
+    },
+    /// Its text is not a key.
+    #[error("{0}")]
+    Key(E),
 }
 
 /// A key file's secret; refused unless it is a regular file that neither group nor others
 /// may read or write (as ssh refuses a private key others can read).
-fn read_secret_file<K>(path: &Path, parse: &dyn Fn(&str) -> Result<K, String>) -> Result<K, String> {
+fn read_secret_file<K, E>(path: &Path, parse: &dyn Fn(&str) -> Result<K, E>) -> Result<K, KeyFileError<E>> {
     let meta = check_owner_only(path)?;
     if meta.len() > KEY_FILE_MAX {
-        return Err(format!("is {} bytes: not a key", meta.len()));
+        return Err(KeyFileError::TooLarge { len: meta.len() });
     }
-    let text = Zeroizing::new(std::fs::read_to_string(path).map_err(|e| format!("cannot be read: {e}"))?);
-    parse(&text)
+    let text = Zeroizing::new(std::fs::read_to_string(path).map_err(SecretFileError::Unreadable)?);
+    parse(&text).map_err(KeyFileError::Key)
 }
 
 /// A file holding a secret (a key file, a Ceph keyring): its metadata, or why it is
 /// refused: not a regular file, or one that group or others may read or write (as ssh
 /// refuses a private key others can read).
-pub(super) fn check_owner_only(path: &Path) -> Result<std::fs::Metadata, String> {
-    let meta = std::fs::metadata(path).map_err(|e| format!("cannot be read: {e}"))?;
+pub(super) fn check_owner_only(path: &Path) -> Result<std::fs::Metadata, SecretFileError> {
+    let meta = std::fs::metadata(path).map_err(SecretFileError::Unreadable)?;
     if !meta.is_file() {
-        return Err("is not a regular file".into());
+        return Err(SecretFileError::NotRegular);
     }
     let mode = meta.permissions().mode() & 0o777;
     if mode & 0o077 != 0 {
-        return Err(format!(
-            "is accessible to others (mode {mode:04o}): a key file must be readable by its owner only (chmod 600)"
-        ));
+        return Err(SecretFileError::OpenToOthers { mode });
     }
     Ok(meta)
 }

@@ -53,7 +53,10 @@ pub(super) fn listeners(cx: &Cx<'_>, raw: Vec<RawListener>) -> Result<Vec<Listen
         let address = socket_addr(cx, &l.address, "listener")?;
         once(cx, &mut seen, address, &l.address, "listener")?;
         let tls = match &l.tls {
-            Some(t) => t.get_ref().parse().map_err(|e| cx.at(t.span(), e))?,
+            Some(t) => t
+                .get_ref()
+                .parse()
+                .map_err(|e: crate::UnknownValue| cx.at(t.span(), e.to_string()))?,
             None => TlsMode::None,
         };
         let mut ana = BTreeMap::new();

@@ -33,7 +33,10 @@ pub(super) fn reactors(cx: &Cx<'_>, r: RawReactors) -> Result<Reactors, ConfErro
     }
     let mode = match &r.mode {
         None => ReactorMode::default(),
-        Some(m) => m.get_ref().parse().map_err(|e| cx.at(m.span(), e))?,
+        Some(m) => m
+            .get_ref()
+            .parse()
+            .map_err(|e: crate::UnknownValue| cx.at(m.span(), e.to_string()))?,
     };
     let stall_threshold_us = match &r.stall_threshold_us {
         None => 2000,
@@ -41,7 +44,10 @@ pub(super) fn reactors(cx: &Cx<'_>, r: RawReactors) -> Result<Reactors, ConfErro
     };
     let placement = match &r.placement {
         None => Placement::default(),
-        Some(p) => p.get_ref().parse().map_err(|e| cx.at(p.span(), e))?,
+        Some(p) => p
+            .get_ref()
+            .parse()
+            .map_err(|e: crate::UnknownValue| cx.at(p.span(), e.to_string()))?,
     };
     let d = Reactors::default();
     let cpu_budget = cx.float_or(&r.cpu_budget, "cpu_budget", d.cpu_budget, |x| {
@@ -53,7 +59,10 @@ pub(super) fn reactors(cx: &Cx<'_>, r: RawReactors) -> Result<Reactors, ConfErro
     };
     let policy = match &r.policy {
         None => SleepPolicyKind::default(),
-        Some(p) => p.get_ref().parse().map_err(|e| cx.at(p.span(), e))?,
+        Some(p) => p
+            .get_ref()
+            .parse()
+            .map_err(|e: crate::UnknownValue| cx.at(p.span(), e.to_string()))?,
     };
     // A margin beyond a second is no wake margin but a typo (a sleep that could never be
     // taken before any device's completion).
@@ -65,7 +74,10 @@ pub(super) fn reactors(cx: &Cx<'_>, r: RawReactors) -> Result<Reactors, ConfErro
     };
     let hybrid_turnaround = match &r.hybrid_turnaround {
         None => HybridTurnaround::default(),
-        Some(t) => t.get_ref().parse().map_err(|e| cx.at(t.span(), e))?,
+        Some(t) => t
+            .get_ref()
+            .parse()
+            .map_err(|e: crate::UnknownValue| cx.at(t.span(), e.to_string()))?,
     };
     Ok(Reactors {
         cores,

@@ -36,6 +36,24 @@ pub(super) struct IdRegistry {
     pub(super) rbd: HashMap<super::backend::ImageKey, (IdOwner, usize)>,
 }
 
+/// A backend (a file, a device namespace, an image) already claimed by another namespace.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{what} is already the backend of namespace {nsid} in {nqn:?} (line {line}); {kind} can back only one namespace"
+)]
+pub(super) struct BackendTaken {
+    /// The backend, e.g. `file /srv/a.img`.
+    what: String,
+    /// The namespace that has it.
+    nsid: u32,
+    /// Its subsystem.
+    nqn: String,
+    /// The conf line naming it there.
+    line: usize,
+    /// What kind of backend, e.g. `a file`.
+    kind: &'static str,
+}
+
 /// Claim `key` (a file, a device namespace, an image) for namespace `nsid` of `nqn`, named
 /// on conf line `line`. Err: `what` is already the backend of another namespace: the
 /// message says which, and that `what` can back only one.
@@ -46,15 +64,18 @@ pub(super) fn claim_backend<K: std::hash::Hash + Eq>(
     nsid: u32,
     line: usize,
     what: &str,
-    kind: &str,
-) -> Result<(), String> {
+    kind: &'static str,
+) -> Result<(), BackendTaken> {
     match seen.entry(key) {
         Entry::Occupied(o) => {
             let (owner, line) = o.get();
-            Err(format!(
-                "{what} is already the backend of namespace {} in {:?} (line {line}); {kind} can back only one namespace",
-                owner.nsid, owner.nqn
-            ))
+            Err(BackendTaken {
+                what: what.to_owned(),
+                nsid: owner.nsid,
+                nqn: owner.nqn.clone(),
+                line: *line,
+                kind,
+            })
         }
         Entry::Vacant(v) => {
             v.insert((

@@ -12,6 +12,7 @@ use pollux_reactor::{Reactor, SourceId};
 use tracing::{debug, info, warn};
 
 use super::{Conn, IoQueue, Queue};
+use crate::close::CloseReason;
 use crate::ctrl::admin::{self, AdminEnv, Outcome};
 use crate::ctrl::connect::{self, ConnectCmd, Fabrics, Refusal, decode_fabrics};
 use crate::ctrl::property::{self, CcEffect};
@@ -79,7 +80,7 @@ impl Conn {
                     CcEffect::Enabled => info!(cntlid, peer = %self.tcp.peer, "controller enabled"),
                     CcEffect::Disabled => {
                         info!(cntlid, "controller disabled (reset): deleting its I/O queues");
-                        close_io_queues(r, ctrl, "controller reset");
+                        close_io_queues(r, ctrl, || CloseReason::ControllerReset);
                     }
                     CcEffect::Shutdown => info!(cntlid, "controller shutdown"),
                     CcEffect::None => {}
@@ -89,7 +90,7 @@ impl Conn {
             Fabrics::Disconnect => {
                 if matches!(self.q, Queue::Io(_)) {
                     self.resp(cid, Status::SUCCESS, 0, 0);
-                    self.close(r, id, "Disconnect command");
+                    self.close(r, id, CloseReason::Disconnect);
                 } else {
                     self.fail(r, cid, Status::INVALID_FIELD.with_dnr(), 0, 0);
                 }
@@ -237,7 +238,7 @@ impl Conn {
         }
         if ctrl.keep_alive_deadline().is_some_and(|d| Instant::now() >= d) {
             warn!(cntlid = ctrl.cntlid, peer = %self.tcp.peer, kato_ms = ctrl.kato_ms, "keep-alive timeout: deleting the controller");
-            self.close(r, id, "keep-alive timeout");
+            self.close(r, id, CloseReason::KeepAliveTimeout);
         } else {
             self.schedule_keep_alive(r, id);
         }
@@ -373,7 +374,7 @@ impl Conn {
                 .and_then(|s| snap.subsystem(&s.nqn))
                 .is_some_and(|s| !s.served_on(listener))
         {
-            return self.close(r, id, "listener no longer serves the subsystem");
+            return self.close(r, id, CloseReason::ListenerRemoved);
         }
         let Queue::Admin(ctrl) = &mut self.q else { return };
         match ctrl.update_subsystem(snap, discovery_changed) {
@@ -438,12 +439,12 @@ pub(super) fn detach_io(r: &mut Reactor, q: &IoQueue, qid: u16, serial: u64) {
 }
 
 /// Ask every I/O queue of `ctrl` to close.
-fn close_io_queues(r: &mut Reactor, ctrl: &mut Ctrl, reason: &'static str) {
+fn close_io_queues(r: &mut Reactor, ctrl: &mut Ctrl, reason: fn() -> CloseReason) {
     for (_, q) in std::mem::take(&mut ctrl.io_queues) {
         r.send(q.reactor, move |r| {
             r.with_source::<Conn, _>(q.source, |c, r| {
                 if c.serial == q.serial {
-                    c.close(r, q.source, reason);
+                    c.close(r, q.source, reason());
                 }
             });
         });
@@ -451,15 +452,17 @@ fn close_io_queues(r: &mut Reactor, ctrl: &mut Ctrl, reason: &'static str) {
 }
 
 /// Delete a controller: its timer, its registry entry, its I/O queues.
-pub(super) fn teardown_ctrl(r: &mut Reactor, mut ctrl: Box<Ctrl>, reason: &str) {
+pub(super) fn teardown_ctrl(r: &mut Reactor, mut ctrl: Box<Ctrl>, reason: &CloseReason) {
     for t in [ctrl.ka_timer.take(), ctrl.health_timer.take()].into_iter().flatten() {
         r.cancel_timer(t);
     }
     if let Some(l) = r.local::<Local>() {
         l.ctrls.remove(&ctrl.cntlid);
     }
-    close_io_queues(r, &mut ctrl, "controller deleted");
-    info!(cntlid = ctrl.cntlid, hostnqn = %ctrl.hostnqn, reason, lifetime_s = ctrl.created.elapsed().as_secs(), "controller deleted");
+    close_io_queues(r, &mut ctrl, || CloseReason::ControllerDeleted);
+    // The reason as a string field, as the log has always shown it.
+    let reason = reason.to_string();
+    info!(cntlid = ctrl.cntlid, hostnqn = %ctrl.hostnqn, reason = reason.as_str(), lifetime_s = ctrl.created.elapsed().as_secs(), "controller deleted");
 }
 
 /// Run `f` on every controller this reactor owns (the control socket's `controllers`).

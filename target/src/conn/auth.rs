@@ -46,7 +46,7 @@ impl Conn {
                 if !c.auth.allows_commands() {
                     warn!(peer = %c.tcp.peer, qid = c.sq.qid, hostnqn = %c.auth.hostnqn,
                         "authentication not completed in time: closing the queue");
-                    c.close(r, id, "authentication timeout");
+                    c.close(r, id, crate::close::CloseReason::AuthTimeout);
                 }
             });
         }));

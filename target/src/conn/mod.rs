@@ -33,6 +33,7 @@ pub use admin::for_each_ctrl;
 pub use io::deliver;
 
 use crate::ana::AnaStates;
+use crate::close::CloseReason;
 use crate::ctrl::auth::QueueAuth;
 use crate::ctrl::reply::Reply;
 use crate::ctrl::{Ctrl, QueueRef};
@@ -162,11 +163,11 @@ impl Conn {
             return;
         }
         let (what, reason) = if self.tcp.securing() {
-            ("TLS handshake", "TLS handshake timeout")
+            ("TLS handshake", CloseReason::TlsHandshakeTimeout)
         } else if !self.tcp.ic_done {
-            ("ICReq", "ICReq timeout")
+            ("ICReq", CloseReason::IcReqTimeout)
         } else if matches!(self.q, Queue::Unbound) {
-            ("Connect", "Connect timeout")
+            ("Connect", CloseReason::ConnectTimeout)
         } else {
             return;
         };
@@ -241,7 +242,7 @@ impl Conn {
     /// Flush the send queue; close on a socket error.
     fn flush_or_close(&mut self, r: &mut Reactor, id: SourceId) {
         if let Err(e) = self.tcp.flush() {
-            self.close(r, id, &format!("write: {e}"));
+            self.close(r, id, CloseReason::Write(e));
         }
     }
 
@@ -250,15 +251,16 @@ impl Conn {
     /// Fatal transport error: C2HTermReq with the offending header, then close.
     fn fatal(&mut self, r: &mut Reactor, id: SourceId, f: Fatal, header: &[u8]) {
         self.tcp.term_req(&f, header);
-        self.close(r, id, &f.why);
+        self.close(r, id, f.why);
     }
 
     /// Close the connection: tear down its controller (admin queue) or leave it (I/O queue).
-    pub fn close(&mut self, r: &mut Reactor, id: SourceId, reason: &str) {
+    pub fn close(&mut self, r: &mut Reactor, id: SourceId, reason: CloseReason) {
         if self.closed {
             return;
         }
         self.closed = true;
+        self.shared.closes[self.reactor].count(reason.kind());
         self.tcp.shutdown();
         if let Some(t) = self.auth_timer.take() {
             r.cancel_timer(t);
@@ -271,7 +273,7 @@ impl Conn {
         // Locked ranges are unlocked (their waiters woken), parked writes dropped.
         self.fused_teardown(r);
         match std::mem::replace(&mut self.q, Queue::Unbound) {
-            Queue::Admin(ctrl) => admin::teardown_ctrl(r, ctrl, reason),
+            Queue::Admin(ctrl) => admin::teardown_ctrl(r, ctrl, &reason),
             Queue::Io(q) => admin::detach_io(r, &q, self.sq.qid, self.serial),
             _ => {}
         }
@@ -283,7 +285,9 @@ impl Conn {
         {
             pool.give(buf);
         }
-        info!(peer = %self.tcp.peer, reactor = self.reactor, qid = self.sq.qid, reason, "connection closed");
+        // The reason as a string field, as the log has always shown it.
+        let reason = reason.to_string();
+        info!(peer = %self.tcp.peer, reactor = self.reactor, qid = self.sq.qid, reason = reason.as_str(), "connection closed");
         r.remove_source(id);
     }
 
@@ -372,15 +376,20 @@ impl Conn {
                     match &e.kind {
                         FrameErrorKind::Pdu(p) => {
                             let why = self.tcp.term_req_for(p, header);
-                            self.close(r, id, &why);
+                            self.close(r, id, why);
                         }
                         FrameErrorKind::Refused(why) => {
-                            self.fatal(r, id, Fatal::new(fes::PDU_SEQUENCE_ERROR, 0, *why), header);
+                            self.fatal(
+                                r,
+                                id,
+                                Fatal::new(fes::PDU_SEQUENCE_ERROR, 0, CloseReason::PduSequence(why)),
+                                header,
+                            );
                         }
                         // Cannot happen once the header bounded the data (the buffer holds
                         // the largest PDU accepted); keep it a clean error.
                         FrameErrorKind::TooLarge { .. } => {
-                            let f = Fatal::new(fes::DATA_TRANSFER_LIMIT_EXCEEDED, 4, "PDU larger than the buffer");
+                            let f = Fatal::new(fes::DATA_TRANSFER_LIMIT_EXCEEDED, 4, CloseReason::PduTooLarge);
                             self.fatal(r, id, f, header);
                         }
                     }
@@ -426,12 +435,12 @@ impl Conn {
             }
             PduHeader::TermReq { hdr, .. } => {
                 info!(peer = %self.tcp.peer, fes = hdr.fes.get(), "host sent H2CTermReq");
-                self.close(r, id, "host terminated the connection");
+                self.close(r, id, CloseReason::HostTermReq);
             }
             PduHeader::CapsuleCmd { sqe, .. } => self.on_capsule_pdu(r, id, sqe, data, digest_ok),
             PduHeader::H2CData { hdr, .. } => self.on_h2c_data(r, id, hdr, data, digest_ok, header),
             other => {
-                let why = format!("{:?} is not a host-to-controller PDU", other.pdu_type());
+                let why = CloseReason::NotHostToController(other.pdu_type());
                 self.fatal(r, id, Fatal::new(fes::INVALID_HEADER_FIELD, 0, why), header);
             }
         }
@@ -446,10 +455,9 @@ impl Conn {
             // for a command the queue has no entry for; nvmet-tcp ("out of commands") and
             // SPDK ("Cannot allocate tcp_req") end the queue, and so does this, with a
             // C2HTermReq that says why.
-            let why = format!(
-                "more than {} commands outstanding on a queue of that size",
-                self.sq.entries
-            );
+            let why = CloseReason::SqOverflow {
+                entries: self.sq.entries,
+            };
             let f = Fatal::new(fes::PDU_SEQUENCE_ERROR, 0, why);
             return self.fatal(r, id, f, &[]);
         }
@@ -525,7 +533,7 @@ impl Source for Conn {
         let mut budget = PDU_BUDGET;
         loop {
             if let Err(e) = self.tcp.flush() {
-                self.close(r, id, &format!("write: {e}"));
+                self.close(r, id, CloseReason::Write(e));
                 return Progress::WORKED;
             }
             if self.tcp.pending_out() >= WBUF_HIGH {
@@ -540,7 +548,7 @@ impl Source for Conn {
                 Err(why) => {
                     // Process what did arrive (e.g. a final H2CTermReq) before closing.
                     self.process(r, id, &mut budget);
-                    self.close(r, id, &why);
+                    self.close(r, id, why);
                     return Progress::WORKED;
                 }
             };
@@ -563,7 +571,7 @@ impl Source for Conn {
             }
         }
         if let Err(e) = self.tcp.flush() {
-            self.close(r, id, &format!("write: {e}"));
+            self.close(r, id, CloseReason::Write(e));
             return Progress::WORKED;
         }
         Progress {
@@ -585,7 +593,7 @@ impl Source for Conn {
 impl Conn {
     /// Read what the socket has, in place when an H2CData PDU's data is being received into
     /// its command's buffer. Ok(true) if bytes arrived.
-    fn fill(&mut self) -> Result<bool, String> {
+    fn fill(&mut self) -> Result<bool, CloseReason> {
         let mut in_place = None;
         // The transport receives in place only with nothing buffered (`Transport::fill`).
         if let Some(d) = self.direct.as_ref().filter(|d| d.left > 0)

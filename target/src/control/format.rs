@@ -383,6 +383,7 @@ mod tests {
             stalls: 123_456_789,
             sources: 4096,
             connections: 4096,
+            closed: Default::default(),
         }
     }
 

@@ -445,6 +445,18 @@ impl Collector for Scrape {
             "Open NVMe/TCP connections on the reactor.",
             |r| Num::Int(r.connections),
         )?;
+        let closed = self.reactors.iter().zip(&self.ids).flat_map(|(r, id)| {
+            r.closed
+                .iter()
+                .map(move |(reason, n)| ([("reactor", id.as_str()), ("reason", reason.as_str())], Num::Int(*n)))
+        });
+        family(
+            enc,
+            "pollux_connections_closed",
+            Counter,
+            "NVMe/TCP connections closed, by why.",
+            closed,
+        )?;
         self.per_namespace(enc, "pollux_namespace_read_commands", "Read commands completed.", |n| {
             n.read_cmds
         })?;
@@ -601,6 +613,7 @@ mod tests {
             stalls: 1,
             sources: 3,
             connections: 2,
+            closed: Default::default(),
         }
     }
 
@@ -900,5 +913,22 @@ mod tests {
         let text = render(vec![reactor(0, "poll")], vec![], 1.0).unwrap();
         validate(&text);
         assert!(text.contains("# TYPE pollux_subsystem_controllers gauge\n"), "{text}");
+    }
+
+    #[test]
+    fn closes_are_counted_by_reason() {
+        let mut r = reactor(1, "poll");
+        r.closed = [("keep_alive_timeout", 2), ("peer_closed", 0)]
+            .map(|(k, n)| (k.to_string(), n))
+            .into();
+        let text = render(vec![r], vec![], 1.0).unwrap();
+        validate(&text);
+        for line in [
+            "# TYPE pollux_connections_closed_total counter",
+            "pollux_connections_closed_total{reactor=\"1\",reason=\"keep_alive_timeout\"} 2",
+            "pollux_connections_closed_total{reactor=\"1\",reason=\"peer_closed\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        }
     }
 }

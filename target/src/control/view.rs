@@ -131,6 +131,10 @@ pub struct ReactorView {
     pub sources: u64,
     /// Open NVMe/TCP connections placed on this reactor.
     pub connections: u64,
+    /// Connections of this reactor closed since start, by why (the kinds of
+    /// [`crate::close::CloseKind`], every one; absent from older targets: empty).
+    #[serde(default)]
+    pub closed: BTreeMap<String, u64>,
 }
 
 /// One (device channel, operation, size class) estimate of a reactor.

@@ -30,6 +30,7 @@ use pollux_reactor::{SourceId, TimerId};
 use tracing::{info, warn};
 
 use crate::ana::AnaStates;
+use crate::close::CloseReason;
 use crate::subsystem::{Snapshot, Subsystem};
 
 /// Largest controller id (NVMe-oF 1.1 §4.2: FFF0h..FFFFh are reserved).
@@ -220,12 +221,12 @@ pub const AER_DISCOVERY_CHANGED: u32 = 0x2 | (0xF0 << 8) | (0x70 << 16);
 pub const AER_ANA_CHANGED: u32 = 0x2 | (0x03 << 8) | (0x0C << 16);
 
 /// What a controller does about a new snapshot of the subsystems.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub enum SubsystemUpdate {
     /// Nothing changed for it.
     Unchanged,
     /// It must go: its subsystem is gone or its host no longer allowed.
-    Delete(&'static str),
+    Delete(CloseReason),
     /// Its subsystem changed: its I/O queues must get the new one.
     Changed(Arc<Subsystem>),
 }
@@ -245,10 +246,10 @@ impl Ctrl {
             }
             Some(old) => {
                 let Some(new) = snap.subsystem(&old.nqn).cloned() else {
-                    return SubsystemUpdate::Delete("subsystem removed");
+                    return SubsystemUpdate::Delete(CloseReason::SubsystemRemoved);
                 };
                 if !new.allows(&self.hostnqn) {
-                    return SubsystemUpdate::Delete("host no longer allowed");
+                    return SubsystemUpdate::Delete(CloseReason::HostNotAllowed);
                 }
                 self.check_ana();
                 if Arc::ptr_eq(&new, &old) {
@@ -481,12 +482,12 @@ mod tests {
         let mut c = Ctrl::new(1, Some(s), "nqn.h".into(), [0; 16], 0);
         assert!(matches!(
             c.update_subsystem(&snapshot(vec![]), false),
-            SubsystemUpdate::Delete("subsystem removed")
+            SubsystemUpdate::Delete(CloseReason::SubsystemRemoved)
         ));
         let other = test_subsystem(&[ns(1)], &["nqn.other"]);
         assert!(matches!(
             c.update_subsystem(&snapshot(vec![other]), false),
-            SubsystemUpdate::Delete("host no longer allowed")
+            SubsystemUpdate::Delete(CloseReason::HostNotAllowed)
         ));
     }
 

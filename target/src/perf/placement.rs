@@ -37,19 +37,35 @@ pub struct Placement {
     pub after_ns: u64,
 }
 
+/// Why a probe thread stopped.
+#[derive(Debug, thiserror::Error)]
+enum ProbeError {
+    /// It could not be pinned to its core.
+    #[error("pin to core {core}: {source}")]
+    Pin {
+        /// The core.
+        core: usize,
+        /// The OS's reason.
+        source: std::io::Error,
+    },
+    /// The other thread did not answer within [`GIVE_UP`].
+    #[error("no answer")]
+    NoAnswer,
+}
+
 /// One cache line, alone in it.
 #[repr(align(128))]
 struct Line(AtomicU64);
 
 impl Line {
     /// Spins until the line holds `v`; gives up [`GIVE_UP`] after `t0`.
-    fn wait_for(&self, v: u64, t0: Instant) -> Result<(), String> {
+    fn wait_for(&self, v: u64, t0: Instant) -> Result<(), ProbeError> {
         let mut spins = 0u32;
         while self.0.load(Ordering::Acquire) != v {
             std::hint::spin_loop();
             spins = spins.wrapping_add(1);
             if spins.is_multiple_of(4096) && t0.elapsed() > GIVE_UP {
-                return Err("no answer".into());
+                return Err(ProbeError::NoAnswer);
             }
         }
         Ok(())
@@ -61,13 +77,14 @@ impl Line {
 pub fn probe(a: usize, b: usize) -> Result<u64, PerfError> {
     let line = Arc::new(Line(AtomicU64::new(0)));
     let total = ROUND_TRIPS * BATCHES as u64;
-    let failed = |what: String| PerfError::Thread(format!("placement probe, cores {a} and {b}: {what}"));
+    let failed =
+        |what: &dyn std::fmt::Display| PerfError::Thread(format!("placement probe, cores {a} and {b}: {what}"));
     let pong = {
         let line = line.clone();
         std::thread::Builder::new()
             .name("perf-probe".into())
-            .spawn(move || -> Result<(), String> {
-                pollux_reactor::sys::pin_current_thread(b).map_err(|e| format!("pin to core {b}: {e}"))?;
+            .spawn(move || -> Result<(), ProbeError> {
+                pollux_reactor::sys::pin_current_thread(b).map_err(|source| ProbeError::Pin { core: b, source })?;
                 let t0 = Instant::now();
                 for i in 0..total {
                     line.wait_for(2 * i + 1, t0)?;
@@ -75,12 +92,12 @@ pub fn probe(a: usize, b: usize) -> Result<u64, PerfError> {
                 }
                 Ok(())
             })
-            .map_err(|e| failed(e.to_string()))?
+            .map_err(|e| failed(&e))?
     };
     let ping = std::thread::Builder::new()
         .name("perf-probe".into())
-        .spawn(move || -> Result<Vec<u64>, String> {
-            pollux_reactor::sys::pin_current_thread(a).map_err(|e| format!("pin to core {a}: {e}"))?;
+        .spawn(move || -> Result<Vec<u64>, ProbeError> {
+            pollux_reactor::sys::pin_current_thread(a).map_err(|source| ProbeError::Pin { core: a, source })?;
             let t0 = Instant::now();
             let mut batches = Vec::with_capacity(BATCHES);
             for batch in 0..BATCHES as u64 {
@@ -93,12 +110,12 @@ pub fn probe(a: usize, b: usize) -> Result<u64, PerfError> {
             }
             Ok(batches)
         })
-        .map_err(|e| failed(e.to_string()))?;
-    let batches = ping.join().map_err(|_| failed("panicked".into()))?;
+        .map_err(|e| failed(&e))?;
+    let batches = ping.join().map_err(|_| failed(&"panicked"))?;
     // The answering side's error first: when it could not start, the asking side only saw
     // no answer.
-    pong.join().map_err(|_| failed("panicked".into()))?.map_err(failed)?;
-    let mut batches = batches.map_err(failed)?;
+    pong.join().map_err(|_| failed(&"panicked"))?.map_err(|e| failed(&e))?;
+    let mut batches = batches.map_err(|e| failed(&e))?;
     batches.sort_unstable();
     Ok(batches[BATCHES / 2])
 }

@@ -6,6 +6,7 @@ use pollux_nvme::pci::DmaBuf;
 use pollux_nvme::tcp::{CommonHeader, Crc32c, DataHdr, crc32c, fes, flags};
 
 use super::Fatal;
+use crate::close::CloseReason;
 
 /// An H2CData PDU with at least this many data bytes still to come when its header is parsed
 /// has them received from the socket straight into its command's buffer (the R2T buffer, or
@@ -91,7 +92,7 @@ impl R2tProgress {
             return Err(Fatal::new(
                 fes::DATA_TRANSFER_OUT_OF_RANGE,
                 fei,
-                "H2CData outside its R2T",
+                CloseReason::DataOutOfRange,
             ));
         }
         // NVMe/TCP 1.0 §3.6.2.7: LAST_PDU is set on the PDU that ends the R2T's data and on
@@ -102,9 +103,9 @@ impl R2tProgress {
         let ends = datao + datal == self.len;
         if last != ends {
             let why = if last {
-                "H2CData with LAST_PDU before the end of its R2T"
+                CloseReason::LastPduEarly
             } else {
-                "H2CData ending its R2T without LAST_PDU"
+                CloseReason::LastPduMissing
             };
             return Err(Fatal::new(
                 fes::INVALID_HEADER_FIELD,
@@ -126,7 +127,7 @@ pub fn unknown_ttag() -> Fatal {
     Fatal::new(
         fes::INVALID_HEADER_FIELD,
         u32::from(DataHdr::OFFSET_TTAG),
-        "H2CData for no outstanding R2T",
+        CloseReason::UnknownTtag,
     )
 }
 

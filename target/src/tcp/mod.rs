@@ -36,6 +36,8 @@ use tracing::{debug, info, warn};
 use sendq::SendQueue;
 use tls::{PskLookup, TlsLink};
 
+use crate::close::CloseReason;
+
 /// The first byte of a TLS handshake record (RFC 8446 §5.1: ContentType handshake).
 const TLS_HANDSHAKE_RECORD: u8 = 22;
 
@@ -87,18 +89,14 @@ pub struct Fatal {
     pub fes: u16,
     /// Fatal error information (the offending field's offset).
     pub fei: u32,
-    /// Why, for the log.
-    pub why: String,
+    /// Why: the connection's close reason.
+    pub why: CloseReason,
 }
 
 impl Fatal {
     /// A fatal error with its status, field offset and reason.
-    pub fn new(fes: u16, fei: u32, why: impl Into<String>) -> Self {
-        Self {
-            fes,
-            fei,
-            why: why.into(),
-        }
+    pub fn new(fes: u16, fei: u32, why: CloseReason) -> Self {
+        Self { fes, fei, why }
     }
 }
 
@@ -270,7 +268,7 @@ impl Transport {
     /// `left` bytes go straight to its destination, and what follows into the receive
     /// buffer, in one `readv`. Err on EOF or a socket error (the reason, for the log).
     #[inline]
-    pub fn fill(&mut self, in_place: Option<InPlace>) -> Result<Filled, String> {
+    pub fn fill(&mut self, in_place: Option<InPlace>) -> Result<Filled, CloseReason> {
         match self.chan {
             Channel::Plain => self.fill_plain(in_place),
             Channel::Tls(_) => self.fill_tls(),
@@ -286,14 +284,14 @@ impl Transport {
 
     /// A TLS listener's first byte: a handshake record begins TLS, anything else is plain
     /// NVMe/TCP, each if the listener's mode allows it. Ok(false) until a byte is there.
-    fn detect(&mut self) -> Result<bool, String> {
+    fn detect(&mut self) -> Result<bool, CloseReason> {
         let Channel::Detect(mode, lookup) = &self.chan else {
             return Ok(true);
         };
         let mut first = [0u8; 1];
         // The byte stays queued for whichever reads the stream (the socket is non-blocking).
         match self.sock.peek(&mut first) {
-            Ok(0) => return Err("peer closed the connection".into()),
+            Ok(0) => return Err(CloseReason::PeerClosed),
             Ok(_) => {}
             Err(e)
                 if matches!(
@@ -303,13 +301,14 @@ impl Transport {
             {
                 return Ok(false);
             }
-            Err(e) => return Err(format!("read: {e}")),
+            Err(e) => return Err(CloseReason::Read(e)),
         }
         if first[0] == TLS_HANDSHAKE_RECORD {
-            let link = TlsLink::accept(self.sock.clone(), lookup.clone()).map_err(|e| format!("TLS: {e}"))?;
+            let link =
+                TlsLink::accept(self.sock.clone(), lookup.clone()).map_err(|e| CloseReason::TlsSetup(Box::new(e)))?;
             self.chan = Channel::Tls(Box::new(link));
         } else if *mode == TlsMode::Required {
-            return Err("plaintext NVMe/TCP on a listener that requires TLS".into());
+            return Err(CloseReason::TlsRequired);
         } else {
             self.chan = Channel::Plain;
         }
@@ -317,12 +316,12 @@ impl Transport {
     }
 
     /// Decrypted bytes into the receive buffer, after the handshake.
-    fn fill_tls(&mut self) -> Result<Filled, String> {
+    fn fill_tls(&mut self) -> Result<Filled, CloseReason> {
         let Channel::Tls(link) = &mut self.chan else {
             return Ok(Filled::default());
         };
         if !link.open {
-            if !link.handshake().map_err(|e| format!("TLS handshake failed: {e}"))? {
+            if !link.handshake().map_err(|e| CloseReason::TlsHandshake(Box::new(e)))? {
                 self.drained = true;
                 return Ok(Filled::default());
             }
@@ -336,8 +335,8 @@ impl Transport {
             Ok(Recv::Data { buffered, drained, .. }) => (buffered > 0, drained),
             Ok(Recv::Empty) => (false, true),
             Ok(Recv::Full) => (false, false),
-            Ok(Recv::Eof) => return Err("peer closed the connection".into()),
-            Err(e) => return Err(format!("read: {e}")),
+            Ok(Recv::Eof) => return Err(CloseReason::PeerClosed),
+            Err(e) => return Err(CloseReason::Read(e)),
         };
         self.drained = drained;
         Ok(Filled { buffered, placed: 0 })
@@ -345,7 +344,7 @@ impl Transport {
 
     /// The plain socket's fill (see [`Self::fill`]).
     #[inline]
-    fn fill_plain(&mut self, in_place: Option<InPlace>) -> Result<Filled, String> {
+    fn fill_plain(&mut self, in_place: Option<InPlace>) -> Result<Filled, CloseReason> {
         self.rx.make_room(0);
         let got = match in_place.filter(|p| p.left > 0 && self.rx.is_empty()) {
             // SAFETY: `dest..dest + left` is the rest of the command's buffer, which the caller
@@ -368,8 +367,8 @@ impl Transport {
             ),
             Ok(Recv::Empty) => (Filled::default(), true),
             Ok(Recv::Full) => (Filled::default(), false),
-            Ok(Recv::Eof) => return Err("peer closed the connection".into()),
-            Err(e) => return Err(format!("read: {e}")),
+            Ok(Recv::Eof) => return Err(CloseReason::PeerClosed),
+            Err(e) => return Err(CloseReason::Read(e)),
         };
         self.drained = drained;
         // A read that stopped at the end of the buffer with the socket not empty: at this
@@ -390,7 +389,11 @@ impl Transport {
         // We place C2H data right after the header: only HPDA 0 (no padding) is served.
         if req.hpda != 0 {
             let fei = u32::from(IcReq::OFFSET_HPDA);
-            return Err(Fatal::new(fes::UNSUPPORTED_PARAMETER, fei, "HPDA other than 0"));
+            return Err(Fatal::new(
+                fes::UNSUPPORTED_PARAMETER,
+                fei,
+                CloseReason::HpdaUnsupported,
+            ));
         }
         let (hd, dd) = (req.hdgst(), req.ddgst());
         let resp = encode_ic_resp(hd, dd, self.max_h2c_data, 0);
@@ -512,17 +515,22 @@ impl Transport {
         let _ = self.flush();
     }
 
-    /// Queue the C2HTermReq a PDU error calls for and try to send it; the reason to log.
-    pub fn term_req_for(&mut self, e: &PduError, header: &[u8]) -> String {
+    /// Queue the C2HTermReq a PDU error calls for and try to send it; the close reason.
+    pub fn term_req_for(&mut self, e: &PduError, header: &[u8]) -> CloseReason {
+        let why = CloseReason::BadPdu(e.clone());
         match encode_term_req_for(e, Direction::ControllerToHost, header) {
             Some((b, n)) => {
                 warn!(peer = %self.peer, error = %e, "bad PDU; sending C2HTermReq");
                 self.out.extend_from_slice(&b[..n]);
                 let _ = self.flush();
+                why
             }
-            None => self.term_req(&Fatal::new(fes::INVALID_HEADER_FIELD, 0, e.to_string()), header),
+            None => {
+                let f = Fatal::new(fes::INVALID_HEADER_FIELD, 0, why);
+                self.term_req(&f, header);
+                f.why
+            }
         }
-        e.to_string()
     }
 
     /// Send what is queued (best effort) and shut the socket down.

@@ -272,11 +272,10 @@ fn choose_suite(ssl: &mut SslRef) {
     }
 }
 
-fn server_context() -> Result<&'static SslContext, String> {
-    static C: OnceLock<Result<SslContext, String>> = OnceLock::new();
+fn server_context() -> Result<&'static SslContext, TlsError> {
+    static C: OnceLock<Result<SslContext, ErrorStack>> = OnceLock::new();
     C.get_or_init(|| {
-        let mut b = base_context(SslMethod::tls_server(), "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384")
-            .map_err(|e| e.to_string())?;
+        let mut b = base_context(SslMethod::tls_server(), "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384")?;
         b.set_client_hello_callback(|ssl, _alert| {
             choose_suite(ssl);
             Ok(ClientHelloResponse::SUCCESS)
@@ -287,7 +286,7 @@ fn server_context() -> Result<&'static SslContext, String> {
         Ok(b.build())
     })
     .as_ref()
-    .map_err(Clone::clone)
+    .map_err(|e| TlsError::Setup(e.clone()))
 }
 
 /// The socket under OpenSSL: reads in large pieces, writes gathered until [`Wire::send`].
@@ -402,6 +401,31 @@ fn describe(e: &openssl::ssl::Error) -> String {
     }
 }
 
+/// Why a TLS session could not be set up or its handshake failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// OpenSSL could not make the context or session.
+    #[error("{0}")]
+    Setup(#[from] ErrorStack),
+    /// Writing handshake records to the socket failed.
+    #[error("write: {0}")]
+    Write(#[source] io::Error),
+    /// The controller found no PSK for the identity the host offered (NVMe/TCP 1.0 §3.6.1.3).
+    #[error("no PSK for identity {identity:?} ({why})")]
+    NoPsk {
+        /// The identity offered.
+        identity: String,
+        /// OpenSSL's reasons.
+        why: String,
+    },
+    /// The handshake failed otherwise: OpenSSL's reasons, or the socket's.
+    #[error("{why}")]
+    Handshake {
+        /// OpenSSL's reasons.
+        why: String,
+    },
+}
+
 /// One connection's TLS session.
 pub struct TlsLink {
     s: SslStream<Wire>,
@@ -422,18 +446,18 @@ impl std::fmt::Debug for TlsLink {
 impl TlsLink {
     /// The controller's side of a connection whose host began a TLS handshake; `lookup`
     /// finds the PSK of an offered identity.
-    pub fn accept(sock: Arc<TcpStream>, lookup: Arc<PskLookup>) -> Result<Self, String> {
+    pub fn accept(sock: Arc<TcpStream>, lookup: Arc<PskLookup>) -> Result<Self, TlsError> {
         let ctx = server_context()?;
-        let mut ssl = Ssl::new(ctx).map_err(|e| e.to_string())?;
+        let mut ssl = Ssl::new(ctx)?;
         ssl.set_ex_data(
-            server_index().map_err(|e| e.to_string())?,
+            server_index()?,
             ServerPsk {
                 lookup,
                 matched: None,
                 refused: None,
             },
         );
-        let s = SslStream::new(ssl, Wire::new(sock)).map_err(|e| e.to_string())?;
+        let s = SslStream::new(ssl, Wire::new(sock))?;
         Ok(Self {
             s,
             server: true,
@@ -442,18 +466,18 @@ impl TlsLink {
     }
 
     /// The host's side, offering `psk` (its identity and key).
-    pub fn connect(sock: Arc<TcpStream>, psk: TlsPsk) -> Result<Self, String> {
+    pub fn connect(sock: Arc<TcpStream>, psk: TlsPsk) -> Result<Self, TlsError> {
         let (name, _) = suite(psk.hash);
-        let mut b = base_context(SslMethod::tls_client(), name).map_err(|e| e.to_string())?;
+        let mut b = base_context(SslMethod::tls_client(), name)?;
         // No certificate to verify: the PSK authenticates both ends.
         b.set_verify(SslVerifyMode::NONE);
         let ctx = b.build();
-        let mut ssl = Ssl::new(&ctx).map_err(|e| e.to_string())?;
-        ssl.set_ex_data(client_index().map_err(|e| e.to_string())?, ClientPsk(psk));
+        let mut ssl = Ssl::new(&ctx)?;
+        ssl.set_ex_data(client_index()?, ClientPsk(psk));
         // SAFETY: `ssl` is live; the callback is a plain function reading the ex data set
         // above, which lives as long as the SSL.
         unsafe { SSL_set_psk_use_session_callback(ssl.as_ptr(), Some(use_session)) };
-        let s = SslStream::new(ssl, Wire::new(sock)).map_err(|e| e.to_string())?;
+        let s = SslStream::new(ssl, Wire::new(sock))?;
         Ok(Self {
             s,
             server: false,
@@ -463,24 +487,24 @@ impl TlsLink {
 
     /// Drive the handshake as far as the socket allows: Ok(true) once it is done. An Err
     /// says why it failed, for the log.
-    pub fn handshake(&mut self) -> Result<bool, String> {
+    pub fn handshake(&mut self) -> Result<bool, TlsError> {
         self.s.get_mut().rearm();
         let r = if self.server { self.s.accept() } else { self.s.connect() };
         // Alerts and handshake records go out whatever the outcome.
         let sent = self.s.get_mut().send();
         match r {
             Ok(()) => {
-                sent.map_err(|e| format!("write: {e}"))?;
+                sent.map_err(TlsError::Write)?;
                 self.open = true;
                 Ok(true)
             }
-            Err(e) if would_block(&e) => sent.map(|()| false).map_err(|e| format!("write: {e}")),
+            Err(e) if would_block(&e) => sent.map(|()| false).map_err(TlsError::Write),
             Err(e) => {
-                let mut why = describe(&e);
-                if let Some(id) = self.refused_identity() {
-                    why = format!("no PSK for identity {id:?} ({why})");
-                }
-                Err(why)
+                let why = describe(&e);
+                Err(match self.refused_identity() {
+                    Some(identity) => TlsError::NoPsk { identity, why },
+                    None => TlsError::Handshake { why },
+                })
             }
         }
     }

@@ -35,7 +35,7 @@ pub(super) fn file_backend(
         &format!("file {}", path.display()),
         "a file",
     )
-    .map_err(|m| cx.at(f.path.span(), m))?;
+    .map_err(|m| cx.at(f.path.span(), m.to_string()))?;
     Ok(FileBackend {
         path,
         size,

@@ -14,21 +14,25 @@ use crate::{NvmeBackend, NvmeDevice};
 
 /// A PCI address `[DDDD:]BB:DD.F` (hex; domain 0000 when omitted), normalised
 /// to lower case `DDDD:BB:DD.F`, or why it is not one.
-pub(crate) fn parse_bdf(s: &str) -> Result<String, String> {
+pub(crate) fn parse_bdf(s: &str) -> Result<String, BdfError> {
     let parts: Vec<&str> = s.split(':').collect();
     let (domain, bus, rest) = match parts.as_slice() {
         [d, b, r] => (*d, *b, *r),
         [b, r] => ("0000", *b, *r),
-        _ => return Err("expected DDDD:BB:DD.F, e.g. \"0000:00:04.0\"".into()),
+        _ => return Err(BdfError::Form),
     };
-    let (dev, func) = rest.split_once('.').ok_or("no `.function` (e.g. `00:04.0`)")?;
-    let hex = |t: &str, max_len: usize, max: u32, what: &str| -> Result<u32, String> {
+    let (dev, func) = rest.split_once('.').ok_or(BdfError::NoFunction)?;
+    let hex = |t: &str, max_len: usize, max: u32, what: &'static str| -> Result<u32, BdfError> {
+        let bad = || BdfError::Field {
+            what,
+            text: t.to_owned(),
+        };
         if t.is_empty() || t.len() > max_len {
-            return Err(format!("bad {what} {t:?}"));
+            return Err(bad());
         }
         match u32::from_str_radix(t, 16) {
             Ok(v) if v <= max => Ok(v),
-            _ => Err(format!("bad {what} {t:?}")),
+            _ => Err(bad()),
         }
     };
     let d = hex(domain, 4, 0xFFFF, "domain")?;
@@ -36,6 +40,25 @@ pub(crate) fn parse_bdf(s: &str) -> Result<String, String> {
     let v = hex(dev, 2, 0x1F, "device")?;
     let f = hex(func, 1, 7, "function")?;
     Ok(format!("{d:04x}:{b:02x}:{v:02x}.{f:x}"))
+}
+
+/// Why text is not a PCI address.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum BdfError {
+    /// Not two or three `:`-separated parts.
+    #[error("expected DDDD:BB:DD.F, e.g. \"0000:00:04.0\"")]
+    Form,
+    /// No `.` before the function.
+    #[error("no `.function` (e.g. `00:04.0`)")]
+    NoFunction,
+    /// A part that is not hex or out of its range.
+    #[error("bad {what} {text:?}")]
+    Field {
+        /// `domain`, `bus`, `device` or `function`.
+        what: &'static str,
+        /// The part given.
+        text: String,
+    },
 }
 
 pub(super) fn nvme_backend(
@@ -140,6 +163,6 @@ pub(super) fn nvme_backend(
         &format!("namespace {dev_nsid} of NVMe device {name}"),
         "a device namespace",
     )
-    .map_err(|m| cx.at(span, m))?;
+    .map_err(|m| cx.at(span, m.to_string()))?;
     Ok(NvmeBackend { device, nsid: dev_nsid })
 }

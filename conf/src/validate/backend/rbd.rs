@@ -109,6 +109,6 @@ pub(super) fn rbd_backend(
         &format!("RBD image {}", b.spec()),
         "an image",
     )
-    .map_err(|m| cx.at(r.image.span(), m))?;
+    .map_err(|m| cx.at(r.image.span(), m.to_string()))?;
     Ok(b)
 }

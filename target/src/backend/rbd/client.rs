@@ -23,12 +23,12 @@ pub const LIBRBD: &str = "librbd.so.1";
 /// librados and librbd, loaded once per process: the loader's reason is kept, so every
 /// rbd namespace of a machine without Ceph gets the same clear error.
 pub fn library() -> Result<&'static sys::Ceph, TargetError> {
-    static LIB: OnceLock<Result<sys::Ceph, String>> = OnceLock::new();
+    static LIB: OnceLock<Result<sys::Ceph, libloading::Error>> = OnceLock::new();
     let lib = LIB.get_or_init(|| {
         // SAFETY: loading librbd runs its (and librados') initialisers, which only set up
         // their own state; every symbol is then checked against the bindings' signatures
         // by name (bindgen's --dynamic-link-require-all: a missing one fails the load).
-        let l = unsafe { sys::Ceph::new(LIBRBD) }.map_err(|e| e.to_string());
+        let l = unsafe { sys::Ceph::new(LIBRBD) };
         if let Ok(l) = &l {
             let (mut maj, mut min, mut extra) = (0, 0, 0);
             // SAFETY: rbd_version writes three ints through the pointers given.
@@ -39,7 +39,7 @@ pub fn library() -> Result<&'static sys::Ceph, TargetError> {
     });
     lib.as_ref().map_err(|why| TargetError::RbdLibrary {
         lib: LIBRBD,
-        why: why.clone(),
+        why: why.to_string(),
     })
 }
 

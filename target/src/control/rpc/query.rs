@@ -6,6 +6,7 @@ use std::sync::mpsc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use super::{Ctx, REACTOR_TIMEOUT};
+use crate::close::CloseKind;
 use crate::control::view::{
     ClassView, CtrlList, CtrlView, DiscoveryView, LatencyView, Lateness, NamespaceView, PathView, PerMode, ReactorView,
     SubsystemView, VersionView,
@@ -88,6 +89,12 @@ impl Ctx {
                     stalls: st.stalls,
                     sources: st.sources,
                     connections: self.shared.conns_per_reactor.get(i).map_or(0, |c| c.load(Relaxed)),
+                    closed: self.shared.closes.get(i).map_or_else(Default::default, |c| {
+                        CloseKind::ALL
+                            .iter()
+                            .map(|&k| (k.name().to_string(), c.get(k)))
+                            .collect()
+                    }),
                 }
             })
             .collect()

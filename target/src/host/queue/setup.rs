@@ -23,7 +23,7 @@ impl HostQueue {
         // file description, O_NONBLOCK included), so the queue's socket stays a plain
         // `TcpStream` and the plain path is untouched.
         let sock = Arc::new(self.sock.try_clone()?);
-        let mut link = TlsLink::connect(sock, psk).map_err(HostError::Tls)?;
+        let mut link = TlsLink::connect(sock, psk).map_err(|e| HostError::Tls(e.to_string()))?;
         let start = Instant::now();
         let deadline = start + self.opts.timeout;
         loop {
