@@ -31,6 +31,9 @@ pub use pollux_nvme::auth::{DhGroup, DhchapKey, HashId};
 pub use pollux_nvme::spec::AnaState;
 pub use pollux_nvme::spec::ana::ANAGRPMAX;
 pub use pollux_nvme::tls::ConfiguredPsk;
+/// The reactor's own enums, spelled and parsed there: `[reactors] policy`, `hybrid_turnaround`
+/// and a subsystem's or namespace's `polling` name them directly.
+pub use pollux_reactor::{ModelKind, Polling, Turnaround, UnknownSpelling};
 pub use size::{format_size, parse_size};
 pub use validate::hosts::{read_dhchap_key_file, read_tls_key_file};
 
@@ -127,13 +130,13 @@ pub struct Reactors {
     /// any, polling beyond `cpu_budget` to meet it; finite and > 0.
     pub latency_target_us: Option<f64>,
     /// Which sleep policy decides how long a hybrid reactor sleeps.
-    pub policy: SleepPolicyKind,
+    pub policy: ModelKind,
     /// A fixed wake margin (microseconds) a hybrid reactor wakes before a predicted
     /// completion; finite and `>= 0`. None: the measured p99 of its timed wake-ups'
     /// lateness.
     pub hybrid_margin_us: Option<f64>,
     /// Whether a hybrid reactor spins through a closed-loop host's turnaround.
-    pub hybrid_turnaround: HybridTurnaround,
+    pub hybrid_turnaround: Turnaround,
 }
 
 impl Default for Reactors {
@@ -145,9 +148,9 @@ impl Default for Reactors {
             placement: Placement::default(),
             cpu_budget: 0.3,
             latency_target_us: None,
-            policy: SleepPolicyKind::default(),
+            policy: ModelKind::default(),
             hybrid_margin_us: None,
-            hybrid_turnaround: HybridTurnaround::default(),
+            hybrid_turnaround: Turnaround::default(),
         }
     }
 }
@@ -204,57 +207,6 @@ impl FromStr for ReactorMode {
     }
 }
 
-/// Whether a namespace's commands in flight may make its reactor spin (`polling`).
-///
-/// What each value means in each reactor mode is in `REFERENCE.md` ("Per-namespace
-/// polling"); in short: `always` busy-polls while the namespace has commands in flight and
-/// for a linger after the last one, whatever the mode; `never` makes its commands wait for
-/// the device's interrupt (they never start a spin or a hybrid sleep-then-spin, and never
-/// make the adaptive policy poll), but cannot stop a reactor that spins for another reason
-/// (a `poll` mode reactor, or another namespace's `always`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Polling {
-    /// Leave it to the reactor's mode and policy. Spelled `"auto"`; the default.
-    #[default]
-    Auto,
-    /// Spin while the namespace has commands in flight (a DRAM or Optane-class store where
-    /// every microsecond counts). Spelled `"always"`.
-    Always,
-    /// Never spin for its commands (bulk or background namespaces). Spelled `"never"`.
-    Never,
-}
-
-impl Polling {
-    /// The configuration spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Polling::Auto => "auto",
-            Polling::Always => "always",
-            Polling::Never => "never",
-        }
-    }
-}
-
-impl fmt::Display for Polling {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for Polling {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "auto" => Ok(Polling::Auto),
-            "always" => Ok(Polling::Always),
-            "never" => Ok(Polling::Never),
-            _ => Err(format!(
-                "unknown polling {s:?}: expected \"auto\", \"always\" or \"never\""
-            )),
-        }
-    }
-}
-
 /// How accepted connections are assigned to reactors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Placement {
@@ -291,90 +243,6 @@ impl FromStr for Placement {
             "least-loaded" => Ok(Placement::LeastLoaded),
             _ => Err(format!(
                 "unknown placement {s:?}: expected \"round-robin\" or \"least-loaded\""
-            )),
-        }
-    }
-}
-
-/// Which policy decides how long a hybrid reactor sleeps before polling
-/// again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum SleepPolicyKind {
-    /// pollux's own policy: predict from a low percentile of exact
-    /// observations, and wake early by a margin learned from measured
-    /// wake-up lateness. Spelled `"pollux"`.
-    #[default]
-    Pollux,
-    /// The Linux block layer's classic hybrid polling rule: sleep for half
-    /// the mean observed completion time. Spelled `"linux-half-mean"`.
-    LinuxHalfMean,
-}
-
-impl SleepPolicyKind {
-    /// The configuration spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SleepPolicyKind::Pollux => "pollux",
-            SleepPolicyKind::LinuxHalfMean => "linux-half-mean",
-        }
-    }
-}
-
-impl fmt::Display for SleepPolicyKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for SleepPolicyKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "pollux" => Ok(SleepPolicyKind::Pollux),
-            "linux-half-mean" => Ok(SleepPolicyKind::LinuxHalfMean),
-            _ => Err(format!(
-                "unknown sleep policy {s:?}: expected \"pollux\" or \"linux-half-mean\""
-            )),
-        }
-    }
-}
-
-/// What a hybrid reactor does while it waits for a host's next command (nothing in flight
-/// on its devices).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum HybridTurnaround {
-    /// Spin through a closed-loop host's turnaround when it is shorter than a blocking
-    /// wake-up costs, then sleep until an event. Spelled `"spin"`; the default.
-    #[default]
-    Spin,
-    /// Never spin through it: sleep until an event at once. Spelled `"sleep"`.
-    Sleep,
-}
-
-impl HybridTurnaround {
-    /// The configuration spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            HybridTurnaround::Spin => "spin",
-            HybridTurnaround::Sleep => "sleep",
-        }
-    }
-}
-
-impl fmt::Display for HybridTurnaround {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for HybridTurnaround {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "spin" => Ok(HybridTurnaround::Spin),
-            "sleep" => Ok(HybridTurnaround::Sleep),
-            _ => Err(format!(
-                "unknown hybrid turnaround {s:?}: expected \"spin\" or \"sleep\""
             )),
         }
     }

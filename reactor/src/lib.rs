@@ -27,7 +27,7 @@ mod stats;
 pub mod sys;
 
 pub use adaptive::{LatencyModel, MarginSleep, ModePolicy, ModelKind, PolicyConfig, PolicyInputs, Turnaround};
-pub use error::{ReactorError, Result};
+pub use error::{ReactorError, Result, UnknownSpelling};
 pub use inbox::{Message, Remote};
 pub use load::{ChannelKey, ClassStats, DeviceLoad};
 pub use mode::{FractionSleep, Mode, SleepPolicy};

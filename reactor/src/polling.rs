@@ -30,6 +30,7 @@ use std::str::FromStr;
 use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
+use crate::error::UnknownSpelling;
 use crate::mode::Mode;
 use crate::reactor::Next;
 
@@ -122,13 +123,17 @@ impl fmt::Display for Polling {
 }
 
 impl FromStr for Polling {
-    type Err = String;
+    type Err = UnknownSpelling;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "auto" => Ok(Polling::Auto),
             "always" => Ok(Polling::Always),
             "never" => Ok(Polling::Never),
-            other => Err(format!("unknown polling '{other}' (auto, always, never)")),
+            _ => Err(UnknownSpelling {
+                what: "polling",
+                given: s.to_owned(),
+                expected: "\"auto\", \"always\" or \"never\"",
+            }),
         }
     }
 }

@@ -3,7 +3,7 @@
 use super::cx::{Cx, positive};
 use crate::error::ConfError;
 use crate::raw::RawReactors;
-use crate::{HybridTurnaround, Placement, ReactorMode, Reactors, SleepPolicyKind};
+use crate::{ModelKind, Placement, ReactorMode, Reactors, Turnaround};
 
 /// The highest core index accepted: Linux's `cpu_set_t`, which
 /// `sched_setaffinity` takes, holds CPUs 0..1024.
@@ -52,8 +52,11 @@ pub(super) fn reactors(cx: &Cx<'_>, r: RawReactors) -> Result<Reactors, ConfErro
         Some(v) => Some(cx.float(v, "latency_target_us", positive)?),
     };
     let policy = match &r.policy {
-        None => SleepPolicyKind::default(),
-        Some(p) => p.get_ref().parse().map_err(|e| cx.at(p.span(), e))?,
+        None => ModelKind::default(),
+        Some(p) => p
+            .get_ref()
+            .parse()
+            .map_err(|e: crate::UnknownSpelling| cx.at(p.span(), e.to_string()))?,
     };
     // A margin beyond a second is no wake margin but a typo (a sleep that could never be
     // taken before any device's completion).
@@ -64,8 +67,11 @@ pub(super) fn reactors(cx: &Cx<'_>, r: RawReactors) -> Result<Reactors, ConfErro
         })?),
     };
     let hybrid_turnaround = match &r.hybrid_turnaround {
-        None => HybridTurnaround::default(),
-        Some(t) => t.get_ref().parse().map_err(|e| cx.at(t.span(), e))?,
+        None => Turnaround::default(),
+        Some(t) => t
+            .get_ref()
+            .parse()
+            .map_err(|e: crate::UnknownSpelling| cx.at(t.span(), e.to_string()))?,
     };
     Ok(Reactors {
         cores,

@@ -1,7 +1,10 @@
 //! [`LatencyModel`]: per (operation, size class) estimate of a device's completion time.
 
+use std::fmt;
+use std::str::FromStr;
 use std::time::{Duration, Instant};
 
+use crate::error::UnknownSpelling;
 use crate::reactor::Next;
 
 /// Size classes: <= 4 KiB, <= 16 KiB, <= 64 KiB, <= 256 KiB, larger; times read/write.
@@ -13,13 +16,49 @@ pub const WINDOW: usize = 64;
 /// The estimate is this percentile of the window.
 pub const PERCENTILE: f64 = 0.10;
 
-/// Which estimator a model uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Which estimator a model uses, and so which sleep policy a hybrid reactor follows (the
+/// conf's `[reactors] policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum ModelKind {
-    /// Low percentile of exact samples, censored samples clamped (pollux).
+    /// Low percentile of exact samples, censored samples clamped, woken early by a margin
+    /// learned from measured wake-up lateness ([`crate::MarginSleep`]). Spelled `"pollux"`;
+    /// the default.
+    #[default]
     Robust,
-    /// Mean of every observed completion time, as Linux 4.10 did (baseline for comparison).
+    /// Mean of every observed completion time, sleeping half of it, as Linux 4.10 did
+    /// (baseline for comparison). Spelled `"linux-half-mean"`.
     LinuxMean,
+}
+
+impl ModelKind {
+    /// The conf spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ModelKind::Robust => "pollux",
+            ModelKind::LinuxMean => "linux-half-mean",
+        }
+    }
+}
+
+impl fmt::Display for ModelKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for ModelKind {
+    type Err = UnknownSpelling;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "pollux" => Ok(ModelKind::Robust),
+            "linux-half-mean" => Ok(ModelKind::LinuxMean),
+            _ => Err(UnknownSpelling {
+                what: "sleep policy",
+                given: s.to_owned(),
+                expected: "\"pollux\" or \"linux-half-mean\"",
+            }),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]

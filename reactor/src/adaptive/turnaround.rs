@@ -1,19 +1,55 @@
 //! [`TurnaroundSpin`]: spinning through a closed-loop host's turnaround in hybrid mode.
 
+use std::fmt;
+use std::str::FromStr;
 use std::time::Duration;
+
+use crate::error::UnknownSpelling;
 
 /// Gaps a [`TurnaroundSpin`] keeps.
 pub const GAP_WINDOW: usize = 64;
 
-/// What hybrid mode does while it waits for a host's next command.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// What hybrid mode does while it waits for a host's next command (nothing in flight on its
+/// devices; the conf's `[reactors] hybrid_turnaround`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Turnaround {
     /// Spin through a closed-loop host's turnaround when it is shorter than a wake-up
-    /// ([`TurnaroundSpin`]).
+    /// ([`TurnaroundSpin`]), then sleep until an event. Spelled `"spin"`; the default.
     #[default]
     Spin,
-    /// Never spin through it: block until an event at once.
+    /// Never spin through it: block until an event at once. Spelled `"sleep"`.
     Sleep,
+}
+
+impl Turnaround {
+    /// The conf spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Turnaround::Spin => "spin",
+            Turnaround::Sleep => "sleep",
+        }
+    }
+}
+
+impl fmt::Display for Turnaround {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Turnaround {
+    type Err = UnknownSpelling;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "spin" => Ok(Turnaround::Spin),
+            "sleep" => Ok(Turnaround::Sleep),
+            _ => Err(UnknownSpelling {
+                what: "hybrid turnaround",
+                given: s.to_owned(),
+                expected: "\"spin\" or \"sleep\"",
+            }),
+        }
+    }
 }
 
 /// Spinning through the wait for a closed-loop host's next command: between a reactor's
