@@ -17,10 +17,9 @@ use tracing::warn;
 use super::super::{BlockOp, Channel, ChannelEnv, CompleteFn, Completion, ReadData, Tag, WriteData};
 use super::client::{Image, library};
 use super::sys;
+use super::{EXACT_GAP, ImageRef, RbdDisk, RbdHealth, WATCHDOG};
 use crate::backend::account_completion;
 use crate::subsystem::Namespace;
-
-use super::{EXACT_GAP, ImageRef, RbdDisk, RbdHealth, WATCHDOG};
 
 /// Where librbd's completion callback leaves a channel's finished operations.
 struct Inbox {
