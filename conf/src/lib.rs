@@ -195,16 +195,18 @@ impl fmt::Display for ReactorMode {
 }
 
 impl FromStr for ReactorMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownSpelling;
+    fn from_str(s: &str) -> Result<Self, UnknownSpelling> {
         match s {
             "poll" => Ok(ReactorMode::Poll),
             "hybrid" => Ok(ReactorMode::Hybrid),
             "interrupt" => Ok(ReactorMode::Interrupt),
             "adaptive" => Ok(ReactorMode::Adaptive),
-            _ => Err(format!(
-                "unknown reactor mode {s:?}: expected \"poll\", \"hybrid\", \"interrupt\" or \"adaptive\""
-            )),
+            _ => Err(UnknownSpelling {
+                what: "reactor mode",
+                given: s.to_owned(),
+                expected: "\"poll\", \"hybrid\", \"interrupt\" or \"adaptive\"",
+            }),
         }
     }
 }
@@ -238,14 +240,16 @@ impl fmt::Display for Placement {
 }
 
 impl FromStr for Placement {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownSpelling;
+    fn from_str(s: &str) -> Result<Self, UnknownSpelling> {
         match s {
             "round-robin" => Ok(Placement::RoundRobin),
             "least-loaded" => Ok(Placement::LeastLoaded),
-            _ => Err(format!(
-                "unknown placement {s:?}: expected \"round-robin\" or \"least-loaded\""
-            )),
+            _ => Err(UnknownSpelling {
+                what: "placement",
+                given: s.to_owned(),
+                expected: "\"round-robin\" or \"least-loaded\"",
+            }),
         }
     }
 }
@@ -324,15 +328,17 @@ impl TlsMode {
 }
 
 impl FromStr for TlsMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownSpelling;
+    fn from_str(s: &str) -> Result<Self, UnknownSpelling> {
         match s {
             "none" => Ok(TlsMode::None),
             "allowed" => Ok(TlsMode::Allowed),
             "required" => Ok(TlsMode::Required),
-            _ => Err(format!(
-                "unknown tls mode {s:?}: expected \"none\", \"allowed\" or \"required\""
-            )),
+            _ => Err(UnknownSpelling {
+                what: "tls mode",
+                given: s.to_owned(),
+                expected: "\"none\", \"allowed\" or \"required\"",
+            }),
         }
     }
 }

@@ -4,6 +4,8 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
+use crate::error::UnknownSpelling;
+
 /// How a reactor waits for work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Mode {
@@ -47,13 +49,17 @@ impl fmt::Display for Mode {
 }
 
 impl FromStr for Mode {
-    type Err = String;
+    type Err = UnknownSpelling;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "poll" => Ok(Mode::Poll),
             "hybrid" => Ok(Mode::Hybrid),
             "interrupt" => Ok(Mode::Interrupt),
-            other => Err(format!("unknown reactor mode '{other}' (poll, hybrid, interrupt)")),
+            _ => Err(UnknownSpelling {
+                what: "reactor mode",
+                given: s.to_owned(),
+                expected: "\"poll\", \"hybrid\" or \"interrupt\"",
+            }),
         }
     }
 }

@@ -8,7 +8,7 @@ use toml::Spanned;
 use super::cx::Cx;
 use crate::error::ConfError;
 use crate::raw::RawListener;
-use crate::{ANAGRPMAX, AnaState, Listener, MAX_CONNECTIONS, TlsMode};
+use crate::{ANAGRPMAX, AnaState, Listener, MAX_CONNECTIONS, TlsMode, UnknownSpelling};
 
 /// A numeric `IP:port` address (`what`: "listener", "referral", for the message).
 pub(super) fn socket_addr(cx: &Cx<'_>, s: &Spanned<String>, what: &str) -> Result<SocketAddr, ConfError> {
@@ -53,7 +53,10 @@ pub(super) fn listeners(cx: &Cx<'_>, raw: Vec<RawListener>) -> Result<Vec<Listen
         let address = socket_addr(cx, &l.address, "listener")?;
         once(cx, &mut seen, address, &l.address, "listener")?;
         let tls = match &l.tls {
-            Some(t) => t.get_ref().parse().map_err(|e| cx.at(t.span(), e))?,
+            Some(t) => t
+                .get_ref()
+                .parse()
+                .map_err(|e: UnknownSpelling| cx.at(t.span(), e.to_string()))?,
             None => TlsMode::None,
         };
         let mut ana = BTreeMap::new();

@@ -3,7 +3,7 @@
 use super::cx::{Cx, positive};
 use crate::error::ConfError;
 use crate::raw::RawReactors;
-use crate::{ModelKind, Placement, ReactorMode, Reactors, Turnaround};
+use crate::{ModelKind, Placement, ReactorMode, Reactors, Turnaround, UnknownSpelling};
 
 /// The highest core index accepted: Linux's `cpu_set_t`, which
 /// `sched_setaffinity` takes, holds CPUs 0..1024.
@@ -33,7 +33,10 @@ pub(super) fn reactors(cx: &Cx<'_>, r: RawReactors) -> Result<Reactors, ConfErro
     }
     let mode = match &r.mode {
         None => ReactorMode::default(),
-        Some(m) => m.get_ref().parse().map_err(|e| cx.at(m.span(), e))?,
+        Some(m) => m
+            .get_ref()
+            .parse()
+            .map_err(|e: UnknownSpelling| cx.at(m.span(), e.to_string()))?,
     };
     let stall_threshold_us = match &r.stall_threshold_us {
         None => 2000,
@@ -41,7 +44,10 @@ pub(super) fn reactors(cx: &Cx<'_>, r: RawReactors) -> Result<Reactors, ConfErro
     };
     let placement = match &r.placement {
         None => Placement::default(),
-        Some(p) => p.get_ref().parse().map_err(|e| cx.at(p.span(), e))?,
+        Some(p) => p
+            .get_ref()
+            .parse()
+            .map_err(|e: UnknownSpelling| cx.at(p.span(), e.to_string()))?,
     };
     let d = Reactors::default();
     let cpu_budget = cx.float_or(&r.cpu_budget, "cpu_budget", d.cpu_budget, |x| {
@@ -56,7 +62,7 @@ pub(super) fn reactors(cx: &Cx<'_>, r: RawReactors) -> Result<Reactors, ConfErro
         Some(p) => p
             .get_ref()
             .parse()
-            .map_err(|e: crate::UnknownSpelling| cx.at(p.span(), e.to_string()))?,
+            .map_err(|e: UnknownSpelling| cx.at(p.span(), e.to_string()))?,
     };
     // A margin beyond a second is no wake margin but a typo (a sleep that could never be
     // taken before any device's completion).
@@ -71,7 +77,7 @@ pub(super) fn reactors(cx: &Cx<'_>, r: RawReactors) -> Result<Reactors, ConfErro
         Some(t) => t
             .get_ref()
             .parse()
-            .map_err(|e: crate::UnknownSpelling| cx.at(t.span(), e.to_string()))?,
+            .map_err(|e: UnknownSpelling| cx.at(t.span(), e.to_string()))?,
     };
     Ok(Reactors {
         cores,
