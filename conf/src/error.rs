@@ -3,19 +3,6 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-/// A word that names none of an enum's values (`mode = "turbo"`): what it was for, the
-/// word, and the words expected.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown {what} {value:?}: expected {expected}")]
-pub struct UnknownValue {
-    /// What the word names, e.g. `reactor mode`.
-    pub what: &'static str,
-    /// The word given.
-    pub value: String,
-    /// The words accepted, e.g. `"poll", "hybrid", "interrupt" or "adaptive"`.
-    pub expected: &'static str,
-}
-
 /// An error loading, parsing or validating a configuration.
 ///
 /// Every error names the configuration's origin (a file name, or

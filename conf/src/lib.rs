@@ -9,6 +9,7 @@
 //! semantic, is a [`ConfError`] that names the file, line and column of the
 //! offending value. The keys are documented in `conf/REFERENCE.md`.
 
+mod backend;
 mod emit;
 mod error;
 mod ids;
@@ -24,13 +25,17 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-pub use error::{ConfError, UnknownValue};
+pub use backend::{Backend, FileBackend, Latency, NvmeBackend, NvmeDevice, RBD_OP_TIMEOUT_S, RbdBackend, SimBackend};
+pub use error::ConfError;
 pub use ids::{DerivedIds, derive_ids, derive_serial};
 pub use nqn::{DISCOVERY_NQN, HexError, NQN_MAX_LEN, NqnError, UuidError, validate_nqn};
 pub use pollux_nvme::auth::{DhGroup, DhchapKey, HashId};
 pub use pollux_nvme::spec::AnaState;
 pub use pollux_nvme::spec::ana::ANAGRPMAX;
 pub use pollux_nvme::tls::ConfiguredPsk;
+/// The reactor's own enums, spelled and parsed there: `[reactors] policy`, `hybrid_turnaround`
+/// and a subsystem's or namespace's `polling` name them directly.
+pub use pollux_reactor::{ModelKind, Polling, Turnaround, UnknownSpelling};
 pub use size::{SizeError, format_size, parse_size};
 pub use validate::hosts::{KeyFileError, SecretFileError, read_dhchap_key_file, read_tls_key_file};
 
@@ -127,13 +132,13 @@ pub struct Reactors {
     /// any, polling beyond `cpu_budget` to meet it; finite and > 0.
     pub latency_target_us: Option<f64>,
     /// Which sleep policy decides how long a hybrid reactor sleeps.
-    pub policy: SleepPolicyKind,
+    pub policy: ModelKind,
     /// A fixed wake margin (microseconds) a hybrid reactor wakes before a predicted
     /// completion; finite and `>= 0`. None: the measured p99 of its timed wake-ups'
     /// lateness.
     pub hybrid_margin_us: Option<f64>,
     /// Whether a hybrid reactor spins through a closed-loop host's turnaround.
-    pub hybrid_turnaround: HybridTurnaround,
+    pub hybrid_turnaround: Turnaround,
 }
 
 impl Default for Reactors {
@@ -145,9 +150,9 @@ impl Default for Reactors {
             placement: Placement::default(),
             cpu_budget: 0.3,
             latency_target_us: None,
-            policy: SleepPolicyKind::default(),
+            policy: ModelKind::default(),
             hybrid_margin_us: None,
-            hybrid_turnaround: HybridTurnaround::default(),
+            hybrid_turnaround: Turnaround::default(),
         }
     }
 }
@@ -190,70 +195,17 @@ impl fmt::Display for ReactorMode {
 }
 
 impl FromStr for ReactorMode {
-    type Err = UnknownValue;
-    fn from_str(s: &str) -> Result<Self, UnknownValue> {
+    type Err = UnknownSpelling;
+    fn from_str(s: &str) -> Result<Self, UnknownSpelling> {
         match s {
             "poll" => Ok(ReactorMode::Poll),
             "hybrid" => Ok(ReactorMode::Hybrid),
             "interrupt" => Ok(ReactorMode::Interrupt),
             "adaptive" => Ok(ReactorMode::Adaptive),
-            _ => Err(UnknownValue {
+            _ => Err(UnknownSpelling {
                 what: "reactor mode",
-                value: s.to_owned(),
-                expected: r#""poll", "hybrid", "interrupt" or "adaptive""#,
-            }),
-        }
-    }
-}
-
-/// Whether a namespace's commands in flight may make its reactor spin (`polling`).
-///
-/// What each value means in each reactor mode is in `REFERENCE.md` ("Per-namespace
-/// polling"); in short: `always` busy-polls while the namespace has commands in flight and
-/// for a linger after the last one, whatever the mode; `never` makes its commands wait for
-/// the device's interrupt (they never start a spin or a hybrid sleep-then-spin, and never
-/// make the adaptive policy poll), but cannot stop a reactor that spins for another reason
-/// (a `poll` mode reactor, or another namespace's `always`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Polling {
-    /// Leave it to the reactor's mode and policy. Spelled `"auto"`; the default.
-    #[default]
-    Auto,
-    /// Spin while the namespace has commands in flight (a DRAM or Optane-class store where
-    /// every microsecond counts). Spelled `"always"`.
-    Always,
-    /// Never spin for its commands (bulk or background namespaces). Spelled `"never"`.
-    Never,
-}
-
-impl Polling {
-    /// The configuration spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Polling::Auto => "auto",
-            Polling::Always => "always",
-            Polling::Never => "never",
-        }
-    }
-}
-
-impl fmt::Display for Polling {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for Polling {
-    type Err = UnknownValue;
-    fn from_str(s: &str) -> Result<Self, UnknownValue> {
-        match s {
-            "auto" => Ok(Polling::Auto),
-            "always" => Ok(Polling::Always),
-            "never" => Ok(Polling::Never),
-            _ => Err(UnknownValue {
-                what: "polling",
-                value: s.to_owned(),
-                expected: r#""auto", "always" or "never""#,
+                given: s.to_owned(),
+                expected: "\"poll\", \"hybrid\", \"interrupt\" or \"adaptive\"",
             }),
         }
     }
@@ -288,103 +240,15 @@ impl fmt::Display for Placement {
 }
 
 impl FromStr for Placement {
-    type Err = UnknownValue;
-    fn from_str(s: &str) -> Result<Self, UnknownValue> {
+    type Err = UnknownSpelling;
+    fn from_str(s: &str) -> Result<Self, UnknownSpelling> {
         match s {
             "round-robin" => Ok(Placement::RoundRobin),
             "least-loaded" => Ok(Placement::LeastLoaded),
-            _ => Err(UnknownValue {
+            _ => Err(UnknownSpelling {
                 what: "placement",
-                value: s.to_owned(),
-                expected: r#""round-robin" or "least-loaded""#,
-            }),
-        }
-    }
-}
-
-/// Which policy decides how long a hybrid reactor sleeps before polling
-/// again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum SleepPolicyKind {
-    /// pollux's own policy: predict from a low percentile of exact
-    /// observations, and wake early by a margin learned from measured
-    /// wake-up lateness. Spelled `"pollux"`.
-    #[default]
-    Pollux,
-    /// The Linux block layer's classic hybrid polling rule: sleep for half
-    /// the mean observed completion time. Spelled `"linux-half-mean"`.
-    LinuxHalfMean,
-}
-
-impl SleepPolicyKind {
-    /// The configuration spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SleepPolicyKind::Pollux => "pollux",
-            SleepPolicyKind::LinuxHalfMean => "linux-half-mean",
-        }
-    }
-}
-
-impl fmt::Display for SleepPolicyKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for SleepPolicyKind {
-    type Err = UnknownValue;
-    fn from_str(s: &str) -> Result<Self, UnknownValue> {
-        match s {
-            "pollux" => Ok(SleepPolicyKind::Pollux),
-            "linux-half-mean" => Ok(SleepPolicyKind::LinuxHalfMean),
-            _ => Err(UnknownValue {
-                what: "sleep policy",
-                value: s.to_owned(),
-                expected: r#""pollux" or "linux-half-mean""#,
-            }),
-        }
-    }
-}
-
-/// What a hybrid reactor does while it waits for a host's next command (nothing in flight
-/// on its devices).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum HybridTurnaround {
-    /// Spin through a closed-loop host's turnaround when it is shorter than a blocking
-    /// wake-up costs, then sleep until an event. Spelled `"spin"`; the default.
-    #[default]
-    Spin,
-    /// Never spin through it: sleep until an event at once. Spelled `"sleep"`.
-    Sleep,
-}
-
-impl HybridTurnaround {
-    /// The configuration spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            HybridTurnaround::Spin => "spin",
-            HybridTurnaround::Sleep => "sleep",
-        }
-    }
-}
-
-impl fmt::Display for HybridTurnaround {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for HybridTurnaround {
-    type Err = UnknownValue;
-    fn from_str(s: &str) -> Result<Self, UnknownValue> {
-        match s {
-            "spin" => Ok(HybridTurnaround::Spin),
-            "sleep" => Ok(HybridTurnaround::Sleep),
-            _ => Err(UnknownValue {
-                what: "hybrid turnaround",
-                value: s.to_owned(),
-                expected: r#""spin" or "sleep""#,
+                given: s.to_owned(),
+                expected: "\"round-robin\" or \"least-loaded\"",
             }),
         }
     }
@@ -464,16 +328,16 @@ impl TlsMode {
 }
 
 impl FromStr for TlsMode {
-    type Err = UnknownValue;
-    fn from_str(s: &str) -> Result<Self, UnknownValue> {
+    type Err = UnknownSpelling;
+    fn from_str(s: &str) -> Result<Self, UnknownSpelling> {
         match s {
             "none" => Ok(TlsMode::None),
             "allowed" => Ok(TlsMode::Allowed),
             "required" => Ok(TlsMode::Required),
-            _ => Err(UnknownValue {
+            _ => Err(UnknownSpelling {
                 what: "tls mode",
-                value: s.to_owned(),
-                expected: r#""none", "allowed" or "required""#,
+                given: s.to_owned(),
+                expected: "\"none\", \"allowed\" or \"required\"",
             }),
         }
     }
@@ -748,216 +612,6 @@ pub struct GivenIds {
     pub nguid: bool,
     /// `eui64` was given.
     pub eui64: bool,
-}
-
-/// The storage behind a namespace. More kinds may be added; match on it
-/// with that in mind.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Backend {
-    /// Memory, zero-filled at start, lost at exit.
-    Ram {
-        /// Capacity in bytes: > 0 and a multiple of the block size.
-        size: u64,
-    },
-    /// A file or block device.
-    File(FileBackend),
-    /// A simulated SSD: memory with modelled latencies, parallelism,
-    /// bandwidth and interrupts.
-    Sim(SimBackend),
-    /// A namespace of an NVMe controller driven by pollux's userspace
-    /// driver: a PCI function bound to vfio-pci, or the in-process fake
-    /// controller (testing).
-    Nvme(NvmeBackend),
-    /// A Ceph RBD image, reached through librbd (loaded at run time): pollux as a gateway
-    /// to a distributed store.
-    Rbd(RbdBackend),
-    /// No store (SPDK's null bdev): writes are discarded and reads return zeroes, for
-    /// benchmarks of the target itself.
-    Null {
-        /// Capacity in bytes: > 0 and a multiple of the block size.
-        size: u64,
-    },
-}
-
-impl Backend {
-    /// The configuration name of the backend kind (`"ram"`, `"file"`, `"sim"`, `"nvme"`,
-    /// `"rbd"` or `"null"`), for logs.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Backend::Ram { .. } => "ram",
-            Backend::File(_) => "file",
-            Backend::Sim(_) => "sim",
-            Backend::Nvme(_) => "nvme",
-            Backend::Rbd(_) => "rbd",
-            Backend::Null { .. } => "null",
-        }
-    }
-}
-
-/// The default `op_timeout_s` of an `rbd` backend.
-pub const RBD_OP_TIMEOUT_S: u32 = 10;
-
-/// An `rbd` backend: a Ceph RBD image.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RbdBackend {
-    /// The RADOS pool.
-    pub pool: String,
-    /// The image's name.
-    pub image: String,
-    /// The RADOS namespace within the pool (None: the default one).
-    pub rados_namespace: Option<String>,
-    /// The cluster's configuration file (absolute; default `/etc/ceph/ceph.conf`).
-    pub ceph_conf: PathBuf,
-    /// The Ceph user, without `client.` (default `admin`).
-    pub user: String,
-    /// A keyring file (owner-only), when not the one `ceph_conf` names.
-    pub keyring: Option<PathBuf>,
-    /// librbd's writeback cache: writes complete once cached in this gateway, the
-    /// namespace reports a volatile write cache, and Flush and FUA writes reach the
-    /// cluster. Off (the default): a write completes once the cluster has it.
-    pub write_cache: bool,
-    /// Seconds a command may wait on the cluster before it fails with a retryable status
-    /// (librados' `rados_osd_op_timeout`; also bounds connecting), 1..=300.
-    pub op_timeout_s: u32,
-}
-
-impl RbdBackend {
-    /// `pool[/rados_namespace]/image`, as `rbd` writes an image spec.
-    pub fn spec(&self) -> String {
-        match &self.rados_namespace {
-            Some(ns) => format!("{}/{ns}/{}", self.pool, self.image),
-            None => format!("{}/{}", self.pool, self.image),
-        }
-    }
-}
-
-/// An `nvme` backend: namespace `nsid` of an NVMe controller.
-#[derive(Debug, Clone, PartialEq)]
-pub struct NvmeBackend {
-    /// The controller.
-    pub device: NvmeDevice,
-    /// The controller's namespace ID (default 1); the pair (device, nsid) is
-    /// unique across the configuration.
-    pub nsid: u32,
-}
-
-/// The NVMe controller of an [`NvmeBackend`].
-#[derive(Debug, Clone, PartialEq)]
-pub enum NvmeDevice {
-    /// A PCI function bound to vfio-pci, by its address, normalised to
-    /// `DDDD:BB:DD.F` (lower-case hex). Its namespace's block size is the
-    /// device's format, so `block_size` is not given for it.
-    Pci(String),
-    /// The driver's in-process fake controller (registers and queues in
-    /// memory, served by a thread): the whole userspace-driver path without
-    /// hardware, with fault injection over the control socket. Namespaces
-    /// naming the same fake device are namespaces of one controller.
-    Fake {
-        /// The device's name, for the control socket.
-        name: String,
-        /// This namespace's capacity in bytes (> 0, a multiple of the block
-        /// size).
-        size: u64,
-        /// Command latency in microseconds (finite, >= 0).
-        latency_us: f64,
-    },
-}
-
-impl NvmeDevice {
-    /// The name the device goes by: its BDF, or the fake device's name.
-    pub fn name(&self) -> &str {
-        match self {
-            NvmeDevice::Pci(b) => b,
-            NvmeDevice::Fake { name, .. } => name,
-        }
-    }
-}
-
-/// A `file` backend: data lives in a file (or block device).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FileBackend {
-    /// The file, absolute: a relative path in the configuration is resolved
-    /// against the configuration file's directory (or the current directory
-    /// for [`Config::parse`]), and `.` components are removed. Unique across
-    /// the configuration.
-    pub path: PathBuf,
-    /// The capacity in bytes, if given: > 0 and a multiple of the block
-    /// size. Needed only when the file does not exist yet; the target checks
-    /// that at start.
-    pub size: Option<u64>,
-    /// Open with `O_DIRECT`, bypassing the page cache.
-    pub direct: bool,
-    /// Other pollux targets serve the same store too (one subsystem exported by several
-    /// targets in front of shared storage): take a shared lock instead of an exclusive
-    /// one, so only targets that all say so open it together.
-    pub shared: bool,
-}
-
-/// A `sim` backend: a simulated SSD.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SimBackend {
-    /// Capacity in bytes: > 0 and a multiple of the block size.
-    pub size: u64,
-    /// Service time of a read of up to 4 KiB.
-    pub read: Latency,
-    /// Service time of a write of up to 4 KiB.
-    pub write: Latency,
-    /// Extra service time per KiB beyond the first 4 KiB of a command,
-    /// microseconds; finite, >= 0.
-    pub per_kib_us: f64,
-    /// Commands in service at once (further commands wait), 1..=65536.
-    pub parallelism: u32,
-    /// Bytes per second the device transfers at most; `None`: unlimited.
-    /// Always > 0.
-    pub bandwidth: Option<u64>,
-    /// Delay from a command's completion to its interrupt, microseconds;
-    /// finite, >= 0.
-    pub interrupt_delay_us: f64,
-    /// Interrupt coalescing: raise one interrupt per this many completions,
-    /// >= 1 (1: no coalescing by count).
-    pub coalesce_count: u32,
-    /// Interrupt coalescing: raise the interrupt at most this long after the
-    /// first pending completion, microseconds; finite, >= 0.
-    pub coalesce_us: f64,
-    /// Seed of the latency random number generator, `0..=i64::MAX` (TOML
-    /// integers are signed 64-bit).
-    pub seed: u64,
-}
-
-/// A latency distribution of a simulated backend, in microseconds. Every
-/// value is finite and >= 0.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Latency {
-    /// Always `us`. Written `{ fixed_us = X }`.
-    Fixed {
-        /// The latency.
-        us: f64,
-    },
-    /// Uniform in `min_us..=max_us`. Written `{ min_us = A, max_us = B }`.
-    Uniform {
-        /// The lower bound, <= `max_us`.
-        min_us: f64,
-        /// The upper bound.
-        max_us: f64,
-    },
-    /// Lognormal: `median_us * exp(sigma * N(0, 1))`. Written
-    /// `{ median_us = M, sigma = S }`.
-    LogNormal {
-        /// The median, > 0.
-        median_us: f64,
-        /// The standard deviation of the underlying normal, `0..=3`.
-        sigma: f64,
-    },
-    /// `slow_us` with probability `slow_fraction`, else `fast_us`. Written
-    /// `{ fast_us = F, slow_us = L, slow_fraction = P }`.
-    Bimodal {
-        /// The common latency, <= `slow_us`.
-        fast_us: f64,
-        /// The occasional latency.
-        slow_us: f64,
-        /// The probability of `slow_us`, `0..=1`.
-        slow_fraction: f64,
-    },
 }
 
 impl Config {

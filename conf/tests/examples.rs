@@ -3,8 +3,8 @@
 use std::path::{Path, PathBuf};
 
 use pollux_conf::{
-    Backend, Config, Control, DEFAULT_CONF, FileBackend, KeepAlive, Latency, Placement, ReactorMode, SimBackend,
-    SleepPolicyKind, Transport, derive_ids, derive_serial,
+    Backend, Config, Control, DEFAULT_CONF, FileBackend, KeepAlive, Latency, ModelKind, Placement, ReactorMode,
+    SimBackend, Transport, derive_ids, derive_serial,
 };
 
 fn examples_dir() -> PathBuf {
@@ -130,7 +130,7 @@ fn sim_example() {
     assert_eq!(c.reactors.cores, vec![0]);
     assert_eq!(c.reactors.mode, ReactorMode::Adaptive);
     assert_eq!(c.reactors.cpu_budget, 0.3);
-    assert_eq!(c.reactors.policy, SleepPolicyKind::Pollux);
+    assert_eq!(c.reactors.policy, ModelKind::Robust);
     assert_eq!(c.subsystems.len(), 2);
     let nand = &c.subsystems[0].namespaces[0];
     assert_eq!(nand.block_size, 4096);

@@ -4,8 +4,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use pollux_conf::{
-    Backend, Config, Control, FileBackend, HybridTurnaround, KeepAlive, Latency, NvmeBackend, NvmeDevice, Placement,
-    ReactorMode, SimBackend, SleepPolicyKind, Transport, derive_ids, parse_size, validate_nqn,
+    Backend, Config, Control, FileBackend, KeepAlive, Latency, ModelKind, NvmeBackend, NvmeDevice, Placement,
+    ReactorMode, SimBackend, Transport, Turnaround, derive_ids, parse_size, validate_nqn,
 };
 use proptest::prelude::*;
 
@@ -142,9 +142,9 @@ seed = 0
     assert_eq!(c.reactors.mode, ReactorMode::Adaptive);
     assert_eq!(c.reactors.cpu_budget, 0.1);
     assert_eq!(c.reactors.latency_target_us, Some(1e-7));
-    assert_eq!(c.reactors.policy, SleepPolicyKind::LinuxHalfMean);
+    assert_eq!(c.reactors.policy, ModelKind::LinuxMean);
     assert_eq!(c.reactors.hybrid_margin_us, Some(12.5));
-    assert_eq!(c.reactors.hybrid_turnaround, HybridTurnaround::Sleep);
+    assert_eq!(c.reactors.hybrid_turnaround, Turnaround::Sleep);
     assert_eq!(
         c.control,
         Control {
@@ -225,7 +225,7 @@ fn defaults_of_new_keys() {
     .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(c.reactors.cpu_budget, 0.3);
     assert_eq!(c.reactors.latency_target_us, None);
-    assert_eq!(c.reactors.policy, SleepPolicyKind::Pollux);
+    assert_eq!(c.reactors.policy, ModelKind::Robust);
     assert_eq!(c.control, Control::default());
     assert_eq!(
         c.control,
@@ -269,12 +269,9 @@ fn defaults_of_new_keys() {
     let r = pollux_conf::Reactors::default();
     assert_eq!(
         (r.cpu_budget, r.latency_target_us, r.policy),
-        (0.3, None, SleepPolicyKind::Pollux)
+        (0.3, None, ModelKind::Robust)
     );
-    assert_eq!(
-        (r.hybrid_margin_us, r.hybrid_turnaround),
-        (None, HybridTurnaround::Spin)
-    );
+    assert_eq!((r.hybrid_margin_us, r.hybrid_turnaround), (None, Turnaround::Spin));
     // An integer is accepted where a float is expected.
     let c = Config::parse(
         "[reactors]\ncores = [0]\ncpu_budget = 1\nlatency_target_us = 50\n[[listener]]\naddress = \"127.0.0.1:4420\"\n",
@@ -431,12 +428,12 @@ fn mode_and_placement_spellings() {
     }
     assert_eq!(Placement::LeastLoaded.to_string(), "least-loaded");
     assert_eq!(ReactorMode::default(), ReactorMode::Adaptive);
-    for p in [SleepPolicyKind::Pollux, SleepPolicyKind::LinuxHalfMean] {
-        assert_eq!(p.to_string().parse::<SleepPolicyKind>(), Ok(p));
+    for p in [ModelKind::Robust, ModelKind::LinuxMean] {
+        assert_eq!(p.to_string().parse::<ModelKind>(), Ok(p));
     }
-    assert_eq!(SleepPolicyKind::LinuxHalfMean.to_string(), "linux-half-mean");
-    assert_eq!(SleepPolicyKind::default(), SleepPolicyKind::Pollux);
-    assert!("linux".parse::<SleepPolicyKind>().is_err());
+    assert_eq!(ModelKind::LinuxMean.to_string(), "linux-half-mean");
+    assert_eq!(ModelKind::default(), ModelKind::Robust);
+    assert!("linux".parse::<ModelKind>().is_err());
 }
 
 /// Fragments that, shuffled together, make TOML that reaches deep into
@@ -552,7 +549,7 @@ proptest! {
         let _ = parse_size(&s);
         let _ = s.parse::<ReactorMode>();
         let _ = s.parse::<Placement>();
-        let _ = s.parse::<SleepPolicyKind>();
+        let _ = s.parse::<ModelKind>();
     }
 }
 
@@ -566,9 +563,9 @@ proptest! {
         mode in prop::sample::select(vec![ReactorMode::Poll, ReactorMode::Hybrid, ReactorMode::Interrupt, ReactorMode::Adaptive]),
         cpu_budget in prop_oneof![Just(1.0), unit_fraction()],
         latency_target_us in prop::option::of(positive_us()),
-        policy in prop::sample::select(vec![SleepPolicyKind::Pollux, SleepPolicyKind::LinuxHalfMean]),
+        policy in prop::sample::select(vec![ModelKind::Robust, ModelKind::LinuxMean]),
         hybrid_margin_us in prop::option::of(us().prop_filter("<= 1 s", |x| *x <= 1e6)),
-        hybrid_turnaround in prop::sample::select(vec![HybridTurnaround::Spin, HybridTurnaround::Sleep]),
+        hybrid_turnaround in prop::sample::select(vec![Turnaround::Spin, Turnaround::Sleep]),
         sim in sim_backend(),
         file in file_backend(),
         nvme in nvme_backends(),

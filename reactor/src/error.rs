@@ -68,5 +68,18 @@ pub enum ReactorError {
     },
 }
 
+/// A configuration spelling that names none of an enum's values (`"sometimes"` for a
+/// [`crate::Polling`]); the conf's own error message, shown as the conf gives it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {what} {given:?}: expected {expected}")]
+pub struct UnknownSpelling {
+    /// What was being named (`"polling"`, `"sleep policy"`).
+    pub what: &'static str,
+    /// The spelling given.
+    pub given: String,
+    /// The accepted spellings, as a sentence (`"\"spin\" or \"sleep\""`).
+    pub expected: &'static str,
+}
+
 /// Result alias for this crate.
 pub type Result<T, E = ReactorError> = std::result::Result<T, E>;

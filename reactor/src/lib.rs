@@ -27,11 +27,11 @@ mod stats;
 pub mod sys;
 
 pub use adaptive::{LatencyModel, MarginSleep, ModePolicy, ModelKind, PolicyConfig, PolicyInputs, Turnaround};
-pub use error::{ReactorError, Result};
+pub use error::{ReactorError, Result, UnknownSpelling};
 pub use inbox::{Message, Remote};
 pub use load::{ChannelKey, ClassStats, DeviceLoad};
-pub use mode::{FractionSleep, Mode, SleepPolicy, UnknownMode};
-pub use polling::{ALWAYS_LINGER, DeviceWait, Polling, PollingCell, SpinHold, UnknownPolling};
+pub use mode::{FractionSleep, Mode, SleepPolicy};
+pub use polling::{ALWAYS_LINGER, DeviceWait, Polling, PollingCell, SpinHold};
 pub use reactor::{Next, Progress, Reactor, ReactorConfig, Source, SourceId, SourceOpts, TimerId};
 pub use runtime::{InitError, InitFn, Runtime};
 pub use stats::{ReactorStats, StatsCell, WAKE_BUCKETS};

@@ -4,6 +4,8 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
+use crate::error::UnknownSpelling;
+
 /// How a reactor waits for work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Mode {
@@ -47,21 +49,20 @@ impl fmt::Display for Mode {
 }
 
 impl FromStr for Mode {
-    type Err = UnknownMode;
+    type Err = UnknownSpelling;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "poll" => Ok(Mode::Poll),
             "hybrid" => Ok(Mode::Hybrid),
             "interrupt" => Ok(Mode::Interrupt),
-            other => Err(UnknownMode(other.to_owned())),
+            _ => Err(UnknownSpelling {
+                what: "reactor mode",
+                given: s.to_owned(),
+                expected: "\"poll\", \"hybrid\" or \"interrupt\"",
+            }),
         }
     }
 }
-
-/// A word that names no [`Mode`] (the word given).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown reactor mode '{0}' (poll, hybrid, interrupt)")]
-pub struct UnknownMode(pub String);
 
 /// Decides, in hybrid mode, when to wake up before an expected completion.
 ///

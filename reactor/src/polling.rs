@@ -30,6 +30,7 @@ use std::str::FromStr;
 use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
+use crate::error::UnknownSpelling;
 use crate::mode::Mode;
 use crate::reactor::Next;
 
@@ -122,21 +123,20 @@ impl fmt::Display for Polling {
 }
 
 impl FromStr for Polling {
-    type Err = UnknownPolling;
+    type Err = UnknownSpelling;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "auto" => Ok(Polling::Auto),
             "always" => Ok(Polling::Always),
             "never" => Ok(Polling::Never),
-            other => Err(UnknownPolling(other.to_owned())),
+            _ => Err(UnknownSpelling {
+                what: "polling",
+                given: s.to_owned(),
+                expected: "\"auto\", \"always\" or \"never\"",
+            }),
         }
     }
 }
-
-/// A word that names no [`Polling`] (the word given).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown polling '{0}' (auto, always, never)")]
-pub struct UnknownPolling(pub String);
 
 /// A namespace's polling setting as shared by the control plane (which changes it) and every
 /// reactor (which reads it on each command and channel run): one atomic byte, read relaxed.

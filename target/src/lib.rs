@@ -71,8 +71,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use pollux_conf::{Config, HybridTurnaround, ReactorMode, SleepPolicyKind};
-use pollux_reactor::{Mode, ModelKind, PolicyConfig, ReactorConfig, ReactorStats, Runtime, Turnaround};
+use pollux_conf::{Config, ReactorMode};
+use pollux_reactor::{Mode, PolicyConfig, ReactorConfig, ReactorStats, Runtime, Turnaround};
 use tracing::info;
 
 pub use error::TargetError;
@@ -120,11 +120,7 @@ pub(crate) fn modes_of(r: &pollux_conf::Reactors) -> (Mode, Option<PolicyConfig>
 pub(crate) fn hybrid_of(r: &pollux_conf::Reactors) -> (Option<Duration>, Turnaround) {
     // Validated finite and within 0..=1e6 us: the conversion is exact to the nanosecond.
     let margin = r.hybrid_margin_us.map(|us| Duration::from_nanos((us * 1000.0) as u64));
-    let turnaround = match r.hybrid_turnaround {
-        HybridTurnaround::Spin => Turnaround::Spin,
-        HybridTurnaround::Sleep => Turnaround::Sleep,
-    };
-    (margin, turnaround)
+    (margin, r.hybrid_turnaround)
 }
 
 impl Target {
@@ -132,10 +128,7 @@ impl Target {
     pub fn start(cfg: &Config, opts: Options) -> Result<Self, TargetError> {
         let started = Instant::now();
         let (mode, adaptive) = modes_of(&cfg.reactors);
-        let model = match cfg.reactors.policy {
-            SleepPolicyKind::Pollux => ModelKind::Robust,
-            SleepPolicyKind::LinuxHalfMean => ModelKind::LinuxMean,
-        };
+        let model = cfg.reactors.policy;
         let (hybrid_margin, turnaround) = hybrid_of(&cfg.reactors);
         let n = cfg.reactors.cores.len();
         let mut socks = Vec::new();

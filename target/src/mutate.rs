@@ -257,7 +257,7 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
     for (sc, sa) in new.subsystems.iter().zip(&subsystems) {
         for nc in &sc.namespaces {
             let Some(ns) = sa.namespace(nc.nsid) else { continue };
-            let want = crate::subsystem::polling(sc.polling_of(nc));
+            let want = sc.polling_of(nc);
             if ns.polling.get() != want {
                 polling_set.push((ns.clone(), want));
                 if !ch.added_namespaces.iter().any(|(q, id)| *q == sc.nqn && *id == nc.nsid) {

@@ -297,15 +297,6 @@ fn open_reservations(n: &pollux_conf::Namespace, state_dir: Option<&Path>) -> Re
     NsResv::open(Some(state_file(dir, &n.nguid)))
 }
 
-/// The reactor's spelling of a conf `polling`.
-pub fn polling(p: pollux_conf::Polling) -> pollux_reactor::Polling {
-    match p {
-        pollux_conf::Polling::Auto => pollux_reactor::Polling::Auto,
-        pollux_conf::Polling::Always => pollux_reactor::Polling::Always,
-        pollux_conf::Polling::Never => pollux_reactor::Polling::Never,
-    }
-}
-
 /// Open a namespace's backend and build the namespace (`reactors` sets its counters;
 /// `state_dir`: where persistent reservations are kept; `polling`: its effective policy).
 pub fn build_namespace(
@@ -356,7 +347,7 @@ pub fn build_namespace(
         counters: (0..reactors.max(1)).map(|_| NsCounters::default()).collect(),
         resv,
         locks: Default::default(),
-        polling: pollux_reactor::PollingCell::new(self::polling(polling)),
+        polling: pollux_reactor::PollingCell::new(polling),
     }))
 }
 

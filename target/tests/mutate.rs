@@ -251,7 +251,7 @@ fn hybrid_margin_and_turnaround_apply_without_a_restart() {
     let t = start(&conf("allow_any_host = true", "", ""));
     let mut c = next(&t, "allow_any_host = true", "", "");
     c.reactors.hybrid_margin_us = Some(20.0);
-    c.reactors.hybrid_turnaround = pollux_conf::HybridTurnaround::Sleep;
+    c.reactors.hybrid_turnaround = pollux_conf::Turnaround::Sleep;
     let ch = t.apply(c).unwrap();
     assert!(ch.reactors_changed, "{ch:?}");
     assert!(ch.restart_needed.is_empty(), "{ch:?}");

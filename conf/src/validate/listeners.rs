@@ -8,7 +8,7 @@ use toml::Spanned;
 use super::cx::Cx;
 use crate::error::ConfError;
 use crate::raw::RawListener;
-use crate::{ANAGRPMAX, AnaState, Listener, MAX_CONNECTIONS, TlsMode};
+use crate::{ANAGRPMAX, AnaState, Listener, MAX_CONNECTIONS, TlsMode, UnknownSpelling};
 
 /// A numeric `IP:port` address (`what`: "listener", "referral", for the message).
 pub(super) fn socket_addr(cx: &Cx<'_>, s: &Spanned<String>, what: &str) -> Result<SocketAddr, ConfError> {
@@ -56,7 +56,7 @@ pub(super) fn listeners(cx: &Cx<'_>, raw: Vec<RawListener>) -> Result<Vec<Listen
             Some(t) => t
                 .get_ref()
                 .parse()
-                .map_err(|e: crate::UnknownValue| cx.at(t.span(), e.to_string()))?,
+                .map_err(|e: UnknownSpelling| cx.at(t.span(), e.to_string()))?,
             None => TlsMode::None,
         };
         let mut ana = BTreeMap::new();

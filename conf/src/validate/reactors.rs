@@ -3,7 +3,7 @@
 use super::cx::{Cx, positive};
 use crate::error::ConfError;
 use crate::raw::RawReactors;
-use crate::{HybridTurnaround, Placement, ReactorMode, Reactors, SleepPolicyKind};
+use crate::{ModelKind, Placement, ReactorMode, Reactors, Turnaround, UnknownSpelling};
 
 /// The highest core index accepted: Linux's `cpu_set_t`, which
 /// `sched_setaffinity` takes, holds CPUs 0..1024.
@@ -36,7 +36,7 @@ pub(super) fn reactors(cx: &Cx<'_>, r: RawReactors) -> Result<Reactors, ConfErro
         Some(m) => m
             .get_ref()
             .parse()
-            .map_err(|e: crate::UnknownValue| cx.at(m.span(), e.to_string()))?,
+            .map_err(|e: UnknownSpelling| cx.at(m.span(), e.to_string()))?,
     };
     let stall_threshold_us = match &r.stall_threshold_us {
         None => 2000,
@@ -47,7 +47,7 @@ pub(super) fn reactors(cx: &Cx<'_>, r: RawReactors) -> Result<Reactors, ConfErro
         Some(p) => p
             .get_ref()
             .parse()
-            .map_err(|e: crate::UnknownValue| cx.at(p.span(), e.to_string()))?,
+            .map_err(|e: UnknownSpelling| cx.at(p.span(), e.to_string()))?,
     };
     let d = Reactors::default();
     let cpu_budget = cx.float_or(&r.cpu_budget, "cpu_budget", d.cpu_budget, |x| {
@@ -58,11 +58,11 @@ pub(super) fn reactors(cx: &Cx<'_>, r: RawReactors) -> Result<Reactors, ConfErro
         Some(v) => Some(cx.float(v, "latency_target_us", positive)?),
     };
     let policy = match &r.policy {
-        None => SleepPolicyKind::default(),
+        None => ModelKind::default(),
         Some(p) => p
             .get_ref()
             .parse()
-            .map_err(|e: crate::UnknownValue| cx.at(p.span(), e.to_string()))?,
+            .map_err(|e: UnknownSpelling| cx.at(p.span(), e.to_string()))?,
     };
     // A margin beyond a second is no wake margin but a typo (a sleep that could never be
     // taken before any device's completion).
@@ -73,11 +73,11 @@ pub(super) fn reactors(cx: &Cx<'_>, r: RawReactors) -> Result<Reactors, ConfErro
         })?),
     };
     let hybrid_turnaround = match &r.hybrid_turnaround {
-        None => HybridTurnaround::default(),
+        None => Turnaround::default(),
         Some(t) => t
             .get_ref()
             .parse()
-            .map_err(|e: crate::UnknownValue| cx.at(t.span(), e.to_string()))?,
+            .map_err(|e: UnknownSpelling| cx.at(t.span(), e.to_string()))?,
     };
     Ok(Reactors {
         cores,

@@ -1,0 +1,133 @@
+//! The state file of a namespace whose reservations persist through power loss (PTPL,
+//! NVMe 2.0 §8.19.8): JSON, written atomically and durably before a change is published.
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use pollux_nvme::spec::resv::ResvType;
+use serde::{Deserialize, Serialize};
+
+use super::state::{Holder, HostId, Registrant, ResvState};
+use crate::error::TargetError;
+
+/// The state file's form (JSON; host identifiers as UUID text).
+#[derive(Serialize, Deserialize)]
+struct StateFile {
+    version: u32,
+    generation: u32,
+    registrants: Vec<FileRegistrant>,
+    holder: Option<FileHolder>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct FileRegistrant {
+    hostid: String,
+    key: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct FileHolder {
+    hostid: String,
+    rtype: u8,
+}
+
+const STATE_VERSION: u32 = 1;
+
+fn hostid_text(h: &HostId) -> String {
+    uuid::Uuid::from_bytes(*h).hyphenated().to_string()
+}
+
+/// Read a state file; any fault is an error naming it.
+pub(super) fn load(path: &Path) -> Result<ResvState, TargetError> {
+    let bad = |why: String| TargetError::ReservationState {
+        path: path.to_path_buf(),
+        why,
+    };
+    let text = fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+    let f: StateFile = serde_json::from_str(&text).map_err(|e| bad(format!("not a reservation state: {e}")))?;
+    if f.version != STATE_VERSION {
+        return Err(bad(format!(
+            "version {} (this pollux reads {STATE_VERSION})",
+            f.version
+        )));
+    }
+    let id = |s: &str| {
+        uuid::Uuid::parse_str(s)
+            .map(|u| *u.as_bytes())
+            .map_err(|e| bad(format!("host identifier {s:?}: {e}")))
+    };
+    let mut registrants = Vec::with_capacity(f.registrants.len());
+    for r in &f.registrants {
+        let hostid = id(&r.hostid)?;
+        if registrants.iter().any(|x: &Registrant| x.hostid == hostid) {
+            return Err(bad(format!("host {} registered twice", r.hostid)));
+        }
+        registrants.push(Registrant { hostid, key: r.key });
+    }
+    let holder = match &f.holder {
+        None => None,
+        Some(h) => {
+            let rtype = ResvType::from_code(h.rtype).ok_or_else(|| bad(format!("reservation type {}", h.rtype)))?;
+            let hostid = id(&h.hostid)?;
+            if !registrants.iter().any(|r| r.hostid == hostid) {
+                return Err(bad(format!("holder {} is not a registrant", h.hostid)));
+            }
+            Some(Holder { hostid, rtype })
+        }
+    };
+    Ok(ResvState {
+        generation: f.generation,
+        registrants,
+        holder,
+        ptpl: true,
+    })
+}
+
+/// Write a state file atomically and durably: a temporary file beside it, flushed, renamed
+/// over it, the directory flushed. Readable by pollux's user alone: it holds the
+/// registrants' keys, the secret each host preempts the others with.
+pub(super) fn store(path: &Path, s: &ResvState) -> std::io::Result<()> {
+    let f = StateFile {
+        version: STATE_VERSION,
+        generation: s.generation,
+        registrants: s
+            .registrants
+            .iter()
+            .map(|r| FileRegistrant {
+                hostid: hostid_text(&r.hostid),
+                key: r.key,
+            })
+            .collect(),
+        holder: s.holder.map(|h| FileHolder {
+            hostid: hostid_text(&h.hostid),
+            rtype: h.rtype.code(),
+        }),
+    };
+    let text = serde_json::to_string_pretty(&f).map_err(std::io::Error::other)?;
+    let tmp = path.with_extension("tmp");
+    {
+        let mut out = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        // A temporary file left by a crash keeps the mode it was created with.
+        out.set_permissions(fs::Permissions::from_mode(0o600))?;
+        out.write_all(text.as_bytes())?;
+        out.sync_all()?;
+    }
+    fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent() {
+        fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// The state file of namespace `nguid` in `dir`.
+pub fn state_file(dir: &Path, nguid: &[u8; 16]) -> PathBuf {
+    let hex: String = nguid.iter().map(|b| format!("{b:02x}")).collect();
+    dir.join(format!("resv-{hex}.json"))
+}
