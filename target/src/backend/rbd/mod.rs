@@ -20,9 +20,11 @@
 //!
 //! Connecting, opening, closing and resizing block on the cluster: they run on the thread
 //! that opens the namespace (start, a control client) and on a closer thread, never on a
-//! reactor. Every wait is bounded by `op_timeout_s` (librados' op timeouts); a command
-//! still unanswered twice that long after its submission completes with Namespace Not
-//! Ready (retryable) anyway, so the host retries rather than times out.
+//! reactor. Every wait is bounded by `op_timeout_s`: librados bounds connecting and monitor
+//! commands; pollux bounds the rest (the open waits twice that long for its thread, and a
+//! command still unanswered twice that long after its submission completes with Namespace
+//! Not Ready (retryable), so the host retries rather than times out, while the operation
+//! itself completes when the OSDs answer).
 
 pub mod client;
 #[rustfmt::skip]
@@ -113,6 +115,10 @@ pub struct RbdDisk {
     len: AtomicU64,
     /// The watch's update count when the size was last read.
     seen_updates: AtomicU64,
+    /// Whether this gateway held the exclusive lock when last asked ([`RbdDisk::owns_lock`]).
+    lock_owner: Arc<AtomicBool>,
+    /// A lock question is out, unanswered.
+    lock_query: Arc<AtomicBool>,
     /// The cluster's fsid.
     pub fsid: String,
     /// The image's id.
@@ -132,10 +138,7 @@ impl RbdDisk {
     pub fn open(b: &RbdBackend, block_size: u32, reactors: usize) -> Result<Self, TargetError> {
         library()?;
         let cluster = Cluster::get(b)?;
-        let mut image = Image::open(cluster, b)?;
-        let len = image
-            .size()
-            .map_err(|rc| rbd_error(b, "cannot read the image's size", rc.into()))?;
+        let (mut image, len) = open_bounded(cluster, b)?;
         if len == 0 || len % u64::from(block_size) != 0 {
             return Err(rbd_error(
                 b,
@@ -171,6 +174,8 @@ impl RbdDisk {
             image_id: image.id.clone(),
             exclusive_lock,
             image: Mutex::new(Some(Arc::new(image))),
+            lock_owner: Arc::new(AtomicBool::new(false)),
+            lock_query: Arc::new(AtomicBool::new(false)),
             watch,
             health: Arc::new(RbdHealth::new(reactors)),
         })
@@ -191,10 +196,29 @@ impl RbdDisk {
         pollux_conf::derive_ids(&key, 0)
     }
 
-    /// Whether this gateway holds the image's exclusive lock now (blocks briefly on
-    /// librbd's state, not on the cluster).
+    /// Whether this gateway holds the image's exclusive lock, as last known: librbd's
+    /// answer can wait on the cluster (its lock state machine), so it is asked on a thread
+    /// of its own and waited for briefly; while a question is unanswered the last answer
+    /// stands, and `pollux ctl subsystems` never hangs on a cluster that does not answer.
     pub fn owns_lock(&self) -> bool {
-        self.image().is_some_and(|i| i.owns_lock())
+        let Some(image) = self.image() else { return false };
+        if !self.lock_query.swap(true, Ordering::AcqRel) {
+            let (owner, query) = (self.lock_owner.clone(), self.lock_query.clone());
+            let asked = std::thread::Builder::new()
+                .name("pollux-rbd-lock".into())
+                .spawn(move || {
+                    owner.store(image.owns_lock(), Ordering::Release);
+                    query.store(false, Ordering::Release);
+                });
+            if asked.is_err() {
+                self.lock_query.store(false, Ordering::Release);
+            }
+            let t0 = Instant::now();
+            while self.lock_query.load(Ordering::Acquire) && t0.elapsed() < LOCK_QUERY_WAIT {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+        self.lock_owner.load(Ordering::Acquire)
     }
 
     fn image(&self) -> Option<Arc<Image>> {
@@ -360,4 +384,43 @@ impl Backend for RbdDisk {
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
+}
+
+/// How long `owns_lock` waits for librbd's answer before giving the last one.
+const LOCK_QUERY_WAIT: Duration = Duration::from_millis(200);
+
+/// Open `b`'s image and read its size on a thread of their own, waiting at most twice
+/// `op_timeout_s`: OSD operations carry no librados timeout (see `client.rs`), so a
+/// cluster whose OSDs do not answer must not hang the start or a control client. An open
+/// that completes after the wait closes its image again (dropped on that thread).
+fn open_bounded(cluster: Arc<Cluster>, b: &RbdBackend) -> Result<(Image, u64), TargetError> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let conf = b.clone();
+    std::thread::Builder::new()
+        .name("pollux-rbd-open".into())
+        .spawn(move || {
+            let opened = Image::open(cluster, &conf).and_then(|image| {
+                let len = image
+                    .size()
+                    .map_err(|rc| rbd_error(&conf, "cannot read the image's size", rc.into()))?;
+                Ok((image, len))
+            });
+            // The receiver gave up: the image (if any) is dropped, so closed, here.
+            let _ = tx.send(opened);
+        })
+        .map_err(|e| {
+            rbd_error(
+                b,
+                format!("cannot start the open thread: {e}"),
+                -i64::from(libc::EAGAIN),
+            )
+        })?;
+    let wait = Duration::from_secs(2 * u64::from(b.op_timeout_s));
+    rx.recv_timeout(wait).unwrap_or_else(|_| {
+        Err(rbd_error(
+            b,
+            format!("the cluster's OSDs did not answer the open within {} s", wait.as_secs()),
+            -i64::from(libc::ETIMEDOUT),
+        ))
+    })
 }
