@@ -129,15 +129,14 @@ impl Cluster {
         }
         let timeout = b.op_timeout_s.to_string();
         let mut opts: Vec<(&str, String)> = vec![
-            // Connecting and monitor commands are bounded here. OSD operations are not
-            // (no rados_osd_op_timeout): an operation librados cancels leaves librbd's
-            // object requests behind it failing with ETIMEDOUT for as long as the host
-            // retries, after the cluster came back (seen in the cluster-outage scenario).
-            // Each command is bounded by pollux instead (the channel's overdue answer, the
-            // bounded open in `RbdDisk::open`), and the operation itself completes once
-            // the OSDs answer.
+            // Every wait on the cluster is bounded: connecting, monitor commands, and each
+            // OSD operation, which then fails with ETIMEDOUT (a retryable status) instead
+            // of waiting for the cluster forever. (Without the OSD bound, an OSD that
+            // comes back from a 15 s SIGSTOP was seen holding one write 'delayed' for
+            // good, and every later write of that object behind it.)
             ("client_mount_timeout", timeout.clone()),
-            ("rados_mon_op_timeout", timeout),
+            ("rados_mon_op_timeout", timeout.clone()),
+            ("rados_osd_op_timeout", timeout),
             ("rbd_cache", b.write_cache.to_string()),
             // librbd's safety net for clients that never flush (write through until the first
             // flush) is not needed: the namespace reports its volatile cache (VWC) and the

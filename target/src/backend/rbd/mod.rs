@@ -20,11 +20,10 @@
 //!
 //! Connecting, opening, closing and resizing block on the cluster: they run on the thread
 //! that opens the namespace (start, a control client) and on a closer thread, never on a
-//! reactor. Every wait is bounded by `op_timeout_s`: librados bounds connecting and monitor
-//! commands; pollux bounds the rest (the open waits twice that long for its thread, and a
-//! command still unanswered twice that long after its submission completes with Namespace
-//! Not Ready (retryable), so the host retries rather than times out, while the operation
-//! itself completes when the OSDs answer).
+//! reactor. Every wait is bounded by `op_timeout_s` (librados' op timeouts; the open also
+//! waits at most twice that long for its thread); a command still unanswered twice that
+//! long after its submission completes with Namespace Not Ready (retryable) anyway, so the
+//! host retries rather than times out.
 
 pub mod client;
 #[rustfmt::skip]
@@ -390,9 +389,10 @@ impl Backend for RbdDisk {
 const LOCK_QUERY_WAIT: Duration = Duration::from_millis(200);
 
 /// Open `b`'s image and read its size on a thread of their own, waiting at most twice
-/// `op_timeout_s`: OSD operations carry no librados timeout (see `client.rs`), so a
-/// cluster whose OSDs do not answer must not hang the start or a control client. An open
-/// that completes after the wait closes its image again (dropped on that thread).
+/// `op_timeout_s`: librbd's open runs several operations in turn, each bounded by
+/// librados, so their sum is not; a cluster that does not answer must not hang the start
+/// or a control client. An open that completes after the wait closes its image again
+/// (dropped on that thread).
 fn open_bounded(cluster: Arc<Cluster>, b: &RbdBackend) -> Result<(Image, u64), TargetError> {
     let (tx, rx) = std::sync::mpsc::channel();
     let conf = b.clone();
