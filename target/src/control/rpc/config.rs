@@ -167,9 +167,7 @@ impl Ctx {
             }
             "remove_subsystem" => {
                 let nqn = str_param(params, "nqn")?;
-                let gone = document::remove_where(root, "subsystem", |t| {
-                    document::as_table_like(t).and_then(|t| document::str_of(t, "nqn")) == Some(nqn)
-                });
+                let gone = document::remove_where(root, "subsystem", |t| document::str_of(t, "nqn") == Some(nqn));
                 if gone == 0 {
                     return Err(no_sub(nqn));
                 }
@@ -191,9 +189,7 @@ impl Ctx {
                     .ok_or_else(|| RpcError::params("missing integer param 'nsid'"))?;
                 let (_, sub) = document::find_mut(root, "subsystem", |t| document::str_of(t, "nqn") == Some(nqn))
                     .ok_or_else(|| no_sub(nqn))?;
-                let gone = document::remove_where(sub, "namespace", |t| {
-                    document::as_table_like(t).and_then(|t| document::int_of(t, "nsid")) == Some(nsid)
-                });
+                let gone = document::remove_where(sub, "namespace", |t| document::int_of(t, "nsid") == Some(nsid));
                 if gone == 0 {
                     return Err(RpcError::params(format!("subsystem '{nqn}' has no namespace {nsid}")));
                 }
@@ -362,9 +358,7 @@ impl Ctx {
             }
             "remove_listener" => {
                 let a = str_param(params, "address")?;
-                let gone = document::remove_where(root, "listener", |t| {
-                    document::as_table_like(t).and_then(|t| document::str_of(t, "address")) == Some(a)
-                });
+                let gone = document::remove_where(root, "listener", |t| document::str_of(t, "address") == Some(a));
                 if gone == 0 {
                     return Err(RpcError::params(format!(
                         "no listener '{a}' (use the address as configured)"
@@ -386,7 +380,7 @@ impl Ctx {
                 // Compared parsed, so "[fd00:0::2]:8009" removes "[fd00::2]:8009".
                 let want: Option<std::net::SocketAddr> = a.trim().parse().ok();
                 let gone = document::remove_where(root, "referral", |t| {
-                    let have = document::as_table_like(t).and_then(|t| document::str_of(t, "address"));
+                    let have = document::str_of(t, "address");
                     have == Some(a) || (want.is_some() && have.and_then(|h| h.parse().ok()) == want)
                 });
                 if gone == 0 {

@@ -104,18 +104,18 @@ pub(super) fn find_mut<'a>(
         .find(|(_, t)| pred(&**t))
 }
 
-/// Removes the tables (or values) of array `key` under `parent` for which `pred` holds; how
-/// many went.
-pub(super) fn remove_where(parent: &mut dyn TableLike, key: &str, pred: impl Fn(&Item) -> bool) -> usize {
+/// Removes the tables of array `key` under `parent` for which `pred` holds (as
+/// [`find_mut`] finds them); how many went.
+pub(super) fn remove_where(parent: &mut dyn TableLike, key: &str, pred: impl Fn(&dyn TableLike) -> bool) -> usize {
     match parent.get_mut(key) {
         Some(Item::ArrayOfTables(a)) => {
             let before = a.len();
-            a.retain(|t| !pred(&Item::Table(t.clone())));
+            a.retain(|t| !pred(t));
             before - a.len()
         }
         Some(Item::Value(toml_edit::Value::Array(a))) => {
             let before = a.len();
-            a.retain(|v| !pred(&Item::Value(v.clone())));
+            a.retain(|v| !v.as_inline_table().is_some_and(|t| pred(t)));
             before - a.len()
         }
         _ => 0,
@@ -186,11 +186,6 @@ pub(super) fn str_of<'a>(t: &'a dyn TableLike, key: &str) -> Option<&'a str> {
 /// An integer value of a table-like item.
 pub(super) fn int_of(t: &dyn TableLike, key: &str) -> Option<i64> {
     t.get(key).and_then(Item::as_integer)
-}
-
-/// The table-like view of an item (a table, an inline table, an element of either array).
-pub(super) fn as_table_like(i: &Item) -> Option<&dyn TableLike> {
-    i.as_table_like()
 }
 
 /// Where in a change's params a refusal of the edited document points: the dotted path of
