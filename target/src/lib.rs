@@ -37,7 +37,6 @@ pub mod ana;
 pub mod backend;
 pub mod check;
 pub mod close;
-pub mod conn;
 pub mod control;
 pub mod ctrl;
 pub mod error;
@@ -49,9 +48,9 @@ pub mod listener;
 pub mod log;
 pub mod mutate;
 pub mod perf;
+pub mod queue;
 pub mod range_lock;
 pub mod referral;
-pub mod request;
 pub mod resize;
 pub mod resv;
 pub mod setup;
@@ -165,6 +164,7 @@ impl Target {
             reactors: n,
             conns_per_reactor: (0..n).map(|_| AtomicU64::new(0)).collect(),
             closes: (0..n).map(|_| close::CloseCounts::default()).collect(),
+            requests: (0..n).map(|_| Arc::default()).collect(),
             controllers_created: AtomicU64::new(0),
             config: Mutex::new(cfg.clone()),
             started,
@@ -191,7 +191,7 @@ impl Target {
             reactors,
             Arc::new(move |r: &mut pollux_reactor::Reactor| {
                 r.set_local(ctrl::Local::default());
-                r.set_local(backend::Channels::new(max_io, conn::deliver));
+                r.set_local(backend::Channels::new(max_io, queue::deliver::<tcp::TcpTransport>));
                 r.set_local(tcp::h2c::H2cPool::default());
                 r.set_local(tcp::RxPool::default());
                 if r.id() == 0 {

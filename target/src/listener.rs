@@ -12,8 +12,8 @@ use pollux_reactor::{Next, Progress, Reactor, Source, SourceId, SourceOpts};
 use tracing::{info, warn};
 
 use crate::ana::AnaStates;
-use crate::conn::Conn;
 use crate::subsystem::Shared;
+use crate::tcp::{self, Conn};
 
 static NEXT_SERIAL: AtomicU64 = AtomicU64::new(1);
 
@@ -134,11 +134,11 @@ pub fn add_connection(r: &mut Reactor, sock: TcpStream, shared: Arc<Shared>, sta
         open.fetch_sub(1, Relaxed);
         warn!(reactor = me, error = %e, "cannot serve an accepted connection");
     };
-    let conn = match Conn::new(sock, shared.clone(), me, serial, started, path) {
+    let conn = match tcp::accept(sock, shared.clone(), me, serial, started, path) {
         Ok(c) => c,
         Err(e) => return fail(&shared, e.to_string()),
     };
-    let fd = conn.raw_fd();
+    let fd = conn.t.raw_fd();
     match r.add_sleepable_source(Box::new(conn), SourceOpts::socket(fd)) {
         Ok(id) => {
             let deadline = Duration::from_millis(u64::from(shared.transport.setup_timeout_ms));

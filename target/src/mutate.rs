@@ -20,11 +20,11 @@ use pollux_reactor::{MarginSleep, ModelKind, Reactor, Remote, SourceId};
 use tracing::{info, warn};
 
 use crate::ana::AnaStates;
-use crate::conn::Conn;
 use crate::ctrl::Local;
 use crate::error::TargetError;
 use crate::listener::Listener;
 use crate::subsystem::{BoundListener, Shared, Snapshot, build_subsystem};
+use crate::tcp::Conn;
 
 /// What a reconciliation changed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -405,7 +405,7 @@ pub fn namespace_resized(shared: &Shared, remotes: &[Remote], nqn: &str, nsid: u
     );
     for remote in remotes {
         let nqn = nqn.to_string();
-        remote.send(move |r| for_each_ctrl(r, |c, _, _| c.namespace_changed(&nqn, nsid)));
+        remote.send(move |r| for_each_ctrl(r, |c, r, _| c.namespace_changed(r, &nqn, nsid)));
     }
 }
 

@@ -273,6 +273,8 @@ pub struct Shared {
     pub conns_per_reactor: Box<[AtomicU64]>,
     /// Connections closed per reactor, by why (each reactor adds only to its own).
     pub closes: Box<[crate::close::CloseCounts]>,
+    /// Per reactor: its queues' requests by state, and the commands they ended.
+    pub requests: Box<[Arc<crate::queue::request::RequestStats>]>,
     /// Controllers ever created (for logs).
     pub controllers_created: AtomicU64,
     /// When the target started (SMART power-on hours).

@@ -84,7 +84,7 @@ pub enum CtlCommand {
     Version,
     /// Per-reactor mode, CPU, load and latency.
     Reactors {
-        /// All 22 columns (default: the essential ones, within 120 columns).
+        /// All 23 columns (default: the essential ones, within 120 columns).
         #[arg(long)]
         wide: bool,
     },

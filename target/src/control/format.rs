@@ -78,7 +78,7 @@ const ESSENTIAL: [&str; 14] = [
     "STALLS",
 ];
 
-/// The reactors table: the essential columns, or all 22 when `wide`.
+/// The reactors table: the essential columns, or all 23 when `wide`.
 pub fn format_reactors(rs: &[ReactorView], wide: bool) -> String {
     let header = [
         "REACTOR",
@@ -103,6 +103,7 @@ pub fn format_reactors(rs: &[ReactorView], wide: bool) -> String {
         "HYBSPIN",
         "LATE_P50/P99_US",
         "STALLS",
+        "REQ_DATA/PARK/SUB/DRAIN",
     ];
     let keep: Vec<bool> = header.iter().map(|h| wide || ESSENTIAL.contains(h)).collect();
     let pick = |row: Vec<String>| -> Vec<String> {
@@ -137,6 +138,10 @@ pub fn format_reactors(rs: &[ReactorView], wide: bool) -> String {
             ns(r.hybrid_spin_ns),
             format!("{}/{}", opt(r.wake_late_us.p50), opt(r.wake_late_us.p99)),
             r.stalls.to_string(),
+            {
+                let q = &r.requests;
+                format!("{}/{}/{}/{}", q.awaiting_data, q.parked, q.submitted, q.draining)
+            },
         ]));
     }
     table(&rows)
@@ -384,11 +389,12 @@ mod tests {
             sources: 4096,
             connections: 4096,
             closed: Default::default(),
+            requests: Default::default(),
         }
     }
 
     #[test]
-    fn the_default_reactors_table_fits_120_columns_and_wide_has_all_22() {
+    fn the_default_reactors_table_fits_120_columns_and_wide_has_all_23() {
         let rs = [busy_reactor(0), busy_reactor(1)];
         let t = format_reactors(&rs, false);
         for l in t.lines() {
@@ -399,8 +405,8 @@ mod tests {
         assert_eq!(t.lines().count(), 3);
         let w = format_reactors(&rs, true);
         let header: Vec<&str> = w.lines().next().unwrap_or_default().split_whitespace().collect();
-        assert_eq!(header.len(), 22, "{w}");
-        // All 22, the default before, do not fit.
+        assert_eq!(header.len(), 23, "{w}");
+        // All 23, the default before, do not fit.
         assert!(w.lines().any(|l| l.chars().count() > 120), "{w}");
         assert!(w.lines().nth(1).is_some_and(|l| l.contains("123456789")), "{w}");
     }

@@ -457,6 +457,37 @@ impl Collector for Scrape {
             "NVMe/TCP connections closed, by why.",
             closed,
         )?;
+        let states = self.reactors.iter().zip(&self.ids).flat_map(|(r, id)| {
+            let q = r.requests;
+            [
+                ("awaiting_data", q.awaiting_data),
+                ("parked", q.parked),
+                ("submitted", q.submitted),
+                ("draining", q.draining),
+            ]
+            .map(move |(state, n)| ([("reactor", id.as_str()), ("state", state)], Num::Int(n)))
+        });
+        family(
+            enc,
+            "pollux_reactor_requests",
+            Gauge,
+            "Requests of the reactor's queues outstanding now, by state.",
+            states,
+        )?;
+        self.per_reactor(
+            enc,
+            "pollux_reactor_commands_ended",
+            Counter,
+            "Commands the reactor's queues ended (completed, any status).",
+            |r| Num::Int(r.requests.ended),
+        )?;
+        self.per_reactor(
+            enc,
+            "pollux_reactor_commands_failed",
+            Counter,
+            "Commands the reactor's queues ended with an error status.",
+            |r| Num::Int(r.requests.failed),
+        )?;
         self.per_namespace(enc, "pollux_namespace_read_commands", "Read commands completed.", |n| {
             n.read_cmds
         })?;

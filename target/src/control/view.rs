@@ -135,6 +135,10 @@ pub struct ReactorView {
     /// [`crate::close::CloseKind`], every one; absent from older targets: empty).
     #[serde(default)]
     pub closed: BTreeMap<String, u64>,
+    /// Its queues' requests in each state now, and the commands they ended (absent from
+    /// older targets: zeroes).
+    #[serde(default)]
+    pub requests: crate::queue::request::RequestCounts,
 }
 
 /// One (device channel, operation, size class) estimate of a reactor.

@@ -15,6 +15,7 @@
 //! 22) from a plaintext ICReq (PDU type 0), as nvmet-tcp does; [`tls`] carries the stream
 //! from then on.
 
+mod conn;
 pub mod h2c;
 pub mod sendq;
 pub mod tls;
@@ -23,6 +24,8 @@ use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
+
+use pollux_reactor::{Progress, Reactor, SourceId};
 
 use pollux_conf::{TlsMode, Transport as TransportConf};
 use pollux_nvme::spec::Cqe;
@@ -33,10 +36,15 @@ use pollux_nvme::tcp::{
 use pollux_nvme::tls::PskIdentity;
 use tracing::{debug, info, warn};
 
+pub use conn::{Conn, accept};
+use h2c::DirectRx;
 use sendq::SendQueue;
 use tls::{PskLookup, TlsLink};
 
+use crate::backend::ReadData;
 use crate::close::CloseReason;
+use crate::queue::{Queue, Transport};
+use crate::subsystem::Namespace;
 
 /// The first byte of a TLS handshake record (RFC 8446 §5.1: ContentType handshake).
 const TLS_HANDSHAKE_RECORD: u8 = 22;
@@ -141,8 +149,8 @@ impl RxPool {
     }
 }
 
-/// One connection's transport.
-pub struct Transport {
+/// One connection's NVMe/TCP transport.
+pub struct TcpTransport {
     sock: Arc<TcpStream>,
     chan: Channel,
     /// The host's address.
@@ -168,9 +176,11 @@ pub struct Transport {
     rx_pressed: bool,
     /// Bytes for the host: PDUs built here, with RAM read data sent in place.
     pub out: SendQueue,
+    /// The H2CData PDU whose data is being received in place, if one is.
+    pub(crate) direct: Option<DirectRx>,
 }
 
-impl Transport {
+impl TcpTransport {
     /// Wrap an accepted, non-blocking socket of a listener with TLS `mode` (`lookup` makes
     /// what finds the PSK of an identity a host offers; called only for a TLS listener).
     pub fn new(
@@ -204,6 +214,7 @@ impl Transport {
             drained: false,
             rx_pressed: false,
             out: SendQueue::with_capacity(SEND_START),
+            direct: None,
         })
     }
 
@@ -542,5 +553,103 @@ impl Transport {
             link.close();
         }
         let _ = self.sock.shutdown(Shutdown::Both);
+    }
+}
+
+impl Transport for TcpTransport {
+    const NAME: &'static str = "nvme-tcp-connection";
+
+    #[inline]
+    fn run(q: &mut Queue<Self>, r: &mut Reactor, id: SourceId) -> Progress {
+        conn::run(q, r, id)
+    }
+
+    fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
+    fn local(&self) -> SocketAddr {
+        self.local
+    }
+
+    fn tls_identity(&self) -> Option<&PskIdentity> {
+        TcpTransport::tls_identity(self)
+    }
+
+    fn setup_pending(&self) -> Option<(&'static str, CloseReason)> {
+        if self.securing() {
+            Some(("TLS handshake", CloseReason::TlsHandshakeTimeout))
+        } else if !self.ic_done {
+            Some(("ICReq", CloseReason::IcReqTimeout))
+        } else {
+            None
+        }
+    }
+
+    #[inline]
+    fn send_completion(&mut self, cqe: &Cqe) {
+        self.send_cqe(cqe);
+    }
+
+    fn send_data(&mut self, cid: u16, data: &[u8]) {
+        self.c2h(cid, data);
+    }
+
+    /// A C2HData PDU with the read's data (NVMe/TCP 1.0 §3.6.2.8: with SUCCESS when `last`).
+    /// A RAM namespace's bytes are sent from its memory in place (see [`sendq`]) unless a
+    /// data digest must cover them or TLS encrypt them: the digest is computed over a copy,
+    /// so that it covers exactly the bytes sent.
+    #[inline]
+    fn send_read(&mut self, cid: u16, len: u32, data: ReadData<'_>, keep: &Arc<Namespace>, last: bool) {
+        self.c2h_header(cid, len, last);
+        match data {
+            ReadData::Ram(mem, off) if self.sends_in_place() => {
+                let base = mem.range_ptr(off, len as usize);
+                let keep: Arc<dyn std::any::Any + Send + Sync> = keep.clone();
+                // SAFETY: the range is inside the RAM disk's mapping (range_ptr checks it),
+                // which lives as long as the namespace that `keep` holds.
+                unsafe { self.c2h_data_in_place(base, len as usize, keep) };
+            }
+            data => self.c2h_data_copied(|buf| data.append_to(len as usize, buf)),
+        }
+    }
+
+    #[inline]
+    fn fetch_data(&mut self, cid: u16, tag: u16, len: u32) {
+        self.r2t(cid, tag, len);
+    }
+
+    #[inline]
+    fn stream_end(&self) -> u64 {
+        self.out.stream_end()
+    }
+
+    #[inline]
+    fn sent_total(&self) -> u64 {
+        self.out.sent_total()
+    }
+
+    #[inline]
+    fn flush(&mut self) -> std::io::Result<()> {
+        TcpTransport::flush(self)
+    }
+
+    fn terminate(&mut self, why: &CloseReason) {
+        // The queue's own faults are of the command sequence (a full queue given another
+        // command): NVMe/TCP 1.0 §3.6.2.3 has no closer status than PDU Sequence Error.
+        warn!(peer = %self.peer, fes = fes::PDU_SEQUENCE_ERROR, "fatal NVMe/TCP error: {why}; sending C2HTermReq");
+        let (b, n) = encode_term_req(true, fes::PDU_SEQUENCE_ERROR, 0, &[]);
+        self.out.extend_from_slice(&b[..n]);
+        let _ = TcpTransport::flush(self);
+    }
+
+    fn close(&mut self, r: Option<&mut Reactor>) {
+        self.shutdown();
+        // A grown receive buffer goes to the reactor's pool for the next connection.
+        if let Some(buf) = self.release_rx()
+            && let Some(pool) = r.and_then(|r| r.local::<RxPool>())
+        {
+            pool.give(buf);
+        }
     }
 }

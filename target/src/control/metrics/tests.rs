@@ -43,6 +43,7 @@ fn reactor(id: usize, mode: &str) -> ReactorView {
         sources: 3,
         connections: 2,
         closed: Default::default(),
+        requests: Default::default(),
     }
 }
 

@@ -95,6 +95,7 @@ impl Ctx {
                             .map(|&k| (k.name().to_string(), c.get(k)))
                             .collect()
                     }),
+                    requests: self.shared.requests.get(i).map(|q| q.snapshot()).unwrap_or_default(),
                 }
             })
             .collect()
@@ -114,7 +115,7 @@ impl Ctx {
             let sent = remote.send(move |r| {
                 let id = r.id();
                 let mut v = Vec::new();
-                crate::conn::for_each_ctrl(r, |c| {
+                crate::queue::for_each_ctrl::<crate::tcp::TcpTransport>(r, |c| {
                     let age = c.created.elapsed().as_secs_f64();
                     v.push(CtrlView {
                         cntlid: c.cntlid,

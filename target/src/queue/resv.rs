@@ -17,8 +17,9 @@ use pollux_nvme::spec::resv::ResvCdw10;
 use pollux_reactor::{Reactor, Remote, SourceId};
 use tracing::{info, warn};
 
-use super::{Conn, Queue};
+use super::{Queue, Role, Transport};
 use crate::ctrl::{Local, QueueRef};
+use crate::queue::finish::End;
 use crate::resv::{Effects, HostId, ResvDone, ResvOp};
 use crate::subsystem::Namespace;
 
@@ -37,7 +38,7 @@ struct Asker {
     cid: u16,
 }
 
-impl Conn {
+impl<T: Transport> Queue<T> {
     /// A Reservation Register, Acquire or Release with its keys (`keys`: the command's
     /// data, [`ResvCdw10::data_len`] bytes).
     pub(super) fn reservation(
@@ -49,7 +50,7 @@ impl Conn {
         cmd: ResvCdw10,
         keys: &[u8],
     ) {
-        let Queue::Io(q) = &self.q else { return };
+        let Role::Io(q) = &self.role else { return };
         let (hostid, nqn) = (q.hostid, q.subsys.nqn.clone());
         let key = |i: usize| {
             keys.get(i * 8..i * 8 + 8)
@@ -95,7 +96,7 @@ impl Conn {
         op: ResvOp,
     ) {
         let Some(remote) = r.remote(self.reactor) else {
-            return self.fail(r, cid, Status::INTERNAL_ERROR, ns.nsid, 0);
+            return self.finish(r, cid, End::status(Status::INTERNAL_ERROR).at(ns.nsid, 0));
         };
         let asker = Asker {
             id,
@@ -105,7 +106,7 @@ impl Conn {
         let resv = ns.resv.clone();
         crate::resv::submit(resv, hostid, op, move |done: ResvDone| {
             let back = remote.clone();
-            remote.send(move |r| settle(r, back, asker, ns, nqn, hostid, done));
+            remote.send(move |r| settle::<T>(r, back, asker, ns, nqn, hostid, done));
         });
     }
 
@@ -137,7 +138,7 @@ impl Conn {
 /// On the asking connection's reactor: a change is done. Its notifications go out, a
 /// Preempt and Abort fences the preempted, and the command completes (if its connection is
 /// still there).
-fn settle(
+fn settle<T: Transport>(
     r: &mut Reactor,
     back: Remote,
     asker: Asker,
@@ -148,12 +149,12 @@ fn settle(
 ) {
     let nsid = ns.nsid;
     let finish = move |r: &mut Reactor, status: Status| {
-        r.with_source::<Conn, _>(asker.id, |c, r| {
+        r.with_source::<Queue<T>, _>(asker.id, |c, r| {
             if c.serial == asker.serial && !c.closed {
                 if status.is_success() {
-                    c.resp(asker.cid, status, 0, 0);
+                    c.end(r, asker.cid, status);
                 } else {
-                    c.fail(r, asker.cid, status, nsid, 0);
+                    c.finish(r, asker.cid, End::status(status).at(nsid, 0));
                 }
                 c.flush_or_close(r, asker.id);
             }
@@ -163,7 +164,7 @@ fn settle(
         Ok(fx) => fx,
         Err(s) => return finish(r, s),
     };
-    notify(r, &nqn, nsid, &fx.notices);
+    notify::<T>(r, &nqn, nsid, &fx.notices);
     let aborted: Vec<HostId> = fx.aborted.into_iter().filter(|h| *h != hostid).collect();
     if aborted.is_empty() {
         return finish(r, Status::SUCCESS);
@@ -176,11 +177,11 @@ fn settle(
     for i in 0..n {
         let (part, aborted, nqn) = (join.clone(), aborted.clone(), nqn.clone());
         let sent = r.send(i, move |r| {
-            for q in io_queues_of(r, &nqn, &aborted) {
+            for q in io_queues_of::<T>(r, &nqn, &aborted) {
                 part.add(1);
                 let j = part.clone();
                 if !r.send(q.reactor, move |r| {
-                    watch(r, q, nsid, j, Instant::now() + FENCE_TIMEOUT, true)
+                    watch::<T>(r, q, nsid, j, Instant::now() + FENCE_TIMEOUT, true)
                 }) {
                     part.done(1);
                 }
@@ -195,9 +196,9 @@ fn settle(
 
 /// The I/O queues of this reactor's controllers of subsystem `nqn` whose hosts are in
 /// `hosts`.
-fn io_queues_of(r: &mut Reactor, nqn: &str, hosts: &[HostId]) -> Vec<QueueRef> {
+fn io_queues_of<T: Transport>(r: &mut Reactor, nqn: &str, hosts: &[HostId]) -> Vec<QueueRef> {
     let mut out = Vec::new();
-    super::for_each_ctrl(r, |c| {
+    super::for_each_ctrl::<T>(r, |c| {
         if c.subsys.as_ref().is_some_and(|s| s.nqn == nqn) && hosts.contains(&c.hostid) {
             out.extend(c.io_queues.values().copied());
         }
@@ -207,9 +208,9 @@ fn io_queues_of(r: &mut Reactor, nqn: &str, hosts: &[HostId]) -> Vec<QueueRef> {
 
 /// On an I/O queue's reactor: fence it (the first time), then wait until none of its
 /// commands on `nsid` is in flight, or the deadline.
-fn watch(r: &mut Reactor, q: QueueRef, nsid: u32, join: Arc<Join>, deadline: Instant, first: bool) {
+fn watch<T: Transport>(r: &mut Reactor, q: QueueRef, nsid: u32, join: Arc<Join>, deadline: Instant, first: bool) {
     let left = r
-        .with_source::<Conn, _>(q.source, |c, r| {
+        .with_source::<Queue<T>, _>(q.source, |c, r| {
             if c.serial != q.serial || c.closed {
                 return 0;
             }
@@ -231,13 +232,13 @@ fn watch(r: &mut Reactor, q: QueueRef, nsid: u32, join: Arc<Join>, deadline: Ins
         return join.done(1);
     }
     r.add_timer(Instant::now() + FENCE_POLL, move |r| {
-        watch(r, q, nsid, join, deadline, false)
+        watch::<T>(r, q, nsid, join, deadline, false)
     });
 }
 
 /// Send notifications (host, type) about namespace `nsid` of subsystem `nqn` to every
 /// controller of those hosts, on whichever reactor owns it.
-fn notify(r: &mut Reactor, nqn: &str, nsid: u32, notices: &[(HostId, u8)]) {
+fn notify<T: Transport>(r: &mut Reactor, nqn: &str, nsid: u32, notices: &[(HostId, u8)]) {
     if notices.is_empty() {
         return;
     }
@@ -250,11 +251,11 @@ fn notify(r: &mut Reactor, nqn: &str, nsid: u32, notices: &[(HostId, u8)]) {
                 .map(|l| l.ctrls.values().copied().collect())
                 .unwrap_or_default();
             for q in ctrls {
-                r.with_source::<Conn, _>(q.source, |c, _| {
+                r.with_source::<Queue<T>, _>(q.source, |c, r| {
                     if c.serial != q.serial {
                         return;
                     }
-                    let Queue::Admin(ctrl) = &mut c.q else { return };
+                    let Role::Admin(ctrl) = &mut c.role else { return };
                     if ctrl.subsys.as_ref().is_none_or(|s| s.nqn != nqn) {
                         return;
                     }
@@ -263,7 +264,7 @@ fn notify(r: &mut Reactor, nqn: &str, nsid: u32, notices: &[(HostId, u8)]) {
                             ctrl.reservation_notice(*typ, nsid);
                         }
                     }
-                    c.complete_events();
+                    c.complete_events(r);
                 });
             }
         });

@@ -11,7 +11,8 @@ use pollux_nvme::spec::{Sqe, Status};
 use pollux_reactor::{Reactor, SourceId};
 use tracing::{info, warn};
 
-use super::{Conn, Queue};
+use super::finish::End;
+use super::{Queue, Role, Transport};
 use crate::ctrl::admin::c2h_len;
 use crate::ctrl::auth::{AuthCtx, DhDone, DhJob, MAX_MESSAGE, Outcome, QueueAuth, check_command};
 use crate::ctrl::reply::Reply;
@@ -22,7 +23,7 @@ use crate::ctrl::reply::Reply;
 /// takes 12 s of an emulated (TCG) CPU.
 pub const AUTH_TIMEOUT: Duration = Duration::from_secs(30);
 
-impl Conn {
+impl<T: Transport> Queue<T> {
     /// The queue was connected for `hostnqn`; `required`: it must authenticate (the Connect
     /// response carries ATR). Arms the deadline.
     pub(super) fn start_auth(&mut self, r: &mut Reactor, id: SourceId, hostnqn: &str, required: bool) {
@@ -38,13 +39,13 @@ impl Conn {
         }
         let serial = self.serial;
         self.auth_timer = Some(r.add_timer(Instant::now() + AUTH_TIMEOUT, move |r| {
-            r.with_source::<Conn, _>(id, |c, r| {
+            r.with_source::<Self, _>(id, |c, r| {
                 if c.serial != serial {
                     return;
                 }
                 c.auth_timer = None;
                 if !c.auth.allows_commands() {
-                    warn!(peer = %c.tcp.peer, qid = c.sq.qid, hostnqn = %c.auth.hostnqn,
+                    warn!(peer = %c.t.peer(), qid = c.sq.qid, hostnqn = %c.auth.hostnqn,
                         "authentication not completed in time: closing the queue");
                     c.close(r, id, crate::close::CloseReason::AuthTimeout);
                 }
@@ -56,25 +57,29 @@ impl Conn {
     pub(super) fn auth_send(&mut self, r: &mut Reactor, id: SourceId, sqe: &Sqe, cdw10: u32, tl: u32, data: &[u8]) {
         let cid = sqe.cid.get();
         if let Err(s) = check_command(cdw10, tl) {
-            return self.resp(cid, s, 0, 0);
+            return self.finish(r, cid, End::status(s).unlogged());
         }
         // Every message fits the in-capsule data of any queue (at least 4 KiB).
         if data.len() < tl as usize {
-            return self.resp(cid, Status::INVALID_FIELD.with_dnr(), 0, 0);
+            return self.finish(r, cid, End::status(Status::INVALID_FIELD.with_dnr()).unlogged());
         }
         let Some(outcome) = self.auth_step(|a, ctx| a.send(ctx, &data[..tl as usize])) else {
-            return self.resp(cid, Status::COMMAND_SEQUENCE_ERROR.with_dnr(), 0, 0);
+            return self.finish(
+                r,
+                cid,
+                End::status(Status::COMMAND_SEQUENCE_ERROR.with_dnr()).unlogged(),
+            );
         };
-        self.resp(cid, Status::SUCCESS, 0, 0);
+        self.end(r, cid, Status::SUCCESS);
         self.auth_outcome(r, id, outcome);
     }
 
     /// Run `f` on this queue's exchange with what it needs of the controller: the keys and
     /// lists of its subsystem now (or of `[discovery]`). None: the queue is not connected.
     fn auth_step(&mut self, f: impl FnOnce(&mut QueueAuth, &AuthCtx<'_>) -> Outcome) -> Option<Outcome> {
-        let subsys = match &self.q {
-            Queue::Admin(ctrl) => ctrl.subsys.clone(),
-            Queue::Io(io) => Some(io.subsys.clone()),
+        let subsys = match &self.role {
+            Role::Admin(ctrl) => ctrl.subsys.clone(),
+            Role::Io(io) => Some(io.subsys.clone()),
             _ => return None,
         };
         let snap = self.shared.snapshot.load();
@@ -88,21 +93,35 @@ impl Conn {
     pub(super) fn auth_receive(&mut self, r: &mut Reactor, id: SourceId, sqe: &Sqe, cdw10: u32, al: u32) {
         let cid = sqe.cid.get();
         if let Err(s) = check_command(cdw10, al) {
-            return self.resp(cid, s, 0, 0);
+            return self.finish(r, cid, End::status(s).unlogged());
         }
-        if !matches!(self.q, Queue::Admin(_) | Queue::Io(_)) {
-            return self.resp(cid, Status::COMMAND_SEQUENCE_ERROR.with_dnr(), 0, 0);
+        if !matches!(self.role, Role::Admin(_) | Role::Io(_)) {
+            return self.finish(
+                r,
+                cid,
+                End::status(Status::COMMAND_SEQUENCE_ERROR.with_dnr()).unlogged(),
+            );
         }
         let buf = match c2h_len(sqe, MAX_MESSAGE) {
             Ok(n) if n >= al => al,
-            Ok(_) => return self.resp(cid, Status::DATA_SGL_LENGTH_INVALID.with_dnr(), 0, 0),
-            Err(s) => return self.resp(cid, s, 0, 0),
+            Ok(_) => {
+                return self.finish(
+                    r,
+                    cid,
+                    End::status(Status::DATA_SGL_LENGTH_INVALID.with_dnr()).unlogged(),
+                );
+            }
+            Err(s) => return self.finish(r, cid, End::status(s).unlogged()),
         };
         if self.auth.computing() {
             // The message depends on DH work still running: answered when it is done. One
             // Receive per message: a second one meanwhile is out of sequence.
             if self.auth_held.is_some() {
-                return self.resp(cid, Status::COMMAND_SEQUENCE_ERROR.with_dnr(), 0, 0);
+                return self.finish(
+                    r,
+                    cid,
+                    End::status(Status::COMMAND_SEQUENCE_ERROR.with_dnr()).unlogged(),
+                );
             }
             self.auth_held = Some((cid, buf));
             return;
@@ -114,11 +133,11 @@ impl Conn {
     fn answer_receive(&mut self, r: &mut Reactor, id: SourceId, cid: u16, buf: u32) {
         match self.auth.receive(buf) {
             Ok((data, outcome)) => {
-                self.reply(cid, Reply::data(data), buf);
+                self.finish(r, cid, End::reply(&Reply::data(data), buf).unlogged());
                 self.auth_outcome(r, id, outcome);
             }
             Err(s) => {
-                self.resp(cid, s, 0, 0);
+                self.finish(r, cid, End::status(s).unlogged());
                 self.auth_outcome(
                     r,
                     id,
@@ -131,7 +150,7 @@ impl Conn {
     }
 
     fn auth_outcome(&mut self, r: &mut Reactor, id: SourceId, outcome: Outcome) {
-        let (peer, qid) = (self.tcp.peer, self.sq.qid);
+        let (peer, qid) = (self.t.peer(), self.sq.qid);
         match outcome {
             Outcome::Continue => {}
             Outcome::Compute(job) => self.offload(r, id, job),
@@ -144,7 +163,7 @@ impl Conn {
                     r.cancel_timer(t);
                 }
                 // The keep-alive window starts now, not at the Connect.
-                if let Queue::Admin(ctrl) = &mut self.q {
+                if let Role::Admin(ctrl) = &mut self.role {
                     ctrl.last_keep_alive = Instant::now();
                     ctrl.authenticated = Some(format!("{hash}/{dh}{}", if bidirectional { "+ctrl" } else { "" }));
                 }
@@ -153,7 +172,7 @@ impl Conn {
             }
             Outcome::Failed { reason } => {
                 warn!(%peer, qid, hostnqn = %self.auth.hostnqn, "authentication failed: {reason}");
-                if let Queue::Admin(ctrl) = &mut self.q {
+                if let Role::Admin(ctrl) = &mut self.role {
                     ctrl.authenticated = None;
                 }
                 if self.auth.required && self.auth_timer.is_none() {
@@ -167,14 +186,14 @@ impl Conn {
     }
 }
 
-impl Conn {
+impl<T: Transport> Queue<T> {
     /// Run `job` on the DH worker; its result comes back to this connection by message.
     fn offload(&mut self, r: &mut Reactor, id: SourceId, job: DhJob) {
         let (serial, me) = (self.serial, self.reactor);
         let Some(remote) = r.remote(me) else { return };
         let back = move |done: DhDone| {
             remote.send(move |r| {
-                r.with_source::<Conn, _>(id, |c, r| {
+                r.with_source::<Self, _>(id, |c, r| {
                     if c.serial == serial {
                         c.auth_computed(r, id, done);
                     }

@@ -11,13 +11,14 @@ use pollux_nvme::spec::{Sqe, Status, StatusContext};
 use pollux_reactor::{Reactor, SourceId};
 use tracing::{debug, info, warn};
 
-use super::{Conn, IoQueue, Queue};
+use super::{IoQueue, Queue, Role, Transport};
 use crate::close::CloseReason;
 use crate::ctrl::admin::{self, AdminEnv, Outcome};
 use crate::ctrl::connect::{self, ConnectCmd, Fabrics, Refusal, decode_fabrics};
 use crate::ctrl::property::{self, CcEffect};
 use crate::ctrl::{Ctrl, FULL_CNTLID_RANGE, Local, SubsystemUpdate, owner_of};
 use crate::health;
+use crate::queue::finish::End;
 use crate::subsystem::{Snapshot, Subsystem};
 
 /// An I/O queue's attachment: its subsystem and host NQN, or the refusal.
@@ -33,7 +34,7 @@ fn connect_dw0(cntlid: u16, atr: bool) -> u32 {
     u32::from(cntlid) | (u32::from(atr) << 17)
 }
 
-impl Conn {
+impl<T: Transport> Queue<T> {
     /// A fabrics command (NVMe-oF 1.1 §6).
     pub(super) fn on_fabrics(&mut self, r: &mut Reactor, id: SourceId, sqe: &Sqe, data: &[u8]) {
         let cid = sqe.cid.get();
@@ -45,8 +46,8 @@ impl Conn {
                 cattr,
                 kato,
             } => {
-                if !matches!(self.q, Queue::Unbound) {
-                    return self.fail(r, cid, Status::COMMAND_SEQUENCE_ERROR.with_dnr(), 0, 0);
+                if !matches!(self.role, Role::Unbound) {
+                    return self.end(r, cid, Status::COMMAND_SEQUENCE_ERROR.with_dnr());
                 }
                 let c = ConnectCmd {
                     recfmt,
@@ -59,63 +60,63 @@ impl Conn {
             }
             Fabrics::AuthSend { cdw10, tl } => self.auth_send(r, id, sqe, cdw10, tl, data),
             Fabrics::AuthReceive { cdw10, al } => self.auth_receive(r, id, sqe, cdw10, al),
-            _ if !matches!(self.q, Queue::Unbound | Queue::Connecting) && !self.auth.allows_commands() => {
+            _ if !matches!(self.role, Role::Unbound | Role::Connecting) && !self.auth.allows_commands() => {
                 // NVMe 2.0 §8.13.5: Property Get/Set and Disconnect wait for authentication too.
-                self.resp(cid, Status::AUTH_REQUIRED.with_dnr(), 0, 0)
+                self.finish(r, cid, End::status(Status::AUTH_REQUIRED.with_dnr()).unlogged())
             }
-            Fabrics::PropertyGet { size8, offset } => match &self.q {
-                Queue::Admin(ctrl) => {
+            Fabrics::PropertyGet { size8, offset } => match &self.role {
+                Role::Admin(ctrl) => {
                     let rep = property::property_get(ctrl, &self.shared, size8, offset);
-                    self.reply(cid, rep, 0);
+                    self.finish(r, cid, End::reply(&rep, 0).unlogged());
                 }
-                _ => self.fail(r, cid, Status::INVALID_OPCODE.with_dnr(), 0, 0),
+                _ => self.end(r, cid, Status::INVALID_OPCODE.with_dnr()),
             },
             Fabrics::PropertySet { size8, offset, value } => {
-                let Queue::Admin(ctrl) = &mut self.q else {
-                    return self.fail(r, cid, Status::INVALID_OPCODE.with_dnr(), 0, 0);
+                let Role::Admin(ctrl) = &mut self.role else {
+                    return self.end(r, cid, Status::INVALID_OPCODE.with_dnr());
                 };
                 let (rep, effect) = property::property_set(ctrl, size8, offset, value);
                 let cntlid = ctrl.cntlid;
                 match effect {
-                    CcEffect::Enabled => info!(cntlid, peer = %self.tcp.peer, "controller enabled"),
+                    CcEffect::Enabled => info!(cntlid, peer = %self.t.peer(), "controller enabled"),
                     CcEffect::Disabled => {
                         info!(cntlid, "controller disabled (reset): deleting its I/O queues");
-                        close_io_queues(r, ctrl, || CloseReason::ControllerReset);
+                        close_io_queues::<T>(r, ctrl, || CloseReason::ControllerReset);
                     }
                     CcEffect::Shutdown => info!(cntlid, "controller shutdown"),
                     CcEffect::None => {}
                 }
-                self.reply(cid, rep, 0);
+                self.finish(r, cid, End::reply(&rep, 0).unlogged());
             }
             Fabrics::Disconnect => {
-                if matches!(self.q, Queue::Io(_)) {
-                    self.resp(cid, Status::SUCCESS, 0, 0);
+                if matches!(self.role, Role::Io(_)) {
+                    self.end(r, cid, Status::SUCCESS);
                     self.close(r, id, CloseReason::Disconnect);
                 } else {
-                    self.fail(r, cid, Status::INVALID_FIELD.with_dnr(), 0, 0);
+                    self.end(r, cid, Status::INVALID_FIELD.with_dnr());
                 }
             }
-            Fabrics::Other(_) => self.fail(r, cid, Status::INVALID_OPCODE.with_dnr(), 0, 0),
+            Fabrics::Other(_) => self.end(r, cid, Status::INVALID_OPCODE.with_dnr()),
         }
     }
 
     /// Connect (NVMe-oF 1.1 §6.3): an admin queue creates its controller here; an I/O queue
     /// asks its controller's reactor to attach it and is answered when that replies.
     fn connect(&mut self, r: &mut Reactor, id: SourceId, cid: u16, sqe: &Sqe, c: ConnectCmd, data: &[u8]) {
-        let refuse = |c: &mut Self, no: Refusal, qid: u16| {
-            info!(peer = %c.tcp.peer, qid, status = %no.status.in_context(StatusContext::Fabrics), "connect refused: {}", no.why);
-            c.resp(cid, no.status, no.dw0, 0);
+        let refuse = |c: &mut Self, r: &mut Reactor, no: Refusal, qid: u16| {
+            info!(peer = %c.t.peer(), qid, status = %no.status.in_context(StatusContext::Fabrics), "connect refused: {}", no.why);
+            c.finish(r, cid, End::status(no.status).dw(no.dw0, 0).unlogged());
         };
-        let req = match connect::check(&self.shared, sqe, c, data, self.tcp.tls_identity(), self.listener) {
+        let req = match connect::check(&self.shared, sqe, c, data, self.t.tls_identity(), self.listener) {
             Ok(req) => req,
-            Err(no) => return refuse(self, no, c.qid),
+            Err(no) => return refuse(self, r, no, c.qid),
         };
         self.sq.qid = req.qid;
         self.sq.entries = req.entries;
         self.sq.head = 1 % req.entries; // the Connect itself was consumed
         self.sq.flow_off = req.sqflow_off;
         if let Err(no) = connect::check_dynamic_cntlid(&req) {
-            return refuse(self, no, req.qid);
+            return refuse(self, r, no, req.qid);
         }
         let d = req.data;
         if req.qid == 0 {
@@ -125,11 +126,11 @@ impl Conn {
             let range = req.subsys.as_ref().map_or(FULL_CNTLID_RANGE, |s| s.cntlids.clone());
             let Some(cntlid) = r.local::<Local>().and_then(|l| l.alloc_cntlid(me, n, range.clone())) else {
                 info!(
-                    peer = %self.tcp.peer, qid = 0, subnqn = %d.subnqn, reactor = me,
+                    peer = %self.t.peer(), qid = 0, subnqn = %d.subnqn, reactor = me,
                     cntlids = format_args!("{}..={}", range.start(), range.end()),
                     "connect refused: no controller id of the range left on this reactor"
                 );
-                return self.resp(cid, Status::CONNECT_CONTROLLER_BUSY, 0, 0);
+                return self.finish(r, cid, End::status(Status::CONNECT_CONTROLLER_BUSY).unlogged());
             };
             let me_ref = self.me(id);
             if let Some(l) = r.local::<Local>() {
@@ -140,27 +141,27 @@ impl Conn {
             let mut ctrl = Ctrl::new(cntlid, req.subsys, d.hostnqn.clone(), d.hostid, kato);
             ctrl.set_ana(self.ana.clone());
             info!(
-                cntlid, reactor = me, peer = %self.tcp.peer, subnqn = %d.subnqn, hostnqn = %d.hostnqn, kato_ms = kato,
+                cntlid, reactor = me, peer = %self.t.peer(), subnqn = %d.subnqn, hostnqn = %d.hostnqn, kato_ms = kato,
                 "controller created"
             );
             self.shared.controllers_created.fetch_add(1, Relaxed);
-            self.q = Queue::Admin(Box::new(ctrl));
+            self.role = Role::Admin(Box::new(ctrl));
             self.schedule_keep_alive(r, id);
             let atr = self.auth_required(&d.hostnqn, subsys_of_req.as_deref());
             self.start_auth(r, id, &d.hostnqn, atr);
-            self.resp(cid, Status::SUCCESS, connect_dw0(cntlid, atr), 0);
+            self.finish(r, cid, End::status(Status::SUCCESS).dw(connect_dw0(cntlid, atr), 0));
             return;
         }
         let (qid, cntlid) = (req.qid, d.cntlid);
         let owner = owner_of(cntlid, r.reactor_count());
         let me = self.me(id);
-        self.q = Queue::Connecting;
+        self.role = Role::Connecting;
         let sent = r.send(owner, move |r| {
-            let res = with_ctrl(r, cntlid, |ctrl, _| connect::attach_io(ctrl, qid, &d, me))
+            let res = with_ctrl::<T, _>(r, cntlid, |ctrl, _| connect::attach_io(ctrl, qid, &d, me))
                 .unwrap_or_else(|| Err(connect::no_such_controller()))
                 .map(|s| (s, d.hostnqn, d.hostid));
             r.send(me.reactor, move |r| {
-                r.with_source::<Conn, _>(me.source, |c, r| {
+                r.with_source::<Self, _>(me.source, |c, r| {
                     if c.serial == me.serial {
                         c.io_connected(r, me.source, cid, cntlid, owner, res);
                     }
@@ -168,8 +169,8 @@ impl Conn {
             });
         });
         if !sent {
-            self.q = Queue::Unbound;
-            self.resp(cid, Status::CONNECT_CONTROLLER_BUSY, 0, 0);
+            self.role = Role::Unbound;
+            self.finish(r, cid, End::status(Status::CONNECT_CONTROLLER_BUSY).unlogged());
         }
     }
 
@@ -179,21 +180,21 @@ impl Conn {
         }
         match res {
             Ok((subsys, hostnqn, hostid)) => {
-                debug!(cntlid, qid = self.sq.qid, reactor = self.reactor, peer = %self.tcp.peer, "I/O queue connected");
+                debug!(cntlid, qid = self.sq.qid, reactor = self.reactor, peer = %self.t.peer(), "I/O queue connected");
                 let atr = self.auth_required(&hostnqn, Some(&subsys));
-                self.q = Queue::Io(IoQueue {
+                self.role = Role::Io(IoQueue {
                     cntlid,
                     owner,
                     subsys,
                     hostid,
                 });
                 self.start_auth(r, id, &hostnqn, atr);
-                self.resp(cid, Status::SUCCESS, connect_dw0(cntlid, atr), 0);
+                self.finish(r, cid, End::status(Status::SUCCESS).dw(connect_dw0(cntlid, atr), 0));
             }
             Err(no) => {
-                info!(peer = %self.tcp.peer, qid = self.sq.qid, cntlid, status = %no.status.in_context(StatusContext::Fabrics), "I/O queue connect refused: {}", no.why);
-                self.q = Queue::Unbound;
-                self.resp(cid, no.status, no.dw0, 0);
+                info!(peer = %self.t.peer(), qid = self.sq.qid, cntlid, status = %no.status.in_context(StatusContext::Fabrics), "I/O queue connect refused: {}", no.why);
+                self.role = Role::Unbound;
+                self.finish(r, cid, End::status(no.status).dw(no.dw0, 0).unlogged());
             }
         }
         self.flush_or_close(r, id);
@@ -212,14 +213,14 @@ impl Conn {
 
     /// (Re)arm the keep-alive check at the controller's deadline (NVMe 2.0 §3.9).
     fn schedule_keep_alive(&mut self, r: &mut Reactor, id: SourceId) {
-        let Queue::Admin(ctrl) = &mut self.q else { return };
+        let Role::Admin(ctrl) = &mut self.role else { return };
         if let Some(t) = ctrl.ka_timer.take() {
             r.cancel_timer(t);
         }
         let Some(at) = ctrl.keep_alive_deadline() else { return };
         let serial = self.serial;
         ctrl.ka_timer = Some(r.add_timer(at, move |r| {
-            r.with_source::<Conn, _>(id, |c, r| {
+            r.with_source::<Self, _>(id, |c, r| {
                 if c.serial == serial {
                     c.keep_alive_check(r, id);
                 }
@@ -228,7 +229,7 @@ impl Conn {
     }
 
     fn keep_alive_check(&mut self, r: &mut Reactor, id: SourceId) {
-        let Queue::Admin(ctrl) = &mut self.q else { return };
+        let Role::Admin(ctrl) = &mut self.role else { return };
         ctrl.ka_timer = None;
         if !self.auth.allows_commands() {
             // Authenticating: a host sends no Keep Alive before it may (the Linux host's first
@@ -237,7 +238,7 @@ impl Conn {
             ctrl.last_keep_alive = Instant::now();
         }
         if ctrl.keep_alive_deadline().is_some_and(|d| Instant::now() >= d) {
-            warn!(cntlid = ctrl.cntlid, peer = %self.tcp.peer, kato_ms = ctrl.kato_ms, "keep-alive timeout: deleting the controller");
+            warn!(cntlid = ctrl.cntlid, peer = %self.t.peer(), kato_ms = ctrl.kato_ms, "keep-alive timeout: deleting the controller");
             self.close(r, id, CloseReason::KeepAliveTimeout);
         } else {
             self.schedule_keep_alive(r, id);
@@ -250,13 +251,13 @@ impl Conn {
     /// enabled (AEC bits 7:0), raising the event a new critical warning calls for (NVMe 2.0
     /// §5.2). No timer otherwise: a timer costs every reactor iteration a little.
     fn schedule_health_check(&mut self, r: &mut Reactor, id: SourceId) {
-        let Queue::Admin(ctrl) = &mut self.q else { return };
+        let Role::Admin(ctrl) = &mut self.role else { return };
         if ctrl.is_discovery() || ctrl.aec & 0xFF == 0 || ctrl.health_timer.is_some() {
             return;
         }
         let serial = self.serial;
         ctrl.health_timer = Some(r.add_timer(Instant::now() + HEALTH_CHECK, move |r| {
-            r.with_source::<Conn, _>(id, |c, r| {
+            r.with_source::<Self, _>(id, |c, r| {
                 if c.serial == serial {
                     c.health_check(r, id);
                 }
@@ -265,12 +266,12 @@ impl Conn {
     }
 
     fn health_check(&mut self, r: &mut Reactor, id: SourceId) {
-        let Queue::Admin(ctrl) = &mut self.q else { return };
+        let Role::Admin(ctrl) = &mut self.role else { return };
         ctrl.health_timer = None;
         if let Some(s) = &ctrl.subsys {
             let h = health::gather(s, None, health::host_k());
             if ctrl.check_health(&h) {
-                self.complete_events();
+                self.complete_events(r);
             }
         }
         self.schedule_health_check(r, id);
@@ -281,10 +282,10 @@ impl Conn {
     /// An admin command (NVMe 2.0 §5) on the admin queue.
     pub(super) fn on_admin(&mut self, r: &mut Reactor, id: SourceId, sqe: &Sqe) {
         let (cid, nsid) = (sqe.cid.get(), sqe.nsid.get());
-        let Queue::Admin(ctrl) = &mut self.q else { return };
+        let Role::Admin(ctrl) = &mut self.role else { return };
         let env = AdminEnv {
             shared: &self.shared,
-            local: self.tcp.local,
+            local: self.t.local(),
             started: self.started,
             host_k: health::host_k(),
         };
@@ -305,58 +306,54 @@ impl Conn {
                 return self.change_reservations(r, id, cid, ns, nqn, hostid, op);
             }
         };
-        let status = rep.status;
-        self.reply(cid, rep, max_len);
-        if !status.is_success() {
-            self.log_error(r, cid, status, nsid, 0);
-        }
+        self.finish(r, cid, End::reply(&rep, max_len).at(nsid, 0));
         // Set Features may have enabled SMART events.
         self.schedule_health_check(r, id);
     }
 
     /// Abort (NVMe 2.0 §5.1): dw0 bit 0 is 0 if the command was aborted, 1 if not.
     fn abort(&mut self, r: &mut Reactor, id: SourceId, cid: u16, sqid: u16, target: u16) {
-        let Queue::Admin(ctrl) = &mut self.q else { return };
+        let Role::Admin(ctrl) = &mut self.role else { return };
         if sqid == 0 {
             if ctrl.abort_aer(target) {
-                self.resp(target, Status::ABORT_REQUESTED, 0, 0);
-                self.resp(cid, Status::SUCCESS, 0, 0);
+                self.end(r, target, Status::ABORT_REQUESTED);
+                self.end(r, cid, Status::SUCCESS);
             } else {
-                self.resp(cid, Status::SUCCESS, 1, 0);
+                self.finish(r, cid, End::status(Status::SUCCESS).dw(1, 0));
             }
             return;
         }
         let Some(q) = ctrl.io_queues.get(&sqid).copied() else {
-            return self.resp(cid, Status::SUCCESS, 1, 0);
+            return self.finish(r, cid, End::status(Status::SUCCESS).dw(1, 0));
         };
         let (me, serial) = (self.reactor, self.serial);
         let sent = r.send(q.reactor, move |r| {
             let aborted = r
-                .with_source::<Conn, _>(q.source, |c, r| {
+                .with_source::<Self, _>(q.source, |c, r| {
                     c.serial == q.serial && c.abort_pending(r, q.source, target)
                 })
                 .unwrap_or(false);
             r.send(me, move |r| {
-                r.with_source::<Conn, _>(id, |c, r| {
+                r.with_source::<Self, _>(id, |c, r| {
                     if c.serial == serial {
-                        c.resp(cid, Status::SUCCESS, u32::from(!aborted), 0);
+                        c.finish(r, cid, End::status(Status::SUCCESS).dw(u32::from(!aborted), 0));
                         c.flush_or_close(r, id);
                     }
                 });
             });
         });
         if !sent {
-            self.resp(cid, Status::SUCCESS, 1, 0);
+            self.finish(r, cid, End::status(Status::SUCCESS).dw(1, 0));
         }
     }
 
     /// Complete held AERs with queued events (called when an event is raised).
-    pub fn complete_events(&mut self) {
-        let Queue::Admin(ctrl) = &mut self.q else { return };
+    pub fn complete_events(&mut self, r: &mut Reactor) {
+        let Role::Admin(ctrl) = &mut self.role else { return };
         for (cid, ev) in ctrl.ready_events() {
-            self.resp(cid, Status::SUCCESS, ev, 0);
+            self.finish(r, cid, End::status(Status::SUCCESS).dw(ev, 0));
         }
-        let _ = self.tcp.flush();
+        let _ = self.t.flush();
     }
 
     /// The subsystems changed (a new snapshot was swapped in): bring this admin queue's
@@ -367,7 +364,7 @@ impl Conn {
         // A subsystem no longer served on this controller's listener loses the controller
         // there, as SPDK's `nvmf_subsystem_remove_listener` disconnects its queue pairs.
         let listener = self.listener.and_then(|a| snap.listener(a));
-        if let Queue::Admin(ctrl) = &self.q
+        if let Role::Admin(ctrl) = &self.role
             && ctrl
                 .subsys
                 .as_ref()
@@ -376,16 +373,16 @@ impl Conn {
         {
             return self.close(r, id, CloseReason::ListenerRemoved);
         }
-        let Queue::Admin(ctrl) = &mut self.q else { return };
+        let Role::Admin(ctrl) = &mut self.role else { return };
         match ctrl.update_subsystem(snap, discovery_changed) {
             SubsystemUpdate::Delete(why) => return self.close(r, id, why),
             SubsystemUpdate::Changed(new) => {
                 for q in ctrl.io_queues.values().copied() {
                     let new = new.clone();
                     r.send(q.reactor, move |r| {
-                        r.with_source::<Conn, _>(q.source, |c, _| {
+                        r.with_source::<Self, _>(q.source, |c, _| {
                             if c.serial == q.serial
-                                && let Queue::Io(io) = &mut c.q
+                                && let Role::Io(io) = &mut c.role
                             {
                                 io.subsys = new;
                             }
@@ -395,31 +392,35 @@ impl Conn {
             }
             SubsystemUpdate::Unchanged => {}
         }
-        self.complete_events();
+        self.complete_events(r);
     }
 }
 
-impl Conn {
+impl<T: Transport> Queue<T> {
     /// Namespace `nsid` of subsystem `nqn` changed in place (resized): an admin queue of a
     /// controller of that subsystem tells its host.
-    pub fn namespace_changed(&mut self, nqn: &str, nsid: u32) {
-        let Queue::Admin(ctrl) = &mut self.q else { return };
+    pub fn namespace_changed(&mut self, r: &mut Reactor, nqn: &str, nsid: u32) {
+        let Role::Admin(ctrl) = &mut self.role else { return };
         if ctrl.subsys.as_ref().is_some_and(|s| s.nqn == nqn) {
             ctrl.namespace_changed(nsid);
-            self.complete_events();
+            self.complete_events(r);
         }
     }
 }
 
 /// Run `f` on controller `cntlid` owned by this reactor, if it exists.
-pub(super) fn with_ctrl<R>(r: &mut Reactor, cntlid: u16, f: impl FnOnce(&mut Ctrl, &mut Reactor) -> R) -> Option<R> {
+pub(super) fn with_ctrl<T: Transport, R>(
+    r: &mut Reactor,
+    cntlid: u16,
+    f: impl FnOnce(&mut Ctrl, &mut Reactor) -> R,
+) -> Option<R> {
     let aref = r.local::<Local>()?.ctrls.get(&cntlid).copied()?;
-    r.with_source::<Conn, _>(aref.source, |c, r| {
+    r.with_source::<Queue<T>, _>(aref.source, |c, r| {
         if c.serial != aref.serial {
             return None;
         }
-        match &mut c.q {
-            Queue::Admin(ctrl) => Some(f(ctrl, r)),
+        match &mut c.role {
+            Role::Admin(ctrl) => Some(f(ctrl, r)),
             _ => None,
         }
     })
@@ -427,10 +428,10 @@ pub(super) fn with_ctrl<R>(r: &mut Reactor, cntlid: u16, f: impl FnOnce(&mut Ctr
 }
 
 /// Tell I/O queue `qid`'s controller (on its reactor) that the queue is gone.
-pub(super) fn detach_io(r: &mut Reactor, q: &IoQueue, qid: u16, serial: u64) {
+pub(super) fn detach_io<T: Transport>(r: &mut Reactor, q: &IoQueue, qid: u16, serial: u64) {
     let cntlid = q.cntlid;
     r.send(q.owner, move |r| {
-        with_ctrl(r, cntlid, |ctrl, _| {
+        with_ctrl::<T, _>(r, cntlid, |ctrl, _| {
             if ctrl.io_queues.get(&qid).is_some_and(|x| x.serial == serial) {
                 ctrl.io_queues.remove(&qid);
             }
@@ -439,10 +440,10 @@ pub(super) fn detach_io(r: &mut Reactor, q: &IoQueue, qid: u16, serial: u64) {
 }
 
 /// Ask every I/O queue of `ctrl` to close.
-fn close_io_queues(r: &mut Reactor, ctrl: &mut Ctrl, reason: fn() -> CloseReason) {
+fn close_io_queues<T: Transport>(r: &mut Reactor, ctrl: &mut Ctrl, reason: fn() -> CloseReason) {
     for (_, q) in std::mem::take(&mut ctrl.io_queues) {
         r.send(q.reactor, move |r| {
-            r.with_source::<Conn, _>(q.source, |c, r| {
+            r.with_source::<Queue<T>, _>(q.source, |c, r| {
                 if c.serial == q.serial {
                     c.close(r, q.source, reason());
                 }
@@ -452,26 +453,26 @@ fn close_io_queues(r: &mut Reactor, ctrl: &mut Ctrl, reason: fn() -> CloseReason
 }
 
 /// Delete a controller: its timer, its registry entry, its I/O queues.
-pub(super) fn teardown_ctrl(r: &mut Reactor, mut ctrl: Box<Ctrl>, reason: &CloseReason) {
+pub(super) fn teardown_ctrl<T: Transport>(r: &mut Reactor, mut ctrl: Box<Ctrl>, reason: &CloseReason) {
     for t in [ctrl.ka_timer.take(), ctrl.health_timer.take()].into_iter().flatten() {
         r.cancel_timer(t);
     }
     if let Some(l) = r.local::<Local>() {
         l.ctrls.remove(&ctrl.cntlid);
     }
-    close_io_queues(r, &mut ctrl, || CloseReason::ControllerDeleted);
+    close_io_queues::<T>(r, &mut ctrl, || CloseReason::ControllerDeleted);
     // The reason as a string field, as the log has always shown it.
     let reason = reason.to_string();
     info!(cntlid = ctrl.cntlid, hostnqn = %ctrl.hostnqn, reason = reason.as_str(), lifetime_s = ctrl.created.elapsed().as_secs(), "controller deleted");
 }
 
 /// Run `f` on every controller this reactor owns (the control socket's `controllers`).
-pub fn for_each_ctrl(r: &mut Reactor, mut f: impl FnMut(&Ctrl)) {
+pub fn for_each_ctrl<T: Transport>(r: &mut Reactor, mut f: impl FnMut(&Ctrl)) {
     let ids: Vec<u16> = r
         .local::<Local>()
         .map(|l| l.ctrls.keys().copied().collect())
         .unwrap_or_default();
     for id in ids {
-        with_ctrl(r, id, |c, _| f(c));
+        with_ctrl::<T, _>(r, id, |c, _| f(c));
     }
 }

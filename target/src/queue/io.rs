@@ -6,23 +6,23 @@
 use std::sync::Arc;
 
 use pollux_nvme::spec::{Sqe, Status};
-use pollux_nvme::tcp::{DataHdr, PduHeader};
 use pollux_reactor::sys::monotonic_ns;
 use pollux_reactor::{Polling, Reactor, SourceId};
 
-use super::{Conn, Queue};
+use super::finish::{Counted, End};
+use super::request::{ReqState, Request, Requests};
+use super::{Queue, Role, Transport};
 use crate::backend::{Completion, ReadData, Tag, WriteData, channel_for, existing_channel, with_channel};
 use crate::io::{self, DataIn, Io};
 use crate::range_lock::{self, Waiter};
-use crate::request::{ReqState, Request, Requests};
-use crate::subsystem::{Namespace, bump};
-use crate::tcp::h2c::{DataBuf, DirectRx, H2cPool, R2tProgress, unknown_ttag};
+use crate::subsystem::Namespace;
+use crate::tcp::h2c::{DataBuf, DirectRx, H2cPool, R2tProgress};
 
-/// A channel completed a command: hand it to its connection, which flushes on its next run
-/// (one write for all the completions of a poll).
-pub fn deliver(r: &mut Reactor, c: Completion<'_>) {
+/// A channel completed a command: hand it to its queue (on transport `T`), which flushes on
+/// its next run (one write for all the completions of a poll).
+pub fn deliver<T: Transport>(r: &mut Reactor, c: Completion<'_>) {
     let tag = c.tag;
-    let done = r.with_source::<Conn, _>(tag.source, |conn, r| {
+    let done = r.with_source::<Queue<T>, _>(tag.source, |conn, r| {
         conn.serial == tag.serial && {
             conn.complete(r, tag.source, tag.slot, c.status, c.data);
             true
@@ -51,33 +51,6 @@ pub(super) fn recycle_buf(r: &mut Reactor, ns: Option<&Arc<Namespace>>, buf: Dat
     }
 }
 
-/// Count a write the backend took (reads are counted as their data is sent).
-#[inline(always)]
-fn count_write(ns: &Namespace, reactor: usize, io: &Io) {
-    match io {
-        Io::Write { len, .. } => {
-            let c = ns.counters(reactor);
-            bump(&c.write_cmds, 1);
-            bump(&c.write_bytes, u64::from(*len));
-        }
-        Io::WriteZeroes { .. } => bump(&ns.counters(reactor).write_cmds, 1),
-        _ => {}
-    }
-}
-
-/// Record a completed write's latency (`started`: when it arrived) in its namespace's
-/// histogram on this reactor; other commands are not timed.
-#[inline(always)]
-fn time_write(io: &Io, reactor: usize, started: u64) {
-    if let Io::Write { ns, .. } | Io::WriteZeroes { ns, .. } = io
-        && started != 0
-    {
-        ns.counters(reactor)
-            .write_latency
-            .record(monotonic_ns().saturating_sub(started));
-    }
-}
-
 /// A request that will not run: its buffer goes back.
 pub(super) fn recycle(r: &mut Reactor, req: Request) {
     if let ReqState::AwaitingData { buf, .. } = req.state {
@@ -87,7 +60,7 @@ pub(super) fn recycle(r: &mut Reactor, req: Request) {
 
 /// The buffer that in-place data of `d` goes into, while it exists: None once the command
 /// completed early (an Abort freed its buffer), when its data is only drained.
-pub(super) fn live_buf<'a>(reqs: &'a mut Requests, d: &DirectRx) -> Option<&'a mut DataBuf> {
+pub fn live_buf<'a>(reqs: &'a mut Requests, d: &DirectRx) -> Option<&'a mut DataBuf> {
     match reqs.get_mut(d.ttag) {
         Some(Request {
             cid,
@@ -98,7 +71,7 @@ pub(super) fn live_buf<'a>(reqs: &'a mut Requests, d: &DirectRx) -> Option<&'a m
     }
 }
 
-impl Conn {
+impl<T: Transport> Queue<T> {
     /// An NVM command on an I/O queue.
     pub(super) fn on_io(&mut self, r: &mut Reactor, id: SourceId, sqe: &Sqe, data: &[u8]) {
         // A fused command, or the one after the first of a fused pair (`conn::fused`).
@@ -113,7 +86,7 @@ impl Conn {
         let (cid, nsid) = (sqe.cid.get(), sqe.nsid.get());
         let cmd = match self.validated(sqe, data) {
             Ok(cmd) => cmd,
-            Err((s, lba)) => return self.fail(r, cid, s, nsid, lba),
+            Err((s, lba)) => return self.finish(r, cid, End::status(s).at(nsid, lba)),
         };
         match cmd.data {
             DataIn::None => self.execute(r, id, cid, cmd.io, WriteData::Bytes(&[]), None),
@@ -129,7 +102,7 @@ impl Conn {
 
     /// Parse and validate an NVM command against this queue's subsystem and path.
     pub(super) fn validated(&mut self, sqe: &Sqe, data: &[u8]) -> Result<io::IoCmd, io::Refusal> {
-        let Queue::Io(q) = &mut self.q else {
+        let Role::Io(q) = &mut self.role else {
             return Err((Status::COMMAND_SEQUENCE_ERROR.with_dnr(), 0));
         };
         let hostid = q.hostid;
@@ -217,13 +190,18 @@ impl Conn {
             Io::Compare { ns, off, len, .. } => {
                 let WriteData::Bytes(bytes) = &data else {
                     self.free(slot);
-                    return self.fail(r, cid, Status::INTERNAL_ERROR, ns.nsid, 0);
+                    return self.finish(r, cid, End::status(Status::INTERNAL_ERROR).at(ns.nsid, 0));
                 };
                 let expect = bytes.to_vec();
                 if ns.inline_reads {
                     self.free(slot);
-                    let status = compare(&ns, off, len, &expect, None, self.reactor);
-                    return self.resp_or_fail(r, cid, status, ns.nsid);
+                    let status = compare(&ns, off, len, &expect, None);
+                    let counted = Counted::Read {
+                        ns: &ns,
+                        bytes: 0,
+                        started: 0,
+                    };
+                    return self.finish(r, cid, End::status(status).at(ns.nsid, 0).counted(counted));
                 }
                 // Data that came by R2T: its request is in `slot` already, and its completion
                 // reads the command, and so the data, from there.
@@ -248,7 +226,7 @@ impl Conn {
             Io::Reservation { ns, cmd } => {
                 self.free(slot);
                 let WriteData::Bytes(keys) = &data else {
-                    return self.fail(r, cid, Status::INTERNAL_ERROR, ns.nsid, 0);
+                    return self.finish(r, cid, End::status(Status::INTERNAL_ERROR).at(ns.nsid, 0));
                 };
                 let keys = keys.to_vec();
                 return self.reservation(r, id, cid, ns, cmd, &keys);
@@ -256,8 +234,8 @@ impl Conn {
             Io::ReservationReport { ns, len } => {
                 self.free(slot);
                 let page = ns.resv.state().report(len as usize);
-                self.tcp.c2h(cid, &page);
-                return self.resp(cid, Status::SUCCESS, 0, 0);
+                self.t.send_data(cid, &page);
+                return self.end(r, cid, Status::SUCCESS);
             }
             Io::Copy { ns, dst, ranges, fua } => {
                 self.free(slot);
@@ -266,8 +244,12 @@ impl Conn {
             Io::Verify { ns, .. } if ns.inline_reads => {
                 // Memory reads back what it holds: the range checked at parse is all.
                 self.free(slot);
-                bump(&ns.counters(self.reactor).read_cmds, 1);
-                return self.resp(cid, Status::SUCCESS, 0, 0);
+                let counted = Counted::Read {
+                    ns: &ns,
+                    bytes: 0,
+                    started: 0,
+                };
+                return self.finish(r, cid, End::ok().counted(counted));
             }
             io => io,
         };
@@ -278,37 +260,37 @@ impl Conn {
             res => {
                 self.free(slot);
                 return match res {
-                    Err(s) => self.fail(r, cid, s, nsid, 0),
-                    _ => self.resp(cid, Status::SUCCESS, 0, 0),
+                    Err(s) => self.finish(r, cid, End::status(s).at(nsid, 0)),
+                    _ => self.end(r, cid, Status::SUCCESS),
                 };
             }
         };
         let Some(ns) = ns else { return };
         if let Some(status) = ns.backend.run_inline(&op) {
             self.free(slot);
-            count_write(&ns, self.reactor, &io);
             return match io {
                 Io::Read { off, len, .. } if status.is_success() => self.send_read(r, cid, ns, off, len, None, started),
-                _ if status.is_success() => {
-                    time_write(&io, self.reactor, started);
-                    self.resp(cid, status, 0, 0)
-                }
-                _ => self.fail(r, cid, status, nsid, 0),
+                _ if status.is_success() => self.finish(r, cid, End::ok().counted(Counted::of(&io, started))),
+                _ => self.finish(r, cid, End::status(status).at(nsid, 0)),
             };
         }
         let ch = match channel_for(r, &ns) {
             Ok(ch) => ch,
             Err(s) => {
                 self.free(slot);
-                return self.fail(r, cid, s, nsid, 0);
+                return self.finish(r, cid, End::status(s).at(nsid, 0));
             }
         };
-        count_write(&ns, self.reactor, &io);
         // A write in flight is counted for the fences of range locks.
         let wslot = io.written().map(|_| range_lock::write_started(&ns, self.reactor));
         // A request that got its data by R2T is already Submitted in its slot (h2c_received).
         let slot = match slot {
             Some(s) => {
+                // A write parked behind a locked range goes from Parked to Submitted (one
+                // whose data came by R2T is Submitted already).
+                if !self.reqs.is_submitted(s) {
+                    self.reqs.set_state(s, ReqState::Submitted);
+                }
                 if let Some(q) = self.reqs.get_mut(s) {
                     q.wslot = wslot;
                 }
@@ -322,7 +304,7 @@ impl Conn {
             }
         };
         if let Err(s) = self.submit_slot(r, id, ch, slot, &ns, op) {
-            self.fail(r, cid, s, nsid, 0);
+            self.finish(r, cid, End::status(s).at(nsid, 0));
         }
     }
 
@@ -358,15 +340,6 @@ impl Conn {
         }
     }
 
-    /// Complete a command with `status`, in the error log when it failed.
-    pub(super) fn resp_or_fail(&mut self, r: &mut Reactor, cid: u16, status: Status, nsid: u32) {
-        if status.is_success() {
-            self.resp(cid, status, 0, 0);
-        } else {
-            self.fail(r, cid, status, nsid, 0);
-        }
-    }
-
     /// Free a request's slot, if it has one.
     pub(super) fn free(&mut self, slot: Option<usize>) {
         if let Some(s) = slot {
@@ -374,13 +347,10 @@ impl Conn {
         }
     }
 
-    /// A successful read's reply: C2HData with its `len` bytes, then the CQE (or DATA_SUCCESS
-    /// instead of a CQE when SQ flow control is off, NVMe/TCP 1.0 §3.6.2.8). `data` is what
-    /// came with the completion (a file's buffer, an SSD's DMA buffer); without it the bytes
-    /// are in the namespace's memory (RAM, simulated SSD). Those are sent from the namespace
-    /// in place (see `tcp::sendq`) unless a data digest must cover them: the digest is
-    /// computed over a copy, so that it covers exactly the bytes sent. `started`: when the
-    /// command arrived, for the namespace's read latency histogram.
+    /// A successful read ends with its `len` bytes (see [`End::read`]): `data` is what came
+    /// with the completion (a file's buffer, an SSD's DMA buffer); without it the bytes are in
+    /// the namespace's memory (RAM, simulated SSD), which the transport may send from where
+    /// they lie. `started`: when the command arrived, for its latency histogram.
     #[allow(clippy::too_many_arguments)]
     fn send_read(
         &mut self,
@@ -393,31 +363,9 @@ impl Conn {
         started: u64,
     ) {
         let Some(data) = data.or_else(|| ns.backend.read_in_place(off)) else {
-            return self.fail(r, cid, Status::INTERNAL_ERROR, ns.nsid, 0);
+            return self.finish(r, cid, End::status(Status::INTERNAL_ERROR).at(ns.nsid, 0));
         };
-        let success = self.sq.flow_off;
-        self.tcp.c2h_header(cid, len, success);
-        match data {
-            ReadData::Ram(mem, off) if self.tcp.sends_in_place() => {
-                let base = mem.range_ptr(off, len as usize);
-                let keep: Arc<dyn std::any::Any + Send + Sync> = ns.clone();
-                // SAFETY: the range is inside the RAM disk's mapping (range_ptr checks it),
-                // which lives as long as the namespace that `keep` holds.
-                unsafe { self.tcp.c2h_data_in_place(base, len as usize, keep) };
-            }
-            data => self.tcp.c2h_data_copied(|buf| data.append_to(len as usize, buf)),
-        }
-        let c = ns.counters(self.reactor);
-        bump(&c.read_cmds, 1);
-        bump(&c.read_bytes, u64::from(len));
-        if started != 0 {
-            c.read_latency.record(monotonic_ns().saturating_sub(started));
-        }
-        if success {
-            self.completion_queued();
-        } else {
-            self.resp(cid, Status::SUCCESS, 0, 0);
-        }
+        self.finish(r, cid, End::read(&ns, len, data, started));
     }
 
     /// A channel completed the request in `slot`; a read's data comes with it (a file, an
@@ -443,23 +391,20 @@ impl Conn {
             Io::Read { ns, off, len } if status.is_success() => {
                 self.send_read(r, req.cid, ns, off, len, data, req.started_ns)
             }
-            Io::Compare { ns, off, len, expect } if status.is_success() => {
-                let status = compare(&ns, off, len, &expect, data, self.reactor);
-                self.resp_or_fail(r, req.cid, status, ns.nsid);
+            Io::Compare {
+                ref ns,
+                off,
+                len,
+                ref expect,
+            } if status.is_success() => {
+                let status = compare(ns, off, len, expect, data);
+                let end = End::status(status).at(ns.nsid, 0);
+                self.finish(r, req.cid, end.counted(Counted::of(&req.io, 0)));
             }
-            Io::Verify { ns, .. } if status.is_success() => {
-                bump(&ns.counters(self.reactor).read_cmds, 1);
-                self.resp(req.cid, status, 0, 0);
-            }
-            io if status.is_success() => {
-                time_write(&io, self.reactor, req.started_ns);
-                self.resp(req.cid, status, 0, 0)
-            }
-            // The Abort the host asked for: nothing for the error log.
-            _ if status == Status::ABORT_REQUESTED => self.resp(req.cid, status, 0, 0),
+            io if status.is_success() => self.finish(r, req.cid, End::ok().counted(Counted::of(&io, req.started_ns))),
             io => {
                 let nsid = io.namespace().map_or(0, |n| n.nsid);
-                self.fail(r, req.cid, status, nsid, 0);
+                self.finish(r, req.cid, End::status(status).at(nsid, 0));
             }
         }
     }
@@ -485,7 +430,7 @@ impl Conn {
             let ns = self.reqs.get_mut(slot).and_then(|q| q.io.namespace().cloned());
             recycle_buf(r, ns.as_ref(), buf);
         }
-        self.resp(cid, status, 0, 0);
+        self.end(r, cid, status);
         // One command of a fused pair failed before it ran: its partner fails with it.
         if !self.fused.pairs.is_empty()
             && let Some((k, _)) = self.fused.pair_of(slot)
@@ -528,11 +473,11 @@ impl Conn {
         // Command ids are the host's: two commands in flight with one id is a host bug.
         // Completed (aborted) requests kept only to drain late data do not count.
         if self.reqs.awaiting_by_cid(cid).is_some() {
-            self.fail(r, cid, Status::CID_CONFLICT.with_dnr(), 0, 0);
+            self.end(r, cid, Status::CID_CONFLICT.with_dnr());
             return None;
         }
         if self.reqs.awaiting_count() >= self.sq.entries as usize {
-            self.fail(r, cid, Status::COMMAND_SEQUENCE_ERROR, 0, 0);
+            self.end(r, cid, Status::COMMAND_SEQUENCE_ERROR);
             return None;
         }
         // Tombstones whose data never came are bounded: beyond a queue's worth, drop the
@@ -562,52 +507,14 @@ impl Conn {
         let mut req = Request::new(cid, io, state);
         req.started_ns = monotonic_ns();
         let ttag = self.reqs.insert(req);
-        self.tcp.r2t(cid, ttag as u16, len);
+        self.t.fetch_data(cid, ttag as u16, len);
         Some(ttag)
     }
 
-    /// A whole H2CData PDU with its data.
-    pub(super) fn on_h2c_data(
-        &mut self,
-        r: &mut Reactor,
-        id: SourceId,
-        hdr: &DataHdr,
-        data: &[u8],
-        digest_ok: bool,
-        header: &[u8],
-    ) {
-        let Some(ttag) = self.h2c_target(r, id, hdr, header) else {
-            return;
-        };
-        if let Some(Request {
-            state: ReqState::AwaitingData { buf, .. },
-            ..
-        }) = self.reqs.get_mut(ttag)
-        {
-            buf.place(hdr.datao.get(), data);
-        }
-        self.h2c_received(r, id, ttag, hdr.datal.get(), digest_ok);
-    }
-
-    /// The request (its TTAG) whose R2T an H2CData header continues; a header that continues
-    /// none is fatal (and None).
-    fn h2c_target(&mut self, r: &mut Reactor, id: SourceId, hdr: &DataHdr, header: &[u8]) -> Option<usize> {
-        let checked = match self.reqs.r2t_target(usize::from(hdr.ttag.get()), hdr.cccid.get()) {
-            None => Err(unknown_ttag()),
-            Some((ttag, progress)) => progress.check(hdr).map(|()| ttag),
-        };
-        match checked {
-            Ok(ttag) => Some(ttag),
-            Err(f) => {
-                self.fatal(r, id, f, header);
-                None
-            }
-        }
-    }
-
-    /// `datal` more bytes of R2T `ttag` are in its buffer: fail the command on a bad digest,
-    /// run it when all its data is in.
-    fn h2c_received(&mut self, r: &mut Reactor, id: SourceId, ttag: usize, datal: u32, digest_ok: bool) {
+    /// `datal` more bytes of the data asked for under `ttag` are in its buffer (the
+    /// transport put them there): fail the command on a bad digest, run it when all its data
+    /// is in.
+    pub fn data_received(&mut self, r: &mut Reactor, id: SourceId, ttag: usize, datal: u32, digest_ok: bool) {
         let Some(progress) = self.reqs.add_received(ttag, datal) else {
             return;
         };
@@ -637,88 +544,16 @@ impl Conn {
             }
         }
     }
-
-    /// An H2CData header whose data has not all arrived: copy what did into the command's
-    /// buffer and receive the rest in place (`fill`). A command already completed (aborted,
-    /// or failed by an earlier PDU's data digest, NVMe/TCP 1.0 §3.6.2.4) has no buffer: its
-    /// data streams through the receive buffer and is dropped piece by piece, so that the
-    /// buffer need not grow to hold a PDU only to drop it. Returns the receive-buffer bytes
-    /// used (header, padding and data), or None after a fatal header (the connection closed).
-    pub(super) fn direct_start(
-        &mut self,
-        r: &mut Reactor,
-        id: SourceId,
-        pdu: &PduHeader,
-        avail: &[u8],
-        hl: usize,
-    ) -> Option<usize> {
-        let PduHeader::H2CData { hdr, ddgst, .. } = pdu else {
-            return None;
-        };
-        let (ddgst, data_off) = (*ddgst, pdu.data_offset());
-        let ttag = self.h2c_target(r, id, hdr, &avail[..hl])?;
-        let req = self.reqs.get_mut(ttag)?;
-        let (datao, datal) = (hdr.datao.get(), hdr.datal.get());
-        let have = (avail.len() - data_off).min(datal as usize);
-        if let ReqState::AwaitingData { buf, .. } = &mut req.state {
-            buf.place(datao, &avail[data_off..data_off + have]);
-        }
-        self.direct = Some(DirectRx {
-            ttag,
-            cid: req.cid,
-            at: datao + have as u32,
-            left: datal - have as u32,
-            datal,
-            ddgst,
-        });
-        Some(data_off + have)
-    }
-
-    /// Continue the in-place H2CData with the receive buffer's bytes: data that a plain read
-    /// brought (copied into place, or dropped when the command is already complete), then its
-    /// digest. Returns the bytes used, or None to wait for more.
-    pub(super) fn direct_continue(&mut self, r: &mut Reactor, id: SourceId, avail: &[u8]) -> Option<usize> {
-        let d = self.direct.as_mut()?;
-        let live = live_buf(&mut self.reqs, d);
-        if d.left > 0 {
-            if avail.is_empty() {
-                return None;
-            }
-            let n = avail.len().min(d.left as usize);
-            if let Some(buf) = live {
-                buf.place(d.at, &avail[..n]);
-            }
-            d.at += n as u32;
-            d.left -= n as u32;
-            return Some(n);
-        }
-        let used = if d.ddgst { 4 } else { 0 };
-        let digest = avail.first_chunk::<4>().map(|b| u32::from_le_bytes(*b));
-        if d.ddgst && digest.is_none() {
-            return None;
-        }
-        // The digest is checked over the bytes in place, before the command may run.
-        let digest_ok = match (digest.filter(|_| d.ddgst), live) {
-            (Some(got), Some(buf)) => buf.crc(d.at - d.datal, d.datal) == got,
-            _ => true,
-        };
-        let (ttag, datal) = (d.ttag, d.datal);
-        self.direct = None;
-        self.h2c_received(r, id, ttag, datal, digest_ok);
-        Some(used)
-    }
 }
 
 /// Compare's outcome (NVM Command Set 1.0 §3.2.1): the `len` bytes at `off` as read (`data`,
 /// or the namespace's memory) against the host's `expect`; Compare Failure on a mismatch.
-/// A Compare counts as a read command in SMART (NVMe 2.0 §5.16.1.3).
-fn compare(ns: &Namespace, off: u64, len: u32, expect: &[u8], data: Option<ReadData<'_>>, reactor: usize) -> Status {
+fn compare(ns: &Namespace, off: u64, len: u32, expect: &[u8], data: Option<ReadData<'_>>) -> Status {
     let Some(data) = data.or_else(|| ns.backend.read_in_place(off)) else {
         return Status::INTERNAL_ERROR;
     };
     let mut actual = Vec::with_capacity(len as usize);
     data.append_to(len as usize, &mut actual);
-    bump(&ns.counters(reactor).read_cmds, 1);
     if actual.len() == expect.len() && actual == expect {
         Status::SUCCESS
     } else {

@@ -3,19 +3,20 @@
 //! locked range until it unlocks.
 
 use pollux_nvme::spec::Status;
+use pollux_reactor::sys::monotonic_ns;
 use pollux_reactor::{Reactor, SourceId};
 
-use super::super::Conn;
 use super::super::io::recycle_buf;
+use super::super::request::{ReqState, Request};
+use super::super::{Queue, Transport};
 use super::{FAILED_FUSED, OpKind, Owned, Parked, wake};
 use crate::backend::{BlockOp, ReadData, WriteData, channel_for};
 use crate::io::Io;
+use crate::queue::finish::{Counted, End};
 use crate::range_lock::{self, fence_all, unlock_and_wake};
-use crate::request::{ReqState, Request};
-use crate::subsystem::bump;
 use crate::tcp::h2c::DataBuf;
 
-impl Conn {
+impl<T: Transport> Queue<T> {
     /// Lock operation `key`'s range and fence every reactor; it runs when all answered. A
     /// range already locked: it waits to be woken.
     pub(super) fn try_start(&mut self, r: &mut Reactor, id: SourceId, key: usize) {
@@ -32,10 +33,10 @@ impl Conn {
         let home = self.reactor;
         let fenced_ns = ns.clone();
         fence_all(r, &ns, home, move |r| {
-            let ran = r.with_source::<Conn, _>(id, |c, r| c.op_fenced(r, id, serial, key, lock));
+            let ran = r.with_source::<Self, _>(id, |c, r| c.op_fenced(r, id, serial, key, lock));
             if ran != Some(true) {
                 // The queue is gone: its lock must not outlive it.
-                unlock_and_wake(r, &fenced_ns, lock, wake);
+                unlock_and_wake(r, &fenced_ns, lock, wake::<T>);
             }
         });
     }
@@ -75,7 +76,7 @@ impl Conn {
                     len,
                 };
                 if let Err(s) = self.submit_step(r, id, key, cid, io, BlockOp::Read { off, len }) {
-                    return self.finish(r, key, s, FAILED_FUSED);
+                    return self.op_done(r, key, s, FAILED_FUSED);
                 }
                 return;
             }
@@ -83,7 +84,7 @@ impl Conn {
             let write_len = match &mut op.kind {
                 OpKind::Caw { expect, device, .. } => {
                     if !*device && op.written == 0 && op.got != *expect {
-                        return self.finish(r, key, Status::COMPARE_FAILURE, FAILED_FUSED);
+                        return self.op_done(r, key, Status::COMPARE_FAILURE, FAILED_FUSED);
                     }
                     expect.len() as u64
                 }
@@ -91,7 +92,7 @@ impl Conn {
                 OpKind::Copy { .. } => op.got.len() as u64,
             };
             if op.written >= write_len {
-                return self.finish(r, key, Status::SUCCESS, Status::SUCCESS);
+                return self.op_done(r, key, Status::SUCCESS, Status::SUCCESS);
             }
             if let OpKind::Caw {
                 wr_cid,
@@ -105,7 +106,7 @@ impl Conn {
                 let (cid, fua, off) = (*wr_cid, *fua, op.start);
                 let expect = std::mem::take(expect);
                 let Some(d) = data.take() else {
-                    return self.finish(r, key, Status::SUCCESS, Status::INTERNAL_ERROR);
+                    return self.op_done(r, key, Status::SUCCESS, Status::INTERNAL_ERROR);
                 };
                 op.written = write_len;
                 let (bytes, dma) = match d {
@@ -128,7 +129,7 @@ impl Conn {
                     fua,
                 };
                 if let Err(s) = self.submit_step(r, id, key, cid, io, op) {
-                    return self.finish(r, key, s, FAILED_FUSED);
+                    return self.op_done(r, key, s, FAILED_FUSED);
                 }
                 return;
             }
@@ -149,7 +150,7 @@ impl Conn {
                     fua,
                 };
                 if let Err(s) = self.submit_step(r, id, key, cid, io, BlockOp::Copy { ranges, dst, fua }) {
-                    return self.finish(r, key, Status::SUCCESS, s);
+                    return self.op_done(r, key, Status::SUCCESS, s);
                 }
                 return;
             }
@@ -157,7 +158,7 @@ impl Conn {
             let (cid, fua, data) = match &mut op.kind {
                 OpKind::Caw { wr_cid, fua, data, .. } => {
                     let Some(d) = data.take() else {
-                        return self.finish(r, key, Status::SUCCESS, Status::INTERNAL_ERROR);
+                        return self.op_done(r, key, Status::SUCCESS, Status::INTERNAL_ERROR);
                     };
                     (*wr_cid, *fua, d)
                 }
@@ -188,7 +189,7 @@ impl Conn {
             match res {
                 Ok(true) => continue,
                 Ok(false) => return,
-                Err(s) => return self.finish(r, key, Status::SUCCESS, s),
+                Err(s) => return self.op_done(r, key, Status::SUCCESS, s),
             }
         }
     }
@@ -238,7 +239,7 @@ impl Conn {
     }
 
     /// A channel completed a step (`io`) of operation `key`.
-    pub(in crate::conn) fn step_done(
+    pub(in crate::queue) fn step_done(
         &mut self,
         r: &mut Reactor,
         id: SourceId,
@@ -251,28 +252,28 @@ impl Conn {
         match io {
             Io::Read { len, off, .. } => {
                 if !status.is_success() {
-                    return self.finish(r, key, status, FAILED_FUSED);
+                    return self.op_done(r, key, status, FAILED_FUSED);
                 }
                 let data = data.or_else(|| op.ns.backend.read_in_place(*off));
                 match data {
                     Some(d) => d.append_to(*len as usize, &mut op.got),
-                    None => return self.finish(r, key, Status::INTERNAL_ERROR, FAILED_FUSED),
+                    None => return self.op_done(r, key, Status::INTERNAL_ERROR, FAILED_FUSED),
                 }
                 op.next += 1;
             }
             // The store's own compare-and-write: a miscompare is the Compare's, and so is any
             // other failure (whether it compared is unknown); the Write did not run.
             _ if !status.is_success() && matches!(op.kind, OpKind::Caw { device: true, .. }) => {
-                return self.finish(r, key, status, FAILED_FUSED);
+                return self.op_done(r, key, status, FAILED_FUSED);
             }
-            _ if !status.is_success() => return self.finish(r, key, Status::SUCCESS, status),
+            _ if !status.is_success() => return self.op_done(r, key, Status::SUCCESS, status),
             _ => {}
         }
         // The channel that completed the step is running (it called us): the next step is
         // submitted from a message to this reactor, once it has returned.
         let (me, serial) = (self.reactor, self.serial);
         r.send(me, move |r| {
-            r.with_source::<Conn, _>(id, |c, r| {
+            r.with_source::<Self, _>(id, |c, r| {
                 if c.serial == serial && !c.closed {
                     c.op_step(r, id, key);
                     c.flush_or_close(r, id);
@@ -284,15 +285,20 @@ impl Conn {
     /// Operation `key` is done: complete its commands (a Compare and Write's Compare with
     /// `first`, its Write with `second`; a Copy with `first` unless it failed writing),
     /// count them and unlock its range.
-    pub(super) fn finish(&mut self, r: &mut Reactor, key: usize, first: Status, second: Status) {
+    pub(super) fn op_done(&mut self, r: &mut Reactor, key: usize, first: Status, second: Status) {
         let Some(op) = self.fused.ops.try_remove(key) else {
             return;
         };
         if let Some(l) = op.lock {
-            unlock_and_wake(r, &op.ns, l, wake);
+            unlock_and_wake(r, &op.ns, l, wake::<T>);
         }
         let nsid = op.ns.nsid;
-        let c = op.ns.counters(self.reactor);
+        // The bytes written (a Write's, a Copy's destination).
+        let written = Counted::Write {
+            ns: &op.ns,
+            bytes: (op.end - op.start) as u32,
+            started: 0,
+        };
         match op.kind {
             OpKind::Caw {
                 cmp_cid,
@@ -304,36 +310,37 @@ impl Conn {
                 if let Some(d) = data {
                     d.recycle(r, &op.ns);
                 }
-                // A Compare counts as a read, its Write as a write (NVMe 2.0 §5.16.1.3).
-                if op.next > 0 || device {
-                    bump(&c.read_cmds, 1);
-                }
-                if second.is_success() {
-                    bump(&c.write_cmds, 1);
-                    bump(&c.write_bytes, op.end - op.start);
-                }
-                self.resp_or_fail(r, cmp_cid, first, nsid);
-                self.resp_or_fail(r, wr_cid, second, nsid);
+                // A Compare counts as a read once it compared, its Write as a write (NVMe
+                // 2.0 §5.16.1.3).
+                let compared = Counted::Read {
+                    ns: &op.ns,
+                    bytes: 0,
+                    started: 0,
+                };
+                let compared = if op.next > 0 || device {
+                    compared
+                } else {
+                    Counted::Nothing
+                };
+                self.finish(r, cmp_cid, End::status(first).at(nsid, 0).counted(compared));
+                self.finish(r, wr_cid, End::status(second).at(nsid, 0).counted(written));
             }
             OpKind::Copy { cid, .. } => {
                 let status = if !first.is_success() { first } else { second };
-                // A Copy writes its destination: a write command in SMART.
-                if status.is_success() {
-                    bump(&c.write_cmds, 1);
-                    bump(&c.write_bytes, op.end - op.start);
-                }
                 let status = if status == FAILED_FUSED {
                     Status::INTERNAL_ERROR
                 } else {
                     status
                 };
-                self.resp_or_fail(r, cid, status, nsid);
+                // A Copy writes its destination: a write command in SMART.
+                self.finish(r, cid, End::status(status).at(nsid, 0).counted(written));
             }
         }
     }
 
-    /// Keep a write that met a locked range until it is unlocked.
-    pub(in crate::conn) fn park(
+    /// Keep a write that met a locked range until it is unlocked: its request is Parked (one
+    /// is made for a write whose data came in its capsule), its data kept here.
+    pub(in crate::queue) fn park(
         &mut self,
         _r: &mut Reactor,
         cid: u16,
@@ -341,11 +348,22 @@ impl Conn {
         data: WriteData<'_>,
         slot: Option<usize>,
     ) {
+        let slot = match slot {
+            Some(s) => {
+                self.reqs.set_state(s, ReqState::Parked);
+                s
+            }
+            None => {
+                let mut req = Request::new(cid, io.clone(), ReqState::Parked);
+                req.started_ns = monotonic_ns();
+                self.reqs.insert(req)
+            }
+        };
         self.fused.parked.push(Parked {
             cid,
             io,
             data: Owned::keep(data),
-            slot,
+            slot: Some(slot),
         });
     }
 
@@ -378,7 +396,7 @@ impl Conn {
     /// what has not started writing yet ends now with Command Abort Requested — parked
     /// writes, pairs gathering their data, locked operations still waiting for their range.
     /// Locked operations already running end as usual ([`Fused::running_on`] counts them).
-    pub(in crate::conn) fn fence_fused(&mut self, r: &mut Reactor, nsid: u32) {
+    pub(in crate::queue) fn fence_fused(&mut self, r: &mut Reactor, nsid: u32) {
         let aborted = Status::ABORT_REQUESTED;
         let (mine, keep): (Vec<Parked>, Vec<Parked>) = std::mem::take(&mut self.fused.parked)
             .into_iter()
@@ -391,7 +409,7 @@ impl Conn {
             if let Some(s) = p.slot {
                 self.reqs.remove(s);
             }
-            self.fail(r, p.cid, aborted, nsid, 0);
+            self.finish(r, p.cid, End::status(aborted).at(nsid, 0));
         }
         let pairs: Vec<usize> = self
             .fused
@@ -411,16 +429,16 @@ impl Conn {
             .map(|(k, _)| k)
             .collect();
         for k in waiting {
-            self.finish(r, k, aborted, aborted);
+            self.op_done(r, k, aborted, aborted);
         }
     }
 
     /// The queue is closing: unlock what it holds (waking the waiters), drop what waits.
-    pub(in crate::conn) fn fused_teardown(&mut self, r: &mut Reactor) {
+    pub(in crate::queue) fn fused_teardown(&mut self, r: &mut Reactor) {
         self.fused.open = None;
         for (_, op) in std::mem::take(&mut self.fused.ops) {
             if let Some(l) = op.lock {
-                unlock_and_wake(r, &op.ns, l, wake);
+                unlock_and_wake(r, &op.ns, l, wake::<T>);
             }
             if let OpKind::Caw { data: Some(d), .. } = op.kind {
                 d.recycle(r, &op.ns);

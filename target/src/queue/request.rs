@@ -1,21 +1,31 @@
 //! A queue's requests and their life (SPDK: `nvmf_tcp_req_state` in `tcp.c`), in one place so
-//! that abort, timeouts and teardown have one place to look.
+//! that abort, timeouts, teardown and `pollux ctl` have one place to look.
 //!
 //! A command capsule is *received* and parsed into a validated command ([`crate::io`]) in one
-//! step; one that needs no more data runs at once. Those that outlive the PDU that brought
-//! them take a slot of the queue's [`Requests`], whose key is the R2T's TTAG and the tag a
-//! backend completes with:
-//! - [`ReqState::AwaitingData`]: an R2T was sent, H2CData PDUs are arriving into its buffer;
+//! step; one that needs no more data and completes at once (a read of memory, a refusal)
+//! goes straight to its end (`Queue::finish`). Those that outlive the capsule that brought
+//! them take a slot of the queue's [`Requests`], whose key is the transport's data tag (the
+//! R2T's TTAG) and the tag a backend completes with, and are in one [`ReqState`]:
+//! - [`ReqState::AwaitingData`]: its data was asked for (an R2T sent) and arrives into its
+//!   buffer;
+//! - [`ReqState::Parked`]: it has its data and waits: behind a range a locked operation holds
+//!   ([`crate::range_lock`]), or for the other command of its fused pair;
+//! - [`ReqState::Submitted`]: its namespace's channel has it;
 //! - [`ReqState::Draining`]: it completed before all its data came (aborted, or a data digest
 //!   error): the rest of its data is drained, not treated as a protocol error, then the slot
-//!   goes;
-//! - [`ReqState::Submitted`]: its namespace's channel has it.
+//!   goes.
 //!
-//! *Completing* and *sending* are not states a request waits in: a completion's C2HData and
-//! CapsuleResp go into the send queue as it is handled, and the slot is free (*done*) at
-//! once, as the host may reuse the command id as soon as it has the completion.
+//! Every change of state goes through [`Requests`], which keeps the count of each state, for
+//! the queue (R2T checks, SQ accounting) and for its reactor ([`RequestStats`], shown by
+//! `pollux ctl reactors`). *Completing* and *sending* are not states a request waits in: its
+//! data and completion go to the transport as it ends, and its slot is free (*done*) at once,
+//! as the host may reuse the command id as soon as it has the completion.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use pollux_nvme::spec::Status;
+use serde::{Deserialize, Serialize};
 use slab::Slab;
 
 use crate::io::Io;
@@ -24,7 +34,7 @@ use crate::tcp::h2c::{DataBuf, R2tProgress};
 /// Where a request is.
 #[derive(Debug)]
 pub enum ReqState {
-    /// R2T sent: its data arrives into `buf`.
+    /// Its data was asked for: it arrives into `buf`.
     AwaitingData {
         /// The buffer the data goes into.
         buf: DataBuf,
@@ -38,8 +48,106 @@ pub enum ReqState {
         /// The status it completed with.
         status: Status,
     },
+    /// Has its data and waits for a locked range or its fused partner (the data is kept by
+    /// the fused and locked operations, `queue::fused`).
+    Parked,
     /// Submitted to its namespace's channel.
     Submitted,
+}
+
+/// A [`ReqState`] without its contents: what is counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReqKind {
+    /// [`ReqState::AwaitingData`].
+    AwaitingData = 0,
+    /// [`ReqState::Draining`].
+    Draining = 1,
+    /// [`ReqState::Parked`].
+    Parked = 2,
+    /// [`ReqState::Submitted`].
+    Submitted = 3,
+}
+
+impl ReqState {
+    /// Its kind.
+    #[inline]
+    pub fn kind(&self) -> ReqKind {
+        match self {
+            ReqState::AwaitingData { .. } => ReqKind::AwaitingData,
+            ReqState::Draining { .. } => ReqKind::Draining,
+            ReqState::Parked => ReqKind::Parked,
+            ReqState::Submitted => ReqKind::Submitted,
+        }
+    }
+}
+
+/// A reactor's requests for `pollux ctl`: how many of its queues' requests are in each state
+/// now, and how many commands ended. Written only by its reactor (a relaxed load and store,
+/// no read-modify-write on the I/O path), read by the control thread.
+#[derive(Debug, Default)]
+#[repr(align(64))]
+pub struct RequestStats {
+    states: [AtomicU64; 4],
+    ended: AtomicU64,
+    failed: AtomicU64,
+}
+
+/// A snapshot of [`RequestStats`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestCounts {
+    /// Waiting for their data (R2T sent).
+    pub awaiting_data: u64,
+    /// Completed early, their data still draining.
+    pub draining: u64,
+    /// Waiting for a locked range or a fused partner.
+    pub parked: u64,
+    /// At their backend.
+    pub submitted: u64,
+    /// Commands ended so far.
+    pub ended: u64,
+    /// Of which failed (any status but success).
+    pub failed: u64,
+}
+
+impl RequestStats {
+    /// One writer (its reactor): a plain load and store.
+    #[inline]
+    fn add(c: &AtomicU64, n: u64) {
+        c.store(c.load(Relaxed).wrapping_add(n), Relaxed);
+    }
+
+    /// A request left state `from` (None: it was received) for `to` (None: it is done).
+    #[inline]
+    fn moved(&self, from: Option<ReqKind>, to: Option<ReqKind>) {
+        if let Some(f) = from {
+            Self::add(&self.states[f as usize], u64::MAX);
+        }
+        if let Some(t) = to {
+            Self::add(&self.states[t as usize], 1);
+        }
+    }
+
+    /// A command ended (its completion was queued).
+    #[inline]
+    pub fn finished(&self, ok: bool) {
+        Self::add(&self.ended, 1);
+        if !ok {
+            Self::add(&self.failed, 1);
+        }
+    }
+
+    /// The counts now.
+    pub fn snapshot(&self) -> RequestCounts {
+        let s = |k: ReqKind| self.states[k as usize].load(Relaxed);
+        RequestCounts {
+            awaiting_data: s(ReqKind::AwaitingData),
+            draining: s(ReqKind::Draining),
+            parked: s(ReqKind::Parked),
+            submitted: s(ReqKind::Submitted),
+            ended: self.ended.load(Relaxed),
+            failed: self.failed.load(Relaxed),
+        }
+    }
 }
 
 /// One request.
@@ -83,37 +191,62 @@ impl Request {
     pub fn r2t(&self) -> Option<R2tProgress> {
         match &self.state {
             ReqState::AwaitingData { progress, .. } | ReqState::Draining { progress, .. } => Some(*progress),
-            ReqState::Submitted => None,
+            ReqState::Submitted | ReqState::Parked => None,
         }
     }
 }
 
-/// A queue's outstanding requests, by slot. Every change of state goes through its methods,
-/// which keep count of the requests awaiting data and draining (the R2T checks of every
-/// write read them).
+/// A queue's outstanding requests, by slot. Every change of state goes through its methods
+/// (one function, [`Requests::moved`], counts them), which keep the count of each state (the
+/// R2T checks of every write read them) and their reactor's [`RequestStats`].
 #[derive(Debug, Default)]
 pub struct Requests {
     slots: Slab<Request>,
-    awaiting: usize,
-    draining: usize,
-}
-
-/// Counts of `state` (awaiting, draining).
-fn counts(state: &ReqState) -> (usize, usize) {
-    match state {
-        ReqState::AwaitingData { .. } => (1, 0),
-        ReqState::Draining { .. } => (0, 1),
-        ReqState::Submitted => (0, 0),
-    }
+    counts: [usize; 4],
+    stats: Arc<RequestStats>,
 }
 
 impl Requests {
+    /// A queue's requests, counted in its reactor's `stats`.
+    pub fn new(stats: Arc<RequestStats>) -> Self {
+        Self {
+            stats,
+            ..Self::default()
+        }
+    }
+
+    /// The one place a request changes state: from `from` (None: just received) to `to`
+    /// (None: done).
+    #[inline]
+    fn moved(&mut self, from: Option<ReqKind>, to: Option<ReqKind>) {
+        if let Some(f) = from {
+            self.counts[f as usize] -= 1;
+        }
+        if let Some(t) = to {
+            self.counts[t as usize] += 1;
+        }
+        self.stats.moved(from, to);
+    }
+
+    /// A command of the queue ended (`ok`: successfully), counted for its reactor.
+    #[inline]
+    pub fn finished(&self, ok: bool) {
+        self.stats.finished(ok);
+    }
+
     /// Add a request; its slot.
     pub fn insert(&mut self, req: Request) -> usize {
-        let (a, d) = counts(&req.state);
-        self.awaiting += a;
-        self.draining += d;
+        self.moved(None, Some(req.state.kind()));
         self.slots.insert(req)
+    }
+
+    /// Put the request in `slot` in `state`; its state before (None: no such request).
+    pub fn set_state(&mut self, slot: usize, state: ReqState) -> Option<ReqState> {
+        let req = self.slots.get_mut(slot)?;
+        let (from, to) = (req.state.kind(), state.kind());
+        let old = std::mem::replace(&mut req.state, state);
+        self.moved(Some(from), Some(to));
+        Some(old)
     }
 
     /// The request in `slot`, to read or to fill its buffer (its state changes only through
@@ -136,32 +269,33 @@ impl Requests {
     /// Requests not yet completed: awaiting data or at their backend (the drained
     /// tombstones' completions went already).
     pub fn in_flight(&self) -> usize {
-        self.slots.len() - self.draining
+        self.slots.len() - self.counts[ReqKind::Draining as usize]
     }
 
     /// Remove the request in `slot`.
     pub fn remove(&mut self, slot: usize) -> Option<Request> {
         let req = self.slots.try_remove(slot)?;
-        let (a, d) = counts(&req.state);
-        self.awaiting -= a;
-        self.draining -= d;
+        self.moved(Some(req.state.kind()), None);
         Some(req)
     }
 
     /// Remove every request (the queue is closing).
-    pub fn drain(&mut self) -> impl Iterator<Item = Request> + '_ {
-        (self.awaiting, self.draining) = (0, 0);
-        self.slots.drain()
+    pub fn drain(&mut self) -> Vec<Request> {
+        let all: Vec<Request> = self.slots.drain().collect();
+        for req in &all {
+            self.moved(Some(req.state.kind()), None);
+        }
+        all
     }
 
     /// All the data of the request awaiting it in `slot` is in: it becomes Submitted, and
     /// its command id, command and buffer come out. None unless it was awaiting data.
     pub fn take_data(&mut self, slot: usize) -> Option<(u16, Io, DataBuf)> {
-        let req = self.slots.get_mut(slot).filter(|r| r.awaiting_data())?;
-        let ReqState::AwaitingData { buf, .. } = std::mem::replace(&mut req.state, ReqState::Submitted) else {
+        self.slots.get(slot).filter(|r| r.awaiting_data())?;
+        let Some(ReqState::AwaitingData { buf, .. }) = self.set_state(slot, ReqState::Submitted) else {
             return None;
         };
-        self.awaiting -= 1;
+        let req = self.slots.get(slot)?;
         Some((req.cid, req.io.clone(), buf))
     }
 
@@ -172,7 +306,7 @@ impl Requests {
                 progress.received += n;
                 Some(*progress)
             }
-            ReqState::Submitted => None,
+            ReqState::Submitted | ReqState::Parked => None,
         }
     }
 
@@ -186,7 +320,7 @@ impl Requests {
     /// The slot of the live (not yet completed) request waiting for data with command id
     /// `cid`.
     pub fn awaiting_by_cid(&self, cid: u16) -> Option<usize> {
-        if self.awaiting == 0 {
+        if self.counts[ReqKind::AwaitingData as usize] == 0 {
             return None;
         }
         self.slots
@@ -216,13 +350,13 @@ impl Requests {
 
     /// Requests waiting for their data.
     pub fn awaiting_count(&self) -> usize {
-        self.awaiting
+        self.counts[ReqKind::AwaitingData as usize]
     }
 
     /// The oldest drained request (lowest slot), if more than `max` are drained: tombstones
     /// whose data never came are bounded.
     pub fn excess_draining(&self, max: usize) -> Option<usize> {
-        if self.draining <= max {
+        if self.counts[ReqKind::Draining as usize] <= max {
             return None;
         }
         let mut draining = self
@@ -236,18 +370,11 @@ impl Requests {
     /// Complete the request in `slot` early with `status` while its data is still coming:
     /// its buffer is returned, it stays as a tombstone that drains the rest of its data.
     pub fn complete_early(&mut self, slot: usize, status: Status) -> Option<DataBuf> {
-        let req = self.slots.get_mut(slot)?;
+        let req = self.slots.get(slot).filter(|r| r.awaiting_data())?;
         let progress = req.r2t()?;
-        match std::mem::replace(&mut req.state, ReqState::Draining { progress, status }) {
-            ReqState::AwaitingData { buf, .. } => {
-                self.awaiting -= 1;
-                self.draining += 1;
-                Some(buf)
-            }
-            other => {
-                req.state = other;
-                None
-            }
+        match self.set_state(slot, ReqState::Draining { progress, status })? {
+            ReqState::AwaitingData { buf, .. } => Some(buf),
+            _ => None,
         }
     }
 }
@@ -315,7 +442,40 @@ mod tests {
         assert_eq!(reqs.excess_draining(3), Some(slots[0]));
         reqs.remove(slots[0]);
         assert_eq!(reqs.excess_draining(3), None);
-        reqs.drain().for_each(drop);
+        reqs.drain();
         assert_eq!((reqs.awaiting_count(), reqs.excess_draining(0)), (0, None));
+    }
+    #[test]
+    fn every_change_of_state_is_counted_for_the_queue_and_its_reactor() {
+        let stats = Arc::new(RequestStats::default());
+        let mut reqs = Requests::new(stats.clone());
+        let a = reqs.insert(write(1, 4096));
+        let b = reqs.insert(write(2, 4096));
+        let snap = stats.snapshot();
+        assert_eq!((snap.awaiting_data, snap.submitted), (2, 0));
+        // Its data in: Submitted; then parked behind a lock, then submitted again.
+        reqs.take_data(a);
+        reqs.set_state(a, ReqState::Parked);
+        assert_eq!((stats.snapshot().parked, stats.snapshot().submitted), (1, 0));
+        reqs.set_state(a, ReqState::Submitted);
+        reqs.complete_early(b, Status::ABORT_REQUESTED);
+        let snap = stats.snapshot();
+        assert_eq!(
+            (snap.awaiting_data, snap.parked, snap.submitted, snap.draining),
+            (0, 0, 1, 1)
+        );
+        assert_eq!(reqs.in_flight(), 1, "a drained tombstone is not in flight");
+        reqs.remove(a);
+        reqs.finished(true);
+        reqs.finished(false);
+        reqs.drain();
+        assert_eq!(
+            stats.snapshot(),
+            RequestCounts {
+                ended: 2,
+                failed: 1,
+                ..RequestCounts::default()
+            }
+        );
     }
 }

@@ -6,18 +6,19 @@ use std::sync::Arc;
 use pollux_nvme::spec::Status;
 use pollux_reactor::{Reactor, SourceId};
 
-use super::super::Conn;
 use super::super::io::recycle_buf;
+use super::super::{Queue, Transport};
 use super::{LockedOp, OpKind, Owned};
 use crate::backend::WriteData;
 use crate::io;
+use crate::queue::finish::End;
 use crate::subsystem::Namespace;
 use crate::tcp::h2c::DataBuf;
 
-impl Conn {
+impl<T: Transport> Queue<T> {
     /// A Copy whose source range entries are `data`: a locked operation on its destination.
     #[allow(clippy::too_many_arguments)]
-    pub(in crate::conn) fn start_copy(
+    pub(in crate::queue) fn start_copy(
         &mut self,
         r: &mut Reactor,
         id: SourceId,
@@ -35,18 +36,19 @@ impl Conn {
         let need = (ranges * io::COPY_RANGE_LEN) as usize;
         let srcs = match bytes.get(..need).map(|b| io::copy_ranges(b, &ns)) {
             Some(Ok(s)) => s,
-            Some(Err(s)) => return self.fail(r, cid, s, ns.nsid, 0),
-            None => return self.fail(r, cid, Status::DATA_SGL_LENGTH_INVALID.with_dnr(), ns.nsid, 0),
+            Some(Err(s)) => return self.finish(r, cid, End::status(s).at(ns.nsid, 0)),
+            None => {
+                return self.finish(
+                    r,
+                    cid,
+                    End::status(Status::DATA_SGL_LENGTH_INVALID.with_dnr()).at(ns.nsid, 0),
+                );
+            }
         };
         let total: u64 = srcs.iter().map(|s| s.1).sum();
         if dst.checked_add(total).is_none_or(|end| end > ns.bytes()) {
-            return self.fail(
-                r,
-                cid,
-                Status::LBA_OUT_OF_RANGE.with_dnr(),
-                ns.nsid,
-                dst >> ns.block_shift,
-            );
+            let end = End::status(Status::LBA_OUT_OF_RANGE.with_dnr()).at(ns.nsid, dst >> ns.block_shift);
+            return self.finish(r, cid, end);
         }
         // The backend's own copy (an NVMe device's Copy) when it has one and the copy is
         // within its limits: one command, under the same lock and fence, and no reads.

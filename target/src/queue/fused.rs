@@ -34,10 +34,11 @@ use slab::Slab;
 mod copy;
 mod locked;
 
-use super::Conn;
 use super::io::recycle_buf;
+use super::{Queue, Transport};
 use crate::backend::WriteData;
 use crate::io::{self, DataIn, Io};
+use crate::queue::finish::End;
 use crate::range_lock::Waiter;
 use crate::subsystem::Namespace;
 use crate::tcp::h2c::DataBuf;
@@ -196,8 +197,8 @@ impl Fused {
 }
 
 /// Wake a connection that waited for a range: its parked writes and operations try again.
-fn wake(r: &mut Reactor, w: Waiter) {
-    r.with_source::<Conn, _>(w.source, |c, r| {
+fn wake<T: Transport>(r: &mut Reactor, w: Waiter) {
+    r.with_source::<Queue<T>, _>(w.source, |c, r| {
         if c.serial == w.serial {
             c.retry_blocked(r, w.source);
         }
@@ -213,7 +214,7 @@ fn sqe_key(sqe: &Sqe) -> (u32, u32, u32, u32) {
     )
 }
 
-impl Conn {
+impl<T: Transport> Queue<T> {
     fn waiter(&self, id: SourceId) -> Waiter {
         Waiter {
             reactor: self.reactor,
@@ -233,15 +234,15 @@ impl Conn {
                 }
                 self.drop_pair(r, k, MISSING_FUSED);
             }
-            Some(Open::Failed) if second => return self.fail(r, cid, FAILED_FUSED, nsid, 0),
+            Some(Open::Failed) if second => return self.finish(r, cid, End::status(FAILED_FUSED).at(nsid, 0)),
             _ => {}
         }
         match fuse {
             Sqe::FUSE_NONE => self.on_plain_io(r, id, sqe, data),
             Sqe::FUSE_FIRST if sqe.opcode == opcode::io::COMPARE => self.first(r, sqe, data),
-            _ if second => self.fail(r, cid, MISSING_FUSED, nsid, 0),
+            _ if second => self.finish(r, cid, End::status(MISSING_FUSED).at(nsid, 0)),
             // FUSE 11b is reserved; no other command is part of a fused operation.
-            _ => self.fail(r, cid, Status::INVALID_FIELD.with_dnr(), nsid, 0),
+            _ => self.finish(r, cid, End::status(Status::INVALID_FIELD.with_dnr()).at(nsid, 0)),
         }
     }
 
@@ -259,12 +260,12 @@ impl Conn {
             Ok(c) => c,
             Err((s, lba)) => {
                 self.fused.open = Some(Open::Failed);
-                return self.fail(r, cid, s, nsid, lba);
+                return self.finish(r, cid, End::status(s).at(nsid, lba));
             }
         };
         let Io::Compare { ns, off, len, .. } = &cmd.io else {
             self.fused.open = Some(Open::Failed);
-            return self.fail(r, cid, Status::INTERNAL_ERROR, nsid, 0);
+            return self.finish(r, cid, End::status(Status::INTERNAL_ERROR).at(nsid, 0));
         };
         let mut pair = Pair {
             ns: ns.clone(),
@@ -297,12 +298,12 @@ impl Conn {
             Ok(c) => c,
             Err((s, lba)) => {
                 self.drop_pair(r, k, FAILED_FUSED);
-                return self.fail(r, cid, s, nsid, lba);
+                return self.finish(r, cid, End::status(s).at(nsid, lba));
             }
         };
         let Io::Write { len, fua, .. } = &cmd.io else {
             self.drop_pair(r, k, FAILED_FUSED);
-            return self.fail(r, cid, Status::INTERNAL_ERROR, nsid, 0);
+            return self.finish(r, cid, End::status(Status::INTERNAL_ERROR).at(nsid, 0));
         };
         let mut wr = PairWrite {
             cid,
@@ -403,7 +404,7 @@ impl Conn {
         let nsid = p.ns.nsid;
         match p.cmp_slot {
             Some(s) => self.complete_early(r, s, p.cmp_cid, status),
-            None => self.fail(r, p.cmp_cid, status, nsid, 0),
+            None => self.finish(r, p.cmp_cid, End::status(status).at(nsid, 0)),
         }
         if let Some(w) = p.wr {
             self.end_pair_write(r, &p.ns, w, status);
@@ -419,7 +420,7 @@ impl Conn {
                 if let Some(d) = data {
                     d.recycle(r, ns);
                 }
-                self.fail(r, w.cid, status, ns.nsid, 0);
+                self.finish(r, w.cid, End::status(status).at(ns.nsid, 0));
             }
         }
     }
@@ -442,7 +443,7 @@ impl Conn {
         } else {
             match p.cmp_slot {
                 Some(s) => self.complete_early(r, s, p.cmp_cid, FAILED_FUSED),
-                None => self.fail(r, p.cmp_cid, FAILED_FUSED, nsid, 0),
+                None => self.finish(r, p.cmp_cid, End::status(FAILED_FUSED).at(nsid, 0)),
             }
         }
     }

@@ -1,0 +1,64 @@
+//! What an NVMe-oF queue asks of the transport that carries it (SPDK:
+//! `spdk_nvmf_transport_ops`; NVMe-oF 1.1 §2.4: a transport binding moves capsules and
+//! data). The queue ([`super::Queue`]) decides what a command does and how it ends; the
+//! transport frames and moves the bytes: NVMe/TCP ([`crate::tcp`]) is one. A second
+//! transport implements this trait and nothing else: its [`Transport::run`] receives
+//! capsules and data and hands them to the queue's entry points ([`super::Queue::on_capsule`],
+//! [`super::Queue::data_received`]), and the queue calls back for everything it sends.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use pollux_nvme::spec::Cqe;
+use pollux_nvme::tls::PskIdentity;
+use pollux_reactor::{Progress, Reactor, SourceId};
+
+use super::Queue;
+use crate::backend::ReadData;
+use crate::close::CloseReason;
+use crate::subsystem::Namespace;
+
+/// One queue's transport.
+pub trait Transport: Sized + 'static {
+    /// The reactor source's name (logs, the stall detector).
+    const NAME: &'static str;
+
+    /// Receive and hand to `q` what arrived (capsules, data); flush what `q` queued. The
+    /// reactor source's body: a transport owns its receive loop.
+    fn run(q: &mut Queue<Self>, r: &mut Reactor, id: SourceId) -> Progress;
+
+    /// The host's address (logs).
+    fn peer(&self) -> SocketAddr;
+    /// The address of ours the host reached (Identify's and the discovery log's view of it).
+    fn local(&self) -> SocketAddr;
+    /// The TLS PSK identity the channel was secured with (None: not secured).
+    fn tls_identity(&self) -> Option<&PskIdentity>;
+    /// The transport's part of setting up the connection not done yet (a TLS handshake, an
+    /// ICReq): what it is, for the log, and the reason to close with when its deadline came.
+    fn setup_pending(&self) -> Option<(&'static str, CloseReason)>;
+
+    /// Queue a completion (a CapsuleResp).
+    fn send_completion(&mut self, cqe: &Cqe);
+    /// Queue data for the host of command `cid` (what a controller-to-host command returns).
+    fn send_data(&mut self, cid: u16, data: &[u8]);
+    /// Queue a read's `len` bytes for command `cid`: `data` as the backend gave it (the
+    /// namespace's memory, which `keep` keeps mapped, may be sent from where it is).
+    /// `last`: no completion follows (SQ flow control off: the data says success).
+    fn send_read(&mut self, cid: u16, len: u32, data: ReadData<'_>, keep: &Arc<Namespace>, last: bool);
+    /// Ask the host for command `cid`'s `len` bytes of data (NVMe/TCP: an R2T); they come
+    /// back to [`super::Queue::data_received`] under `tag`.
+    fn fetch_data(&mut self, cid: u16, tag: u16, len: u32);
+    /// Where the last thing queued ends in the transport's stream, and how much of the stream
+    /// went out: completions whose end went out are the host's to see (SQ accounting).
+    fn stream_end(&self) -> u64;
+    /// Bytes of the stream handed to the network so far (see [`Self::stream_end`]).
+    fn sent_total(&self) -> u64;
+    /// Hand what is queued to the network (as much as it takes).
+    fn flush(&mut self) -> std::io::Result<()>;
+    /// Tell the host the connection ends for `why`, a fault of the protocol (NVMe/TCP: a
+    /// C2HTermReq), before [`Self::close`].
+    fn terminate(&mut self, why: &CloseReason);
+    /// Send what is queued (best effort) and end the connection; its buffers go back to
+    /// `r`'s pools.
+    fn close(&mut self, r: Option<&mut Reactor>);
+}
