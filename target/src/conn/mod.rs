@@ -121,12 +121,13 @@ impl Conn {
         serial: u64,
         started: Instant,
         path: Path,
+        rx_pool: Option<&RxPool>,
     ) -> std::io::Result<Self> {
         let lookup = || -> Arc<PskLookup> {
             let sh = shared.clone();
             Arc::new(move |id| sh.snapshot.load().tls_psk(id))
         };
-        let tcp = Transport::new(sock, &shared.transport, path.tls, lookup)?;
+        let tcp = Transport::new(sock, &shared.transport, path.tls, lookup, rx_pool)?;
         Ok(Self {
             serial,
             shared,
@@ -265,11 +266,10 @@ impl Conn {
         if let Some(t) = self.auth_timer.take() {
             r.cancel_timer(t);
         }
-        // Writes still waiting for their data never run: their buffers go back to the pools,
-        // or a host that reconnects in a loop mid-write would have the target allocate anew.
-        for req in self.reqs.drain().collect::<Vec<_>>() {
-            io::recycle(r, req);
-        }
+        // Writes still waiting for their data never run: their buffers go back to the pools
+        // as they drop, or a host that reconnects in a loop mid-write would have the target
+        // allocate anew.
+        self.reqs.drain().for_each(drop);
         // Locked ranges are unlocked (their waiters woken), parked writes dropped.
         self.fused_teardown(r);
         match std::mem::replace(&mut self.q, Queue::Unbound) {
@@ -279,12 +279,6 @@ impl Conn {
         }
         self.shared.conns_per_reactor[self.reactor].fetch_sub(1, Relaxed);
         self.listener_open.fetch_sub(1, Relaxed);
-        // A grown receive buffer goes to the reactor's pool for the next connection.
-        if let Some(buf) = self.tcp.release_rx()
-            && let Some(pool) = r.local::<RxPool>()
-        {
-            pool.give(buf);
-        }
         // The reason as a string field, as the log has always shown it.
         let reason = reason.to_string();
         info!(peer = %self.tcp.peer, reactor = self.reactor, qid = self.sq.qid, reason = reason.as_str(), "connection closed");
@@ -410,7 +404,7 @@ impl Conn {
             grow_to = grow_to.max(rx.capacity() + 1);
         }
         if grow_to > rx.capacity() && !self.closed {
-            self.tcp.grow_rx(&mut rx, grow_to, r.local::<RxPool>());
+            self.tcp.grow_rx(&mut rx, grow_to);
             // Read again: the socket may hold the rest, and no new edge will say so.
             progressed = true;
         }

@@ -7,12 +7,10 @@ use pollux_nvme::spec::Status;
 use pollux_reactor::{Reactor, SourceId};
 
 use super::super::Conn;
-use super::super::io::recycle_buf;
 use super::{LockedOp, OpKind, Owned};
 use crate::backend::WriteData;
 use crate::io;
 use crate::subsystem::Namespace;
-use crate::tcp::h2c::DataBuf;
 
 impl Conn {
     /// A Copy whose source range entries are `data`: a locked operation on its destination.
@@ -28,10 +26,7 @@ impl Conn {
         fua: bool,
         data: WriteData<'_>,
     ) {
-        let (bytes, dma) = Owned::bytes(data);
-        if let Some(d) = dma {
-            recycle_buf(r, Some(&ns), DataBuf::Dma(d));
-        }
+        let bytes = Owned::bytes(data);
         let need = (ranges * io::COPY_RANGE_LEN) as usize;
         let srcs = match bytes.get(..need).map(|b| io::copy_ranges(b, &ns)) {
             Some(Ok(s)) => s,

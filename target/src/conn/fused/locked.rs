@@ -6,14 +6,12 @@ use pollux_nvme::spec::Status;
 use pollux_reactor::{Reactor, SourceId};
 
 use super::super::Conn;
-use super::super::io::recycle_buf;
 use super::{FAILED_FUSED, OpKind, Owned, Parked, wake};
 use crate::backend::{BlockOp, ReadData, WriteData, channel_for};
 use crate::io::Io;
 use crate::range_lock::{self, fence_all, unlock_and_wake};
 use crate::request::{ReqState, Request};
 use crate::subsystem::bump;
-use crate::tcp::h2c::DataBuf;
 
 impl Conn {
     /// Lock operation `key`'s range and fence every reactor; it runs when all answered. A
@@ -108,13 +106,10 @@ impl Conn {
                     return self.finish(r, key, Status::SUCCESS, Status::INTERNAL_ERROR);
                 };
                 op.written = write_len;
-                let (bytes, dma) = match d {
-                    Owned::Heap(v) => (v, None),
+                let bytes = match d {
+                    Owned::Heap(v) => v,
                     Owned::Dma(buf, len) => Owned::bytes(WriteData::Dma { buf, len }),
                 };
-                if let Some(b) = dma {
-                    recycle_buf(r, Some(&ns), DataBuf::Dma(b));
-                }
                 let io = Io::Write {
                     ns: ns.clone(),
                     off,
@@ -297,13 +292,9 @@ impl Conn {
             OpKind::Caw {
                 cmp_cid,
                 wr_cid,
-                data,
                 device,
                 ..
             } => {
-                if let Some(d) = data {
-                    d.recycle(r, &op.ns);
-                }
                 // A Compare counts as a read, its Write as a write (NVMe 2.0 §5.16.1.3).
                 if op.next > 0 || device {
                     bump(&c.read_cmds, 1);
@@ -385,9 +376,6 @@ impl Conn {
             .partition(|p| p.io.namespace().is_some_and(|n| n.nsid == nsid));
         self.fused.parked = keep;
         for p in mine {
-            if let Some(ns) = p.io.namespace().cloned() {
-                p.data.recycle(r, &ns);
-            }
             if let Some(s) = p.slot {
                 self.reqs.remove(s);
             }
@@ -415,26 +403,16 @@ impl Conn {
         }
     }
 
-    /// The queue is closing: unlock what it holds (waking the waiters), drop what waits.
+    /// The queue is closing: unlock what it holds (waking the waiters), drop what waits
+    /// (data buffers go back to their pools as they drop).
     pub(in crate::conn) fn fused_teardown(&mut self, r: &mut Reactor) {
         self.fused.open = None;
         for (_, op) in std::mem::take(&mut self.fused.ops) {
             if let Some(l) = op.lock {
                 unlock_and_wake(r, &op.ns, l, wake);
             }
-            if let OpKind::Caw { data: Some(d), .. } = op.kind {
-                d.recycle(r, &op.ns);
-            }
         }
-        for p in std::mem::take(&mut self.fused.parked) {
-            if let Some(ns) = p.io.namespace().cloned() {
-                p.data.recycle(r, &ns);
-            }
-        }
-        for (_, p) in std::mem::take(&mut self.fused.pairs) {
-            if let Some(d) = p.wr.and_then(|w| w.data) {
-                d.recycle(r, &p.ns);
-            }
-        }
+        self.fused.parked.clear();
+        self.fused.pairs.clear();
     }
 }
