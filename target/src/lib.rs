@@ -12,6 +12,7 @@
 //! |---|---|---|
 //! | NVMe/TCP transport: receive framing, ICReq/ICResp, CapsuleResp, C2HData, R2T, TermReq, digests, send queue (NVMe/TCP 1.0 §3) | [`tcp`] | `tcp.c` (PDU layer) |
 //! | H2CData after R2T: data buffers, the NVMe/TCP 1.0 §3.6.2.7 rules, in-place receive, the per-reactor R2T buffer pool | [`tcp::h2c`] | `tcp.c` |
+//! | Reactor-local buffer pools whose buffers go back by themselves when dropped (R2T, receive, DMA buffers) | [`pool`] | `spdk_mempool` (ixy's mempool) |
 //! | SGL1 and data direction of a command (NVMe-oF 1.1 §2.3) | [`sgl`] | `nvmf.c` |
 //! | Controller state, AER events, keep-alive deadline, subsystem changes (NVMe 2.0 §3, §5.2) | [`ctrl`] | `ctrlr.c` |
 //! | Fabrics commands, Connect checks, I/O queue attach (NVMe-oF 1.1 §3.3, §6) | [`ctrl::connect`] | `ctrlr.c` |
@@ -48,6 +49,7 @@ pub mod listener;
 pub mod log;
 pub mod mutate;
 pub mod perf;
+pub mod pool;
 pub mod queue;
 pub mod range_lock;
 pub mod referral;

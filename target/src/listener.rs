@@ -13,7 +13,7 @@ use tracing::{info, warn};
 
 use crate::ana::AnaStates;
 use crate::subsystem::Shared;
-use crate::tcp::{self, Conn};
+use crate::tcp::{self, Conn, RxPool};
 
 static NEXT_SERIAL: AtomicU64 = AtomicU64::new(1);
 
@@ -134,7 +134,8 @@ pub fn add_connection(r: &mut Reactor, sock: TcpStream, shared: Arc<Shared>, sta
         open.fetch_sub(1, Relaxed);
         warn!(reactor = me, error = %e, "cannot serve an accepted connection");
     };
-    let conn = match tcp::accept(sock, shared.clone(), me, serial, started, path) {
+    let rx_pool = r.local::<RxPool>().map(|p| p.clone());
+    let conn = match tcp::accept(sock, shared.clone(), me, serial, started, path, rx_pool.as_ref()) {
         Ok(c) => c,
         Err(e) => return fail(&shared, e.to_string()),
     };

@@ -14,6 +14,7 @@
 //! Adding a backend: a file here implementing [`Backend`] (and [`Channel`] if it is
 //! asynchronous), and its line in [`open`]. Nothing else names a backend type.
 
+pub mod dma;
 pub mod file;
 pub mod null;
 pub mod nvme;
@@ -34,6 +35,7 @@ use tracing::warn;
 
 use crate::error::TargetError;
 use crate::subsystem::Namespace;
+pub use dma::{DmaPool, PooledDma};
 pub use ram::RamDisk;
 
 /// Who to tell when a command completes: a connection and the slot of its request.
@@ -115,10 +117,10 @@ pub enum WriteData<'a> {
     /// In memory (in-capsule data, or an R2T buffer).
     Bytes(&'a [u8]),
     /// The first `len` bytes of a DMA buffer the data was received into (from
-    /// [`Channel::take_buf`] of the channel it is submitted to).
+    /// [`Channel::take_buf`] of the channel it is submitted to; back to its pool when dropped).
     Dma {
         /// The buffer.
-        buf: DmaBuf,
+        buf: PooledDma,
         /// Bytes of data in it.
         len: usize,
     },
@@ -376,12 +378,11 @@ pub trait Channel: 'static {
     }
     /// A DMA buffer of at least `len` bytes that a write's data can be received into and
     /// then submitted as [`WriteData::Dma`] (one copy from the socket, none after). None:
-    /// the channel has no such memory, or not now.
-    fn take_buf(&mut self, _len: usize) -> Option<DmaBuf> {
+    /// the channel has no such memory, or not now. The buffer goes back to the channel's
+    /// pool when dropped, whether its write ran or not (freed if the channel is gone).
+    fn take_buf(&mut self, _len: usize) -> Option<PooledDma> {
         None
     }
-    /// Take back a buffer from [`Self::take_buf`] whose write never ran.
-    fn give_buf(&mut self, _buf: DmaBuf) {}
     /// The reactor is stopping: wait (bounded) for what the store still holds buffers of.
     fn shutdown(&mut self) {}
 }

@@ -26,7 +26,6 @@
 
 use std::sync::Arc;
 
-use pollux_nvme::pci::DmaBuf;
 use pollux_nvme::spec::{Sqe, Status, opcode, sct};
 use pollux_reactor::{Reactor, SourceId};
 use slab::Slab;
@@ -34,27 +33,26 @@ use slab::Slab;
 mod copy;
 mod locked;
 
-use super::io::recycle_buf;
 use super::{Queue, Transport};
-use crate::backend::WriteData;
+use crate::backend::{PooledDma, WriteData};
 use crate::io::{self, DataIn, Io};
 use crate::queue::finish::End;
 use crate::range_lock::Waiter;
 use crate::subsystem::Namespace;
-use crate::tcp::h2c::DataBuf;
 
 /// Command Aborted due to Failed Fused Command (NVMe 2.0 §4.6.1.2.1, SC 09h).
 pub const FAILED_FUSED: Status = Status::new(sct::GENERIC, 0x09);
 /// Command Aborted due to Missing Fused Command (NVMe 2.0 §4.6.1.2.1, SC 0Ah).
 pub const MISSING_FUSED: Status = Status::new(sct::GENERIC, 0x0A);
 
-/// Write data kept past the PDU that brought it.
+/// Write data kept past the PDU that brought it (a DMA buffer goes back to its channel's
+/// pool when dropped).
 #[derive(Debug)]
 pub(super) enum Owned {
     /// In memory.
     Heap(Vec<u8>),
     /// In a DMA buffer of this reactor's channel, its first `len` bytes.
-    Dma(DmaBuf, usize),
+    Dma(PooledDma, usize),
 }
 
 impl Owned {
@@ -65,20 +63,15 @@ impl Owned {
         }
     }
 
-    fn bytes(data: WriteData<'_>) -> (Vec<u8>, Option<DmaBuf>) {
+    /// The data, copied out (a DMA buffer goes back to its pool).
+    fn bytes(data: WriteData<'_>) -> Vec<u8> {
         match data {
-            WriteData::Bytes(b) => (b.to_vec(), None),
+            WriteData::Bytes(b) => b.to_vec(),
             WriteData::Dma { buf, len } => {
                 let mut v = vec![0; len];
                 buf.read(&mut v);
-                (v, Some(buf))
+                v
             }
-        }
-    }
-
-    fn recycle(self, r: &mut Reactor, ns: &Arc<Namespace>) {
-        if let Owned::Dma(d, _) = self {
-            recycle_buf(r, Some(ns), DataBuf::Dma(d));
         }
     }
 }
@@ -338,13 +331,9 @@ impl<T: Transport> Queue<T> {
         self.reqs.remove(slot);
         let Some(p) = self.fused.pairs.get_mut(k) else { return };
         if cmp {
-            let (bytes, dma) = Owned::bytes(data);
+            let bytes = Owned::bytes(data);
             p.expect = Some(bytes[..(p.len as usize).min(bytes.len())].to_vec());
             p.cmp_slot = None;
-            let ns = p.ns.clone();
-            if let Some(d) = dma {
-                recycle_buf(r, Some(&ns), DataBuf::Dma(d));
-            }
         } else if let Some(w) = p.wr.as_mut() {
             w.data = Some(Owned::keep(data));
             w.slot = None;
@@ -416,10 +405,7 @@ impl<T: Transport> Queue<T> {
     fn end_pair_write(&mut self, r: &mut Reactor, ns: &Arc<Namespace>, w: PairWrite, status: Status) {
         match (w.slot, w.data) {
             (Some(s), _) => self.complete_early(r, s, w.cid, status),
-            (None, data) => {
-                if let Some(d) = data {
-                    d.recycle(r, ns);
-                }
+            (None, _) => {
                 self.finish(r, w.cid, End::status(status).at(ns.nsid, 0));
             }
         }

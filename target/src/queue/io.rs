@@ -16,7 +16,7 @@ use crate::backend::{Completion, ReadData, Tag, WriteData, channel_for, existing
 use crate::io::{self, DataIn, Io};
 use crate::range_lock::{self, Waiter};
 use crate::subsystem::Namespace;
-use crate::tcp::h2c::{DataBuf, DirectRx, H2cPool, R2tProgress};
+use crate::tcp::h2c::{DataBuf, DirectRx, H2cBuf, H2cPool, R2tProgress};
 
 /// A channel completed a command: hand it to its queue (on transport `T`), which flushes on
 /// its next run (one write for all the completions of a poll).
@@ -30,31 +30,6 @@ pub fn deliver<T: Transport>(r: &mut Reactor, c: Completion<'_>) {
     });
     if done == Some(true) {
         r.wake(tag.source);
-    }
-}
-
-/// Give the buffer of a request whose write will not run back: a DMA buffer to its SSD
-/// channel's pool (the one it came from: a reactor has one channel per device), a heap
-/// buffer to the reactor's [`H2cPool`]. A channel already gone (reactor shutdown) frees it.
-pub(super) fn recycle_buf(r: &mut Reactor, ns: Option<&Arc<Namespace>>, buf: DataBuf) {
-    match buf {
-        DataBuf::Dma(d) => {
-            if let Some(ch) = ns.and_then(|ns| existing_channel(r, ns)) {
-                with_channel(r, ch, |c, _| c.give_buf(d));
-            }
-        }
-        DataBuf::Heap(v) => {
-            if let Some(pool) = r.local::<H2cPool>() {
-                pool.give(v);
-            }
-        }
-    }
-}
-
-/// A request that will not run: its buffer goes back.
-pub(super) fn recycle(r: &mut Reactor, req: Request) {
-    if let ReqState::AwaitingData { buf, .. } = req.state {
-        recycle_buf(r, req.io.namespace(), buf);
     }
 }
 
@@ -426,10 +401,8 @@ impl<T: Transport> Queue<T> {
     /// Complete request `slot` (command `cid`) with `status` while its data still comes: its
     /// buffer goes back to its pool, it stays as a tombstone that drains the rest of its data.
     pub(super) fn complete_early(&mut self, r: &mut Reactor, slot: usize, cid: u16, status: Status) {
-        if let Some(buf) = self.reqs.complete_early(slot, status) {
-            let ns = self.reqs.get_mut(slot).and_then(|q| q.io.namespace().cloned());
-            recycle_buf(r, ns.as_ref(), buf);
-        }
+        // Its buffer goes back to its pool as it drops.
+        drop(self.reqs.complete_early(slot, status));
         self.end(r, cid, status);
         // One command of a fused pair failed before it ran: its partner fails with it.
         if !self.fused.pairs.is_empty()
@@ -483,10 +456,8 @@ impl<T: Transport> Queue<T> {
         // Tombstones whose data never came are bounded: beyond a queue's worth, drop the
         // oldest (late data for it is then an unknown TTAG: fatal, which a host that aborts
         // a command and still sends its data much later has earned).
-        if let Some(old) = self.reqs.excess_draining(self.sq.entries as usize)
-            && let Some(req) = self.reqs.remove(old)
-        {
-            recycle(r, req);
+        if let Some(old) = self.reqs.excess_draining(self.sq.entries as usize) {
+            self.reqs.remove(old);
         }
         let dma = match &io {
             Io::Write { ns, .. } if ns.backend.caps().dma_data => channel_for(r, ns)
@@ -496,11 +467,12 @@ impl<T: Transport> Queue<T> {
             _ => None,
         };
         // A recycled buffer: no allocation (for large writes an mmap and its page faults).
-        // Every reactor of a target has a pool from its start.
+        // Every reactor of a target has a pool from its start. Either goes back to its pool
+        // when dropped, whatever becomes of the command.
         let buf = match (dma, r.local::<H2cPool>()) {
             (Some(d), _) => DataBuf::Dma(d),
             (None, Some(pool)) => DataBuf::Heap(pool.take(len as usize)),
-            (None, None) => DataBuf::Heap(vec![0; len as usize]),
+            (None, None) => DataBuf::Heap(H2cBuf::detached(vec![0; len as usize])),
         };
         let progress = R2tProgress { len, received: 0 };
         let state = ReqState::AwaitingData { buf, progress };
@@ -538,9 +510,6 @@ impl<T: Transport> Queue<T> {
             }
             DataBuf::Heap(v) => {
                 self.execute(r, id, cid, io, WriteData::Bytes(&v[..need]), Some(ttag));
-                if let Some(pool) = r.local::<H2cPool>() {
-                    pool.give(v);
-                }
             }
         }
     }

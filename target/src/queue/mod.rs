@@ -204,11 +204,10 @@ impl<T: Transport> Queue<T> {
         if let Some(t) = self.auth_timer.take() {
             r.cancel_timer(t);
         }
-        // Writes still waiting for their data never run: their buffers go back to the pools,
-        // or a host that reconnects in a loop mid-write would have the target allocate anew.
-        for req in self.reqs.drain() {
-            io::recycle(r, req);
-        }
+        // Writes still waiting for their data never run: their buffers go back to the pools
+        // as they drop, or a host that reconnects in a loop mid-write would have the target
+        // allocate anew.
+        self.reqs.drain();
         // Locked ranges are unlocked (their waiters woken), parked writes dropped.
         self.fused_teardown(r);
         match std::mem::replace(&mut self.role, Role::Unbound) {
@@ -218,8 +217,8 @@ impl<T: Transport> Queue<T> {
         }
         self.shared.conns_per_reactor[self.reactor].fetch_sub(1, Relaxed);
         self.listener_open.fetch_sub(1, Relaxed);
-        // Its buffers go to the reactor's pools for the next connection.
-        self.t.close(Some(&mut *r));
+        // Its receive buffer goes to the reactor's pool (as it drops) for the next connection.
+        self.t.close();
         // The reason as a string field, as the log has always shown it.
         let reason = reason.to_string();
         info!(peer = %self.t.peer(), reactor = self.reactor, qid = self.sq.qid, reason = reason.as_str(), "connection closed");
@@ -319,7 +318,7 @@ impl<T: Transport> Source for Queue<T> {
     fn shutdown(&mut self, _r: &mut Reactor, _id: SourceId) {
         // The target is stopping: send what is queued, then close. Commands waiting for data
         // are never completed; the host sees the connection close and retries elsewhere.
-        self.t.close(None);
+        self.t.close();
         self.shared.conns_per_reactor[self.reactor].fetch_sub(1, Relaxed);
         self.listener_open.fetch_sub(1, Relaxed);
         tracing::debug!(peer = %self.t.peer(), "connection closed at shutdown");

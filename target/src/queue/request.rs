@@ -395,7 +395,7 @@ mod tests {
                 fua: false,
             },
             ReqState::AwaitingData {
-                buf: DataBuf::Heap(vec![0; len as usize]),
+                buf: DataBuf::Heap(crate::tcp::h2c::H2cBuf::detached(vec![0; len as usize])),
                 progress: R2tProgress { len, received: 0 },
             },
         )

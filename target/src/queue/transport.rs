@@ -58,7 +58,7 @@ pub trait Transport: Sized + 'static {
     /// Tell the host the connection ends for `why`, a fault of the protocol (NVMe/TCP: a
     /// C2HTermReq), before [`Self::close`].
     fn terminate(&mut self, why: &CloseReason);
-    /// Send what is queued (best effort) and end the connection; its buffers go back to
-    /// `r`'s pools.
-    fn close(&mut self, r: Option<&mut Reactor>);
+    /// Send what is queued (best effort) and end the connection (its buffers go back to
+    /// their pools as they drop).
+    fn close(&mut self);
 }

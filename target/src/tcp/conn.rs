@@ -207,7 +207,7 @@ fn process(q: &mut Conn, r: &mut Reactor, id: SourceId, budget: &mut u32) -> boo
         grow_to = grow_to.max(rx.capacity() + 1);
     }
     if grow_to > rx.capacity() && !q.closed {
-        q.t.grow_rx(&mut rx, grow_to, r.local::<RxPool>());
+        q.t.grow_rx(&mut rx, grow_to);
         // Read again: the socket may hold the rest, and no new edge will say so.
         progressed = true;
     }
@@ -370,7 +370,8 @@ fn fill(q: &mut Conn) -> Result<bool, CloseReason> {
 }
 
 /// An accepted, non-blocking socket of a listener on `path` becomes a connection of reactor
-/// `reactor`: the NVMe/TCP transport (TLS on a TLS listener) under a new queue.
+/// `reactor`: the NVMe/TCP transport (TLS on a TLS listener) under a new queue; its receive
+/// buffer grows from, and goes back to, `rx_pool`.
 pub fn accept(
     sock: std::net::TcpStream,
     shared: std::sync::Arc<crate::subsystem::Shared>,
@@ -378,11 +379,12 @@ pub fn accept(
     serial: u64,
     started: std::time::Instant,
     path: crate::listener::Path,
+    rx_pool: Option<&RxPool>,
 ) -> std::io::Result<Conn> {
     let lookup = || -> std::sync::Arc<super::tls::PskLookup> {
         let sh = shared.clone();
         std::sync::Arc::new(move |id| sh.snapshot.load().tls_psk(id))
     };
-    let t = TcpTransport::new(sock, &shared.transport, path.tls, lookup)?;
+    let t = TcpTransport::new(sock, &shared.transport, path.tls, lookup, rx_pool)?;
     Ok(Queue::new(t, shared, reactor, serial, started, path))
 }

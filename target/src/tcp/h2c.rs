@@ -2,11 +2,12 @@
 //! data is received into, the rules an H2CData PDU must follow, its reception in place, and
 //! the per-reactor pool of R2T buffers.
 
-use pollux_nvme::pci::DmaBuf;
 use pollux_nvme::tcp::{CommonHeader, Crc32c, DataHdr, crc32c, fes, flags};
 
 use super::Fatal;
+use crate::backend::PooledDma;
 use crate::close::CloseReason;
+use crate::pool::{Pool, Pooled, Shelf};
 
 /// An H2CData PDU with at least this many data bytes still to come when its header is parsed
 /// has them received from the socket straight into its command's buffer (the R2T buffer, or
@@ -17,14 +18,15 @@ pub const DIRECT_MIN: usize = 4096;
 /// that a large next payload mostly goes in place too.
 pub const DIRECT_TAIL: usize = 8192;
 
-/// The buffer a command's data is received into.
+/// The buffer a command's data is received into. Either kind goes back to the pool it came
+/// from when dropped ([`crate::pool`]).
 #[derive(Debug)]
 pub enum DataBuf {
     /// Heap memory (from the reactor's [`H2cPool`]).
-    Heap(Vec<u8>),
+    Heap(H2cBuf),
     /// A DMA buffer of the SSD channel the write goes to: the data is copied once, from the
     /// socket into DMA memory.
-    Dma(DmaBuf),
+    Dma(PooledDma),
 }
 
 impl DataBuf {
@@ -157,30 +159,43 @@ pub struct DirectRx {
 /// of 8 per connection; with this one, IOPS x1.055 and target CPU per I/O x0.950 (10
 /// alternating pairs; the client is then the limit). The pool is bounded in bytes per
 /// reactor, however many connections it serves, as SPDK bounds its transport's shared data
-/// buffers (511 of 128 KiB by default); what it does not keep is freed.
+/// buffers (511 of 128 KiB by default); what it does not keep is freed. Its buffers
+/// ([`H2cBuf`]) come back by themselves when dropped.
+pub type H2cPool = Pool<H2cShelf>;
+
+/// An R2T buffer lent by an [`H2cPool`].
+pub type H2cBuf = Pooled<H2cShelf>;
+
+/// What an [`H2cPool`] keeps: R2T buffers, at most [`H2cShelf::MAX_BYTES`] of capacity.
 #[derive(Debug, Default)]
-pub struct H2cPool {
+pub struct H2cShelf {
     bufs: Vec<Vec<u8>>,
     /// Capacity of the buffers kept.
     bytes: usize,
 }
 
-impl H2cPool {
+impl H2cShelf {
     /// Most bytes of buffers kept per reactor: QD32 of 128 KiB writes on eight connections.
     pub const MAX_BYTES: usize = 32 << 20;
 
-    /// A buffer of `len` bytes. A kept one keeps its length, so only growth is zeroed: the
-    /// H2CData PDUs overwrite every byte up to `len` (contiguous from offset 0, NVMe/TCP 1.0
-    /// §3.6.2.7) before the command uses the buffer.
-    pub fn take(&mut self, len: usize) -> Vec<u8> {
-        let mut buf = self.bufs.pop().unwrap_or_default();
+    /// A kept buffer (or a new, empty one), no longer counted.
+    fn pop(&mut self) -> Vec<u8> {
+        let buf = self.bufs.pop().unwrap_or_default();
         self.bytes -= buf.capacity().min(self.bytes);
-        buf.resize(len, 0);
         buf
     }
 
+    /// Bytes (capacity) of the buffers kept.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Shelf for H2cShelf {
+    type Item = Vec<u8>;
+
     /// Keep `buf` for reuse, or free it when the pool is full.
-    pub fn give(&mut self, buf: Vec<u8>) {
+    fn keep(&mut self, buf: Vec<u8>) {
         let cap = buf.capacity();
         if cap > 0 && self.bytes + cap <= Self::MAX_BYTES {
             self.bytes += cap;
@@ -189,30 +204,56 @@ impl H2cPool {
     }
 }
 
+impl Pool<H2cShelf> {
+    /// A buffer of `len` bytes. A kept one keeps its length, so only growth is zeroed: the
+    /// H2CData PDUs overwrite every byte up to `len` (contiguous from offset 0, NVMe/TCP 1.0
+    /// §3.6.2.7) before the command uses the buffer.
+    pub fn take(&self, len: usize) -> H2cBuf {
+        let mut buf = self.with(H2cShelf::pop).unwrap_or_default();
+        buf.resize(len, 0);
+        self.lend(buf)
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::H2cPool;
+    use super::{H2cPool, H2cShelf};
+
+    fn kept(pool: &H2cPool) -> (usize, usize) {
+        pool.with(|s| (s.bufs.len(), s.bytes)).unwrap_or_default()
+    }
 
     #[test]
     fn r2t_buffers_are_reused_up_to_the_pool_bound() {
-        let mut pool = H2cPool::default();
+        let pool = H2cPool::default();
         let a = pool.take(128 << 10);
         assert_eq!(a.len(), 128 << 10);
         let ptr = a.as_ptr();
-        pool.give(a);
+        // Dropped: back in the pool, no hand-written return.
+        drop(a);
+        assert_eq!(kept(&pool), (1, 128 << 10));
         // The same buffer comes back, keeping its length (only growth is zeroed).
         let b = pool.take(64 << 10);
         assert_eq!((b.as_ptr(), b.len()), (ptr, 64 << 10));
-        assert_eq!(pool.bytes, 0);
-        pool.give(b);
+        assert_eq!(kept(&pool), (0, 0));
+        drop(b);
         // Beyond the bound, buffers are freed, not kept.
-        let n = H2cPool::MAX_BYTES / (128 << 10);
-        let bufs: Vec<Vec<u8>> = (0..n + 4).map(|_| pool.take(128 << 10)).collect();
-        for buf in bufs {
-            pool.give(buf);
-        }
-        assert_eq!(pool.bufs.len(), n);
-        assert!(pool.bytes <= H2cPool::MAX_BYTES);
-        assert_eq!(pool.bytes, pool.bufs.iter().map(Vec::capacity).sum::<usize>());
+        let n = H2cShelf::MAX_BYTES / (128 << 10);
+        let bufs: Vec<_> = (0..n + 4).map(|_| pool.take(128 << 10)).collect();
+        drop(bufs);
+        let (count, bytes) = kept(&pool);
+        assert_eq!(count, n);
+        assert!(bytes <= H2cShelf::MAX_BYTES);
+        let sum = pool.with(|s| s.bufs.iter().map(Vec::capacity).sum::<usize>());
+        assert_eq!(Some(bytes), sum);
+    }
+
+    #[test]
+    fn an_r2t_buffer_outliving_its_pool_is_freed() {
+        let pool = H2cPool::default();
+        let a = pool.take(4096);
+        drop(pool);
+        assert_eq!(a.len(), 4096);
+        drop(a);
     }
 }

@@ -43,6 +43,7 @@ use tls::{PskLookup, TlsLink};
 
 use crate::backend::ReadData;
 use crate::close::CloseReason;
+use crate::pool::{Home, Pool, Shelf};
 use crate::queue::{Queue, Transport};
 use crate::subsystem::Namespace;
 
@@ -110,17 +111,21 @@ impl Fatal {
 
 /// Receive buffers a reactor keeps for its connections to reuse (reactor-local state: no
 /// lock): a connection starts with [`RX_START`] bytes and grows to its PDUs; a grown buffer
-/// goes back here when its connection closes, and the next connection that needs as much
-/// takes it, not a new allocation. Bounded in bytes per reactor, however many connections
-/// come and go; what it does not keep is freed, so that after a storm of connections the
-/// target's memory returns to within this bound of where it was.
+/// goes back here when its connection's transport is dropped (or when it grows again), and
+/// the next connection that needs as much takes it, not a new allocation. Bounded in bytes
+/// per reactor, however many connections come and go; what it does not keep is freed, so
+/// that after a storm of connections the target's memory returns to within this bound of
+/// where it was.
+pub type RxPool = Pool<RxShelf>;
+
+/// What an [`RxPool`] keeps: grown receive buffers, at most [`RxShelf::MAX_BYTES`].
 #[derive(Debug, Default)]
-pub struct RxPool {
+pub struct RxShelf {
     bufs: Vec<Vec<u8>>,
     bytes: usize,
 }
 
-impl RxPool {
+impl RxShelf {
     /// Most bytes of buffers kept per reactor: 32 connections' largest buffers (2 x (128
     /// KiB + 256) by default).
     pub const MAX_BYTES: usize = 8 << 20;
@@ -133,19 +138,23 @@ impl RxPool {
         Some(buf)
     }
 
+    /// Bytes kept.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Shelf for RxShelf {
+    type Item = Vec<u8>;
+
     /// Keep `buf` (every byte initialised) for reuse, or free it: buffers no larger than a
     /// connection's start are not worth keeping, and the pool is bounded.
-    pub fn give(&mut self, buf: Vec<u8>) {
+    fn keep(&mut self, buf: Vec<u8>) {
         let n = buf.len();
         if n > RX_START && self.bytes + n <= Self::MAX_BYTES {
             self.bytes += n;
             self.bufs.push(buf);
         }
-    }
-
-    /// Bytes kept.
-    pub fn bytes(&self) -> usize {
-        self.bytes
     }
 }
 
@@ -169,6 +178,9 @@ pub struct TcpTransport {
     /// for the next PDUs in the same read.
     rx_max: usize,
     rx: RxBuf,
+    /// The reactor's receive buffer pool: where grown storage goes (a grown-out one, and
+    /// the last one when the transport is dropped) and comes from.
+    rx_home: Home<RxShelf>,
     /// The last fill emptied the socket (a short read or EAGAIN).
     pub drained: bool,
     /// The last plain read filled the receive buffer and the socket still held more: the
@@ -183,11 +195,13 @@ pub struct TcpTransport {
 impl TcpTransport {
     /// Wrap an accepted, non-blocking socket of a listener with TLS `mode` (`lookup` makes
     /// what finds the PSK of an identity a host offers; called only for a TLS listener).
+    /// Its receive buffer grows from, and goes back to, `rx_pool` (None: allocated, freed).
     pub fn new(
         sock: TcpStream,
         t: &TransportConf,
         mode: TlsMode,
         lookup: impl FnOnce() -> Arc<PskLookup>,
+        rx_pool: Option<&RxPool>,
     ) -> std::io::Result<Self> {
         let peer = sock.peer_addr()?;
         let local = sock.local_addr()?;
@@ -211,6 +225,7 @@ impl TcpTransport {
             in_capsule_data_size: t.in_capsule_data_size,
             rx_max,
             rx: RxBuf::new(RX_START),
+            rx_home: rx_pool.map(RxPool::home).unwrap_or_default(),
             drained: false,
             rx_pressed: false,
             out: SendQueue::with_capacity(SEND_START),
@@ -256,23 +271,12 @@ impl TcpTransport {
 
     /// Grow the (taken) receive buffer `rx` so that a PDU of `need` bytes fits, with room
     /// for what follows: to twice the need, a power of two, at most [`Self::rx_max`] (the
-    /// framing bounded `need` by the limits already). The storage comes from `pool` when
-    /// it has one large enough; the old one goes back to it.
-    pub fn grow_rx(&self, rx: &mut RxBuf, need: usize, pool: Option<&mut RxPool>) {
+    /// framing bounded `need` by the limits already). The storage comes from the reactor's
+    /// pool when it has one large enough; the old one goes back to it.
+    pub fn grow_rx(&self, rx: &mut RxBuf, need: usize) {
         let cap = need.saturating_mul(2).next_power_of_two().min(self.rx_max).max(need);
-        match pool {
-            Some(pool) => {
-                let spare = pool.take(cap);
-                pool.give(rx.move_to(cap, spare));
-            }
-            None => drop(rx.move_to(cap, None)),
-        }
-    }
-
-    /// The receive buffer's storage, when it grew beyond its start: for the reactor's pool
-    /// (the connection is closing).
-    pub fn release_rx(&mut self) -> Option<Vec<u8>> {
-        (self.rx.capacity() > RX_START).then(|| std::mem::take(&mut self.rx).into_storage())
+        let spare = self.rx_home.with(|s| s.take(cap)).flatten();
+        self.rx_home.keep(rx.move_to(cap, spare));
     }
 
     /// Read what the socket has. With `in_place` (and nothing buffered), the first
@@ -643,13 +647,55 @@ impl Transport for TcpTransport {
         let _ = TcpTransport::flush(self);
     }
 
-    fn close(&mut self, r: Option<&mut Reactor>) {
+    fn close(&mut self) {
+        // Its grown receive buffer goes to the reactor's pool when it drops.
         self.shutdown();
-        // A grown receive buffer goes to the reactor's pool for the next connection.
-        if let Some(buf) = self.release_rx()
-            && let Some(pool) = r.and_then(|r| r.local::<RxPool>())
-        {
-            pool.give(buf);
+    }
+}
+
+impl Drop for TcpTransport {
+    /// A grown receive buffer goes to the reactor's pool for the next connection.
+    fn drop(&mut self) {
+        self.rx_home.keep(std::mem::take(&mut self.rx).into_storage());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::TcpListener;
+
+    use super::*;
+
+    fn kept(pool: &RxPool) -> (usize, usize) {
+        pool.with(|s| (s.bufs.len(), s.bytes())).unwrap_or_default()
+    }
+
+    #[test]
+    fn a_grown_receive_buffer_goes_back_to_the_pool_when_its_transport_drops() {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let _client = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+        let (sock, _) = l.accept().expect("accept");
+        let pool = RxPool::default();
+        let conf = TransportConf::default();
+        let no_tls = || -> Arc<PskLookup> { Arc::new(|_| None) };
+        let mut t = TcpTransport::new(sock, &conf, TlsMode::None, no_tls, Some(&pool)).expect("transport");
+        let mut rx = t.take_rx();
+        t.grow_rx(&mut rx, 64 << 10);
+        let cap = rx.capacity();
+        assert!(cap >= 64 << 10);
+        // The start buffer it grew out of is too small to keep.
+        assert_eq!(kept(&pool), (0, 0));
+        t.put_rx(rx);
+        drop(t);
+        assert_eq!(kept(&pool), (1, cap));
+        // The next connection that needs as much takes it.
+        assert_eq!(pool.with(|s| s.take(cap).map(|b| b.len())), Some(Some(cap)));
+        // Bounded: beyond MAX_BYTES buffers are freed.
+        let home = pool.home();
+        for _ in 0..=RxShelf::MAX_BYTES / cap {
+            home.keep(vec![0; cap]);
         }
+        let (n, bytes) = kept(&pool);
+        assert_eq!((n, bytes), (RxShelf::MAX_BYTES / cap, n * cap));
     }
 }

@@ -19,16 +19,19 @@ use tracing::warn;
 use super::{
     CHUNK, DEAC, EXACT_GAP, FUA, MAX_TRANSFER, ONCS_WRITE_ZEROES, SsdDevice, SsdNamespace, WATCHDOG, lock, short,
 };
+use crate::backend::dma::DmaShelf;
 use crate::backend::{
-    BlockOp, Channel, ChannelEnv, CompleteFn, Completion, ReadData, Tag, WriteData, account_completion,
+    BlockOp, Channel, ChannelEnv, CompleteFn, Completion, DmaPool, PooledDma, ReadData, Tag, WriteData,
+    account_completion,
 };
 use crate::error::TargetError;
 use crate::subsystem::Namespace;
 /// DMA buffers of one channel: power-of-two size classes from 4 KiB, carved from 2 MiB
-/// regions and recycled, so the steady state allocates (and maps) nothing.
+/// regions and recycled (each goes back to its class when dropped, [`DmaShelf`]), so the
+/// steady state allocates (and maps) nothing.
 struct Pool {
     dma: Arc<dyn DmaAllocator>,
-    free: Vec<Vec<DmaBuf>>,
+    shelf: DmaPool,
     chunk: Option<Arc<DmaRegion>>,
     used: usize,
     zeroes: Option<DmaBuf>,
@@ -41,23 +44,18 @@ impl Pool {
         Self {
             dma,
             allocated,
-            free: Vec::new(),
+            shelf: DmaPool::default(),
             chunk: None,
             used: 0,
             zeroes: None,
         }
     }
 
-    fn class(len: usize) -> (usize, usize) {
-        let size = len.max(pci::PAGE_SIZE).next_power_of_two();
-        (size, (size.trailing_zeros() - pci::PAGE_SIZE.trailing_zeros()) as usize)
-    }
-
     /// A buffer of at least `len` bytes (its class size).
-    fn take(&mut self, len: usize) -> pci::Result<DmaBuf> {
-        let (size, idx) = Self::class(len);
-        if let Some(b) = self.free.get_mut(idx).and_then(Vec::pop) {
-            return Ok(b);
+    fn take(&mut self, len: usize) -> pci::Result<PooledDma> {
+        let (size, idx) = DmaShelf::class(len);
+        if let Some(b) = self.shelf.with(|s| s.pop(idx)).flatten() {
+            return Ok(self.shelf.lend(b));
         }
         let room = self.chunk.as_ref().map_or(0, |c| c.len() - self.used);
         if room < size {
@@ -69,15 +67,7 @@ impl Pool {
         let chunk = self.chunk.clone().ok_or(pci::PciError::IovaExhausted { len: size })?;
         let b = DmaBuf::new(chunk, self.used, size).ok_or(pci::PciError::IovaExhausted { len: size })?;
         self.used += size;
-        Ok(b)
-    }
-
-    fn give(&mut self, b: DmaBuf) {
-        let (_, idx) = Self::class(b.len());
-        if self.free.len() <= idx {
-            self.free.resize_with(idx + 1, Vec::new);
-        }
-        self.free[idx].push(b);
+        Ok(self.shelf.lend(b))
     }
 
     /// A zero-filled buffer of MAX_TRANSFER bytes the device only reads (Write Zeroes on a
@@ -93,7 +83,7 @@ impl Pool {
 }
 
 /// One operation of a target command on an SSD namespace, in logical blocks.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub enum SsdOp<'a> {
     /// Read `blocks` from `slba`.
     Read {
@@ -117,7 +107,7 @@ pub enum SsdOp<'a> {
         /// First LBA.
         slba: u64,
         /// The buffer.
-        buf: DmaBuf,
+        buf: PooledDma,
         /// Bytes (a whole number of blocks).
         len: usize,
         /// Force unit access.
@@ -169,7 +159,8 @@ fn copy_entries(ns: &pci::Namespace, ranges: &[(u64, u64)]) -> Option<Vec<u8>> {
 
 struct Cmd {
     tag: Tag,
-    buf: Option<DmaBuf>,
+    /// Its data buffer: back to the pool when the command is dropped.
+    buf: Option<PooledDma>,
     read_len: usize,
     pending: u32,
     status: Status,
@@ -340,7 +331,7 @@ impl SsdChannel {
         Ok(())
     }
 
-    fn alloc(&mut self, bytes: usize) -> Result<DmaBuf, Status> {
+    fn alloc(&mut self, bytes: usize) -> Result<PooledDma, Status> {
         self.pool.take(bytes).map_err(|e| {
             warn!(channel = %self.name, error = %e, "no DMA memory for a command");
             Status::INTERNAL_ERROR
@@ -357,6 +348,7 @@ impl SsdChannel {
         if c.pending > 0 {
             return;
         }
+        // Its buffer goes back to the pool as `c` drops, after the completion was handled.
         let mut c = self.cmds.remove(key);
         if c.aborted {
             c.status = Status::ABORT_REQUESTED;
@@ -382,9 +374,6 @@ impl SsdChannel {
             data: data.as_ref().map(ReadData::Dma),
         };
         (self.complete)(r, done);
-        if let Some(b) = c.buf {
-            self.pool.give(b);
-        }
     }
 
     /// Submit what waits for queue slots or for the end of a reset, in order, and ring the
@@ -524,14 +513,10 @@ impl Channel for SsdChannel {
     /// A DMA buffer of at least `len` bytes for a write's data to be received into: the
     /// data is copied once, from the socket into DMA memory. `None` beyond the transfer limit
     /// or without DMA memory.
-    fn take_buf(&mut self, len: usize) -> Option<DmaBuf> {
+    fn take_buf(&mut self, len: usize) -> Option<PooledDma> {
         (len > 0 && len <= self.max_io)
             .then(|| self.pool.take(len).ok())
             .flatten()
-    }
-
-    fn give_buf(&mut self, buf: DmaBuf) {
-        self.pool.give(buf);
     }
 
     fn poll(&mut self, r: &mut Reactor) -> Progress {

@@ -6,14 +6,12 @@ use std::sync::Arc;
 use pollux_nvme::spec::Status;
 use pollux_reactor::{Reactor, SourceId};
 
-use super::super::io::recycle_buf;
 use super::super::{Queue, Transport};
 use super::{LockedOp, OpKind, Owned};
 use crate::backend::WriteData;
 use crate::io;
 use crate::queue::finish::End;
 use crate::subsystem::Namespace;
-use crate::tcp::h2c::DataBuf;
 
 impl<T: Transport> Queue<T> {
     /// A Copy whose source range entries are `data`: a locked operation on its destination.
@@ -29,10 +27,7 @@ impl<T: Transport> Queue<T> {
         fua: bool,
         data: WriteData<'_>,
     ) {
-        let (bytes, dma) = Owned::bytes(data);
-        if let Some(d) = dma {
-            recycle_buf(r, Some(&ns), DataBuf::Dma(d));
-        }
+        let bytes = Owned::bytes(data);
         let need = (ranges * io::COPY_RANGE_LEN) as usize;
         let srcs = match bytes.get(..need).map(|b| io::copy_ranges(b, &ns)) {
             Some(Ok(s)) => s,

@@ -6,7 +6,6 @@ use pollux_nvme::spec::Status;
 use pollux_reactor::sys::monotonic_ns;
 use pollux_reactor::{Reactor, SourceId};
 
-use super::super::io::recycle_buf;
 use super::super::request::{ReqState, Request};
 use super::super::{Queue, Transport};
 use super::{FAILED_FUSED, OpKind, Owned, Parked, wake};
@@ -14,7 +13,6 @@ use crate::backend::{BlockOp, ReadData, WriteData, channel_for};
 use crate::io::Io;
 use crate::queue::finish::{Counted, End};
 use crate::range_lock::{self, fence_all, unlock_and_wake};
-use crate::tcp::h2c::DataBuf;
 
 impl<T: Transport> Queue<T> {
     /// Lock operation `key`'s range and fence every reactor; it runs when all answered. A
@@ -109,13 +107,10 @@ impl<T: Transport> Queue<T> {
                     return self.op_done(r, key, Status::SUCCESS, Status::INTERNAL_ERROR);
                 };
                 op.written = write_len;
-                let (bytes, dma) = match d {
-                    Owned::Heap(v) => (v, None),
+                let bytes = match d {
+                    Owned::Heap(v) => v,
                     Owned::Dma(buf, len) => Owned::bytes(WriteData::Dma { buf, len }),
                 };
-                if let Some(b) = dma {
-                    recycle_buf(r, Some(&ns), DataBuf::Dma(b));
-                }
                 let io = Io::Write {
                     ns: ns.clone(),
                     off,
@@ -303,13 +298,9 @@ impl<T: Transport> Queue<T> {
             OpKind::Caw {
                 cmp_cid,
                 wr_cid,
-                data,
                 device,
                 ..
             } => {
-                if let Some(d) = data {
-                    d.recycle(r, &op.ns);
-                }
                 // A Compare counts as a read once it compared, its Write as a write (NVMe
                 // 2.0 §5.16.1.3).
                 let compared = Counted::Read {
@@ -403,9 +394,6 @@ impl<T: Transport> Queue<T> {
             .partition(|p| p.io.namespace().is_some_and(|n| n.nsid == nsid));
         self.fused.parked = keep;
         for p in mine {
-            if let Some(ns) = p.io.namespace().cloned() {
-                p.data.recycle(r, &ns);
-            }
             if let Some(s) = p.slot {
                 self.reqs.remove(s);
             }
@@ -433,26 +421,16 @@ impl<T: Transport> Queue<T> {
         }
     }
 
-    /// The queue is closing: unlock what it holds (waking the waiters), drop what waits.
+    /// The queue is closing: unlock what it holds (waking the waiters), drop what waits
+    /// (data buffers go back to their pools as they drop).
     pub(in crate::queue) fn fused_teardown(&mut self, r: &mut Reactor) {
         self.fused.open = None;
         for (_, op) in std::mem::take(&mut self.fused.ops) {
             if let Some(l) = op.lock {
                 unlock_and_wake(r, &op.ns, l, wake::<T>);
             }
-            if let OpKind::Caw { data: Some(d), .. } = op.kind {
-                d.recycle(r, &op.ns);
-            }
         }
-        for p in std::mem::take(&mut self.fused.parked) {
-            if let Some(ns) = p.io.namespace().cloned() {
-                p.data.recycle(r, &ns);
-            }
-        }
-        for (_, p) in std::mem::take(&mut self.fused.pairs) {
-            if let Some(d) = p.wr.and_then(|w| w.data) {
-                d.recycle(r, &p.ns);
-            }
-        }
+        self.fused.parked.clear();
+        self.fused.pairs.clear();
     }
 }
