@@ -249,38 +249,56 @@ impl<T: Transport> Queue<T> {
                 _ => self.finish(r, cid, End::status(status).at(nsid, 0)),
             };
         }
-        let ch = match channel_for(r, &ns) {
-            Ok(ch) => ch,
-            Err(s) => {
-                self.free(slot);
-                return self.finish(r, cid, End::status(s).at(nsid, 0));
+        // A request that got its data by R2T (or was parked) has its slot already.
+        let req = match slot {
+            Some(s) => Ok(s),
+            None => {
+                let mut req = Request::new(cid, io, ReqState::Submitted);
+                req.started_ns = started;
+                Err(req)
             }
         };
-        // A write in flight is counted for the fences of range locks.
-        let wslot = io.written().map(|_| range_lock::write_started(&ns, self.reactor));
-        // A request that got its data by R2T is already Submitted in its slot (h2c_received).
-        let slot = match slot {
-            Some(s) => {
-                // A write parked behind a locked range goes from Parked to Submitted (one
-                // whose data came by R2T is Submitted already).
+        if let Err(s) = self.submit_op(r, id, &ns, op, req) {
+            self.finish(r, cid, End::status(s).at(nsid, 0));
+        }
+    }
+
+    /// Submit `op` of namespace `ns` to this reactor's channel of it, for the request in a
+    /// slot already (its data came by R2T, or it was parked: it becomes Submitted) or a new
+    /// one (Submitted). A write in flight is counted for the fences of range locks. On a
+    /// refusal the request goes.
+    pub(super) fn submit_op(
+        &mut self,
+        r: &mut Reactor,
+        id: SourceId,
+        ns: &Arc<Namespace>,
+        op: crate::backend::BlockOp<'_>,
+        req: Result<usize, Request>,
+    ) -> Result<(), Status> {
+        let ch = match channel_for(r, ns) {
+            Ok(ch) => ch,
+            Err(s) => {
+                if let Ok(slot) = req {
+                    self.reqs.remove(slot);
+                }
+                return Err(s);
+            }
+        };
+        let slot = match req {
+            Ok(s) => {
                 if !self.reqs.is_submitted(s) {
                     self.reqs.set_state(s, ReqState::Submitted);
                 }
-                if let Some(q) = self.reqs.get_mut(s) {
-                    q.wslot = wslot;
-                }
                 s
             }
-            None => {
-                let mut req = Request::new(cid, io, ReqState::Submitted);
-                req.wslot = wslot;
-                req.started_ns = started;
-                self.reqs.insert(req)
-            }
+            Err(req) => self.reqs.insert(req),
         };
-        if let Err(s) = self.submit_slot(r, id, ch, slot, &ns, op) {
-            self.finish(r, cid, End::status(s).at(nsid, 0));
+        if let Some(q) = self.reqs.get_mut(slot)
+            && q.io.written().is_some()
+        {
+            q.wslot = Some(range_lock::write_started(ns, self.reactor));
         }
+        self.submit_slot(r, id, ch, slot, ns, op)
     }
 
     /// Submit request `slot` (already in the table) to channel `ch`; on a refusal the

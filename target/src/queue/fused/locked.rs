@@ -9,10 +9,10 @@ use pollux_reactor::{Reactor, SourceId};
 use super::super::request::{ReqState, Request};
 use super::super::{Queue, Transport};
 use super::{FAILED_FUSED, OpKind, Owned, Parked, wake};
-use crate::backend::{BlockOp, ReadData, WriteData, channel_for};
+use crate::backend::{BlockOp, ReadData, WriteData};
 use crate::io::Io;
 use crate::queue::finish::{Counted, End};
-use crate::range_lock::{self, fence_all, unlock_and_wake};
+use crate::range_lock::{fence_all, unlock_and_wake};
 
 impl<T: Transport> Queue<T> {
     /// Lock operation `key`'s range and fence every reactor; it runs when all answered. A
@@ -224,13 +224,9 @@ impl<T: Transport> Queue<T> {
         let Some(ns) = io.namespace().cloned() else {
             return Err(Status::INTERNAL_ERROR);
         };
-        let ch = channel_for(r, &ns)?;
-        let wslot = io.written().map(|_| range_lock::write_started(&ns, self.reactor));
         let mut req = Request::new(cid, io, ReqState::Submitted);
         req.step = Some(key);
-        req.wslot = wslot;
-        let slot = self.reqs.insert(req);
-        self.submit_slot(r, id, ch, slot, &ns, op)
+        self.submit_op(r, id, &ns, op, Err(req))
     }
 
     /// A channel completed a step (`io`) of operation `key`.
