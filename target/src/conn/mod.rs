@@ -37,7 +37,7 @@ use crate::close::CloseReason;
 use crate::ctrl::auth::QueueAuth;
 use crate::ctrl::reply::Reply;
 use crate::ctrl::{Ctrl, QueueRef};
-use crate::listener::Path;
+use crate::path::Path;
 use crate::request::Requests;
 use crate::subsystem::{Shared, Subsystem};
 use crate::tcp::h2c::{DIRECT_MIN, DirectRx};
