@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::UnknownSpelling;
 use crate::mode::Mode;
-use crate::reactor::Next;
+use crate::next::Next;
 
 /// How long an `always` namespace holds its reactor in busy-poll after the last command it
 /// saw in flight. Why 1 ms: it is the time a busy connection stays hot in poll mode

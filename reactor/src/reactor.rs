@@ -35,10 +35,11 @@ use crate::error::{ReactorError, Result};
 use crate::inbox::{Inbox, Remote};
 use crate::load::DeviceLoad;
 use crate::mode::{FractionSleep, Mode, SleepPolicy};
+pub use crate::next::Next;
 use crate::polling::SpinHold;
 use crate::stats::{ReactorStats, StatsCell, bump};
 use crate::sys::TimerFd;
-pub use source::{Next, Progress, Source, SourceOpts};
+pub use source::{Progress, Source, SourceOpts};
 use timer::TimerFn;
 pub use timer::TimerId;
 

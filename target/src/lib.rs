@@ -48,6 +48,7 @@ pub mod latency;
 pub mod listener;
 pub mod log;
 pub mod mutate;
+pub mod path;
 pub mod perf;
 pub mod pool;
 pub mod queue;

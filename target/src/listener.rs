@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use pollux_conf::{Placement, TlsMode};
+use pollux_conf::Placement;
 use pollux_reactor::{Next, Progress, Reactor, Source, SourceId, SourceOpts};
 use tracing::{info, warn};
 
-use crate::ana::AnaStates;
+use crate::path::Path;
 use crate::subsystem::Shared;
 use crate::tcp::{self, Conn, RxPool};
 
@@ -106,20 +106,6 @@ impl Listener {
         self.refusal_logged = Some(now);
         self.refused_unlogged = 0;
     }
-}
-
-/// What a connection takes from the listener that accepted it.
-#[derive(Debug, Clone, Default)]
-pub struct Path {
-    /// The listener's bound address (None: unknown), which decides the subsystems a host
-    /// may connect to through it ([`crate::subsystem::Subsystem::served_on`]).
-    pub addr: Option<SocketAddr>,
-    /// The listener's TLS mode.
-    pub tls: TlsMode,
-    /// The ANA states of its path.
-    pub ana: Arc<AnaStates>,
-    /// The listener's count of open connections (the connection decrements it as it goes).
-    pub open: Arc<AtomicU64>,
 }
 
 /// Register an accepted socket of a listener (`path`) as a connection on reactor `r`, with

@@ -97,7 +97,7 @@ pub struct Namespace {
     /// Its polling policy (`polling`: its own, else its subsystem's): read relaxed by the
     /// reactors on each command and channel run, set by the conf and `pollux ctl
     /// set-polling` ([`pollux_reactor::polling`]).
-    pub polling: pollux_reactor::PollingCell,
+    pub polling: Arc<pollux_reactor::PollingCell>,
 }
 
 impl Namespace {
@@ -349,7 +349,7 @@ pub fn build_namespace(
         counters: (0..reactors.max(1)).map(|_| NsCounters::default()).collect(),
         resv,
         locks: Default::default(),
-        polling: pollux_reactor::PollingCell::new(polling),
+        polling: Arc::new(pollux_reactor::PollingCell::new(polling)),
     }))
 }
 

@@ -5,7 +5,7 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use crate::error::UnknownSpelling;
-use crate::reactor::Next;
+use crate::next::Next;
 
 /// Size classes: <= 4 KiB, <= 16 KiB, <= 64 KiB, <= 256 KiB, larger; times read/write.
 pub const SIZE_CLASSES: usize = 5;

@@ -12,22 +12,8 @@ use mio::{Interest, Token};
 use super::{Reactor, Slot, SourceId};
 use crate::error::{ReactorError, Result};
 use crate::mode::Mode;
+use crate::next::Next;
 use crate::stats::bump;
-
-/// When a source next needs to run, as it says after each run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Next {
-    /// Run again as soon as possible (more work is ready, e.g. a per-run budget was used up).
-    Asap,
-    /// Run at this time at the latest, even if its fd stays quiet.
-    At(Instant),
-    /// Work is in flight and expected to complete at this time: hybrid mode sleeps until
-    /// shortly before it and then polls; busy-poll polls; interrupt mode waits for the fd (or
-    /// this time, for a source without an fd).
-    Expect(Instant),
-    /// Nothing to do until its fd becomes ready or someone calls [`Reactor::wake`].
-    Idle,
-}
 
 /// What a source's run achieved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

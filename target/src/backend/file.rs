@@ -20,7 +20,7 @@ use tracing::{debug, info, warn};
 
 mod channel;
 
-use super::{Backend, Caps, Channel, ChannelEnv};
+use super::{Backend, Caps, Channel, ChannelEnv, ChannelNs};
 use crate::error::TargetError;
 use crate::subsystem::Namespace;
 pub use channel::{AlignedBuf, FileChannel, FileOp};
@@ -312,7 +312,7 @@ impl Backend for FileDisk {
     }
 
     fn open_channel(&self, ns: &Arc<Namespace>, env: &ChannelEnv) -> Result<Box<dyn Channel>, TargetError> {
-        let ch = FileChannel::new(ns.clone(), self.file.as_raw_fd(), &self.uring, env).map_err(|source| {
+        let ch = FileChannel::new(ChannelNs::of(ns), self.file.as_raw_fd(), &self.uring, env).map_err(|source| {
             TargetError::FileIo {
                 path: self.path.clone(),
                 what: "cannot open a channel (io_uring or its worker thread)",

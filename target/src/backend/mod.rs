@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use pollux_nvme::pci::DmaBuf;
 use pollux_nvme::spec::{Health, Status};
-use pollux_reactor::{ChannelKey, LatencyModel, Polling, Progress, Reactor, Source, SourceId, SourceOpts};
+use pollux_reactor::{ChannelKey, LatencyModel, Polling, PollingCell, Progress, Reactor, Source, SourceId, SourceOpts};
 use tracing::warn;
 
 use crate::error::TargetError;
@@ -343,13 +343,36 @@ pub trait Backend: Send + Sync + std::fmt::Debug + Any {
     fn as_any(&self) -> &dyn Any;
 }
 
+/// What a channel keeps of the namespace it was opened for: its id (names, logs) and its
+/// polling policy (shared with the control plane, which changes it). Not the namespace: a
+/// channel depends on its store, not on the subsystem's model.
+#[derive(Debug, Clone)]
+pub struct ChannelNs {
+    /// The namespace's id.
+    pub nsid: u32,
+    /// Its polling policy.
+    pub polling: Arc<PollingCell>,
+}
+
+impl ChannelNs {
+    /// What a channel of `ns` keeps of it.
+    pub fn of(ns: &Namespace) -> Self {
+        Self {
+            nsid: ns.nsid,
+            polling: ns.polling.clone(),
+        }
+    }
+}
+
 /// One reactor's channel on a backend: it alone submits to and reaps from its queue.
 pub trait Channel: 'static {
     /// A name for logs and the stall detector.
     fn name(&self) -> &str;
-    /// Start `op` of namespace `ns`; it completes through [`ChannelEnv::complete`], never
-    /// from within this call. Err: refused, nothing was started.
-    fn submit(&mut self, r: &mut Reactor, tag: Tag, ns: &Namespace, op: BlockOp<'_>) -> Result<(), Status>;
+    /// Start `op` on `store`, the backend of the namespace it is for (a channel may serve
+    /// several: an NVMe device's queue pair serves each of its namespaces); it completes
+    /// through [`ChannelEnv::complete`], never from within this call. Err: refused, nothing
+    /// was started.
+    fn submit(&mut self, r: &mut Reactor, tag: Tag, store: &dyn Backend, op: BlockOp<'_>) -> Result<(), Status>;
     /// Reap what completed; say when the next completion is expected ([`pollux_reactor::Next`]).
     fn poll(&mut self, r: &mut Reactor) -> Progress;
     /// The fd that becomes readable on a completion (interrupt mode), if the channel has one;
@@ -454,6 +477,43 @@ pub fn account_completion(
 ) {
     model.observe(class, took, exact);
     r.device_load().complete(key, class, model.estimate(class));
+}
+
+/// The end of every channel command, in one place: its latency goes to the channel's model
+/// and the reactor's device load ([`account_completion`]), then its completion to its
+/// connection through [`ChannelEnv::complete`]. Read data goes only with a success.
+pub struct Completer {
+    /// The channel's key in the reactor's device load.
+    pub key: ChannelKey,
+    /// The channel's latency model (its estimates also time the channel's next run).
+    pub model: LatencyModel,
+    complete: CompleteFn,
+}
+
+impl Completer {
+    /// The completer of a channel opened with `env`.
+    pub fn new(env: &ChannelEnv) -> Self {
+        Self {
+            key: env.key,
+            model: env.model.clone(),
+            complete: env.complete,
+        }
+    }
+
+    /// Command `tag` of latency class `class` ended with `status` after `took` (`exact`: the
+    /// reactor was polling closely when it found it): account it and complete it.
+    pub fn finish(&mut self, r: &mut Reactor, done: Completion<'_>, class: usize, took: Duration, exact: bool) {
+        account_completion(r, self.key, &mut self.model, class, took, exact);
+        self.complete(r, done);
+    }
+
+    /// Complete `done` without timing it (nothing of it reached the store).
+    pub fn complete(&self, r: &mut Reactor, mut done: Completion<'_>) {
+        if !done.status.is_success() {
+            done.data = None;
+        }
+        (self.complete)(r, done);
+    }
 }
 
 /// Per-reactor map from namespace to that reactor's channel on it (a source), opened on
@@ -563,7 +623,19 @@ pub fn open(n: &pollux_conf::Namespace, reactors: usize) -> Result<Box<dyn Backe
 
 #[cfg(test)]
 mod tests {
-    use super::CopyOffload;
+    use super::{ChannelNs, CopyOffload, Polling};
+
+    #[test]
+    fn a_channel_sees_its_namespace_polling_changes_without_holding_the_namespace() {
+        let ns = crate::subsystem::test_namespace(3, 64);
+        let kept = ChannelNs::of(&ns);
+        assert_eq!(kept.nsid, 3);
+        ns.polling.set(Polling::Always);
+        assert_eq!(kept.polling.get(), Polling::Always);
+        drop(ns);
+        // It outlives the namespace: nothing of the subsystem's model is kept.
+        assert_eq!(kept.polling.get(), Polling::Always);
+    }
 
     #[test]
     fn a_copy_fits_an_offload_only_within_every_limit() {

@@ -16,13 +16,13 @@ use std::time::{Duration, Instant};
 
 use pollux_nvme::spec::Status;
 use pollux_reactor::sys::TimerFd;
-use pollux_reactor::{ChannelKey, DeviceWait, LatencyModel, Next, Polling, Progress, Reactor};
+use pollux_reactor::{DeviceWait, LatencyModel, Next, Polling, Progress, Reactor};
 use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 use rand_distr::{Bernoulli, Distribution, LogNormal, Uniform};
 use tracing::warn;
 
-use super::{Backend, BlockOp, Channel, ChannelEnv, CompleteFn, Completion, RamDisk, Tag, account_completion};
+use super::{Backend, BlockOp, Channel, ChannelEnv, ChannelNs, Completer, Completion, RamDisk, Tag};
 use crate::error::TargetError;
 use crate::subsystem::Namespace;
 
@@ -156,7 +156,7 @@ impl Backend for SimDisk {
     }
 
     fn open_channel(&self, ns: &Arc<Namespace>, env: &ChannelEnv) -> Result<Box<dyn Channel>, TargetError> {
-        let ch = SimChannel::new(ns.clone(), self.params.clone(), env).map_err(|e| TargetError::Channel {
+        let ch = SimChannel::new(ChannelNs::of(ns), self.params.clone(), env).map_err(|e| TargetError::Channel {
             nsid: ns.nsid,
             reactor: env.reactor,
             reason: format!("cannot make the simulated interrupt's timerfd: {e}"),
@@ -234,7 +234,7 @@ const EXACT_GAP: Duration = Duration::from_micros(5);
 
 /// One reactor's queue pair on a simulated device.
 pub struct SimChannel {
-    ns: Arc<Namespace>,
+    ns: ChannelNs,
     params: SimParams,
     rng: Rng,
     waiting: VecDeque<(Instant, Req)>,
@@ -244,11 +244,8 @@ pub struct SimChannel {
     bw_free_at: Instant,
     irq: TimerFd,
     irq_at: Option<Instant>,
-    complete: CompleteFn,
     name: String,
-    model: LatencyModel,
-    /// Its key in the reactor's device load.
-    key: ChannelKey,
+    end: Completer,
     last_poll: Instant,
     /// Commands aborted, completed (Command Aborted Requested) on the next poll.
     aborted: Vec<Tag>,
@@ -256,8 +253,8 @@ pub struct SimChannel {
 
 impl SimChannel {
     /// A channel for namespace `ns` (whose backend is a [`SimDisk`]) on reactor `reactor`.
-    pub fn new(ns: Arc<Namespace>, params: SimParams, env: &ChannelEnv) -> std::io::Result<Self> {
-        let (reactor, model, complete) = (env.reactor, env.model.clone(), env.complete);
+    pub fn new(ns: ChannelNs, params: SimParams, env: &ChannelEnv) -> std::io::Result<Self> {
+        let reactor = env.reactor;
         let seed = params.seed ^ (reactor as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(ns.nsid);
         Ok(Self {
             name: format!("sim-ns{}-r{reactor}", ns.nsid),
@@ -271,16 +268,14 @@ impl SimChannel {
             bw_free_at: Instant::now(),
             irq: TimerFd::new()?,
             irq_at: None,
-            complete,
-            model,
-            key: env.key,
+            end: Completer::new(env),
             last_poll: Instant::now(),
             aborted: Vec::new(),
         })
     }
 
-    /// The namespace it serves.
-    pub fn namespace(&self) -> &Arc<Namespace> {
+    /// What it keeps of the namespace it serves.
+    pub fn namespace(&self) -> &ChannelNs {
         &self.ns
     }
 
@@ -329,11 +324,11 @@ impl SimChannel {
     fn predicted_next(&self) -> Option<Instant> {
         let mut earliest: Option<Instant> = None;
         for (_, (submitted, req)) in self.reqs.iter() {
-            let t = *submitted + self.model.estimate(req.class)?;
+            let t = *submitted + self.end.model.estimate(req.class)?;
             earliest = Some(earliest.map_or(t, |e| e.min(t)));
         }
         for (submitted, req) in &self.waiting {
-            let t = *submitted + self.model.estimate(req.class)?;
+            let t = *submitted + self.end.model.estimate(req.class)?;
             earliest = Some(earliest.map_or(t, |e| e.min(t)));
         }
         earliest
@@ -387,8 +382,8 @@ impl Channel for SimChannel {
     /// Writes land in the memory now (visible to every reactor at once, as with a device
     /// that acknowledges from its cache) and complete after the device latency; reads are
     /// sent from the memory at completion.
-    fn submit(&mut self, r: &mut Reactor, tag: Tag, ns: &Namespace, op: BlockOp<'_>) -> Result<(), Status> {
-        let status = ns.backend.memory().map_or(Status::INTERNAL_ERROR, |m| m.apply(&op));
+    fn submit(&mut self, r: &mut Reactor, tag: Tag, store: &dyn Backend, op: BlockOp<'_>) -> Result<(), Status> {
+        let status = store.memory().map_or(Status::INTERNAL_ERROR, |m| m.apply(&op));
         if !status.is_success() {
             return Err(status);
         }
@@ -442,7 +437,7 @@ impl Channel for SimChannel {
                 status: Status::ABORT_REQUESTED,
                 data: None,
             };
-            (self.complete)(r, done);
+            self.end.complete(r, done);
         }
         while let Some(Reverse((due, _, key))) = self.in_service.peek().copied() {
             if due > now {
@@ -456,13 +451,12 @@ impl Channel for SimChannel {
             // What the reactor can know: when it found the completion, and whether it was
             // polling closely then (exact) or had slept (an upper bound).
             let took = now.saturating_duration_since(submitted);
-            account_completion(r, self.key, &mut self.model, req.class, took, exact);
             let done = Completion {
                 tag: req.tag,
                 status: Status::SUCCESS,
                 data: None,
             };
-            (self.complete)(r, done);
+            self.end.finish(r, done, req.class, took, exact);
         }
         while self.in_service.len() < self.params.parallelism as usize {
             let Some((_, req)) = self.waiting.pop_front() else {

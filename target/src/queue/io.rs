@@ -317,7 +317,8 @@ impl<T: Transport> Queue<T> {
             serial: self.serial,
             slot,
         };
-        let res = with_channel(r, ch, |c, r| c.submit(r, tag, ns, op)).unwrap_or(Err(Status::INTERNAL_ERROR));
+        let res = with_channel(r, ch, |c, r| c.submit(r, tag, ns.backend.as_ref(), op))
+            .unwrap_or(Err(Status::INTERNAL_ERROR));
         match res {
             // Woken, the channel tells the reactor when the completion is expected (hybrid).
             Ok(()) => {

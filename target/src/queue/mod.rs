@@ -39,7 +39,7 @@ use crate::ana::AnaStates;
 use crate::close::CloseReason;
 use crate::ctrl::auth::QueueAuth;
 use crate::ctrl::{Ctrl, QueueRef};
-use crate::listener::Path;
+use crate::path::Path;
 use crate::queue::finish::End;
 use crate::subsystem::{Shared, Subsystem};
 use request::Requests;

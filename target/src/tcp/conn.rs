@@ -378,7 +378,7 @@ pub fn accept(
     reactor: usize,
     serial: u64,
     started: std::time::Instant,
-    path: crate::listener::Path,
+    path: crate::path::Path,
     rx_pool: Option<&RxPool>,
 ) -> std::io::Result<Conn> {
     let lookup = || -> std::sync::Arc<super::tls::PskLookup> {

@@ -13,14 +13,11 @@ use crossbeam_queue::SegQueue;
 use io_uring::{IoUring, opcode, types};
 use pollux_nvme::spec::Status;
 use pollux_reactor::sys::EventFd;
-use pollux_reactor::{ChannelKey, LatencyModel, Progress, Reactor};
+use pollux_reactor::{LatencyModel, Progress, Reactor};
 use tracing::warn;
 
-use super::super::{
-    BlockOp, Channel, ChannelEnv, CompleteFn, Completion, ReadData, Tag, WriteData, account_completion,
-};
+use super::super::{Backend, BlockOp, Channel, ChannelEnv, ChannelNs, Completer, Completion, ReadData, Tag, WriteData};
 use super::{ALIGN, EXACT_GAP, RING_ENTRIES};
-use crate::subsystem::Namespace;
 
 /// A heap buffer aligned for O_DIRECT.
 pub struct AlignedBuf {
@@ -150,17 +147,14 @@ enum Engine {
 /// One reactor's channel on a file namespace.
 pub struct FileChannel {
     /// The namespace: its address is the channel's key, so it must outlive the channel.
-    ns: Arc<Namespace>,
+    ns: ChannelNs,
     fd: RawFd,
     engine: Engine,
     efd: Arc<EventFd>,
     cmds: slab::Slab<Cmd>,
     pool: Vec<AlignedBuf>,
     max_io: usize,
-    complete: CompleteFn,
-    model: LatencyModel,
-    /// Its key in the reactor's device load.
-    key: ChannelKey,
+    end: Completer,
     last_poll: Instant,
     name: String,
 }
@@ -216,8 +210,8 @@ fn run_job(fd: RawFd, job: &mut Job) -> i64 {
 
 impl FileChannel {
     /// A channel for `ns` (a file namespace) on reactor `reactor`.
-    pub fn new(ns: Arc<Namespace>, fd: RawFd, uring: &AtomicBool, env: &ChannelEnv) -> std::io::Result<Self> {
-        let (reactor, max_io, model, complete) = (env.reactor, env.max_io, env.model.clone(), env.complete);
+    pub fn new(ns: ChannelNs, fd: RawFd, uring: &AtomicBool, env: &ChannelEnv) -> std::io::Result<Self> {
+        let (reactor, max_io) = (env.reactor, env.max_io);
         let efd = Arc::new(EventFd::new()?);
         let ring = if uring.load(Ordering::Relaxed) {
             IoUring::new(RING_ENTRIES)
@@ -261,9 +255,7 @@ impl FileChannel {
             cmds: slab::Slab::new(),
             pool: Vec::new(),
             max_io: max_io as usize,
-            complete,
-            model,
-            key: env.key,
+            end: Completer::new(env),
             last_poll: Instant::now(),
         })
     }
@@ -376,14 +368,6 @@ impl FileChannel {
             return false;
         }
         let c = self.cmds.remove(key);
-        account_completion(
-            r,
-            self.key,
-            &mut self.model,
-            c.class,
-            now.saturating_duration_since(c.submitted),
-            exact,
-        );
         let data = (is_read && c.status.is_success())
             .then(|| c.buf.as_ref().map(|b| ReadData::Bytes(b.slice(c.read_len as usize))))
             .flatten();
@@ -392,7 +376,8 @@ impl FileChannel {
             status: c.status,
             data,
         };
-        (self.complete)(r, done);
+        self.end
+            .finish(r, done, c.class, now.saturating_duration_since(c.submitted), exact);
         if let Some(b) = c.buf {
             self.pool.push(b);
         }
@@ -407,7 +392,7 @@ impl Channel for FileChannel {
 
     /// Write data is copied into an aligned buffer of the channel (O_DIRECT); read data
     /// comes back with the completion.
-    fn submit(&mut self, r: &mut Reactor, tag: Tag, _ns: &Namespace, op: BlockOp<'_>) -> Result<(), Status> {
+    fn submit(&mut self, r: &mut Reactor, tag: Tag, _store: &dyn Backend, op: BlockOp<'_>) -> Result<(), Status> {
         let mut ops: Vec<FileOp> = Vec::with_capacity(1);
         let mut payload: Option<&[u8]> = None;
         match op {
@@ -495,6 +480,7 @@ impl Channel for FileChannel {
         Progress {
             did_work: did,
             next: self
+                .end
                 .model
                 .next_run(self.cmds.iter().map(|(_, c)| (c.submitted, c.class))),
         }

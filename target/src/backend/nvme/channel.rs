@@ -13,7 +13,7 @@ use pollux_nvme::pci::{
     self, Completion as DeviceCompletion, DmaAllocator, DmaBuf, DmaRegion, IoRequest, QueueError, QueuePair,
 };
 use pollux_nvme::spec::Status;
-use pollux_reactor::{ChannelKey, LatencyModel, Mode, Next, Progress, Reactor};
+use pollux_reactor::{LatencyModel, Mode, Next, Progress, Reactor};
 use tracing::warn;
 
 use super::{
@@ -21,11 +21,9 @@ use super::{
 };
 use crate::backend::dma::DmaShelf;
 use crate::backend::{
-    BlockOp, Channel, ChannelEnv, CompleteFn, Completion, DmaPool, PooledDma, ReadData, Tag, WriteData,
-    account_completion,
+    Backend, BlockOp, Channel, ChannelEnv, Completer, Completion, DmaPool, PooledDma, ReadData, Tag, WriteData,
 };
 use crate::error::TargetError;
-use crate::subsystem::Namespace;
 /// DMA buffers of one channel: power-of-two size classes from 4 KiB, carved from 2 MiB
 /// regions and recycled (each goes back to its class when dropped, [`DmaShelf`]), so the
 /// steady state allocates (and maps) nothing.
@@ -179,10 +177,7 @@ pub struct SsdChannel {
     cmds: slab::Slab<Cmd>,
     backlog: VecDeque<IoRequest>,
     pool: Pool,
-    model: LatencyModel,
-    /// Its key in the reactor's device load.
-    key: ChannelKey,
-    complete: CompleteFn,
+    end: Completer,
     done: Vec<DeviceCompletion>,
     /// Largest target command, bytes (the queue splits it by MDTS).
     max_io: usize,
@@ -195,7 +190,7 @@ pub struct SsdChannel {
 impl SsdChannel {
     /// Take reactor `reactor`'s queue pair on `dev`.
     pub fn new(dev: Arc<SsdDevice>, env: &ChannelEnv) -> Result<Self, TargetError> {
-        let (reactor, max_io, model, complete) = (env.reactor, env.max_io as usize, env.model.clone(), env.complete);
+        let (reactor, max_io) = (env.reactor, env.max_io as usize);
         let qp = lock(&dev.queues)
             .get_mut(reactor)
             .and_then(Option::take)
@@ -211,9 +206,7 @@ impl SsdChannel {
             qp: Some(qp),
             cmds: slab::Slab::new(),
             backlog: VecDeque::new(),
-            model,
-            key: env.key,
-            complete,
+            end: Completer::new(env),
             done: Vec::new(),
             max_io: max_io.max(pci::PAGE_SIZE),
             deferred: Vec::new(),
@@ -353,14 +346,6 @@ impl SsdChannel {
         if c.aborted {
             c.status = Status::ABORT_REQUESTED;
         }
-        account_completion(
-            r,
-            self.key,
-            &mut self.model,
-            c.class,
-            now.saturating_duration_since(c.submitted),
-            exact,
-        );
         let data = (c.read_len > 0 && c.status.is_success())
             .then(|| {
                 c.buf
@@ -373,7 +358,8 @@ impl SsdChannel {
             status: c.status,
             data: data.as_ref().map(ReadData::Dma),
         };
-        (self.complete)(r, done);
+        self.end
+            .finish(r, done, c.class, now.saturating_duration_since(c.submitted), exact);
     }
 
     /// Submit what waits for queue slots or for the end of a reset, in order, and ring the
@@ -416,11 +402,12 @@ impl Channel for SsdChannel {
     /// Byte ranges become LBA ranges of the device's namespace. Write data is copied into a
     /// DMA buffer (unless it was received into one); read data goes to the send buffer from
     /// the DMA buffer at completion.
-    fn submit(&mut self, r: &mut Reactor, tag: Tag, ns: &Namespace, op: BlockOp<'_>) -> Result<(), Status> {
-        let Some(dev_ns) = ns.backend.as_any().downcast_ref::<SsdNamespace>() else {
+    fn submit(&mut self, r: &mut Reactor, tag: Tag, store: &dyn Backend, op: BlockOp<'_>) -> Result<(), Status> {
+        let Some(dev_ns) = store.as_any().downcast_ref::<SsdNamespace>() else {
             return Err(Status::INTERNAL_ERROR);
         };
-        let shift = ns.block_shift;
+        // The namespace's block size is its device namespace's (`Backend::block_size`).
+        let shift = u32::from(dev_ns.ns.lba_shift);
         let ranges: Vec<(u64, u64)>;
         let op = match op {
             BlockOp::Read { off, len } => SsdOp::Read {
@@ -554,7 +541,8 @@ impl Channel for SsdChannel {
             // Waiting for a reset to finish or for slots: look again soon.
             Next::At(now + Duration::from_millis(1))
         } else {
-            self.model
+            self.end
+                .model
                 .next_run(self.cmds.iter().map(|(_, c)| (c.submitted, c.class)))
         };
         Progress { did_work: did, next }

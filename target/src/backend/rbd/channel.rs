@@ -11,15 +11,14 @@ use std::time::{Duration, Instant};
 use crossbeam_queue::SegQueue;
 use pollux_nvme::spec::Status;
 use pollux_reactor::sys::EventFd;
-use pollux_reactor::{ChannelKey, LatencyModel, Progress, Reactor};
+use pollux_reactor::{LatencyModel, Progress, Reactor};
 use tracing::warn;
 
-use super::super::{BlockOp, Channel, ChannelEnv, CompleteFn, Completion, ReadData, Tag, WriteData};
+use super::super::{BlockOp, Channel, ChannelEnv, Completer, Completion, ReadData, Tag, WriteData};
 use super::client::{Image, library};
 use super::sys;
 use super::{EXACT_GAP, ImageRef, RbdDisk, RbdHealth, WATCHDOG};
-use crate::backend::account_completion;
-use crate::subsystem::Namespace;
+use crate::backend::{Backend, ChannelNs};
 
 /// Where librbd's completion callback leaves a channel's finished operations.
 struct Inbox {
@@ -116,7 +115,7 @@ impl Cmd {
 /// One reactor's channel on an rbd namespace.
 pub struct RbdChannel {
     /// The namespace: its address is the channel's key, so it must outlive the channel.
-    ns: Arc<Namespace>,
+    ns: ChannelNs,
     image: ImageRef,
     inbox: Arc<Inbox>,
     cmds: slab::Slab<Cmd>,
@@ -130,9 +129,7 @@ pub struct RbdChannel {
     write_cache: bool,
     /// A command unanswered this long after its submission is answered anyway.
     bound: Duration,
-    complete: CompleteFn,
-    model: LatencyModel,
-    key: ChannelKey,
+    end: Completer,
     health: Arc<RbdHealth>,
     /// This channel's reactor (its slot in the health's operation counts).
     reactor: usize,
@@ -164,12 +161,7 @@ fn unavailable(errno: i32) -> bool {
 }
 
 impl RbdChannel {
-    pub(super) fn new(
-        ns: Arc<Namespace>,
-        image: Arc<Image>,
-        disk: &RbdDisk,
-        env: &ChannelEnv,
-    ) -> std::io::Result<Self> {
+    pub(super) fn new(ns: ChannelNs, image: Arc<Image>, disk: &RbdDisk, env: &ChannelEnv) -> std::io::Result<Self> {
         let inbox = Arc::new(Inbox {
             done: SegQueue::new(),
             efd: EventFd::new()?,
@@ -186,9 +178,7 @@ impl RbdChannel {
             max_io: env.max_io as usize,
             write_cache: disk.conf.write_cache,
             bound: Duration::from_secs(2 * u64::from(disk.conf.op_timeout_s)),
-            complete: env.complete,
-            model: env.model.clone(),
-            key: env.key,
+            end: Completer::new(env),
             health: disk.health.clone(),
             reactor: env.reactor,
             ops: Vec::with_capacity(1),
@@ -362,8 +352,7 @@ impl RbdChannel {
         took: Duration,
         exact: bool,
     ) {
-        account_completion(r, self.key, &mut self.model, class, took, exact);
-        (self.complete)(r, Completion { tag, status, data });
+        self.end.finish(r, Completion { tag, status, data }, class, took, exact);
     }
 
     /// Answer, with Namespace Not Ready, the commands the cluster has kept past the bound
@@ -400,7 +389,7 @@ impl Channel for RbdChannel {
     /// Deallocate are librbd's write_zeroes (whole objects are removed, partial ones
     /// zeroed), so deallocated blocks read back as zeroes; a discard would leave partial
     /// objects' data (`rbd_skip_partial_discard`).
-    fn submit(&mut self, r: &mut Reactor, tag: Tag, _ns: &Namespace, op: BlockOp<'_>) -> Result<(), Status> {
+    fn submit(&mut self, r: &mut Reactor, tag: Tag, _store: &dyn Backend, op: BlockOp<'_>) -> Result<(), Status> {
         let mut ops = std::mem::take(&mut self.ops);
         ops.clear();
         let (buf, read_len, then_flush, class) = match op {
@@ -511,7 +500,7 @@ impl Channel for RbdChannel {
         }
         Progress {
             did_work: did,
-            next: self.model.next_run(
+            next: self.end.model.next_run(
                 self.cmds
                     .iter()
                     .filter(|(_, c)| !c.answered)

@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 use pollux_conf::{DerivedIds, RbdBackend};
 use tracing::{info, warn};
 
-use super::{Backend, Caps, Channel, ChannelEnv};
+use super::{Backend, Caps, Channel, ChannelEnv, ChannelNs};
 use crate::error::TargetError;
 use crate::subsystem::{Namespace, bump};
 use channel::RbdChannel;
@@ -370,7 +370,7 @@ impl Backend for RbdDisk {
 
     fn open_channel(&self, ns: &Arc<Namespace>, env: &ChannelEnv) -> Result<Box<dyn Channel>, TargetError> {
         let image = self.open_image()?;
-        let ch = RbdChannel::new(ns.clone(), image, self, env).map_err(|e| {
+        let ch = RbdChannel::new(ChannelNs::of(ns), image, self, env).map_err(|e| {
             rbd_error(
                 &self.conf,
                 format!("cannot open a channel: {e}"),
