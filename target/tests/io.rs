@@ -7,8 +7,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
+use pollux_host::{Data, DsmRange, HostQueue, SmartLog, sqe};
 use pollux_nvme::spec::Sqe;
-use pollux_target::host::{Data, DsmRange, HostQueue, SmartLog, sqe};
 
 const LBA_OUT_OF_RANGE: (u8, u8) = (0, 0x80);
 const INVALID_NAMESPACE: (u8, u8) = (0, 0x0B);

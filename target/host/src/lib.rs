@@ -1,5 +1,6 @@
-//! A host-side (initiator) NVMe/TCP library, for tests and the `pollux perf` load generator.
-//! The target's server code never uses it.
+//! pollux host: a host-side (initiator) NVMe/TCP library, for tests and the `pollux perf`
+//! load generator ([`perf`]). The target's server code never uses it; the two share only
+//! `pollux_link` (the send queue and the TLS record layer) and `pollux_nvme`'s wire types.
 //!
 //! It speaks the same wire types as the target ([`pollux_nvme::tcp`], [`pollux_nvme::spec`]):
 //! - [`HostQueue`]: one NVMe-oF queue on one TCP connection. ICReq/ICResp (NVMe/TCP 1.0
@@ -25,6 +26,7 @@ mod auth;
 mod controller;
 mod discover;
 mod error;
+pub mod perf;
 mod queue;
 pub mod sqe;
 mod tls;
