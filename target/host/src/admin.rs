@@ -4,8 +4,10 @@
 
 use std::time::{Duration, Instant};
 
-use pollux_nvme::bindings::{nvme_id_ctrl, nvme_id_ns, nvmf_disc_log_entry, nvmf_discovery_log, nvmf_tsas_tcp};
-use pollux_nvme::spec::{Cap, Cc, Csts, Health, cns, feature, log_page, property};
+use pollux_nvme::bindings::{
+    nvme_error_log_page, nvme_id_ctrl, nvme_id_ns, nvmf_disc_log_entry, nvmf_discovery_log, nvmf_tsas_tcp,
+};
+use pollux_nvme::spec::{Cap, Cc, Csts, Health, Status, cns, feature, log_page, property};
 use zerocopy::{FromBytes, IntoBytes};
 
 use super::error::HostError;
@@ -250,6 +252,49 @@ impl DiscoveryEntry {
     }
 }
 
+/// One Error Information log entry (NVMe 2.0 §5.16.1.2): [`nvme_error_log_page`]'s fields
+/// a host reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ErrorLogEntry {
+    /// Error Count: unique to this error, increasing (0: an empty entry).
+    pub error_count: u64,
+    /// Submission queue of the failed command.
+    pub sqid: u16,
+    /// Command identifier of the failed command.
+    pub cmdid: u16,
+    /// The status it completed with (the phase tag dropped).
+    pub status: Status,
+    /// Parameter Error Location (FFFFh: not applicable).
+    pub parm_error_location: u16,
+    /// The first LBA that failed.
+    pub lba: u64,
+    /// Namespace.
+    pub nsid: u32,
+    /// Transport type (3: TCP).
+    pub trtype: u8,
+}
+
+impl ErrorLogEntry {
+    /// Parses an Error Information log page (LID 01h): its 64-byte entries, newest first,
+    /// the empty ones (Error Count 0) left out.
+    pub fn parse_log(data: &[u8]) -> Vec<Self> {
+        data.chunks_exact(size_of::<nvme_error_log_page>())
+            .filter_map(|e| nvme_error_log_page::read_from_bytes(e).ok())
+            .filter(|e| e.error_count != 0)
+            .map(|e| Self {
+                error_count: u64::from_le(e.error_count),
+                sqid: u16::from_le(e.sqid),
+                cmdid: u16::from_le(e.cmdid),
+                status: Status::from_cqe_field(u16::from_le(e.status_field)),
+                parm_error_location: u16::from_le(e.parm_error_location),
+                lba: u64::from_le(e.lba),
+                nsid: u32::from_le(e.nsid),
+                trtype: e.trtype,
+            })
+            .collect()
+    }
+}
+
 impl HostQueue {
     /// Property Get (NVMe-oF 1.1 §6.5); the width comes from the offset (CAP is 8 bytes).
     pub fn property_get(&mut self, offset: u32) -> Result<u64, HostError> {
@@ -392,6 +437,13 @@ impl HostQueue {
         DiscoveryLog::parse(&self.get_log_page(log_page::DISCOVERY, 0, len)?)
     }
 
+    /// The Error Information log (LID 01h): its newest `entries` entries (at most Identify
+    /// Controller ELPE + 1), the empty ones left out.
+    pub fn error_log(&mut self, entries: u32) -> Result<Vec<ErrorLogEntry>, HostError> {
+        let len = entries.saturating_mul(size_of::<nvme_error_log_page>() as u32);
+        Ok(ErrorLogEntry::parse_log(&self.get_log_page(log_page::ERROR, 0, len)?))
+    }
+
     /// The SMART / Health Information log (LID 02h).
     pub fn smart_log(&mut self) -> Result<Health, HostError> {
         let page = self.get_log_page(log_page::SMART, 0, 512)?;
@@ -449,5 +501,39 @@ mod tests {
             DiscoveryLog::parse(&page[..1023]),
             Err(HostError::Protocol(_))
         ));
+    }
+
+    /// Two Error Information entries laid out by hand at the spec's byte offsets (NVMe 2.0
+    /// §5.16.1.2: Error Count 0, SQID 8, CID 10, Status Field 12 with the phase tag in bit 0,
+    /// Parameter Error Location 14, LBA 16, Namespace 24, Transport Type 29), then an empty
+    /// one.
+    #[test]
+    fn an_error_log_parses_at_the_spec_offsets_and_skips_empty_entries() {
+        let mut page = vec![0u8; 64 * 3];
+        for (i, e) in page.chunks_exact_mut(64).take(2).enumerate() {
+            e[0..8].copy_from_slice(&(9 - i as u64).to_le_bytes());
+            e[8..10].copy_from_slice(&2u16.to_le_bytes());
+            e[10..12].copy_from_slice(&(40 + i as u16).to_le_bytes());
+            e[12..14].copy_from_slice(&((0x80u16 << 1) | 1).to_le_bytes());
+            e[14..16].copy_from_slice(&0xFFFFu16.to_le_bytes());
+            e[16..24].copy_from_slice(&0x1_0000_0007u64.to_le_bytes());
+            e[24..28].copy_from_slice(&1u32.to_le_bytes());
+            e[29] = 3;
+        }
+        let log = ErrorLogEntry::parse_log(&page);
+        assert_eq!(log.len(), 2);
+        assert_eq!(
+            log[1],
+            ErrorLogEntry {
+                error_count: 8,
+                sqid: 2,
+                cmdid: 41,
+                status: Status::new(0, 0x80),
+                parm_error_location: 0xFFFF,
+                lba: 0x1_0000_0007,
+                nsid: 1,
+                trtype: 3,
+            }
+        );
     }
 }

@@ -34,7 +34,7 @@ mod tls;
 #[cfg(test)]
 mod tests;
 
-pub use admin::{DiscoveryEntry, DiscoveryLog, IdCtrl, IdNs, NumQueues};
+pub use admin::{DiscoveryEntry, DiscoveryLog, ErrorLogEntry, IdCtrl, IdNs, NumQueues};
 pub use auth::{AuthInfo, HostDhchap, RECEIVE_LEN};
 pub use controller::{Controller, ControllerOpts, Digests};
 pub use discover::{MAX_REFERRAL_DEPTH, SUBTYPE_NVM, SUBTYPE_REFERRAL, Walk, discover_all};
