@@ -440,10 +440,10 @@ pub fn block_op<'a>(io: &Io, data: WriteData<'a>) -> Result<Option<BlockOp<'a>>,
 
 #[cfg(test)]
 mod tests {
+    use pollux_host::sqe;
     use pollux_nvme::spec::SglDescriptor;
 
     use super::*;
-    use crate::host::sqe;
     use crate::subsystem::{test_namespace, test_subsystem};
 
     const MAX_IO: u32 = 128 << 10;

@@ -31,8 +31,12 @@
 //! | Why a connection closed, counted per reactor | [`close`] | `spdk_nvmf_qpair_disconnect` |
 //! | Run-time changes (`pollux ctl` add/remove) and the control plane | [`mutate`], [`control`] | `nvmf_rpc.c` |
 //!
-//! [`host`] is the other side: an NVMe/TCP host library for tests and the `pollux perf` load
-//! generator; the target's server code never uses it.
+//! The other side, an NVMe/TCP host library for tests and the `pollux perf` load generator,
+//! is its own crate, `pollux_host` (`target/host/`); the target's server code never uses it.
+//! Both ends share `pollux_link` (`target/link/`): the send queue and the TLS record layer,
+//! which [`tcp`] re-exports as [`tcp::sendq`] and [`tcp::tls`]. [`Target`] is the target
+//! `pollux perf --target-conf` starts in-process
+//! ([`InProcessTarget`](pollux_host::perf::cli::InProcessTarget)).
 
 pub mod ana;
 pub mod backend;
@@ -42,14 +46,12 @@ pub mod control;
 pub mod ctrl;
 pub mod error;
 pub mod health;
-pub mod host;
 pub mod io;
 pub mod latency;
 pub mod listener;
 pub mod log;
 pub mod mutate;
 pub mod path;
-pub mod perf;
 pub mod pool;
 pub mod queue;
 pub mod range_lock;
@@ -302,5 +304,26 @@ impl Target {
         backend::rbd::wait_closed(std::time::Duration::from_secs(30));
         info!("target stopped");
         Ok(())
+    }
+}
+
+/// `pollux perf --target-conf`: the target it starts in this process.
+impl pollux_host::perf::cli::InProcessTarget for Target {
+    type Error = TargetError;
+
+    fn start(cfg: &Config, pin: bool) -> Result<Self, TargetError> {
+        Target::start(cfg, Options { pin })
+    }
+
+    fn listen_addrs(&self) -> Vec<SocketAddr> {
+        Target::listen_addrs(self)
+    }
+
+    fn reactor_stats(&self) -> Vec<ReactorStats> {
+        Target::reactor_stats(self)
+    }
+
+    fn shutdown(self) -> Result<(), TargetError> {
+        Target::shutdown(self)
     }
 }

@@ -1,6 +1,6 @@
 //! The `pollux` binary: `pollux --config FILE` serves until SIGTERM/SIGINT; `pollux --check
 //! FILE` validates a conf file; with neither, the embedded default (one RAM namespace).
-//! `pollux perf ...` is the NVMe/TCP load generator ([`pollux_target::perf`]); `pollux ctl ...`
+//! `pollux perf ...` is the NVMe/TCP load generator ([`pollux_host::perf`]); `pollux ctl ...`
 //! and `pollux top` talk to a running target's control socket ([`pollux_target::control`]).
 
 use std::io::Write as _;
@@ -32,7 +32,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// NVMe/TCP load generator, like SPDK's spdk_nvme_perf (see ci/BENCHMARKS.md).
-    Perf(Box<pollux_target::perf::cli::PerfArgs>),
+    Perf(Box<pollux_host::perf::cli::PerfArgs>),
     /// Inspect and steer a running target over its control socket.
     Ctl(pollux_target::control::cli::CtlArgs),
     /// A live terminal view of a running target (q quits).
@@ -69,7 +69,7 @@ fn main() -> ExitCode {
     // `--check` prints its verdict itself: only warnings are logged.
     pollux_target::log::init(if cli.check.is_some() { "warn" } else { "info" });
     if let Some(Command::Perf(args)) = &cli.command {
-        return pollux_target::perf::cli::main(args);
+        return pollux_host::perf::cli::main::<Target>(args);
     }
     match &cli.command {
         Some(Command::Ctl(args)) => return pollux_target::control::cli::main(args),

@@ -13,10 +13,10 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use common::*;
+use pollux_host::{Controller, Data, Digests, sqe};
 use pollux_nvme::spec::Status;
 use pollux_target::Target;
 use pollux_target::control::rpc::Ctx;
-use pollux_target::host::{Controller, Data, Digests, sqe};
 use serde_json::json;
 
 const SUB: &str = "nqn.2026-11.io.pollux:ana";

@@ -10,12 +10,12 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
+use pollux_host::{Controller, ControllerOpts, HostDhchap, HostError, HostQueue, QueueOpts, RECEIVE_LEN};
 use pollux_nvme::auth::msg::{Message, Negotiate, Reason, Reply};
 use pollux_nvme::auth::{DhGroup, DhchapKey, HashId, Transaction};
 use pollux_nvme::spec::property;
 use pollux_target::Target;
 use pollux_target::control::rpc::Ctx;
-use pollux_target::host::{Controller, ControllerOpts, HostDhchap, HostError, HostQueue, QueueOpts, RECEIVE_LEN};
 use serde_json::json;
 
 const SUB: &str = "nqn.2026-11.io.pollux:secure";
@@ -191,7 +191,7 @@ fn malformed_and_out_of_order_messages_get_failure1_never_a_queue() {
     );
     let mut q = unauthenticated(&t);
     // Command fields: SECP other than E9h, and a zero length, are Invalid Field.
-    let mut s = pollux_target::host::sqe::fabrics_cmd(0x05);
+    let mut s = pollux_host::sqe::fabrics_cmd(0x05);
     s.cdw10.set(0xE8 << 24 | 0x0101 << 8);
     s.cdw11.set(8);
     let c = q.exec_in_capsule(s, vec![0; 8]).unwrap();

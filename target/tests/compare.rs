@@ -7,8 +7,8 @@
 mod common;
 
 use common::*;
+use pollux_host::{Controller, Data, Digests, sqe};
 use pollux_nvme::spec::Status;
-use pollux_target::host::{Controller, Data, Digests, sqe};
 
 const CMP_NQN: &str = "nqn.2026-11.io.pollux:compare";
 

@@ -9,10 +9,11 @@ use std::sync::{Arc, OnceLock};
 
 use common::*;
 use pollux_conf::Config;
+use pollux_host::sqe as host_sqe;
 use pollux_nvme::spec::resv::ResvCdw10;
 use pollux_nvme::spec::{SglDescriptor, Sqe, opcode};
-use pollux_target::ctrl::admin::decode_admin;
-use pollux_target::ctrl::connect::{decode_fabrics, parse_connect_data};
+use pollux_target::ctrl::admin::{Admin, decode_admin};
+use pollux_target::ctrl::connect::{Fabrics, decode_fabrics, parse_connect_data};
 use pollux_target::io::{Io, decode_io, dsm_ranges};
 use pollux_target::sgl::{DataPtr, data_ptr, xfer};
 use pollux_target::subsystem::{Subsystem, build_snapshot};
@@ -230,4 +231,60 @@ fn connect_data_with_a_valid_layout_parses() {
     // Invalid UTF-8 in SUBNQN points at SUBNQN.
     d[256] = 0xFF;
     assert_eq!(parse_connect_data(&d), Err(256));
+}
+
+/// The host library's command and Connect data builders, read back by the target's own
+/// decoders (they lived in the host library before it left pollux-target).
+#[test]
+fn host_builders_decode_as_the_target_reads_them() {
+    assert_eq!(
+        decode_fabrics(&host_sqe::connect(3, 127, 4, 5000)),
+        Fabrics::Connect {
+            recfmt: 0,
+            qid: 3,
+            sqsize: 127,
+            cattr: 4,
+            kato: 5000
+        }
+    );
+    assert_eq!(
+        decode_fabrics(&host_sqe::property_set(0x14, 0x46_0001, false)),
+        Fabrics::PropertySet {
+            size8: false,
+            offset: 0x14,
+            value: 0x46_0001
+        }
+    );
+    assert_eq!(
+        decode_admin(&host_sqe::get_log_page(0x70, 0x4_0000 + 8, 1024, true)),
+        Admin::GetLogPage {
+            lid: 0x70,
+            lsp: 0,
+            rae: true,
+            offset: 1024,
+            len: 0x4_0000 + 8
+        }
+    );
+    assert_eq!(decode_admin(&host_sqe::abort(2, 77)), Admin::Abort { sqid: 2, cid: 77 });
+    let r = host_sqe::read(1, 0x1_0000_0002, 65536);
+    assert_eq!((r.cdw10.get(), r.cdw11.get(), r.cdw12.get()), (2, 1, 0xFFFF));
+    let d = host_sqe::DsmRange {
+        cattr: 0,
+        nlb: 8,
+        slba: 3,
+    }
+    .to_bytes();
+    assert_eq!(&d[4..8], &8u32.to_le_bytes());
+    assert_eq!(&d[8..16], &3u64.to_le_bytes());
+    let cd = host_sqe::connect_data(&[7; 16], 0xFFFF, "nqn.a", "nqn.b");
+    let parsed = parse_connect_data(&cd).expect("valid");
+    assert_eq!(
+        (
+            parsed.hostid,
+            parsed.cntlid,
+            parsed.subnqn.as_str(),
+            parsed.hostnqn.as_str()
+        ),
+        ([7; 16], 0xFFFF, "nqn.a", "nqn.b")
+    );
 }

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use pollux_conf::DISCOVERY_NQN;
+use pollux_host::{Controller, ControllerOpts, Data, HostError, HostQueue, QueueOpts, RawReply, sqe};
 use pollux_nvme::spec::{SglDescriptor, Sqe, feature, property};
 use pollux_nvme::tcp::PduHeader;
-use pollux_target::host::{Controller, ControllerOpts, Data, HostError, HostQueue, QueueOpts, RawReply, sqe};
 
 /// Connect Invalid Parameters / Invalid Host with IATTR = 1 (the offset is in the Connect
 /// data) and IPO `offset` (NVMe-oF 1.1 §6.3, Figure 21).

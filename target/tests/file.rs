@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use pollux_target::host::{Controller, Digests};
+use pollux_host::{Controller, Digests};
 
 const FILE_NQN: &str = "nqn.2026-11.io.pollux:file-test";
 
@@ -51,9 +51,9 @@ fn data_round_trips_through_the_file_channels_in_every_mode() {
 }
 
 /// The CapsuleResp of `cid` on `q`, past any C2HData: its (SCT, SC).
-fn final_status(q: &mut pollux_target::host::HostQueue, cid: u16) -> (u8, u8) {
+fn final_status(q: &mut pollux_host::HostQueue, cid: u16) -> (u8, u8) {
+    use pollux_host::RawReply;
     use pollux_nvme::tcp::PduHeader;
-    use pollux_target::host::RawReply;
     loop {
         match q.recv_raw(WAIT).unwrap() {
             RawReply::Pdu {
@@ -74,8 +74,8 @@ fn final_status(q: &mut pollux_target::host::HostQueue, cid: u16) -> (u8, u8) {
 
 #[test]
 fn an_abort_of_a_file_command_says_what_became_of_it() {
+    use pollux_host::sqe;
     use pollux_nvme::spec::{SglDescriptor, Sqe};
-    use pollux_target::host::sqe;
     let dir = std::env::temp_dir().join(format!("pollux-file-abort-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("abort.img");

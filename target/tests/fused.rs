@@ -14,10 +14,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
 
 use common::*;
+use pollux_host::sqe::{self, CopyRange};
+use pollux_host::{Controller, Data, Digests};
 use pollux_nvme::spec::{Sqe, Status};
 use pollux_target::control::rpc::Ctx;
-use pollux_target::host::sqe::{self, CopyRange};
-use pollux_target::host::{Controller, Data, Digests};
 
 const F_NQN: &str = "nqn.2026-11.io.pollux:fused";
 const BLOCKS8M: u64 = 16384;

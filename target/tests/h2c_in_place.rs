@@ -11,7 +11,7 @@
 mod common;
 
 use common::*;
-use pollux_target::host::{Controller, Digests, HostQueue};
+use pollux_host::{Controller, Digests, HostQueue};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as PropConfig, TestRunner};
 

@@ -10,13 +10,13 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use pollux_conf::{Config, DISCOVERY_NQN};
-use pollux_nvme::spec::{Status, cns, feature};
-use pollux_target::control::cli::{CtlCommand, run};
-use pollux_target::control::{Client, ControlError, ControlServer};
-use pollux_target::host::{
+use pollux_host::{
     Controller, ControllerOpts, Data, DiscoveryEntry, DiscoveryLog, HostError, SUBTYPE_NVM, SUBTYPE_REFERRAL,
     discover_all, sqe,
 };
+use pollux_nvme::spec::{Status, cns, feature};
+use pollux_target::control::cli::{CtlCommand, run};
+use pollux_target::control::{Client, ControlError, ControlServer};
 use pollux_target::{Options, Target, TargetError};
 use serde_json::json;
 

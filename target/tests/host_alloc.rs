@@ -11,7 +11,7 @@ use std::cell::Cell;
 use std::time::Duration;
 
 use common::*;
-use pollux_target::host::{Data, sqe};
+use pollux_host::{Data, sqe};
 
 struct Counting;
 
@@ -68,7 +68,7 @@ fn steady_state_io_allocates_nothing_on_the_host() {
     let write_data = pattern(1, 0, 16384);
     // Buffers for every command in flight, reused from completion to submission.
     let mut pool: Vec<Vec<u8>> = (0..QD).map(|_| Vec::with_capacity(16384)).collect();
-    let run = |q: &mut pollux_target::host::HostQueue, ops: u64, pool: &mut Vec<Vec<u8>>| {
+    let run = |q: &mut pollux_host::HostQueue, ops: u64, pool: &mut Vec<Vec<u8>>| {
         let (mut sent, mut done) = (0u64, 0u64);
         while done < ops {
             while sent < ops && q.free_slots() > 0 && !pool.is_empty() {

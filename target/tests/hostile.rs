@@ -12,9 +12,9 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use common::*;
+use pollux_host::{HostQueue, RawReply, sqe};
 use pollux_nvme::spec::{SglDescriptor, Sqe};
 use pollux_nvme::tcp::{PduHeader, fes};
-use pollux_target::host::{HostQueue, RawReply, sqe};
 
 /// Runs `case` against a target with `extra` conf tables while a healthy host does verified
 /// I/O on the first listener: rounds before, during and after.
@@ -204,7 +204,7 @@ fn a_listener_refuses_connections_beyond_its_limit() {
         held.pop().unwrap().close();
         let t0 = Instant::now();
         let again = loop {
-            match HostQueue::initialized(limited, pollux_target::host::QueueOpts::admin(NQN, HOST)) {
+            match HostQueue::initialized(limited, pollux_host::QueueOpts::admin(NQN, HOST)) {
                 Ok(q) => break q,
                 Err(e) => assert!(t0.elapsed() < WAIT, "no room after a close: {e}"),
             }

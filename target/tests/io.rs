@@ -7,8 +7,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
+use pollux_host::{Data, DsmRange, HostQueue, SmartLog, sqe};
 use pollux_nvme::spec::Sqe;
-use pollux_target::host::{Data, DsmRange, HostQueue, SmartLog, sqe};
 
 const LBA_OUT_OF_RANGE: (u8, u8) = (0, 0x80);
 const INVALID_NAMESPACE: (u8, u8) = (0, 0x0B);
@@ -229,6 +229,19 @@ fn smart_counters_grow_by_exactly_the_commands_issued() {
         c.admin.smart_log().unwrap().error_log_entries - before.error_log_entries,
         1
     );
+    // The Error Information log names the failed read, newest first (NVMe 2.0 §5.16.1.2).
+    let errors = c.admin.error_log(1).unwrap();
+    let newest = errors.first().expect("the failed read's entry");
+    assert_eq!(
+        u128::from(newest.error_count),
+        c.admin.smart_log().unwrap().error_log_entries
+    );
+    let sqid = c.io[0].qid();
+    assert_eq!(
+        (newest.sqid, newest.nsid, newest.lba, newest.trtype),
+        (sqid, 1, BLOCKS, 3)
+    );
+    assert_eq!(code(newest.status), (0, 0x80), "LBA Out of Range");
     // Per namespace (Identify Controller LPA bit 0): namespace 1 did it all; an inactive
     // NSID is Invalid Namespace.
     let id = c.admin.identify(0x01, 0).unwrap();

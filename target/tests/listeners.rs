@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use common::*;
 use pollux_conf::{Config, DISCOVERY_NQN};
-use pollux_target::host::{Controller, Digests, HostError, HostQueue, QueueOpts};
+use pollux_host::{Controller, Digests, HostError, HostQueue, QueueOpts};
 
 /// Listeners on 127.0.0.1 and 127.0.0.2; [`NQN`] (any host) served on `listeners` (a TOML
 /// line, or nothing for every listener), [`NQN_PRIVATE`] (only [`OTHER_HOST`]) on every one.

@@ -6,8 +6,8 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use pollux_conf::Config;
+use pollux_host::{Controller, Data, Digests, HostError, sqe};
 use pollux_nvme::spec::Status;
-use pollux_target::host::{Controller, Data, Digests, HostError, sqe};
 use pollux_target::{Options, Target};
 
 const NQN: &str = "nqn.2026-11.io.pollux:mutate";

@@ -6,7 +6,7 @@ use serde_json::Value;
 
 mod common;
 use common::{HOST, NQN, addr, conf_with, pattern, start_with_ctx};
-use pollux_target::host::{Controller, Digests, DsmRange, sqe};
+use pollux_host::{Controller, Digests, DsmRange, sqe};
 
 /// 1 TiB of 4 KiB blocks: far more than the machine's memory, which a null namespace never
 /// takes.
@@ -60,7 +60,7 @@ fn a_null_namespace_discards_writes_and_reads_zeroes() {
         // Compare against zeroes matches: that is what the blocks hold.
         let zeroes = vec![0u8; 4096];
         c.io[0]
-            .exec_ok(sqe::compare(1, 42, 1), pollux_target::host::Data::ToCtrl(zeroes))
+            .exec_ok(sqe::compare(1, 42, 1), pollux_host::Data::ToCtrl(zeroes))
             .unwrap();
         // Out of range stays an error, as on any namespace.
         let mut one = vec![0u8; 4096];

@@ -15,9 +15,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
+use pollux_host::perf::{self, Access, PerfError, PerfOpts, PerfReport, Workload};
+use pollux_host::{Controller, Digests, HostError};
 use pollux_nvme::auth::{DhchapKey, HashId};
-use pollux_target::host::{Controller, Digests, HostError};
-use pollux_target::perf::{self, Access, PerfError, PerfOpts, PerfReport, Workload};
 
 const RAM: &str = "nqn.2026-11.io.pollux:perf-ram";
 const SIM: &str = "nqn.2026-11.io.pollux:perf-sim";
@@ -466,5 +466,67 @@ fn the_readmes_quick_check_works_against_the_secure_example() {
     );
     assert!(r["verified_blocks"].as_u64().unwrap() > 0, "{stdout}");
     t.shutdown().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[derive(clap::Parser)]
+struct PerfCli {
+    #[command(flatten)]
+    perf: perf::cli::PerfArgs,
+}
+
+fn perf_args(argv: &[&str]) -> perf::cli::PerfArgs {
+    use clap::Parser as _;
+    PerfCli::parse_from(["perf"].iter().chain(argv)).perf
+}
+
+/// `pollux perf` as the binary runs it, with pollux's own target for `--target-conf`.
+fn perf_main(a: &perf::cli::PerfArgs) -> Result<PerfReport, perf::cli::CliError> {
+    perf::cli::run::<pollux_target::Target>(a)
+}
+
+fn two_cores() -> bool {
+    pollux_reactor::sys::allowed_cores().is_ok_and(|c| c.len() >= 2)
+}
+
+#[test]
+fn an_in_process_target_and_the_default_client_do_not_share_a_core() {
+    if !two_cores() {
+        return;
+    }
+    let core = pollux_reactor::sys::allowed_cores().unwrap()[0];
+    let dir = std::env::temp_dir().join(format!("pollux-perf-cores-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let conf = dir.join("poll.toml");
+    std::fs::write(
+        &conf,
+        format!(
+            r#"
+[reactors]
+cores = [{core}]
+mode = "poll"
+
+[[listener]]
+address = "127.0.0.1:0"
+
+[[subsystem]]
+nqn = "nqn.2026-11.io.pollux:perf-cores"
+allow_any_host = true
+
+[[subsystem.namespace]]
+nsid = 1
+backend = {{ ram = {{ size = "4MiB" }} }}
+"#
+        ),
+    )
+    .unwrap();
+    let path = conf.to_str().unwrap();
+    let r = perf_main(&perf_args(&["--target-conf", path, "--ios", "2000", "-q", "1"])).unwrap();
+    // The placement probe names both cores: before, the client took core 0 as well (and
+    // no probe ran, one core being both).
+    let p = r.placement.expect("client and target on two cores, probed");
+    assert_eq!(p.target_core, core);
+    assert_ne!(p.client_core, core);
+    assert_eq!(r.ios, 2000);
     std::fs::remove_dir_all(&dir).unwrap();
 }

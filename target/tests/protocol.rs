@@ -11,12 +11,12 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::*;
+use pollux_host::{Controller, Digests, HostError, HostQueue, QueueOpts, RawReply, sqe};
 use pollux_nvme::spec::{Cqe, SglDescriptor, Sqe};
 use pollux_nvme::tcp::{
     PduHeader, encode_c2h_data_hdr, encode_capsule_resp, encode_ic_req, encode_ic_resp, encode_r2t, encode_term_req,
     fes,
 };
-use pollux_target::host::{Controller, Digests, HostError, HostQueue, QueueOpts, RawReply, sqe};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as PropConfig, TestRunner};
 

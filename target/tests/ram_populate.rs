@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 use common::{HOST, NQN, addr, conf_with, pattern, start_text};
-use pollux_target::host::{Controller, Digests};
+use pollux_host::{Controller, Digests};
 
 /// Confine the calling thread, and so every thread it starts, to the first CPU it may use.
 fn one_cpu() {

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use common::{HOST, pattern, start_text};
 use pollux_conf::Config;
+use pollux_host::{Controller, Data, Digests, sqe};
 use pollux_nvme::spec::Status;
-use pollux_target::host::{Controller, Data, Digests, sqe};
 use pollux_target::{Options, Target};
 use zerocopy::byteorder::little_endian::U32;
 

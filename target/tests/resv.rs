@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use pollux_conf::Config;
+use pollux_host::{Controller, Data, Digests, sqe};
 use pollux_nvme::spec::Status;
-use pollux_target::host::{Controller, Data, Digests, sqe};
 use pollux_target::{Options, Target};
 
 const SUB: &str = "nqn.2026-11.io.pollux:shared";
@@ -203,7 +203,7 @@ fn write_exclusive_and_exclusive_access_between_two_hosts() {
     let (generation, rtype, regs, ptpls) = report(&mut c);
     assert_eq!((rtype, regs.len(), ptpls), (WE, 2, false));
     assert!(generation >= 2);
-    let a_id = pollux_target::host::hostid_from_nqn(HOST_A);
+    let a_id = pollux_host::hostid_from_nqn(HOST_A);
     assert!(regs.contains(&(a_id, 0xA1, true)), "{regs:?}");
     assert!(regs.iter().any(|r| r.1 == 0xB1 && !r.2));
     let s = run(&mut c, sqe::resv_report(1, 4096, false), Data::FromCtrl(vec![0; 4096]));

@@ -11,10 +11,10 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
+use pollux_host::{Controller, Data, Digests, sqe};
 use pollux_nvme::spec::Status;
 use pollux_target::Target;
 use pollux_target::control::rpc::Ctx;
-use pollux_target::host::{Controller, Data, Digests, sqe};
 use serde_json::{Value, json};
 
 const SSD_NQN: &str = "nqn.2026-11.io.pollux:ssd";

@@ -16,11 +16,11 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use pollux_conf::DISCOVERY_NQN;
+use pollux_host::{Completion, Controller, ControllerOpts, Digests, HostError, HostQueue, HostTls, QueueOpts};
 use pollux_nvme::spec::Status;
 use pollux_nvme::tls::{ConfiguredPsk, PskHash};
 use pollux_target::Target;
 use pollux_target::control::rpc::Ctx;
-use pollux_target::host::{Completion, Controller, ControllerOpts, Digests, HostError, HostQueue, HostTls, QueueOpts};
 use serde_json::Value;
 
 const SUB: &str = "nqn.2026-11.io.pollux:tls";

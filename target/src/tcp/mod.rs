@@ -17,8 +17,8 @@
 
 mod conn;
 pub mod h2c;
-pub mod sendq;
-pub mod tls;
+// Shared with the host library (`pollux_host`): the send queue and the TLS record layer.
+pub use pollux_link::{sendq, tls};
 
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};

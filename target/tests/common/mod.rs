@@ -9,10 +9,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use pollux_conf::Config;
+use pollux_host::{Controller, Data, Digests, HostError, HostQueue, QueueOpts, RawReply, sqe};
 use pollux_nvme::spec::{SglDescriptor, Sqe, Status};
 use pollux_nvme::tcp::PduHeader;
 use pollux_target::control::rpc::Ctx;
-use pollux_target::host::{Controller, Data, Digests, HostError, HostQueue, QueueOpts, RawReply, sqe};
 use pollux_target::{Options, Target};
 
 /// The subsystem every test connects to (any host).
@@ -106,13 +106,13 @@ pub fn assert_round_trips(
 pub fn assert_zeroing_reads_zeroes(c: &mut Controller, slba: u64, what: &str) {
     c.io[0].write(1, slba, 16, &[0xEE; 16 * 512]).unwrap();
     c.io[0].write_zeroes(1, slba, 8).unwrap();
-    let range = pollux_target::host::DsmRange {
+    let range = pollux_host::DsmRange {
         cattr: 0,
         nlb: 8,
         slba: slba + 8,
     };
     c.io[1]
-        .dataset_management(1, &[range], pollux_target::host::sqe::DSM_DEALLOCATE)
+        .dataset_management(1, &[range], pollux_host::sqe::DSM_DEALLOCATE)
         .unwrap();
     let mut back = vec![1u8; 16 * 512];
     c.io[0].read(1, slba, 16, &mut back).unwrap();

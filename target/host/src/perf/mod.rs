@@ -1,5 +1,5 @@
 //! `pollux perf`: an NVMe/TCP load generator in the manner of SPDK's `spdk_nvme_perf`, built
-//! on the [`host`](crate::host) library.
+//! on this crate's host library.
 //!
 //! One controller, `cores x conns_per_core` I/O queues; each client thread is pinned to its
 //! core and owns `conns_per_core` queues, on which it keeps `queue_depth` commands in flight
@@ -9,7 +9,7 @@
 //! busy-polled (non-blocking reads in a loop) on the pinned core.
 //!
 //! [`run`] measures from the client's side; [`run_with_stats`] also takes reactor accounting
-//! of an in-process [`Target`](crate::Target) at the start and end of the measured window,
+//! of an in-process target ([`cli::InProcessTarget`]) at the start and end of the measured window,
 //! for the target's CPU per I/O and its mode mix.
 //!
 //! `--verify` writes, in every logical block, a pattern encoding its LBA and a generation
@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 use pollux_reactor::ReactorStats;
 use tracing::warn;
 
-use crate::host::{Controller, ControllerOpts, Digests, HostDhchap, HostError, HostTls};
+use crate::{Controller, ControllerOpts, Digests, HostDhchap, HostError, HostTls};
 pub use placement::{Placement, probe as probe_placement};
 pub use report::{LatencySummary, PerfReport, ReactorReport, TargetReport, ThreadCpu};
 use worker::{Shared, ThreadPlan, ThreadResult};
@@ -318,7 +318,8 @@ pub fn run(opts: &PerfOpts) -> Result<PerfReport, PerfError> {
     run_inner(opts, None)
 }
 
-/// Runs `opts`, reading `stats` (an in-process target's [`reactor_stats`](crate::Target::reactor_stats))
+/// Runs `opts`, reading `stats` (an in-process target's
+/// [`reactor_stats`](cli::InProcessTarget::reactor_stats))
 /// when measuring starts and ends, for the target's CPU per I/O.
 pub fn run_with_stats(opts: &PerfOpts, stats: &dyn Fn() -> Vec<ReactorStats>) -> Result<PerfReport, PerfError> {
     run_inner(opts, Some(stats))
@@ -498,7 +499,7 @@ fn run_inner(opts: &PerfOpts, stats: Option<&dyn Fn() -> Vec<ReactorStats>>) -> 
     let in_place_reads = done
         .iter()
         .flat_map(|t| &t.queues)
-        .map(crate::host::HostQueue::in_place_reads)
+        .map(crate::HostQueue::in_place_reads)
         .sum();
     // Orderly goodbye: Disconnect every I/O queue, shut the controller down.
     for t in &mut done {

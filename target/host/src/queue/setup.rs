@@ -8,10 +8,10 @@ use tracing::debug;
 use zerocopy::FromBytes;
 
 use super::{CONNECT_DATA_LEN, ConnectResult, Data, HostQueue, IcInfo, RawReply};
-use crate::host::HostTls;
-use crate::host::error::HostError;
-use crate::host::sqe;
-use crate::tcp::tls::TlsLink;
+use crate::HostTls;
+use crate::error::HostError;
+use crate::sqe;
+use pollux_link::tls::TlsLink;
 
 impl HostQueue {
     /// The TLS 1.3 handshake on the freshly connected socket (NVMe/TCP 1.0 §3.6.1.1: before

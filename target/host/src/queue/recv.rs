@@ -12,14 +12,14 @@ use zerocopy::FromBytes;
 
 use super::send::queue_data;
 use super::{C2H_HLEN, Completion, Dir, HostQueue, IN_PLACE_MIN, Slot, io_err};
-use crate::host::error::HostError;
+use crate::error::HostError;
 
 /// The header at the front of `bytes` if it is, to the byte, the one C2HData PDU a target
 /// sends for command `cid`'s read of `len` bytes (NVMe/TCP §3.6.2.8: LAST_PDU, with or
 /// without SUCCESS, data right after the header, DDGSTF as negotiated, no header digest).
 /// Comparing with those 24 bytes is a tenth of the instructions of a field-by-field parse,
 /// and accepts nothing that the parse would refuse; any other header takes the parse.
-pub(in crate::host) fn expected_c2h(bytes: &[u8], cid: u16, len: u32, ddgst: bool) -> Option<PduHeader> {
+pub(crate) fn expected_c2h(bytes: &[u8], cid: u16, len: u32, ddgst: bool) -> Option<PduHeader> {
     for success in [true, false] {
         let (b, n) = encode_c2h_data_hdr(cid, 0, len, true, success, false, ddgst);
         if bytes.get(..n) == b.get(..n)

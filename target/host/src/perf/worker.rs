@@ -12,7 +12,7 @@ use rand::distr::{Bernoulli, Distribution, Uniform};
 use rand::rngs::Xoshiro256PlusPlus;
 
 use super::{Access, PerfError, PerfOpts, verify};
-use crate::host::{Completion, HostQueue};
+use crate::{Completion, HostQueue};
 use fill::{FillGeometry, fill, read_back};
 
 pub(super) use fill::FILL_DEPTH;

@@ -36,8 +36,8 @@ use self::send::queue_data;
 use super::error::HostError;
 use super::sqe::{self, DsmRange};
 use super::tls::HostTls;
-use crate::tcp::sendq::SendQueue;
-use crate::tcp::tls::TlsLink;
+use pollux_link::sendq::SendQueue;
+use pollux_link::tls::TlsLink;
 
 #[cfg(test)]
 pub(super) use recv::expected_c2h;

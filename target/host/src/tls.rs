@@ -2,7 +2,7 @@
 //! `nvme connect --tls` runs it: right after the TCP connect, before ICReq, every queue of
 //! the controller ([`HostQueue`]) does a TLS 1.3 handshake offering the PSK identity (and the TLS PSK
 //! derived, NVMe/TCP 1.0 §3.6.1.3) of its host and subsystem; ICReq/ICResp and every PDU
-//! then travel inside TLS records ([`crate::tcp::tls::TlsLink`], the same record layer as
+//! then travel inside TLS records ([`pollux_link::tls::TlsLink`], the same record layer as
 //! the target's).
 //!
 //! What changes on a TLS queue: reads decrypt into the receive buffer (no receive in place,

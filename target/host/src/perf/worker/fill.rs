@@ -4,8 +4,8 @@
 use std::time::{Duration, Instant};
 
 use super::QState;
-use crate::host::{Completion, HostQueue};
 use crate::perf::{PerfError, PerfOpts, verify};
+use crate::{Completion, HostQueue};
 
 pub(super) struct FillGeometry {
     pub(super) index: usize,

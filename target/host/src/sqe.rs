@@ -3,6 +3,8 @@
 //! NVMe/TCP places data in-capsule or moves it by R2T/H2CData/C2HData, §3.3); raw-mode tests
 //! fill them themselves.
 
+use pollux_nvme::bindings::nvmf_connect_data;
+use pollux_nvme::spec::text::nul_terminated;
 use pollux_nvme::spec::{Sqe, opcode};
 use zerocopy::FromZeros;
 use zerocopy::little_endian::U32;
@@ -278,73 +280,37 @@ pub fn disconnect() -> Sqe {
     fabrics(opcode::fctype::DISCONNECT)
 }
 
-/// The 1024-byte Connect data (NVMe-oF 1.1 §6.3, Figure 20): HOSTID, CNTLID, SUBNQN,
-/// HOSTNQN. NQNs longer than 255 bytes are cut (they would be invalid anyway).
+/// The 1024-byte Connect data (NVMe-oF 1.1 §6.3, Figure 20), [`nvmf_connect_data`]: HOSTID,
+/// CNTLID, SUBNQN, HOSTNQN. NQNs longer than 255 bytes are cut (they would be invalid
+/// anyway): the fields stay NUL-terminated.
 pub fn connect_data(hostid: &[u8; 16], cntlid: u16, subnqn: &str, hostnqn: &str) -> [u8; 1024] {
-    let mut d = [0u8; 1024];
-    d[0..16].copy_from_slice(hostid);
-    d[16..18].copy_from_slice(&cntlid.to_le_bytes());
-    let put = |d: &mut [u8], s: &str| {
-        let n = s.len().min(d.len() - 1);
-        d[..n].copy_from_slice(&s.as_bytes()[..n]);
-    };
-    put(&mut d[256..512], subnqn);
-    put(&mut d[512..768], hostnqn);
-    d
+    let mut d = nvmf_connect_data::new_zeroed();
+    d.hostid = *hostid;
+    d.cntlid = cntlid.to_le();
+    nul_terminated(&mut d.subsysnqn, subnqn);
+    nul_terminated(&mut d.hostnqn, hostnqn);
+    // The sizes are checked at compile time: the structure is 1024 bytes.
+    zerocopy::transmute!(d)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ctrl::admin::{Admin, decode_admin};
-    use crate::ctrl::connect::{Fabrics, decode_fabrics, parse_connect_data};
 
+    /// The Connect data at the spec's byte offsets (NVMe-oF 1.1 §6.3, Figure 20: HOSTID 0,
+    /// CNTLID 16, SUBNQN 256, HOSTNQN 512), not through the bindgen struct that builds it.
     #[test]
-    fn builders_decode_as_the_target_reads_them() {
-        assert_eq!(
-            decode_fabrics(&connect(3, 127, 4, 5000)),
-            Fabrics::Connect {
-                recfmt: 0,
-                qid: 3,
-                sqsize: 127,
-                cattr: 4,
-                kato: 5000
-            }
-        );
-        assert_eq!(
-            decode_fabrics(&property_set(0x14, 0x46_0001, false)),
-            Fabrics::PropertySet {
-                size8: false,
-                offset: 0x14,
-                value: 0x46_0001
-            }
-        );
-        assert_eq!(
-            decode_admin(&get_log_page(0x70, 0x4_0000 + 8, 1024, true)),
-            Admin::GetLogPage {
-                lid: 0x70,
-                lsp: 0,
-                rae: true,
-                offset: 1024,
-                len: 0x4_0000 + 8
-            }
-        );
-        assert_eq!(decode_admin(&abort(2, 77)), Admin::Abort { sqid: 2, cid: 77 });
-        let r = read(1, 0x1_0000_0002, 65536);
-        assert_eq!((r.cdw10.get(), r.cdw11.get(), r.cdw12.get()), (2, 1, 0xFFFF));
-        let d = DsmRange {
-            cattr: 0,
-            nlb: 8,
-            slba: 3,
-        }
-        .to_bytes();
-        assert_eq!(&d[4..8], &8u32.to_le_bytes());
-        assert_eq!(&d[8..16], &3u64.to_le_bytes());
-        let cd = connect_data(&[7; 16], 0xFFFF, "nqn.a", "nqn.b");
-        let parsed = parse_connect_data(&cd).expect("valid");
-        assert_eq!(
-            (parsed.cntlid, parsed.subnqn.as_str(), parsed.hostnqn.as_str()),
-            (0xFFFF, "nqn.a", "nqn.b")
-        );
+    fn connect_data_sits_at_the_spec_offsets_and_its_nqns_stay_terminated() {
+        let d = connect_data(&[7; 16], 0x1234, "nqn.a", "nqn.b");
+        assert_eq!(d[..16], [7; 16]);
+        assert_eq!(d[16..18], [0x34, 0x12]);
+        assert_eq!(&d[256..262], b"nqn.a\0");
+        assert_eq!(&d[512..518], b"nqn.b\0");
+        assert!(d[18..256].iter().chain(&d[262..512]).chain(&d[518..]).all(|&b| b == 0));
+        // An NQN longer than its field is cut to 255 bytes, the last one NUL.
+        let long = "n".repeat(300);
+        let d = connect_data(&[0; 16], 0, &long, &long);
+        assert!(d[256..511].iter().chain(&d[512..767]).all(|&b| b == b'n'));
+        assert_eq!((d[511], d[767]), (0, 0));
     }
 }

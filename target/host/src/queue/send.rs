@@ -7,9 +7,9 @@ use std::ptr::NonNull;
 use std::time::Instant;
 
 use super::{HostQueue, io_err};
-use crate::host::error::HostError;
-use crate::tcp::sendq::SendQueue;
-use crate::tcp::tls::TlsLink;
+use crate::error::HostError;
+use pollux_link::sendq::SendQueue;
+use pollux_link::tls::TlsLink;
 
 impl HostQueue {
     /// Writes what the socket takes now, without blocking.

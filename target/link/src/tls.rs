@@ -35,7 +35,7 @@ use openssl_sys as ffi;
 use pollux_nvme::tcp::{Recv, RxBuf};
 use pollux_nvme::tls::{PskHash, PskIdentity, TlsPsk};
 
-use super::sendq::SendQueue;
+use crate::sendq::SendQueue;
 
 /// TLS 1.3's version number (RFC 8446 §4.2.1).
 const TLS1_3_VERSION: c_int = 0x0304;

@@ -10,11 +10,28 @@ use std::time::Duration;
 use pollux_conf::Config;
 use pollux_conf::DhchapKey;
 use pollux_nvme::tls::ConfiguredPsk;
+use pollux_reactor::ReactorStats;
 use zeroize::Zeroizing;
 
 use super::{DEFAULT_HOSTNQN, PerfError, PerfOpts, PerfReport, Workload};
-use crate::host::{Digests, HostDhchap, HostTls};
-use crate::{Options, Target};
+use crate::{Digests, HostDhchap, HostTls};
+
+/// A target `--target-conf` runs in this process, started by whoever links the server
+/// (`pollux_target::Target` implements it; the `pollux` binary picks it): the host library
+/// cannot depend on the target crate, whose binary depends on it.
+pub trait InProcessTarget: Sized {
+    /// Why starting or stopping failed.
+    type Error: std::error::Error + Send + Sync + 'static;
+    /// Binds the listeners of `cfg` and starts its reactors (pinned to their cores when
+    /// `pin`).
+    fn start(cfg: &Config, pin: bool) -> Result<Self, Self::Error>;
+    /// The bound listener addresses, in conf order (ports resolved).
+    fn listen_addrs(&self) -> Vec<SocketAddr>;
+    /// Accounting of every reactor, read when measuring starts and ends.
+    fn reactor_stats(&self) -> Vec<ReactorStats>;
+    /// Stops the target: closes every connection and joins the reactors.
+    fn shutdown(self) -> Result<(), Self::Error>;
+}
 
 /// `pollux perf`: NVMe/TCP load generator (like spdk_nvme_perf).
 #[derive(Debug, Clone, clap::Args)]
@@ -378,9 +395,9 @@ pub fn client_cores(a: &PerfArgs, target: &[usize]) -> Result<(Vec<usize>, Optio
 }
 
 /// Runs `pollux perf` and prints the report: 0 on success, 1 if the run failed, 2 for bad
-/// options or conf.
-pub fn main(a: &PerfArgs) -> ExitCode {
-    match run_cli(a) {
+/// options or conf. `T` is the target `--target-conf` starts.
+pub fn main<T: InProcessTarget>(a: &PerfArgs) -> ExitCode {
+    match run::<T>(a) {
         Ok(r) => {
             let out = if a.json {
                 let mut v = serde_json::to_value(&r).unwrap_or_default();
@@ -410,13 +427,16 @@ pub fn main(a: &PerfArgs) -> ExitCode {
 
 /// Why `pollux perf` failed.
 #[derive(Debug, thiserror::Error)]
-enum CliError {
+pub enum CliError {
+    /// Bad options or conf (exit status 2).
     #[error("{0}")]
     Usage(String),
+    /// The run failed.
     #[error("{0}")]
     Perf(#[from] PerfError),
+    /// The in-process target of `--target-conf` did not start or stop.
     #[error("in-process target: {0}")]
-    Target(String),
+    Target(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// What to probe: the client's and the target's core, and whether a failed probe fails the
@@ -478,7 +498,8 @@ fn cores_for(a: &PerfArgs, target: &[usize]) -> Result<Vec<usize>, CliError> {
     Ok(cores)
 }
 
-fn run_cli(a: &PerfArgs) -> Result<PerfReport, CliError> {
+/// Runs `pollux perf` as [`main`] does, returning the report rather than printing it.
+pub fn run<T: InProcessTarget>(a: &PerfArgs) -> Result<PerfReport, CliError> {
     if let Some(core) = a.floor {
         let cores = cores_for(a, &[core])?;
         // The floor needs no target: any address satisfies the options' parser.
@@ -516,17 +537,22 @@ fn run_cli(a: &PerfArgs) -> Result<PerfReport, CliError> {
     };
     let cores = cores_for(a, &reactor_cores)?;
     let probe = probe_cores(a, cores[0], cfg.reactors.cores.first().copied())?;
-    bracketed(probe, || run_target(a, path, &cfg, &cores))
+    bracketed(probe, || run_target::<T>(a, path, &cfg, &cores))
 }
 
 /// Starts the in-process target from `cfg`, runs the job against it, and stops it.
-fn run_target(a: &PerfArgs, path: &std::path::Path, cfg: &Config, cores: &[usize]) -> Result<PerfReport, CliError> {
+fn run_target<T: InProcessTarget>(
+    a: &PerfArgs,
+    path: &std::path::Path,
+    cfg: &Config,
+    cores: &[usize],
+) -> Result<PerfReport, CliError> {
     let nqn = cfg
         .subsystems
         .first()
         .map(|s| s.nqn.clone())
         .ok_or_else(|| CliError::Usage(format!("{}: no subsystem", path.display())))?;
-    let target = Target::start(cfg, Options { pin: !a.no_pin }).map_err(|e| CliError::Target(e.to_string()))?;
+    let target = T::start(cfg, !a.no_pin).map_err(|e| CliError::Target(Box::new(e)))?;
     let addr = target.listen_addrs().first().copied();
     let result = match addr {
         None => Err(CliError::Usage(format!("{}: no listener", path.display()))),
@@ -534,7 +560,7 @@ fn run_target(a: &PerfArgs, path: &std::path::Path, cfg: &Config, cores: &[usize
             .map_err(usage)
             .and_then(|o| super::run_with_stats(&o, &|| target.reactor_stats()).map_err(CliError::from)),
     };
-    target.shutdown().map_err(|e| CliError::Target(e.to_string()))?;
+    target.shutdown().map_err(|e| CliError::Target(Box::new(e)))?;
     result
 }
 
@@ -561,6 +587,31 @@ mod tests {
         assert!(parse_cores("").is_err());
         assert!(Workload::parse("randrw", 70).is_ok_and(|w| w.read_pct == 70));
         assert!(Workload::parse("trim", 0).is_err());
+    }
+
+    /// The in-process target of these tests: one that cannot start (the host library has
+    /// no server; runs against pollux's own target are pollux-target's `tests/perf.rs`).
+    #[derive(Debug)]
+    struct NoTarget;
+
+    impl InProcessTarget for NoTarget {
+        type Error = std::io::Error;
+        fn start(_: &Config, _: bool) -> Result<Self, Self::Error> {
+            Err(std::io::Error::other("no target here"))
+        }
+        fn listen_addrs(&self) -> Vec<SocketAddr> {
+            Vec::new()
+        }
+        fn reactor_stats(&self) -> Vec<ReactorStats> {
+            Vec::new()
+        }
+        fn shutdown(self) -> Result<(), Self::Error> {
+            Ok(())
+        }
+    }
+
+    fn run_cli(a: &PerfArgs) -> Result<PerfReport, CliError> {
+        run::<NoTarget>(a)
     }
 
     #[derive(clap::Parser)]
@@ -619,48 +670,6 @@ mod tests {
     }
 
     #[test]
-    fn an_in_process_target_and_the_default_client_do_not_share_a_core() {
-        if !two_cores() {
-            return;
-        }
-        let core = pollux_reactor::sys::allowed_cores().unwrap()[0];
-        let dir = std::env::temp_dir().join(format!("pollux-perf-cores-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let conf = dir.join("poll.toml");
-        std::fs::write(
-            &conf,
-            format!(
-                r#"
-[reactors]
-cores = [{core}]
-mode = "poll"
-
-[[listener]]
-address = "127.0.0.1:0"
-
-[[subsystem]]
-nqn = "nqn.2026-11.io.pollux:perf-cores"
-allow_any_host = true
-
-[[subsystem.namespace]]
-nsid = 1
-backend = {{ ram = {{ size = "4MiB" }} }}
-"#
-            ),
-        )
-        .unwrap();
-        let path = conf.to_str().unwrap();
-        let r = run_cli(&parse(&["--target-conf", path, "--ios", "2000", "-q", "1"])).unwrap();
-        // The placement probe names both cores: before, the client took core 0 as well (and
-        // no probe ran, one core being both).
-        let p = r.placement.expect("client and target on two cores, probed");
-        assert_eq!(p.target_core, core);
-        assert_ne!(p.client_core, core);
-        assert_eq!(r.ios, 2000);
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
     fn a_run_is_bracketed_by_placement_probes_of_its_two_cores_unless_told_not_to() {
         if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
             return;
@@ -676,5 +685,36 @@ backend = {{ ram = {{ size = "4MiB" }} }}
         // A probe asked for that cannot run fails the run; the default one only is left out.
         let e = run_cli(&args(&["--probe-core", "4095"])).unwrap_err();
         assert!(e.to_string().contains("4095"), "{e}");
+    }
+
+    #[test]
+    fn a_target_conf_whose_target_does_not_start_is_a_target_error_with_its_reason() {
+        let dir = std::env::temp_dir().join(format!("pollux-perf-no-target-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let conf = dir.join("ram.toml");
+        std::fs::write(
+            &conf,
+            r#"
+[reactors]
+cores = [0]
+
+[[listener]]
+address = "127.0.0.1:0"
+
+[[subsystem]]
+nqn = "nqn.2026-11.io.pollux:perf-no-target"
+allow_any_host = true
+
+[[subsystem.namespace]]
+nsid = 1
+backend = { ram = { size = "4MiB" } }
+"#,
+        )
+        .unwrap();
+        let path = conf.to_str().unwrap();
+        let e = run_cli(&parse(&["--target-conf", path, "--no-pin", "--ios", "10"])).unwrap_err();
+        assert!(matches!(e, CliError::Target(_)), "{e:?}");
+        assert_eq!(e.to_string(), "in-process target: no target here");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -4,9 +4,11 @@
 
 use std::time::{Duration, Instant};
 
-use pollux_nvme::bindings::{nvme_id_ctrl, nvme_id_ns};
-use pollux_nvme::spec::{Cap, Cc, Csts, Health, cns, feature, log_page, property};
-use zerocopy::FromBytes;
+use pollux_nvme::bindings::{
+    nvme_error_log_page, nvme_id_ctrl, nvme_id_ns, nvmf_disc_log_entry, nvmf_discovery_log, nvmf_tsas_tcp,
+};
+use pollux_nvme::spec::{Cap, Cc, Csts, Health, Status, cns, feature, log_page, property};
+use zerocopy::{FromBytes, IntoBytes};
 
 use super::error::HostError;
 use super::queue::{Data, HostQueue};
@@ -164,7 +166,8 @@ pub struct NumQueues {
     pub dw0: u32,
 }
 
-/// One discovery log entry (NVMe-oF 1.1 §5.3, Figure 34).
+/// One discovery log entry (NVMe-oF 1.1 §5.3, Figure 34): [`nvmf_disc_log_entry`]'s fields
+/// a host reads.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DiscoveryEntry {
     /// Transport type (3: TCP).
@@ -207,38 +210,88 @@ pub struct DiscoveryLog {
 }
 
 impl DiscoveryLog {
-    /// Parses a whole discovery log page (1024-byte header, then 1024-byte entries).
+    /// Parses a whole discovery log page: the 1024-byte header ([`nvmf_discovery_log`]), then
+    /// NUMREC 1024-byte entries ([`nvmf_disc_log_entry`]), as many as the page holds.
     pub fn parse(data: &[u8]) -> Result<Self, HostError> {
-        let hdr = data
-            .get(..1024)
-            .ok_or_else(|| HostError::Protocol("discovery log shorter than its header".into()))?;
-        let le64 = |b: &[u8]| b.first_chunk::<8>().map_or(0, |c| u64::from_le_bytes(*c));
-        let le16 = |b: &[u8]| b.first_chunk::<2>().map_or(0, |c| u16::from_le_bytes(*c));
-        let genctr = le64(&hdr[0..8]);
-        let numrec = le64(&hdr[8..16]);
-        let recfmt = le16(&hdr[16..18]);
-        let mut entries = Vec::new();
-        for e in data[1024..].chunks_exact(1024).take(numrec.min(4096) as usize) {
-            entries.push(DiscoveryEntry {
-                trtype: e[0],
-                adrfam: e[1],
-                subtype: e[2],
-                treq: e[3],
-                portid: le16(&e[4..6]),
-                cntlid: le16(&e[6..8]),
-                asqsz: le16(&e[8..10]),
-                trsvcid: ascii(&e[32..64]),
-                subnqn: ascii(&e[256..512]),
-                traddr: ascii(&e[512..768]),
-                sectype: e[768],
-            });
-        }
+        let (hdr, records) = nvmf_discovery_log::read_from_prefix(data)
+            .map_err(|_| HostError::Protocol("discovery log shorter than its header".into()))?;
+        let numrec = u64::from_le(hdr.numrec);
+        let entries = records
+            .chunks_exact(size_of::<nvmf_disc_log_entry>())
+            .take(numrec.min(4096) as usize)
+            .filter_map(|e| nvmf_disc_log_entry::read_from_bytes(e).ok())
+            .map(|e| DiscoveryEntry::from_wire(&e))
+            .collect();
         Ok(Self {
-            genctr,
+            genctr: u64::from_le(hdr.genctr),
             numrec,
-            recfmt,
+            recfmt: u16::from_le(hdr.recfmt),
             entries,
         })
+    }
+}
+
+impl DiscoveryEntry {
+    /// The fields of one entry as the target wrote it.
+    fn from_wire(e: &nvmf_disc_log_entry) -> Self {
+        // The TCP TSAS is the first byte of the entry's 256 (NVMe/TCP 1.0 §3.6.1): SECTYPE.
+        let sectype = nvmf_tsas_tcp::read_from_prefix(e.tsas.as_bytes()).map_or(0, |(t, _)| t.sectype);
+        Self {
+            trtype: e.trtype,
+            adrfam: e.adrfam,
+            subtype: e.subtype,
+            treq: e.treq,
+            portid: u16::from_le(e.portid),
+            cntlid: u16::from_le(e.cntlid),
+            asqsz: u16::from_le(e.asqsz),
+            trsvcid: ascii(&e.trsvcid),
+            subnqn: ascii(&e.subnqn),
+            traddr: ascii(&e.traddr),
+            sectype,
+        }
+    }
+}
+
+/// One Error Information log entry (NVMe 2.0 §5.16.1.2): [`nvme_error_log_page`]'s fields
+/// a host reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ErrorLogEntry {
+    /// Error Count: unique to this error, increasing (0: an empty entry).
+    pub error_count: u64,
+    /// Submission queue of the failed command.
+    pub sqid: u16,
+    /// Command identifier of the failed command.
+    pub cmdid: u16,
+    /// The status it completed with (the phase tag dropped).
+    pub status: Status,
+    /// Parameter Error Location (FFFFh: not applicable).
+    pub parm_error_location: u16,
+    /// The first LBA that failed.
+    pub lba: u64,
+    /// Namespace.
+    pub nsid: u32,
+    /// Transport type (3: TCP).
+    pub trtype: u8,
+}
+
+impl ErrorLogEntry {
+    /// Parses an Error Information log page (LID 01h): its 64-byte entries, newest first,
+    /// the empty ones (Error Count 0) left out.
+    pub fn parse_log(data: &[u8]) -> Vec<Self> {
+        data.chunks_exact(size_of::<nvme_error_log_page>())
+            .filter_map(|e| nvme_error_log_page::read_from_bytes(e).ok())
+            .filter(|e| e.error_count != 0)
+            .map(|e| Self {
+                error_count: u64::from_le(e.error_count),
+                sqid: u16::from_le(e.sqid),
+                cmdid: u16::from_le(e.cmdid),
+                status: Status::from_cqe_field(u16::from_le(e.status_field)),
+                parm_error_location: u16::from_le(e.parm_error_location),
+                lba: u64::from_le(e.lba),
+                nsid: u32::from_le(e.nsid),
+                trtype: e.trtype,
+            })
+            .collect()
     }
 }
 
@@ -384,9 +437,103 @@ impl HostQueue {
         DiscoveryLog::parse(&self.get_log_page(log_page::DISCOVERY, 0, len)?)
     }
 
+    /// The Error Information log (LID 01h): its newest `entries` entries (at most Identify
+    /// Controller ELPE + 1), the empty ones left out.
+    pub fn error_log(&mut self, entries: u32) -> Result<Vec<ErrorLogEntry>, HostError> {
+        let len = entries.saturating_mul(size_of::<nvme_error_log_page>() as u32);
+        Ok(ErrorLogEntry::parse_log(&self.get_log_page(log_page::ERROR, 0, len)?))
+    }
+
     /// The SMART / Health Information log (LID 02h).
     pub fn smart_log(&mut self) -> Result<Health, HostError> {
         let page = self.get_log_page(log_page::SMART, 0, 512)?;
         Health::parse(&page).ok_or_else(|| HostError::Protocol(format!("SMART log of {} bytes", page.len())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A discovery log page laid out by hand at the spec's byte offsets (NVMe-oF 1.1 §5.3:
+    /// GENCTR 0, NUMREC 8, RECFMT 16, records from 1024; in a record TRTYPE 0, ADRFAM 1,
+    /// SUBTYPE 2, TREQ 3, PORTID 4, CNTLID 6, ASQSZ 8, TRSVCID 32, SUBNQN 256, TRADDR 512,
+    /// TSAS 768, whose first byte is the TCP SECTYPE), not through the bindgen structs the
+    /// parser reads it with.
+    #[test]
+    fn a_discovery_log_parses_at_the_spec_offsets() {
+        let mut page = vec![0u8; 1024 * 3];
+        page[0..8].copy_from_slice(&7u64.to_le_bytes());
+        page[8..16].copy_from_slice(&2u64.to_le_bytes());
+        page[16..18].copy_from_slice(&1u16.to_le_bytes());
+        for (i, e) in page[1024..].chunks_exact_mut(1024).enumerate() {
+            e[..4].copy_from_slice(&[3, 1, 2, 0x05]);
+            e[4..6].copy_from_slice(&(10 + i as u16).to_le_bytes());
+            e[6..8].copy_from_slice(&0xFFFFu16.to_le_bytes());
+            e[8..10].copy_from_slice(&32u16.to_le_bytes());
+            e[32..36].copy_from_slice(b"4420");
+            let nqn = format!("nqn.2026-11.io.pollux:d{i}");
+            e[256..256 + nqn.len()].copy_from_slice(nqn.as_bytes());
+            e[512..521].copy_from_slice(b"10.0.0.21");
+            e[768] = 2;
+        }
+        let log = DiscoveryLog::parse(&page).expect("a whole page");
+        assert_eq!((log.genctr, log.numrec, log.recfmt), (7, 2, 1));
+        assert_eq!(log.entries.len(), 2);
+        let e = &log.entries[1];
+        assert_eq!(
+            (
+                e.trtype, e.adrfam, e.subtype, e.treq, e.portid, e.cntlid, e.asqsz, e.sectype
+            ),
+            (3, 1, 2, 0x05, 11, 0xFFFF, 32, 2)
+        );
+        assert_eq!(
+            (e.trsvcid.as_str(), e.subnqn.as_str(), e.traddr.as_str()),
+            ("4420", "nqn.2026-11.io.pollux:d1", "10.0.0.21")
+        );
+        // NUMREC above the records the page holds: only the whole records there.
+        page[8..16].copy_from_slice(&9u64.to_le_bytes());
+        assert_eq!(
+            DiscoveryLog::parse(&page[..1024 + 1500]).expect("header").entries.len(),
+            1
+        );
+        assert!(matches!(
+            DiscoveryLog::parse(&page[..1023]),
+            Err(HostError::Protocol(_))
+        ));
+    }
+
+    /// Two Error Information entries laid out by hand at the spec's byte offsets (NVMe 2.0
+    /// §5.16.1.2: Error Count 0, SQID 8, CID 10, Status Field 12 with the phase tag in bit 0,
+    /// Parameter Error Location 14, LBA 16, Namespace 24, Transport Type 29), then an empty
+    /// one.
+    #[test]
+    fn an_error_log_parses_at_the_spec_offsets_and_skips_empty_entries() {
+        let mut page = vec![0u8; 64 * 3];
+        for (i, e) in page.chunks_exact_mut(64).take(2).enumerate() {
+            e[0..8].copy_from_slice(&(9 - i as u64).to_le_bytes());
+            e[8..10].copy_from_slice(&2u16.to_le_bytes());
+            e[10..12].copy_from_slice(&(40 + i as u16).to_le_bytes());
+            e[12..14].copy_from_slice(&((0x80u16 << 1) | 1).to_le_bytes());
+            e[14..16].copy_from_slice(&0xFFFFu16.to_le_bytes());
+            e[16..24].copy_from_slice(&0x1_0000_0007u64.to_le_bytes());
+            e[24..28].copy_from_slice(&1u32.to_le_bytes());
+            e[29] = 3;
+        }
+        let log = ErrorLogEntry::parse_log(&page);
+        assert_eq!(log.len(), 2);
+        assert_eq!(
+            log[1],
+            ErrorLogEntry {
+                error_count: 8,
+                sqid: 2,
+                cmdid: 41,
+                status: Status::new(0, 0x80),
+                parm_error_location: 0xFFFF,
+                lba: 0x1_0000_0007,
+                nsid: 1,
+                trtype: 3,
+            }
+        );
     }
 }

@@ -11,7 +11,7 @@ use pollux_nvme::tcp::{
 use zerocopy::FromBytes;
 
 use super::{HostQueue, MAX_RAW_PLEN, RawReply};
-use crate::host::error::HostError;
+use crate::error::HostError;
 
 impl HostQueue {
     /// Sends `bytes` as they are (after anything already queued), waiting up to the timeout.

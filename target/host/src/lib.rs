@@ -1,5 +1,6 @@
-//! A host-side (initiator) NVMe/TCP library, for tests and the `pollux perf` load generator.
-//! The target's server code never uses it.
+//! pollux host: a host-side (initiator) NVMe/TCP library, for tests and the `pollux perf`
+//! load generator ([`perf`]). The target's server code never uses it; the two share only
+//! `pollux_link` (the send queue and the TLS record layer) and `pollux_nvme`'s wire types.
 //!
 //! It speaks the same wire types as the target ([`pollux_nvme::tcp`], [`pollux_nvme::spec`]):
 //! - [`HostQueue`]: one NVMe-oF queue on one TCP connection. ICReq/ICResp (NVMe/TCP 1.0
@@ -25,6 +26,7 @@ mod auth;
 mod controller;
 mod discover;
 mod error;
+pub mod perf;
 mod queue;
 pub mod sqe;
 mod tls;
@@ -32,7 +34,7 @@ mod tls;
 #[cfg(test)]
 mod tests;
 
-pub use admin::{DiscoveryEntry, DiscoveryLog, IdCtrl, IdNs, NumQueues};
+pub use admin::{DiscoveryEntry, DiscoveryLog, ErrorLogEntry, IdCtrl, IdNs, NumQueues};
 pub use auth::{AuthInfo, HostDhchap, RECEIVE_LEN};
 pub use controller::{Controller, ControllerOpts, Digests};
 pub use discover::{MAX_REFERRAL_DEPTH, SUBTYPE_NVM, SUBTYPE_REFERRAL, Walk, discover_all};
