@@ -43,14 +43,14 @@ pub mod backend;
 pub mod check;
 pub mod close;
 pub mod control;
-pub mod ctrl;
+pub mod controller;
 pub mod error;
 pub mod health;
-pub mod io;
 pub mod latency;
 pub mod listener;
 pub mod log;
 pub mod mutate;
+pub mod nvm;
 pub mod path;
 pub mod pool;
 pub mod queue;
@@ -195,7 +195,7 @@ impl Target {
         let runtime = Runtime::start(
             reactors,
             Arc::new(move |r: &mut pollux_reactor::Reactor| {
-                r.set_local(ctrl::Local::default());
+                r.set_local(controller::Local::default());
                 r.set_local(backend::Channels::new(max_io, queue::deliver::<tcp::TcpTransport>));
                 r.set_local(tcp::h2c::H2cPool::default());
                 r.set_local(tcp::RxPool::default());

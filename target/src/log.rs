@@ -12,9 +12,9 @@ static FILTER: OnceLock<reload::Handle<EnvFilter, Registry>> = OnceLock::new();
 /// Why the log filter was not changed.
 #[derive(Debug, thiserror::Error)]
 pub enum LogError {
-    /// Not a filter (`info`, `warn,pollux_target::ctrl=debug`, ...).
+    /// Not a filter (`info`, `warn,pollux_target::controller=debug`, ...).
     #[error(
-        "invalid log filter {filter:?}: {why} (a level: error, warn, info, debug, trace; or per module: info,pollux_target::ctrl=debug)"
+        "invalid log filter {filter:?}: {why} (a level: error, warn, info, debug, trace; or per module: info,pollux_target::controller=debug)"
     )]
     Invalid {
         /// The filter given.

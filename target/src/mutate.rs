@@ -20,7 +20,7 @@ use pollux_reactor::{MarginSleep, ModelKind, Reactor, Remote, SourceId};
 use tracing::{info, warn};
 
 use crate::ana::AnaStates;
-use crate::ctrl::Local;
+use crate::controller::Local;
 use crate::error::TargetError;
 use crate::listener::Listener;
 use crate::subsystem::{BoundListener, Shared, Snapshot, build_subsystem};

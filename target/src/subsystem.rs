@@ -436,7 +436,7 @@ pub(crate) fn test_subsystem(namespaces: &[Arc<Namespace>], hosts: &[&str]) -> A
         tls_keys: BTreeMap::new(),
         dhchap: Dhchap::default(),
         namespaces: namespaces.iter().map(|n| (n.nsid, n.clone())).collect(),
-        cntlids: crate::ctrl::FULL_CNTLID_RANGE,
+        cntlids: crate::controller::FULL_CNTLID_RANGE,
         listeners: None,
     })
 }

@@ -1,4 +1,4 @@
-//! Property tests of the controller's DH-HMAC-CHAP exchange (`pollux_target::ctrl::auth`)
+//! Property tests of the controller's DH-HMAC-CHAP exchange (`pollux_target::controller::auth`)
 //! over arbitrary message sequences: Authentication Send of any bytes (garbage, truncated or
 //! mutated messages, messages out of order, replays) and Receive of any length never panic
 //! and never leave a queue authenticated without the host's key.
@@ -6,7 +6,7 @@
 
 use pollux_conf::{Dhchap, DhchapKey, HashId, HostKeys, Secret};
 use pollux_nvme::auth::msg::{Message, Negotiate, Reply};
-use pollux_target::ctrl::auth::{AuthCtx, Outcome, QueueAuth};
+use pollux_target::controller::auth::{AuthCtx, Outcome, QueueAuth};
 use proptest::prelude::*;
 
 const HOST: &str = "nqn.2026-11.io.pollux:prop-host";

@@ -168,9 +168,9 @@ fn verbs_methods_errors_and_summaries() {
     // The run-time log filter.
     let o = s.ctl(&["log-level"]);
     assert_eq!(out(&o), "log filter: warn\n", "{}", err(&o));
-    let o = s.ctl(&["log-level", "info,pollux_target::ctrl=debug"]);
+    let o = s.ctl(&["log-level", "info,pollux_target::controller=debug"]);
     assert!(o.status.success(), "{}", err(&o));
-    assert!(out(&o).contains("pollux_target::ctrl=debug"), "{}", out(&o));
+    assert!(out(&o).contains("pollux_target::controller=debug"), "{}", out(&o));
     let o = s.ctl(&["log-level", "loud"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(err(&o).contains("invalid log filter"), "{}", err(&o));

@@ -1,4 +1,4 @@
-//! Property tests of the command decoders (`pollux_target::io`, `ctrl`, `sgl`) over arbitrary SQE bytes
+//! Property tests of the command decoders (`pollux_target::nvm`, `ctrl`, `sgl`) over arbitrary SQE bytes
 //! and data: they never panic, and `decode_io` never yields a range outside the namespace
 //! (NVM Command Set 1.0 §3: SLBA + NLB within NSZE) or a transfer above MDTS.
 #![allow(clippy::unwrap_used)]
@@ -12,9 +12,9 @@ use pollux_conf::Config;
 use pollux_host::sqe as host_sqe;
 use pollux_nvme::spec::resv::ResvCdw10;
 use pollux_nvme::spec::{SglDescriptor, Sqe, opcode};
-use pollux_target::ctrl::admin::{Admin, decode_admin};
-use pollux_target::ctrl::connect::{Fabrics, decode_fabrics, parse_connect_data};
-use pollux_target::io::{Io, decode_io, dsm_ranges};
+use pollux_target::controller::admin::{Admin, decode_admin};
+use pollux_target::controller::connect::{Fabrics, decode_fabrics, parse_connect_data};
+use pollux_target::nvm::{Io, decode_io, dsm_ranges};
 use pollux_target::sgl::{DataPtr, data_ptr, xfer};
 use pollux_target::subsystem::{Subsystem, build_snapshot};
 use proptest::prelude::*;

@@ -50,7 +50,7 @@ pub struct Tag {
 }
 
 /// One operation on a namespace, in bytes (validated against the namespace by
-/// [`crate::io`]: in range, a whole number of blocks).
+/// [`crate::nvm`]: in range, a whole number of blocks).
 #[derive(Debug)]
 pub enum BlockOp<'a> {
     /// Read `len` bytes at `off`.

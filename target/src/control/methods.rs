@@ -209,7 +209,7 @@ pub const METHODS: &[Method] = &[
     },
     Method {
         name: "log_level",
-        summary: "Show the log filter, or set it (a level, or per module: `info,pollux_target::ctrl=debug`)",
+        summary: "Show the log filter, or set it (a level, or per module: `info,pollux_target::controller=debug`)",
         mutation: false,
         verb: true,
         params: &[Param {

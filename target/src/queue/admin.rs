@@ -13,10 +13,10 @@ use tracing::{debug, info, warn};
 
 use super::{IoQueue, Queue, Role, Transport};
 use crate::close::CloseReason;
-use crate::ctrl::admin::{self, AdminEnv, Outcome};
-use crate::ctrl::connect::{self, ConnectCmd, Fabrics, Refusal, decode_fabrics};
-use crate::ctrl::property::{self, CcEffect};
-use crate::ctrl::{Ctrl, FULL_CNTLID_RANGE, Local, SubsystemUpdate, owner_of};
+use crate::controller::admin::{self, AdminEnv, Outcome};
+use crate::controller::connect::{self, ConnectCmd, Fabrics, Refusal, decode_fabrics};
+use crate::controller::property::{self, CcEffect};
+use crate::controller::{Ctrl, FULL_CNTLID_RANGE, Local, SubsystemUpdate, owner_of};
 use crate::health;
 use crate::queue::finish::End;
 use crate::subsystem::{Snapshot, Subsystem};

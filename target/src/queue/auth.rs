@@ -1,7 +1,7 @@
 //! Authentication Send and Receive on a queue (NVMe-oF 1.1 §6.1, §6.2) and what DH-HMAC-CHAP
 //! needs of the reactor: the deadline by which a queue that must authenticate has, and the
 //! log of every outcome (host NQN, hash, group; never a key). The exchange itself is
-//! [`crate::ctrl::auth`].
+//! [`crate::controller::auth`].
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -13,9 +13,9 @@ use tracing::{info, warn};
 
 use super::finish::End;
 use super::{Queue, Role, Transport};
-use crate::ctrl::admin::c2h_len;
-use crate::ctrl::auth::{AuthCtx, DhDone, DhJob, MAX_MESSAGE, Outcome, QueueAuth, check_command};
-use crate::ctrl::reply::Reply;
+use crate::controller::admin::c2h_len;
+use crate::controller::auth::{AuthCtx, DhDone, DhJob, MAX_MESSAGE, Outcome, QueueAuth, check_command};
+use crate::controller::reply::Reply;
 
 /// How long a queue that must authenticate may take to (after its Connect, or after a
 /// failed exchange), before it is closed: a host that stalls mid-exchange holds nothing for

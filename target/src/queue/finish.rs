@@ -12,8 +12,8 @@ use pollux_reactor::sys::monotonic_ns;
 
 use super::{Queue, Role, Transport, admin};
 use crate::backend::ReadData;
-use crate::ctrl::reply::Reply;
-use crate::io::Io;
+use crate::controller::reply::Reply;
+use crate::nvm::Io;
 use crate::subsystem::{Namespace, bump};
 
 /// What goes to the host before a command's completion.

@@ -1,5 +1,5 @@
 //! The I/O side of a connection: a command capsule of an I/O queue is parsed into a validated
-//! command ([`crate::io::parse`]), gets its data (in the capsule, or by R2T and H2CData into a
+//! command ([`crate::nvm::parse`]), gets its data (in the capsule, or by R2T and H2CData into a
 //! buffer, possibly received in place), runs inline (RAM) or on this reactor's channel of its
 //! namespace, and completes here: C2HData and CapsuleResp go out through the transport.
 
@@ -13,7 +13,7 @@ use super::finish::{Counted, End};
 use super::request::{ReqState, Request, Requests};
 use super::{Queue, Role, Transport};
 use crate::backend::{Completion, ReadData, Tag, WriteData, channel_for, existing_channel, with_channel};
-use crate::io::{self, DataIn, Io};
+use crate::nvm::{self, DataIn, Io};
 use crate::range_lock::{self, Waiter};
 use crate::subsystem::Namespace;
 use crate::tcp::h2c::{DataBuf, DirectRx, H2cBuf, H2cPool, R2tProgress};
@@ -50,7 +50,7 @@ impl<T: Transport> Queue<T> {
     /// An NVM command on an I/O queue.
     pub(super) fn on_io(&mut self, r: &mut Reactor, id: SourceId, sqe: &Sqe, data: &[u8]) {
         // A fused command, or the one after the first of a fused pair (`conn::fused`).
-        if sqe.fuse() != Sqe::FUSE_NONE || self.fused.open.is_some() {
+        if sqe.fuse() != Sqe::FUSE_NONE || self.locked.open.is_some() {
             return self.on_fused(r, id, sqe, data);
         }
         self.on_plain_io(r, id, sqe, data);
@@ -76,13 +76,13 @@ impl<T: Transport> Queue<T> {
     }
 
     /// Parse and validate an NVM command against this queue's subsystem and path.
-    pub(super) fn validated(&mut self, sqe: &Sqe, data: &[u8]) -> Result<io::IoCmd, io::Refusal> {
+    pub(super) fn validated(&mut self, sqe: &Sqe, data: &[u8]) -> Result<nvm::IoCmd, nvm::Refusal> {
         let Role::Io(q) = &mut self.role else {
             return Err((Status::COMMAND_SEQUENCE_ERROR.with_dnr(), 0));
         };
         let hostid = q.hostid;
         let max_io = self.shared.transport.max_io_size;
-        let mut parsed = io::parse(sqe, &q.subsys, max_io, data);
+        let mut parsed = nvm::parse(sqe, &q.subsys, max_io, data);
         if matches!(parsed, Err((s, _)) if s == Status::INVALID_NAMESPACE.with_dnr()) {
             // Slow path, on a miss only: the subsystem may have changed and the host may have
             // heard of it (AER from the admin queue's reactor) before this queue's reactor got
@@ -92,7 +92,7 @@ impl<T: Transport> Queue<T> {
                 && !Arc::ptr_eq(now, &q.subsys)
             {
                 q.subsys = now.clone();
-                parsed = io::parse(sqe, &q.subsys, max_io, data);
+                parsed = nvm::parse(sqe, &q.subsys, max_io, data);
             }
         }
         let cmd = parsed?;
@@ -138,8 +138,8 @@ impl<T: Transport> Queue<T> {
         }
         // The data of one command of a fused pair: kept until its partner's is here too.
         if let Some(s) = slot
-            && !self.fused.pairs.is_empty()
-            && let Some((k, cmp)) = self.fused.pair_of(s)
+            && !self.locked.pairs.is_empty()
+            && let Some((k, cmp)) = self.locked.pair_of(s)
         {
             return self.pair_data(r, id, k, cmp, s, data);
         }
@@ -230,7 +230,7 @@ impl<T: Transport> Queue<T> {
         };
         let ns = io.namespace().cloned();
         let nsid = ns.as_ref().map_or(u32::MAX, |n| n.nsid);
-        let op = match io::block_op(&io, data) {
+        let op = match nvm::block_op(&io, data) {
             Ok(Some(op)) => op,
             res => {
                 self.free(slot);
@@ -424,8 +424,8 @@ impl<T: Transport> Queue<T> {
         drop(self.reqs.complete_early(slot, status));
         self.end(r, cid, status);
         // One command of a fused pair failed before it ran: its partner fails with it.
-        if !self.fused.pairs.is_empty()
-            && let Some((k, _)) = self.fused.pair_of(slot)
+        if !self.locked.pairs.is_empty()
+            && let Some((k, _)) = self.locked.pair_of(slot)
         {
             self.pair_part_failed(r, k, slot);
         }

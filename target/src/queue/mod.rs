@@ -1,7 +1,7 @@
 //! One NVMe-oF queue (NVMe-oF 1.1 §2.4: a submission queue and its completion queue, paired
 //! on one connection), whatever transport carries it: the command routing, the admin queue's
 //! controller and what it needs of the reactor ([`admin`]), authentication ([`auth`]), the
-//! I/O path ([`io`]), fused and locked operations ([`fused`]), reservations ([`resv`]) and
+//! I/O path ([`io`]), fused and locked operations ([`locked`]), reservations ([`reservation`]) and
 //! every request's life ([`request`]). SPDK keeps the same apart from its transports
 //! (`ctrlr.c`, `ctrlr_bdev.c` vs `tcp.c`).
 //!
@@ -10,16 +10,16 @@
 //! and sends what the queue asks it to (completions, data, data requests). NVMe/TCP is
 //! [`crate::tcp`]; the target's connections are [`crate::tcp::Conn`].
 //!
-//! The controller logic itself is pure ([`crate::ctrl`]); what needs the reactor (timers,
+//! The controller logic itself is pure ([`crate::controller`]); what needs the reactor (timers,
 //! messages to other reactors' queues) is done here.
 
 mod admin;
 mod auth;
 pub(crate) mod finish;
-mod fused;
 mod io;
+mod locked;
 pub mod request;
-mod resv;
+mod reservation;
 mod transport;
 
 use std::collections::VecDeque;
@@ -37,8 +37,8 @@ pub use transport::Transport;
 
 use crate::ana::AnaStates;
 use crate::close::CloseReason;
-use crate::ctrl::auth::QueueAuth;
-use crate::ctrl::{Ctrl, QueueRef};
+use crate::controller::auth::QueueAuth;
+use crate::controller::{Ctrl, QueueRef};
 use crate::path::Path;
 use crate::queue::finish::End;
 use crate::subsystem::{Shared, Subsystem};
@@ -97,7 +97,7 @@ pub struct Queue<T: Transport> {
     ana: Arc<AnaStates>,
     /// Fused pairs, locked operations (Compare and Write, Copy) and writes waiting for a
     /// locked range.
-    fused: fused::Fused,
+    locked: locked::Locked,
     /// Where each completion of an I/O queue not yet known to be handed to the network ends
     /// in the transport's stream (see [`Queue::sq_overflow`]).
     unsent: VecDeque<u64>,
@@ -129,7 +129,7 @@ impl<T: Transport> Queue<T> {
             auth_timer: None,
             auth_held: None,
             ana: path.ana,
-            fused: fused::Fused::default(),
+            locked: locked::Locked::default(),
             unsent: VecDeque::new(),
             listener_open: path.open,
             listener: path.addr,

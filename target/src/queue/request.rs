@@ -1,7 +1,7 @@
 //! A queue's requests and their life (SPDK: `nvmf_tcp_req_state` in `tcp.c`), in one place so
 //! that abort, timeouts, teardown and `pollux ctl` have one place to look.
 //!
-//! A command capsule is *received* and parsed into a validated command ([`crate::io`]) in one
+//! A command capsule is *received* and parsed into a validated command ([`crate::nvm`]) in one
 //! step; one that needs no more data and completes at once (a read of memory, a refusal)
 //! goes straight to its end (`Queue::finish`). Those that outlive the capsule that brought
 //! them take a slot of the queue's [`Requests`], whose key is the transport's data tag (the
@@ -28,7 +28,7 @@ use pollux_nvme::spec::Status;
 use serde::{Deserialize, Serialize};
 use slab::Slab;
 
-use crate::io::Io;
+use crate::nvm::Io;
 use crate::tcp::h2c::{DataBuf, R2tProgress};
 
 /// Where a request is.

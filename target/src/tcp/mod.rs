@@ -51,7 +51,7 @@ use crate::subsystem::Namespace;
 const TLS_HANDSHAKE_RECORD: u8 = 22;
 
 /// What carries the connection's bytes.
-enum Channel {
+enum Carrier {
     /// The socket itself.
     Plain,
     /// A TLS listener's connection whose first byte has not arrived yet.
@@ -161,7 +161,7 @@ impl Shelf for RxShelf {
 /// One connection's NVMe/TCP transport.
 pub struct TcpTransport {
     sock: Arc<TcpStream>,
-    chan: Channel,
+    carrier: Carrier,
     /// The host's address.
     pub peer: SocketAddr,
     /// Our listener's address the host connected to.
@@ -209,13 +209,13 @@ impl TcpTransport {
         // at most; it starts small and grows to the PDUs that come ([`Self::grow_rx`]).
         let max_data = t.max_h2c_data.max(t.in_capsule_data_size).max(ADMIN_IN_CAPSULE) as usize;
         let rx_max = (max_data + 256).max(64 * 1024) * 2;
-        let chan = match mode {
-            TlsMode::None => Channel::Plain,
-            m => Channel::Detect(m, lookup()),
+        let carrier = match mode {
+            TlsMode::None => Carrier::Plain,
+            m => Carrier::Detect(m, lookup()),
         };
         Ok(Self {
             sock: Arc::new(sock),
-            chan,
+            carrier,
             peer,
             local,
             hdgst: false,
@@ -284,10 +284,10 @@ impl TcpTransport {
     /// buffer, in one `readv`. Err on EOF or a socket error (the reason, for the log).
     #[inline]
     pub fn fill(&mut self, in_place: Option<InPlace>) -> Result<Filled, CloseReason> {
-        match self.chan {
-            Channel::Plain => self.fill_plain(in_place),
-            Channel::Tls(_) => self.fill_tls(),
-            Channel::Detect(..) => {
+        match self.carrier {
+            Carrier::Plain => self.fill_plain(in_place),
+            Carrier::Tls(_) => self.fill_tls(),
+            Carrier::Detect(..) => {
                 if !self.detect()? {
                     self.drained = true;
                     return Ok(Filled::default());
@@ -300,7 +300,7 @@ impl TcpTransport {
     /// A TLS listener's first byte: a handshake record begins TLS, anything else is plain
     /// NVMe/TCP, each if the listener's mode allows it. Ok(false) until a byte is there.
     fn detect(&mut self) -> Result<bool, CloseReason> {
-        let Channel::Detect(mode, lookup) = &self.chan else {
+        let Carrier::Detect(mode, lookup) = &self.carrier else {
             return Ok(true);
         };
         let mut first = [0u8; 1];
@@ -321,18 +321,18 @@ impl TcpTransport {
         if first[0] == TLS_HANDSHAKE_RECORD {
             let link =
                 TlsLink::accept(self.sock.clone(), lookup.clone()).map_err(|e| CloseReason::TlsSetup(Box::new(e)))?;
-            self.chan = Channel::Tls(Box::new(link));
+            self.carrier = Carrier::Tls(Box::new(link));
         } else if *mode == TlsMode::Required {
             return Err(CloseReason::TlsRequired);
         } else {
-            self.chan = Channel::Plain;
+            self.carrier = Carrier::Plain;
         }
         Ok(true)
     }
 
     /// Decrypted bytes into the receive buffer, after the handshake.
     fn fill_tls(&mut self) -> Result<Filled, CloseReason> {
-        let Channel::Tls(link) = &mut self.chan else {
+        let Carrier::Tls(link) = &mut self.carrier else {
             return Ok(Filled::default());
         };
         if !link.open {
@@ -424,16 +424,16 @@ impl TcpTransport {
 
     /// Write what is queued (as much as the socket takes).
     pub fn flush(&mut self) -> std::io::Result<()> {
-        match &mut self.chan {
-            Channel::Tls(link) => link.send(&mut self.out),
+        match &mut self.carrier {
+            Carrier::Tls(link) => link.send(&mut self.out),
             _ => self.out.flush(self.sock.as_raw_fd()),
         }
     }
 
     /// Bytes queued for the socket.
     pub fn pending_out(&self) -> usize {
-        match &self.chan {
-            Channel::Tls(link) => self.out.pending() + link.pending(),
+        match &self.carrier {
+            Carrier::Tls(link) => self.out.pending() + link.pending(),
             _ => self.out.pending(),
         }
     }
@@ -442,23 +442,23 @@ impl TcpTransport {
     /// sent, no TLS to encrypt them).
     #[inline]
     pub fn sends_in_place(&self) -> bool {
-        !self.ddgst && matches!(self.chan, Channel::Plain)
+        !self.ddgst && matches!(self.carrier, Carrier::Plain)
     }
 
     /// The TLS PSK identity the connection was secured with (None: plain TCP).
     pub fn tls_identity(&self) -> Option<&PskIdentity> {
-        match &self.chan {
-            Channel::Tls(link) => link.identity(),
+        match &self.carrier {
+            Carrier::Tls(link) => link.identity(),
             _ => None,
         }
     }
 
     /// A TLS listener's connection has not finished choosing or handshaking yet.
     pub fn securing(&self) -> bool {
-        match &self.chan {
-            Channel::Plain => false,
-            Channel::Detect(..) => true,
-            Channel::Tls(link) => !link.open,
+        match &self.carrier {
+            Carrier::Plain => false,
+            Carrier::Detect(..) => true,
+            Carrier::Tls(link) => !link.open,
         }
     }
 
@@ -551,7 +551,7 @@ impl TcpTransport {
     /// Send what is queued (best effort) and shut the socket down.
     pub fn shutdown(&mut self) {
         let _ = self.flush();
-        if let Channel::Tls(link) = &mut self.chan
+        if let Carrier::Tls(link) = &mut self.carrier
             && link.open
         {
             link.close();

@@ -1,12 +1,5 @@
-//! Fused Compare and Write (NVMe 2.0 §3.4.2, NVM Command Set 1.0 §3.2.1, §3.2.6) and Copy
-//! (NVM Command Set 1.0 §3.2.2) on an I/O queue: both are *locked operations*, which lock
-//! their destination's LBA range ([`crate::range_lock`]), fence every reactor, read,
-//! (compare,) write and unlock; and writes that meet a locked range park here until it is
-//! unlocked. A Copy on a backend that copies itself ([`crate::backend::Caps::copy_offload`]:
-//! an NVMe device's own Copy), within its limits, is one backend command between the fence
-//! and the unlock instead of the reads and writes; beyond them it is read and written. So
-//! is a Compare and Write on a backend that compares and writes atomically itself
-//! ([`crate::backend::Caps::compare_and_write`]: an RBD image, atomic across gateways).
+//! Fused Compare and Write (NVMe 2.0 §3.4.2, NVM Command Set 1.0 §3.2.1, §3.2.6): the pair
+//! of commands gathered here becomes one locked operation ([`super::run`]).
 //!
 //! Fused pairs: the first command (FUSE 01b) must be a Compare and the second (FUSE 10b) a
 //! Write, submitted next on the same queue, with the same namespace and LBA range. A first
@@ -19,25 +12,16 @@
 //! the next command to decide (SPDK does the same): a host that never sends one leaves it
 //! outstanding. Either command's data may come in the capsule or by R2T; the pair runs when
 //! both have it.
-//!
-//! Here: the fused pairs and the types every locked operation shares. [`locked`] runs a
-//! locked operation step by step and parks the writes that meet a locked range; [`copy`]
-//! turns a Copy into a locked operation.
 
 use std::sync::Arc;
 
 use pollux_nvme::spec::{Sqe, Status, opcode, sct};
 use pollux_reactor::{Reactor, SourceId};
-use slab::Slab;
 
-mod copy;
-mod locked;
-
-use super::{Queue, Transport};
-use crate::backend::{PooledDma, WriteData};
-use crate::io::{self, DataIn, Io};
+use super::{LockedOp, OpKind, Owned, Queue, Transport};
+use crate::backend::WriteData;
+use crate::nvm::{self, DataIn, Io};
 use crate::queue::finish::End;
-use crate::range_lock::Waiter;
 use crate::subsystem::Namespace;
 
 /// Command Aborted due to Failed Fused Command (NVMe 2.0 §4.6.1.2.1, SC 09h).
@@ -45,49 +29,9 @@ pub const FAILED_FUSED: Status = Status::new(sct::GENERIC, 0x09);
 /// Command Aborted due to Missing Fused Command (NVMe 2.0 §4.6.1.2.1, SC 0Ah).
 pub const MISSING_FUSED: Status = Status::new(sct::GENERIC, 0x0A);
 
-/// Write data kept past the PDU that brought it (a DMA buffer goes back to its channel's
-/// pool when dropped).
-#[derive(Debug)]
-pub(super) enum Owned {
-    /// In memory.
-    Heap(Vec<u8>),
-    /// In a DMA buffer of this reactor's channel, its first `len` bytes.
-    Dma(PooledDma, usize),
-}
-
-impl Owned {
-    fn keep(data: WriteData<'_>) -> Self {
-        match data {
-            WriteData::Bytes(b) => Owned::Heap(b.to_vec()),
-            WriteData::Dma { buf, len } => Owned::Dma(buf, len),
-        }
-    }
-
-    /// The data, copied out (a DMA buffer goes back to its pool).
-    fn bytes(data: WriteData<'_>) -> Vec<u8> {
-        match data {
-            WriteData::Bytes(b) => b.to_vec(),
-            WriteData::Dma { buf, len } => {
-                let mut v = vec![0; len];
-                buf.read(&mut v);
-                v
-            }
-        }
-    }
-}
-
-/// A write that met a locked range, with its data: it runs again when the range unlocks.
-#[derive(Debug)]
-pub(super) struct Parked {
-    cid: u16,
-    io: Io,
-    data: Owned,
-    slot: Option<usize>,
-}
-
 /// What the next command decides for a first command of a fused pair.
 #[derive(Debug, Clone, Copy)]
-pub(super) enum Open {
+pub(in crate::queue) enum Open {
     /// The pair `k` waits for its second.
     Pair(usize),
     /// The first failed its checks: its second fails too.
@@ -96,106 +40,25 @@ pub(super) enum Open {
 
 /// The Write of a fused pair.
 #[derive(Debug)]
-struct PairWrite {
-    cid: u16,
-    fua: bool,
-    data: Option<Owned>,
-    slot: Option<usize>,
+pub(in crate::queue) struct PairWrite {
+    pub(super) cid: u16,
+    pub(super) fua: bool,
+    pub(super) data: Option<Owned>,
+    pub(super) slot: Option<usize>,
 }
 
 /// A fused pair gathering its commands and their data.
 #[derive(Debug)]
-pub(super) struct Pair {
-    ns: Arc<Namespace>,
-    off: u64,
-    len: u32,
+pub(in crate::queue) struct Pair {
+    pub(super) ns: Arc<Namespace>,
+    pub(super) off: u64,
+    pub(super) len: u32,
     /// NSID, SLBA (CDW10-11) and NLB (CDW12 15:0): the second must name the same.
-    key: (u32, u32, u32, u32),
-    cmp_cid: u16,
-    expect: Option<Vec<u8>>,
-    cmp_slot: Option<usize>,
-    wr: Option<PairWrite>,
-}
-
-/// What a locked operation does once its reads are in.
-#[derive(Debug)]
-enum OpKind {
-    /// Compare the blocks with `expect`; equal, write `data`. With `device`, the store does
-    /// both in one command ([`BlockOp::CompareAndWrite`], no reads).
-    Caw {
-        cmp_cid: u16,
-        wr_cid: u16,
-        expect: Vec<u8>,
-        data: Option<Owned>,
-        fua: bool,
-        device: bool,
-    },
-    /// Write what was read at the start of the locked range; or, with `device`, have the
-    /// backend copy these source ranges itself (one [`BlockOp::Copy`], no reads).
-    Copy {
-        cid: u16,
-        fua: bool,
-        device: Option<Vec<(u64, u64)>>,
-    },
-}
-
-/// An operation on a locked range: its reads, then its writes, one step at a time.
-#[derive(Debug)]
-pub(super) struct LockedOp {
-    ns: Arc<Namespace>,
-    start: u64,
-    end: u64,
-    lock: Option<u64>,
-    reads: Vec<(u64, u32)>,
-    next: usize,
-    got: Vec<u8>,
-    /// Bytes written so far.
-    written: u64,
-    kind: OpKind,
-}
-
-/// A queue's fused pairs, locked operations and parked writes.
-#[derive(Debug, Default)]
-pub(super) struct Fused {
-    /// A first command waiting for the next one.
-    pub(super) open: Option<Open>,
-    /// Pairs gathering their data.
-    pub(super) pairs: Slab<Pair>,
-    ops: Slab<LockedOp>,
-    parked: Vec<Parked>,
-}
-
-impl Fused {
-    /// Locked operations on namespace `nsid` holding their range (running).
-    pub(super) fn running_on(&self, nsid: u32) -> usize {
-        self.ops
-            .iter()
-            .filter(|(_, o)| o.ns.nsid == nsid && o.lock.is_some())
-            .count()
-    }
-
-    /// The pair whose command waits for its data in request `slot`, and whether it is the
-    /// Compare.
-    pub(super) fn pair_of(&self, slot: usize) -> Option<(usize, bool)> {
-        self.pairs.iter().find_map(|(k, p)| {
-            if p.cmp_slot == Some(slot) {
-                Some((k, true))
-            } else if p.wr.as_ref().is_some_and(|w| w.slot == Some(slot)) {
-                Some((k, false))
-            } else {
-                None
-            }
-        })
-    }
-}
-
-/// Wake a connection that waited for a range: its parked writes and operations try again.
-fn wake<T: Transport>(r: &mut Reactor, w: Waiter) {
-    r.with_source::<Queue<T>, _>(w.source, |c, r| {
-        if c.serial == w.serial {
-            c.retry_blocked(r, w.source);
-        }
-    });
+    pub(super) key: (u32, u32, u32, u32),
+    pub(super) cmp_cid: u16,
+    pub(super) expect: Option<Vec<u8>>,
+    pub(super) cmp_slot: Option<usize>,
+    pub(super) wr: Option<PairWrite>,
 }
 
 fn sqe_key(sqe: &Sqe) -> (u32, u32, u32, u32) {
@@ -208,21 +71,13 @@ fn sqe_key(sqe: &Sqe) -> (u32, u32, u32, u32) {
 }
 
 impl<T: Transport> Queue<T> {
-    fn waiter(&self, id: SourceId) -> Waiter {
-        Waiter {
-            reactor: self.reactor,
-            source: id,
-            serial: self.serial,
-        }
-    }
-
     /// A command with FUSE set, or any command after the first of a fused pair.
-    pub(super) fn on_fused(&mut self, r: &mut Reactor, id: SourceId, sqe: &Sqe, data: &[u8]) {
+    pub(in crate::queue) fn on_fused(&mut self, r: &mut Reactor, id: SourceId, sqe: &Sqe, data: &[u8]) {
         let (cid, nsid, fuse) = (sqe.cid.get(), sqe.nsid.get(), sqe.fuse());
         let second = fuse == Sqe::FUSE_SECOND && sqe.opcode == opcode::io::WRITE;
-        match self.fused.open.take() {
+        match self.locked.open.take() {
             Some(Open::Pair(k)) => {
-                if second && self.fused.pairs.get(k).is_some_and(|p| p.key == sqe_key(sqe)) {
+                if second && self.locked.pairs.get(k).is_some_and(|p| p.key == sqe_key(sqe)) {
                     return self.second(r, id, k, sqe, data);
                 }
                 self.drop_pair(r, k, MISSING_FUSED);
@@ -240,7 +95,7 @@ impl<T: Transport> Queue<T> {
     }
 
     /// Validate a fused command as the plain command it is.
-    fn fused_cmd(&mut self, sqe: &Sqe, data: &[u8]) -> Result<io::IoCmd, io::Refusal> {
+    fn fused_cmd(&mut self, sqe: &Sqe, data: &[u8]) -> Result<nvm::IoCmd, nvm::Refusal> {
         let mut plain = *sqe;
         plain.set_fuse(Sqe::FUSE_NONE);
         self.validated(&plain, data)
@@ -252,12 +107,12 @@ impl<T: Transport> Queue<T> {
         let cmd = match self.fused_cmd(sqe, data) {
             Ok(c) => c,
             Err((s, lba)) => {
-                self.fused.open = Some(Open::Failed);
+                self.locked.open = Some(Open::Failed);
                 return self.finish(r, cid, End::status(s).at(nsid, lba));
             }
         };
         let Io::Compare { ns, off, len, .. } = &cmd.io else {
-            self.fused.open = Some(Open::Failed);
+            self.locked.open = Some(Open::Failed);
             return self.finish(r, cid, End::status(Status::INTERNAL_ERROR).at(nsid, 0));
         };
         let mut pair = Pair {
@@ -275,13 +130,13 @@ impl<T: Transport> Queue<T> {
             DataIn::R2t(l) => match self.start_r2t(r, cid, cmd.io, l) {
                 Some(s) => pair.cmp_slot = Some(s),
                 None => {
-                    self.fused.open = Some(Open::Failed);
+                    self.locked.open = Some(Open::Failed);
                     return;
                 }
             },
             DataIn::None => pair.expect = Some(Vec::new()),
         }
-        self.fused.open = Some(Open::Pair(self.fused.pairs.insert(pair)));
+        self.locked.open = Some(Open::Pair(self.locked.pairs.insert(pair)));
     }
 
     /// The second command of fused pair `k`: a Write of the same blocks.
@@ -312,14 +167,14 @@ impl<T: Transport> Queue<T> {
             },
             DataIn::None => wr.data = Some(Owned::Heap(Vec::new())),
         }
-        if let Some(p) = self.fused.pairs.get_mut(k) {
+        if let Some(p) = self.locked.pairs.get_mut(k) {
             p.wr = Some(wr);
         }
         self.pair_ready(r, id, k);
     }
 
     /// Data of a pair's command came by R2T into request `slot`.
-    pub(super) fn pair_data(
+    pub(in crate::queue) fn pair_data(
         &mut self,
         r: &mut Reactor,
         id: SourceId,
@@ -329,7 +184,7 @@ impl<T: Transport> Queue<T> {
         data: WriteData<'_>,
     ) {
         self.reqs.remove(slot);
-        let Some(p) = self.fused.pairs.get_mut(k) else { return };
+        let Some(p) = self.locked.pairs.get_mut(k) else { return };
         if cmp {
             let bytes = Owned::bytes(data);
             p.expect = Some(bytes[..(p.len as usize).min(bytes.len())].to_vec());
@@ -344,17 +199,17 @@ impl<T: Transport> Queue<T> {
     /// Run pair `k` if both its commands have their data.
     fn pair_ready(&mut self, r: &mut Reactor, id: SourceId, k: usize) {
         let ready = self
-            .fused
+            .locked
             .pairs
             .get(k)
             .is_some_and(|p| p.expect.is_some() && p.wr.as_ref().is_some_and(|w| w.data.is_some()));
         if !ready {
             return;
         }
-        if matches!(self.fused.open, Some(Open::Pair(o)) if o == k) {
-            self.fused.open = None;
+        if matches!(self.locked.open, Some(Open::Pair(o)) if o == k) {
+            self.locked.open = None;
         }
-        let p = self.fused.pairs.remove(k);
+        let p = self.locked.pairs.remove(k);
         let Some(wr) = p.wr else { return };
         // A store that compares and writes atomically itself does it in one command, within
         // one of its units: atomic for all its clients, not only this target's.
@@ -378,16 +233,16 @@ impl<T: Transport> Queue<T> {
             },
             ns: p.ns,
         };
-        let key = self.fused.ops.insert(op);
+        let key = self.locked.ops.insert(op);
         self.try_start(r, id, key);
     }
 
     /// Complete both commands of pair `k` (those that have come) with `status`.
-    fn drop_pair(&mut self, r: &mut Reactor, k: usize, status: Status) {
-        if matches!(self.fused.open, Some(Open::Pair(o)) if o == k) {
-            self.fused.open = None;
+    pub(in crate::queue) fn drop_pair(&mut self, r: &mut Reactor, k: usize, status: Status) {
+        if matches!(self.locked.open, Some(Open::Pair(o)) if o == k) {
+            self.locked.open = None;
         }
-        let Some(p) = self.fused.pairs.try_remove(k) else {
+        let Some(p) = self.locked.pairs.try_remove(k) else {
             return;
         };
         let nsid = p.ns.nsid;
@@ -413,11 +268,11 @@ impl<T: Transport> Queue<T> {
 
     /// The command of pair `k` in request `slot` completed early (an Abort, a data digest
     /// error): its partner fails with Failed Fused Command.
-    pub(super) fn pair_part_failed(&mut self, r: &mut Reactor, k: usize, slot: usize) {
-        if matches!(self.fused.open, Some(Open::Pair(o)) if o == k) {
-            self.fused.open = Some(Open::Failed);
+    pub(in crate::queue) fn pair_part_failed(&mut self, r: &mut Reactor, k: usize, slot: usize) {
+        if matches!(self.locked.open, Some(Open::Pair(o)) if o == k) {
+            self.locked.open = Some(Open::Failed);
         }
-        let Some(mut p) = self.fused.pairs.try_remove(k) else {
+        let Some(mut p) = self.locked.pairs.try_remove(k) else {
             return;
         };
         let nsid = p.ns.nsid;

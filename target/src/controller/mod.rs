@@ -18,7 +18,7 @@ pub mod features;
 pub mod log;
 pub mod property;
 pub mod reply;
-pub mod resv;
+pub mod reservation_log;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::RangeInclusive;
@@ -125,7 +125,7 @@ pub struct Ctrl {
     /// An ANA change event was reported and the host has not read the ANA page since.
     pub ana_masked: bool,
     /// Reservation notifications and their mask.
-    pub resv_log: resv::ResvLog,
+    pub resv_log: reservation_log::ResvLog,
     /// Created at.
     pub created: Instant,
 }
@@ -160,7 +160,7 @@ impl Ctrl {
             ana: Arc::new(AnaStates::default()),
             ana_seen: 1,
             ana_masked: false,
-            resv_log: resv::ResvLog::default(),
+            resv_log: reservation_log::ResvLog::default(),
             created: now,
         }
     }
@@ -346,7 +346,7 @@ impl Ctrl {
     /// into the log, and an event when none is unread.
     pub fn reservation_notice(&mut self, typ: u8, nsid: u32) {
         if self.resv_log.push(typ, nsid) {
-            self.events.push_back(resv::AER_RESERVATION_LOG);
+            self.events.push_back(reservation_log::AER_RESERVATION_LOG);
         }
     }
 

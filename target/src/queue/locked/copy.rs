@@ -9,7 +9,7 @@ use pollux_reactor::{Reactor, SourceId};
 use super::super::{Queue, Transport};
 use super::{LockedOp, OpKind, Owned};
 use crate::backend::WriteData;
-use crate::io;
+use crate::nvm;
 use crate::queue::finish::End;
 use crate::subsystem::Namespace;
 
@@ -28,8 +28,8 @@ impl<T: Transport> Queue<T> {
         data: WriteData<'_>,
     ) {
         let bytes = Owned::bytes(data);
-        let need = (ranges * io::COPY_RANGE_LEN) as usize;
-        let srcs = match bytes.get(..need).map(|b| io::copy_ranges(b, &ns)) {
+        let need = (ranges * nvm::COPY_RANGE_LEN) as usize;
+        let srcs = match bytes.get(..need).map(|b| nvm::copy_ranges(b, &ns)) {
             Some(Ok(s)) => s,
             Some(Err(s)) => return self.finish(r, cid, End::status(s).at(ns.nsid, 0)),
             None => {
@@ -74,7 +74,7 @@ impl<T: Transport> Queue<T> {
             kind: OpKind::Copy { cid, fua, device },
             ns,
         };
-        let key = self.fused.ops.insert(op);
+        let key = self.locked.ops.insert(op);
         self.try_start(r, id, key);
     }
 }

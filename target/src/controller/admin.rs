@@ -151,9 +151,9 @@ pub fn identify_namespace(ctrl: &Ctrl, nsid: u32) -> Reply {
         // Every type and IEKEY's meaning since 1.3; PTPL where the state can be kept.
         id.rescap = pollux_nvme::spec::resv::rescap(ns.resv.ptpl_capable());
         // Copy limits (NVM Command Set 1.0 §4.1.5.1): MSSRL and MCL in blocks, MSRC 0-based.
-        id.mssrl = crate::io::copy_max_range_blocks(ns).to_le();
-        id.mcl = ((crate::io::COPY_MAX_BYTES >> ns.block_shift) as u32).to_le();
-        id.msrc = (crate::io::COPY_MAX_RANGES - 1) as u8;
+        id.mssrl = crate::nvm::copy_max_range_blocks(ns).to_le();
+        id.mcl = ((crate::nvm::COPY_MAX_BYTES >> ns.block_shift) as u32).to_le();
+        id.msrc = (crate::nvm::COPY_MAX_RANGES - 1) as u8;
     }
     Reply::data(id.as_bytes().to_vec())
 }

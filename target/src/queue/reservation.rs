@@ -18,7 +18,7 @@ use pollux_reactor::{Reactor, Remote, SourceId};
 use tracing::{info, warn};
 
 use super::{Queue, Role, Transport};
-use crate::ctrl::{Local, QueueRef};
+use crate::controller::{Local, QueueRef};
 use crate::queue::finish::End;
 use crate::resv::{Effects, HostId, ResvDone, ResvOp};
 use crate::subsystem::Namespace;
@@ -131,7 +131,7 @@ impl<T: Transport> Queue<T> {
     /// Commands of this queue on namespace `nsid` still running: requests at their backend
     /// or waiting for data, and locked operations (fused pairs, Copy) holding their range.
     fn in_flight_on(&self, nsid: u32) -> usize {
-        self.reqs.of_namespace(nsid).len() + self.fused.running_on(nsid)
+        self.reqs.of_namespace(nsid).len() + self.locked.running_on(nsid)
     }
 }
 

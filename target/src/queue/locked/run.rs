@@ -10,7 +10,7 @@ use super::super::request::{ReqState, Request};
 use super::super::{Queue, Transport};
 use super::{FAILED_FUSED, OpKind, Owned, Parked, wake};
 use crate::backend::{BlockOp, ReadData, WriteData};
-use crate::io::Io;
+use crate::nvm::Io;
 use crate::queue::finish::{Counted, End};
 use crate::range_lock::{fence_all, unlock_and_wake};
 
@@ -19,7 +19,7 @@ impl<T: Transport> Queue<T> {
     /// range already locked: it waits to be woken.
     pub(super) fn try_start(&mut self, r: &mut Reactor, id: SourceId, key: usize) {
         let w = self.waiter(id);
-        let Some(op) = self.fused.ops.get_mut(key) else { return };
+        let Some(op) = self.locked.ops.get_mut(key) else { return };
         if op.lock.is_some() {
             return;
         }
@@ -42,7 +42,7 @@ impl<T: Transport> Queue<T> {
     /// Every reactor answered operation `key`'s fence: run it. False if it is not this
     /// queue's any more.
     fn op_fenced(&mut self, r: &mut Reactor, id: SourceId, serial: u64, key: usize, lock: u64) -> bool {
-        if self.serial != serial || self.closed || self.fused.ops.get(key).and_then(|o| o.lock) != Some(lock) {
+        if self.serial != serial || self.closed || self.locked.ops.get(key).and_then(|o| o.lock) != Some(lock) {
             return false;
         }
         self.op_step(r, id, key);
@@ -53,7 +53,7 @@ impl<T: Transport> Queue<T> {
     /// Run operation `key` until it waits for a channel or is done.
     pub(super) fn op_step(&mut self, r: &mut Reactor, id: SourceId, key: usize) {
         loop {
-            let Some(op) = self.fused.ops.get_mut(key) else { return };
+            let Some(op) = self.locked.ops.get_mut(key) else { return };
             let ns = op.ns.clone();
             if op.next < op.reads.len() {
                 let (off, len) = op.reads[op.next];
@@ -168,7 +168,7 @@ impl<T: Transport> Queue<T> {
                 Owned::Heap(v) => v.len(),
                 Owned::Dma(_, l) => *l,
             } as u64;
-            if let Some(o) = self.fused.ops.get_mut(key) {
+            if let Some(o) = self.locked.ops.get_mut(key) {
                 o.written += n;
             }
             let io = Io::Write {
@@ -239,7 +239,7 @@ impl<T: Transport> Queue<T> {
         status: Status,
         data: Option<ReadData<'_>>,
     ) {
-        let Some(op) = self.fused.ops.get_mut(key) else { return };
+        let Some(op) = self.locked.ops.get_mut(key) else { return };
         match io {
             Io::Read { len, off, .. } => {
                 if !status.is_success() {
@@ -277,7 +277,7 @@ impl<T: Transport> Queue<T> {
     /// `first`, its Write with `second`; a Copy with `first` unless it failed writing),
     /// count them and unlock its range.
     pub(super) fn op_done(&mut self, r: &mut Reactor, key: usize, first: Status, second: Status) {
-        let Some(op) = self.fused.ops.try_remove(key) else {
+        let Some(op) = self.locked.ops.try_remove(key) else {
             return;
         };
         if let Some(l) = op.lock {
@@ -346,7 +346,7 @@ impl<T: Transport> Queue<T> {
                 self.reqs.insert(req)
             }
         };
-        self.fused.parked.push(Parked {
+        self.locked.parked.push(Parked {
             cid,
             io,
             data: Owned::keep(data),
@@ -360,14 +360,14 @@ impl<T: Transport> Queue<T> {
         if self.closed {
             return;
         }
-        for p in std::mem::take(&mut self.fused.parked) {
+        for p in std::mem::take(&mut self.locked.parked) {
             match p.data {
                 Owned::Heap(v) => self.execute(r, id, p.cid, p.io, WriteData::Bytes(&v), p.slot),
                 Owned::Dma(buf, len) => self.execute(r, id, p.cid, p.io, WriteData::Dma { buf, len }, p.slot),
             }
         }
         let waiting: Vec<usize> = self
-            .fused
+            .locked
             .ops
             .iter()
             .filter(|(_, o)| o.lock.is_none())
@@ -385,10 +385,10 @@ impl<T: Transport> Queue<T> {
     /// Locked operations already running end as usual ([`Fused::running_on`] counts them).
     pub(in crate::queue) fn fence_fused(&mut self, r: &mut Reactor, nsid: u32) {
         let aborted = Status::ABORT_REQUESTED;
-        let (mine, keep): (Vec<Parked>, Vec<Parked>) = std::mem::take(&mut self.fused.parked)
+        let (mine, keep): (Vec<Parked>, Vec<Parked>) = std::mem::take(&mut self.locked.parked)
             .into_iter()
             .partition(|p| p.io.namespace().is_some_and(|n| n.nsid == nsid));
-        self.fused.parked = keep;
+        self.locked.parked = keep;
         for p in mine {
             if let Some(s) = p.slot {
                 self.reqs.remove(s);
@@ -396,7 +396,7 @@ impl<T: Transport> Queue<T> {
             self.finish(r, p.cid, End::status(aborted).at(nsid, 0));
         }
         let pairs: Vec<usize> = self
-            .fused
+            .locked
             .pairs
             .iter()
             .filter(|(_, p)| p.ns.nsid == nsid)
@@ -406,7 +406,7 @@ impl<T: Transport> Queue<T> {
             self.drop_pair(r, k, aborted);
         }
         let waiting: Vec<usize> = self
-            .fused
+            .locked
             .ops
             .iter()
             .filter(|(_, o)| o.ns.nsid == nsid && o.lock.is_none())
@@ -420,13 +420,13 @@ impl<T: Transport> Queue<T> {
     /// The queue is closing: unlock what it holds (waking the waiters), drop what waits
     /// (data buffers go back to their pools as they drop).
     pub(in crate::queue) fn fused_teardown(&mut self, r: &mut Reactor) {
-        self.fused.open = None;
-        for (_, op) in std::mem::take(&mut self.fused.ops) {
+        self.locked.open = None;
+        for (_, op) in std::mem::take(&mut self.locked.ops) {
             if let Some(l) = op.lock {
                 unlock_and_wake(r, &op.ns, l, wake::<T>);
             }
         }
-        self.fused.parked.clear();
-        self.fused.pairs.clear();
+        self.locked.parked.clear();
+        self.locked.pairs.clear();
     }
 }
