@@ -1,35 +1,52 @@
 //! pollux: a polled-mode NVMe-over-TCP target.
 //!
-//! Data path (one direction): socket bytes -> PDU ([`pollux_nvme::tcp`], parsed once) ->
-//! command routed by queue ([`conn`]) -> controller ([`ctrl`]) or validated I/O command
-//! ([`io`]) -> the namespace's backend channel on this reactor ([`backend`]) -> one
-//! completion type -> CapsuleResp / C2HData -> socket. Each connection lives on one reactor
-//! for its life; a controller lives on its admin queue's reactor and its I/O queues reach it
-//! by message.
+//! Data path (one direction): socket bytes -> PDU ([`pollux_nvme::tcp`], parsed once by the
+//! NVMe/TCP transport, [`tcp`]) -> the NVMe-oF queue ([`queue`]) routes the command ->
+//! controller ([`controller`]) or validated NVM command ([`nvm`]) -> the namespace's backend
+//! channel on this reactor ([`backend`]) -> the queue's one exit (`Queue::finish`) -> the
+//! transport sends CapsuleResp / C2HData. Each connection lives on one reactor for its life;
+//! a controller lives on its admin queue's reactor and its I/O queues reach it by message.
 //!
 //! # Where each spec concept lives (after SPDK's `lib/nvmf`)
 //! | concept | module | SPDK |
 //! |---|---|---|
-//! | NVMe/TCP transport: receive framing, ICReq/ICResp, CapsuleResp, C2HData, R2T, TermReq, digests, send queue (NVMe/TCP 1.0 §3) | [`tcp`] | `tcp.c` (PDU layer) |
+//! | An NVMe-oF queue, whatever carries it: routing, Connect and the admin queue's controller on the reactor, authentication, the I/O path, locked operations, reservations, every request's state and its one exit | [`queue`] | `nvmf.c`, `ctrlr.c`, `ctrlr_bdev.c` |
+//! | What a queue asks of its transport (send a completion, send data, fetch a command's data, close) | [`queue::Transport`] | `spdk_nvmf_transport_ops` |
+//! | A request's life: awaiting data, parked behind a lock, submitted, draining; counted per state | [`queue::request`] | `nvmf_tcp_req_state` |
+//! | NVMe/TCP transport: receive loop and framing, ICReq/ICResp, CapsuleResp, C2HData, R2T, TermReq, digests, TLS (NVMe/TCP 1.0 §3) | [`tcp`] | `tcp.c` |
 //! | H2CData after R2T: data buffers, the NVMe/TCP 1.0 §3.6.2.7 rules, in-place receive, the per-reactor R2T buffer pool | [`tcp::h2c`] | `tcp.c` |
 //! | Reactor-local buffer pools whose buffers go back by themselves when dropped (R2T, receive, DMA buffers) | [`pool`] | `spdk_mempool` (ixy's mempool) |
 //! | SGL1 and data direction of a command (NVMe-oF 1.1 §2.3) | [`sgl`] | `nvmf.c` |
-//! | Controller state, AER events, keep-alive deadline, subsystem changes (NVMe 2.0 §3, §5.2) | [`ctrl`] | `ctrlr.c` |
-//! | Fabrics commands, Connect checks, I/O queue attach (NVMe-oF 1.1 §3.3, §6) | [`ctrl::connect`] | `ctrlr.c` |
-//! | Admin commands: Identify, Get/Set Features, Keep Alive, AER, Abort (NVMe 2.0 §5) | [`ctrl::admin`] | `ctrlr.c` |
-//! | What a controller command answers: status, completion dwords, data | [`ctrl::reply`] | `spdk_nvmf_request` rsp |
+//! | Controller state, AER events, keep-alive deadline, subsystem changes (NVMe 2.0 §3, §5.2) | [`controller`] | `ctrlr.c` |
+//! | Fabrics commands, Connect checks, I/O queue attach (NVMe-oF 1.1 §3.3, §6) | [`controller::connect`] | `ctrlr.c` |
+//! | Admin commands: Identify, Get/Set Features, Keep Alive, AER, Abort (NVMe 2.0 §5) | [`controller::admin`] | `ctrlr.c` |
+//! | What a controller command answers: status, completion dwords, data | [`controller::reply`] | `spdk_nvmf_request` rsp |
 //! | The commands served, one table per command set (opcode, name, data direction, effects, ONCS/OACS bit): the I/O decoder's opcodes, the Commands Supported and Effects log and Identify's ONCS/OACS derive from it (NVMe 2.0 §5.16.1.6) | [`pollux_nvme::spec::command`] | `g_cmds_and_effect_log_page` |
-//! | Properties CAP/VS/CC/CSTS (NVMe-oF 1.1 §6.5-6.6) | [`ctrl::property`] | `ctrlr.c` |
-//! | Log pages (NVMe 2.0 §5.16) | [`ctrl::log`] | `ctrlr.c` |
-//! | Discovery log (NVMe-oF 1.1 §5.3), referrals to other targets | [`ctrl::discovery`], [`referral`] | `ctrlr_discovery.c` |
-//! | NVM commands: SQE -> validated [`io::IoCmd`] -> [`backend::BlockOp`] (NVM Command Set 1.0 §3) | [`io`] | `ctrlr_bdev.c` |
-//! | A request's life: awaiting R2T data, draining, submitted | [`request`] | `nvmf_tcp_req_state` |
-//! | Backends behind one [`backend::Backend`] / [`backend::Channel`] trait: RAM, simulated SSD, file (io_uring), NVMe SSD (VFIO) | [`backend`] | `bdev` + io_channel |
+//! | Properties CAP/VS/CC/CSTS (NVMe-oF 1.1 §6.5-6.6) | [`controller::property`] | `ctrlr.c` |
+//! | Log pages (NVMe 2.0 §5.16) | [`controller::log`] | `ctrlr.c` |
+//! | Discovery log (NVMe-oF 1.1 §5.3), referrals to other targets | [`controller::discovery`], [`referral`] | `ctrlr_discovery.c` |
+//! | NVM commands: SQE -> validated [`nvm::IoCmd`] -> [`backend::BlockOp`] (NVM Command Set 1.0 §3) | [`nvm`] | `ctrlr_bdev.c` |
+//! | Reservations: a namespace's state, its persistence, who may do what (NVMe 2.0 §8.19) | [`resv`] | `subsystem.c` (reservations) |
+//! | Backends behind one [`backend::Backend`] / [`backend::Channel`] trait: RAM, simulated SSD, null, file (io_uring), NVMe SSD (VFIO), RBD | [`backend`] | `bdev` + io_channel |
 //! | Subsystems, namespaces, hosts: an immutable snapshot swapped whole | [`subsystem`] | `subsystem.c` |
-//! | One queue's glue: routing, the reactor-side effects of controller decisions, the I/O queue | [`conn`] | `tcp.c` (request state machine) |
-//! | Accepting connections and placing them on reactors | [`listener`] | `tcp.c` (acceptor) |
+//! | Accepting connections and placing them on reactors; what a connection knows of its path | [`listener`], [`path`] | `tcp.c` (acceptor) |
 //! | Why a connection closed, counted per reactor | [`close`] | `spdk_nvmf_qpair_disconnect` |
 //! | Run-time changes (`pollux ctl` add/remove) and the control plane | [`mutate`], [`control`] | `nvmf_rpc.c` |
+//!
+//! # Where a new thing goes
+//! - **A new transport** (RDMA, ...): a type that implements [`queue::Transport`] (its
+//!   `run` is the receive loop that hands capsules to `Queue::on_capsule` and data to
+//!   `Queue::data_received`; the rest is what the queue sends), a listener that accepts its
+//!   connections as `Queue<ThatTransport>`, and its `deliver` registered with the reactor's
+//!   channels ([`queue::deliver`]). Nothing in [`queue`], [`controller`] or [`nvm`] changes.
+//! - **A new admin command**: its row in the admin table ([`pollux_nvme::spec::command`]),
+//!   its decoding and execution in [`controller::admin`] (pure: a [`controller::reply::Reply`]
+//!   or an outcome the queue acts on).
+//! - **A new I/O command**: its row in the NVM table ([`pollux_nvme::spec::command`]), its
+//!   variant in the decoder ([`nvm::Io`], parsed and validated in [`nvm::parse`], mapped to a
+//!   [`backend::BlockOp`]), and its executor's arm in the queue's I/O path
+//!   (`queue/io.rs`: `execute` and, for a backend completion, `complete`), ending in
+//!   `Queue::finish`.
 //!
 //! The other side, an NVMe/TCP host library for tests and the `pollux perf` load generator,
 //! is its own crate, `pollux_host` (`target/host/`); the target's server code never uses it.

@@ -3,8 +3,8 @@
 //! range, transfer size, SGL against the PDU, FUA) or the NVMe status to fail it with; the
 //! command's data then maps to one [`BlockOp`] of its namespace's backend (Dataset
 //! Management ranges are checked there, when its data has arrived). SPDK: `ctrlr_bdev.c`;
-//! firecracker: the block device's `request.rs`. What runs a command is the connection's
-//! I/O queue ([`crate::conn`]).
+//! firecracker: the block device's `request.rs`. What runs a command is the NVMe-oF queue's
+//! I/O queue ([`crate::queue`]).
 
 use std::sync::Arc;
 
@@ -423,7 +423,7 @@ pub fn block_op<'a>(io: &Io, data: WriteData<'a>) -> Result<Option<BlockOp<'a>>,
         Io::WriteZeroes { off, len, .. } => BlockOp::WriteZeroes { off: *off, len: *len },
         Io::Flush { ns: Some(_) } => BlockOp::Flush,
         Io::Flush { ns: None } | Io::Reservation { .. } | Io::ReservationReport { .. } => return Ok(None),
-        // Run by the connection as a locked operation (`conn::fused`), never as one op.
+        // Run by the connection as a locked operation (`queue::locked`), never as one op.
         Io::Copy { .. } => return Err(Status::INTERNAL_ERROR),
         Io::DatasetManagement { ns, deallocate, .. } => {
             let WriteData::Bytes(bytes) = data else {

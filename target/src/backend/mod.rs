@@ -383,7 +383,7 @@ pub trait Channel: 'static {
     /// The polling policy of the namespace(s) it serves ([`pollux_reactor::Polling`]; read
     /// at each run, a relaxed atomic load). A channel shared by several namespaces (an NVMe
     /// device's queue pair) says `auto`: their `always` still holds the reactor from each
-    /// command's submission ([`crate::conn`]), but the shared queue's waits are the mode's.
+    /// command's submission ([`crate::queue`]), but the shared queue's waits are the mode's.
     fn polling(&self) -> Polling {
         Polling::Auto
     }

@@ -103,7 +103,7 @@ pub fn identify_controller(ctrl: &Ctrl, shared: &Shared) -> Vec<u8> {
     // ONCS and OACS: the commands served ([`command`]), as the I/O decoder accepts them.
     id.oacs = command::OACS.to_le();
     id.oncs = command::ONCS.to_le();
-    // FUSES bit 0: fused Compare and Write (NVMe 2.0 §5.17.2.1, `conn::fused`).
+    // FUSES bit 0: fused Compare and Write (NVMe 2.0 §5.17.2.1, `queue::locked`).
     id.fuses = 1u16.to_le();
     // OCFS bit 0: Copy source range format 0 (NVM Command Set 1.0 §4.1.5.1... Figure 97).
     id.ocfs = 1u16.to_le();

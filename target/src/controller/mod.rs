@@ -2,7 +2,7 @@
 //! `ctrlr.c`). Fabrics commands and queue creation are in [`connect`], admin commands,
 //! features and properties in [`admin`], what a command answers in [`reply`], log pages in [`log`], the discovery log in
 //! [`discovery`]. Everything here is controller state and decisions, without sockets or
-//! reactors: the connection ([`crate::conn`]) applies them.
+//! reactors: the NVMe-oF queue ([`crate::queue`]) applies them.
 //!
 //! A controller lives inside its admin queue's connection, on that connection's reactor. Its
 //! I/O queues may be on other reactors; they reach it by message (connect, disconnect, abort,

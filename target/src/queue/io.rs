@@ -49,7 +49,7 @@ pub fn live_buf<'a>(reqs: &'a mut Requests, d: &DirectRx) -> Option<&'a mut Data
 impl<T: Transport> Queue<T> {
     /// An NVM command on an I/O queue.
     pub(super) fn on_io(&mut self, r: &mut Reactor, id: SourceId, sqe: &Sqe, data: &[u8]) {
-        // A fused command, or the one after the first of a fused pair (`conn::fused`).
+        // A fused command, or the one after the first of a fused pair (`queue::locked`).
         if sqe.fuse() != Sqe::FUSE_NONE || self.locked.open.is_some() {
             return self.on_fused(r, id, sqe, data);
         }

@@ -160,7 +160,7 @@ pub struct Request {
     /// Where it is.
     pub state: ReqState,
     /// The locked operation (fused Compare and Write, Copy) whose step this is: its key in
-    /// the connection's operations (`conn::fused`).
+    /// the connection's operations (`queue::locked`).
     pub step: Option<usize>,
     /// The fence slot a write was counted in while in flight ([`crate::range_lock`]).
     pub wslot: Option<u8>,

@@ -379,7 +379,7 @@ impl<T: Transport> Queue<T> {
         self.flush_or_close(r, id);
     }
 
-    /// A Preempt and Abort fenced this queue's host on namespace `nsid` (`conn::resv`):
+    /// A Preempt and Abort fenced this queue's host on namespace `nsid` (`queue::reservation`):
     /// what has not started writing yet ends now with Command Abort Requested — parked
     /// writes, pairs gathering their data, locked operations still waiting for their range.
     /// Locked operations already running end as usual ([`Fused::running_on`] counts them).
