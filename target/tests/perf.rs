@@ -241,17 +241,21 @@ fn data_changed_behind_a_write_only_jobs_back_fails_its_read_back() {
     o.duration = Duration::from_millis(300);
     let stop = Arc::new(AtomicBool::new(false));
     let s = stop.clone();
+    let (wrote, first_write) = std::sync::mpsc::channel();
     // A second host overwrites the range without pause until perf returns: the last of
     // perf's writes to a block is overwritten before its read-back, which is the only
-    // check a write-only job has.
+    // check a write-only job has. perf starts once the vandal is connected and writing
+    // (on a loaded machine its connect alone could outlast perf's 300 ms).
     let vandal = std::thread::spawn(move || {
         let mut c = Controller::connect(a, RAM, OTHER_HOST, 1, 8, Digests::NONE).unwrap();
         let junk = vec![0x5Au8; 64 << 10];
         while !s.load(Ordering::Relaxed) {
             c.io[0].write(1, 0, 128, &junk).unwrap();
+            let _ = wrote.send(());
         }
         c.shutdown().unwrap();
     });
+    first_write.recv_timeout(Duration::from_secs(30)).unwrap();
     let r = perf::run(&o);
     stop.store(true, Ordering::Relaxed);
     vandal.join().unwrap();
