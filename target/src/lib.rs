@@ -14,7 +14,8 @@
 //! | What a queue asks of its transport (send a completion, send data, fetch a command's data, close) | [`queue::Transport`] | `spdk_nvmf_transport_ops` |
 //! | A request's life: awaiting data, parked behind a lock, submitted, draining; counted per state | [`queue::request`] | `nvmf_tcp_req_state` |
 //! | NVMe/TCP transport: receive loop and framing, ICReq/ICResp, CapsuleResp, C2HData, R2T, TermReq, digests, TLS (NVMe/TCP 1.0 §3) | [`tcp`] | `tcp.c` |
-//! | H2CData after R2T: data buffers, the NVMe/TCP 1.0 §3.6.2.7 rules, in-place receive, the per-reactor R2T buffer pool | [`tcp::h2c`] | `tcp.c` |
+//! | H2CData after R2T: the NVMe/TCP 1.0 §3.6.2.7 rules, in-place receive | [`tcp::h2c`] | `tcp.c` |
+//! | A command's host data while it arrives: its buffer (heap or an SSD's DMA memory), its progress, the per-reactor pool | [`queue::data`] | `spdk_nvmf_request` iovs, transport buffers |
 //! | Reactor-local buffer pools whose buffers go back by themselves when dropped (R2T, receive, DMA buffers) | [`pool`] | `spdk_mempool` (ixy's mempool) |
 //! | SGL1 and data direction of a command (NVMe-oF 1.1 §2.3) | [`sgl`] | `nvmf.c` |
 //! | Controller state, AER events, keep-alive deadline, subsystem changes (NVMe 2.0 §3, §5.2) | [`controller`] | `ctrlr.c` |
@@ -214,7 +215,7 @@ impl Target {
             Arc::new(move |r: &mut pollux_reactor::Reactor| {
                 r.set_local(controller::Local::default());
                 r.set_local(backend::Channels::new(max_io, queue::deliver::<tcp::TcpTransport>));
-                r.set_local(tcp::h2c::H2cPool::default());
+                r.set_local(queue::data::H2cPool::default());
                 r.set_local(tcp::RxPool::default());
                 if r.id() == 0 {
                     let socks = pending

@@ -9,14 +9,14 @@ use pollux_nvme::spec::{Sqe, Status};
 use pollux_reactor::sys::monotonic_ns;
 use pollux_reactor::{Polling, Reactor, SourceId};
 
+use super::data::{DataBuf, H2cBuf, H2cPool, R2tProgress};
 use super::finish::{Counted, End};
-use super::request::{ReqState, Request, Requests};
+use super::request::{ReqState, Request};
 use super::{Queue, Role, Transport};
 use crate::backend::{Completion, ReadData, Tag, WriteData, channel_for, existing_channel, with_channel};
 use crate::nvm::{self, DataIn, Io};
 use crate::range_lock::{self, Waiter};
 use crate::subsystem::Namespace;
-use crate::tcp::h2c::{DataBuf, DirectRx, H2cBuf, H2cPool, R2tProgress};
 
 /// A channel completed a command: hand it to its queue (on transport `T`), which flushes on
 /// its next run (one write for all the completions of a poll).
@@ -30,19 +30,6 @@ pub fn deliver<T: Transport>(r: &mut Reactor, c: Completion<'_>) {
     });
     if done == Some(true) {
         r.wake(tag.source);
-    }
-}
-
-/// The buffer that in-place data of `d` goes into, while it exists: None once the command
-/// completed early (an Abort freed its buffer), when its data is only drained.
-pub fn live_buf<'a>(reqs: &'a mut Requests, d: &DirectRx) -> Option<&'a mut DataBuf> {
-    match reqs.get_mut(d.ttag) {
-        Some(Request {
-            cid,
-            state: ReqState::AwaitingData { buf, .. },
-            ..
-        }) if *cid == d.cid => Some(buf),
-        _ => None,
     }
 }
 

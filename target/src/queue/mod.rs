@@ -15,6 +15,7 @@
 
 mod admin;
 mod auth;
+pub mod data;
 pub(crate) mod finish;
 mod io;
 mod locked;
@@ -32,7 +33,7 @@ use pollux_reactor::{Progress, Reactor, Source, SourceId, TimerId};
 use tracing::info;
 
 pub use admin::for_each_ctrl;
-pub use io::{deliver, live_buf};
+pub use io::deliver;
 pub use transport::Transport;
 
 use crate::ana::AnaStates;

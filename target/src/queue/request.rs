@@ -28,8 +28,8 @@ use pollux_nvme::spec::Status;
 use serde::{Deserialize, Serialize};
 use slab::Slab;
 
+use super::data::{DataBuf, R2tProgress};
 use crate::nvm::Io;
-use crate::tcp::h2c::{DataBuf, R2tProgress};
 
 /// Where a request is.
 #[derive(Debug)]
@@ -395,7 +395,7 @@ mod tests {
                 fua: false,
             },
             ReqState::AwaitingData {
-                buf: DataBuf::Heap(crate::tcp::h2c::H2cBuf::detached(vec![0; len as usize])),
+                buf: DataBuf::Heap(crate::queue::data::H2cBuf::detached(vec![0; len as usize])),
                 progress: R2tProgress { len, received: 0 },
             },
         )

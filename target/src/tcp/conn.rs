@@ -13,11 +13,11 @@ use pollux_nvme::tcp::{
 use pollux_reactor::{Next, Progress, Reactor, SourceId};
 use tracing::info;
 
-use super::h2c::{DIRECT_MIN, DirectRx, unknown_ttag};
+use super::h2c::{DIRECT_MIN, DirectRx, check_h2c, live_buf, unknown_ttag};
 use super::{Fatal, InPlace, RxPool, TcpTransport, WBUF_HIGH};
 use crate::close::CloseReason;
+use crate::queue::Queue;
 use crate::queue::request::{ReqState, Request};
-use crate::queue::{Queue, live_buf};
 
 /// An NVMe/TCP connection: an NVMe-oF queue on the NVMe/TCP transport (the reactor source of
 /// every accepted socket).
@@ -263,7 +263,7 @@ fn on_h2c_data(
 fn h2c_target(q: &mut Conn, r: &mut Reactor, id: SourceId, hdr: &DataHdr, header: &[u8]) -> Option<usize> {
     let checked = match q.reqs.r2t_target(usize::from(hdr.ttag.get()), hdr.cccid.get()) {
         None => Err(unknown_ttag()),
-        Some((ttag, progress)) => progress.check(hdr).map(|()| ttag),
+        Some((ttag, progress)) => check_h2c(&progress, hdr).map(|()| ttag),
     };
     match checked {
         Ok(ttag) => Some(ttag),
