@@ -469,3 +469,59 @@ fn copy_on_an_nvme_backend_is_the_devices_own_copy_within_its_limits() {
     c.shutdown().unwrap();
     t.shutdown().unwrap();
 }
+
+/// The parked requests of the reactors, by `reactors` (summed).
+fn parked(ctx: &Ctx) -> u64 {
+    let v = ctx.call("reactors", &serde_json::Value::Null).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["requests"]["parked"].as_u64().unwrap())
+        .sum()
+}
+
+#[test]
+fn a_first_waiting_for_its_second_is_a_parked_request_until_the_pair_ends() {
+    let text = conf_with(
+        "interrupt",
+        "",
+        F_NQN,
+        &format!("[[subsystem.namespace]]\nnsid = 1\nblock_size = 512\nbackend = {RAM}"),
+    );
+    let (t, ctx) = start_with_ctx(&text);
+    let mut c = Controller::connect(addr(&t), F_NQN, HOST, 1, 32, Digests::NONE).unwrap();
+    let data = pattern(7, 40, 4096);
+    c.io[0].write(1, 40, 8, &data).unwrap();
+    assert_eq!(parked(&ctx), 0);
+    let q = &mut c.io[0];
+    let (first, second) = sqe::compare_and_write(1, 40, 8);
+    // The first (its data in the capsule) waits for the next command: one Parked request.
+    let cid = q.submit(first, Data::ToCtrl(data.clone()), 0).unwrap();
+    let deadline = std::time::Instant::now() + WAIT;
+    while parked(&ctx) != 1 {
+        assert!(std::time::Instant::now() < deadline, "the first never showed as parked");
+        // Sends what the queue holds (nothing completes: the first waits).
+        q.poll_completions(Some(std::time::Duration::from_millis(5)), |c| {
+            panic!("nothing should complete yet: {c:?}")
+        })
+        .unwrap();
+    }
+    // Its second: the pair runs and both end; nothing stays parked.
+    let cid2 = q.submit(second, Data::ToCtrl(pattern(8, 40, 4096)), 0).unwrap();
+    let (mut s1, mut s2) = (None, None);
+    while s1.is_none() || s2.is_none() {
+        assert!(std::time::Instant::now() < deadline, "the pair never completed");
+        q.poll_completions(Some(std::time::Duration::from_millis(100)), |c| {
+            if c.cid == cid {
+                s1 = Some(c.status);
+            } else if c.cid == cid2 {
+                s2 = Some(c.status);
+            }
+        })
+        .unwrap();
+    }
+    assert_eq!((s1, s2), (Some(Status::SUCCESS), Some(Status::SUCCESS)));
+    assert_eq!(parked(&ctx), 0, "the pair's requests went when it ended");
+    drop(c);
+    t.shutdown().unwrap();
+}

@@ -200,8 +200,15 @@ impl<T: Transport> Queue<T> {
                 return self.end(r, cid, Status::SUCCESS);
             }
             Io::Copy { ns, dst, ranges, fua } => {
-                self.free(slot);
-                return self.start_copy(r, id, cid, ns, dst, ranges, fua, data);
+                // Parked while it waits for its range and runs.
+                let io = Io::Copy {
+                    ns: ns.clone(),
+                    dst,
+                    ranges,
+                    fua,
+                };
+                let held = self.hold(cid, &io, slot);
+                return self.start_copy(r, id, cid, ns, dst, ranges, fua, data, held);
             }
             Io::Verify { ns, .. } if ns.inline_reads => {
                 // Memory reads back what it holds: the range checked at parse is all.

@@ -8,8 +8,10 @@
 //! R2T's TTAG) and the tag a backend completes with, and are in one [`ReqState`]:
 //! - [`ReqState::AwaitingData`]: its data was asked for (an R2T sent) and arrives into its
 //!   buffer;
-//! - [`ReqState::Parked`]: it has its data and waits: behind a range a locked operation holds
-//!   ([`crate::range_lock`]), or for the other command of its fused pair;
+//! - [`ReqState::Parked`]: it has its data and waits: a write behind a range a locked
+//!   operation holds ([`crate::range_lock`]), a command of a fused pair for its partner, or
+//!   a fused pair or Copy while its locked operation waits for its range and runs (its steps
+//!   are requests of their own);
 //! - [`ReqState::Submitted`]: its namespace's channel has it;
 //! - [`ReqState::Draining`]: it completed before all its data came (aborted, or a data digest
 //!   error): the rest of its data is drained, not treated as a protocol error, then the slot
@@ -48,8 +50,8 @@ pub enum ReqState {
         /// The status it completed with.
         status: Status,
     },
-    /// Has its data and waits for a locked range or its fused partner (the data is kept by
-    /// the fused and locked operations, `queue::fused`).
+    /// Has its data and waits for a locked range, its fused partner or its locked operation
+    /// (the data is kept by the locked operations, `queue::locked`).
     Parked,
     /// Submitted to its namespace's channel.
     Submitted,
@@ -337,12 +339,13 @@ impl Requests {
             .map(|(k, _)| k)
     }
 
-    /// The live requests of namespace `nsid` (waiting for data or submitted; not drained
-    /// tombstones): (slot, command id, submitted).
+    /// The live requests of namespace `nsid` waiting for data or submitted (not drained
+    /// tombstones, nor Parked ones, which their locked operations or parked-write lists end):
+    /// (slot, command id, submitted).
     pub fn of_namespace(&self, nsid: u32) -> Vec<(usize, u16, bool)> {
         self.slots
             .iter()
-            .filter(|(_, r)| !matches!(r.state, ReqState::Draining { .. }))
+            .filter(|(_, r)| matches!(r.state, ReqState::AwaitingData { .. } | ReqState::Submitted))
             .filter(|(_, r)| r.io.namespace().is_some_and(|n| n.nsid == nsid))
             .map(|(k, r)| (k, r.cid, matches!(r.state, ReqState::Submitted)))
             .collect()

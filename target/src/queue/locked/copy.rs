@@ -26,10 +26,15 @@ impl<T: Transport> Queue<T> {
         ranges: u32,
         fua: bool,
         data: WriteData<'_>,
+        held: usize,
     ) {
         let bytes = Owned::bytes(data);
         let need = (ranges * nvm::COPY_RANGE_LEN) as usize;
-        let srcs = match bytes.get(..need).map(|b| nvm::copy_ranges(b, &ns)) {
+        let checked = bytes.get(..need).map(|b| nvm::copy_ranges(b, &ns));
+        if !matches!(checked, Some(Ok(_))) {
+            self.unhold(Some(held));
+        }
+        let srcs = match checked {
             Some(Ok(s)) => s,
             Some(Err(s)) => return self.finish(r, cid, End::status(s).at(ns.nsid, 0)),
             None => {
@@ -42,6 +47,7 @@ impl<T: Transport> Queue<T> {
         };
         let total: u64 = srcs.iter().map(|s| s.1).sum();
         if dst.checked_add(total).is_none_or(|end| end > ns.bytes()) {
+            self.unhold(Some(held));
             let end = End::status(Status::LBA_OUT_OF_RANGE.with_dnr()).at(ns.nsid, dst >> ns.block_shift);
             return self.finish(r, cid, end);
         }
@@ -73,6 +79,7 @@ impl<T: Transport> Queue<T> {
             written: 0,
             kind: OpKind::Copy { cid, fua, device },
             ns,
+            held: vec![held],
         };
         let key = self.locked.ops.insert(op);
         self.try_start(r, id, key);

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use pollux_nvme::spec::{Sqe, Status, opcode, sct};
 use pollux_reactor::{Reactor, SourceId};
 
+use super::super::request::ReqState;
 use super::{LockedOp, OpKind, Owned, Queue, Transport};
 use crate::backend::WriteData;
 use crate::nvm::{self, DataIn, Io};
@@ -45,6 +46,8 @@ pub(in crate::queue) struct PairWrite {
     pub(super) fua: bool,
     pub(super) data: Option<Owned>,
     pub(super) slot: Option<usize>,
+    /// Its Parked request once its data is here.
+    pub(super) held: Option<usize>,
 }
 
 /// A fused pair gathering its commands and their data.
@@ -58,6 +61,8 @@ pub(in crate::queue) struct Pair {
     pub(super) cmp_cid: u16,
     pub(super) expect: Option<Vec<u8>>,
     pub(super) cmp_slot: Option<usize>,
+    /// The Compare's Parked request once its data is here.
+    pub(super) cmp_held: Option<usize>,
     pub(super) wr: Option<PairWrite>,
 }
 
@@ -123,10 +128,14 @@ impl<T: Transport> Queue<T> {
             cmp_cid: cid,
             expect: None,
             cmp_slot: None,
+            cmp_held: None,
             wr: None,
         };
         match cmd.data {
-            DataIn::InCapsule => pair.expect = Some(data[..*len as usize].to_vec()),
+            DataIn::InCapsule => {
+                pair.expect = Some(data[..*len as usize].to_vec());
+                pair.cmp_held = Some(self.hold(cid, &cmd.io, None));
+            }
             DataIn::R2t(l) => match self.start_r2t(r, cid, cmd.io, l) {
                 Some(s) => pair.cmp_slot = Some(s),
                 None => {
@@ -134,7 +143,10 @@ impl<T: Transport> Queue<T> {
                     return;
                 }
             },
-            DataIn::None => pair.expect = Some(Vec::new()),
+            DataIn::None => {
+                pair.expect = Some(Vec::new());
+                pair.cmp_held = Some(self.hold(cid, &cmd.io, None));
+            }
         }
         self.locked.open = Some(Open::Pair(self.locked.pairs.insert(pair)));
     }
@@ -158,14 +170,21 @@ impl<T: Transport> Queue<T> {
             fua: *fua,
             data: None,
             slot: None,
+            held: None,
         };
         match cmd.data {
-            DataIn::InCapsule => wr.data = Some(Owned::Heap(data[..*len as usize].to_vec())),
+            DataIn::InCapsule => {
+                wr.data = Some(Owned::Heap(data[..*len as usize].to_vec()));
+                wr.held = Some(self.hold(cid, &cmd.io, None));
+            }
             DataIn::R2t(l) => match self.start_r2t(r, cid, cmd.io, l) {
                 Some(s) => wr.slot = Some(s),
                 None => return self.drop_pair(r, k, FAILED_FUSED),
             },
-            DataIn::None => wr.data = Some(Owned::Heap(Vec::new())),
+            DataIn::None => {
+                wr.data = Some(Owned::Heap(Vec::new()));
+                wr.held = Some(self.hold(cid, &cmd.io, None));
+            }
         }
         if let Some(p) = self.locked.pairs.get_mut(k) {
             p.wr = Some(wr);
@@ -183,15 +202,18 @@ impl<T: Transport> Queue<T> {
         slot: usize,
         data: WriteData<'_>,
     ) {
-        self.reqs.remove(slot);
+        // It waits for its partner, Parked in its slot.
+        self.reqs.set_state(slot, ReqState::Parked);
         let Some(p) = self.locked.pairs.get_mut(k) else { return };
         if cmp {
             let bytes = Owned::bytes(data);
             p.expect = Some(bytes[..(p.len as usize).min(bytes.len())].to_vec());
             p.cmp_slot = None;
+            p.cmp_held = Some(slot);
         } else if let Some(w) = p.wr.as_mut() {
             w.data = Some(Owned::keep(data));
             w.slot = None;
+            w.held = Some(slot);
         }
         self.pair_ready(r, id, k);
     }
@@ -215,7 +237,9 @@ impl<T: Transport> Queue<T> {
         // one of its units: atomic for all its clients, not only this target's.
         let end = p.off + u64::from(p.len);
         let device = (p.ns.backend.caps().compare_and_write).is_some_and(|unit| p.off / unit == (end - 1) / unit);
+        let held = [p.cmp_held, wr.held].into_iter().flatten().collect();
         let op = LockedOp {
+            held,
             start: p.off,
             end,
             lock: None,
@@ -248,7 +272,10 @@ impl<T: Transport> Queue<T> {
         let nsid = p.ns.nsid;
         match p.cmp_slot {
             Some(s) => self.complete_early(r, s, p.cmp_cid, status),
-            None => self.finish(r, p.cmp_cid, End::status(status).at(nsid, 0)),
+            None => {
+                self.unhold(p.cmp_held);
+                self.finish(r, p.cmp_cid, End::status(status).at(nsid, 0));
+            }
         }
         if let Some(w) = p.wr {
             self.end_pair_write(r, &p.ns, w, status);
@@ -261,6 +288,7 @@ impl<T: Transport> Queue<T> {
         match (w.slot, w.data) {
             (Some(s), _) => self.complete_early(r, s, w.cid, status),
             (None, _) => {
+                self.unhold(w.held);
                 self.finish(r, w.cid, End::status(status).at(ns.nsid, 0));
             }
         }
@@ -284,7 +312,10 @@ impl<T: Transport> Queue<T> {
         } else {
             match p.cmp_slot {
                 Some(s) => self.complete_early(r, s, p.cmp_cid, FAILED_FUSED),
-                None => self.finish(r, p.cmp_cid, End::status(FAILED_FUSED).at(nsid, 0)),
+                None => {
+                    self.unhold(p.cmp_held);
+                    self.finish(r, p.cmp_cid, End::status(FAILED_FUSED).at(nsid, 0));
+                }
             }
         }
     }

@@ -21,6 +21,7 @@ mod run;
 
 pub use fused::FAILED_FUSED;
 
+use super::request::{ReqState, Request};
 use super::{Queue, Transport};
 use crate::backend::{PooledDma, WriteData};
 use crate::nvm::Io;
@@ -103,6 +104,8 @@ pub(super) struct LockedOp {
     /// Bytes written so far.
     written: u64,
     kind: OpKind,
+    /// The slots of the Parked requests of the commands it ends (freed when it ends).
+    held: Vec<usize>,
 }
 
 /// A queue's fused pairs, locked operations and parked writes.
@@ -150,6 +153,25 @@ fn wake<T: Transport>(r: &mut Reactor, w: Waiter) {
 }
 
 impl<T: Transport> Queue<T> {
+    /// Keep command `cid` (`io`) as a Parked request while a locked operation or its fused
+    /// partner holds it: in `slot` (its data came by R2T) or a new slot. Its slot.
+    pub(in crate::queue) fn hold(&mut self, cid: u16, io: &Io, slot: Option<usize>) -> usize {
+        match slot {
+            Some(s) => {
+                self.reqs.set_state(s, ReqState::Parked);
+                s
+            }
+            None => self.reqs.insert(Request::new(cid, io.clone(), ReqState::Parked)),
+        }
+    }
+
+    /// A held command ends: its Parked request goes.
+    fn unhold(&mut self, slot: Option<usize>) {
+        if let Some(s) = slot {
+            self.reqs.remove(s);
+        }
+    }
+
     fn waiter(&self, id: SourceId) -> Waiter {
         Waiter {
             reactor: self.reactor,

@@ -280,6 +280,9 @@ impl<T: Transport> Queue<T> {
         let Some(op) = self.locked.ops.try_remove(key) else {
             return;
         };
+        for &s in &op.held {
+            self.reqs.remove(s);
+        }
         if let Some(l) = op.lock {
             unlock_and_wake(r, &op.ns, l, wake::<T>);
         }
