@@ -10,7 +10,7 @@ use pollux_reactor::sys::monotonic_ns;
 use pollux_reactor::{Polling, Reactor, SourceId};
 
 use super::data::{DataBuf, H2cBuf, H2cPool, R2tProgress};
-use super::finish::{Counted, End};
+use super::finish::{Counted, End, Payload};
 use super::request::{ReqState, Request};
 use super::{Queue, Role, Transport};
 use crate::backend::{Completion, ReadData, Tag, WriteData, channel_for, existing_channel, with_channel};
@@ -196,8 +196,7 @@ impl<T: Transport> Queue<T> {
             Io::ReservationReport { ns, len } => {
                 self.free(slot);
                 let page = ns.resv.state().report(len as usize);
-                self.t.send_data(cid, &page);
-                return self.end(r, cid, Status::SUCCESS);
+                return self.finish(r, cid, End::ok().payload(Payload::Bytes(&page)));
             }
             Io::Copy { ns, dst, ranges, fua } => {
                 // Parked while it waits for its range and runs.
