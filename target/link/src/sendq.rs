@@ -84,16 +84,19 @@ impl SendQueue {
     }
 
     /// Bytes queued and not yet sent.
+    #[inline]
     pub fn pending(&self) -> usize {
         self.buf.len() - self.sent + self.ext_pending
     }
 
     /// Append bytes the queue owns.
+    #[inline]
     pub fn extend_from_slice(&mut self, b: &[u8]) {
         self.buf.extend_from_slice(b);
     }
 
     /// The owned tail, to append to in place (a copy of read data that needs a digest).
+    #[inline]
     pub fn owned(&mut self) -> &mut Vec<u8> {
         &mut self.buf
     }
@@ -139,11 +142,13 @@ impl SendQueue {
     }
 
     /// Bytes sent since the queue was made.
+    #[inline]
     pub fn sent_total(&self) -> u64 {
         self.sent_total
     }
 
     /// The stream position after everything queued so far.
+    #[inline]
     pub fn stream_end(&self) -> u64 {
         self.sent_total + self.pending() as u64
     }
