@@ -38,16 +38,23 @@ struct External {
     at: usize,
     base: NonNull<u8>,
     len: usize,
-    /// Keeps the memory mapped until the bytes are sent (the namespace that owns it); None
-    /// when the caller answers for that ([`SendQueue::push_borrowed`]).
-    _keep: Option<Arc<dyn Any + Send + Sync>>,
 }
 
-// SAFETY: `base` points into memory owned by `_keep`, which is Send + Sync, or by the
-// caller of `push_borrowed`, who keeps it valid until the bytes are sent wherever the queue
-// goes; it is only passed to the kernel (never dereferenced by Rust code), so the segment
-// may move between threads with its owner.
+// SAFETY: `base` points into memory owned by one of the queue's `keeps` (Send + Sync), or
+// by the caller of `push_borrowed`, who keeps it valid until the bytes are sent wherever the
+// queue goes; it is only passed to the kernel (never dereferenced by Rust code), so the
+// segment may move between threads with its owner.
 unsafe impl Send for External {}
+
+/// What keeps the memory of external segments mapped (the namespace that owns it) until the
+/// stream has sent up to `until`. Consecutive segments of one owner share one entry: a run
+/// of reads of one namespace holds it once, not once per read (no reference count taken and
+/// dropped per command).
+struct Keep {
+    owner: Arc<dyn Any + Send + Sync>,
+    /// The stream position after the last byte it keeps.
+    until: u64,
+}
 
 /// Ordered bytes waiting for the socket.
 #[derive(Default)]
@@ -56,6 +63,11 @@ pub struct SendQueue {
     /// Bytes of `buf` already sent.
     sent: usize,
     ext: VecDeque<External>,
+    /// The owner of the newest external segments not yet sent (at QD1 the only one: no
+    /// queue to push to and pop from per read).
+    keep_last: Option<Keep>,
+    /// Owners of older external segments not yet sent, in stream order.
+    keeps: VecDeque<Keep>,
     /// Bytes of the front external segment already sent.
     ext_sent: usize,
     /// Bytes of external segments not yet sent.
@@ -84,16 +96,19 @@ impl SendQueue {
     }
 
     /// Bytes queued and not yet sent.
+    #[inline]
     pub fn pending(&self) -> usize {
         self.buf.len() - self.sent + self.ext_pending
     }
 
     /// Append bytes the queue owns.
+    #[inline]
     pub fn extend_from_slice(&mut self, b: &[u8]) {
         self.buf.extend_from_slice(b);
     }
 
     /// The owned tail, to append to in place (a copy of read data that needs a digest).
+    #[inline]
     pub fn owned(&mut self) -> &mut Vec<u8> {
         &mut self.buf
     }
@@ -102,11 +117,28 @@ impl SendQueue {
     ///
     /// # Safety
     /// `base..base + len` must stay mapped and readable while `keep` lives (the queue holds
-    /// `keep` until the bytes are sent). Others may write to the bytes meanwhile: the kernel
-    /// sends whatever they hold when it copies them.
+    /// a reference to `keep` until the bytes are sent). Others may write to the bytes
+    /// meanwhile: the kernel sends whatever they hold when it copies them.
     #[inline]
-    pub unsafe fn push_external(&mut self, base: NonNull<u8>, len: usize, keep: Arc<dyn Any + Send + Sync>) {
-        self.push_segment(base, len, Some(keep));
+    pub unsafe fn push_external<K: Any + Send + Sync>(&mut self, base: NonNull<u8>, len: usize, keep: &Arc<K>) {
+        if len == 0 {
+            return;
+        }
+        let until = self.stream_end() + len as u64;
+        match &mut self.keep_last {
+            // The same owner as the segment before: it is kept until this one is sent too.
+            Some(k) if std::ptr::addr_eq(Arc::as_ptr(&k.owner), Arc::as_ptr(keep)) => k.until = until,
+            last => {
+                let new = Keep {
+                    owner: keep.clone(),
+                    until,
+                };
+                if let Some(older) = last.replace(new) {
+                    self.keeps.push_back(older);
+                }
+            }
+        }
+        self.push_segment(base, len);
     }
 
     /// Append `len` bytes at `base` to be sent in place, the caller keeping them alive;
@@ -118,14 +150,14 @@ impl SendQueue {
     /// returned position, or until the queue is dropped or no longer flushed. Writes to the
     /// bytes meanwhile change what is sent.
     pub unsafe fn push_borrowed(&mut self, base: NonNull<u8>, len: usize) -> u64 {
-        self.push_segment(base, len, None);
+        self.push_segment(base, len);
         self.stream_end()
     }
 
     /// Queue an external segment after the owned bytes queued so far (callers hold the
     /// safety contract of `push_external` or `push_borrowed`).
     #[inline]
-    fn push_segment(&mut self, base: NonNull<u8>, len: usize, keep: Option<Arc<dyn Any + Send + Sync>>) {
+    fn push_segment(&mut self, base: NonNull<u8>, len: usize) {
         if len == 0 {
             return;
         }
@@ -133,17 +165,18 @@ impl SendQueue {
             at: self.buf.len(),
             base,
             len,
-            _keep: keep,
         });
         self.ext_pending += len;
     }
 
     /// Bytes sent since the queue was made.
+    #[inline]
     pub fn sent_total(&self) -> u64 {
         self.sent_total
     }
 
     /// The stream position after everything queued so far.
+    #[inline]
     pub fn stream_end(&self) -> u64 {
         self.sent_total + self.pending() as u64
     }
@@ -191,6 +224,13 @@ impl SendQueue {
                 return Err(io::ErrorKind::WriteZero.into());
             }
             self.advance(rc as usize);
+        }
+        // The owners of what was sent may go.
+        while self.keeps.front().is_some_and(|k| k.until <= self.sent_total) {
+            self.keeps.pop_front();
+        }
+        if self.keep_last.as_ref().is_some_and(|k| k.until <= self.sent_total) {
+            self.keep_last = None;
         }
         self.settle();
         Ok(())
@@ -302,9 +342,8 @@ mod tests {
 
     fn external(q: &mut SendQueue, mem: &Arc<Vec<u8>>, range: std::ops::Range<usize>) {
         let base = NonNull::new(mem[range.clone()].as_ptr().cast_mut()).unwrap();
-        let keep: Arc<dyn Any + Send + Sync> = mem.clone();
-        // SAFETY: the bytes belong to `mem`, which `keep` keeps alive and nobody writes.
-        unsafe { q.push_external(base, range.len(), keep) };
+        // SAFETY: the bytes belong to `mem`, which the queue keeps alive and nobody writes.
+        unsafe { q.push_external(base, range.len(), mem) };
     }
 
     /// Bytes come out in the order they were queued, owned and external interleaved, across
@@ -354,6 +393,47 @@ mod tests {
         assert!(got == want, "stream differs from what was queued");
         // The namespace stand-in is released once its bytes are sent.
         assert_eq!(Arc::strong_count(&mem), 1);
+    }
+
+    /// Consecutive segments of one owner hold it once; it is held until the last of them is
+    /// sent, not released when the first one is (a partial send), and another owner's
+    /// segments in between keep their own.
+    #[test]
+    fn an_owner_is_held_once_per_run_until_its_last_segment_is_sent() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        a.set_nonblocking(true).unwrap();
+        let one: Arc<Vec<u8>> = Arc::new(vec![1; 300_000]);
+        let two: Arc<Vec<u8>> = Arc::new(vec![2; 1000]);
+        let mut q = SendQueue::default();
+        for i in 0..3 {
+            external(&mut q, &one, i * 1000..(i + 1) * 1000);
+        }
+        // Three reads of one namespace: one reference.
+        assert_eq!(Arc::strong_count(&one), 2);
+        external(&mut q, &two, 0..1000);
+        external(&mut q, &one, 3000..300_000);
+        assert_eq!((Arc::strong_count(&one), Arc::strong_count(&two)), (3, 2));
+        let total = q.pending() as u64;
+        let mut got = 0u64;
+        let mut chunk = vec![0u8; 64 * 1024];
+        let mut seen_partial = false;
+        while q.pending() > 0 {
+            q.flush(a.as_raw_fd()).unwrap();
+            let sent = q.sent_total();
+            // `two` goes once its bytes (3000..4000 of the stream) are out; `one` once all is.
+            assert_eq!(Arc::strong_count(&two), if sent >= 4000 { 1 } else { 2 });
+            if sent < total {
+                assert!(Arc::strong_count(&one) >= 2, "released at {sent} of {total}");
+                seen_partial |= sent >= 4000;
+            }
+            got += b.read(&mut chunk).unwrap() as u64;
+        }
+        assert!(seen_partial, "the socket took the data in several calls");
+        assert_eq!((Arc::strong_count(&one), Arc::strong_count(&two)), (1, 1));
+        drop(a);
+        let mut rest = Vec::new();
+        b.read_to_end(&mut rest).unwrap();
+        assert_eq!(got + rest.len() as u64, total);
     }
 
     /// A borrowed segment's returned position is where `sent_total` says it has gone: not

@@ -502,13 +502,14 @@ impl TcpTransport {
     /// only without a data digest, which must cover exactly the bytes sent).
     ///
     /// # Safety
-    /// `base..base + len` must stay mapped and readable while `keep` lives.
+    /// `base..base + len` must stay mapped and readable while `keep` lives (the send queue
+    /// holds it until the bytes are sent).
     #[inline]
-    pub unsafe fn c2h_data_in_place(
+    pub unsafe fn c2h_data_in_place<K: std::any::Any + Send + Sync>(
         &mut self,
         base: NonNull<u8>,
         len: usize,
-        keep: Arc<dyn std::any::Any + Send + Sync>,
+        keep: &Arc<K>,
     ) {
         debug_assert!(self.sends_in_place());
         // SAFETY: the caller's contract is push_external's.
@@ -609,9 +610,9 @@ impl Transport for TcpTransport {
         match data {
             ReadData::Ram(mem, off) if self.sends_in_place() => {
                 let base = mem.range_ptr(off, len as usize);
-                let keep: Arc<dyn std::any::Any + Send + Sync> = keep.clone();
                 // SAFETY: the range is inside the RAM disk's mapping (range_ptr checks it),
-                // which lives as long as the namespace that `keep` holds.
+                // which lives as long as the namespace `keep`, which the send queue holds
+                // until the bytes are sent.
                 unsafe { self.c2h_data_in_place(base, len as usize, keep) };
             }
             data => self.c2h_data_copied(|buf| data.append_to(len as usize, buf)),
