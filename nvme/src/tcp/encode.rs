@@ -79,7 +79,7 @@ pub fn encode_capsule_cmd(sqe: &Sqe, in_capsule_data_len: u32, hdgst: bool, ddgs
 }
 
 /// A CapsuleResp for `cqe`; returns the buffer and the bytes used (24 or 28).
-#[inline]
+#[inline(always)]
 pub fn encode_capsule_resp(cqe: &Cqe, hdgst: bool) -> ([u8; 28], usize) {
     let hlen = PduType::CapsuleResp.hlen();
     let plen = u32::from(hlen) + if hdgst { DIGEST_LEN as u32 } else { 0 };
@@ -119,7 +119,7 @@ fn encode_data_hdr(ty: PduType, cccid: u16, ttag: u16, datao: u32, datal: u32, p
 /// A C2HData header for `datal` bytes at offset `datao` of command `cccid`; returns the
 /// buffer and the bytes used (24 or 28). `success` (no CapsuleResp follows) implies `last`:
 /// LAST_PDU is set whenever SUCCESS is.
-#[inline]
+#[inline(always)]
 pub fn encode_c2h_data_hdr(
     cccid: u16,
     datao: u32,
@@ -163,7 +163,7 @@ pub fn encode_h2c_data_hdr(
 
 /// An R2T asking for `r2tl` bytes at offset `r2to` of command `cccid`, tagged `ttag`;
 /// returns the buffer and the bytes used (24 or 28).
-#[inline]
+#[inline(always)]
 pub fn encode_r2t(cccid: u16, ttag: u16, r2to: u32, r2tl: u32, hdgst: bool) -> ([u8; 28], usize) {
     let hlen = PduType::R2T.hlen();
     let plen = u32::from(hlen) + if hdgst { DIGEST_LEN as u32 } else { 0 };

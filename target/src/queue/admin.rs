@@ -62,12 +62,12 @@ impl<T: Transport> Queue<T> {
             Fabrics::AuthReceive { cdw10, al } => self.auth_receive(r, id, sqe, cdw10, al),
             _ if !matches!(self.role, Role::Unbound | Role::Connecting) && !self.auth.allows_commands() => {
                 // NVMe 2.0 §8.13.5: Property Get/Set and Disconnect wait for authentication too.
-                self.finish(r, cid, End::status(Status::AUTH_REQUIRED.with_dnr()).unlogged())
+                self.finish(r, cid, &End::status(Status::AUTH_REQUIRED.with_dnr()).unlogged())
             }
             Fabrics::PropertyGet { size8, offset } => match &self.role {
                 Role::Admin(ctrl) => {
                     let rep = property::property_get(ctrl, &self.shared, size8, offset);
-                    self.finish(r, cid, End::reply(&rep, 0).unlogged());
+                    self.finish(r, cid, &End::reply(&rep, 0).unlogged());
                 }
                 _ => self.end(r, cid, Status::INVALID_OPCODE.with_dnr()),
             },
@@ -86,7 +86,7 @@ impl<T: Transport> Queue<T> {
                     CcEffect::Shutdown => info!(cntlid, "controller shutdown"),
                     CcEffect::None => {}
                 }
-                self.finish(r, cid, End::reply(&rep, 0).unlogged());
+                self.finish(r, cid, &End::reply(&rep, 0).unlogged());
             }
             Fabrics::Disconnect => {
                 if matches!(self.role, Role::Io(_)) {
@@ -105,7 +105,7 @@ impl<T: Transport> Queue<T> {
     fn connect(&mut self, r: &mut Reactor, id: SourceId, cid: u16, sqe: &Sqe, c: ConnectCmd, data: &[u8]) {
         let refuse = |c: &mut Self, r: &mut Reactor, no: Refusal, qid: u16| {
             info!(peer = %c.t.peer(), qid, status = %no.status.in_context(StatusContext::Fabrics), "connect refused: {}", no.why);
-            c.finish(r, cid, End::status(no.status).dw(no.dw0, 0).unlogged());
+            c.finish(r, cid, &End::status(no.status).dw(no.dw0, 0).unlogged());
         };
         let req = match connect::check(&self.shared, sqe, c, data, self.t.tls_identity(), self.listener) {
             Ok(req) => req,
@@ -113,6 +113,7 @@ impl<T: Transport> Queue<T> {
         };
         self.sq.qid = req.qid;
         self.sq.entries = req.entries;
+        self.unsent = super::unsent::Unsent::with_capacity(req.entries as usize);
         self.sq.head = 1 % req.entries; // the Connect itself was consumed
         self.sq.flow_off = req.sqflow_off;
         if let Err(no) = connect::check_dynamic_cntlid(&req) {
@@ -130,7 +131,7 @@ impl<T: Transport> Queue<T> {
                     cntlids = format_args!("{}..={}", range.start(), range.end()),
                     "connect refused: no controller id of the range left on this reactor"
                 );
-                return self.finish(r, cid, End::status(Status::CONNECT_CONTROLLER_BUSY).unlogged());
+                return self.finish(r, cid, &End::status(Status::CONNECT_CONTROLLER_BUSY).unlogged());
             };
             let me_ref = self.me(id);
             if let Some(l) = r.local::<Local>() {
@@ -149,7 +150,7 @@ impl<T: Transport> Queue<T> {
             self.schedule_keep_alive(r, id);
             let atr = self.auth_required(&d.hostnqn, subsys_of_req.as_deref());
             self.start_auth(r, id, &d.hostnqn, atr);
-            self.finish(r, cid, End::status(Status::SUCCESS).dw(connect_dw0(cntlid, atr), 0));
+            self.finish(r, cid, &End::status(Status::SUCCESS).dw(connect_dw0(cntlid, atr), 0));
             return;
         }
         let (qid, cntlid) = (req.qid, d.cntlid);
@@ -170,7 +171,7 @@ impl<T: Transport> Queue<T> {
         });
         if !sent {
             self.role = Role::Unbound;
-            self.finish(r, cid, End::status(Status::CONNECT_CONTROLLER_BUSY).unlogged());
+            self.finish(r, cid, &End::status(Status::CONNECT_CONTROLLER_BUSY).unlogged());
         }
     }
 
@@ -189,12 +190,12 @@ impl<T: Transport> Queue<T> {
                     hostid,
                 });
                 self.start_auth(r, id, &hostnqn, atr);
-                self.finish(r, cid, End::status(Status::SUCCESS).dw(connect_dw0(cntlid, atr), 0));
+                self.finish(r, cid, &End::status(Status::SUCCESS).dw(connect_dw0(cntlid, atr), 0));
             }
             Err(no) => {
                 info!(peer = %self.t.peer(), qid = self.sq.qid, cntlid, status = %no.status.in_context(StatusContext::Fabrics), "I/O queue connect refused: {}", no.why);
                 self.role = Role::Unbound;
-                self.finish(r, cid, End::status(no.status).dw(no.dw0, 0).unlogged());
+                self.finish(r, cid, &End::status(no.status).dw(no.dw0, 0).unlogged());
             }
         }
         self.flush_or_close(r, id);
@@ -306,7 +307,7 @@ impl<T: Transport> Queue<T> {
                 return self.change_reservations(r, id, cid, ns, nqn, hostid, op);
             }
         };
-        self.finish(r, cid, End::reply(&rep, max_len).at(nsid, 0));
+        self.finish(r, cid, &End::reply(&rep, max_len).at(nsid, 0));
         // Set Features may have enabled SMART events.
         self.schedule_health_check(r, id);
     }
@@ -319,12 +320,12 @@ impl<T: Transport> Queue<T> {
                 self.end(r, target, Status::ABORT_REQUESTED);
                 self.end(r, cid, Status::SUCCESS);
             } else {
-                self.finish(r, cid, End::status(Status::SUCCESS).dw(1, 0));
+                self.finish(r, cid, &End::status(Status::SUCCESS).dw(1, 0));
             }
             return;
         }
         let Some(q) = ctrl.io_queues.get(&sqid).copied() else {
-            return self.finish(r, cid, End::status(Status::SUCCESS).dw(1, 0));
+            return self.finish(r, cid, &End::status(Status::SUCCESS).dw(1, 0));
         };
         let (me, serial) = (self.reactor, self.serial);
         let sent = r.send(q.reactor, move |r| {
@@ -336,14 +337,14 @@ impl<T: Transport> Queue<T> {
             r.send(me, move |r| {
                 r.with_source::<Self, _>(id, |c, r| {
                     if c.serial == serial {
-                        c.finish(r, cid, End::status(Status::SUCCESS).dw(u32::from(!aborted), 0));
+                        c.finish(r, cid, &End::status(Status::SUCCESS).dw(u32::from(!aborted), 0));
                         c.flush_or_close(r, id);
                     }
                 });
             });
         });
         if !sent {
-            self.finish(r, cid, End::status(Status::SUCCESS).dw(1, 0));
+            self.finish(r, cid, &End::status(Status::SUCCESS).dw(1, 0));
         }
     }
 
@@ -351,7 +352,7 @@ impl<T: Transport> Queue<T> {
     pub fn complete_events(&mut self, r: &mut Reactor) {
         let Role::Admin(ctrl) = &mut self.role else { return };
         for (cid, ev) in ctrl.ready_events() {
-            self.finish(r, cid, End::status(Status::SUCCESS).dw(ev, 0));
+            self.finish(r, cid, &End::status(Status::SUCCESS).dw(ev, 0));
         }
         let _ = self.t.flush();
     }

@@ -57,17 +57,17 @@ impl<T: Transport> Queue<T> {
     pub(super) fn auth_send(&mut self, r: &mut Reactor, id: SourceId, sqe: &Sqe, cdw10: u32, tl: u32, data: &[u8]) {
         let cid = sqe.cid.get();
         if let Err(s) = check_command(cdw10, tl) {
-            return self.finish(r, cid, End::status(s).unlogged());
+            return self.finish(r, cid, &End::status(s).unlogged());
         }
         // Every message fits the in-capsule data of any queue (at least 4 KiB).
         if data.len() < tl as usize {
-            return self.finish(r, cid, End::status(Status::INVALID_FIELD.with_dnr()).unlogged());
+            return self.finish(r, cid, &End::status(Status::INVALID_FIELD.with_dnr()).unlogged());
         }
         let Some(outcome) = self.auth_step(|a, ctx| a.send(ctx, &data[..tl as usize])) else {
             return self.finish(
                 r,
                 cid,
-                End::status(Status::COMMAND_SEQUENCE_ERROR.with_dnr()).unlogged(),
+                &End::status(Status::COMMAND_SEQUENCE_ERROR.with_dnr()).unlogged(),
             );
         };
         self.end(r, cid, Status::SUCCESS);
@@ -93,13 +93,13 @@ impl<T: Transport> Queue<T> {
     pub(super) fn auth_receive(&mut self, r: &mut Reactor, id: SourceId, sqe: &Sqe, cdw10: u32, al: u32) {
         let cid = sqe.cid.get();
         if let Err(s) = check_command(cdw10, al) {
-            return self.finish(r, cid, End::status(s).unlogged());
+            return self.finish(r, cid, &End::status(s).unlogged());
         }
         if !matches!(self.role, Role::Admin(_) | Role::Io(_)) {
             return self.finish(
                 r,
                 cid,
-                End::status(Status::COMMAND_SEQUENCE_ERROR.with_dnr()).unlogged(),
+                &End::status(Status::COMMAND_SEQUENCE_ERROR.with_dnr()).unlogged(),
             );
         }
         let buf = match c2h_len(sqe, MAX_MESSAGE) {
@@ -108,10 +108,10 @@ impl<T: Transport> Queue<T> {
                 return self.finish(
                     r,
                     cid,
-                    End::status(Status::DATA_SGL_LENGTH_INVALID.with_dnr()).unlogged(),
+                    &End::status(Status::DATA_SGL_LENGTH_INVALID.with_dnr()).unlogged(),
                 );
             }
-            Err(s) => return self.finish(r, cid, End::status(s).unlogged()),
+            Err(s) => return self.finish(r, cid, &End::status(s).unlogged()),
         };
         if self.auth.computing() {
             // The message depends on DH work still running: answered when it is done. One
@@ -120,7 +120,7 @@ impl<T: Transport> Queue<T> {
                 return self.finish(
                     r,
                     cid,
-                    End::status(Status::COMMAND_SEQUENCE_ERROR.with_dnr()).unlogged(),
+                    &End::status(Status::COMMAND_SEQUENCE_ERROR.with_dnr()).unlogged(),
                 );
             }
             self.auth_held = Some((cid, buf));
@@ -133,11 +133,11 @@ impl<T: Transport> Queue<T> {
     fn answer_receive(&mut self, r: &mut Reactor, id: SourceId, cid: u16, buf: u32) {
         match self.auth.receive(buf) {
             Ok((data, outcome)) => {
-                self.finish(r, cid, End::reply(&Reply::data(data), buf).unlogged());
+                self.finish(r, cid, &End::reply(&Reply::data(data), buf).unlogged());
                 self.auth_outcome(r, id, outcome);
             }
             Err(s) => {
-                self.finish(r, cid, End::status(s).unlogged());
+                self.finish(r, cid, &End::status(s).unlogged());
                 self.auth_outcome(
                     r,
                     id,

@@ -17,6 +17,7 @@ use crate::nvm::Io;
 use crate::subsystem::{Namespace, bump};
 
 /// What goes to the host before a command's completion.
+#[derive(Clone, Copy)]
 pub(super) enum Payload<'a> {
     /// Nothing.
     None,
@@ -55,7 +56,7 @@ pub(super) enum Counted<'a> {
 impl<'a> Counted<'a> {
     /// What NVM command `io`, arrived at `started`, does: Read and Write (and Write Zeroes)
     /// are timed; Compare and Verify count as reads without data units.
-    #[inline]
+    #[inline(always)]
     pub fn of(io: &'a Io, started: u64) -> Self {
         match io {
             Io::Read { ns, len, .. } => Counted::Read {
@@ -96,7 +97,7 @@ pub(super) struct End<'a> {
 
 impl<'a> End<'a> {
     /// A command ends with `status`, nothing else to say.
-    #[inline]
+    #[inline(always)]
     pub fn status(status: Status) -> Self {
         Self {
             status,
@@ -111,7 +112,7 @@ impl<'a> End<'a> {
     }
 
     /// A command succeeds.
-    #[inline]
+    #[inline(always)]
     pub fn ok() -> Self {
         Self::status(Status::SUCCESS)
     }
@@ -127,7 +128,7 @@ impl<'a> End<'a> {
 
     /// A successful read of `len` bytes of `ns`: its data, then (with SQ flow control) the
     /// completion.
-    #[inline]
+    #[inline(always)]
     pub fn read(ns: &'a Arc<Namespace>, len: u32, data: ReadData<'a>, started: u64) -> Self {
         Self::ok()
             .payload(Payload::Read { data, ns, len })
@@ -139,28 +140,28 @@ impl<'a> End<'a> {
     }
 
     /// Completion dwords 0 and 1.
-    #[inline]
+    #[inline(always)]
     pub fn dw(mut self, dw0: u32, dw1: u32) -> Self {
         (self.dw0, self.dw1) = (dw0, dw1);
         self
     }
 
     /// What precedes the completion.
-    #[inline]
+    #[inline(always)]
     pub fn payload(mut self, p: Payload<'a>) -> Self {
         self.payload = p;
         self
     }
 
     /// What the command did.
-    #[inline]
+    #[inline(always)]
     pub fn counted(mut self, c: Counted<'a>) -> Self {
         self.counted = c;
         self
     }
 
     /// The namespace and LBA a failure concerns.
-    #[inline]
+    #[inline(always)]
     pub fn at(mut self, nsid: u32, lba: u64) -> Self {
         (self.nsid, self.lba) = (nsid, lba);
         self
@@ -169,7 +170,7 @@ impl<'a> End<'a> {
     /// A failure that is not the error log's: the fabrics exchanges that set a queue up
     /// (Connect, Authentication Send/Receive and the commands refused until they are done),
     /// whose failures the host sees in their status and the target logs with their reason.
-    #[inline]
+    #[inline(always)]
     pub fn unlogged(mut self) -> Self {
         self.logged = false;
         self
@@ -177,8 +178,11 @@ impl<'a> End<'a> {
 }
 
 impl<T: Transport> Queue<T> {
-    /// End command `cid` as `end` says: the one place a command completes.
-    pub(super) fn finish(&mut self, r: &mut Reactor, cid: u16, end: End<'_>) {
+    /// End command `cid` as `end` says: the one place a command completes. Inlined: at each
+    /// call the builder's constant fields fold away what does not apply (a read's end is the
+    /// data, the completion and two counters, nothing else).
+    #[inline(always)]
+    pub(super) fn finish(&mut self, r: &mut Reactor, cid: u16, end: &End<'_>) {
         let ok = end.status.is_success();
         let mut cqe = true;
         match end.payload {
@@ -212,7 +216,7 @@ impl<T: Transport> Queue<T> {
     }
 
     /// Count what a successful command did in its namespace's figures on this reactor.
-    #[inline]
+    #[inline(always)]
     fn count(&self, c: Counted<'_>) {
         let (ns, bytes, started, read) = match c {
             Counted::Nothing => return,
@@ -235,6 +239,8 @@ impl<T: Transport> Queue<T> {
     }
 
     /// Record a failed command in its controller's error log (NVMe 2.0 §5.16.1.2).
+    #[cold]
+    #[inline(never)]
     fn log_error(&mut self, r: &mut Reactor, cid: u16, status: Status, nsid: u32, lba: u64) {
         let sqid = self.sq.qid;
         match &mut self.role {
@@ -253,6 +259,6 @@ impl<T: Transport> Queue<T> {
     /// Complete command `cid` with `status` (the common case of [`Self::finish`]).
     #[inline]
     pub(super) fn end(&mut self, r: &mut Reactor, cid: u16, status: Status) {
-        self.finish(r, cid, End::status(status));
+        self.finish(r, cid, &End::status(status));
     }
 }

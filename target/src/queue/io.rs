@@ -48,7 +48,7 @@ impl<T: Transport> Queue<T> {
         let (cid, nsid) = (sqe.cid.get(), sqe.nsid.get());
         let cmd = match self.validated(sqe, data) {
             Ok(cmd) => cmd,
-            Err((s, lba)) => return self.finish(r, cid, End::status(s).at(nsid, lba)),
+            Err((s, lba)) => return self.finish(r, cid, &End::status(s).at(nsid, lba)),
         };
         match cmd.data {
             DataIn::None => self.execute(r, id, cid, cmd.io, WriteData::Bytes(&[]), None),
@@ -152,7 +152,7 @@ impl<T: Transport> Queue<T> {
             Io::Compare { ns, off, len, .. } => {
                 let WriteData::Bytes(bytes) = &data else {
                     self.free(slot);
-                    return self.finish(r, cid, End::status(Status::INTERNAL_ERROR).at(ns.nsid, 0));
+                    return self.finish(r, cid, &End::status(Status::INTERNAL_ERROR).at(ns.nsid, 0));
                 };
                 let expect = bytes.to_vec();
                 if ns.inline_reads {
@@ -163,7 +163,7 @@ impl<T: Transport> Queue<T> {
                         bytes: 0,
                         started: 0,
                     };
-                    return self.finish(r, cid, End::status(status).at(ns.nsid, 0).counted(counted));
+                    return self.finish(r, cid, &End::status(status).at(ns.nsid, 0).counted(counted));
                 }
                 // Data that came by R2T: its request is in `slot` already, and its completion
                 // reads the command, and so the data, from there.
@@ -188,7 +188,7 @@ impl<T: Transport> Queue<T> {
             Io::Reservation { ns, cmd } => {
                 self.free(slot);
                 let WriteData::Bytes(keys) = &data else {
-                    return self.finish(r, cid, End::status(Status::INTERNAL_ERROR).at(ns.nsid, 0));
+                    return self.finish(r, cid, &End::status(Status::INTERNAL_ERROR).at(ns.nsid, 0));
                 };
                 let keys = keys.to_vec();
                 return self.reservation(r, id, cid, ns, cmd, &keys);
@@ -196,7 +196,7 @@ impl<T: Transport> Queue<T> {
             Io::ReservationReport { ns, len } => {
                 self.free(slot);
                 let page = ns.resv.state().report(len as usize);
-                return self.finish(r, cid, End::ok().payload(Payload::Bytes(&page)));
+                return self.finish(r, cid, &End::ok().payload(Payload::Bytes(&page)));
             }
             Io::Copy { ns, dst, ranges, fua } => {
                 // Parked while it waits for its range and runs.
@@ -217,7 +217,7 @@ impl<T: Transport> Queue<T> {
                     bytes: 0,
                     started: 0,
                 };
-                return self.finish(r, cid, End::ok().counted(counted));
+                return self.finish(r, cid, &End::ok().counted(counted));
             }
             io => io,
         };
@@ -228,7 +228,7 @@ impl<T: Transport> Queue<T> {
             res => {
                 self.free(slot);
                 return match res {
-                    Err(s) => self.finish(r, cid, End::status(s).at(nsid, 0)),
+                    Err(s) => self.finish(r, cid, &End::status(s).at(nsid, 0)),
                     _ => self.end(r, cid, Status::SUCCESS),
                 };
             }
@@ -238,8 +238,8 @@ impl<T: Transport> Queue<T> {
             self.free(slot);
             return match io {
                 Io::Read { off, len, .. } if status.is_success() => self.send_read(r, cid, ns, off, len, None, started),
-                _ if status.is_success() => self.finish(r, cid, End::ok().counted(Counted::of(&io, started))),
-                _ => self.finish(r, cid, End::status(status).at(nsid, 0)),
+                _ if status.is_success() => self.finish(r, cid, &End::ok().counted(Counted::of(&io, started))),
+                _ => self.finish(r, cid, &End::status(status).at(nsid, 0)),
             };
         }
         // A request that got its data by R2T (or was parked) has its slot already.
@@ -252,7 +252,7 @@ impl<T: Transport> Queue<T> {
             }
         };
         if let Err(s) = self.submit_op(r, id, &ns, op, req) {
-            self.finish(r, cid, End::status(s).at(nsid, 0));
+            self.finish(r, cid, &End::status(s).at(nsid, 0));
         }
     }
 
@@ -328,6 +328,7 @@ impl<T: Transport> Queue<T> {
     }
 
     /// Free a request's slot, if it has one.
+    #[inline(always)]
     pub(super) fn free(&mut self, slot: Option<usize>) {
         if let Some(s) = slot {
             self.reqs.remove(s);
@@ -350,9 +351,9 @@ impl<T: Transport> Queue<T> {
         started: u64,
     ) {
         let Some(data) = data.or_else(|| ns.backend.read_in_place(off)) else {
-            return self.finish(r, cid, End::status(Status::INTERNAL_ERROR).at(ns.nsid, 0));
+            return self.finish(r, cid, &End::status(Status::INTERNAL_ERROR).at(ns.nsid, 0));
         };
-        self.finish(r, cid, End::read(&ns, len, data, started));
+        self.finish(r, cid, &End::read(&ns, len, data, started));
     }
 
     /// A channel completed the request in `slot`; a read's data comes with it (a file, an
@@ -386,12 +387,12 @@ impl<T: Transport> Queue<T> {
             } if status.is_success() => {
                 let status = compare(ns, off, len, expect, data);
                 let end = End::status(status).at(ns.nsid, 0);
-                self.finish(r, req.cid, end.counted(Counted::of(&req.io, 0)));
+                self.finish(r, req.cid, &end.counted(Counted::of(&req.io, 0)));
             }
-            io if status.is_success() => self.finish(r, req.cid, End::ok().counted(Counted::of(&io, req.started_ns))),
+            io if status.is_success() => self.finish(r, req.cid, &End::ok().counted(Counted::of(&io, req.started_ns))),
             io => {
                 let nsid = io.namespace().map_or(0, |n| n.nsid);
-                self.finish(r, req.cid, End::status(status).at(nsid, 0));
+                self.finish(r, req.cid, &End::status(status).at(nsid, 0));
             }
         }
     }

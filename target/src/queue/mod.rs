@@ -22,8 +22,8 @@ mod locked;
 pub mod request;
 mod reservation;
 mod transport;
+mod unsent;
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
@@ -101,7 +101,7 @@ pub struct Queue<T: Transport> {
     locked: locked::Locked,
     /// Where each completion of an I/O queue not yet known to be handed to the network ends
     /// in the transport's stream (see [`Queue::sq_overflow`]).
-    unsent: VecDeque<u64>,
+    unsent: unsent::Unsent,
     /// Open connections of the listener that accepted this one (this one included).
     listener_open: Arc<AtomicU64>,
     /// The bound address of the listener that accepted it (None: unknown).
@@ -131,7 +131,7 @@ impl<T: Transport> Queue<T> {
             auth_held: None,
             ana: path.ana,
             locked: locked::Locked::default(),
-            unsent: VecDeque::new(),
+            unsent: unsent::Unsent::default(),
             listener_open: path.open,
             listener: path.addr,
         }
@@ -175,6 +175,7 @@ impl<T: Transport> Queue<T> {
     }
     // ---------------------------------------------------------------- responses
 
+    #[inline(always)]
     fn sqhd(&self) -> u16 {
         if self.sq.flow_off { 0 } else { self.sq.head as u16 }
     }
@@ -246,7 +247,7 @@ impl<T: Transport> Queue<T> {
             self.finish(
                 r,
                 sqe.cid.get(),
-                End::status(Status::TRANSIENT_TRANSPORT_ERROR).at(sqe.nsid.get(), 0),
+                &End::status(Status::TRANSIENT_TRANSPORT_ERROR).at(sqe.nsid.get(), 0),
             );
             return;
         }
@@ -254,7 +255,7 @@ impl<T: Transport> Queue<T> {
             // NVMe-oF 1.1 §2.3.1: fabrics commands use SGLs, PSDT 01b; PRPs mean nothing on
             // a fabric. nvmet answers Invalid Field too.
             let status = Status::INVALID_FIELD.with_dnr();
-            return self.finish(r, sqe.cid.get(), End::status(status).at(sqe.nsid.get(), 0));
+            return self.finish(r, sqe.cid.get(), &End::status(status).at(sqe.nsid.get(), 0));
         }
         self.route(r, id, sqe, data);
     }
@@ -269,18 +270,16 @@ impl<T: Transport> Queue<T> {
             return false;
         }
         let sent = self.t.sent_total();
-        while self.unsent.front().is_some_and(|&end| end <= sent) {
-            self.unsent.pop_front();
-        }
+        self.unsent.drop_sent(sent);
         self.reqs.in_flight() + self.unsent.len() >= entries
     }
 
     /// A completion of this I/O queue was queued: remember where it ends in the stream
     /// (see [`Self::sq_overflow`]).
-    #[inline]
+    #[inline(always)]
     fn completion_queued(&mut self) {
         if matches!(self.role, Role::Io(_)) {
-            self.unsent.push_back(self.t.stream_end());
+            self.unsent.push(self.t.stream_end());
         }
     }
 
@@ -294,7 +293,7 @@ impl<T: Transport> Queue<T> {
             // NVMe 2.0 §8.13.5: until the queue authenticates, only Authentication Send and
             // Receive run. DNR: the Linux host would otherwise retry instead of
             // authenticating.
-            return self.finish(r, cid, End::status(Status::AUTH_REQUIRED.with_dnr()).unlogged());
+            return self.finish(r, cid, &End::status(Status::AUTH_REQUIRED.with_dnr()).unlogged());
         }
         match self.role {
             Role::Unbound | Role::Connecting => self.end(r, cid, Status::COMMAND_SEQUENCE_ERROR.with_dnr()),

@@ -96,7 +96,7 @@ impl<T: Transport> Queue<T> {
         op: ResvOp,
     ) {
         let Some(remote) = r.remote(self.reactor) else {
-            return self.finish(r, cid, End::status(Status::INTERNAL_ERROR).at(ns.nsid, 0));
+            return self.finish(r, cid, &End::status(Status::INTERNAL_ERROR).at(ns.nsid, 0));
         };
         let asker = Asker {
             id,
@@ -154,7 +154,7 @@ fn settle<T: Transport>(
                 if status.is_success() {
                     c.end(r, asker.cid, status);
                 } else {
-                    c.finish(r, asker.cid, End::status(status).at(nsid, 0));
+                    c.finish(r, asker.cid, &End::status(status).at(nsid, 0));
                 }
                 c.flush_or_close(r, asker.id);
             }

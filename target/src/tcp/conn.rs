@@ -37,6 +37,7 @@ fn fatal(q: &mut Conn, r: &mut Reactor, id: SourceId, f: Fatal, header: &[u8]) {
 
 /// The connection's reactor-source body ([`crate::queue::Transport::run`]): flush, read,
 /// handle the PDUs that arrived, within a budget.
+#[inline(always)]
 pub(super) fn run(q: &mut Conn, r: &mut Reactor, id: SourceId) -> Progress {
     let mut did = false;
     let mut budget = PDU_BUDGET;

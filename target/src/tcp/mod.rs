@@ -463,7 +463,7 @@ impl TcpTransport {
     }
 
     /// A CapsuleResp with `cqe`.
-    #[inline]
+    #[inline(always)]
     pub fn send_cqe(&mut self, cqe: &Cqe) {
         let (b, n) = encode_capsule_resp(cqe, self.hdgst);
         self.out.extend_from_slice(&b[..n]);
@@ -471,7 +471,7 @@ impl TcpTransport {
 
     /// The header of a C2HData PDU carrying all `len` bytes of command `cid`'s data, with
     /// SUCCESS when no CapsuleResp follows (NVMe/TCP 1.0 §3.6.2.8).
-    #[inline]
+    #[inline(always)]
     pub fn c2h_header(&mut self, cid: u16, len: u32, success: bool) {
         let (h, n) = encode_c2h_data_hdr(cid, 0, len, true, success, self.hdgst, self.ddgst);
         self.out.extend_from_slice(&h[..n]);
@@ -564,7 +564,7 @@ impl TcpTransport {
 impl Transport for TcpTransport {
     const NAME: &'static str = "nvme-tcp-connection";
 
-    #[inline]
+    #[inline(always)]
     fn run(q: &mut Queue<Self>, r: &mut Reactor, id: SourceId) -> Progress {
         conn::run(q, r, id)
     }
@@ -591,7 +591,7 @@ impl Transport for TcpTransport {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn send_completion(&mut self, cqe: &Cqe) {
         self.send_cqe(cqe);
     }
@@ -604,7 +604,7 @@ impl Transport for TcpTransport {
     /// A RAM namespace's bytes are sent from its memory in place (see [`sendq`]) unless a
     /// data digest must cover them or TLS encrypt them: the digest is computed over a copy,
     /// so that it covers exactly the bytes sent.
-    #[inline]
+    #[inline(always)]
     fn send_read(&mut self, cid: u16, len: u32, data: ReadData<'_>, keep: &Arc<Namespace>, last: bool) {
         self.c2h_header(cid, len, last);
         match data {

@@ -36,12 +36,12 @@ impl<T: Transport> Queue<T> {
         }
         let srcs = match checked {
             Some(Ok(s)) => s,
-            Some(Err(s)) => return self.finish(r, cid, End::status(s).at(ns.nsid, 0)),
+            Some(Err(s)) => return self.finish(r, cid, &End::status(s).at(ns.nsid, 0)),
             None => {
                 return self.finish(
                     r,
                     cid,
-                    End::status(Status::DATA_SGL_LENGTH_INVALID.with_dnr()).at(ns.nsid, 0),
+                    &End::status(Status::DATA_SGL_LENGTH_INVALID.with_dnr()).at(ns.nsid, 0),
                 );
             }
         };
@@ -49,7 +49,7 @@ impl<T: Transport> Queue<T> {
         if dst.checked_add(total).is_none_or(|end| end > ns.bytes()) {
             self.unhold(Some(held));
             let end = End::status(Status::LBA_OUT_OF_RANGE.with_dnr()).at(ns.nsid, dst >> ns.block_shift);
-            return self.finish(r, cid, end);
+            return self.finish(r, cid, &end);
         }
         // The backend's own copy (an NVMe device's Copy) when it has one and the copy is
         // within its limits: one command, under the same lock and fence, and no reads.

@@ -87,15 +87,15 @@ impl<T: Transport> Queue<T> {
                 }
                 self.drop_pair(r, k, MISSING_FUSED);
             }
-            Some(Open::Failed) if second => return self.finish(r, cid, End::status(FAILED_FUSED).at(nsid, 0)),
+            Some(Open::Failed) if second => return self.finish(r, cid, &End::status(FAILED_FUSED).at(nsid, 0)),
             _ => {}
         }
         match fuse {
             Sqe::FUSE_NONE => self.on_plain_io(r, id, sqe, data),
             Sqe::FUSE_FIRST if sqe.opcode == opcode::io::COMPARE => self.first(r, sqe, data),
-            _ if second => self.finish(r, cid, End::status(MISSING_FUSED).at(nsid, 0)),
+            _ if second => self.finish(r, cid, &End::status(MISSING_FUSED).at(nsid, 0)),
             // FUSE 11b is reserved; no other command is part of a fused operation.
-            _ => self.finish(r, cid, End::status(Status::INVALID_FIELD.with_dnr()).at(nsid, 0)),
+            _ => self.finish(r, cid, &End::status(Status::INVALID_FIELD.with_dnr()).at(nsid, 0)),
         }
     }
 
@@ -113,12 +113,12 @@ impl<T: Transport> Queue<T> {
             Ok(c) => c,
             Err((s, lba)) => {
                 self.locked.open = Some(Open::Failed);
-                return self.finish(r, cid, End::status(s).at(nsid, lba));
+                return self.finish(r, cid, &End::status(s).at(nsid, lba));
             }
         };
         let Io::Compare { ns, off, len, .. } = &cmd.io else {
             self.locked.open = Some(Open::Failed);
-            return self.finish(r, cid, End::status(Status::INTERNAL_ERROR).at(nsid, 0));
+            return self.finish(r, cid, &End::status(Status::INTERNAL_ERROR).at(nsid, 0));
         };
         let mut pair = Pair {
             ns: ns.clone(),
@@ -158,12 +158,12 @@ impl<T: Transport> Queue<T> {
             Ok(c) => c,
             Err((s, lba)) => {
                 self.drop_pair(r, k, FAILED_FUSED);
-                return self.finish(r, cid, End::status(s).at(nsid, lba));
+                return self.finish(r, cid, &End::status(s).at(nsid, lba));
             }
         };
         let Io::Write { len, fua, .. } = &cmd.io else {
             self.drop_pair(r, k, FAILED_FUSED);
-            return self.finish(r, cid, End::status(Status::INTERNAL_ERROR).at(nsid, 0));
+            return self.finish(r, cid, &End::status(Status::INTERNAL_ERROR).at(nsid, 0));
         };
         let mut wr = PairWrite {
             cid,
@@ -274,7 +274,7 @@ impl<T: Transport> Queue<T> {
             Some(s) => self.complete_early(r, s, p.cmp_cid, status),
             None => {
                 self.unhold(p.cmp_held);
-                self.finish(r, p.cmp_cid, End::status(status).at(nsid, 0));
+                self.finish(r, p.cmp_cid, &End::status(status).at(nsid, 0));
             }
         }
         if let Some(w) = p.wr {
@@ -289,7 +289,7 @@ impl<T: Transport> Queue<T> {
             (Some(s), _) => self.complete_early(r, s, w.cid, status),
             (None, _) => {
                 self.unhold(w.held);
-                self.finish(r, w.cid, End::status(status).at(ns.nsid, 0));
+                self.finish(r, w.cid, &End::status(status).at(ns.nsid, 0));
             }
         }
     }
@@ -314,7 +314,7 @@ impl<T: Transport> Queue<T> {
                 Some(s) => self.complete_early(r, s, p.cmp_cid, FAILED_FUSED),
                 None => {
                     self.unhold(p.cmp_held);
-                    self.finish(r, p.cmp_cid, End::status(FAILED_FUSED).at(nsid, 0));
+                    self.finish(r, p.cmp_cid, &End::status(FAILED_FUSED).at(nsid, 0));
                 }
             }
         }

@@ -312,8 +312,8 @@ impl<T: Transport> Queue<T> {
                 } else {
                     Counted::Nothing
                 };
-                self.finish(r, cmp_cid, End::status(first).at(nsid, 0).counted(compared));
-                self.finish(r, wr_cid, End::status(second).at(nsid, 0).counted(written));
+                self.finish(r, cmp_cid, &End::status(first).at(nsid, 0).counted(compared));
+                self.finish(r, wr_cid, &End::status(second).at(nsid, 0).counted(written));
             }
             OpKind::Copy { cid, .. } => {
                 let status = if !first.is_success() { first } else { second };
@@ -323,7 +323,7 @@ impl<T: Transport> Queue<T> {
                     status
                 };
                 // A Copy writes its destination: a write command in SMART.
-                self.finish(r, cid, End::status(status).at(nsid, 0).counted(written));
+                self.finish(r, cid, &End::status(status).at(nsid, 0).counted(written));
             }
         }
     }
@@ -396,7 +396,7 @@ impl<T: Transport> Queue<T> {
             if let Some(s) = p.slot {
                 self.reqs.remove(s);
             }
-            self.finish(r, p.cid, End::status(aborted).at(nsid, 0));
+            self.finish(r, p.cid, &End::status(aborted).at(nsid, 0));
         }
         let pairs: Vec<usize> = self
             .locked
