@@ -35,6 +35,7 @@ pub fn deliver<T: Transport>(r: &mut Reactor, c: Completion<'_>) {
 
 impl<T: Transport> Queue<T> {
     /// An NVM command on an I/O queue.
+    #[inline(always)]
     pub(super) fn on_io(&mut self, r: &mut Reactor, id: SourceId, sqe: &Sqe, data: &[u8]) {
         // A fused command, or the one after the first of a fused pair (`queue::locked`).
         if sqe.fuse() != Sqe::FUSE_NONE || self.locked.open.is_some() {
@@ -44,6 +45,7 @@ impl<T: Transport> Queue<T> {
     }
 
     /// An NVM command that is not part of a fused operation.
+    #[inline(always)]
     pub(super) fn on_plain_io(&mut self, r: &mut Reactor, id: SourceId, sqe: &Sqe, data: &[u8]) {
         let (cid, nsid) = (sqe.cid.get(), sqe.nsid.get());
         let cmd = match self.validated(sqe, data) {
@@ -63,6 +65,7 @@ impl<T: Transport> Queue<T> {
     }
 
     /// Parse and validate an NVM command against this queue's subsystem and path.
+    #[inline(always)]
     pub(super) fn validated(&mut self, sqe: &Sqe, data: &[u8]) -> Result<nvm::IoCmd, nvm::Refusal> {
         let Role::Io(q) = &mut self.role else {
             return Err((Status::COMMAND_SEQUENCE_ERROR.with_dnr(), 0));
@@ -340,6 +343,7 @@ impl<T: Transport> Queue<T> {
     /// the namespace's memory (RAM, simulated SSD), which the transport may send from where
     /// they lie. `started`: when the command arrived, for its latency histogram.
     #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
     fn send_read(
         &mut self,
         r: &mut Reactor,

@@ -284,6 +284,7 @@ impl<T: Transport> Queue<T> {
     }
 
     /// Route a command by the queue it arrived on.
+    #[inline(always)]
     fn route(&mut self, r: &mut Reactor, id: SourceId, sqe: &Sqe, data: &[u8]) {
         let cid = sqe.cid.get();
         if sqe.opcode == opcode::FABRICS {
