@@ -107,6 +107,7 @@ impl<T: Transport> Queue<T> {
     /// Run a command whose data is all here: inline on a RAM namespace, else on this
     /// reactor's channel of its namespace. `slot`: its request, when it has one already (its
     /// data came by R2T).
+    #[inline(always)]
     pub(super) fn execute(
         &mut self,
         r: &mut Reactor,
