@@ -229,6 +229,7 @@ impl<T: Transport> Queue<T> {
 
     /// A command capsule arrived: its SQE and in-capsule `data`; `digest_ok`: the
     /// transport's data digest over `data` matched (or there was none).
+    #[inline(always)]
     pub fn on_capsule(&mut self, r: &mut Reactor, id: SourceId, sqe: &Sqe, data: &[u8], digest_ok: bool) {
         self.sq.head = (self.sq.head + 1) % self.sq.entries.max(1);
         if matches!(self.role, Role::Io(_)) && self.sq_overflow() {
@@ -264,6 +265,7 @@ impl<T: Transport> Queue<T> {
     /// requests in flight (awaiting data or at their backend; not the drained tombstones,
     /// whose completion went) plus completions queued but not yet written to the socket,
     /// which the host cannot have seen. A host that keeps SQ flow control never gets here.
+    #[inline(always)]
     fn sq_overflow(&mut self) -> bool {
         let entries = self.sq.entries as usize;
         if self.reqs.in_flight() + self.unsent.len() < entries {
