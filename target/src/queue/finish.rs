@@ -201,11 +201,9 @@ impl<T: Transport> Queue<T> {
             self.t.send_completion(&e);
         }
         self.completion_queued();
-        if ok {
-            self.count(end.counted);
-        } else if end.status == Status::COMPARE_FAILURE {
-            // A Compare that read its blocks counts as a read command, equal or not (NVMe
-            // 2.0 §5.16.1.3: Compare commands count as Host Read Commands).
+        // A Compare that read its blocks counts as a read command, equal or not (NVMe 2.0
+        // §5.16.1.3: Compare commands count as Host Read Commands).
+        if ok || end.status == Status::COMPARE_FAILURE {
             self.count(end.counted);
         }
         // The Abort the host asked for is not an error of the command.

@@ -30,19 +30,15 @@ impl<T: Transport> Queue<T> {
     ) {
         let bytes = Owned::bytes(data);
         let need = (ranges * nvm::COPY_RANGE_LEN) as usize;
-        let checked = bytes.get(..need).map(|b| nvm::copy_ranges(b, &ns));
-        if !matches!(checked, Some(Ok(_))) {
-            self.unhold(Some(held));
-        }
-        let srcs = match checked {
+        let srcs = match bytes.get(..need).map(|b| nvm::copy_ranges(b, &ns)) {
             Some(Ok(s)) => s,
-            Some(Err(s)) => return self.finish(r, cid, &End::status(s).at(ns.nsid, 0)),
-            None => {
-                return self.finish(
-                    r,
-                    cid,
-                    &End::status(Status::DATA_SGL_LENGTH_INVALID.with_dnr()).at(ns.nsid, 0),
-                );
+            refused => {
+                self.unhold(Some(held));
+                let s = match refused {
+                    Some(Err(s)) => s,
+                    _ => Status::DATA_SGL_LENGTH_INVALID.with_dnr(),
+                };
+                return self.finish(r, cid, &End::status(s).at(ns.nsid, 0));
             }
         };
         let total: u64 = srcs.iter().map(|s| s.1).sum();

@@ -12,6 +12,7 @@
 
 use std::sync::Arc;
 
+use pollux_reactor::sys::monotonic_ns;
 use pollux_reactor::{Reactor, SourceId};
 use slab::Slab;
 
@@ -66,7 +67,8 @@ pub(super) struct Parked {
     cid: u16,
     io: Io,
     data: Owned,
-    slot: Option<usize>,
+    /// Its Parked request.
+    slot: usize,
 }
 
 /// What a locked operation does once its reads are in.
@@ -161,12 +163,17 @@ impl<T: Transport> Queue<T> {
                 self.reqs.set_state(s, ReqState::Parked);
                 s
             }
-            None => self.reqs.insert(Request::new(cid, io.clone(), ReqState::Parked)),
+            None => {
+                let mut req = Request::new(cid, io.clone(), ReqState::Parked);
+                // Arrived now: a parked write's latency counts from here.
+                req.started_ns = monotonic_ns();
+                self.reqs.insert(req)
+            }
         }
     }
 
     /// A held command ends: its Parked request goes.
-    fn unhold(&mut self, slot: Option<usize>) {
+    pub(super) fn unhold(&mut self, slot: Option<usize>) {
         if let Some(s) = slot {
             self.reqs.remove(s);
         }

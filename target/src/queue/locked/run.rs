@@ -3,7 +3,6 @@
 //! locked range until it unlocks.
 
 use pollux_nvme::spec::Status;
-use pollux_reactor::sys::monotonic_ns;
 use pollux_reactor::{Reactor, SourceId};
 
 use super::super::request::{ReqState, Request};
@@ -338,22 +337,12 @@ impl<T: Transport> Queue<T> {
         data: WriteData<'_>,
         slot: Option<usize>,
     ) {
-        let slot = match slot {
-            Some(s) => {
-                self.reqs.set_state(s, ReqState::Parked);
-                s
-            }
-            None => {
-                let mut req = Request::new(cid, io.clone(), ReqState::Parked);
-                req.started_ns = monotonic_ns();
-                self.reqs.insert(req)
-            }
-        };
+        let slot = self.hold(cid, &io, slot);
         self.locked.parked.push(Parked {
             cid,
             io,
             data: Owned::keep(data),
-            slot: Some(slot),
+            slot,
         });
     }
 
@@ -365,8 +354,8 @@ impl<T: Transport> Queue<T> {
         }
         for p in std::mem::take(&mut self.locked.parked) {
             match p.data {
-                Owned::Heap(v) => self.execute(r, id, p.cid, p.io, WriteData::Bytes(&v), p.slot),
-                Owned::Dma(buf, len) => self.execute(r, id, p.cid, p.io, WriteData::Dma { buf, len }, p.slot),
+                Owned::Heap(v) => self.execute(r, id, p.cid, p.io, WriteData::Bytes(&v), Some(p.slot)),
+                Owned::Dma(buf, len) => self.execute(r, id, p.cid, p.io, WriteData::Dma { buf, len }, Some(p.slot)),
             }
         }
         let waiting: Vec<usize> = self
@@ -393,9 +382,7 @@ impl<T: Transport> Queue<T> {
             .partition(|p| p.io.namespace().is_some_and(|n| n.nsid == nsid));
         self.locked.parked = keep;
         for p in mine {
-            if let Some(s) = p.slot {
-                self.reqs.remove(s);
-            }
+            self.unhold(Some(p.slot));
             self.finish(r, p.cid, &End::status(aborted).at(nsid, 0));
         }
         let pairs: Vec<usize> = self
