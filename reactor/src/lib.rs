@@ -34,6 +34,6 @@ pub use load::{ChannelKey, ClassStats, DeviceLoad};
 pub use mode::{FractionSleep, Mode, SleepPolicy};
 pub use next::Next;
 pub use polling::{ALWAYS_LINGER, DeviceWait, Polling, PollingCell, SpinHold};
-pub use reactor::{Progress, Reactor, ReactorConfig, Source, SourceId, SourceOpts, TimerId};
+pub use reactor::{COLD_AFTER, Progress, Reactor, ReactorConfig, Source, SourceId, SourceOpts, TimerId};
 pub use runtime::{InitError, InitFn, Runtime};
 pub use stats::{ReactorStats, StatsCell, WAKE_BUCKETS};

@@ -36,7 +36,7 @@ use crate::next::Next;
 
 /// How long an `always` namespace holds its reactor in busy-poll after the last command it
 /// saw in flight. Why 1 ms: it is the time a busy connection stays hot in poll mode
-/// ([`crate::Reactor`]'s `COLD_AFTER`), far longer than a closed-loop host's turnaround
+/// ([`crate::COLD_AFTER`]), far longer than a closed-loop host's turnaround
 /// (tens of us here) and than a DRAM or Optane-class device's latency, so a namespace in use
 /// keeps the reactor spinning between its commands; a namespace idle for 1 ms lets it sleep.
 pub const ALWAYS_LINGER: Duration = Duration::from_millis(1);

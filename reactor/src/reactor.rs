@@ -50,8 +50,9 @@ pub type SourceId = usize;
 /// system call per iteration even when it has nothing, and with many connections one
 /// `epoll_wait` that names the ready ones is cheaper than trying them all.
 const HOT_MAX: usize = 8;
-/// A hot source that found no work for this long goes back to epoll.
-const COLD_AFTER: Duration = Duration::from_millis(1);
+/// By default, a hot source that found no work for this long goes back to epoll
+/// ([`ReactorConfig::cold_after`]).
+pub const COLD_AFTER: Duration = Duration::from_millis(1);
 
 const TIMER_TOKEN: Token = Token(usize::MAX - 1);
 const INBOX_TOKEN: Token = Token(usize::MAX - 2);
@@ -64,7 +65,7 @@ struct Slot {
     pollable: bool,
     /// Out of the epoll set and run every iteration (a pollable source in busy-poll mode).
     hot: bool,
-    /// When a hot source that finds no work goes back to epoll: [`COLD_AFTER`] after it
+    /// When a hot source that finds no work goes back to epoll: `cold_after` after it
     /// last found work (a deadline, so that an idle iteration compares instead of
     /// subtracting).
     cold_at: Instant,
@@ -93,6 +94,11 @@ pub struct ReactorConfig {
     /// this long once, then is hot itself. With `HOT_MAX` hot sources others may be busy in
     /// epoll, so then every iteration checks it.
     pub fd_poll_interval: Duration,
+    /// A hot source (busy-poll mode) that found no work for this long goes back to epoll
+    /// ([`COLD_AFTER`] by default). Tests that drive a socket from a thread which the
+    /// scheduler may keep off the CPU for milliseconds set it longer, so that the socket
+    /// stays hot between their messages.
+    pub cold_after: Duration,
     /// Let the adaptive policy choose the mode (`mode` is then only the starting mode).
     pub adaptive: Option<PolicyConfig>,
     /// How device channels estimate completion times, and so how hybrid mode sleeps:
@@ -113,6 +119,7 @@ impl Default for ReactorConfig {
             mode: Mode::Interrupt,
             stall_threshold: Duration::from_millis(2),
             fd_poll_interval: Duration::from_micros(5),
+            cold_after: COLD_AFTER,
             adaptive: None,
             model: ModelKind::Robust,
             hybrid_margin: None,
@@ -149,6 +156,7 @@ pub struct Reactor {
     stop: bool,
     stall_threshold: Duration,
     fd_poll_interval: Duration,
+    cold_after: Duration,
     /// While sources are hot, the epoll set is checked again from this time on (the last
     /// check plus `fd_poll_interval`).
     next_fd_poll: Instant,
@@ -250,6 +258,7 @@ impl Reactor {
             stop: false,
             stall_threshold: cfg.stall_threshold,
             fd_poll_interval: cfg.fd_poll_interval,
+            cold_after: cfg.cold_after,
             next_fd_poll: Instant::now(),
             sleep_policy: match cfg.model {
                 ModelKind::Robust => Box::new(MarginSleep::with_margin(cfg.hybrid_margin)) as Box<dyn SleepPolicy>,

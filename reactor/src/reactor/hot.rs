@@ -7,13 +7,13 @@ use mio::Token;
 use mio::unix::SourceFd;
 use tracing::{debug, warn};
 
-use super::{COLD_AFTER, HOT_MAX, Reactor, SourceId};
+use super::{HOT_MAX, Reactor, SourceId};
 use crate::mode::Mode;
 use crate::stats::bump;
 
 impl Reactor {
     /// Busy-poll mode takes a pollable source that finds work out of epoll and runs it every
-    /// iteration; it goes back when it has been idle for [`COLD_AFTER`] or the mode changes.
+    /// iteration; it goes back when it has been idle for `cold_after` ([`super::COLD_AFTER`] by default) or the mode changes.
     ///
     /// Why: a socket in an epoll set has epoll's wake-up callback on its data-ready path, so
     /// the peer's `send` (which on loopback runs this socket's receive in its own softirq)
@@ -25,9 +25,10 @@ impl Reactor {
     /// socket still registered) gained 0.3 us.
     pub(super) fn update_heat(&mut self, id: SourceId, did_work: bool, now: Instant) {
         let polling = self.effective_mode() == Mode::Poll;
+        let cold_after = self.cold_after;
         let Some(s) = self.slots.get_mut(id) else { return };
         if did_work {
-            s.cold_at = now + COLD_AFTER;
+            s.cold_at = now + cold_after;
         }
         if s.hot {
             if !polling || now >= s.cold_at {
