@@ -27,6 +27,8 @@
 #   ceph_cli DIR ARGS...       ceph -c DIR/ceph.conf ARGS (no mgr: mgr commands, e.g.
 #   ceph_rbd DIR ARGS...       rbd -c DIR/ceph.conf ARGS   `ceph pg ...`, `ceph df`, hang)
 #   ceph_pid DIR mon|osd       print the daemon's pid; rc 1 if it is not running
+#   ceph_ops DIR               the OSD's operations in flight and what they wait for (on a
+#                              failure: a stuck cluster shows here)
 #
 # As a command (the daemons outlive it; called from a scenario they carry its CI_RUN_TAG,
 # so its cleanup still kills them):
@@ -69,6 +71,22 @@ _ceph_name() {
 
 # ceph_pid DIR mon|osd: the pid in its pid file, if that process is alive (not a zombie)
 # and is that daemon of this DIR's conf (never another cluster's, nor a reused pid).
+ceph_ops() {
+    timeout 10 ceph --admin-daemon "$1/run/osd.0.asok" dump_ops_in_flight 2>&1 | python3 -c '
+import json, sys
+try:
+    d = json.load(sys.stdin)
+except ValueError:
+    sys.exit("ceph: cannot read the OSD'"'"'s operations in flight")
+waits = {}
+for o in d.get("ops", []):
+    for e in o.get("type_data", {}).get("events", []):
+        if "wait" in e.get("event", ""):
+            waits[e["event"]] = waits.get(e["event"], 0) + 1
+print("ceph: osd.0 has %d operations in flight; waiting: %s" % (d.get("num_ops", 0), waits or "none"))
+' || true
+}
+
 ceph_pid() {
     local n p
     n=$(_ceph_name "$2")
@@ -224,6 +242,14 @@ mon mgr mkfs grace = 31536000
 osd fast shutdown notify mon = false
 # Else an OSD paused (SIGSTOP) for over 150 s aborts on SIGCONT.
 osd op thread suicide timeout = 0
+# A PG's read lease (this ratio times osd heartbeat grace, 20 s) outlasts the longest pause
+# a test makes (pollux-rbd: 15 s). With the default 0.8 (16 s) a pause that ran past the
+# lease left the PG laggy on SIGCONT and, with no peer OSD to renew the lease, client ops
+# waited "for readable" for good: a plain rbd bench, no pollux, stalled 45 s and more after
+# a 17 s pause (ops_in_flight: every op 'waiting for readable'), and with 2 it ran on (the
+# cause of pollux-rbd's cluster-outage failures; Ceph tracker 80404). Only a restarted OSD
+# waits out the lease, and no test restarts one.
+osd pool default read lease ratio = 2
 # Commit mon changes (osd create, pool create...) at once, not every second: start in
 # about 3 s instead of 8.
 paxos propose interval = 0.1

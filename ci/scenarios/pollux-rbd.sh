@@ -93,7 +93,7 @@ ci_track $!
 
 run_guest pollux-rbd.sh --timeout 900 --share "$share" --guestfwd "4420=$pa" --guestfwd "4421=$pb" \
     --guestfwd "9000=$prel" --env "SUB=$sub" ||
-    fail "pollux-rbd guest failed (console $CI_LOG_DIR/guest-pollux-rbd.log)"
+    { ceph_ops "$cdir"; fail "pollux-rbd guest failed (console $CI_LOG_DIR/guest-pollux-rbd.log)"; }
 cp "$share/rbd.txt" "$CI_LOG_DIR/rbd.txt" 2>/dev/null || fail "the guest wrote no measurements"
 cat "$CI_LOG_DIR/rbd.txt"
 
