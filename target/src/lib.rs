@@ -175,10 +175,6 @@ impl Target {
         if let Some((referral, listener)) = referral::self_referral(&referrals, &addrs) {
             return Err(TargetError::SelfReferral { referral, listener });
         }
-        if opts.pin {
-            // Filling RAM namespaces (now and on later reloads) keeps off the reactors.
-            backend::ram::keep_populating_off(&cfg.reactors.cores);
-        }
         let snapshot = build_snapshot(cfg, n, addrs.clone())?;
         let shared = Arc::new(Shared {
             transport: cfg.transport.clone(),

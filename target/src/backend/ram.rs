@@ -65,44 +65,26 @@ impl Drop for Mapping {
     }
 }
 
-/// The cores the reactors are pinned to ([`keep_populating_off`]).
-static REACTOR_CORES: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
-
-/// The threads that populate RAM disks from now on run on the cores left once `cores` (the
-/// reactors') are taken out, when any is left. Called once the reactors' cores are known.
-pub fn keep_populating_off(cores: &[usize]) {
-    *REACTOR_CORES.lock().unwrap_or_else(|p| p.into_inner()) = cores.to_vec();
-}
-
 /// Make the calling (populating) thread give way to everything else: the lowest priority
-/// there is and, where there are cores without a reactor, only those.
+/// there is, on any core the process may use.
 ///
-/// Why: filling a 3 GiB namespace is seconds of CPU in the kernel (zeroing each huge page),
-/// and a thread of normal priority on a reactor's core took its share of it: connects timed
-/// out waiting for ICResp under load and the reactor logged 11-22 ms stalls on a quiet
-/// machine. At SCHED_IDLE any reactor preempts it on wake-up and leaves it only the time
-/// the core would be idle.
+/// Why the lowest priority: filling a 3 GiB namespace is seconds of CPU in the kernel
+/// (zeroing each huge page), and a thread of normal priority on a reactor's core took its
+/// share of it: connects timed out waiting for ICResp under load and the reactor logged
+/// 11-22 ms stalls on a quiet machine. At SCHED_IDLE any reactor preempts it on wake-up and
+/// leaves it only the time the core would be idle.
+///
+/// Why any core, the reactors' included: the thread holds the process's mmap lock while it
+/// faults a huge page in, and a reactor that faults behind a waiting mmap writer (an
+/// allocation, a thread start) waits for that lock. Kept off the reactors' cores (as it
+/// once was), the fill could only run on the other cores; where those were busy (a client
+/// polling on the same machine) SCHED_IDLE left it almost no time there, and the blocked
+/// reactor's own core sat idle: one reactor callback waited 5,025 ms with the fill half
+/// done (`pollux perf` QD32 4K reads on a 256 MiB namespace, 1 run in 8). Allowed on the
+/// reactor's core, it runs the moment the reactor blocks and lets the lock go.
 fn give_way() {
     if let Err(e) = pollux_reactor::sys::lowest_priority_current_thread() {
         tracing::debug!(error = %e, "RAM disk populate: cannot lower its priority");
-    }
-    let reactors = REACTOR_CORES.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    if reactors.is_empty() {
-        return;
-    }
-    let allowed = match pollux_reactor::sys::allowed_cores() {
-        Ok(a) => a,
-        Err(e) => {
-            tracing::debug!(error = %e, "RAM disk populate: cannot read its cores");
-            return;
-        }
-    };
-    let free: Vec<usize> = allowed.iter().copied().filter(|c| !reactors.contains(c)).collect();
-    if free.is_empty() || free.len() == allowed.len() {
-        return; // every core runs a reactor (SCHED_IDLE alone keeps out of its way), or none
-    }
-    if let Err(e) = pollux_reactor::sys::confine_current_thread(&free) {
-        tracing::debug!(error = %e, cores = ?free, "RAM disk populate: cannot keep off the reactors' cores");
     }
 }
 
@@ -199,8 +181,8 @@ impl RamDisk {
     /// meanwhile stays correct (a write that reaches a page first takes its fault as
     /// before). The memory is resident from then on. Where the kernel cannot populate
     /// (before Linux 5.14, or short of memory) the rest stays lazily committed, with a
-    /// warning. The thread runs at the lowest priority, off the reactors' cores where
-    /// there are others ([`keep_populating_off`]): filling never delays a reactor.
+    /// warning. The thread runs at the lowest priority ([`give_way`]): filling never
+    /// delays a reactor.
     pub fn populated(len: u64) -> std::io::Result<Self> {
         let mut d = Self::new(len)?;
         let (stop, map) = (d.stop.clone(), d.map.clone());
@@ -486,15 +468,14 @@ mod tests {
             .collect()
     }
 
-    /// Defect: the thread filling a RAM disk ran at normal priority wherever the scheduler
-    /// put it, a reactor's core included, and took its share of that core: connects timed
-    /// out and reactors stalled 11-22 ms while a 3 GiB namespace filled.
+    /// Defects: the thread filling a RAM disk ran at normal priority wherever the scheduler
+    /// put it, a reactor's core included, and took its share of that core (connects timed
+    /// out and reactors stalled 11-22 ms while a 3 GiB namespace filled); then, kept off the
+    /// reactors' cores, it could starve on busy other cores while holding the mmap lock a
+    /// reactor waited for (a 5 s stall). It runs SCHED_IDLE on every core the process may use.
     #[test]
-    fn the_populating_thread_gives_way_to_the_reactors() {
+    fn the_populating_thread_gives_way_to_the_reactors_on_any_core() {
         let allowed = pollux_reactor::sys::allowed_cores().unwrap_or_else(|e| panic!("{e}"));
-        // The first core plays a reactor's where there is another for the fill.
-        let reactor = (allowed.len() > 1).then(|| allowed[0]);
-        keep_populating_off(&reactor.into_iter().collect::<Vec<_>>());
         let d = RamDisk::populated(1 << 30).unwrap_or_else(|e| panic!("{e}"));
         let t0 = std::time::Instant::now();
         let mut seen: Vec<(libc::pid_t, i32, Vec<usize>)>;
@@ -506,9 +487,9 @@ mod tests {
                 .map(|&tid| (tid, unsafe { libc::sched_getscheduler(tid) }, cores_of(tid)))
                 .collect();
             if !seen.is_empty()
-                && seen.iter().all(|(_, policy, cores)| {
-                    *policy == libc::SCHED_IDLE && reactor.is_none_or(|r| !cores.contains(&r))
-                })
+                && seen
+                    .iter()
+                    .all(|(_, policy, cores)| *policy == libc::SCHED_IDLE && *cores == allowed)
             {
                 break true;
             }
@@ -520,7 +501,7 @@ mod tests {
         drop(d);
         assert!(
             gave_way,
-            "populating threads (tid, policy, cores) {seen:?}: SCHED_IDLE ({}) off core {reactor:?} expected",
+            "populating threads (tid, policy, cores) {seen:?}: SCHED_IDLE ({}) on cores {allowed:?} expected",
             libc::SCHED_IDLE
         );
     }
