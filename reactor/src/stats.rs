@@ -155,20 +155,28 @@ impl StatsCell {
         };
         // The time counters and the pending iteration are read as one: a snapshot taken
         // while the reactor books an iteration retries, or that iteration would be counted
-        // twice and the next snapshot would go backwards.
-        // Booking takes tens of nanoseconds; a reader gives up waiting (and adds nothing
-        // pending) only if the reactor thread died mid-booking.
-        const PATIENCE: u32 = 100_000;
+        // twice and the next snapshot would go backwards. Booking takes tens of nanoseconds,
+        // but the reactor thread may be preempted in the middle of it for a scheduler slice
+        // (milliseconds on a busy machine): a reader waits, yielding, and gives up (adding
+        // nothing pending) only after a second, which a reactor thread that died mid-booking
+        // would take. A patience counted in spins instead (100,000) ran out in under 4 ms
+        // under load, and the snapshot, without the pending iteration, went back by it.
+        const PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
         let mut tries = 0u32;
+        let mut waiting_since: Option<std::time::Instant> = None;
+        let mut patient = || {
+            tries += 1;
+            if tries < 64 {
+                std::hint::spin_loop();
+                return true;
+            }
+            std::thread::yield_now();
+            let t0 = *waiting_since.get_or_insert_with(std::time::Instant::now);
+            t0.elapsed() < PATIENCE && !self.exited.load(Relaxed)
+        };
         let (mode, busy_ns, idle_ns, mode_ns) = loop {
             let started = self.iter_start_ns.load(Acquire);
-            tries += 1;
-            if started == BOOKING && tries < PATIENCE {
-                if tries.is_multiple_of(64) {
-                    std::thread::yield_now(); // the reactor thread was preempted mid-booking
-                } else {
-                    std::hint::spin_loop();
-                }
+            if started == BOOKING && patient() {
                 continue;
             }
             let mode = self.mode.load(Relaxed).min(2);
@@ -176,7 +184,7 @@ impl StatsCell {
             let idle_ns = self.idle_ns.load(Relaxed);
             let mode_ns: [u64; 3] = std::array::from_fn(|i| self.mode_ns[i].load(Relaxed));
             std::sync::atomic::fence(Acquire);
-            if self.iter_start_ns.load(Relaxed) != started && tries < PATIENCE {
+            if self.iter_start_ns.load(Relaxed) != started && patient() {
                 continue;
             }
             let pending = if started == NOT_STARTED || started == BOOKING || self.exited.load(Relaxed) {
@@ -409,5 +417,40 @@ mod tests {
         s.publish_classes([class("c", 2)].into_iter());
         drop(held);
         assert_eq!(s.snapshot(0).classes, vec![class("a", 1)]);
+    }
+
+    /// Defect: a reader gave up waiting for a booking after 100,000 tries (a few
+    /// milliseconds) and returned the counters without the pending iteration; a reactor
+    /// preempted mid-booking under load made the next snapshot go back by that iteration.
+    #[test]
+    fn a_snapshot_waits_for_a_booking_the_reactor_was_preempted_in() {
+        let s = std::sync::Arc::new(StatsCell::default());
+        let start = mono_ns();
+        s.iteration_booked(start);
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let before = s.snapshot(0).idle_ns;
+        assert!(before >= 5_000_000, "the pending iteration counts: {before}");
+        // The reactor ends that iteration and is preempted half way through booking it.
+        let end = mono_ns();
+        s.booking_iteration();
+        let reactor = {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                bump(&s.idle_ns, end - start);
+                bump(&s.mode_ns[0], end - start);
+                s.iteration_booked(end);
+            })
+        };
+        let t0 = std::time::Instant::now();
+        let during = s.snapshot(0);
+        let waited = t0.elapsed();
+        reactor.join().unwrap_or_else(|_| panic!("booking thread"));
+        assert!(
+            waited >= std::time::Duration::from_millis(40),
+            "did not wait: {waited:?}"
+        );
+        assert!(during.idle_ns >= before, "went back: {before} then {}", during.idle_ns);
+        assert_eq!(during.mode_ns[0], during.idle_ns);
     }
 }
