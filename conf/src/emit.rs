@@ -303,6 +303,9 @@ fn host_entry(nqn: &str, keys: Option<&HostKeys>, tls: Option<&TlsKey>) -> Strin
     }
     if let Some(t) = tls {
         put("tls_key", &t.file, &|| t.key.encode());
+        if t.key.derivation() != pollux_nvme::tls::PskDerivation::default() {
+            e.push_str(&format!(", tls_key_derivation = {}", quote(t.key.derivation().name())));
+        }
     }
     e.push_str(" }");
     e

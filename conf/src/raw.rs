@@ -127,6 +127,7 @@ pub(crate) struct RawHostEntry {
     pub dhchap_ctrl_key_file: Option<Spanned<String>>,
     pub tls_key: Option<Spanned<String>>,
     pub tls_key_file: Option<Spanned<String>>,
+    pub tls_key_derivation: Option<Spanned<String>>,
 }
 
 impl<'de> Deserialize<'de> for RawHost {

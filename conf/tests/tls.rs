@@ -121,3 +121,47 @@ fn bad_modes_keys_and_key_files_are_refused_with_the_reason() {
     );
     refused(&text, 10, "has no key");
 }
+
+#[test]
+fn a_hosts_key_derivation_is_read_checked_and_written_back() {
+    use pollux_nvme::tls::PskDerivation;
+    let k = psk(PskHash::Sha256, 4);
+    let with = |extra: &str| conf("", &format!("{{ nqn = \"{HOST}\", tls_key = \"{k}\"{extra} }}"));
+    let c = Config::parse(&with(""), "test.toml").expect("valid");
+    assert_eq!(c.subsystems[0].tls_keys[HOST].key.derivation(), PskDerivation::Rfc8446);
+    assert!(
+        !c.to_toml().contains("tls_key_derivation"),
+        "the default is not written"
+    );
+    for (name, d) in [
+        ("rfc8446", PskDerivation::Rfc8446),
+        ("libnvme-compat", PskDerivation::LibnvmeCompat),
+    ] {
+        let c = Config::parse(&with(&format!(", tls_key_derivation = \"{name}\"")), "test.toml").expect("valid");
+        let key = &c.subsystems[0].tls_keys[HOST].key;
+        assert_eq!(key.derivation(), d);
+        // Another derivation is another TLS PSK for the same configured key.
+        let other = key.clone().with_derivation(match d {
+            PskDerivation::Rfc8446 => PskDerivation::LibnvmeCompat,
+            PskDerivation::LibnvmeCompat => PskDerivation::Rfc8446,
+        });
+        let sub = "nqn.2026-11.io.pollux:a";
+        assert_ne!(
+            *key.tls_psk(HOST, sub, 0).unwrap().psk,
+            *other.tls_psk(HOST, sub, 0).unwrap().psk
+        );
+        let back = Config::parse(&c.to_toml(), "test.toml").expect("round trip");
+        assert_eq!(back.subsystems, c.subsystems, "{}", c.to_toml());
+    }
+    let e = Config::parse(&with(", tls_key_derivation = \"compat\""), "test.toml").unwrap_err();
+    assert!(e.to_string().contains("libnvme-compat"), "{e}");
+    let e = Config::parse(
+        &conf(
+            "",
+            &format!("{{ nqn = \"{HOST}\", tls_key_derivation = \"libnvme-compat\" }}"),
+        ),
+        "test.toml",
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("without a `tls_key`"), "{e}");
+}

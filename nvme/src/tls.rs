@@ -7,8 +7,10 @@
 //! The derivations are HKDF (RFC 5869, the `hkdf` crate) with TLS 1.3's HKDF-Expand-Label
 //! encoding (RFC 8446 §7.1: a big-endian length, then the label `tls13 <label>` and the
 //! context, each after its length byte), as libnvme 1.16+, the Linux kernel and SPDK do.
-//! libnvme before 1.16 encoded that label wrongly; identities made with it differ (its
-//! `--compat` mode) and are not produced here.
+//! libnvme before 1.16 (nvme-cli 2.15 and older: Debian 13's nvme-cli 2.13 with libnvme
+//! 1.13, say) encoded that label wrongly, and a Linux host whose keys it inserted holds TLS
+//! PSKs (and version 1 identities) that differ; [`PskDerivation::LibnvmeCompat`] derives
+//! those, as newer nvme-cli's `--compat` does.
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
@@ -40,6 +42,59 @@ pub enum PskError {
     /// The CRC-32 does not match.
     #[error("the PSK's CRC-32 does not match (mistyped or truncated?)")]
     Crc,
+}
+
+/// How a host derived its retained and TLS PSKs from the configured PSK (the HKDF-Expand-Label
+/// encoding of the `info` input; everything else is the same).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum PskDerivation {
+    /// RFC 8446 §7.1's HkdfLabel: a big-endian 16-bit length, then `tls13 <label>` and the
+    /// context, each after a length byte. libnvme 1.16+, the Linux kernel, SPDK.
+    #[default]
+    Rfc8446,
+    /// libnvme before 1.16: the length in host (little-endian) byte order, then `tls13 `,
+    /// the label and the context with no length bytes (libnvme's `derive_retained_key` and
+    /// `derive_tls_key` before the fix; nvme-cli 2.16+ `--compat`).
+    LibnvmeCompat,
+}
+
+impl PskDerivation {
+    /// Its name in conf files: `rfc8446` or `libnvme-compat`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Rfc8446 => "rfc8446",
+            Self::LibnvmeCompat => "libnvme-compat",
+        }
+    }
+
+    /// The derivation named `name`.
+    pub fn from_name(name: &str) -> Option<Self> {
+        [Self::Rfc8446, Self::LibnvmeCompat]
+            .into_iter()
+            .find(|d| d.name() == name)
+    }
+
+    /// The HKDF `info` for HKDF-Expand-Label(secret, label, context, len).
+    fn info(self, label: &str, context: &[u8], len: usize) -> Option<Vec<u8>> {
+        let len = u16::try_from(len).ok()?;
+        let mut info = Vec::with_capacity(10 + label.len() + context.len());
+        match self {
+            Self::Rfc8446 => {
+                let full = format!("tls13 {label}");
+                info.extend_from_slice(&len.to_be_bytes());
+                info.push(u8::try_from(full.len()).ok()?);
+                info.extend_from_slice(full.as_bytes());
+                info.push(u8::try_from(context.len()).ok()?);
+            }
+            Self::LibnvmeCompat => {
+                info.extend_from_slice(&len.to_le_bytes());
+                info.extend_from_slice(b"tls13 ");
+                info.extend_from_slice(label.as_bytes());
+            }
+        }
+        info.extend_from_slice(context);
+        Some(info)
+    }
 }
 
 /// The hash of a PSK and of the cipher suite it is used with (NVMe/TCP 1.0 §3.6.1.3):
@@ -85,15 +140,17 @@ impl PskHash {
         }
     }
 
-    /// HKDF-Expand-Label(HKDF-Extract(0, ikm), label, context, len).
-    fn expand_label(self, ikm: &[u8], label: &str, context: &[u8], len: usize) -> Option<Zeroizing<Vec<u8>>> {
-        let full = format!("tls13 {label}");
-        let mut info = Vec::with_capacity(4 + full.len() + context.len());
-        info.extend_from_slice(&u16::try_from(len).ok()?.to_be_bytes());
-        info.push(u8::try_from(full.len()).ok()?);
-        info.extend_from_slice(full.as_bytes());
-        info.push(u8::try_from(context.len()).ok()?);
-        info.extend_from_slice(context);
+    /// HKDF-Expand-Label(HKDF-Extract(0, ikm), label, context, len), its label encoded as
+    /// `how` says.
+    fn expand_label(
+        self,
+        how: PskDerivation,
+        ikm: &[u8],
+        label: &str,
+        context: &[u8],
+        len: usize,
+    ) -> Option<Zeroizing<Vec<u8>>> {
+        let info = how.info(label, context, len)?;
         let mut out = Zeroizing::new(vec![0u8; len]);
         let ok = match self {
             Self::Sha256 => Hkdf::<Sha256>::new(None, ikm).expand(&info, &mut out).is_ok(),
@@ -103,13 +160,14 @@ impl PskHash {
     }
 }
 
-/// A configured PSK (NVMe/TCP 1.0 §3.6.1.5): the key and the hash (hh) that derives the
-/// retained PSK from it (None: the configured PSK is the retained PSK). Zeroed when dropped;
-/// `Debug` shows no key.
+/// A configured PSK (NVMe/TCP 1.0 §3.6.1.5): the key, the hash (hh) that derives the
+/// retained PSK from it (None: the configured PSK is the retained PSK) and how the host
+/// derives (its libnvme's HKDF label encoding). Zeroed when dropped; `Debug` shows no key.
 #[derive(Clone, PartialEq, Eq)]
 pub struct ConfiguredPsk {
     hash: Option<PskHash>,
     key: Zeroizing<Vec<u8>>,
+    derivation: PskDerivation,
 }
 
 impl std::fmt::Debug for ConfiguredPsk {
@@ -117,6 +175,7 @@ impl std::fmt::Debug for ConfiguredPsk {
         f.debug_struct("ConfiguredPsk")
             .field("hash", &self.hash)
             .field("len", &self.key.len())
+            .field("derivation", &self.derivation)
             .finish_non_exhaustive()
     }
 }
@@ -150,7 +209,11 @@ impl ConfiguredPsk {
             Bad::Length(len) => PskError::Length(len),
             Bad::Crc => PskError::Crc,
         })?;
-        Ok(Self { hash, key })
+        Ok(Self {
+            hash,
+            key,
+            derivation: PskDerivation::default(),
+        })
     }
 
     /// A configured PSK of `key` (32 or 48 bytes) with hash `hash`.
@@ -161,7 +224,19 @@ impl ConfiguredPsk {
         Ok(Self {
             hash,
             key: Zeroizing::new(key.to_vec()),
+            derivation: PskDerivation::default(),
         })
+    }
+
+    /// The same key, derived from as `derivation` says.
+    pub fn with_derivation(mut self, derivation: PskDerivation) -> Self {
+        self.derivation = derivation;
+        self
+    }
+
+    /// How the retained and TLS PSKs are derived from this key.
+    pub fn derivation(&self) -> PskDerivation {
+        self.derivation
     }
 
     /// The interchange representation (a secret: never log it).
@@ -181,7 +256,13 @@ impl ConfiguredPsk {
     pub fn retained(&self, hostnqn: &str) -> Option<Zeroizing<Vec<u8>>> {
         match self.hash {
             None => Some(self.key.clone()),
-            Some(h) => h.expand_label(&self.key, "HostNQN", hostnqn.as_bytes(), self.key.len()),
+            Some(h) => h.expand_label(
+                self.derivation,
+                &self.key,
+                "HostNQN",
+                hostnqn.as_bytes(),
+                self.key.len(),
+            ),
         }
     }
 
@@ -211,7 +292,13 @@ impl ConfiguredPsk {
             }
             _ => return None,
         };
-        let psk = cipher.expand_label(&retained, "nvme-tls-psk", context.as_bytes(), self.key.len())?;
+        let psk = cipher.expand_label(
+            self.derivation,
+            &retained,
+            "nvme-tls-psk",
+            context.as_bytes(),
+            self.key.len(),
+        )?;
         Some(TlsPsk {
             identity,
             hash: cipher,
@@ -342,6 +429,47 @@ mod tests {
         let p0 = ConfiguredPsk::new(None, &psk48()).unwrap();
         assert_eq!(*p0.retained(h).unwrap(), psk48());
         assert_eq!(p0.cipher(), PskHash::Sha384);
+    }
+
+    /// libnvme 1.13's own derivation (Debian 13's nvme-cli 2.13, `nvme check-tls-key
+    /// --insert --keytype=user` into a keyring, read back with `keyctl pipe`; the Linux host
+    /// uses what it inserts): the TLS PSKs of both identity versions, and the version 1
+    /// identity, whose digest comes from the (differently derived) retained PSK.
+    #[test]
+    fn the_compat_derivation_matches_libnvme_1_13() {
+        let h = "nqn.2014-08.org.nvmexpress:uuid:f81d4fae-7dec-11d0-a765-00a0c91e6bf6";
+        let s = "nqn.2014-08.org.nvmexpress:uuid:e5df7ba0-c13f-4a61-9d72-2e0f4bbbd9ac";
+        let p = ConfiguredPsk::parse("NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:")
+            .unwrap()
+            .with_derivation(PskDerivation::LibnvmeCompat);
+        let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+        let v0 = p.tls_psk(h, s, 0).unwrap();
+        assert_eq!(v0.identity, format!("NVMe0R01 {h} {s}"));
+        assert_eq!(
+            hex(&v0.psk),
+            "3350163105a981d8ebfcaff245a34c7811e41d4c25999e2c705b6775f93dea22"
+        );
+        let v1 = p.tls_psk(h, s, 1).unwrap();
+        assert_eq!(
+            v1.identity,
+            format!("NVMe1R01 {h} {s} Wsypc1u26YumpAoyhXuB7rtdl23KFRw7+K6FUT6imsU=")
+        );
+        assert_eq!(
+            hex(&v1.psk),
+            "06a65e2007b2593b867905290f62bc50c6c04154c4687bf3d21e56672d6ef6b9"
+        );
+        // The RFC 8446 encoding (libnvme 1.16+) gives other keys for the same input.
+        let rfc = p.clone().with_derivation(PskDerivation::Rfc8446);
+        assert_ne!(*rfc.tls_psk(h, s, 0).unwrap().psk, *v0.psk);
+        assert_eq!(
+            PskDerivation::from_name("libnvme-compat"),
+            Some(PskDerivation::LibnvmeCompat)
+        );
+        assert_eq!(
+            PskDerivation::from_name(PskDerivation::Rfc8446.name()),
+            Some(PskDerivation::Rfc8446)
+        );
+        assert_eq!(PskDerivation::from_name("compat"), None);
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use pollux_nvme::auth::KeyError;
-use pollux_nvme::tls::PskError;
+use pollux_nvme::tls::{PskDerivation, PskError};
 use toml::Spanned;
 use zeroize::Zeroizing;
 
@@ -57,12 +57,34 @@ pub(super) fn hosts(cx: &Cx<'_>, list: &[Spanned<RawHost>]) -> Result<Hosts, Con
     Ok(Hosts { nqns, keys, tls })
 }
 
-/// A host's TLS PSK, inline (`tls_key`) or from a file (`tls_key_file`), not both.
+/// A host's TLS PSK, inline (`tls_key`) or from a file (`tls_key_file`), not both, and how
+/// the host derives from it (`tls_key_derivation`, only with a key).
 fn tls_key(cx: &Cx<'_>, e: &RawHostEntry) -> Result<Option<TlsKey>, ConfError> {
-    Ok(
-        secret_of(cx, &e.tls_key, &e.tls_key_file, "tls_key", ConfiguredPsk::parse)?
-            .map(|(key, file)| TlsKey { key, file }),
-    )
+    let derivation = match &e.tls_key_derivation {
+        None => PskDerivation::default(),
+        Some(d) => PskDerivation::from_name(d.get_ref()).ok_or_else(|| {
+            cx.at(
+                d.span(),
+                format!(
+                    "invalid `tls_key_derivation` {:?}: \"rfc8446\" (libnvme 1.16 and later, the default) or \"libnvme-compat\" (keys inserted by libnvme before 1.16, e.g. nvme-cli 2.13)",
+                    d.get_ref()
+                ),
+            )
+        })?,
+    };
+    let key = secret_of(cx, &e.tls_key, &e.tls_key_file, "tls_key", ConfiguredPsk::parse)?;
+    match (key, &e.tls_key_derivation) {
+        (Some((key, file)), _) => Ok(Some(TlsKey {
+            key: key.with_derivation(derivation),
+            file,
+        })),
+        (None, Some(d)) => Err(cx.at(
+            d.span(),
+            "`tls_key_derivation` without a `tls_key` or `tls_key_file`: it says how the host derives from its TLS key"
+                .into(),
+        )),
+        (None, None) => Ok(None),
+    }
 }
 
 fn host_keys(cx: &Cx<'_>, span: std::ops::Range<usize>, e: &RawHostEntry) -> Result<Option<HostKeys>, ConfError> {

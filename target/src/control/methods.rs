@@ -110,7 +110,7 @@ const NQN: Param = req("nqn", Kind::Str, "the subsystem's NQN");
 const NSID: Param = req("nsid", Kind::Uint, "the namespace ID");
 const HOST: Param = req("host", Kind::Str, "the host's NQN");
 const ADDRESS: Param = req("address", Kind::Str, "IP:PORT");
-const KEYS: [Param; 6] = [
+const KEYS: [Param; 7] = [
     p(
         "dhchap-key-file",
         Kind::Str,
@@ -133,8 +133,13 @@ const KEYS: [Param; 6] = [
     ),
     p("dhchap-ctrl-key", Kind::Str, "the controller's secret inline"),
     p("tls-key", Kind::Str, "the TLS PSK inline"),
+    p(
+        "tls-key-derivation",
+        Kind::Str,
+        "how the host derives from its TLS PSK: rfc8446 (libnvme 1.16+, the default) or libnvme-compat (older libnvme)",
+    ),
 ];
-const HOST_PARAMS: [Param; 8] = [NQN, HOST, KEYS[0], KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]];
+const HOST_PARAMS: [Param; 9] = [NQN, HOST, KEYS[0], KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]];
 
 /// Every method the server dispatches.
 pub const METHODS: &[Method] = &[

@@ -426,8 +426,8 @@ fn host_nqn(v: &toml_edit::Value) -> Option<&str> {
     }
 }
 
-/// The key fields of `add_host` / `set_host_keys`: DH-HMAC-CHAP keys and the TLS PSK
-/// (validated with the conf: a bad key or an open key file is refused there, with the
+/// The key fields of `add_host` / `set_host_keys`: DH-HMAC-CHAP keys and the TLS PSK with
+/// how the host derives from it (validated with the conf: a bad key or an open key file is refused there, with the
 /// reason and never the key). `set_host_keys` replaces all of a host's keys.
 fn host_key_fields(params: &Value) -> Result<Vec<(&'static str, String)>, RpcError> {
     let mut out = Vec::new();
@@ -438,6 +438,7 @@ fn host_key_fields(params: &Value) -> Result<Vec<(&'static str, String)>, RpcErr
         "dhchap_ctrl_key_file",
         "tls_key",
         "tls_key_file",
+        "tls_key_derivation",
     ] {
         match params.get(k) {
             None | Some(Value::Null) => {}
