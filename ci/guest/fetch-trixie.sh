@@ -33,11 +33,6 @@ if [ -s "$ROOT/.stamp" ] && [ "$(head -1 "$ROOT/.stamp")" = "$key" ]; then
     echo "trixie: $ROOT up to date ($(tail -n +2 "$ROOT/.stamp" | wc -l) packages)"
     exit 0
 fi
-# Needs trixie's signing keys (debian-archive-keyring 2023.3+deb12u1 and later
-# ship them).
-[ -s /usr/share/keyrings/debian-archive-trixie-stable.gpg ] ||
-    { echo "fetch-trixie: $KEYRING lacks trixie's keys (update debian-archive-keyring)" >&2; exit 1; }
-
 A=$T/apt
 mkdir -p "$A"/etc/apt.conf.d "$A"/etc/preferences.d "$A"/etc/sources.list.d \
     "$A"/etc/trusted.gpg.d "$A"/state/lists/partial "$A"/cache/archives/partial "$A"/log
@@ -69,7 +64,10 @@ Acquire::Languages "none";
 EOF
 export APT_CONFIG=$A/apt.conf
 
-apt-get update -qq
+# apt checks trixie's Release signature against bookworm's
+# debian-archive-keyring, which has trixie's keys (2023.3+deb12u2 here).
+apt-get update -qq ||
+    { echo "fetch-trixie: apt-get update failed (no network? $KEYRING without trixie's keys?)" >&2; exit 1; }
 rm -f "$A"/cache/archives/*.deb
 # shellcheck disable=SC2086  # PKGS is a list of words
 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --download-only $PKGS >/dev/null
@@ -80,9 +78,10 @@ debs=("$A"/cache/archives/*.deb)
 rm -rf "$ROOT.new"
 mkdir -p "$ROOT.new"
 for d in "${debs[@]}"; do dpkg-deb -x "$d" "$ROOT.new"; done
-# merged /usr, as on an installed trixie (whose symlinks maintainer scripts
-# and base-files would make): binaries ask for /lib64/ld-linux-x86-64.so.2,
-# and a few packages still ship files under /lib or /sbin.
+# Merged /usr, as on an installed trixie (whose top-level symlinks no
+# package unpacked here carries): binaries ask for
+# /lib64/ld-linux-x86-64.so.2, and a few packages still ship files under
+# /lib or /sbin.
 for d in bin sbin lib lib64; do
     if [ -d "$ROOT.new/$d" ] && [ ! -L "$ROOT.new/$d" ]; then
         mkdir -p "$ROOT.new/usr/$d"
