@@ -10,8 +10,10 @@
 #                              the guest's rc (124 timeout); on failure logs
 #                              the failed step and the console tail.
 #                              --kernel 6.12 boots the 6.12 guest kernel
-#                              (NVMe DH-HMAC-CHAP in host and nvmet) instead
-#                              of the default 6.1 (ci/guest/kernels.sh)
+#                              (NVMe DH-HMAC-CHAP in host and nvmet, NVMe/TCP
+#                              TLS; Debian 13's tnvme, tlshd and keyctl in
+#                              its image) instead of the default 6.1
+#                              (ci/guest/kernels.sh)
 #   need_pollux                fail unless $POLLUX_BIN is an executable
 #   start_pollux CONF [PORT]   start $POLLUX_BIN --config CONF, wait for PORT
 #   stop_pollux                SIGTERM, wait, SIGKILL; rc 0 only on exit 0

@@ -6,7 +6,13 @@
 #         authentication (CONFIG_NVME_AUTH is not set).
 #   6.12  bookworm's 6.12 (the ABI that linux-image-6.12-amd64 depends on):
 #         CONFIG_NVME_HOST_AUTH=y, CONFIG_NVME_TARGET_AUTH=y (DH-HMAC-CHAP,
-#         NVMe 2.0 section 8.13), CONFIG_NVME_TCP_TLS=y.
+#         NVMe 2.0 section 8.13), CONFIG_NVME_TCP_TLS=y (NVMe/TCP TLS 1.3
+#         with PSKs from the .nvme keyring, CONFIG_NVME_KEYRING=m), with
+#         CONFIG_TLS=m (kTLS) and CONFIG_NET_HANDSHAKE=y (the netlink
+#         family through which the kernel asks tlshd for handshakes). Its
+#         initramfs also carries a Debian 13 (trixie) userland in /trixie
+#         (guest_trixie): nvme-cli 2.13 (tnvme), tlshd and keyctl, which
+#         Debian 12 lacks or ships too old for TLS.
 # Each series has its own work dir (guest_kdir): kroot/, vmlinux, kver and
 # initramfs.img. The 6.1 one is $GUEST_WORK itself, where it always was.
 # Sourced by setup.sh, fetch-kernel.sh, build-initramfs.sh and boot.sh, which
@@ -45,10 +51,23 @@ guest_kmeta() {
 # hmac(sha256|sha384|sha512) and dh with the RFC 7919 ffdhe groups
 # (CRYPTO_DH_RFC7919_GROUPS, inside dh_generic). In Debian's 6.12 those
 # crypto drivers are built in; a build that makes them modules gets them
-# loaded at boot.
+# loaded at boot. Then tls (kTLS), which tlshd hands a socket to after the
+# handshake (TCP_ULP "tls"): loaded at boot rather than left to the kernel's
+# request_module, which busybox modprobe may not resolve by alias.
 guest_kmods() {
     case $1 in
         6.1) ;;
-        *) echo "nvme-keyring nvme-auth hmac sha256_generic sha512_generic kpp dh_generic" ;;
+        *) echo "nvme-keyring nvme-auth hmac sha256_generic sha512_generic kpp dh_generic tls" ;;
+    esac
+}
+
+# guest_trixie SERIES: true if that series' initramfs carries the Debian 13
+# userland of fetch-trixie.sh in /trixie (nvme-cli 2.13 with TLS, tlshd,
+# keyctl; see build-initramfs.sh). Only 6.12 has the kernel side of NVMe/TCP
+# TLS; the 6.1 image stays without it (29 MB unpacked).
+guest_trixie() {
+    case $1 in
+        6.1) return 1 ;;
+        *) return 0 ;;
     esac
 }

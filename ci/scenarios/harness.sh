@@ -8,7 +8,12 @@
 #  - --nvme IMG --iommu gives a controller the guest can bind to vfio-pci,
 #  - a hung guest is killed at its timeout, leaving no QEMU and no relay,
 #  - a guest kernel that crashes before the first step is booted again, three
-#    boots in all, and then fails.
+#    boots in all, and then fails,
+#  - the 6.12 guest's Debian 13 userland (/trixie: nvme-cli 2.13, tlshd,
+#    keyctl) runs, and its kernel has what NVMe/TCP TLS needs (kTLS, the
+#    .nvme keyring, nvme-fabrics' tls options, the handshake netlink family
+#    tlshd listens on); a PSK from nvme gen-tls-key is derived and inserted
+#    into .nvme (guest.d/trixie-smoke.sh).
 set -euo pipefail
 # shellcheck source=ci/lib.sh
 . "$(dirname "$0")/../lib.sh"
@@ -68,6 +73,10 @@ grep "boot 3 of at most 3" "$tmp/crash-report.txt" >/dev/null ||
 if [ ! -e "$CI_LOG_DIR/guest-harness-crash.3.log" ] || [ -e "$CI_LOG_DIR/guest-harness-crash.4.log" ]; then
     fail "want exactly three consoles of the crashing guest"
 fi
+
+log "case 6: the 6.12 guest's trixie tools (nvme-cli 2.13, tlshd, keyctl) and TLS kernel options"
+run_guest trixie-smoke.sh --kernel 6.12 --timeout 120 ||
+    fail "trixie-smoke guest failed"
 
 # Only the greeting server may remain of what this scenario started.
 left=$(ci_tagged_pids | while read -r p; do

@@ -4,6 +4,8 @@
 # host reports the last "STEP: <name>" line of the console.
 # Call helpers as plain commands or in $(...), not as `if helper` or
 # `helper || ...`: sh -e is off inside those, and a failing check would pass.
+# In the 6.12 guest, tnvme (nvme-cli 2.13), tlshd and keyctl are Debian 13's,
+# run chrooted in /trixie (build-initramfs.sh); `nvme` is Debian 12's 2.4.
 
 # The host, as slirp shows it to the guest (boot.sh --guestfwd GPORT=HPORT).
 HOST_ADDR=10.0.2.100
