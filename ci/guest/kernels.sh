@@ -53,11 +53,15 @@ guest_kmeta() {
 # crypto drivers are built in; a build that makes them modules gets them
 # loaded at boot. Then tls (kTLS), which tlshd hands a socket to after the
 # handshake (TCP_ULP "tls"): loaded at boot rather than left to the kernel's
-# request_module, which busybox modprobe may not resolve by alias.
+# request_module, which busybox modprobe may not resolve by alias. And the
+# AEADs kTLS asks the crypto API for by name, gcm(aes) for TLS_AES_128_GCM_SHA256
+# and TLS_AES_256_GCM_SHA384 (gcm, ghash, AES-NI: modules in Debian's 6.12):
+# without them tlshd's handshake succeeds and handing the keys to the kernel
+# fails ("The kernel does not support the requested algorithm", nvme-tcp -EIO).
 guest_kmods() {
     case $1 in
         6.1) ;;
-        *) echo "nvme-keyring nvme-auth hmac sha256_generic sha512_generic kpp dh_generic tls" ;;
+        *) echo "nvme-keyring nvme-auth hmac sha256_generic sha512_generic kpp dh_generic tls gcm ghash-generic aesni-intel" ;;
     esac
 }
 
