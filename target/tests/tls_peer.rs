@@ -3,8 +3,9 @@
 //! PSK and identity of a host configured with an `NVMeTLSkey-1:` key, carries an ICReq
 //! that pollux answers with an ICResp, and is refused with a wrong PSK, with TLS 1.2, with
 //! a handshake that offers no PSK, and on a listener without TLS; a plaintext ICReq is
-//! refused on a listener that requires TLS, and a handshake that stalls is closed. The
-//! host library's TLS (full I/O) is `tls.rs`.
+//! refused on a listener that requires TLS, and a handshake that stalls is closed. A TLS 1.3
+//! KeyUpdate from the client (s_client's `k` and `K` commands) is honoured on a live
+//! connection. The host library's TLS (full I/O) is `tls.rs`.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -16,7 +17,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use pollux_nvme::tcp::encode_ic_req;
+use pollux_nvme::tcp::{encode_capsule_cmd, encode_ic_req};
 use pollux_nvme::tls::{ConfiguredPsk, PskHash};
 use pollux_target::Target;
 
@@ -289,5 +290,85 @@ backend = {{ ram = {{ size = "1MiB" }} }}
     assert!(subs.contains("(tls required)"), "{subs}");
     assert!(!subs.contains(&k[16..40]), "the view shows the key: {subs}");
     drop(ctx);
+    drop(t);
+}
+
+/// Read exactly `n` bytes from `out` within `within` (None: fewer came).
+fn read_within(out: &mut std::process::ChildStdout, n: usize, within: Duration) -> Option<Vec<u8>> {
+    let mut out = out.try_clone_fd()?;
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut got = vec![0u8; n];
+        let r = out.read_exact(&mut got).map(|()| got);
+        let _ = tx.send(r.ok());
+    });
+    rx.recv_timeout(within).ok().flatten()
+}
+
+/// A duplicate of a child's stdout, for a reader thread that may outlive a timed-out wait.
+trait TryCloneFd {
+    fn try_clone_fd(&self) -> Option<std::fs::File>;
+}
+
+impl TryCloneFd for std::process::ChildStdout {
+    fn try_clone_fd(&self) -> Option<std::fs::File> {
+        use std::os::fd::AsFd;
+        self.as_fd().try_clone_to_owned().ok().map(std::fs::File::from)
+    }
+}
+
+/// TLS 1.3 lets either side replace its traffic keys at any time (RFC 8446 §4.6.3); a
+/// host may, and one that asks (`update_requested`) must get the controller's own
+/// KeyUpdate back. `openssl s_client` sends one when a line of its input starts with `k`
+/// (not requested) or `K` (requested); its commands work only without `-ign_eof`. After it,
+/// the connection carries a command and its response under the new keys.
+#[test]
+fn a_key_update_from_the_host_keeps_the_connection() {
+    let (t, [required, _, _]) = start_tls();
+    let (id, psk) = psk_args(0, &key());
+    for (cmd, cid) in [(&b"k\n"[..], 7u16), (b"K\n", 8)] {
+        let mut c = Command::new("openssl")
+            .arg("s_client")
+            .args(["-connect", &required.to_string(), "-quiet", "-no_ign_eof"])
+            .args(["-tls1_3", "-psk_identity", &id, "-psk", &psk])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run openssl s_client (ci/test installs openssl): {e}"));
+        let mut stdin = c.stdin.take().unwrap();
+        let mut out = c.stdout.take().unwrap();
+        stdin.write_all(&encode_ic_req(false, false, 0, 0)).unwrap();
+        stdin.flush().unwrap();
+        let resp = read_within(&mut out, 128, Duration::from_secs(20));
+        assert_icresp(&resp, "(stderr read at the end)");
+        // The command letter alone in one read of s_client's input.
+        std::thread::sleep(Duration::from_millis(300));
+        stdin.write_all(cmd).unwrap();
+        stdin.flush().unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        // Before Connect, a command is answered with an error: a response that pollux
+        // must encrypt under its keys after the update, for a capsule the client
+        // encrypted under its new ones.
+        let mut s = pollux_host::sqe::keep_alive();
+        s.cid.set(cid);
+        let (pdu, n) = encode_capsule_cmd(&s, 0, false, false);
+        stdin.write_all(&pdu[..n]).unwrap();
+        stdin.flush().unwrap();
+        let got = read_within(&mut out, 24, Duration::from_secs(20));
+        drop(stdin);
+        let _ = c.kill();
+        let mut err = String::new();
+        if let Some(mut e) = c.stderr.take() {
+            let _ = e.read_to_string(&mut err);
+        }
+        let _ = c.wait();
+        assert!(err.contains("KEYUPDATE"), "s_client sent no KeyUpdate: {err}");
+        let g = got.unwrap_or_else(|| panic!("no response after the key update; s_client said: {err}"));
+        assert_eq!(g[0], 0x05, "PDU type CapsuleResp: {g:?}");
+        assert_eq!(u16::from_le_bytes([g[8 + 12], g[8 + 13]]), cid, "the CQE's CID: {g:?}");
+        let status = u16::from_le_bytes([g[8 + 14], g[8 + 15]]) >> 1;
+        assert_ne!(status, 0, "a Keep Alive before Connect is refused: {g:?}");
+    }
     drop(t);
 }
