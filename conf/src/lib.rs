@@ -621,13 +621,19 @@ impl Config {
     pub fn from_path(path: &Path) -> Result<Config, ConfError> {
         let origin = path.display().to_string();
         let bytes = std::fs::read(path).map_err(|e| ConfError::io(&origin, e))?;
+        // The text may hold keys inline (`dhchap_key`, `tls_key`): zeroed when dropped, as
+        // a key file's text is.
         match String::from_utf8(bytes) {
-            Ok(text) => validate::build(&text, &origin, validate::Base::DirOf(path)),
+            Ok(text) => {
+                let text = zeroize::Zeroizing::new(text);
+                validate::build(&text, &origin, validate::Base::DirOf(path))
+            }
             Err(e) => {
                 // TOML is UTF-8 (TOML 1.0 "Spec"); point at the first bad
                 // byte, measured in the valid text before it.
                 let valid = e.utf8_error().valid_up_to();
-                let prefix = std::str::from_utf8(&e.as_bytes()[..valid]).unwrap_or_default();
+                let bytes = zeroize::Zeroizing::new(e.into_bytes());
+                let prefix = std::str::from_utf8(&bytes[..valid]).unwrap_or_default();
                 Err(ConfError::at(
                     &origin,
                     prefix,

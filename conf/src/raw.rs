@@ -130,6 +130,19 @@ pub(crate) struct RawHostEntry {
     pub tls_key_derivation: Option<Spanned<String>>,
 }
 
+/// The keys given inline are zeroed when the raw entry goes (after validation has parsed
+/// them into their zeroing types), as a key file's text is.
+impl Drop for RawHostEntry {
+    fn drop(&mut self) {
+        use zeroize::Zeroize;
+        for k in [&mut self.dhchap_key, &mut self.dhchap_ctrl_key, &mut self.tls_key] {
+            if let Some(k) = k {
+                k.get_mut().zeroize();
+            }
+        }
+    }
+}
+
 impl<'de> Deserialize<'de> for RawHost {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V;

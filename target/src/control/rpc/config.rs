@@ -99,7 +99,8 @@ impl Ctx {
             }
             None => running.origin.clone(),
         };
-        let text = document_text(&running);
+        // The document may hold keys inline: zeroed when dropped.
+        let text = zeroize::Zeroizing::new(document_text(&running));
         // Relative paths in the document resolve against the file's directory: saved
         // elsewhere, they must still name the same files.
         if path != running.origin {
@@ -139,9 +140,9 @@ impl Ctx {
             )));
         }
         let running = self.shared.config.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let mut doc = document::parse(&document_text(&running))?;
+        let mut doc = document::parse(&zeroize::Zeroizing::new(document_text(&running)))?;
         let edited = self.edit(&mut doc, method, params)?;
-        let new_text = doc.to_string();
+        let new_text = zeroize::Zeroizing::new(doc.to_string());
         let origin = running.origin.clone();
         let parsed = if origin == pollux_conf::EMBEDDED_ORIGIN {
             pollux_conf::Config::parse(&new_text, method)
