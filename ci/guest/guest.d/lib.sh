@@ -279,3 +279,35 @@ path() {
 # ios PATH: reads and writes completed through block device PATH so far.
 ios() { awk '{print $1 + $5}' "/sys/block/$1/stat"; }
 
+
+# tlshd_up: start tlshd (6.12 guest, Debian 13's) for the kernel's TLS handshakes, with the
+# image's tlshd.conf at loglevel 7 so that it says it linked the .nvme keyring (keyrings=
+# .nvme), logging to /tmp/tlshd.log (-s: stderr; no syslog here; /tmp is shared with the
+# chroot). Fails unless it is up after 1 s and linked .nvme. Sets TLSHD_PID.
+tlshd_up() {
+    sed 's/^loglevel=.*/loglevel=7/' /trixie/etc/tlshd.conf > /tmp/tlshd.conf
+    tlshd -s -c /tmp/tlshd.conf > /tmp/tlshd.log 2>&1 &
+    TLSHD_PID=$!
+    sleep 1
+    kill -0 "$TLSHD_PID" 2>/dev/null ||
+        { cat /tmp/tlshd.log; die "tlshd exited (CONFIG_NET_HANDSHAKE? the .nvme keyring?)"; }
+    grep -q "Keyring '.nvme' linked into our session keyring" /tmp/tlshd.log ||
+        { cat /tmp/tlshd.log; die "tlshd did not link the .nvme keyring"; }
+}
+
+# refused_connect CASE PORT NVME [connect args]: `NVME connect` (nvme or tnvme) to the
+# host's PORT fails, and leaves no controller, block device or TCP connection behind.
+refused_connect() {
+    rc_case=$1 rc_port=$2 rc_nvme=$3
+    shift 3
+    kmark "$rc_case"
+    t0=$(now)
+    if timeout 60 "$rc_nvme" connect -t tcp -a "$HOST_ADDR" -s "$rc_port" "$@" > /tmp/out 2>&1; then
+        cat /tmp/out
+        die "$rc_case: $rc_nvme connect $* succeeded"
+    fi
+    echo "TIME: $rc_case refused $(since "$t0")s"
+    echo "$rc_nvme connect (refused, as it must be): $(cat /tmp/out)"
+    ksince "$rc_case" | grep -E 'nvme|tls|handshake' || true
+    nothing_connected "$rc_port"
+}
