@@ -106,13 +106,18 @@ fn icreq_through(mut c: Child, within: Duration) -> (Option<Vec<u8>>, String) {
     });
     let got = rx.recv_timeout(within).ok().filter(|g| !g.is_empty());
     drop(stdin);
+    (got, end_client(c))
+}
+
+/// Stop the client and return what it wrote to stderr.
+fn end_client(mut c: Child) -> String {
     let _ = c.kill();
     let mut err = String::new();
     if let Some(mut e) = c.stderr.take() {
         let _ = e.read_to_string(&mut err);
     }
     let _ = c.wait();
-    (got, err)
+    err
 }
 
 fn assert_icresp(got: &Option<Vec<u8>>, err: &str) {
@@ -357,12 +362,7 @@ fn a_key_update_from_the_host_keeps_the_connection() {
         stdin.flush().unwrap();
         let got = read_within(&mut out, 24, Duration::from_secs(20));
         drop(stdin);
-        let _ = c.kill();
-        let mut err = String::new();
-        if let Some(mut e) = c.stderr.take() {
-            let _ = e.read_to_string(&mut err);
-        }
-        let _ = c.wait();
+        let err = end_client(c);
         assert!(err.contains("KEYUPDATE"), "s_client sent no KeyUpdate: {err}");
         let g = got.unwrap_or_else(|| panic!("no response after the key update; s_client said: {err}"));
         assert_eq!(g[0], 0x05, "PDU type CapsuleResp: {g:?}");
