@@ -137,10 +137,11 @@ pub(crate) struct RawHostEntry {
 impl Drop for RawHostEntry {
     fn drop(&mut self) {
         use zeroize::Zeroize;
-        for k in [&mut self.dhchap_key, &mut self.dhchap_ctrl_key, &mut self.tls_key] {
-            if let Some(k) = k {
-                k.get_mut().zeroize();
-            }
+        for k in [&mut self.dhchap_key, &mut self.dhchap_ctrl_key, &mut self.tls_key]
+            .into_iter()
+            .flatten()
+        {
+            k.get_mut().zeroize();
         }
     }
 }

@@ -147,13 +147,13 @@ fn a_hosts_key_derivation_is_read_checked_and_written_back() {
         });
         let sub = "nqn.2026-11.io.pollux:a";
         assert_ne!(
-            *key.tls_psk(HOST, sub, 0).unwrap().psk,
-            *other.tls_psk(HOST, sub, 0).unwrap().psk
+            *key.tls_psk(HOST, sub, 0).expect("tls psk").psk,
+            *other.tls_psk(HOST, sub, 0).expect("tls psk").psk
         );
         let back = Config::parse(&c.to_toml(), "test.toml").expect("round trip");
         assert_eq!(back.subsystems, c.subsystems, "{}", c.to_toml());
     }
-    let e = Config::parse(&with(", tls_key_derivation = \"compat\""), "test.toml").unwrap_err();
+    let e = Config::parse(&with(", tls_key_derivation = \"compat\""), "test.toml").expect_err("refused");
     assert!(e.to_string().contains("libnvme-compat"), "{e}");
     let e = Config::parse(
         &conf(
@@ -162,6 +162,6 @@ fn a_hosts_key_derivation_is_read_checked_and_written_back() {
         ),
         "test.toml",
     )
-    .unwrap_err();
+    .expect_err("refused");
     assert!(e.to_string().contains("without a `tls_key`"), "{e}");
 }
