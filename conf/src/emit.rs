@@ -291,18 +291,26 @@ fn host_entry(nqn: &str, keys: Option<&HostKeys>, tls: Option<&TlsKey>) -> Strin
         return quote(nqn);
     }
     let mut e = format!("{{ nqn = {}", quote(nqn));
-    let mut put = |name: &str, file: &Option<PathBuf>, secret: &dyn Fn() -> zeroize::Zeroizing<String>| match file {
-        Some(f) => e.push_str(&format!(", {name}_file = {}", path(f))),
-        None => e.push_str(&format!(", {name} = {}", quote(&secret()))),
+    let put = |e: &mut String, name: &str, file: &Option<PathBuf>, secret: &dyn Fn() -> zeroize::Zeroizing<String>| {
+        match file {
+            Some(f) => e.push_str(&format!(", {name}_file = {}", path(f))),
+            None => e.push_str(&format!(", {name} = {}", quote(&secret()))),
+        }
     };
     if let Some(k) = keys {
-        put("dhchap_key", &k.host.file, &|| k.host.key.encode());
+        put(&mut e, "dhchap_key", &k.host.file, &|| k.host.key.encode());
         if let Some(c) = &k.ctrl {
-            put("dhchap_ctrl_key", &c.file, &|| c.key.encode());
+            put(&mut e, "dhchap_ctrl_key", &c.file, &|| c.key.encode());
+        }
+        // The host's own lists, only when it has them; both are written (a list its entry
+        // did not give holds its subsystem's, and reads back the same).
+        if let Some(d) = &k.dhchap {
+            let (h, g) = dhchap_lists(d);
+            e.push_str(&format!(", dhchap_hashes = [{h}], dhchap_dh_groups = [{g}]"));
         }
     }
     if let Some(t) = tls {
-        put("tls_key", &t.file, &|| t.key.encode());
+        put(&mut e, "tls_key", &t.file, &|| t.key.encode());
         if t.key.derivation() != pollux_nvme::tls::PskDerivation::default() {
             e.push_str(&format!(", tls_key_derivation = {}", quote(t.key.derivation().name())));
         }
@@ -314,9 +322,15 @@ fn host_entry(nqn: &str, keys: Option<&HostKeys>, tls: Option<&TlsKey>) -> Strin
 /// `dhchap_hashes` and `dhchap_dh_groups` unless they are the defaults.
 fn write_dhchap(o: &mut String, d: &Dhchap) {
     if *d != Dhchap::default() {
-        let h: Vec<String> = d.hashes.iter().map(|h| quote(h.name())).collect();
-        let g: Vec<String> = d.dh_groups.iter().map(|g| quote(g.name())).collect();
-        let _ = writeln!(o, "dhchap_hashes = [{}]", h.join(", "));
-        let _ = writeln!(o, "dhchap_dh_groups = [{}]", g.join(", "));
+        let (h, g) = dhchap_lists(d);
+        let _ = writeln!(o, "dhchap_hashes = [{h}]");
+        let _ = writeln!(o, "dhchap_dh_groups = [{g}]");
     }
+}
+
+/// The hash and group lists of `d` as TOML array items (`"sha256", "sha512"`).
+fn dhchap_lists(d: &Dhchap) -> (String, String) {
+    let h: Vec<String> = d.hashes.iter().map(|h| quote(h.name())).collect();
+    let g: Vec<String> = d.dh_groups.iter().map(|g| quote(g.name())).collect();
+    (h.join(", "), g.join(", "))
 }

@@ -458,7 +458,8 @@ pub struct Subsystem {
     /// The configured TLS PSKs of listed hosts, by host NQN: the PSK a host's TLS 1.3
     /// handshake with this subsystem's identity uses (NVMe/TCP 1.0 §3.6.1.3).
     pub tls_keys: BTreeMap<String, TlsKey>,
-    /// The hash functions and DH groups this subsystem accepts.
+    /// The hash functions and DH groups this subsystem accepts (for a host whose
+    /// [`HostKeys::dhchap`] gives its own, those instead).
     pub dhchap: Dhchap,
     /// The namespaces, in configuration order; nsids are unique.
     pub namespaces: Vec<Namespace>,
@@ -490,7 +491,8 @@ pub struct Discovery {
     /// Only hosts of `host_keys` may connect to the discovery controller (each
     /// authenticating); otherwise any host may, and those with keys authenticate.
     pub require_authentication: bool,
-    /// Hash functions and DH groups accepted.
+    /// Hash functions and DH groups accepted (for a host whose [`HostKeys::dhchap`] gives
+    /// its own, those instead).
     pub dhchap: Dhchap,
 }
 
@@ -523,6 +525,19 @@ pub struct HostKeys {
     /// The controller's key, for bidirectional authentication: it proves the controller to
     /// a host that asks (`nvme connect --dhchap-ctrl-secret`).
     pub ctrl: Option<Secret>,
+    /// This host's own hash functions and DH groups (its entry's `dhchap_hashes` and
+    /// `dhchap_dh_groups`, as Linux nvmet's per-host `dhchap_hash` and `dhchap_dhgroup`),
+    /// used instead of its subsystem's (or `[discovery]`'s) in the negotiation (NVMe 2.0
+    /// §8.13.5.1); a list the entry does not give is the subsystem's. None: the subsystem's.
+    pub dhchap: Option<Dhchap>,
+}
+
+impl HostKeys {
+    /// The hash functions and DH groups this host negotiates with: its own, or `parent`'s
+    /// (its subsystem's or `[discovery]`'s).
+    pub fn policy<'a>(&'a self, parent: &'a Dhchap) -> &'a Dhchap {
+        self.dhchap.as_ref().unwrap_or(parent)
+    }
 }
 
 /// The hash functions and DH groups of a subsystem's DH-HMAC-CHAP, most preferred first.

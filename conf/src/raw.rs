@@ -128,6 +128,8 @@ pub(crate) struct RawHostEntry {
     pub tls_key: Option<Spanned<String>>,
     pub tls_key_file: Option<Spanned<String>>,
     pub tls_key_derivation: Option<Spanned<String>>,
+    pub dhchap_hashes: Option<Spanned<Vec<Spanned<String>>>>,
+    pub dhchap_dh_groups: Option<Spanned<Vec<Spanned<String>>>>,
 }
 
 /// The keys given inline are zeroed when the raw entry goes (after validation has parsed

@@ -1,6 +1,6 @@
 //! Hosts with DH-HMAC-CHAP keys: inline secrets and owner-only key files, what is refused
-//! (with the position, never the secret), the hash and group lists, and `to_toml` writing
-//! key files back as files.
+//! (with the position, never the secret), the hash and group lists (a subsystem's, and a
+//! host's own), and `to_toml` writing key files back as files.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
@@ -193,4 +193,92 @@ fn a_conf_file_holding_an_inline_key_must_be_owner_only() {
     );
     let c = Config::from_path(&temp_file("files.toml", &text, 0o644)).expect("keys in key files");
     assert!(!c.has_inline_secrets());
+}
+
+#[test]
+fn a_host_may_have_its_own_hashes_and_groups() {
+    // NVMe 2.0 §8.13.5.1: as Linux nvmet's per-host dhchap_hash and dhchap_dhgroup.
+    let (hk, h2k) = (key(Some(HashId::Sha256)), key(None));
+    let h2 = "nqn.2026-11.io.pollux:h2";
+    let h3 = "nqn.2026-11.io.pollux:h3";
+    let text = sub(
+        &format!(
+            "{{ nqn = \"{HOST}\", dhchap_key = \"{hk}\", dhchap_hashes = [\"sha512\"], dhchap_dh_groups = [\"ffdhe3072\"] }},\n \
+             {{ nqn = \"{h2}\", dhchap_key = \"{h2k}\", dhchap_hashes = [\"sha384\", \"sha256\"] }},\n \
+             {{ nqn = \"{h3}\", dhchap_key = \"{h2k}\" }}"
+        ),
+        "dhchap_hashes = [\"sha256\"]\ndhchap_dh_groups = [\"ffdhe2048\", \"null\"]\n",
+    );
+    let c = Config::parse(&text, "test.toml").expect("valid");
+    let s = &c.subsystems[0];
+    let own = s.host_keys[HOST].dhchap.as_ref().expect("own lists");
+    assert_eq!(own.hashes, [HashId::Sha512]);
+    assert_eq!(own.dh_groups, [DhGroup::Ffdhe3072]);
+    assert_eq!(s.host_keys[HOST].policy(&s.dhchap), own);
+    // A list not given is the subsystem's.
+    let own2 = s.host_keys[h2].dhchap.as_ref().expect("own lists");
+    assert_eq!(own2.hashes, [HashId::Sha384, HashId::Sha256]);
+    assert_eq!(own2.dh_groups, [DhGroup::Ffdhe2048, DhGroup::Null]);
+    // None given: the subsystem's.
+    assert_eq!(s.host_keys[h3].dhchap, None);
+    assert_eq!(s.host_keys[h3].policy(&s.dhchap), &s.dhchap);
+    // Written back only where given, and read back the same.
+    let out = c.to_toml();
+    assert!(
+        out.contains("dhchap_hashes = [\"sha512\"], dhchap_dh_groups = [\"ffdhe3072\"]"),
+        "{out}"
+    );
+    assert_eq!(out.matches("dhchap_hashes").count(), 3, "{out}");
+    assert_eq!(Config::parse(&out, "test.toml").expect("round trip"), c);
+
+    // The discovery controller's hosts too.
+    let text = format!(
+        "{BASE}[discovery]\nhosts = [{{ nqn = \"{HOST}\", dhchap_key = \"{hk}\", dhchap_dh_groups = [\"null\"] }}]\n"
+    );
+    let c = Config::parse(&text, "test.toml").expect("valid");
+    let own = c.discovery.host_keys[HOST].dhchap.as_ref().expect("own lists");
+    assert_eq!(own.hashes, HashId::ALL);
+    assert_eq!(own.dh_groups, [DhGroup::Null]);
+    assert_eq!(Config::parse(&c.to_toml(), "test.toml").expect("round trip"), c);
+}
+
+#[test]
+fn a_hosts_own_lists_are_checked_as_the_subsystems_and_need_its_key() {
+    let hk = key(Some(HashId::Sha256));
+    let entry = |extra: &str| sub(&format!("{{ nqn = \"{HOST}\", dhchap_key = \"{hk}\", {extra} }}"), "");
+    refused(
+        &entry("dhchap_hashes = [\"md5\"]"),
+        7,
+        "sha256, sha384 or sha512",
+        Some(&hk),
+    );
+    refused(&entry("dhchap_dh_groups = [\"ffdhe1024\"]"), 7, "ffdhe8192", Some(&hk));
+    refused(&entry("dhchap_hashes = []"), 7, "must not be empty", Some(&hk));
+    refused(
+        &entry("dhchap_dh_groups = [\"null\", \"null\"]"),
+        7,
+        "listed twice",
+        Some(&hk),
+    );
+    refused(&entry("dhchap_hashes = \"sha256\""), 7, "sequence", Some(&hk));
+    // Without a DH-HMAC-CHAP key (a TLS key is not one), naming the list and the key.
+    refused(
+        &sub(&format!("{{ nqn = \"{HOST}\", dhchap_hashes = [\"sha512\"] }}"), ""),
+        7,
+        "`dhchap_hashes` without a `dhchap_key` or `dhchap_key_file`",
+        None,
+    );
+    let psk = pollux_conf::ConfiguredPsk::new(Some(pollux_nvme::tls::PskHash::Sha256), &[7u8; 32])
+        .expect("psk")
+        .encode()
+        .to_string();
+    refused(
+        &sub(
+            &format!("{{ nqn = \"{HOST}\", tls_key = \"{psk}\", dhchap_dh_groups = [\"null\"] }}"),
+            "",
+        ),
+        7,
+        "`dhchap_dh_groups` without a `dhchap_key` or `dhchap_key_file`",
+        None,
+    );
 }

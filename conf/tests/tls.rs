@@ -147,8 +147,8 @@ fn a_hosts_key_derivation_is_read_checked_and_written_back() {
         });
         let sub = "nqn.2026-11.io.pollux:a";
         assert_ne!(
-            *key.tls_psk(HOST, sub, 0).expect("derived").psk,
-            *other.tls_psk(HOST, sub, 0).expect("derived").psk
+            *key.tls_psk(HOST, sub, 0).expect("tls psk").psk,
+            *other.tls_psk(HOST, sub, 0).expect("tls psk").psk
         );
         let back = Config::parse(&c.to_toml(), "test.toml").expect("round trip");
         assert_eq!(back.subsystems, c.subsystems, "{}", c.to_toml());

@@ -1,7 +1,8 @@
 //! DH-HMAC-CHAP (NVMe 2.0 §8.13.5) end to end with the host library: every queue of a host
 //! with keys authenticates after its Connect, with each hash and DH group, one way and both
 //! ways; wrong, missing and out-of-order input is refused with AUTH_Failure1 or a status and
-//! leaves nothing usable; keys change at run time and a live queue re-authenticates. The
+//! leaves nothing usable; keys, and a host's own hashes and DH groups, change at run time
+//! and a live queue re-authenticates with them. The
 //! Linux host's side of the same is the guest scenario `pollux-auth`.
 #![allow(clippy::unwrap_used)]
 
@@ -414,6 +415,179 @@ fn keys_change_at_run_time_and_live_queues_reauthenticate() {
         .unwrap()
         .shutdown()
         .unwrap();
+    c.shutdown().unwrap();
+    t.shutdown().unwrap();
+}
+
+/// The `controllers` listing's entry of controller `cntlid`.
+fn listed(ctx: &Ctx, cntlid: u16) -> Option<serde_json::Value> {
+    let list = ctx.call("controllers", &serde_json::Value::Null).unwrap();
+    list["controllers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["cntlid"] == cntlid)
+        .cloned()
+}
+
+/// The same creation time (the listing derives it from the clock at each call).
+fn same_created(a: &serde_json::Value, b: &serde_json::Value) -> bool {
+    let t = |v: &serde_json::Value| v["created_unix_s"].as_f64().unwrap();
+    (t(a) - t(b)).abs() < 0.5
+}
+
+#[test]
+fn a_hosts_own_hash_and_group_apply_to_its_next_reauthentication() {
+    // Linux nvmet's per-host dhchap_hash and dhchap_dhgroup, changed on a live controller
+    // (blktests nvme/045): NVMe 2.0 §8.13.5.1, the controller picks from the host's lists.
+    let (hk1, hk2) = (key(Some(HashId::Sha256)), key(Some(HashId::Sha512)));
+    let (t, ctx) = start_secure(&hk1, None, "");
+    let old = HostDhchap::new(hk1.clone(), None);
+    let mut c = Controller::connect_with(addr(&t), &opts(Some(old.clone()))).unwrap();
+    let before = listed(&ctx, c.cntlid).unwrap();
+    assert_eq!(before["authenticated"], "sha256/ffdhe2048", "{before}");
+
+    // The host gets a new key and its own lists, through the control plane as `pollux ctl
+    // set-host-keys --dhchap-hashes sha512 --dhchap-dh-groups ffdhe3072` sends them.
+    let changes = ctx
+        .call(
+            "set_host_keys",
+            &json!({"nqn": SUB, "host": HOST, "dhchap_key": *hk2.encode(),
+                    "dhchap_hashes": ["sha512"], "dhchap_dh_groups": ["ffdhe3072"]}),
+        )
+        .unwrap();
+    assert_eq!(changes["changed_subsystems"], json!([SUB]), "{changes}");
+    // The live controller stays, with every queue, authenticated as it was.
+    let after = listed(&ctx, c.cntlid).expect("the change dropped the controller");
+    assert!(same_created(&after, &before), "{after} {before}");
+    assert_eq!(after["authenticated"], "sha256/ffdhe2048", "{after}");
+    io_works(&mut c);
+    c.admin.keep_alive().unwrap();
+
+    // Its next re-authentication, offering everything as Linux does, negotiates the
+    // host's own hash and group with the new key, on the admin queue and each I/O queue.
+    let new = HostDhchap::new(hk2.clone(), None);
+    let info = c.admin.authenticate(&new, 200, 0).unwrap();
+    assert_eq!((info.hash, info.dh), (HashId::Sha512, DhGroup::Ffdhe3072));
+    for (i, q) in c.io.iter_mut().enumerate() {
+        let info = q.authenticate(&new, 201 + i as u16, 0).unwrap();
+        assert_eq!((info.hash, info.dh), (HashId::Sha512, DhGroup::Ffdhe3072));
+    }
+    io_works(&mut c);
+    let now = listed(&ctx, c.cntlid).unwrap();
+    assert_eq!(now["authenticated"], "sha512/ffdhe3072", "{now}");
+    assert!(same_created(&now, &before), "{now} {before}");
+
+    // A re-authentication offering only the old hash (or only the old group) is refused
+    // with AUTH_Failure1, and the queue is unauthenticated until it authenticates again
+    // (as any failed re-authentication leaves it: the controller stays).
+    let mut only_old = new.clone();
+    only_old.hashes = vec![HashId::Sha256];
+    let e = c.io[0].authenticate(&only_old, 210, 0).unwrap_err();
+    assert!(e.to_string().contains("no hash function in common"), "{e}");
+    let e = c.io[0].write(1, 0, 8, &pattern(2, 0, 4096)).unwrap_err();
+    assert_eq!(auth_code(&e), Some((1, 0x91, true)), "{e}");
+    let mut old_group = new.clone();
+    old_group.dh_groups = vec![DhGroup::Ffdhe2048, DhGroup::Null];
+    let e = c.admin.authenticate(&old_group, 211, 0).unwrap_err();
+    assert!(e.to_string().contains("no DH group in common"), "{e}");
+    assert_eq!(
+        auth_code(&c.admin.identify_controller().unwrap_err()),
+        Some((1, 0x91, true))
+    );
+    assert!(
+        listed(&ctx, c.cntlid).is_some(),
+        "a failed re-authentication dropped the controller"
+    );
+    c.admin.authenticate(&new, 212, 0).unwrap();
+    c.io[0].authenticate(&new, 213, 0).unwrap();
+    io_works(&mut c);
+    // The old key no longer authenticates, whatever it offers.
+    assert!(c.io[1].authenticate(&old, 214, 0).is_err());
+    c.io[1].authenticate(&new, 215, 0).unwrap();
+    io_works(&mut c);
+
+    // A new connection of this host gets its lists too; another host of the subsystem
+    // keeps the subsystem's (every hash and group, SHA-256 and ffdhe2048 first). The list
+    // may come as one comma-separated string (`ctl call`).
+    let c2 = Controller::connect_with(addr(&t), &opts(Some(new.clone()))).unwrap();
+    assert_eq!(listed(&ctx, c2.cntlid).unwrap()["authenticated"], "sha512/ffdhe3072");
+    c2.shutdown().unwrap();
+    let (host3, k3) = ("nqn.2026-11.io.pollux:host3", key(None));
+    ctx.call(
+        "add_host",
+        &json!({"nqn": SUB, "host": host3, "dhchap_key": *k3.encode()}),
+    )
+    .unwrap();
+    let mut o = ControllerOpts::new(SUB, host3, 1, 32);
+    o.dhchap = Some(HostDhchap::new(k3.clone(), None));
+    let c3 = Controller::connect_with(addr(&t), &o).unwrap();
+    assert_eq!(listed(&ctx, c3.cntlid).unwrap()["authenticated"], "sha256/ffdhe2048");
+    c3.shutdown().unwrap();
+    ctx.call(
+        "set_host_keys",
+        &json!({"nqn": SUB, "host": host3, "dhchap_key": *k3.encode(), "dhchap_hashes": "sha384, sha512"}),
+    )
+    .unwrap();
+    let c3 = Controller::connect_with(addr(&t), &o).unwrap();
+    assert_eq!(listed(&ctx, c3.cntlid).unwrap()["authenticated"], "sha384/ffdhe2048");
+    c3.shutdown().unwrap();
+
+    // Refused, changing nothing: an unknown name (the param and value named), a list
+    // without a key (naming the key), a list that is not of strings. Never a key echoed.
+    let e = ctx
+        .call(
+            "set_host_keys",
+            &json!({"nqn": SUB, "host": HOST, "dhchap_key": *hk1.encode(), "dhchap_hashes": ["md5"]}),
+        )
+        .unwrap_err();
+    assert!(
+        e.message.contains("dhchap_hashes") && e.message.contains("md5"),
+        "{}",
+        e.message
+    );
+    assert!(!e.message.contains(&hk1.encode()[10..30]), "{}", e.message);
+    let e = ctx
+        .call(
+            "set_host_keys",
+            &json!({"nqn": SUB, "host": HOST, "dhchap_dh_groups": ["null"]}),
+        )
+        .unwrap_err();
+    assert!(
+        e.message.contains("without a `dhchap_key` or `dhchap_key_file`"),
+        "{}",
+        e.message
+    );
+    let e = ctx
+        .call(
+            "set_host_keys",
+            &json!({"nqn": SUB, "host": HOST, "dhchap_key": *hk1.encode(), "dhchap_hashes": [512]}),
+        )
+        .unwrap_err();
+    assert!(e.message.contains("array of strings"), "{}", e.message);
+    // ... so the host's lists and key are still the new ones.
+    c.admin.authenticate(&new, 220, 0).unwrap();
+    assert_eq!(listed(&ctx, c.cntlid).unwrap()["authenticated"], "sha512/ffdhe3072");
+
+    // Saved as given; without lists, set_host_keys gives the host the subsystem's again.
+    let dir = std::env::temp_dir().join(format!("pollux-auth-lists-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let saved = dir.join("saved.toml");
+    ctx.call("save", &json!({"path": saved})).unwrap();
+    let text = std::fs::read_to_string(&saved).unwrap();
+    assert!(
+        text.contains("dhchap_hashes = [\"sha512\"], dhchap_dh_groups = [\"ffdhe3072\"]"),
+        "{text}"
+    );
+    ctx.call(
+        "set_host_keys",
+        &json!({"nqn": SUB, "host": HOST, "dhchap_key": *hk2.encode()}),
+    )
+    .unwrap();
+    let info = c.admin.authenticate(&new, 230, 0).unwrap();
+    assert_eq!((info.hash, info.dh), (HashId::Sha256, DhGroup::Ffdhe2048));
+    io_works(&mut c);
+    let _ = std::fs::remove_dir_all(&dir);
     c.shutdown().unwrap();
     t.shutdown().unwrap();
 }

@@ -80,6 +80,7 @@ proptest! {
         let keys = HostKeys {
             host: Secret { key: DhchapKey::generate(Some(HashId::Sha256), 32).unwrap(), file: None },
             ctrl: None,
+            dhchap: None,
         };
         // Small groups only: the exponentiations run inline here.
         let policy = Dhchap {

@@ -1,7 +1,7 @@
 //! A subsystem's `hosts`: NQNs, the DH-HMAC-CHAP keys of those that must authenticate
 //! (inline `DHHC-1:` secrets or key files readable by their owner only), the TLS PSKs of
 //! those that secure the channel (`NVMeTLSkey-1:`, likewise), and the hash functions and DH
-//! groups the subsystem accepts.
+//! groups the subsystem accepts (and those a host with keys may have of its own).
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
@@ -30,8 +30,9 @@ pub(super) struct Hosts {
     pub tls: BTreeMap<String, TlsKey>,
 }
 
-/// The NQNs of `list` and the keys of those that have them.
-pub(super) fn hosts(cx: &Cx<'_>, list: &[Spanned<RawHost>]) -> Result<Hosts, ConfError> {
+/// The NQNs of `list` and the keys of those that have them; `parent` is the subsystem's
+/// (or `[discovery]`'s) hashes and groups, those a host's own lists fall back on.
+pub(super) fn hosts(cx: &Cx<'_>, list: &[Spanned<RawHost>], parent: &Dhchap) -> Result<Hosts, ConfError> {
     let mut nqns: Vec<String> = Vec::new();
     let mut keys = BTreeMap::new();
     let mut tls = BTreeMap::new();
@@ -45,7 +46,7 @@ pub(super) fn hosts(cx: &Cx<'_>, list: &[Spanned<RawHost>]) -> Result<Hosts, Con
             return Err(cx.at(h.span(), format!("host {nqn:?} is listed twice in `hosts`")));
         }
         if let Some(e) = entry {
-            if let Some(k) = host_keys(cx, h.span(), e)? {
+            if let Some(k) = host_keys(cx, h.span(), e, parent)? {
                 keys.insert(nqn.clone(), k);
             }
             if let Some(k) = tls_key(cx, e)? {
@@ -87,16 +88,48 @@ fn tls_key(cx: &Cx<'_>, e: &RawHostEntry) -> Result<Option<TlsKey>, ConfError> {
     }
 }
 
-fn host_keys(cx: &Cx<'_>, span: std::ops::Range<usize>, e: &RawHostEntry) -> Result<Option<HostKeys>, ConfError> {
+/// A host's DH-HMAC-CHAP keys and its own hash and group lists (NVMe 2.0 §8.13.5.1), if
+/// it gives any: each a list as the subsystem's, the other one then the subsystem's.
+fn host_keys(
+    cx: &Cx<'_>,
+    span: std::ops::Range<usize>,
+    e: &RawHostEntry,
+    parent: &Dhchap,
+) -> Result<Option<HostKeys>, ConfError> {
     let host = secret(cx, &e.dhchap_key, &e.dhchap_key_file, "dhchap_key")?;
     let ctrl = secret(cx, &e.dhchap_ctrl_key, &e.dhchap_ctrl_key_file, "dhchap_ctrl_key")?;
+    let own = match (&e.dhchap_hashes, &e.dhchap_dh_groups) {
+        (None, None) => None,
+        (hashes, groups) => {
+            let mine = dhchap(cx, hashes, groups)?;
+            let mut own = parent.clone();
+            if hashes.is_some() {
+                own.hashes = mine.hashes;
+            }
+            if groups.is_some() {
+                own.dh_groups = mine.dh_groups;
+            }
+            Some(own)
+        }
+    };
     match (host, ctrl) {
-        (Some(host), ctrl) => Ok(Some(HostKeys { host, ctrl })),
+        (Some(host), ctrl) => Ok(Some(HostKeys { host, ctrl, dhchap: own })),
         (None, Some(_)) => Err(cx.at(
             span,
             "a controller key (`dhchap_ctrl_key`) needs a host key (`dhchap_key` or `dhchap_key_file`): the host authenticates first".into(),
         )),
-        (None, None) => Ok(None),
+        (None, None) => match (&e.dhchap_hashes, &e.dhchap_dh_groups) {
+            (None, None) => Ok(None),
+            (Some(l), _) | (None, Some(l)) => {
+                let key = if e.dhchap_hashes.is_some() { "dhchap_hashes" } else { "dhchap_dh_groups" };
+                Err(cx.at(
+                    l.span(),
+                    format!(
+                        "`{key}` without a `dhchap_key` or `dhchap_key_file`: a host's own hashes and DH groups apply to its DH-HMAC-CHAP key, so need one"
+                    ),
+                ))
+            }
+        },
     }
 }
 
@@ -268,12 +301,13 @@ fn names<T: PartialEq>(
 
 /// The `[discovery]` table.
 pub(super) fn discovery(cx: &Cx<'_>, d: crate::raw::RawDiscovery) -> Result<crate::Discovery, ConfError> {
+    let dhchap = dhchap(cx, &d.dhchap_hashes, &d.dhchap_dh_groups)?;
     let Hosts {
         nqns,
         keys: host_keys,
         tls: tls_keys,
     } = match &d.hosts {
-        Some(list) => hosts(cx, list.get_ref())?,
+        Some(list) => hosts(cx, list.get_ref(), &dhchap)?,
         None => Hosts::default(),
     };
     if let Some(list) = &d.hosts
@@ -300,6 +334,6 @@ pub(super) fn discovery(cx: &Cx<'_>, d: crate::raw::RawDiscovery) -> Result<crat
         host_keys,
         tls_keys,
         require_authentication,
-        dhchap: dhchap(cx, &d.dhchap_hashes, &d.dhchap_dh_groups)?,
+        dhchap,
     })
 }

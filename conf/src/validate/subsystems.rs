@@ -165,15 +165,15 @@ fn subsystem(
     };
     let allow_any_host = s.allow_any_host.as_ref().is_some_and(|a| *a.get_ref());
 
+    let dhchap = super::hosts::dhchap(cx, &s.dhchap_hashes, &s.dhchap_dh_groups)?;
     let super::hosts::Hosts {
         nqns: hosts,
         keys: host_keys,
         tls: tls_keys,
     } = match &s.hosts {
-        Some(list) => super::hosts::hosts(cx, list.get_ref())?,
+        Some(list) => super::hosts::hosts(cx, list.get_ref(), &dhchap)?,
         None => Default::default(),
     };
-    let dhchap = super::hosts::dhchap(cx, &s.dhchap_hashes, &s.dhchap_dh_groups)?;
     let (min_cntlid, max_cntlid) = cntlid_range(cx, &s.min_cntlid, &s.max_cntlid, &nqn, reactors)?;
     if !allow_any_host && hosts.is_empty() {
         let span = s

@@ -110,7 +110,7 @@ const NQN: Param = req("nqn", Kind::Str, "the subsystem's NQN");
 const NSID: Param = req("nsid", Kind::Uint, "the namespace ID");
 const HOST: Param = req("host", Kind::Str, "the host's NQN");
 const ADDRESS: Param = req("address", Kind::Str, "IP:PORT");
-const KEYS: [Param; 7] = [
+const KEYS: [Param; 9] = [
     p(
         "dhchap-key-file",
         Kind::Str,
@@ -138,8 +138,20 @@ const KEYS: [Param; 7] = [
         Kind::Str,
         "how the host derives from its TLS PSK: rfc8446 (libnvme 1.16+, the default) or libnvme-compat (older libnvme)",
     ),
+    p(
+        "dhchap-hashes",
+        Kind::List,
+        "this host's own DH-HMAC-CHAP hashes, most preferred first (sha256,sha384,sha512; needs a DH-HMAC-CHAP key)",
+    ),
+    p(
+        "dhchap-dh-groups",
+        Kind::List,
+        "this host's own DH groups, most preferred first (null,ffdhe2048,...,ffdhe8192; needs a DH-HMAC-CHAP key)",
+    ),
 ];
-const HOST_PARAMS: [Param; 9] = [NQN, HOST, KEYS[0], KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]];
+const HOST_PARAMS: [Param; 11] = [
+    NQN, HOST, KEYS[0], KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8],
+];
 
 /// Every method the server dispatches.
 pub const METHODS: &[Method] = &[
@@ -354,7 +366,7 @@ pub const METHODS: &[Method] = &[
     },
     Method {
         name: "set_host_keys",
-        summary: "Replace a host's keys (none given: it no longer authenticates)",
+        summary: "Replace a host's keys and own DH-HMAC-CHAP lists (none given: it no longer authenticates)",
         mutation: true,
         verb: true,
         params: &HOST_PARAMS,

@@ -241,6 +241,26 @@ mod tests {
         assert_eq!(v.params, json!({"reactor": 1, "mode": "poll"}));
         let v = parse(&["set-allow-any-host", "--nqn", "q", "--allow", "off"]).expect("ok");
         assert_eq!(v.params["allow"], json!(false));
+        // A host's own DH-HMAC-CHAP lists (NVMe 2.0 §8.13.5.1) are lists like `--hosts`.
+        let v = parse(&[
+            "set-host-keys",
+            "--nqn",
+            "q",
+            "--host",
+            "h",
+            "--dhchap-key-file",
+            "/k",
+            "--dhchap-hashes",
+            "sha384,sha512",
+            "--dhchap-dh-groups",
+            "ffdhe3072",
+        ])
+        .expect("ok");
+        assert_eq!(
+            v.params,
+            json!({"nqn": "q", "host": "h", "dhchap_key_file": "/k",
+                   "dhchap_hashes": ["sha384", "sha512"], "dhchap_dh_groups": ["ffdhe3072"]})
+        );
     }
 
     #[test]

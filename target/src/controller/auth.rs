@@ -159,7 +159,7 @@ pub struct AuthCtx<'a> {
     pub subnqn: &'a str,
     /// The host's keys now (None: it has none, so it cannot authenticate).
     pub keys: Option<&'a HostKeys>,
-    /// The subsystem's hash functions and DH groups.
+    /// The hash functions and DH groups to negotiate: the host's own, else the subsystem's.
     pub policy: &'a Dhchap,
 }
 

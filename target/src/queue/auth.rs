@@ -234,25 +234,24 @@ impl<T: Transport> Queue<T> {
 }
 
 /// What an exchange of `hostnqn` on `subsys` needs; None: the discovery controller, whose
-/// keys are the `[discovery]` table's (`disc`).
+/// keys are the `[discovery]` table's (`disc`). The hashes and DH groups negotiated are the
+/// host's own when its entry gives them, else the subsystem's (NVMe 2.0 §8.13.5.1); both
+/// are read from the snapshot at each AUTH_Negotiate, so a change at run time applies to
+/// the next (re-)authentication of a live queue.
 fn auth_ctx<'a>(
     hostnqn: &'a str,
     subsys: Option<&'a crate::subsystem::Subsystem>,
     disc: &'a pollux_conf::Discovery,
 ) -> AuthCtx<'a> {
-    match subsys {
-        Some(s) => AuthCtx {
-            hostnqn,
-            subnqn: &s.nqn,
-            keys: s.keys_of(hostnqn),
-            policy: &s.dhchap,
-        },
-        None => AuthCtx {
-            hostnqn,
-            subnqn: pollux_conf::DISCOVERY_NQN,
-            keys: disc.host_keys.get(hostnqn),
-            policy: &disc.dhchap,
-        },
+    let (subnqn, keys, parent) = match subsys {
+        Some(s) => (s.nqn.as_str(), s.keys_of(hostnqn), &s.dhchap),
+        None => (pollux_conf::DISCOVERY_NQN, disc.host_keys.get(hostnqn), &disc.dhchap),
+    };
+    AuthCtx {
+        hostnqn,
+        subnqn,
+        keys,
+        policy: keys.map_or(parent, |k| k.policy(parent)),
     }
 }
 

@@ -204,8 +204,8 @@ impl Ctx {
                 } else {
                     let mut t = toml_edit::InlineTable::new();
                     t.insert("nqn", host.into());
-                    for (k, v) in &keys {
-                        t.insert(*k, v.as_str().into());
+                    for (k, v) in keys {
+                        t.insert(k, v);
                     }
                     toml_edit::Value::InlineTable(t)
                 };
@@ -428,9 +428,12 @@ fn host_nqn(v: &toml_edit::Value) -> Option<&str> {
 }
 
 /// The key fields of `add_host` / `set_host_keys`: DH-HMAC-CHAP keys and the TLS PSK with
-/// how the host derives from it (validated with the conf: a bad key or an open key file is refused there, with the
-/// reason and never the key). `set_host_keys` replaces all of a host's keys.
-fn host_key_fields(params: &Value) -> Result<Vec<(&'static str, String)>, RpcError> {
+/// how the host derives from it, and the host's own DH-HMAC-CHAP hashes and DH groups
+/// (`dhchap_hashes`, `dhchap_dh_groups`: arrays of strings, or one comma-separated string),
+/// validated with the conf: a bad key or an open key file is refused there, with the reason
+/// and never the key; a list without a `dhchap_key[_file]` likewise. `set_host_keys`
+/// replaces all of a host's keys and lists.
+fn host_key_fields(params: &Value) -> Result<Vec<(&'static str, toml_edit::Value)>, RpcError> {
     let mut out = Vec::new();
     for k in [
         "dhchap_key",
@@ -443,9 +446,28 @@ fn host_key_fields(params: &Value) -> Result<Vec<(&'static str, String)>, RpcErr
     ] {
         match params.get(k) {
             None | Some(Value::Null) => {}
-            Some(Value::String(v)) => out.push((k, v.clone())),
+            Some(Value::String(v)) => out.push((k, v.as_str().into())),
             Some(_) => return Err(RpcError::params(format!("'{k}' must be a string"))),
         }
+    }
+    for k in ["dhchap_hashes", "dhchap_dh_groups"] {
+        let names: Vec<&str> = match params.get(k) {
+            None | Some(Value::Null) => continue,
+            Some(Value::String(v)) => v.split(',').map(str::trim).collect(),
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|v| {
+                    v.as_str()
+                        .ok_or_else(|| RpcError::params(format!("'{k}' must be an array of strings, got {v} in it")))
+                })
+                .collect::<Result<_, _>>()?,
+            Some(v) => {
+                return Err(RpcError::params(format!(
+                    "'{k}' must be an array of strings (or one comma-separated string), got {v}"
+                )));
+            }
+        };
+        out.push((k, toml_edit::Value::Array(names.into_iter().collect())));
     }
     Ok(out)
 }
