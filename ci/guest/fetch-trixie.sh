@@ -13,7 +13,8 @@
 # run) into $GUEST_WORK/trixie/root, then docs, man pages and locales are
 # removed. build-initramfs.sh copies that root into the image of the series
 # that ask for it (kernels.sh guest_trixie) as /trixie, where the guest runs
-# the tools in a chroot (guest.d/lib.sh trixie_up).
+# the tools in a chroot (its wrappers tnvme, tlshd and keyctl; /init
+# bind-mounts /proc, /sys, /dev, /run, /tmp and /etc/nvme into it).
 # Cached: root/.stamp holds the package list with versions, and a run that
 # finds it (for the same PKGS and script) does nothing (no network). Versions are not pinned (old ones leave
 # the mirror); they are printed. rm -rf $GUEST_WORK/trixie to refetch.
