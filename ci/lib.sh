@@ -12,8 +12,10 @@
 #                              --kernel 6.12 boots the 6.12 guest kernel
 #                              (NVMe DH-HMAC-CHAP in host and nvmet, NVMe/TCP
 #                              TLS; Debian 13's tnvme, tlshd and keyctl in
-#                              its image) instead of the default 6.1
-#                              (ci/guest/kernels.sh)
+#                              its image) instead of the default 6.1;
+#                              --kernel 6.18 the same with trixie-backports'
+#                              6.18 (also secure channel concatenation,
+#                              nvme connect --concat) (ci/guest/kernels.sh)
 #   need_pollux                fail unless $POLLUX_BIN is an executable
 #   start_pollux CONF [PORT]   start $POLLUX_BIN --config CONF, wait for PORT
 #   stop_pollux                SIGTERM, wait, SIGKILL; rc 0 only on exit 0
@@ -119,7 +121,7 @@ _step_of() {
 # guest.d/SCRIPT, with the console in $CI_LOG_DIR/guest-SCRIPT[.N].log
 # (CI_VERBOSE=1 also streams it). The guest kernel is 6.1 unless the
 # options say --kernel SERIES (boot.sh --help; 6.12 for in-band
-# authentication). Returns the guest's exit status (124 on timeout, 125 if
+# authentication and TLS, 6.18 also for secure channel concatenation). Returns the guest's exit status (124 on timeout, 125 if
 # QEMU died without one). On failure it logs the step the guest was in, its
 # FAIL: line and the last 60 console lines.
 run_guest() {

@@ -5,11 +5,13 @@
 # (and to stdout unless --quiet).
 #   usage: boot.sh [options] [-- extra qemu args]
 #     --kernel SERIES      the guest kernel (ci/guest/kernels.sh): 6.1, the
-#                          default (Debian 12's), or 6.12 (bookworm's 6.12,
+#                          default (Debian 12's), 6.12 (bookworm's 6.12,
 #                          whose NVMe host and nvmet have DH-HMAC-CHAP
-#                          in-band auth); each has its own vmlinux and
-#                          initramfs (6.1 in $GUEST_WORK, 6.12 in
-#                          $GUEST_WORK/k-6.12), both made by setup.sh
+#                          in-band auth and NVMe/TCP TLS) or 6.18
+#                          (trixie-backports', which adds secure channel
+#                          concatenation); each has its own vmlinux and
+#                          initramfs (6.1 in $GUEST_WORK, the others in
+#                          $GUEST_WORK/k-SERIES), all made by setup.sh
 #     --script NAME        run /guest/NAME (from guest.d/) and power off
 #     --cmd 'SHELL'        run this snippet (base64 on the kernel command
 #                          line, so ~1.4 KB at most) and power off

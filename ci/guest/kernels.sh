@@ -13,12 +13,20 @@
 #         initramfs also carries a Debian 13 (trixie) userland in /trixie
 #         (guest_trixie): nvme-cli 2.13 (tnvme), tlshd and keyctl, which
 #         Debian 12 lacks or ships too old for TLS.
+#   6.18  trixie-backports' 6.18 (an LTS line; the newest
+#         linux-image-6.18.N+deb13-amd64 there: guest_ksuite). 6.15 and later
+#         have the host side of NVMe/TCP secure channel concatenation
+#         (nvme connect --concat: TLS on a queue whose PSK comes from the
+#         DH-HMAC-CHAP exchange). The same options as 6.12 for auth and TLS,
+#         the same /trixie userland and the same extra boot modules. From
+#         6.19 on Debian splits linux-image into linux-binary and
+#         linux-modules packages, which fetch-kernel.sh does not handle.
 # Each series has its own work dir (guest_kdir): kroot/, vmlinux, kver and
 # initramfs.img. The 6.1 one is $GUEST_WORK itself, where it always was.
 # Sourced by setup.sh, fetch-kernel.sh, build-initramfs.sh and boot.sh, which
 # set W (the work dir, $GUEST_WORK) first.
 
-GUEST_KERNELS="6.1 6.12"
+GUEST_KERNELS="6.1 6.12 6.18"
 GUEST_KERNEL_DEFAULT=6.1
 
 # guest_kernel_ok SERIES: true if SERIES is one of GUEST_KERNELS.
@@ -36,39 +44,60 @@ guest_kdir() {
 }
 
 # guest_kmeta SERIES: the Debian meta package whose Depends names that
-# series' current linux-image ABI (old ABIs leave the mirror: no pin).
+# series' current linux-image ABI (old ABIs leave the mirror: no pin), in
+# the host's own apt sources. None for a series of guest_ksuite: no meta
+# package follows one line there (trixie-backports' linux-image-amd64 is
+# whatever is newest), so fetch-kernel.sh takes the highest
+# linux-image-SERIES.N+debNN-amd64 that the suite has.
 guest_kmeta() {
     case $1 in
         6.1) echo linux-image-amd64 ;;
+        6.18) ;;
         *) echo "linux-image-$1-amd64" ;;
     esac
 }
 
+# guest_ksuite SERIES: the Debian suite that series' kernel comes from when
+# it is not in the host's apt sources (the host is Debian 12), fetched
+# through a private apt configuration ($GUEST_WORK/apt-SUITE, see
+# fetch-kernel.sh; the host's apt is not touched). Empty: the host's apt.
+guest_ksuite() {
+    case $1 in
+        6.18) echo trixie-backports ;;
+    esac
+}
+
 # guest_kmods SERIES: boot modules of that series beyond the common list
-# (build-initramfs.sh BOOT_MODULES). For 6.12 the DH-HMAC-CHAP stack:
+# (build-initramfs.sh BOOT_MODULES). For 6.12 and 6.18 the DH-HMAC-CHAP stack:
 # nvme-auth and nvme-keyring (modules, which nvme-core, nvme-tcp and nvmet
-# depend on anyway), and the crypto the protocol asks for by name:
-# hmac(sha256|sha384|sha512) and dh with the RFC 7919 ffdhe groups
-# (CRYPTO_DH_RFC7919_GROUPS, inside dh_generic). In Debian's 6.12 those
-# crypto drivers are built in; a build that makes them modules gets them
-# loaded at boot. Then tls (kTLS), which tlshd hands a socket to after the
-# handshake (TCP_ULP "tls"): loaded at boot rather than left to the kernel's
-# request_module, which busybox modprobe may not resolve by alias. And the
-# AEADs kTLS asks the crypto API for by name, gcm(aes) for TLS_AES_128_GCM_SHA256
-# and TLS_AES_256_GCM_SHA384 (gcm, ghash, AES-NI: modules in Debian's 6.12):
-# without them tlshd's handshake succeeds and handing the keys to the kernel
-# fails ("The kernel does not support the requested algorithm", nvme-tcp -EIO).
+# depend on anyway; in 6.18 nvme-auth brings hkdf), and the crypto the
+# protocol asks for by name: hmac(sha256|sha384|sha512) and dh with the
+# RFC 7919 ffdhe groups (CRYPTO_DH_RFC7919_GROUPS, inside dh_generic). In
+# Debian's 6.12 and 6.18 those crypto drivers are built in; a build that
+# makes them modules gets them loaded at boot. 6.18 names the SHA-2 drivers
+# sha256 and sha512 (sha256_generic and sha512_generic are gone there since
+# the SHA-2 lib/crypto rework): each series lists its kernel's own names, as
+# build-initramfs.sh refuses a listed module that the kernel neither has
+# nor builds in (but for crc*). Then tls (kTLS), which tlshd hands a socket
+# to after the handshake (TCP_ULP "tls"): loaded at boot rather than left to
+# the kernel's request_module, which busybox modprobe may not resolve by
+# alias. And the AEADs kTLS asks the crypto API for by name, gcm(aes) for
+# TLS_AES_128_GCM_SHA256 and TLS_AES_256_GCM_SHA384 (gcm, ghash, AES-NI:
+# modules in Debian's 6.12 and 6.18): without them tlshd's handshake
+# succeeds and handing the keys to the kernel fails ("The kernel does not
+# support the requested algorithm", nvme-tcp -EIO).
 guest_kmods() {
     case $1 in
         6.1) ;;
-        *) echo "nvme-keyring nvme-auth hmac sha256_generic sha512_generic kpp dh_generic tls gcm ghash-generic aesni-intel" ;;
+        6.12) echo "nvme-keyring nvme-auth hmac sha256_generic sha512_generic kpp dh_generic tls gcm ghash-generic aesni-intel" ;;
+        *) echo "nvme-keyring nvme-auth hmac sha256 sha512 kpp dh_generic tls gcm ghash-generic aesni-intel" ;;
     esac
 }
 
 # guest_trixie SERIES: true if that series' initramfs carries the Debian 13
 # userland of fetch-trixie.sh in /trixie (nvme-cli 2.13 with TLS, tlshd,
-# keyctl; see build-initramfs.sh). Only 6.12 has the kernel side of NVMe/TCP
-# TLS; the 6.1 image stays without it (29 MB unpacked).
+# keyctl; see build-initramfs.sh). Only 6.12 and 6.18 have the kernel side
+# of NVMe/TCP TLS; the 6.1 image stays without it (29 MB unpacked).
 guest_trixie() {
     case $1 in
         6.1) return 1 ;;

@@ -1,13 +1,15 @@
 #!/bin/bash
 # Everything the guest needs, idempotent and cached under $GUEST_WORK
 # (default build/guest): Debian packages, then for each kernel series
-# (kernels.sh: 6.1, the default guest, and 6.12, with NVMe in-band auth and
-# TLS) the kernel (fetched once) and its initramfs (rebuilt only when its
-# inputs change), each in the series' own work dir (6.1: $GUEST_WORK itself,
-# 6.12: $GUEST_WORK/k-6.12). For 6.12 also the Debian 13 (trixie) userland
-# of its /trixie (fetch-trixie.sh: nvme-cli 2.13, tlshd, keyctl; in
-# $GUEST_WORK/trixie, fetched once, with a private apt configuration: the
-# host's apt is not touched). Prints each step's time.
+# (kernels.sh: 6.1, the default guest; 6.12, with NVMe in-band auth and
+# TLS; 6.18 from trixie-backports, which adds secure channel concatenation)
+# the kernel (fetched once) and its initramfs (rebuilt only when its inputs
+# change), each in the series' own work dir (6.1: $GUEST_WORK itself, else
+# $GUEST_WORK/k-SERIES). For 6.12 and 6.18 also the Debian 13 (trixie)
+# userland of their /trixie (fetch-trixie.sh: nvme-cli 2.13, tlshd, keyctl;
+# in $GUEST_WORK/trixie, fetched once, with a private apt configuration: the
+# host's apt is not touched; so is 6.18's kernel, through
+# $GUEST_WORK/apt-trixie-backports). Prints each step's time.
 #   usage: [EXTRA_BINS="/path/bin ..."] ci/guest/setup.sh [SERIES...]
 # SERIES: only these (default: all of kernels.sh's GUEST_KERNELS).
 set -euo pipefail
@@ -43,7 +45,7 @@ timed packages ensure_debs qemu-system-x86 busybox-static nvme-cli fio cpio zstd
 timed qemu-utils ensure_debs qemu-utils
 for k in "$@"; do
     timed "fetch-kernel $k" "$HERE/fetch-kernel.sh" --kernel "$k"
-    # Once, for the series that carry it (6.12); cached after the first run.
+    # Once, for the series that carry it (6.12, 6.18); cached after the first run.
     if guest_trixie "$k"; then timed "fetch-trixie" "$HERE/fetch-trixie.sh"; fi
     timed "build-initramfs $k" "$HERE/build-initramfs.sh" --kernel "$k"
 done
