@@ -13,7 +13,10 @@
 #    keyctl) runs, and its kernel has what NVMe/TCP TLS needs (kTLS, the
 #    .nvme keyring, nvme-fabrics' tls options, the handshake netlink family
 #    tlshd listens on); a PSK from nvme gen-tls-key is derived and inserted
-#    into .nvme (guest.d/trixie-smoke.sh).
+#    into .nvme (guest.d/trixie-smoke.sh);
+#  - the same of the 6.18 guest (trixie-backports' kernel, Debian 13's
+#    userland), whose kernel and nvme-cli also offer secure channel
+#    concatenation (nvme connect --concat).
 set -euo pipefail
 # shellcheck source=ci/lib.sh
 . "$(dirname "$0")/../lib.sh"
@@ -77,6 +80,10 @@ fi
 log "case 6: the 6.12 guest's trixie tools (nvme-cli 2.13, tlshd, keyctl) and TLS kernel options"
 run_guest trixie-smoke.sh --kernel 6.12 --timeout 120 ||
     fail "trixie-smoke guest failed"
+
+log "case 7: the same of the 6.18 guest, and secure channel concatenation (concat, --concat)"
+run_guest trixie-smoke.sh --kernel 6.18 --timeout 120 ||
+    fail "trixie-smoke 6.18 guest failed"
 
 # Only the greeting server may remain of what this scenario started.
 left=$(ci_tagged_pids | while read -r p; do

@@ -1,13 +1,15 @@
 # shellcheck shell=sh
-# Guest side of ci/scenarios/harness.sh's trixie case (6.12 guest only):
-# the Debian 13 userland in /trixie (fetch-trixie.sh) runs, and the kernel
-# has what the Linux NVMe/TCP host needs for TLS:
+# Guest side of ci/scenarios/harness.sh's trixie cases (the 6.12 and 6.18
+# guests): the Debian 13 userland in /trixie (fetch-trixie.sh) runs, and the
+# kernel has what the Linux NVMe/TCP host needs for TLS:
 #  - tnvme (nvme-cli 2.13 on libnvme 1.13) and keyctl run in the chroot and
 #    see the guest's /etc/nvme;
 #  - kTLS (CONFIG_TLS: the tls module, the "tls" TCP ULP), the .nvme keyring
 #    (CONFIG_NVME_KEYRING, CONFIG_KEYS), nvme-fabrics' TLS and DH-HMAC-CHAP
 #    options (CONFIG_NVME_TCP_TLS, CONFIG_NVME_HOST_AUTH) and the handshake
 #    netlink family (CONFIG_NET_HANDSHAKE: tlshd starts and stays up);
+#  - from Linux 6.15 on (the 6.18 guest), secure channel concatenation:
+#    nvme-fabrics takes concat and tnvme connect offers --concat;
 #  - a PSK from `nvme gen-tls-key`, derived and inserted by
 #    `nvme check-tls-key --insert` (identities 0 and 1), lands in .nvme as a
 #    "psk" key; libnvme's test key gives the TLS PSKs libnvme 1.13 derives.
@@ -17,7 +19,7 @@
 . /guest/lib.sh
 
 step versions
-[ -d /trixie ] || die "no /trixie in this image (boot the 6.12 kernel: run_guest ... --kernel 6.12)"
+[ -d /trixie ] || die "no /trixie in this image (boot the 6.12 or 6.18 kernel: run_guest ... --kernel 6.12)"
 grep -E '^(nvme-cli|libnvme1t64|ktls-utils|keyutils|libc6) ' /trixie/.stamp
 v=$(tnvme version) || die "tnvme version failed"
 echo "$v"
@@ -46,6 +48,16 @@ done
 echo "CONFIG_NVME_TCP_TLS, CONFIG_NVME_HOST_AUTH: nvme-fabrics takes tls, tls_key=, keyring=, dhchap_secret=, dhchap_ctrl_secret="
 [ -e /sys/module/nvme_tcp/parameters/tls_handshake_timeout ] ||
     die "nvme-tcp has no tls_handshake_timeout parameter (CONFIG_NVME_TCP_TLS)"
+# Secure channel concatenation (TLS on a queue whose PSK the DH-HMAC-CHAP
+# exchange generated) came to the Linux host in 6.15.
+kv=$(uname -r)
+km=${kv%%.*} kn=${kv#*.}
+kn=${kn%%[!0-9]*}
+if [ "$km" -gt 6 ] || { [ "$km" = 6 ] && [ "$kn" -ge 15 ]; }; then
+    echo "$opts" | tr ',' '\n' | grep -qx concat || die "Linux $kv: nvme-fabrics has no option concat ($opts)"
+    tnvme connect --help 2>&1 | grep -q -- '--concat' || die "tnvme connect --help lists no --concat"
+    echo "Linux $kv: nvme-fabrics takes concat, tnvme connect offers --concat"
+fi
 
 step tlshd
 tlshd_up
