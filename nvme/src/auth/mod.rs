@@ -26,6 +26,18 @@ pub const SECP: u8 = 0xE9;
 /// SPSP0 and SPSP1 of DH-HMAC-CHAP.
 pub const SPSP: u8 = 0x01;
 
+/// SC_C, the secure channel concatenation field of AUTH_Negotiate (NVMe 2.0 §8.13.5.4 as
+/// TP 8018 amends it); also the byte the responses R1 and R2 hash after T_ID. Value 01h
+/// (NVMe 2.0's "secure channel") is obsolete.
+pub mod sc_c {
+    /// No concatenation.
+    pub const NONE: u8 = 0x00;
+    /// Generate a PSK, then secure the queues with TLS: on a queue without TLS.
+    pub const NEW_TLS_PSK: u8 = 0x02;
+    /// Generate a PSK replacing the one that secures this TLS queue.
+    pub const REPLACE_TLS_PSK: u8 = 0x03;
+}
+
 /// A hash function of DH-HMAC-CHAP (NVMe 2.0 §8.13.5.1, Figure 560: identifiers 1..3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum HashId {
