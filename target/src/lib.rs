@@ -180,6 +180,7 @@ impl Target {
             transport: cfg.transport.clone(),
             keep_alive: cfg.keep_alive.clone(),
             snapshot: ArcSwap::from_pointee(snapshot),
+            generated: Default::default(),
             reactors: n,
             conns_per_reactor: (0..n).map(|_| AtomicU64::new(0)).collect(),
             closes: (0..n).map(|_| close::CloseCounts::default()).collect(),

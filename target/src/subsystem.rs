@@ -167,6 +167,9 @@ pub struct Subsystem {
     /// The listeners that serve it, by configured address (its conf's `listeners`); None:
     /// every listener.
     pub listeners: Option<Vec<SocketAddr>>,
+    /// Hosts may secure their queues with a PSK their admin queue's DH-HMAC-CHAP generates
+    /// (secure channel concatenation, TP 8018).
+    pub secure_concat: bool,
 }
 
 impl Subsystem {
@@ -258,6 +261,24 @@ impl Snapshot {
     }
 }
 
+impl Shared {
+    /// The TLS PSK of an identity a host offers: a retained PSK derived from the configured
+    /// one, or a PSK secure channel concatenation generated, which only serves while its
+    /// subsystem still allows concatenation and the host may still connect with its
+    /// DH-HMAC-CHAP keys there (a host removed, or its keys, loses it at once).
+    pub fn tls_psk(&self, id: &PskIdentity) -> Option<TlsPsk> {
+        let snap = self.snapshot.load();
+        if !id.generated {
+            return snap.tls_psk(id);
+        }
+        let s = snap.subsystem(&id.subnqn)?;
+        if !s.secure_concat || !s.allows(&id.hostnqn) || s.keys_of(&id.hostnqn).is_none() {
+            return None;
+        }
+        self.generated.lookup(id)
+    }
+}
+
 /// State shared by all reactors of one target.
 #[derive(Debug)]
 pub struct Shared {
@@ -267,6 +288,8 @@ pub struct Shared {
     pub keep_alive: pollux_conf::KeepAlive,
     /// The current subsystems.
     pub snapshot: ArcSwap<Snapshot>,
+    /// The PSKs secure channel concatenation generated, for the TLS connections that follow.
+    pub generated: crate::controller::concat::GeneratedKeys,
     /// Number of reactors.
     pub reactors: usize,
     /// Open connections per reactor (for least-loaded placement and stats).
@@ -382,6 +405,7 @@ pub fn build_subsystem(
         namespaces,
         cntlids: s.min_cntlid..=s.max_cntlid,
         listeners: s.listeners.clone(),
+        secure_concat: false,
     }))
 }
 
@@ -438,5 +462,6 @@ pub(crate) fn test_subsystem(namespaces: &[Arc<Namespace>], hosts: &[&str]) -> A
         namespaces: namespaces.iter().map(|n| (n.nsid, n.clone())).collect(),
         cntlids: crate::controller::FULL_CNTLID_RANGE,
         listeners: None,
+        secure_concat: false,
     })
 }

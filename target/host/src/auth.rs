@@ -5,8 +5,9 @@
 //! [`HostError::Auth`].
 
 use pollux_nvme::auth::msg::{Message, Negotiate, Reason, Reply};
-use pollux_nvme::auth::{self, DhGroup, DhPrivate, DhchapKey, HashId, SECP, SPSP, Transaction};
+use pollux_nvme::auth::{self, DhGroup, DhPrivate, DhchapKey, HashId, SECP, SPSP, Transaction, sc_c};
 use pollux_nvme::spec::StatusContext;
+use pollux_nvme::tls::GeneratedPsk;
 
 use super::queue::{Data, HostQueue};
 use super::{HostError, sqe};
@@ -25,6 +26,10 @@ pub struct HostDhchap {
     pub hashes: Vec<HashId>,
     /// DH groups offered, in order.
     pub dh_groups: Vec<DhGroup>,
+    /// Secure channel concatenation (`nvme connect --concat`, TP 8018): the admin queue's
+    /// exchange generates a PSK, and the controller's queues are then opened over TLS with
+    /// it ([`crate::Controller::connect_with`]).
+    pub concat: bool,
 }
 
 impl HostDhchap {
@@ -35,6 +40,7 @@ impl HostDhchap {
             ctrl_key,
             hashes: HashId::ALL.to_vec(),
             dh_groups: DhGroup::ALL.to_vec(),
+            concat: false,
         }
     }
 }
@@ -48,6 +54,16 @@ pub struct AuthInfo {
     pub dh: DhGroup,
     /// The controller proved itself.
     pub bidirectional: bool,
+}
+
+/// What one exchange asked and produced beyond [`AuthInfo`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ExchangeOpts {
+    /// SC_C of the Negotiate ([`sc_c`]).
+    pub sc_c: u8,
+    /// Send C2 with S2 = 0 (the controller need not prove itself), as the Linux host does
+    /// with concatenation.
+    pub c2_only: bool,
 }
 
 /// CDW10 of Authentication Send / Receive: SECP E9h, SPSP1 01h, SPSP0 01h.
@@ -75,12 +91,25 @@ impl HostQueue {
     /// Run DH-HMAC-CHAP on this queue with transaction id `t_id` and sequence number `s2`
     /// for the controller's response.
     pub fn authenticate(&mut self, cfg: &HostDhchap, t_id: u16, s2: u32) -> Result<AuthInfo, HostError> {
+        self.exchange(cfg, t_id, s2, ExchangeOpts::default())
+            .map(|(info, _)| info)
+    }
+
+    /// Run DH-HMAC-CHAP as `x` says; with SC_C set, the PSK the exchange generated comes
+    /// back too (HMAC(KS, C1 || C2), TP 8018).
+    pub fn exchange(
+        &mut self,
+        cfg: &HostDhchap,
+        t_id: u16,
+        s2: u32,
+        x: ExchangeOpts,
+    ) -> Result<(AuthInfo, Option<GeneratedPsk>), HostError> {
         let (hostnqn, subnqn) = (self.opts().hostnqn.clone(), self.opts().subnqn.clone());
         let fail = |why: String| HostError::Auth(why);
         let sent = self.auth_send(
             &Message::Negotiate(Negotiate {
                 t_id,
-                sc_c: 0,
+                sc_c: x.sc_c,
                 hashes: cfg.hashes.iter().map(|h| h.id()).collect(),
                 dh_groups: cfg.dh_groups.iter().map(|g| g.id()).collect(),
             })
@@ -112,25 +141,27 @@ impl HostQueue {
             None => Vec::new(),
             Some(p) => p.public().map_err(|e| fail(e.to_string()))?,
         };
+        // R1 hashes the negotiated SC_C (as Linux 6.18+ does).
         let tx = Transaction {
             hash: ch.hash,
             t_id,
-            sc_c: 0,
+            sc_c: x.sc_c,
             hostnqn: &hostnqn,
             subnqn: &subnqn,
         };
         let ca1 = auth::augmented_challenge(ch.hash, &ch.c, shared.as_deref().map(Vec::as_slice));
         let r1 = tx.host_response(&cfg.host_key.transform(&hostnqn), &ca1, ch.seq);
         let mut c2 = vec![0u8; ch.hash.output_len()];
-        let bidirectional = cfg.ctrl_key.is_some();
-        if bidirectional && !auth::random(&mut c2) {
+        let bidirectional = cfg.ctrl_key.is_some() && !x.c2_only;
+        let cvalid = bidirectional || x.c2_only;
+        if cvalid && !auth::random(&mut c2) {
             return Err(fail("no random source".into()));
         }
         let sent = self.auth_send(
             &Message::Reply(Reply {
                 t_id,
                 r: r1.to_vec(),
-                cvalid: bidirectional,
+                cvalid,
                 seq: if bidirectional { s2.max(1) } else { 0 },
                 c2: c2.clone(),
                 dhv,
@@ -148,7 +179,7 @@ impl HostQueue {
             Ok(Message::Failure { explanation, .. }) => return Err(fail(failure_text("Success1", explanation))),
             other => return Err(fail(format!("expected Success1, got {other:?}"))),
         };
-        if let Some(ck) = &cfg.ctrl_key {
+        if let Some(ck) = cfg.ctrl_key.as_ref().filter(|_| bidirectional) {
             let ca2 = auth::augmented_challenge(ch.hash, &c2, shared.as_deref().map(Vec::as_slice));
             let want = tx.ctrl_response(&ck.transform(&subnqn), &ca2, s2.max(1));
             let ok = r2.as_deref().is_some_and(|r| auth::responses_equal(r, &want));
@@ -166,11 +197,25 @@ impl HostQueue {
                 return Err(fail("the controller's response does not match its key".into()));
             }
         }
-        Ok(AuthInfo {
-            hash: ch.hash,
-            dh: ch.dh,
-            bidirectional,
-        })
+        let generated = if x.sc_c == sc_c::NONE {
+            None
+        } else {
+            let z = shared
+                .as_deref()
+                .ok_or_else(|| fail("concatenation with the null DH group".into()))?;
+            Some(
+                GeneratedPsk::generate(ch.hash, z, &ch.c, &c2)
+                    .ok_or_else(|| fail(format!("no PSK generated with {}", ch.hash)))?,
+            )
+        };
+        Ok((
+            AuthInfo {
+                hash: ch.hash,
+                dh: ch.dh,
+                bidirectional,
+            },
+            generated,
+        ))
     }
 }
 

@@ -111,12 +111,27 @@ impl Controller {
     }
 
     /// Connects with every option spelled out.
+    ///
+    /// With secure channel concatenation ([`super::HostDhchap::concat`], no `tls`), as the
+    /// Linux host's `nvme connect --concat`: the admin queue connects over plain TCP and
+    /// authenticates asking for a new PSK, is closed, and the admin and I/O queues then
+    /// connect over TLS with the generated PSK (TP 8018).
     pub fn connect_with(addr: SocketAddr, o: &ControllerOpts) -> Result<Self, HostError> {
         let mut aq = QueueOpts::admin(&o.subnqn, &o.hostnqn).digests(o.digests.hdgst, o.digests.ddgst);
         aq.kato_ms = o.kato_ms;
         aq.timeout = o.timeout;
         aq.dhchap = o.dhchap.clone();
         aq.tls = o.tls.clone();
+        let mut tls = o.tls.clone();
+        if tls.is_none() && o.dhchap.as_ref().is_some_and(|d| d.concat) {
+            let mut plain = HostQueue::connect(addr, aq.clone())?;
+            let generated = plain.take_generated().ok_or_else(|| {
+                HostError::Auth("concatenation: the controller asked no authentication, so no PSK was generated".into())
+            })?;
+            plain.close();
+            tls = Some(super::HostTls::generated(generated));
+            aq.tls = tls.clone();
+        }
         let mut admin = HostQueue::connect(addr, aq)?;
         let cntlid = admin.cntlid();
         let cap = Cap(admin.property_get(property::CAP)?);
@@ -145,7 +160,7 @@ impl Controller {
                 qo.in_capsule_max = id.in_capsule_data();
                 qo.max_data = max_data;
                 qo.dhchap = o.dhchap.clone();
-                qo.tls = o.tls.clone();
+                qo.tls = tls.clone();
                 io.push(HostQueue::connect(addr, qo)?);
             }
         }

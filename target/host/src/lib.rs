@@ -35,11 +35,11 @@ mod tls;
 mod tests;
 
 pub use admin::{DiscoveryEntry, DiscoveryLog, ErrorLogEntry, IdCtrl, IdNs, NumQueues};
-pub use auth::{AuthInfo, HostDhchap, RECEIVE_LEN};
+pub use auth::{AuthInfo, ExchangeOpts, HostDhchap, RECEIVE_LEN};
 pub use controller::{Controller, ControllerOpts, Digests};
 pub use discover::{MAX_REFERRAL_DEPTH, SUBTYPE_NVM, SUBTYPE_REFERRAL, Walk, discover_all};
 pub use error::HostError;
 pub use pollux_nvme::spec::Health as SmartLog;
 pub use queue::{Completion, ConnectResult, Data, HostQueue, IcInfo, QueueOpts, RawReply, hostid_from_nqn};
 pub use sqe::DsmRange;
-pub use tls::HostTls;
+pub use tls::{HostPsk, HostTls};

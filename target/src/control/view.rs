@@ -374,8 +374,9 @@ pub struct CtrlView {
     pub created_unix_s: f64,
     /// Age, seconds.
     pub age_s: f64,
-    /// How its admin queue authenticated ("sha384/ffdhe2048", "+ctrl" when bidirectional);
-    /// None: its host has no keys.
+    /// How its admin queue authenticated ("sha384/ffdhe2048", "+ctrl" when bidirectional;
+    /// "generated-psk/sha256" when TLS with a PSK secure channel concatenation generated
+    /// secures it); None: its host has no keys.
     #[serde(default)]
     pub authenticated: Option<String>,
 }

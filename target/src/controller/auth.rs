@@ -12,13 +12,22 @@
 //! AUTH_Failure2. A new Negotiate on an authenticated queue re-authenticates it (the host
 //! does so after a key change); the keys are looked up at each Negotiate, so a rotated key
 //! applies to the next exchange.
+//!
+//! Secure channel concatenation (TP 8018): a Negotiate with SC_C NEWTLSPSK on a plain
+//! admin queue, or REPLACETLSPSK on an admin queue a generated PSK secures, asks that the
+//! exchange generate a PSK, HMAC(KS, C1 || C2), from which the queues' TLS connections
+//! then take their key ([`pollux_nvme::tls::GeneratedPsk`]). It needs a DH group (KS is the
+//! DH shared secret), SHA-256 or SHA-384 (a TLS cipher suite's hash), the host's C2, a
+//! subsystem that allows it and a listener that takes TLS; anything else is refused with
+//! AUTH_Failure1 "concatenation mismatch" and no PSK.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use pollux_conf::{Dhchap, HostKeys};
 use pollux_nvme::auth::msg::{Challenge, Message, Negotiate, Reason, Reply};
-use pollux_nvme::auth::{self, DhError, DhGroup, DhPrivate, HashId, SECP, SPSP, Transaction};
+use pollux_nvme::auth::{self, DhError, DhGroup, DhPrivate, HashId, SECP, SPSP, Transaction, sc_c};
 use pollux_nvme::spec::Status;
+use pollux_nvme::tls::{GeneratedPsk, PskIdentity};
 use zeroize::Zeroizing;
 
 /// Largest message accepted or returned: a Reply with SHA-512 and ffdhe8192 is 1168 bytes.
@@ -40,6 +49,9 @@ pub enum Outcome {
         dh: DhGroup,
         /// The controller proved itself too.
         bidirectional: bool,
+        /// The PSK it generated (secure channel concatenation asked): the target keeps it
+        /// for the TLS connections that follow.
+        generated: Option<GeneratedPsk>,
     },
     /// The exchange failed: the queue is not (or no longer) authenticated.
     Failed {
@@ -66,9 +78,15 @@ enum Step {
         hash: HashId,
         dh: DhGroup,
         r2: Option<Vec<u8>>,
+        generated: Option<GeneratedPsk>,
     },
     /// Success1 with R2 sent: the host's Success2 (or Failure2) is awaited.
-    AwaitSuccess2 { t_id: u16, hash: HashId, dh: DhGroup },
+    AwaitSuccess2 {
+        t_id: u16,
+        hash: HashId,
+        dh: DhGroup,
+        generated: Option<GeneratedPsk>,
+    },
     /// A failure: AUTH_Failure1 goes out at the next Receive.
     Failure1Due { t_id: u16, reason: Reason, why: String },
 }
@@ -161,6 +179,41 @@ pub struct AuthCtx<'a> {
     pub keys: Option<&'a HostKeys>,
     /// The hash functions and DH groups to negotiate: the host's own, else the subsystem's.
     pub policy: &'a Dhchap,
+    /// What secure channel concatenation may do on this queue.
+    pub concat: Concat<'a>,
+}
+
+/// Where a queue stands for secure channel concatenation (TP 8018).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Concat<'a> {
+    /// Why this queue may not generate a PSK whatever it asks (an I/O queue, the discovery
+    /// controller, a subsystem or listener that does not allow it); None: it may.
+    pub refused: Option<&'static str>,
+    /// The PSK identity the queue's TLS session was secured with (None: plain TCP).
+    pub tls: Option<&'a PskIdentity>,
+}
+
+impl Concat<'_> {
+    /// Whether SC_C `v` may be honoured on this queue (the reason when not).
+    fn check(&self, v: u8) -> Result<(), String> {
+        if v != sc_c::NEW_TLS_PSK && v != sc_c::REPLACE_TLS_PSK {
+            return Err(format!(
+                "secure channel concatenation value {v:#04x} is not one this target knows"
+            ));
+        }
+        if let Some(why) = self.refused {
+            return Err(format!("secure channel concatenation asked: {why}"));
+        }
+        match (v, self.tls) {
+            (sc_c::NEW_TLS_PSK, Some(_)) => {
+                Err("a new generated PSK asked on a queue TLS already secures (REPLACETLSPSK replaces one)".into())
+            }
+            (sc_c::REPLACE_TLS_PSK, tls) if !tls.is_some_and(|i| i.generated) => {
+                Err("replacing the generated PSK asked on a queue no generated PSK secures".into())
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
 /// DH-HMAC-CHAP state of one queue.
@@ -304,12 +357,21 @@ impl QueueAuth {
             // A Negotiate starts an exchange whatever came before (a retry, or re-authentication).
             (_, Message::Negotiate(n)) => self.negotiate(ctx, n),
             (Step::AwaitReply(x), Message::Reply(r)) => self.reply(ctx, *x, r),
-            (Step::AwaitSuccess2 { t_id, hash, dh }, Message::Success2 { t_id: got }) if got == t_id => {
+            (
+                Step::AwaitSuccess2 {
+                    t_id,
+                    hash,
+                    dh,
+                    generated,
+                },
+                Message::Success2 { t_id: got },
+            ) if got == t_id => {
                 self.authenticated = true;
                 Outcome::Authenticated {
                     hash,
                     dh,
                     bidirectional: true,
+                    generated,
                 }
             }
             (
@@ -342,19 +404,28 @@ impl QueueAuth {
         if ctx.keys.is_none() {
             return self.fail(t_id, Reason::Failed, "no key is configured for this host");
         }
-        if n.sc_c != 0 {
-            // Secure channel concatenation needs TLS (NVMe/TCP 1.0 §3.6.1.2): not offered.
-            return self.fail(
-                t_id,
-                Reason::ConcatMismatch,
-                "secure channel concatenation asked, not offered",
-            );
+        let concat = n.sc_c != sc_c::NONE;
+        if concat && let Err(why) = ctx.concat.check(n.sc_c) {
+            return self.fail(t_id, Reason::ConcatMismatch, why);
         }
-        let Some(hash) = ctx.policy.hashes.iter().copied().find(|h| n.hashes.contains(&h.id())) else {
+        // A generated PSK is a TLS PSK: its hash must be a cipher suite's (not SHA-512),
+        // and its key the DH shared secret (not the null group).
+        let Some(hash) = ctx
+            .policy
+            .hashes
+            .iter()
+            .copied()
+            .find(|h| n.hashes.contains(&h.id()) && !(concat && *h == HashId::Sha512))
+        else {
+            let need = if concat {
+                " (concatenation needs SHA-256 or SHA-384)"
+            } else {
+                ""
+            };
             return self.fail(
                 t_id,
                 Reason::HashUnusable,
-                format!("the host offers hashes {:?}", n.hashes),
+                format!("the host offers hashes {:?}{need}", n.hashes),
             );
         };
         let Some(dh) = ctx
@@ -362,12 +433,17 @@ impl QueueAuth {
             .dh_groups
             .iter()
             .copied()
-            .find(|g| n.dh_groups.contains(&g.id()))
+            .find(|g| n.dh_groups.contains(&g.id()) && !(concat && *g == DhGroup::Null))
         else {
+            let need = if concat {
+                " (concatenation needs a DH group other than null)"
+            } else {
+                ""
+            };
             return self.fail(
                 t_id,
                 Reason::DhGroupUnusable,
-                format!("the host offers DH groups {:?}", n.dh_groups),
+                format!("the host offers DH groups {:?}{need}", n.dh_groups),
             );
         };
         let mut c1 = vec![0u8; hash.output_len()];
@@ -437,11 +513,39 @@ impl QueueAuth {
             subnqn: ctx.subnqn,
         };
         let ca1 = auth::augmented_challenge(x.hash, &x.c1, shared.as_deref().map(Vec::as_slice));
-        let want = tx.host_response(&keys.host.key.transform(ctx.hostnqn), &ca1, x.seq);
-        if !auth::responses_equal(&want, &r.r) {
+        let host_key = keys.host.key.transform(ctx.hostnqn);
+        let mut matches = auth::responses_equal(&tx.host_response(&host_key, &ca1, x.seq), &r.r);
+        if !matches && x.sc_c != sc_c::NONE {
+            // Linux hosts before 6.18 hash 00h where SC_C goes, whatever they negotiated.
+            let tx0 = Transaction { sc_c: sc_c::NONE, ..tx };
+            matches = auth::responses_equal(&tx0.host_response(&host_key, &ca1, x.seq), &r.r);
+        }
+        if !matches {
             return self.fail(t_id, Reason::Failed, "the host's response does not match its key");
         }
-        let r2 = if r.cvalid {
+        let generated = if x.sc_c == sc_c::NONE {
+            None
+        } else {
+            // The PSK is HMAC(KS, C1 || C2): the host must have sent its C2, which a host
+            // that does not ask the controller to prove itself sends with S2 = 0.
+            if !r.cvalid {
+                return self.fail(
+                    t_id,
+                    Reason::IncorrectPayload,
+                    "secure channel concatenation without the host's challenge C2",
+                );
+            }
+            let Some(g) = shared
+                .as_deref()
+                .and_then(|z| GeneratedPsk::generate(x.hash, z, &x.c1, &r.c2))
+            else {
+                return self.fail(t_id, Reason::Failed, "no PSK can be generated from this exchange");
+            };
+            Some(g)
+        };
+        // CVALID with S2 = 0: C2 is given (for a generated PSK) and the controller need not
+        // prove itself (NVMe 2.0 §8.13.5.6).
+        let r2 = if r.cvalid && r.seq != 0 {
             let Some(ctrl) = &keys.ctrl else {
                 return self.fail(
                     t_id,
@@ -449,9 +553,6 @@ impl QueueAuth {
                     "the host asks the controller to authenticate, and no controller key is configured",
                 );
             };
-            if r.seq == 0 {
-                return self.fail(t_id, Reason::IncorrectPayload, "bidirectional with sequence number 0");
-            }
             let ca2 = auth::augmented_challenge(x.hash, &r.c2, shared.as_deref().map(Vec::as_slice));
             Some(tx.ctrl_response(&ctrl.key.transform(ctx.subnqn), &ca2, r.seq).to_vec())
         } else {
@@ -462,6 +563,7 @@ impl QueueAuth {
             hash: x.hash,
             dh: x.dh,
             r2,
+            generated,
         };
         Outcome::Continue
     }
@@ -484,7 +586,13 @@ impl QueueAuth {
                 self.step = Step::AwaitReply(x);
                 (m, Outcome::Continue)
             }
-            Step::Success1Due { t_id, hash, dh, r2 } => {
+            Step::Success1Due {
+                t_id,
+                hash,
+                dh,
+                r2,
+                generated,
+            } => {
                 let bidirectional = r2.is_some();
                 let m = Message::Success1 {
                     t_id,
@@ -493,7 +601,12 @@ impl QueueAuth {
                 }
                 .encode();
                 if bidirectional {
-                    self.step = Step::AwaitSuccess2 { t_id, hash, dh };
+                    self.step = Step::AwaitSuccess2 {
+                        t_id,
+                        hash,
+                        dh,
+                        generated,
+                    };
                     (m, Outcome::Continue)
                 } else {
                     self.authenticated = true;
@@ -503,6 +616,7 @@ impl QueueAuth {
                             hash,
                             dh,
                             bidirectional: false,
+                            generated,
                         },
                     )
                 }

@@ -12,6 +12,7 @@
 
 pub mod admin;
 pub mod auth;
+pub mod concat;
 pub mod connect;
 pub mod discovery;
 pub mod features;

@@ -141,6 +141,11 @@ impl<T: Transport> Queue<T> {
             let subsys_of_req = req.subsys.clone();
             let mut ctrl = Ctrl::new(cntlid, req.subsys, d.hostnqn.clone(), d.hostid, kato);
             ctrl.set_ana(self.ana.clone());
+            if let Some(id) = self.t.tls_identity().filter(|id| id.generated) {
+                // Authenticated by the exchange that generated the PSK securing this queue.
+                let hash = if id.hash.id() == 1 { "sha256" } else { "sha384" };
+                ctrl.authenticated = Some(format!("generated-psk/{hash}"));
+            }
             info!(
                 cntlid, reactor = me, peer = %self.t.peer(), subnqn = %d.subnqn, hostnqn = %d.hostnqn, kato_ms = kato,
                 "controller created"
@@ -202,8 +207,14 @@ impl<T: Transport> Queue<T> {
     }
 
     /// Whether host `hostnqn` must authenticate its queues to `subsys` (None: the discovery
-    /// controller): it has keys there.
+    /// controller): it has keys there, and the queue is not secured by a PSK an earlier
+    /// DH-HMAC-CHAP exchange generated (secure channel concatenation, TP 8018: that key
+    /// proves the exchange; the Linux host authenticates none of those queues, and nvmet
+    /// asks it to on none).
     fn auth_required(&self, hostnqn: &str, subsys: Option<&Subsystem>) -> bool {
+        if self.t.tls_identity().is_some_and(|id| id.generated) {
+            return false;
+        }
         match subsys {
             Some(s) => s.keys_of(hostnqn).is_some(),
             None => self.shared.snapshot.load().discovery.host_keys.contains_key(hostnqn),

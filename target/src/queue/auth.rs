@@ -14,7 +14,7 @@ use tracing::{info, warn};
 use super::finish::End;
 use super::{Queue, Role, Transport};
 use crate::controller::admin::c2h_len;
-use crate::controller::auth::{AuthCtx, DhDone, DhJob, MAX_MESSAGE, Outcome, QueueAuth, check_command};
+use crate::controller::auth::{AuthCtx, Concat, DhDone, DhJob, MAX_MESSAGE, Outcome, QueueAuth, check_command};
 use crate::controller::reply::Reply;
 
 /// How long a queue that must authenticate may take to (after its Connect, or after a
@@ -85,7 +85,12 @@ impl<T: Transport> Queue<T> {
         let snap = self.shared.snapshot.load();
         // The context borrows a copy of the host NQN, so the exchange itself can change.
         let hostnqn = self.auth.hostnqn.clone();
-        let ctx = auth_ctx(&hostnqn, subsys.as_deref(), &snap.discovery);
+        let mut ctx = auth_ctx(&hostnqn, subsys.as_deref(), &snap.discovery);
+        let listener_tls = self.listener.and_then(|a| snap.listener(a)).map(|l| l.tls);
+        ctx.concat = Concat {
+            refused: concat_refused(self.sq.qid, subsys.as_deref(), listener_tls),
+            tls: self.t.tls_identity(),
+        };
         Some(f(&mut self.auth, &ctx))
     }
 
@@ -158,9 +163,13 @@ impl<T: Transport> Queue<T> {
                 hash,
                 dh,
                 bidirectional,
+                generated,
             } => {
                 if let Some(t) = self.auth_timer.take() {
                     r.cancel_timer(t);
+                }
+                if let Some(psk) = generated {
+                    self.keep_generated(&psk);
                 }
                 // The keep-alive window starts now, not at the Connect.
                 if let Role::Admin(ctrl) = &mut self.role {
@@ -187,6 +196,28 @@ impl<T: Transport> Queue<T> {
 }
 
 impl<T: Transport> Queue<T> {
+    /// Keep the PSK this admin queue's exchange generated for the TLS connections that
+    /// follow, and revoke the one it replaces (REPLACETLSPSK on a queue a generated PSK
+    /// secures: live connections keep their sessions, new ones need the new key).
+    fn keep_generated(&mut self, psk: &pollux_nvme::tls::GeneratedPsk) {
+        let subnqn = match &self.role {
+            Role::Admin(ctrl) => ctrl.subsys.as_ref().map(|s| s.nqn.clone()),
+            _ => None,
+        };
+        let Some(subnqn) = subnqn else { return };
+        let hostnqn = &self.auth.hostnqn;
+        if self.shared.generated.insert(hostnqn, &subnqn, psk).is_none() {
+            warn!(peer = %self.t.peer(), %hostnqn, %subnqn, "the generated PSK derives no TLS PSK: not kept");
+            return;
+        }
+        let replaced = self
+            .t
+            .tls_identity()
+            .is_some_and(|old| old.generated && self.shared.generated.revoke(old));
+        info!(peer = %self.t.peer(), %hostnqn, %subnqn, hash = psk.hash().id(), replaced,
+            "secure channel concatenation: PSK generated for the queues' TLS connections");
+    }
+
     /// Run `job` on the DH worker; its result comes back to this connection by message.
     fn offload(&mut self, r: &mut Reactor, id: SourceId, job: DhJob) {
         let (serial, me) = (self.serial, self.reactor);
@@ -252,6 +283,31 @@ fn auth_ctx<'a>(
         subnqn,
         keys,
         policy: keys.map_or(parent, |k| k.policy(parent)),
+        concat: Concat::default(),
+    }
+}
+
+/// Why queue `qid` of `subsys` (None: discovery), which came through a listener of TLS
+/// mode `listener_tls` (None: the listener is gone), may not generate a PSK (TP 8018): only
+/// an admin queue may, of a subsystem that allows it, through a listener that will take the
+/// TLS connections that follow (`tls = "allowed"`, or `"required"` for a queue TLS already
+/// secures).
+fn concat_refused(
+    qid: u16,
+    subsys: Option<&crate::subsystem::Subsystem>,
+    listener_tls: Option<pollux_conf::TlsMode>,
+) -> Option<&'static str> {
+    if qid != 0 {
+        return Some("only an admin queue may generate a PSK");
+    }
+    match subsys {
+        None => return Some("the discovery controller does not generate PSKs"),
+        Some(s) if !s.secure_concat => return Some("the subsystem does not allow it (secure_concat)"),
+        Some(_) => {}
+    }
+    match listener_tls {
+        None | Some(pollux_conf::TlsMode::None) => Some("the listener takes no TLS connections"),
+        Some(_) => None,
     }
 }
 

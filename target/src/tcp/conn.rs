@@ -384,7 +384,7 @@ pub fn accept(
 ) -> std::io::Result<Conn> {
     let lookup = || -> std::sync::Arc<super::tls::PskLookup> {
         let sh = shared.clone();
-        std::sync::Arc::new(move |id| sh.snapshot.load().tls_psk(id))
+        std::sync::Arc::new(move |id| sh.tls_psk(id))
     };
     let t = TcpTransport::new(sock, &shared.transport, path.tls, lookup, rx_pool)?;
     Ok(Queue::new(t, shared, reactor, serial, started, path))

@@ -35,9 +35,10 @@ use zerocopy::little_endian::U16;
 use self::send::queue_data;
 use super::error::HostError;
 use super::sqe::{self, DsmRange};
-use super::tls::HostTls;
+use super::tls::{HostPsk, HostTls};
 use pollux_link::sendq::SendQueue;
 use pollux_link::tls::TlsLink;
+use pollux_nvme::auth::sc_c;
 
 #[cfg(test)]
 pub(super) use recv::expected_c2h;
@@ -318,6 +319,8 @@ pub struct HostQueue {
     /// Write data at least this long is sent in place ([`BORROW_MIN`]; never over TLS, whose
     /// record layer encrypts owned bytes only).
     borrow_min: usize,
+    /// The PSK the Connect's authentication generated (secure channel concatenation).
+    generated: Option<pollux_nvme::tls::GeneratedPsk>,
 }
 
 fn io_err(e: std::io::Error) -> HostError {
@@ -361,6 +364,7 @@ impl HostQueue {
             tls: None,
             tls_unread: false,
             borrow_min: BORROW_MIN,
+            generated: None,
             opts,
         };
         if let Some(cfg) = q.opts.tls.clone() {
@@ -393,9 +397,35 @@ impl HostQueue {
                 ));
             };
             let t_id = q.opts.qid;
-            q.authenticate(&cfg, t_id, 0x5EED_0000 | u32::from(t_id))?;
+            // With concatenation the admin queue asks for a new PSK (plain TCP) or to replace
+            // the generated PSK that secures it, and sends C2 without asking the controller
+            // to prove itself, as the Linux host does (TP 8018).
+            let x = match (cfg.concat && t_id == 0, &q.opts.tls) {
+                (false, _) => super::ExchangeOpts::default(),
+                (
+                    true,
+                    Some(HostTls {
+                        psk: HostPsk::Generated(_),
+                        ..
+                    }),
+                ) => super::ExchangeOpts {
+                    sc_c: sc_c::REPLACE_TLS_PSK,
+                    c2_only: true,
+                },
+                (true, _) => super::ExchangeOpts {
+                    sc_c: sc_c::NEW_TLS_PSK,
+                    c2_only: true,
+                },
+            };
+            let (_, generated) = q.exchange(&cfg, t_id, 0x5EED_0000 | u32::from(t_id), x)?;
+            q.generated = generated;
         }
         Ok(q)
+    }
+
+    /// The PSK the Connect's authentication generated (secure channel concatenation), once.
+    pub fn take_generated(&mut self) -> Option<pollux_nvme::tls::GeneratedPsk> {
+        self.generated.take()
     }
 
     /// TCP connect and ICReq/ICResp only (no Fabrics Connect yet).
