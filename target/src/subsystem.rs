@@ -167,6 +167,9 @@ pub struct Subsystem {
     /// The listeners that serve it, by configured address (its conf's `listeners`); None:
     /// every listener.
     pub listeners: Option<Vec<SocketAddr>>,
+    /// Hosts may secure their queues with a PSK their admin queue's DH-HMAC-CHAP generates
+    /// (secure channel concatenation, TP 8018).
+    pub secure_concat: bool,
 }
 
 impl Subsystem {
@@ -382,6 +385,7 @@ pub fn build_subsystem(
         namespaces,
         cntlids: s.min_cntlid..=s.max_cntlid,
         listeners: s.listeners.clone(),
+        secure_concat: s.secure_concat,
     }))
 }
 
@@ -438,5 +442,6 @@ pub(crate) fn test_subsystem(namespaces: &[Arc<Namespace>], hosts: &[&str]) -> A
         namespaces: namespaces.iter().map(|n| (n.nsid, n.clone())).collect(),
         cntlids: crate::controller::FULL_CNTLID_RANGE,
         listeners: None,
+        secure_concat: false,
     })
 }
