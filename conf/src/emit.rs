@@ -166,6 +166,10 @@ pub(crate) fn to_toml(c: &Config) -> String {
             .collect();
         let _ = writeln!(o, "hosts = [{}]", hosts.join(", "));
         write_dhchap(&mut o, &s.dhchap);
+        // Only when set: the confs emitted before the key existed stay as they were.
+        if s.secure_concat {
+            let _ = writeln!(o, "secure_concat = true");
+        }
         if !s.default_cntlid_range() {
             let _ = writeln!(o, "min_cntlid = {}", s.min_cntlid);
             let _ = writeln!(o, "max_cntlid = {}", s.max_cntlid);

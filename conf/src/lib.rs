@@ -461,6 +461,12 @@ pub struct Subsystem {
     /// The hash functions and DH groups this subsystem accepts (for a host whose
     /// [`HostKeys::dhchap`] gives its own, those instead).
     pub dhchap: Dhchap,
+    /// Whether a host may ask for secure channel concatenation (SC_C in its DH-HMAC-CHAP
+    /// Negotiate on the admin queue, NVMe 2.0 §8.13.5.9 as TP 8018 adds it): the exchange then
+    /// generates a TLS PSK that the host's following connections use. It needs a listener
+    /// with `tls = "allowed"` (the first connection is plain TCP, the rest TLS). False:
+    /// such a Negotiate is refused (AUTH_Failure1, concatenation mismatch).
+    pub secure_concat: bool,
     /// The namespaces, in configuration order; nsids are unique.
     pub namespaces: Vec<Namespace>,
     /// The lowest controller ID this subsystem's controllers get ([`MIN_CNTLID`] by

@@ -104,6 +104,7 @@ pub(crate) struct RawSubsystem {
     pub hosts: Option<Spanned<Vec<Spanned<RawHost>>>>,
     pub dhchap_hashes: Option<Spanned<Vec<Spanned<String>>>>,
     pub dhchap_dh_groups: Option<Spanned<Vec<Spanned<String>>>>,
+    pub secure_concat: Option<Spanned<bool>>,
     pub min_cntlid: Option<Spanned<i64>>,
     pub max_cntlid: Option<Spanned<i64>>,
     pub polling: Option<Spanned<String>>,

@@ -462,6 +462,8 @@ const FRAGMENTS: &[&str] = &[
     "allow_any_host = true\n",
     "hosts = [\"nqn.2026-11.io.pollux:h\"]\n",
     "serial = \"\"\n",
+    "secure_concat = true\n",
+    "secure_concat = \"on\"\n",
     "[[subsystem.namespace]]\n",
     "nsid = 1\n",
     "nsid = -1\n",
@@ -570,6 +572,7 @@ proptest! {
         file in file_backend(),
         nvme in nvme_backends(),
         control in control(),
+        secure_concat in any::<bool>(),
     ) {
         let mut c = Config::embedded_default();
         c.origin = "generated".into();
@@ -581,6 +584,7 @@ proptest! {
         c.reactors.hybrid_turnaround = hybrid_turnaround;
         c.control = control;
         let s = &mut c.subsystems[0];
+        s.secure_concat = secure_concat;
         let mut second = s.namespaces[0].clone();
         s.namespaces[0].backend = Backend::Sim(sim);
         let ids = derive_ids(&s.nqn, 2);

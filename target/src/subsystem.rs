@@ -405,7 +405,7 @@ pub fn build_subsystem(
         namespaces,
         cntlids: s.min_cntlid..=s.max_cntlid,
         listeners: s.listeners.clone(),
-        secure_concat: false,
+        secure_concat: s.secure_concat,
     }))
 }
 

@@ -785,3 +785,90 @@ fn polling_policy_changes_at_run_time_and_is_reported() {
     drop(ctl);
     target.shutdown().unwrap();
 }
+
+/// A subsystem's `secure_concat` at run time: `set_subsystem_secure_concat` edits it in place
+/// without dropping the connected controller, `add_subsystem` takes it, `subsystems` and the
+/// table report it, wrong params are refused by name, and `save` writes it.
+#[test]
+fn secure_concat_changes_at_run_time_and_is_reported() {
+    let env = start();
+    let mut c = env.client();
+    let concat_of = |c: &mut Client, nqn: &str| -> Value {
+        let ss = c.call("subsystems", Value::Null).unwrap();
+        ss.as_array().unwrap().iter().find(|s| s["nqn"] == nqn).unwrap()["secure_concat"].clone()
+    };
+    assert_eq!(concat_of(&mut c, NQN), json!(false), "the default");
+
+    let mut ctrl = common::controller(common::addr(env.target()), 1);
+    let data = common::pattern(3, 0, 512);
+    ctrl.io[0].write(1, 5, 1, &data).unwrap();
+
+    let r = c
+        .call("set_subsystem_secure_concat", json!({"nqn": NQN, "enable": true}))
+        .unwrap();
+    assert_eq!(r["changed_subsystems"], json!([NQN]), "{r}");
+    assert_eq!(r["added_namespaces"], json!([]), "the namespace is kept: {r}");
+    assert_eq!(concat_of(&mut c, NQN), json!(true));
+    assert_eq!(concat_of(&mut c, NQN_PRIVATE), json!(false), "only the one named");
+    let ss: Vec<pollux_target::control::view::SubsystemView> =
+        serde_json::from_value(c.call("subsystems", Value::Null).unwrap()).unwrap();
+    let table = pollux_target::control::format::format_subsystems(&ss);
+    assert_eq!(table.matches("secure_concat true").count(), 1, "{table}");
+
+    // The controller stayed, with its data.
+    let mut back = vec![0u8; 512];
+    ctrl.io[0].read(1, 5, 1, &mut back).unwrap();
+    assert_eq!(back, data);
+    let list = c.call("controllers", Value::Null).unwrap();
+    assert_eq!(list["controllers"].as_array().unwrap().len(), 1, "{list}");
+
+    // Refused by name; a refused change changes nothing.
+    for params in [
+        json!({"nqn": NQN}),
+        json!({"nqn": NQN, "enable": "yes"}),
+        json!({"nqn": NQN, "enable": 1}),
+    ] {
+        let (code, msg) = rpc_code(c.call("set_subsystem_secure_concat", params.clone()));
+        assert_eq!(code, -32602, "{params}");
+        assert!(msg.contains("missing boolean param 'enable'"), "{params}: {msg}");
+    }
+    let (code, msg) = rpc_code(c.call(
+        "set_subsystem_secure_concat",
+        json!({"nqn": "nqn.2026-11.io.pollux:nope", "enable": true}),
+    ));
+    assert_eq!(code, -32602);
+    assert!(msg.contains("no subsystem 'nqn.2026-11.io.pollux:nope'"), "{msg}");
+    assert_eq!(concat_of(&mut c, NQN), json!(true));
+
+    // add_subsystem takes it as a boolean; anything else names the param and the value.
+    let added = "nqn.2026-11.io.pollux:concat";
+    c.call(
+        "add_subsystem",
+        json!({"nqn": added, "allow_any_host": true, "secure_concat": true}),
+    )
+    .unwrap();
+    assert_eq!(concat_of(&mut c, added), json!(true));
+    let (code, msg) = rpc_code(c.call(
+        "add_subsystem",
+        json!({"nqn": "nqn.2026-11.io.pollux:bad", "allow_any_host": true, "secure_concat": "yes"}),
+    ));
+    assert_eq!(code, -32602);
+    assert!(
+        msg.contains("param 'secure_concat' = \"yes\"") && msg.contains("expected a boolean"),
+        "{msg}"
+    );
+
+    // save writes the running values.
+    let path = std::env::temp_dir().join(format!("pollux-concat-{}.toml", std::process::id()));
+    c.call("save", json!({"path": path.to_str().unwrap()})).unwrap();
+    let saved = Config::from_path(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let of = |nqn: &str| saved.subsystems.iter().find(|s| s.nqn == nqn).unwrap().secure_concat;
+    assert!(of(NQN) && of(added) && !of(NQN_PRIVATE));
+
+    // And off again.
+    c.call("set_subsystem_secure_concat", json!({"nqn": NQN, "enable": false}))
+        .unwrap();
+    assert_eq!(concat_of(&mut c, NQN), json!(false));
+    ctrl.shutdown().unwrap();
+}

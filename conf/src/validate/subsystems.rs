@@ -164,6 +164,9 @@ fn subsystem(
         None => DEFAULT_MODEL.to_owned(),
     };
     let allow_any_host = s.allow_any_host.as_ref().is_some_and(|a| *a.get_ref());
+    // Not checked against the hosts' keys: a host with keys may be added at run time, and
+    // a host without them never reaches the Negotiate that asks for concatenation.
+    let secure_concat = s.secure_concat.as_ref().is_some_and(|a| *a.get_ref());
 
     let dhchap = super::hosts::dhchap(cx, &s.dhchap_hashes, &s.dhchap_dh_groups)?;
     let super::hosts::Hosts {
@@ -219,6 +222,7 @@ fn subsystem(
         host_keys,
         tls_keys,
         dhchap,
+        secure_concat,
         namespaces,
         min_cntlid,
         max_cntlid,

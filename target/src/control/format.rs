@@ -200,6 +200,10 @@ pub fn format_subsystems(ss: &[SubsystemView]) -> String {
         if !s.tls_hosts.is_empty() {
             let _ = writeln!(out, "  tls psk {}", s.tls_hosts.join(", "));
         }
+        if s.secure_concat {
+            // Spelled as the conf key, shown only when set (as the controller ID range).
+            let _ = writeln!(out, "  secure_concat true");
+        }
         if s.paths.is_empty() {
             let _ = writeln!(out, "  listeners {}", s.listeners.join(", "));
         } else {

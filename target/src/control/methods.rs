@@ -287,6 +287,11 @@ pub const METHODS: &[Method] = &[
             ),
             p("min-cntlid", Kind::Uint, "lowest controller ID"),
             p("max-cntlid", Kind::Uint, "highest controller ID"),
+            p(
+                "secure-concat",
+                Kind::Switch,
+                "allow secure channel concatenation (needs a tls = \"allowed\" listener)",
+            ),
         ],
     },
     Method {
@@ -384,6 +389,13 @@ pub const METHODS: &[Method] = &[
         mutation: true,
         verb: true,
         params: &[NQN, req("allow", Kind::Bool, "true | false")],
+    },
+    Method {
+        name: "set_subsystem_secure_concat",
+        summary: "Allow or refuse secure channel concatenation on a subsystem (from the next Negotiate)",
+        mutation: true,
+        verb: true,
+        params: &[NQN, req("enable", Kind::Bool, "true | false")],
     },
     Method {
         name: "add_listener",

@@ -241,6 +241,13 @@ mod tests {
         assert_eq!(v.params, json!({"reactor": 1, "mode": "poll"}));
         let v = parse(&["set-allow-any-host", "--nqn", "q", "--allow", "off"]).expect("ok");
         assert_eq!(v.params["allow"], json!(false));
+        let v = parse(&["set-subsystem-secure-concat", "--nqn", "q", "--enable", "yes"]).expect("ok");
+        assert_eq!(v.params, json!({"nqn": "q", "enable": true}));
+        let v = parse(&["add-subsystem", "--nqn", "q", "--allow-any-host", "--secure-concat"]).expect("ok");
+        assert_eq!(
+            v.params,
+            json!({"nqn": "q", "allow_any_host": true, "secure_concat": true})
+        );
         // A host's own DH-HMAC-CHAP lists (NVMe 2.0 §8.13.5.1) are lists like `--hosts`.
         let v = parse(&[
             "set-host-keys",

@@ -310,6 +310,10 @@ pub struct SubsystemView {
     /// Hosts with a TLS PSK, with its hash ("sha256", "sha384"). Never a key.
     #[serde(default)]
     pub tls_hosts: Vec<String>,
+    /// Hosts may ask for secure channel concatenation (the conf's `secure_concat`; absent
+    /// from older targets: false).
+    #[serde(default)]
+    pub secure_concat: bool,
     /// Namespaces by nsid.
     pub namespaces: Vec<NamespaceView>,
     /// Listener addresses serving it.

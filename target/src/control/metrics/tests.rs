@@ -56,6 +56,7 @@ fn subsystem(nqn: &str) -> SubsystemView {
         hosts: vec![],
         dhchap_hosts: vec![],
         tls_hosts: vec![],
+        secure_concat: false,
         namespaces: vec![NamespaceView {
             nsid: 1,
             size: 4096,

@@ -286,6 +286,20 @@ impl Ctx {
                 sub.insert("allow_any_host", toml_edit::value(allow));
                 vec![key("subsystem"), Step::Index(i), key("allow_any_host")]
             }
+            "set_subsystem_secure_concat" => {
+                // Edited in place like `allow_any_host`. The subsystem is rebuilt without
+                // dropping a controller; the snapshot is read at each AUTH_Negotiate, so the
+                // change applies from a host's next (re-)authentication (TP 8018).
+                let nqn = str_param(params, "nqn")?;
+                let enable = params
+                    .get("enable")
+                    .and_then(Value::as_bool)
+                    .ok_or_else(|| RpcError::params("missing boolean param 'enable'"))?;
+                let (i, sub) = document::find_mut(root, "subsystem", |t| document::str_of(t, "nqn") == Some(nqn))
+                    .ok_or_else(|| no_sub(nqn))?;
+                sub.insert("secure_concat", toml_edit::value(enable));
+                vec![key("subsystem"), Step::Index(i), key("secure_concat")]
+            }
             "add_listener" => {
                 let a = str_param(params, "address")?;
                 let mut t = toml_edit::Table::new();

@@ -26,9 +26,21 @@ impl Ctx {
             "methods" => Ok(crate::control::methods::to_json()),
             "log_level" => log_level(params),
             "save" => self.save(params),
-            "add_subsystem" | "remove_subsystem" | "add_namespace" | "remove_namespace" | "add_host"
-            | "remove_host" | "set_host_keys" | "set_allow_any_host" | "add_listener" | "remove_listener"
-            | "add_referral" | "remove_referral" | "set_ana_state" | "set_polling" => self.mutation(method, params),
+            "add_subsystem"
+            | "remove_subsystem"
+            | "add_namespace"
+            | "remove_namespace"
+            | "add_host"
+            | "remove_host"
+            | "set_host_keys"
+            | "set_allow_any_host"
+            | "set_subsystem_secure_concat"
+            | "add_listener"
+            | "remove_listener"
+            | "add_referral"
+            | "remove_referral"
+            | "set_ana_state"
+            | "set_polling" => self.mutation(method, params),
             other => {
                 let near = crate::control::methods::nearest(other);
                 let hint = match near.as_slice() {

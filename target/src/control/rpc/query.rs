@@ -232,6 +232,7 @@ impl Ctx {
                         pollux_nvme::tls::PskHash::Sha384 => format!("{h} sha384"),
                     })
                     .collect(),
+                secure_concat: s.secure_concat,
                 namespaces: s
                     .namespaces
                     .values()
