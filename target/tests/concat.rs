@@ -60,7 +60,7 @@ address = "127.0.0.1:0"
 tls = "allowed"
 
 [[listener]]
-address = "127.0.0.1:0"
+address = "127.0.0.2:0"
 tls = "none"
 
 [[subsystem]]
