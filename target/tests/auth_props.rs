@@ -6,7 +6,8 @@
 
 use pollux_conf::{Dhchap, DhchapKey, HashId, HostKeys, Secret};
 use pollux_nvme::auth::msg::{Message, Negotiate, Reply};
-use pollux_target::controller::auth::{AuthCtx, Outcome, QueueAuth};
+use pollux_nvme::tls::PskIdentity;
+use pollux_target::controller::auth::{AuthCtx, Concat, Outcome, QueueAuth};
 use proptest::prelude::*;
 
 const HOST: &str = "nqn.2026-11.io.pollux:prop-host";
@@ -24,13 +25,14 @@ enum Op {
 fn message() -> impl Strategy<Value = Vec<u8>> {
     let negotiate = (
         any::<u16>(),
+        prop::sample::select(vec![0u8, 1, 2, 3, 0xFF]),
         prop::collection::vec(0u8..6, 0..6),
         prop::collection::vec(0u8..8, 0..8),
     )
-        .prop_map(|(t_id, hashes, dh_groups)| {
+        .prop_map(|(t_id, sc_c, hashes, dh_groups)| {
             Message::Negotiate(Negotiate {
                 t_id,
-                sc_c: 0,
+                sc_c,
                 hashes,
                 dh_groups,
             })
@@ -76,7 +78,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
 
     #[test]
-    fn no_sequence_authenticates_without_the_key(ops in prop::collection::vec(op(), 1..24)) {
+    fn no_sequence_authenticates_without_the_key(ops in prop::collection::vec(op(), 1..24), tls_generated in any::<bool>()) {
         let keys = HostKeys {
             host: Secret { key: DhchapKey::generate(Some(HashId::Sha256), 32).unwrap(), file: None },
             ctrl: None,
@@ -87,7 +89,11 @@ proptest! {
             hashes: HashId::ALL.to_vec(),
             dh_groups: vec![pollux_conf::DhGroup::Null, pollux_conf::DhGroup::Ffdhe2048],
         };
-        let ctx = AuthCtx { hostnqn: HOST, subnqn: SUB, keys: Some(&keys), policy: &policy };
+        // Concatenation allowed, on a plain queue or one a generated PSK secures (SC_C
+        // NEWTLSPSK and REPLACETLSPSK then get past the checks).
+        let generated = PskIdentity::parse(format!("NVMe1G01 {HOST} {SUB} ZGlnZXN0").as_bytes()).unwrap();
+        let concat = Concat { refused: None, tls: tls_generated.then_some(&generated) };
+        let ctx = AuthCtx { hostnqn: HOST, subnqn: SUB, keys: Some(&keys), policy: &policy, concat };
         let mut a = QueueAuth::new(HOST, true);
         for op in ops {
             let outcome = match op {

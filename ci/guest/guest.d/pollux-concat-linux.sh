@@ -77,7 +77,7 @@ while [ "$n" -lt 100 ]; do
 done
 ksince reauth | grep -E 'nvme|auth|concat' || true
 [ -n "${newkey:-}" ] || { cat /proc/keys; die "re-authentication generated no new PSK"; }
-echo "replaced by: $newkey"
+echo "replaced: a generated PSK with the new digest $newkey"
 [ "$(cat "$ctrl/state")" = live ] || die "controller ${ctrl##*/} is $(cat "$ctrl/state") after re-authentication"
 fio_verify "$dev" 4k 8M
 
