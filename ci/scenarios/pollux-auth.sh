@@ -126,12 +126,16 @@ chmod 600 "$keys/k512.key"
 start_pollux "$conf" "$p_io"
 
 # The rotation relay: a guest connection to 10.0.2.100:9000 runs this, which
-# gives pollux the host's new key for s384 (the controller key stays).
+# gives pollux the host's new key for s384 (the controller key stays) and the host's own
+# hash and DH group there, SHA-512 and ffdhe3072 instead of the subsystem's SHA-384 and
+# ffdhe2048: key, hash and group change on a live controller, as blktests nvme/045 does
+# to nvmet, and the host's re-authentication must use all three.
 rot=$CI_LOG_DIR/rotate.sh
 cat > "$rot" <<SH
 #!/bin/sh
 "$POLLUX_BIN" ctl --socket "$sock" set-host-keys --nqn "$pfx:s384" --host "$host" \
     --dhchap-key-file "$keys/krot.key" --dhchap-ctrl-key-file "$keys/c384.key" \
+    --dhchap-hashes sha512 --dhchap-dh-groups ffdhe3072 \
     >> "$CI_LOG_DIR/rotate.log" 2>&1 && echo rotated || echo rotate-failed
 SH
 chmod +x "$rot"
@@ -153,6 +157,7 @@ grep -q "rotated" "$CI_LOG_DIR/relay.log" 2>/dev/null ||
 for want in "queue authenticated (DH-HMAC-CHAP) .*hash=sha256 dhgroup=null" \
     "queue authenticated (DH-HMAC-CHAP) .*hash=sha384 dhgroup=ffdhe2048 bidirectional=true" \
     "queue authenticated (DH-HMAC-CHAP) .*hash=sha512 dhgroup=ffdhe3072" \
+    "queue authenticated (DH-HMAC-CHAP) .*qid=0 .*hash=sha512 dhgroup=ffdhe3072 bidirectional=true" \
     "authentication failed: the host's response does not match its key.*hostnqn=$host" \
     "queue authenticated (DH-HMAC-CHAP) .*qid=2 hostnqn=$host" \
     "connect refused\|authentication failed"; do

@@ -138,6 +138,10 @@ kwait reauth 'qid 0: controller authenticated' 20
 echo "TIME: reauth $(since "$t0")s"
 ksince reauth
 ksince reauth | grep -q 're-authenticating controller' || die "no 're-authenticating controller'"
+# The target changed the host's hash and group with its key (nvme/045's case): the
+# re-authentication negotiates SHA-512 and ffdhe3072.
+ksince reauth | grep -q 'qid 0: authenticated with hash hmac(sha512) dhgroup ffdhe3072' ||
+    die "re-authentication did not take the host's new hash and group (sha512, ffdhe3072)"
 [ "$(cat "$ctrl/state")" = live ] || die "controller $(cat "$ctrl/state") after re-authentication"
 roundtrip "$dev"
 fio_verify "$dev" 64k 16M
