@@ -15,7 +15,9 @@
 #                              its image) instead of the default 6.1;
 #                              --kernel 6.18 the same with trixie-backports'
 #                              6.18 (also secure channel concatenation,
-#                              nvme connect --concat) (ci/guest/kernels.sh)
+#                              nvme connect --concat); --kernel 7.3 its
+#                              newest line, after ci/guest/setup.sh 7.3
+#                              (ci/guest/kernels.sh)
 #   need_pollux                fail unless $POLLUX_BIN is an executable
 #   start_pollux CONF [PORT]   start $POLLUX_BIN --config CONF, wait for PORT
 #   stop_pollux                SIGTERM, wait, SIGKILL; rc 0 only on exit 0

@@ -7,11 +7,12 @@
 #     --kernel SERIES      the guest kernel (ci/guest/kernels.sh): 6.1, the
 #                          default (Debian 12's), 6.12 (bookworm's 6.12,
 #                          whose NVMe host and nvmet have DH-HMAC-CHAP
-#                          in-band auth and NVMe/TCP TLS) or 6.18
+#                          in-band auth and NVMe/TCP TLS), 6.18
 #                          (trixie-backports', which adds secure channel
-#                          concatenation); each has its own vmlinux and
-#                          initramfs (6.1 in $GUEST_WORK, the others in
-#                          $GUEST_WORK/k-SERIES), all made by setup.sh
+#                          concatenation) or 7.3 (trixie-backports' newest;
+#                          only after setup.sh 7.3); each has its own
+#                          vmlinux and initramfs (6.1 in $GUEST_WORK, the
+#                          others in $GUEST_WORK/k-SERIES), made by setup.sh
 #     --script NAME        run /guest/NAME (from guest.d/) and power off
 #     --cmd 'SHELL'        run this snippet (base64 on the kernel command
 #                          line, so ~1.4 KB at most) and power off
@@ -100,10 +101,10 @@ while [ $# -gt 0 ]; do
     shift
 done
 KW=$(guest_kdir "$series")
-[ -s "$KW/kver" ] || die "no $series kernel in $KW: run ci/guest/setup.sh first"
+[ -s "$KW/kver" ] || die "no $series kernel in $KW: run ci/guest/setup.sh $series first"
 KVER=$(cat "$KW/kver")
 initrd=${initrd:-$KW/initramfs.img}
-[ -s "$initrd" ] || die "no initramfs $initrd: run ci/guest/setup.sh first"
+[ -s "$initrd" ] || die "no initramfs $initrd: run ci/guest/setup.sh $series first"
 [ -n "$genv" ] && append+=" genv=$(printf '%s' "$genv" | base64 -w0)"
 [ -n "$gcmd" ] && append+=" gcmd=$gcmd"
 [ -n "$gscript" ] && append+=" gscript=$gscript"

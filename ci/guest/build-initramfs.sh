@@ -3,12 +3,12 @@
 # their modules.dep dependencies, nvme-cli, fio, EXTRA_BINS, each with the
 # host shared libraries ldd reports, /init and guest.d/* as /guest/*.
 #   usage: [EXTRA_BINS="/path/bin ..."] build-initramfs.sh [--kernel SERIES] [OUT]
-# SERIES (kernels.sh: 6.1, the default, 6.12 or 6.18) picks the kernel, from its
+# SERIES (kernels.sh: 6.1, the default, 6.12, 6.18 or 7.3) picks the kernel, from its
 # work dir (guest_kdir: $GUEST_WORK, or $GUEST_WORK/k-SERIES). OUT defaults
 # to initramfs.img in that dir. Rebuilt only when its inputs change: their
 # hash is kept in OUT.hash (a rebuild costs ~30 s of zstd).
 # EXTRA_BINS land in the guest's /usr/local/bin.
-# A series for which kernels.sh's guest_trixie holds (6.12, 6.18) also gets the
+# A series for which kernels.sh's guest_trixie holds (6.12, 6.18, 7.3) also gets the
 # Debian 13 root of fetch-trixie.sh ($GUEST_WORK/trixie/root) as /trixie
 # (+29 MB unpacked, +11.6 MB in the image, ~0.4 s more boot under TCG), and
 # wrappers in /usr/local/bin that run its tools in a chroot there: tnvme
@@ -37,7 +37,7 @@ MD=$KW/kroot/lib/modules/$KVER
 # digests and nvme-core's T10-PI: the crypto API finds them only if loaded.
 # (6.18 has none of these four: nvme-tcp, nvmet-tcp and nvme-core call the
 # CRC library, built in, and add_mod lets a missing crc* go.) Then the
-# series' own (guest_kmods: the DH-HMAC-CHAP and kTLS stack of 6.12 and 6.18).
+# series' own (guest_kmods: the DH-HMAC-CHAP and kTLS stack of 6.12, 6.18, 7.3).
 BOOT_MODULES="virtio_pci virtio_net crc32c-intel crc32c_generic crct10dif-pclmul
  crc64_rocksoft_generic nvme nvme-tcp nvmet nvmet-tcp vfio vfio_iommu_type1
  vfio-pci 9pnet_virtio 9p $(guest_kmods "$series") ${BOOT_MODULES_EXTRA:-}"

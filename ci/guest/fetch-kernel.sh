@@ -2,14 +2,20 @@
 # Fetch a guest kernel: a Debian linux-image package, downloaded with
 # apt-get download and unpacked into its work dir's kroot/ (never installed
 # on the host: this machine's own kernel can load no modules, and the guest
-# is where nvme-tcp, nvmet and vfio-pci live).
+# is where nvme-tcp, nvmet and vfio-pci live). From 6.19 on linux-image-KVER
+# is an empty package that depends on linux-base-KVER, linux-binary-KVER and
+# linux-modules-KVER (kernels.sh, 7.3): the packages of linux-image-KVER's
+# Depends that are named for KVER are downloaded and unpacked with it (none
+# for 6.1, 6.12 and 6.18, whose linux-image holds everything), and a
+# vmlinuz, config and System.map in /usr/lib/modules/KVER (no /boot there)
+# get /boot's names as symlinks.
 #   usage: fetch-kernel.sh [--kernel SERIES] [KVER]
-# SERIES (kernels.sh: 6.1, the default, 6.12 or 6.18) picks the work dir
+# SERIES (kernels.sh: 6.1, the default, 6.12, 6.18 or 7.3) picks the work dir
 # ($GUEST_WORK for 6.1, $GUEST_WORK/k-SERIES else) and where the kernel
 # comes from. KVER defaults to the one already fetched there (no registry
 # query at all), else to the one the series' meta package in the host's
 # apt sources (linux-image-amd64, linux-image-6.12-amd64) depends on now,
-# else (6.18: guest_ksuite, trixie-backports) to the highest
+# else (6.18, 7.3: guest_ksuite, trixie-backports) to the highest
 # linux-image-SERIES.N+debNN-amd64 that suite has now. Old ABIs leave the
 # mirror, so no pin.
 # A suite that is not in the host's apt sources (the host is Debian 12) is
@@ -100,26 +106,49 @@ if [ ! -s "kroot/boot/vmlinuz-$want" ]; then
     if [ -n "$suite" ] && [ -z "$suite_ready" ]; then suite_apt; fi
     dl=$(mktemp -d "$W/dl.XXXXXX")
     trap 'rm -rf "$dl"' EXIT
+    # parts: the real packages linux-image-$want depends on that are named
+    # for $want (linux-base-, linux-binary-, linux-modules-$want from 6.19
+    # on); apt-cache depends writes a virtual or missing one in <>.
+    parts() {
+        apt-cache depends "linux-image-$want" 2>/dev/null |
+            awk -v w="-$want" '$1 == "Depends:" && $2 ~ /^linux-/ &&
+                substr($2, length($2) - length(w) + 1) == w { print $2 }'
+    }
     get() {   # as root apt warns that the download is unsandboxed: noise
+        # shellcheck disable=SC2046  # package names: words
         (cd "$dl" || exit 1
-         apt-get download -q "linux-image-$want" 2>&1 |
+         apt-get download -q "linux-image-$want" $(parts) 2>&1 |
              grep -v -e unsandboxed -e '^Get:' -e '^Fetched' || true)
     }
     get
     if ! ls "$dl"/linux-image-"$want"_*.deb >/dev/null 2>&1; then
         apt-get update -qq && get   # stale package lists
     fi
-    ls "$dl"/linux-image-"$want"_*.deb >/dev/null 2>&1 ||
-        { echo "fetch-kernel: apt-get download linux-image-$want failed" >&2; exit 1; }
+    for p in "linux-image-$want" $(parts); do
+        ls "$dl/${p}"_*.deb >/dev/null 2>&1 ||
+            { echo "fetch-kernel: apt-get download $p failed" >&2; exit 1; }
+    done
     # Unpack beside, then swap: an interrupted run never leaves a half tree.
     rm -rf kroot.new
-    dpkg-deb -x "$dl"/linux-image-"$want"_*.deb kroot.new
+    for d in "$dl"/*.deb; do dpkg-deb -x "$d" kroot.new; done
+    # A split kernel (6.19+) has no /boot: its vmlinuz (linux-binary), config
+    # and System.map (linux-base; the latter a stub, the real one is in the
+    # -dbg package) are in /usr/lib/modules/KVER. /boot's names point there.
+    m=usr/lib/modules/$want
+    if [ ! -e "kroot.new/boot/vmlinuz-$want" ] && [ -s "kroot.new/$m/vmlinuz" ]; then
+        mkdir -p kroot.new/boot
+        for f in vmlinuz config System.map; do
+            if [ -e "kroot.new/$m/$f" ]; then ln -s "../$m/$f" "kroot.new/boot/$f-$want"; fi
+        done
+    fi
+    [ -s "kroot.new/boot/vmlinuz-$want" ] ||
+        { echo "fetch-kernel: no vmlinuz in the packages of linux-image-$want" >&2; exit 1; }
     rm -rf kroot vmlinux
     mv kroot.new kroot
 fi
 
-# Debian 13's kernels (6.18) ship their modules in /usr/lib/modules (merged
-# /usr), bookworm's in /lib/modules: the usr/lib symlink of a merged-/usr
+# Debian 13's kernels (6.18, 7.3) ship their modules in /usr/lib/modules
+# (merged /usr), bookworm's in /lib/modules: the usr/lib symlink of a merged-/usr
 # system gives both the one path that depmod and build-initramfs.sh use.
 if [ ! -e kroot/lib ] && [ -d kroot/usr/lib/modules ]; then ln -s usr/lib kroot/lib; fi
 [ -s "kroot/lib/modules/$want/modules.dep" ] || busybox depmod -b kroot "$want"

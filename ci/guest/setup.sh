@@ -2,16 +2,19 @@
 # Everything the guest needs, idempotent and cached under $GUEST_WORK
 # (default build/guest): Debian packages, then for each kernel series
 # (kernels.sh: 6.1, the default guest; 6.12, with NVMe in-band auth and
-# TLS; 6.18 from trixie-backports, which adds secure channel concatenation)
-# the kernel (fetched once) and its initramfs (rebuilt only when its inputs
-# change), each in the series' own work dir (6.1: $GUEST_WORK itself, else
-# $GUEST_WORK/k-SERIES). For 6.12 and 6.18 also the Debian 13 (trixie)
-# userland of their /trixie (fetch-trixie.sh: nvme-cli 2.13, tlshd, keyctl;
-# in $GUEST_WORK/trixie, fetched once, with a private apt configuration: the
-# host's apt is not touched; so is 6.18's kernel, through
+# TLS; 6.18 from trixie-backports, which adds secure channel concatenation;
+# 7.3, trixie-backports' newest line, on demand only) the kernel (fetched
+# once) and its initramfs (rebuilt only when its inputs change), each in the
+# series' own work dir (6.1: $GUEST_WORK itself, else $GUEST_WORK/k-SERIES).
+# For 6.12, 6.18 and 7.3 also the Debian 13 (trixie) userland of their
+# /trixie (fetch-trixie.sh: nvme-cli 2.13, tlshd, keyctl; in
+# $GUEST_WORK/trixie, fetched once, with a private apt configuration: the
+# host's apt is not touched; so are the 6.18 and 7.3 kernels, through
 # $GUEST_WORK/apt-trixie-backports). Prints each step's time.
 #   usage: [EXTRA_BINS="/path/bin ..."] ci/guest/setup.sh [SERIES...]
-# SERIES: only these (default: all of kernels.sh's GUEST_KERNELS).
+# SERIES: only these (default: kernels.sh's GUEST_KERNELS_SETUP, 6.1 6.12
+# 6.18; 7.3 is prepared only when named: ci/guest/setup.sh 7.3, for
+# CONCAT_KERNEL=7.3 ci/scenarios/pollux-concat-linux.sh).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 CI_NAME=guest-setup
@@ -21,7 +24,7 @@ W=$GUEST_WORK
 # shellcheck source=ci/guest/kernels.sh
 . "$HERE/kernels.sh"
 # shellcheck disable=SC2086  # a list of words
-[ $# -gt 0 ] || set -- $GUEST_KERNELS
+[ $# -gt 0 ] || set -- $GUEST_KERNELS_SETUP
 for k in "$@"; do
     guest_kernel_ok "$k" || fail "unknown kernel series '$k' (known: $GUEST_KERNELS)"
 done
@@ -45,7 +48,7 @@ timed packages ensure_debs qemu-system-x86 busybox-static nvme-cli fio cpio zstd
 timed qemu-utils ensure_debs qemu-utils
 for k in "$@"; do
     timed "fetch-kernel $k" "$HERE/fetch-kernel.sh" --kernel "$k"
-    # Once, for the series that carry it (6.12, 6.18); cached after the first run.
+    # Once, for the series that carry it (6.12, 6.18, 7.3); cached after the first run.
     if guest_trixie "$k"; then timed "fetch-trixie" "$HERE/fetch-trixie.sh"; fi
     timed "build-initramfs $k" "$HERE/build-initramfs.sh" --kernel "$k"
 done

@@ -6,15 +6,23 @@
 # admin and both I/O queues with it. The guest is the 6.18 kernel from trixie-backports
 # (the first Debian kernel whose host and target agree on the generated PSK's derivation:
 # 6.15 to 6.17 encode its HKDF label otherwise) with Debian 13's nvme-cli 2.13 (--concat)
-# and tlshd. Cases (ci/guest/guest.d/pollux-concat-linux.sh): connect --concat with 2 I/O
-# queues, every queue TLS with the generated key, fio verify 4k and 128k; re-authentication
-# (a write to sysfs dhchap_secret) replaces the generated PSK (REPLACETLSPSK) and I/O goes
-# on; disconnect; concatenation to a subsystem without secure_concat, through a listener
+# and tlshd; CONCAT_KERNEL=7.3 takes trixie-backports' newest line instead (the strongest
+# Linux host Debian offers; prepared only on demand: ci/guest/setup.sh 7.3). Cases
+# (ci/guest/guest.d/pollux-concat-linux.sh): connect --concat with 2 I/O queues, every
+# queue TLS with the generated key, fio verify 4k and 128k; re-authentication (a write to
+# sysfs dhchap_secret) replaces the generated PSK (REPLACETLSPSK) and I/O goes on;
+# disconnect; concatenation to a subsystem without secure_concat, through a listener
 # without TLS, and with a wrong key are refused and leave nothing connected. pollux's log
 # must name the generated PSK, its replacement and the refusals, and hold no key.
 set -euo pipefail
 # shellcheck source=ci/lib.sh
 . "$(dirname "$0")/../lib.sh"
+# The guest kernel series (ci/guest/kernels.sh): 6.18 or later.
+kernel=${CONCAT_KERNEL:-6.18}
+case $kernel in
+    6.18 | 7.3) ;;
+    *) fail "CONCAT_KERNEL=$kernel: concatenation wants the 6.18 or the 7.3 guest" ;;
+esac
 need_pollux
 ensure_debs nvme-cli busybox-static
 
@@ -80,7 +88,8 @@ backend = { ram = { size = "16MiB" } }
 TOML
 start_pollux "$conf" "$port"
 
-run_guest pollux-concat-linux.sh --kernel 6.18 --timeout 600 --guestfwd "4420=$port" \
+log "guest kernel: $kernel ($(cat "$GUEST_WORK/k-$kernel/kver" 2>/dev/null || echo "not prepared: ci/guest/setup.sh $kernel"))"
+run_guest pollux-concat-linux.sh --kernel "$kernel" --timeout 600 --guestfwd "4420=$port" \
     --guestfwd "4421=$port_plain" \
     --env "SUB=$sub" --env "PLAIN=$plain" --env "HOSTNQN=$host" --env "KEY=$k" --env "KWRONG=$kwrong" ||
     fail "pollux-concat-linux guest failed (console $CI_LOG_DIR/guest-pollux-concat-linux.log)"

@@ -1,6 +1,7 @@
 # shellcheck shell=sh
-# Guest side of ci/scenarios/pollux-concat-linux.sh (6.18 guest kernel from trixie-backports
-# with Debian 13's nvme-cli 2.13 as tnvme, tlshd and keyctl): secure channel concatenation
+# Guest side of ci/scenarios/pollux-concat-linux.sh (the 6.18 guest kernel from
+# trixie-backports, or its 7.3 with CONCAT_KERNEL=7.3, with Debian 13's nvme-cli 2.13 as
+# tnvme, tlshd and keyctl): secure channel concatenation
 # (TP 8018) from the Linux host to pollux on the host: 10.0.2.100:4420 is a listener with
 # tls = "allowed" (the first admin connection is plain TCP, the rest TLS with the generated
 # PSK), :4421 one without TLS. Env: SUB (secure_concat = true), PLAIN (a subsystem without
@@ -17,7 +18,7 @@ generated() { grep -oE "psk +NVMe1G0[12] $HOSTNQN $SUB [A-Za-z0-9+/=]+" /proc/ke
 
 step kernel
 case $(uname -r) in
-    6.1[89].* | 6.[2-9][0-9].* | [7-9].*) ;;
+    6.1[89].* | 6.[2-9][0-9].* | [7-9].* | [1-9][0-9].*) ;;
     *) die "this is $(uname -r): concatenation needs the 6.18 guest (6.15-6.17 derive the TLS PSK otherwise)" ;;
 esac
 [ -d /trixie ] || die "no /trixie: the image carries Debian 13's nvme-cli and tlshd"
