@@ -168,20 +168,6 @@ fn negotiate(t_id: u16, hashes: &[u8], groups: &[u8]) -> Vec<u8> {
     .encode()
 }
 
-/// The next message, which must be AUTH_Failure1 with `reason`.
-#[track_caller]
-fn expect_failure(q: &mut HostQueue, reason: Reason) {
-    let m = Message::parse(&q.auth_receive(RECEIVE_LEN).unwrap()).unwrap();
-    match m {
-        Message::Failure {
-            from_host: false,
-            explanation,
-            ..
-        } => assert_eq!(Reason::from_code(explanation), Some(reason), "{m:?}"),
-        other => panic!("expected AUTH_Failure1 ({reason:?}), got {other:?}"),
-    }
-}
-
 #[test]
 fn malformed_and_out_of_order_messages_get_failure1_never_a_queue() {
     let hk = key(None);
@@ -199,7 +185,7 @@ fn malformed_and_out_of_order_messages_get_failure1_never_a_queue() {
     assert_eq!((c.status.sct(), c.status.sc(), c.status.dnr()), (0, 0x02, true));
     assert_eq!(auth_code(&q.auth_receive(0).unwrap_err()).map(|c| c.1), Some(0x02));
     // A Receive with nothing due; a Reply before any Negotiate.
-    expect_failure(&mut q, Reason::IncorrectMessage);
+    expect_auth_failure(&mut q, Reason::IncorrectMessage);
     let reply = Message::Reply(Reply {
         t_id: 1,
         r: vec![0; 32],
@@ -210,16 +196,16 @@ fn malformed_and_out_of_order_messages_get_failure1_never_a_queue() {
     })
     .encode();
     assert!(q.auth_send(&reply).unwrap().status.is_success());
-    expect_failure(&mut q, Reason::IncorrectMessage);
+    expect_auth_failure(&mut q, Reason::IncorrectMessage);
     // Garbage, a short message, no hash or group in common.
     q.auth_send(&[0xAB; 40]).unwrap();
-    expect_failure(&mut q, Reason::IncorrectMessage);
+    expect_auth_failure(&mut q, Reason::IncorrectMessage);
     q.auth_send(&[0, 0, 0, 0, 1, 0, 0]).unwrap();
-    expect_failure(&mut q, Reason::IncorrectPayload);
+    expect_auth_failure(&mut q, Reason::IncorrectPayload);
     q.auth_send(&negotiate(2, &[2, 3], &[0])).unwrap();
-    expect_failure(&mut q, Reason::HashUnusable);
+    expect_auth_failure(&mut q, Reason::HashUnusable);
     q.auth_send(&negotiate(3, &[1], &[3, 4])).unwrap();
-    expect_failure(&mut q, Reason::DhGroupUnusable);
+    expect_auth_failure(&mut q, Reason::DhGroupUnusable);
     // A Reply whose DH value is huge, or 1 (a forced secret), after a real challenge.
     for dhv in [vec![7u8; 4000], {
         let mut one = vec![0u8; 256];
@@ -245,7 +231,7 @@ fn malformed_and_out_of_order_messages_get_failure1_never_a_queue() {
         })
         .encode();
         q.auth_send(&r).unwrap();
-        expect_failure(&mut q, Reason::IncorrectPayload);
+        expect_auth_failure(&mut q, Reason::IncorrectPayload);
     }
     // Still unauthenticated after all of it.
     assert_eq!(auth_code(&q.identify_controller().unwrap_err()), Some((1, 0x91, true)));
@@ -283,7 +269,7 @@ fn malformed_and_out_of_order_messages_get_failure1_never_a_queue() {
     ));
     let _second = reply_to(&mut q, 10);
     q.auth_send(&first).unwrap();
-    expect_failure(&mut q, Reason::Failed);
+    expect_auth_failure(&mut q, Reason::Failed);
     // A failed re-authentication takes the queue's authentication away.
     assert_eq!(
         auth_code(&q.property_get(property::CAP).unwrap_err()),

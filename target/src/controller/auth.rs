@@ -410,41 +410,25 @@ impl QueueAuth {
         }
         // A generated PSK is a TLS PSK: its hash must be a cipher suite's (not SHA-512),
         // and its key the DH shared secret (not the null group).
-        let Some(hash) = ctx
-            .policy
-            .hashes
-            .iter()
-            .copied()
-            .find(|h| n.hashes.contains(&h.id()) && !(concat && *h == HashId::Sha512))
-        else {
-            let need = if concat {
-                " (concatenation needs SHA-256 or SHA-384)"
-            } else {
-                ""
-            };
-            return self.fail(
-                t_id,
-                Reason::HashUnusable,
-                format!("the host offers hashes {:?}{need}", n.hashes),
-            );
+        let (no_hash, no_group) = if concat {
+            (
+                " (concatenation needs SHA-256 or SHA-384)",
+                " (concatenation needs a DH group other than null)",
+            )
+        } else {
+            ("", "")
         };
-        let Some(dh) = ctx
-            .policy
-            .dh_groups
-            .iter()
-            .copied()
-            .find(|g| n.dh_groups.contains(&g.id()) && !(concat && *g == DhGroup::Null))
-        else {
-            let need = if concat {
-                " (concatenation needs a DH group other than null)"
-            } else {
-                ""
-            };
-            return self.fail(
-                t_id,
-                Reason::DhGroupUnusable,
-                format!("the host offers DH groups {:?}{need}", n.dh_groups),
-            );
+        let Some(hash) = first_offered(&ctx.policy.hashes, &n.hashes, HashId::id, |h| {
+            !(concat && h == HashId::Sha512)
+        }) else {
+            let why = format!("the host offers hashes {:?}{no_hash}", n.hashes);
+            return self.fail(t_id, Reason::HashUnusable, why);
+        };
+        let Some(dh) = first_offered(&ctx.policy.dh_groups, &n.dh_groups, DhGroup::id, |g| {
+            !(concat && g == DhGroup::Null)
+        }) else {
+            let why = format!("the host offers DH groups {:?}{no_group}", n.dh_groups);
+            return self.fail(t_id, Reason::DhGroupUnusable, why);
         };
         let mut c1 = vec![0u8; hash.output_len()];
         if !auth::random(&mut c1) {
@@ -651,6 +635,12 @@ impl QueueAuth {
         data.resize(al as usize, 0);
         Ok((data, outcome))
     }
+}
+
+/// The first of `ours` (most preferred first) whose identifier the host offers and that
+/// `usable` allows (NVMe 2.0 §8.13.5.4: the controller chooses among the host's offer).
+fn first_offered<T: Copy>(ours: &[T], offered: &[u8], id: impl Fn(T) -> u8, usable: impl Fn(T) -> bool) -> Option<T> {
+    ours.iter().copied().find(|&x| offered.contains(&id(x)) && usable(x))
 }
 
 fn failure1(t_id: u16, reason: Reason) -> Vec<u8> {

@@ -83,6 +83,11 @@ impl<T: Transport> Queue<T> {
             _ => return None,
         };
         let snap = self.shared.snapshot.load();
+        // The subsystem as the running configuration has it now: the controller's own copy
+        // is replaced by a message the control plane sends after it answers, so a host that
+        // re-authenticates right after a change of its keys or lists could otherwise still
+        // be offered the old ones.
+        let subsys = subsys.map(|s| snap.subsystem(&s.nqn).cloned().unwrap_or(s));
         // The context borrows a copy of the host NQN, so the exchange itself can change.
         let hostnqn = self.auth.hostnqn.clone();
         let mut ctx = auth_ctx(&hostnqn, subsys.as_deref(), &snap.discovery);

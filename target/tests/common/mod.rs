@@ -401,3 +401,19 @@ pub fn caw(q: &mut HostQueue, nsid: u32, slba: u64, nlb: u32, expect: &[u8], new
     );
     (s[0], s[1])
 }
+
+/// The next DH-HMAC-CHAP message on `q` (Authentication Receive), which must be
+/// AUTH_Failure1 with `reason`.
+#[track_caller]
+pub fn expect_auth_failure(q: &mut HostQueue, reason: pollux_nvme::auth::msg::Reason) {
+    use pollux_nvme::auth::msg::{Message, Reason};
+    let m = Message::parse(&q.auth_receive(pollux_host::RECEIVE_LEN).unwrap()).unwrap();
+    match m {
+        Message::Failure {
+            from_host: false,
+            explanation,
+            ..
+        } => assert_eq!(Reason::from_code(explanation), Some(reason), "{m:?}"),
+        other => panic!("expected AUTH_Failure1 ({reason:?}), got {other:?}"),
+    }
+}
