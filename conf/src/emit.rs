@@ -212,6 +212,11 @@ pub(crate) fn to_toml(c: &Config) -> String {
             if let Some(p) = n.polling {
                 let _ = writeln!(o, "polling = {}", quote(p.as_str()));
             }
+            // Only when given: absent means every host, `[]` none.
+            if let Some(hs) = &n.hosts {
+                let hs: Vec<String> = hs.iter().map(|h| quote(h)).collect();
+                let _ = writeln!(o, "hosts = [{}]", hs.join(", "));
+            }
             // Written last: the sim backend is a table of its own, and keys
             // after its header would belong to it.
             match &n.backend {

@@ -622,6 +622,19 @@ pub struct Namespace {
     pub ana_group: u32,
     /// Its own `polling` (None: the subsystem's; see [`Subsystem::polling_of`]).
     pub polling: Option<Polling>,
+    /// The hosts it is attached to (host masking, SPDK's `nvmf_ns_add_host`): only their
+    /// controllers have it among their active namespaces (NVMe 2.0 §3.2.1.5); for every
+    /// other host it is an inactive NSID. None (not given): every host the subsystem admits.
+    /// Each a valid NQN, listed once, and one of the subsystem's `hosts` unless it has
+    /// `allow_any_host`; may be empty (attached to no host).
+    pub hosts: Option<Vec<String>>,
+}
+
+impl Namespace {
+    /// Whether the controllers of host `host_nqn` have this namespace attached.
+    pub fn visible_to(&self, host_nqn: &str) -> bool {
+        self.hosts.as_ref().is_none_or(|h| h.iter().any(|x| x == host_nqn))
+    }
 }
 
 /// Which namespace identifiers a conf gave explicitly (the others are derived).

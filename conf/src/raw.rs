@@ -180,6 +180,7 @@ pub(crate) struct RawNamespace {
     pub eui64: Option<Spanned<String>>,
     pub ana_group: Option<Spanned<i64>>,
     pub polling: Option<Spanned<String>>,
+    pub hosts: Option<Spanned<Vec<Spanned<String>>>>,
 }
 
 /// One optional field per backend kind; validation requires exactly one.

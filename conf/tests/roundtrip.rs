@@ -573,6 +573,14 @@ proptest! {
         nvme in nvme_backends(),
         control in control(),
         secure_concat in any::<bool>(),
+        ns_hosts in prop::option::of(prop::sample::subsequence(
+            vec![
+                "nqn.2014-08.org.nvmexpress:uuid:0c0c0c0c-0000-4000-8000-00000000000a",
+                "nqn.2014-08.org.nvmexpress:uuid:0c0c0c0c-0000-4000-8000-00000000000b",
+                "nqn.2026-11.io.pollux:host-c",
+            ],
+            0..=3,
+        )),
     ) {
         let mut c = Config::embedded_default();
         c.origin = "generated".into();
@@ -587,6 +595,8 @@ proptest! {
         s.secure_concat = secure_concat;
         let mut second = s.namespaces[0].clone();
         s.namespaces[0].backend = Backend::Sim(sim);
+        // The subsystem admits any host: any NQN may be named, none (`[]`) too.
+        s.namespaces[0].hosts = ns_hosts.map(|h| h.into_iter().map(String::from).collect());
         let ids = derive_ids(&s.nqn, 2);
         second.nsid = 2;
         (second.uuid, second.nguid, second.eui64) = (ids.uuid, ids.nguid, ids.eui64);

@@ -208,8 +208,10 @@ fn subsystem(
     let served_on = served_on(cx, &s.listeners, &nqn, listeners)?;
     let mut namespaces: Vec<Namespace> = Vec::new();
     let mut nsids: HashMap<u32, usize> = HashMap::new();
+    // A namespace's `hosts` name hosts the subsystem admits (any, with `allow_any_host`).
+    let admitted = (!allow_any_host).then_some(hosts.as_slice());
     for n in s.namespace.unwrap_or_default() {
-        let ns = namespace(cx, &nqn, n, &mut nsids, ids)?;
+        let ns = namespace(cx, &nqn, n, &mut nsids, ids, admitted)?;
         namespaces.push(ns);
     }
 
@@ -279,12 +281,47 @@ fn polling(cx: &Cx<'_>, v: &Option<Spanned<String>>) -> Result<Option<Polling>, 
         .transpose()
 }
 
+/// A namespace's `hosts` (host masking): each a valid NQN, listed once, and one of
+/// `admitted` (the subsystem's `hosts`; None: it admits any host). None: not given.
+fn namespace_hosts(
+    cx: &Cx<'_>,
+    v: &Option<Spanned<Vec<Spanned<String>>>>,
+    nqn: &str,
+    nsid: u32,
+    admitted: Option<&[String]>,
+) -> Result<Option<Vec<String>>, ConfError> {
+    let Some(list) = v else { return Ok(None) };
+    let mut out: Vec<String> = Vec::with_capacity(list.get_ref().len());
+    for h in list.get_ref() {
+        let host = h.get_ref();
+        validate_nqn(host)
+            .map_err(|e| cx.at(h.span(), format!("invalid host NQN in namespace {nsid}'s `hosts`: {e}")))?;
+        if out.contains(host) {
+            return Err(cx.at(
+                h.span(),
+                format!("host {host:?} is listed twice in namespace {nsid}'s `hosts`"),
+            ));
+        }
+        if admitted.is_some_and(|a| !a.contains(host)) {
+            return Err(cx.at(
+                h.span(),
+                format!(
+                    "namespace {nsid}'s `hosts` names {host:?}, which subsystem {nqn:?} does not admit: add it to the subsystem's `hosts` (or set `allow_any_host = true`)"
+                ),
+            ));
+        }
+        out.push(host.clone());
+    }
+    Ok(Some(out))
+}
+
 fn namespace(
     cx: &Cx<'_>,
     nqn: &str,
     n: RawNamespace,
     nsids: &mut HashMap<u32, usize>,
     ids: &mut IdRegistry,
+    admitted: Option<&[String]>,
 ) -> Result<Namespace, ConfError> {
     let nsid_span = n.nsid.span();
     let nsid = cx.int(&n.nsid, "nsid", 1, MAX_NSID)?;
@@ -396,6 +433,7 @@ fn namespace(
     };
 
     let polling = polling(cx, &n.polling)?;
+    let hosts = namespace_hosts(cx, &n.hosts, nqn, nsid, admitted)?;
 
     Ok(Namespace {
         nsid,
@@ -411,5 +449,6 @@ fn namespace(
         },
         ana_group,
         polling,
+        hosts,
     })
 }
