@@ -26,7 +26,7 @@ use std::time::Duration;
 use pollux_nvme::spec::{Health, critical_warning};
 use tracing::info;
 
-use crate::subsystem::Subsystem;
+use crate::subsystem::HostView;
 
 /// Kelvin at 0 °C, rounded as NVMe temperatures are (NVMe 2.0 §5.16.1.3: kelvin, integer).
 const ZERO_C_K: i64 = 273;
@@ -122,18 +122,19 @@ fn read_sensors(class: &Path) -> Option<u16> {
     best.map(|m| (m.div_euclid(1000) + ZERO_C_K).clamp(1, i64::from(u16::MAX)) as u16)
 }
 
-/// The health of subsystem `s`, or of its namespace `nsid` only (fields a controller adds of
+/// The health of subsystem `s` as a host sees it, or of its namespace `nsid` only (fields a controller adds of
 /// its own, such as the error-log count, are left 0). `host_k` is the host's temperature for
 /// namespaces without a device.
-pub fn gather(s: &Subsystem, nsid: Option<u32>, host_k: u16) -> Health {
+pub fn gather(s: &HostView, nsid: Option<u32>, host_k: u16) -> Health {
     let mut h = Health {
         avail_spare: 100,
         spare_thresh: 10,
         ..Health::default()
     };
     let mut devices = BTreeSet::new();
-    let mut hosted = s.namespaces.is_empty();
-    for ns in s.namespaces.values().filter(|ns| nsid.is_none_or(|n| n == ns.nsid)) {
+    // The namespaces the controller's host sees: another host's counters are not its own.
+    let mut hosted = s.namespaces().next().is_none();
+    for ns in s.namespaces().filter(|ns| nsid.is_none_or(|n| n == ns.nsid)) {
         let t = ns.totals();
         h.host_reads += u128::from(t.read_cmds);
         h.host_writes += u128::from(t.write_cmds);

@@ -290,7 +290,7 @@ impl Target {
         // holding the lock and another gateway's writes would wait for the cluster to time
         // this one's watch out.
         for s in &self.shared.snapshot.load().subsystems {
-            for ns in s.namespaces.values() {
+            for ns in s.all_namespaces() {
                 ns.backend.stop();
             }
         }

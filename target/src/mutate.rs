@@ -52,6 +52,10 @@ pub struct Changes {
     /// (subsystem, nsid, polling) of namespaces whose polling policy changed in place
     /// (nothing is reopened for it).
     pub polling_changed: Vec<(String, u32, String)>,
+    /// (subsystem, nsid) of namespaces whose hosts changed in place (attached to hosts or
+    /// detached from them: nothing is reopened, only the controllers whose view changed
+    /// hear of it).
+    pub hosts_changed: Vec<(String, u32)>,
     /// The reactors' mode, adaptive policy or hybrid sleep rules changed.
     pub reactors_changed: bool,
     /// Keys that differ but only take effect at the next start.
@@ -83,15 +87,15 @@ fn without_polling(s: &pollux_conf::Subsystem) -> pollux_conf::Subsystem {
     s
 }
 
+/// The same namespace, whatever its `polling` and `hosts`: both apply in place (its store,
+/// data and in-flight commands stay), the hosts by a new subsystem object around it.
 fn same_namespace(a: &pollux_conf::Namespace, b: &pollux_conf::Namespace) -> bool {
-    a.nsid == b.nsid
-        && pollux_conf::Namespace {
-            polling: None,
-            ..a.clone()
-        } == pollux_conf::Namespace {
-            polling: None,
-            ..b.clone()
-        }
+    let bare = |n: &pollux_conf::Namespace| pollux_conf::Namespace {
+        polling: None,
+        hosts: None,
+        ..n.clone()
+    };
+    a.nsid == b.nsid && bare(a) == bare(b)
 }
 
 /// Reconcile `new` against the running configuration and apply the difference. On error
@@ -149,7 +153,7 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
                     let was = oc.namespaces.iter().find(|x| x.nsid == nsid)?;
                     let now = s.namespaces.iter().find(|x| x.nsid == nsid)?;
                     if same_namespace(was, now) {
-                        oa.namespace(nsid).cloned()
+                        oa.namespace_ignoring_masks(nsid).cloned()
                     } else {
                         None
                     }
@@ -163,6 +167,15 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
                 for on in &oc.namespaces {
                     if !s.namespaces.iter().any(|x| same_namespace(x, on)) {
                         ch.removed_namespaces.push((s.nqn.clone(), on.nsid));
+                    }
+                }
+                for nn in &s.namespaces {
+                    if oc
+                        .namespaces
+                        .iter()
+                        .any(|x| same_namespace(x, nn) && x.hosts != nn.hosts)
+                    {
+                        ch.hosts_changed.push((s.nqn.clone(), nn.nsid));
                     }
                 }
                 ch.changed_subsystems.push(s.nqn.clone());
@@ -256,7 +269,9 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
     let mut polling_set = Vec::new();
     for (sc, sa) in new.subsystems.iter().zip(&subsystems) {
         for nc in &sc.namespaces {
-            let Some(ns) = sa.namespace(nc.nsid) else { continue };
+            let Some(ns) = sa.namespace_ignoring_masks(nc.nsid) else {
+                continue;
+            };
             let want = sc.polling_of(nc);
             if ns.polling.get() != want {
                 polling_set.push((ns.clone(), want));
@@ -375,6 +390,36 @@ pub fn reload(shared: &Arc<Shared>, remotes: &[Remote]) -> Result<Changes, Targe
     reconcile(shared, remotes, cfg)
 }
 
+/// Wait, at most `within`, until every reactor has run what [`reconcile`] sent it and what
+/// that sent on in turn: a controller's new view of its subsystem reaches its I/O queues on
+/// other reactors by a second message. Each reactor's inbox is one FIFO queue, so two
+/// rounds of a message to every reactor suffice: the first runs after the controllers'
+/// refresh (sent earlier from this thread), which has queued the I/O queues' updates before
+/// it answers; the second is queued after those and runs after them. False: some reactor
+/// did not answer in time (a stopped one counts as done: it runs nothing any more).
+pub fn settle(remotes: &[Remote], within: std::time::Duration) -> bool {
+    let deadline = std::time::Instant::now() + within;
+    for _ in 0..2 {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut waiting = 0;
+        for remote in remotes {
+            let tx = tx.clone();
+            if remote.send(move |_| {
+                let _ = tx.send(());
+            }) {
+                waiting += 1;
+            }
+        }
+        for _ in 0..waiting {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if rx.recv_timeout(left).is_err() {
+                return false;
+            }
+        }
+    }
+    true
+}
+
 fn local_listeners(r: &mut Reactor) -> &mut Listeners {
     if r.local::<Listeners>().is_none() {
         r.set_local(Listeners::default());
@@ -388,7 +433,7 @@ fn local_listeners(r: &mut Reactor) -> &mut Listeners {
 /// that is not a whole number of blocks is served rounded down.
 pub fn namespace_resized(shared: &Shared, remotes: &[Remote], nqn: &str, nsid: u32, bytes: u64) {
     let snap = shared.snapshot.load();
-    let Some(ns) = snap.subsystem(nqn).and_then(|s| s.namespace(nsid)) else {
+    let Some(ns) = snap.subsystem(nqn).and_then(|s| s.namespace_ignoring_masks(nsid)) else {
         return;
     };
     let blocks = bytes >> ns.block_shift;

@@ -13,7 +13,7 @@ use pollux_nvme::spec::{Sqe, Status, command, opcode};
 
 use crate::backend::{BlockOp, WriteData};
 use crate::sgl::{DataPtr, data_ptr};
-use crate::subsystem::{Namespace, Subsystem};
+use crate::subsystem::{HostView, Namespace};
 
 /// An NVM command, validated against its namespace.
 #[derive(Debug, Clone)]
@@ -215,9 +215,11 @@ pub fn copy_ranges(data: &[u8], ns: &Namespace) -> Result<Vec<(u64, u64)>, Statu
 const REPORT_MIN: u32 = pollux_nvme::spec::resv::REPORT_EXT_HEADER as u32;
 
 /// Decode and validate an NVM command against its namespace (the first half of [`parse`],
-/// without the SGL). `max_io` is the largest data transfer (MDTS in bytes).
+/// without the SGL), as the host of `subsys` sees it: an NSID masked from that host is
+/// inactive, like one that does not exist. `max_io` is the largest data transfer (MDTS in
+/// bytes).
 #[inline(always)]
-pub fn decode_io(sqe: &Sqe, subsys: &Subsystem, max_io: u32) -> Result<Io, Status> {
+pub fn decode_io(sqe: &Sqe, subsys: &HostView, max_io: u32) -> Result<Io, Status> {
     use opcode::io::*;
     let nsid = sqe.nsid.get();
     if sqe.opcode == FLUSH && nsid == u32::MAX {
@@ -230,6 +232,7 @@ pub fn decode_io(sqe: &Sqe, subsys: &Subsystem, max_io: u32) -> Result<Io, Statu
     if sqe.fuse() != Sqe::FUSE_NONE {
         return Err(Status::INVALID_FIELD.with_dnr());
     }
+    // An inactive NSID: Invalid Namespace or Format (NVMe 2.0 §3.2.1.5, §4.2.3.1).
     let ns = subsys
         .namespace(nsid)
         .ok_or(Status::INVALID_NAMESPACE.with_dnr())?
@@ -374,7 +377,7 @@ pub type Refusal = (Status, u64);
 /// Parse and validate an I/O queue's command: `data` is its in-capsule data. Every check of
 /// the command against its namespace and its PDU happens here, once.
 #[inline(always)]
-pub fn parse(sqe: &Sqe, subsys: &Subsystem, max_io: u32, data: &[u8]) -> Result<IoCmd, Refusal> {
+pub fn parse(sqe: &Sqe, subsys: &HostView, max_io: u32, data: &[u8]) -> Result<IoCmd, Refusal> {
     let slba = u64::from(sqe.cdw10.get()) | (u64::from(sqe.cdw11.get()) << 32);
     let io = decode_io(sqe, subsys, max_io).map_err(|s| (s, slba))?;
     let refuse = |s: Status| (s, 0);
@@ -444,12 +447,12 @@ mod tests {
     use pollux_nvme::spec::SglDescriptor;
 
     use super::*;
-    use crate::subsystem::{test_namespace, test_subsystem};
+    use crate::subsystem::{test_namespace, test_subsystem, test_subsystem_masked};
 
     const MAX_IO: u32 = 128 << 10;
 
-    fn subsystem() -> Arc<Subsystem> {
-        test_subsystem(&[test_namespace(1, 1024)], &[])
+    fn subsystem() -> HostView {
+        HostView::new(test_subsystem(&[test_namespace(1, 1024)], &[]), "nqn.h")
     }
 
     fn with_sgl(mut s: Sqe, len: u32, in_capsule: bool) -> Sqe {
@@ -508,6 +511,36 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn a_namespace_masked_from_the_host_is_an_inactive_nsid_to_every_command() {
+        let s = test_subsystem_masked(
+            &[test_namespace(1, 1024), test_namespace(2, 1024)],
+            &[],
+            &[(2, &["nqn.a"])],
+        );
+        let (a, b) = (HostView::new(s.clone(), "nqn.a"), HostView::new(s, "nqn.b"));
+        let inactive = Some(Status::INVALID_NAMESPACE.with_dnr());
+        for op in [0x00, 0x01, 0x02, 0x05, 0x08, 0x09, 0x0C, 0x0D, 0x0E, 0x11, 0x15, 0x19] {
+            let mut q = sqe::read(2, 0, 1);
+            q.opcode = op;
+            // As for an NSID that does not exist.
+            assert_eq!(decode_io(&q, &b, MAX_IO).err(), inactive, "opcode {op:#x}, host b");
+            q.nsid.set(3);
+            assert_eq!(decode_io(&q, &b, MAX_IO).err(), inactive, "opcode {op:#x}, nsid 3");
+            q.nsid.set(2);
+            assert_ne!(decode_io(&q, &a, MAX_IO).err(), inactive, "opcode {op:#x}, host a");
+        }
+        // The unmasked namespace is everyone's.
+        let r = with_sgl(sqe::read(1, 0, 8), 4096, false);
+        assert!(parse(&r, &b, MAX_IO, &[]).is_ok());
+        let r2 = with_sgl(sqe::read(2, 0, 8), 4096, false);
+        assert_eq!(
+            parse(&r2, &b, MAX_IO, &[]).err(),
+            Some((Status::INVALID_NAMESPACE.with_dnr(), 0))
+        );
+        assert!(parse(&r2, &a, MAX_IO, &[]).is_ok());
     }
 
     #[test]

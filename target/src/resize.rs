@@ -87,7 +87,7 @@ fn check(shared: &Shared, remotes: &[Remote]) {
     std::thread::sleep(Duration::from_millis(20));
     let snap = shared.snapshot.load();
     for s in &snap.subsystems {
-        for ns in s.namespaces.values() {
+        for ns in s.all_namespaces() {
             if let Some(bytes) = ns.backend.refresh_size()
                 && bytes >> ns.block_shift != ns.blocks()
             {
@@ -110,7 +110,7 @@ pub fn resize_namespace(
     let ns = snap
         .subsystem(nqn)
         .ok_or_else(|| ResizeError::Params(format!("no subsystem '{nqn}'")))?
-        .namespace(nsid)
+        .namespace_ignoring_masks(nsid)
         .ok_or_else(|| ResizeError::Params(format!("subsystem '{nqn}' has no namespace {nsid}")))?
         .clone();
     if bytes == 0 || !bytes.is_multiple_of(u64::from(ns.block_size)) {

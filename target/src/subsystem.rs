@@ -1,7 +1,8 @@
 //! Subsystems and namespaces as the reactors see them: an immutable snapshot shared by all
-//! reactors and swapped whole on change, so readers never lock.
+//! reactors and swapped whole on change, so readers never lock. A controller sees its
+//! subsystem through a [`HostView`]: the namespaces attached to its host (host masking).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::ops::RangeInclusive;
 use std::path::Path;
@@ -159,8 +160,13 @@ pub struct Subsystem {
     pub tls_keys: BTreeMap<String, TlsKey>,
     /// The hash functions and DH groups accepted, most preferred first.
     pub dhchap: Dhchap,
-    /// Namespaces by nsid.
-    pub namespaces: BTreeMap<u32, Arc<Namespace>>,
+    /// Namespaces by nsid, attached to a host or not: a controller finds its own through
+    /// its [`HostView`], the one place an NSID resolves for a host, so that no command path
+    /// can forget the masks.
+    namespaces: BTreeMap<u32, Arc<Namespace>>,
+    /// The hosts each masked namespace is attached to (its conf's `hosts`), by nsid; a
+    /// namespace not here is attached to every host the subsystem admits.
+    masks: BTreeMap<u32, BTreeSet<String>>,
     /// The controller ids its controllers get (`min_cntlid..=max_cntlid` of the conf), so
     /// that targets exporting the same subsystem never hand out the same id.
     pub cntlids: RangeInclusive<u16>,
@@ -173,9 +179,27 @@ pub struct Subsystem {
 }
 
 impl Subsystem {
-    /// Some namespace has a volatile write cache (Identify Controller VWC, Flush semantics).
-    pub fn volatile_cache(&self) -> bool {
-        self.namespaces.values().any(|n| n.backend.caps().volatile_cache)
+    /// Every namespace, whatever its hosts, by ascending nsid: for the control plane and
+    /// the target's own upkeep, never to answer a host (that is [`HostView::namespaces`]).
+    pub fn all_namespaces(&self) -> impl Iterator<Item = &Arc<Namespace>> {
+        self.namespaces.values()
+    }
+
+    /// Namespace `nsid` whatever its hosts (None: there is none): for the control plane and
+    /// the target's own upkeep, never to answer a host (that is [`HostView::namespace`]).
+    pub fn namespace_ignoring_masks(&self, nsid: u32) -> Option<&Arc<Namespace>> {
+        self.namespaces.get(&nsid)
+    }
+
+    /// The largest nsid of any namespace (0: none): Identify Controller NN and MNAN, which
+    /// are the subsystem's whoever asks.
+    pub fn max_nsid(&self) -> u32 {
+        self.namespaces.keys().next_back().copied().unwrap_or(0)
+    }
+
+    /// The hosts namespace `nsid` is attached to; None: every host (it is not masked).
+    pub fn masked_to(&self, nsid: u32) -> Option<&BTreeSet<String>> {
+        self.masks.get(&nsid)
     }
 
     /// Whether `hostnqn` may connect and see this subsystem in the discovery log.
@@ -188,11 +212,6 @@ impl Subsystem {
         self.host_keys.get(hostnqn)
     }
 
-    /// The namespace `nsid`, if active.
-    pub fn namespace(&self, nsid: u32) -> Option<&Arc<Namespace>> {
-        self.namespaces.get(&nsid)
-    }
-
     /// Whether listener `l` serves this subsystem: a host discovers it there (NVMe-oF 1.1
     /// §5.3) and may connect to it there (SPDK's `spdk_nvmf_subsystem_listener_allowed`,
     /// nvmet's port-to-subsystem links). A connection whose listener is gone (None) still
@@ -203,6 +222,85 @@ impl Subsystem {
             (Some(_), None) => false,
             (Some(ls), Some(l)) => ls.contains(&l.configured) || ls.contains(&l.addr),
         }
+    }
+}
+
+/// A subsystem as the controllers of one host see it: the namespaces attached to that host
+/// (NVMe 2.0 §3.2.1.5). A namespace masked from the host is, for its controllers, an
+/// inactive NSID like one that does not exist: left out of the Active Namespace ID list,
+/// a zero-filled Identify Namespace, Invalid Namespace or Format for its I/O and its
+/// per-namespace log pages and features, absent from the ANA log. Built when a controller
+/// is created and whenever its subsystem changes, never per command: a lookup costs one
+/// branch more than the subsystem's own while none of its namespaces is masked from the
+/// host, and a search of a short sorted list (no string compared) otherwise.
+#[derive(Debug, Clone)]
+pub struct HostView {
+    subsys: Arc<Subsystem>,
+    /// The nsids masked from the host, ascending; None: none is (the common case).
+    hidden: Option<Arc<[u32]>>,
+}
+
+impl HostView {
+    /// What host `hostnqn` sees of `subsys`.
+    pub fn new(subsys: Arc<Subsystem>, hostnqn: &str) -> Self {
+        // `masks` is ordered by nsid: the list comes out sorted.
+        let hidden: Vec<u32> = subsys
+            .masks
+            .iter()
+            .filter(|(_, hosts)| !hosts.contains(hostnqn))
+            .map(|(nsid, _)| *nsid)
+            .collect();
+        Self {
+            hidden: (!hidden.is_empty()).then(|| hidden.into()),
+            subsys,
+        }
+    }
+
+    /// The subsystem itself.
+    pub fn subsystem(&self) -> &Arc<Subsystem> {
+        &self.subsys
+    }
+
+    #[inline(always)]
+    fn attached(&self, nsid: u32) -> bool {
+        match &self.hidden {
+            None => true,
+            Some(h) => h.binary_search(&nsid).is_err(),
+        }
+    }
+
+    /// Namespace `nsid` if it is active for this host's controllers: it exists and is
+    /// attached to the host. Every command that names an NSID resolves it here.
+    #[inline(always)]
+    pub fn namespace(&self, nsid: u32) -> Option<&Arc<Namespace>> {
+        let ns = self.subsys.namespaces.get(&nsid)?;
+        self.attached(nsid).then_some(ns)
+    }
+
+    /// The active namespaces of this host's controllers, by ascending nsid.
+    pub fn namespaces(&self) -> impl Iterator<Item = &Arc<Namespace>> {
+        self.subsys.namespaces.values().filter(|n| self.attached(n.nsid))
+    }
+
+    /// Some active namespace has a volatile write cache (Identify Controller VWC, Flush of
+    /// every namespace).
+    pub fn volatile_cache(&self) -> bool {
+        self.namespaces().any(|n| n.backend.caps().volatile_cache)
+    }
+
+    /// The same subsystem object and the same namespaces masked.
+    pub fn same_as(&self, other: &HostView) -> bool {
+        Arc::ptr_eq(&self.subsys, &other.subsys) && self.hidden == other.hidden
+    }
+}
+
+/// The subsystem's identity, hosts and keys, which are the same whoever asks. Its
+/// namespaces are not reachable through this: [`Subsystem`]'s own accessors say that they
+/// ignore the masks, and the view's shadow them.
+impl std::ops::Deref for HostView {
+    type Target = Subsystem;
+    fn deref(&self) -> &Subsystem {
+        &self.subsys
     }
 }
 
@@ -386,12 +484,16 @@ pub fn build_subsystem(
     keep: impl Fn(u32) -> Option<Arc<Namespace>>,
 ) -> Result<Arc<Subsystem>, TargetError> {
     let mut namespaces = BTreeMap::new();
+    let mut masks = BTreeMap::new();
     for n in &s.namespaces {
         let ns = match keep(n.nsid) {
             Some(ns) => ns,
             None => build_namespace(&s.nqn, n, s.polling_of(n), reactors, state_dir)?,
         };
         namespaces.insert(n.nsid, ns);
+        if let Some(hosts) = &n.hosts {
+            masks.insert(n.nsid, hosts.iter().cloned().collect());
+        }
     }
     Ok(Arc::new(Subsystem {
         nqn: s.nqn.clone(),
@@ -403,6 +505,7 @@ pub fn build_subsystem(
         tls_keys: s.tls_keys.clone(),
         dhchap: s.dhchap.clone(),
         namespaces,
+        masks,
         cntlids: s.min_cntlid..=s.max_cntlid,
         listeners: s.listeners.clone(),
         secure_concat: s.secure_concat,
@@ -460,8 +563,64 @@ pub(crate) fn test_subsystem(namespaces: &[Arc<Namespace>], hosts: &[&str]) -> A
         tls_keys: BTreeMap::new(),
         dhchap: Dhchap::default(),
         namespaces: namespaces.iter().map(|n| (n.nsid, n.clone())).collect(),
+        masks: BTreeMap::new(),
         cntlids: crate::controller::FULL_CNTLID_RANGE,
         listeners: None,
         secure_concat: false,
     })
+}
+
+/// [`test_subsystem`] with namespaces masked: `masks` gives, by nsid, the hosts each is
+/// attached to.
+#[cfg(test)]
+pub(crate) fn test_subsystem_masked(
+    namespaces: &[Arc<Namespace>],
+    hosts: &[&str],
+    masks: &[(u32, &[&str])],
+) -> Arc<Subsystem> {
+    let mut s = Arc::into_inner(test_subsystem(namespaces, hosts)).unwrap_or_else(|| unreachable!("just built"));
+    s.masks = masks
+        .iter()
+        .map(|(nsid, hosts)| (*nsid, hosts.iter().map(|h| h.to_string()).collect()))
+        .collect();
+    Arc::new(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nsids<'a>(it: impl Iterator<Item = &'a Arc<Namespace>>) -> Vec<u32> {
+        it.map(|n| n.nsid).collect()
+    }
+
+    #[test]
+    fn a_view_holds_the_namespaces_attached_to_its_host() {
+        let nss: Vec<_> = (1..=4).map(|n| test_namespace(n, 8)).collect();
+        let s = test_subsystem_masked(&nss, &[], &[(2, &["nqn.a"]), (3, &["nqn.a", "nqn.b"]), (4, &[])]);
+        let a = HostView::new(s.clone(), "nqn.a");
+        let b = HostView::new(s.clone(), "nqn.b");
+        let c = HostView::new(s.clone(), "nqn.c");
+        assert_eq!(nsids(a.namespaces()), [1, 2, 3]);
+        assert_eq!(nsids(b.namespaces()), [1, 3]);
+        assert_eq!(nsids(c.namespaces()), [1]);
+        assert!(a.namespace(2).is_some_and(|n| Arc::ptr_eq(n, &nss[1])));
+        assert!(b.namespace(2).is_none() && c.namespace(3).is_none());
+        // Attached to no host: nobody's, though it is there.
+        assert!(a.namespace(4).is_none());
+        assert!(s.namespace_ignoring_masks(4).is_some());
+        assert_eq!(nsids(s.all_namespaces()), [1, 2, 3, 4]);
+        assert_eq!(s.max_nsid(), 4);
+        assert_eq!(s.masked_to(1), None);
+        assert_eq!(s.masked_to(2).map(|h| h.len()), Some(1));
+        // No namespace masked from a host: no list to search.
+        assert!(a.hidden.as_deref() == Some(&[4][..]) && c.hidden.as_deref() == Some(&[2, 3, 4][..]));
+        let open = HostView::new(test_subsystem(&nss, &[]), "nqn.c");
+        assert!(open.hidden.is_none());
+        assert_eq!(nsids(open.namespaces()), [1, 2, 3, 4]);
+        // The identity is the subsystem's whoever asks.
+        assert_eq!(a.nqn, c.nqn);
+        assert!(a.same_as(&HostView::new(s.clone(), "nqn.a")));
+        assert!(!a.same_as(&b));
+    }
 }

@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 use common::*;
 use pollux_conf::Config;
@@ -16,21 +16,23 @@ use pollux_target::controller::admin::{Admin, decode_admin};
 use pollux_target::controller::connect::{Fabrics, decode_fabrics, parse_connect_data};
 use pollux_target::nvm::{Io, decode_io, dsm_ranges};
 use pollux_target::sgl::{DataPtr, data_ptr, xfer};
-use pollux_target::subsystem::{Subsystem, build_snapshot};
+use pollux_target::subsystem::{HostView, build_snapshot};
 use proptest::prelude::*;
 use zerocopy::FromBytes;
 use zerocopy::little_endian::{U16, U32};
 
-/// [`NQN`] of the common conf: one namespace of 16 MiB in 512-byte blocks.
-fn subsystem() -> Arc<Subsystem> {
-    static S: OnceLock<Arc<Subsystem>> = OnceLock::new();
+/// [`NQN`] of the common conf, as [`HOST`] sees it: one namespace of 16 MiB in 512-byte
+/// blocks.
+fn subsystem() -> HostView {
+    static S: OnceLock<HostView> = OnceLock::new();
     S.get_or_init(|| {
         let cfg = Config::parse(&conf("interrupt", ""), "decoders.toml").unwrap();
-        build_snapshot(&cfg, 1, Vec::new())
+        let s = build_snapshot(&cfg, 1, Vec::new())
             .unwrap()
             .subsystem(NQN)
             .unwrap()
-            .clone()
+            .clone();
+        HostView::new(s, HOST)
     })
     .clone()
 }

@@ -255,6 +255,18 @@ pub fn format_subsystems(ss: &[SubsystemView]) -> String {
         for l in table(&rows).lines() {
             let _ = writeln!(out, "  {l}");
         }
+        // Masked namespaces: the hosts they are attached to (the others see them not).
+        for n in &s.namespaces {
+            match n.hosts.as_deref() {
+                None => {}
+                Some([]) => {
+                    let _ = writeln!(out, "  namespace {} attached to no host", n.nsid);
+                }
+                Some(hs) => {
+                    let _ = writeln!(out, "  namespace {} attached only to {}", n.nsid, hs.join(", "));
+                }
+            }
+        }
         for n in &s.namespaces {
             if let Some(r) = &n.rbd {
                 let _ = writeln!(

@@ -206,6 +206,10 @@ pub struct NamespaceView {
     /// Its polling policy now: `auto`, `always` or `never` (absent from older targets).
     #[serde(default)]
     pub polling: String,
+    /// The hosts it is attached to (host masking); None: every host the subsystem admits
+    /// (and absent from older targets).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hosts: Option<Vec<String>>,
     /// An rbd namespace's image and the health of its cluster connection.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rbd: Option<RbdView>,

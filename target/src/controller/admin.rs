@@ -43,7 +43,7 @@ pub fn identify_controller(ctrl: &Ctrl, shared: &Shared) -> Vec<u8> {
             s.serial.as_str(),
             s.model.as_str(),
             s.nqn.as_str(),
-            s.namespaces.keys().max().copied().unwrap_or(0).max(1024),
+            s.max_nsid().max(1024),
         ),
         None => ("", "pollux discovery", DISCOVERY_NQN, 0),
     };
@@ -134,7 +134,8 @@ pub fn identify_namespace(ctrl: &Ctrl, nsid: u32) -> Reply {
         return Reply::err(Status::INVALID_NAMESPACE.with_dnr());
     }
     let mut id = nvme_id_ns::new_zeroed();
-    // An inactive NSID gets a zero-filled structure (NVMe 2.0 §5.17.2.1).
+    // An inactive NSID (none there, or one masked from this host) gets a zero-filled
+    // structure (NVMe 2.0 §5.17.2.1).
     if let Some(ns) = subsys.namespace(nsid) {
         id.nsze = ns.blocks().to_le();
         id.ncap = ns.blocks().to_le();
@@ -158,7 +159,8 @@ pub fn identify_namespace(ctrl: &Ctrl, nsid: u32) -> Reply {
     Reply::data(id.as_bytes().to_vec())
 }
 
-/// Active Namespace ID list (CNS 02h): NSIDs greater than `nsid`, ascending, at most 1024.
+/// Active Namespace ID list (CNS 02h): the NSIDs attached to the controller's host greater
+/// than `nsid`, ascending, at most 1024.
 pub fn active_ns_list(ctrl: &Ctrl, nsid: u32) -> Reply {
     let Some(subsys) = &ctrl.subsys else {
         return Reply::err(Status::INVALID_FIELD.with_dnr());
@@ -167,7 +169,10 @@ pub fn active_ns_list(ctrl: &Ctrl, nsid: u32) -> Reply {
         return Reply::err(Status::INVALID_NAMESPACE.with_dnr());
     }
     let mut out = vec![0u8; 4096];
-    for (slot, id) in subsys.namespaces.keys().filter(|&&n| n > nsid).take(1024).enumerate() {
+    // The host's active namespaces only: one masked from it is not attached (NVMe 2.0
+    // §5.17.2.2).
+    let ids = subsys.namespaces().map(|n| n.nsid).filter(|&n| n > nsid);
+    for (slot, id) in ids.take(1024).enumerate() {
         out[slot * 4..slot * 4 + 4].copy_from_slice(&id.to_le_bytes());
     }
     Reply::data(out)
@@ -441,6 +446,40 @@ mod tests {
         // Compare, Dataset Management, Write Zeroes, Save/Select, Reservations, Verify, Copy.
         assert_eq!(command::ONCS, 0x01BD);
         assert_eq!(command::OACS, 0);
+    }
+
+    #[test]
+    fn a_masked_namespace_is_inactive_to_the_other_hosts_identify() {
+        use crate::subsystem::{test_namespace, test_subsystem_masked};
+        let nss = [test_namespace(1, 8), test_namespace(2, 8), test_namespace(3, 8)];
+        let s = test_subsystem_masked(&nss, &[], &[(2, &["nqn.a"])]);
+        let a = Ctrl::new(1, Some(s.clone()), "nqn.a".into(), [0; 16], 0);
+        let b = Ctrl::new(2, Some(s), "nqn.b".into(), [0; 16], 0);
+        let list = |c: &Ctrl, from: u32| -> Vec<u32> {
+            active_ns_list(c, from)
+                .data
+                .chunks_exact(4)
+                .map(|d| u32::from_le_bytes([d[0], d[1], d[2], d[3]]))
+                .take_while(|&n| n != 0)
+                .collect()
+        };
+        assert_eq!(list(&a, 0), [1, 2, 3]);
+        assert_eq!(list(&b, 0), [1, 3]);
+        assert_eq!(list(&b, 1), [3]);
+        // Identify Namespace: zero-filled for b, as for an NSID with no namespace (NVMe 2.0
+        // §5.17.2.1); a's is the namespace's.
+        let id_a = identify_namespace(&a, 2);
+        let id_b = identify_namespace(&b, 2);
+        let none = identify_namespace(&b, 9);
+        assert_eq!(id_b.status, Status::SUCCESS);
+        assert_eq!(id_b.data.len(), 4096);
+        assert!(id_b.data.iter().all(|&x| x == 0));
+        assert_eq!(id_b, none);
+        assert_eq!(id_a.data[0..8], 8u64.to_le_bytes(), "NSZE");
+        // The descriptor list: Invalid Namespace or Format, as for one that does not exist.
+        assert_eq!(ns_id_descriptors(&b, 2).status, Status::INVALID_NAMESPACE.with_dnr());
+        assert_eq!(ns_id_descriptors(&b, 9), ns_id_descriptors(&b, 2));
+        assert_eq!(ns_id_descriptors(&a, 2).status, Status::SUCCESS);
     }
 
     #[test]

@@ -15,7 +15,7 @@ use zerocopy::FromBytes;
 
 use super::{Ctrl, QueueRef};
 use crate::sgl::{DataPtr, data_ptr};
-use crate::subsystem::{Shared, Subsystem};
+use crate::subsystem::{HostView, Shared, Subsystem};
 
 /// Admin queue entries accepted at Connect.
 const MAX_ADMIN_ENTRIES: u32 = 4096;
@@ -375,8 +375,9 @@ pub fn check_dynamic_cntlid(req: &ConnectReq) -> Result<(), Refusal> {
 
 /// Attach I/O queue `qid` (connection `q`) to `ctrl`, the controller the Connect names
 /// (NVMe-oF 1.1 §3.3): it must be this host's, of this subsystem, enabled, and the queue id
-/// one it granted and not yet connected.
-pub fn attach_io(ctrl: &mut Ctrl, qid: u16, d: &ConnectData, q: QueueRef) -> Result<Arc<Subsystem>, Refusal> {
+/// one it granted and not yet connected. The queue gets the controller's view of the
+/// subsystem (its host's namespaces).
+pub fn attach_io(ctrl: &mut Ctrl, qid: u16, d: &ConnectData, q: QueueRef) -> Result<HostView, Refusal> {
     let Some(subsys) = ctrl.subsys.clone() else {
         return Err(invalid(ipo_data(connect_off::CNTLID), "discovery controller"));
     };

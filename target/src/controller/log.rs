@@ -118,7 +118,8 @@ pub struct LogEnv<'a> {
 pub fn ana_log(ctrl: &Ctrl, rgo: bool) -> Vec<u8> {
     let mut groups: std::collections::BTreeMap<u32, Vec<u32>> = std::collections::BTreeMap::new();
     if let Some(s) = &ctrl.subsys {
-        for ns in s.namespaces.values() {
+        // The host's active namespaces: one masked from it is not attached here.
+        for ns in s.namespaces() {
             groups.entry(ns.ana_group).or_default().push(ns.nsid);
         }
     }
@@ -219,6 +220,39 @@ mod tests {
             assert_eq!(dword(&log, 1024 + op * 4), want, "IOCS {op:#x}");
         }
         assert!(log[2048..].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn the_ana_log_lists_the_hosts_namespaces_only() {
+        use std::sync::Arc;
+
+        use crate::subsystem::{test_namespace, test_subsystem_masked};
+        let in_group = |nsid, grp| {
+            let mut n = Arc::into_inner(test_namespace(nsid, 8)).unwrap_or_else(|| unreachable!("just built"));
+            n.ana_group = grp;
+            Arc::new(n)
+        };
+        let nss = [in_group(1, 1), in_group(2, 2), in_group(3, 1)];
+        let s = test_subsystem_masked(&nss, &[], &[(2, &["nqn.a"]), (3, &["nqn.a"])]);
+        let a = Ctrl::new(1, Some(s.clone()), "nqn.a".into(), [0; 16], 0);
+        let b = Ctrl::new(2, Some(s), "nqn.b".into(), [0; 16], 0);
+        // (group, its NSIDs) of each descriptor (NVMe 2.0 §5.16.1.13, Figure 224).
+        let groups = |log: &[u8]| -> Vec<(u32, Vec<u32>)> {
+            let dword = |at: usize| u32::from_le_bytes([log[at], log[at + 1], log[at + 2], log[at + 3]]);
+            let n = u16::from_le_bytes([log[8], log[9]]);
+            let mut at = 16;
+            (0..n)
+                .map(|_| {
+                    let (grp, count) = (dword(at), dword(at + 4) as usize);
+                    let ids = (0..count).map(|i| dword(at + 32 + 4 * i)).collect();
+                    at += 32 + 4 * count;
+                    (grp, ids)
+                })
+                .collect()
+        };
+        assert_eq!(groups(&ana_log(&a, false)), [(1, vec![1, 3]), (2, vec![2])]);
+        // b sees namespace 1 only: group 2 has none of its namespaces and is left out.
+        assert_eq!(groups(&ana_log(&b, false)), [(1, vec![1])]);
     }
 
     #[test]

@@ -32,7 +32,7 @@ use tracing::{info, warn};
 
 use crate::ana::AnaStates;
 use crate::close::CloseReason;
-use crate::subsystem::{Snapshot, Subsystem};
+use crate::subsystem::{HostView, Snapshot, Subsystem};
 
 /// Largest controller id (NVMe-oF 1.1 §4.2: FFF0h..FFFFh are reserved).
 pub const MAX_CNTLID: u32 = pollux_conf::MAX_CNTLID as u32;
@@ -74,8 +74,9 @@ pub struct ErrorEntry {
 pub struct Ctrl {
     /// Controller id.
     pub cntlid: u16,
-    /// The subsystem (None: the discovery controller).
-    pub subsys: Option<Arc<Subsystem>>,
+    /// The subsystem as its host sees it (None: the discovery controller): every NSID a
+    /// command names resolves through it ([`HostView::namespace`]).
+    pub subsys: Option<HostView>,
     /// Host NQN from Connect.
     pub hostnqn: String,
     /// Host identifier from Connect.
@@ -132,12 +133,12 @@ pub struct Ctrl {
 }
 
 impl Ctrl {
-    /// A new, disabled controller.
+    /// A new, disabled controller of host `hostnqn` on `subsys`.
     pub fn new(cntlid: u16, subsys: Option<Arc<Subsystem>>, hostnqn: String, hostid: [u8; 16], kato_ms: u32) -> Self {
         let now = Instant::now();
         Self {
             cntlid,
-            subsys,
+            subsys: subsys.map(|s| HostView::new(s, &hostnqn)),
             hostnqn,
             hostid,
             cc: 0,
@@ -228,8 +229,9 @@ pub enum SubsystemUpdate {
     Unchanged,
     /// It must go: its subsystem is gone or its host no longer allowed.
     Delete(CloseReason),
-    /// Its subsystem changed: its I/O queues must get the new one.
-    Changed(Arc<Subsystem>),
+    /// Its subsystem, or what its host sees of it, changed: its I/O queues must get the
+    /// new view.
+    Changed(HostView),
 }
 
 impl Ctrl {
@@ -253,19 +255,30 @@ impl Ctrl {
                     return SubsystemUpdate::Delete(CloseReason::HostNotAllowed);
                 }
                 self.check_ana();
-                if Arc::ptr_eq(&new, &old) {
+                if Arc::ptr_eq(&new, old.subsystem()) {
                     return SubsystemUpdate::Unchanged;
                 }
-                let mut changed: Vec<u32> = old.namespaces.keys().chain(new.namespaces.keys()).copied().collect();
+                let new = HostView::new(new, &self.hostnqn);
+                // What changed for this host: namespaces added or removed, attached to it or
+                // detached from it (host masking, NVMe 2.0 §5.16.1.5), or replaced. One
+                // whose mask changed without concerning this host is not its news.
+                let mut changed: Vec<u32> = old
+                    .all_namespaces()
+                    .chain(new.all_namespaces())
+                    .map(|n| n.nsid)
+                    .collect();
                 changed.sort_unstable();
                 changed.dedup();
                 changed.retain(|nsid| match (old.namespace(*nsid), new.namespace(*nsid)) {
                     (Some(a), Some(b)) => !Arc::ptr_eq(a, b),
+                    (None, None) => false,
                     _ => true,
                 });
                 event = self.note_changed_namespaces(&changed);
+                if !changed.is_empty() {
+                    info!(cntlid = self.cntlid, changed = ?changed, "controller sees a changed subsystem");
+                }
                 self.subsys = Some(new.clone());
-                info!(cntlid = self.cntlid, changed = ?changed, "controller sees a changed subsystem");
                 update = SubsystemUpdate::Changed(new);
             }
         }
@@ -475,6 +488,72 @@ mod tests {
         c.aers.push_back(9);
         assert_eq!(c.ready_events(), vec![(9, AER_NS_ATTR_CHANGED)]);
         assert!(c.ready_events().is_empty());
+    }
+
+    #[test]
+    fn a_mask_change_is_news_only_to_the_controllers_whose_view_changed() {
+        use crate::subsystem::test_subsystem_masked;
+        let (one, two) = (ns(1), ns(2));
+        let both = [one.clone(), two.clone()];
+        let ctrl = |id, host: &str, s: &Arc<Subsystem>| {
+            let mut c = Ctrl::new(id, Some(s.clone()), host.into(), [0; 16], 0);
+            c.aec = 1 << 8;
+            c
+        };
+        let only_a = test_subsystem_masked(&both, &[], &[(2, &["nqn.a"])]);
+        let (mut a, mut b, mut c) = (
+            ctrl(1, "nqn.a", &only_a),
+            ctrl(2, "nqn.b", &only_a),
+            ctrl(3, "nqn.c", &only_a),
+        );
+        let sees = |x: &Ctrl, nsid| x.subsys.as_ref().is_some_and(|v| v.namespace(nsid).is_some());
+        assert!(sees(&a, 2) && !sees(&b, 2) && !sees(&c, 2));
+        assert!(sees(&b, 1));
+
+        // Attached to b too: b hears of namespace 2, a and c hear nothing but take the view.
+        let a_and_b = test_subsystem_masked(&both, &[], &[(2, &["nqn.a", "nqn.b"])]);
+        let snap = snapshot(vec![a_and_b]);
+        for x in [&mut a, &mut b, &mut c] {
+            assert!(matches!(x.update_subsystem(&snap, false), SubsystemUpdate::Changed(_)));
+        }
+        assert!(sees(&b, 2) && !sees(&c, 2));
+        assert_eq!(b.changed_ns, vec![2]);
+        assert_eq!(b.events, [AER_NS_ATTR_CHANGED]);
+        assert!(a.changed_ns.is_empty() && a.events.is_empty());
+        assert!(c.changed_ns.is_empty() && c.events.is_empty());
+
+        // Detached from a (attached to b only): a hears of it and loses it.
+        let only_b = test_subsystem_masked(&both, &[], &[(2, &["nqn.b"])]);
+        let snap = snapshot(vec![only_b]);
+        for x in [&mut a, &mut b, &mut c] {
+            x.update_subsystem(&snap, false);
+        }
+        assert!(!sees(&a, 2) && sees(&b, 2));
+        assert_eq!(a.changed_ns, vec![2]);
+        assert_eq!(a.events, [AER_NS_ATTR_CHANGED]);
+        assert_eq!(b.events.len(), 1, "b's view did not change again");
+        assert!(c.events.is_empty());
+
+        // Unmasked: every host has it; only those that lacked it are told.
+        let open = test_subsystem(&both, &[]);
+        let snap = snapshot(vec![open]);
+        for x in [&mut a, &mut b, &mut c] {
+            x.update_subsystem(&snap, false);
+        }
+        assert!(sees(&a, 2) && sees(&b, 2) && sees(&c, 2));
+        assert_eq!(c.changed_ns, vec![2]);
+        assert_eq!(b.changed_ns, vec![2], "already listed once");
+
+        // A resize of a namespace a host does not see is not its news.
+        let mut d = ctrl(4, "nqn.d", &only_a_again(&both));
+        d.namespace_changed(2);
+        assert!(d.changed_ns.is_empty() && d.events.is_empty());
+        d.namespace_changed(1);
+        assert_eq!(d.changed_ns, vec![1]);
+    }
+
+    fn only_a_again(both: &[Arc<Namespace>]) -> Arc<Subsystem> {
+        crate::subsystem::test_subsystem_masked(both, &[], &[(2, &["nqn.a"])])
     }
 
     #[test]

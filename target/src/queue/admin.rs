@@ -19,10 +19,11 @@ use crate::controller::property::{self, CcEffect};
 use crate::controller::{Ctrl, FULL_CNTLID_RANGE, Local, SubsystemUpdate, owner_of};
 use crate::health;
 use crate::queue::finish::End;
-use crate::subsystem::{Snapshot, Subsystem};
+use crate::subsystem::{HostView, Snapshot, Subsystem};
 
-/// An I/O queue's attachment: its subsystem and host NQN, or the refusal.
-type AttachResult = Result<(Arc<Subsystem>, String, [u8; 16]), Refusal>;
+/// An I/O queue's attachment: its controller's view of the subsystem, its host NQN and
+/// identifier, or the refusal.
+type AttachResult = Result<(HostView, String, [u8; 16]), Refusal>;
 
 /// How often a controller with SMART events enabled looks at its subsystem's health (a
 /// device's page is read every 2 s by its admin thread).
@@ -185,13 +186,23 @@ impl<T: Transport> Queue<T> {
             return;
         }
         match res {
-            Ok((subsys, hostnqn, hostid)) => {
+            Ok((mut subsys, hostnqn, hostid)) => {
                 debug!(cntlid, qid = self.sq.qid, reactor = self.reactor, peer = %self.t.peer(), "I/O queue connected");
+                // A change of the subsystem its controller sent while this queue was still
+                // connecting found no I/O queue here and was dropped: the snapshot (swapped
+                // before any such message is sent) is the truth. A detached namespace must
+                // not stay visible on this queue.
+                if let Some(now) = self.shared.snapshot.load().subsystem(&subsys.nqn)
+                    && !Arc::ptr_eq(now, subsys.subsystem())
+                {
+                    subsys = HostView::new(now.clone(), &hostnqn);
+                }
                 let atr = self.auth_required(&hostnqn, Some(&subsys));
                 self.role = Role::Io(IoQueue {
                     cntlid,
                     owner,
                     subsys,
+                    hostnqn: hostnqn.clone(),
                     hostid,
                 });
                 self.start_auth(r, id, &hostnqn, atr);

@@ -87,7 +87,8 @@ impl<T: Transport> Queue<T> {
         // is replaced by a message the control plane sends after it answers, so a host that
         // re-authenticates right after a change of its keys or lists could otherwise still
         // be offered the old ones.
-        let subsys = subsys.map(|s| snap.subsystem(&s.nqn).cloned().unwrap_or(s));
+        // Keys and lists only: the subsystem itself, not the host's view of its namespaces.
+        let subsys = subsys.map(|s| snap.subsystem(&s.nqn).cloned().unwrap_or_else(|| s.subsystem().clone()));
         // The context borrows a copy of the host NQN, so the exchange itself can change.
         let hostnqn = self.auth.hostnqn.clone();
         let mut ctx = auth_ctx(&hostnqn, subsys.as_deref(), &snap.discovery);

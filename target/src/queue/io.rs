@@ -16,7 +16,7 @@ use super::{Queue, Role, Transport};
 use crate::backend::{Completion, ReadData, Tag, WriteData, channel_for, existing_channel, with_channel};
 use crate::nvm::{self, DataIn, Io};
 use crate::range_lock::{self, Waiter};
-use crate::subsystem::Namespace;
+use crate::subsystem::{HostView, Namespace};
 
 /// A channel completed a command: hand it to its queue (on transport `T`), which flushes on
 /// its next run (one write for all the completions of a poll).
@@ -74,14 +74,15 @@ impl<T: Transport> Queue<T> {
         let max_io = self.shared.transport.max_io_size;
         let mut parsed = nvm::parse(sqe, &q.subsys, max_io, data);
         if matches!(parsed, Err((s, _)) if s == Status::INVALID_NAMESPACE.with_dnr()) {
-            // Slow path, on a miss only: the subsystem may have changed and the host may have
-            // heard of it (AER from the admin queue's reactor) before this queue's reactor got
-            // the update by message. The snapshot is the truth: catch up and parse again.
+            // Slow path, on a miss only: the subsystem may have changed (a namespace added,
+            // or attached to this host) and the host may have heard of it (AER from the
+            // admin queue's reactor) before this queue's reactor got the update by message.
+            // The snapshot is the truth: catch up, as this host sees it, and parse again.
             let snap = self.shared.snapshot.load();
             if let Some(now) = snap.subsystem(&q.subsys.nqn)
-                && !Arc::ptr_eq(now, &q.subsys)
+                && !Arc::ptr_eq(now, q.subsys.subsystem())
             {
-                q.subsys = now.clone();
+                q.subsys = HostView::new(now.clone(), &q.hostnqn);
                 parsed = nvm::parse(sqe, &q.subsys, max_io, data);
             }
         }

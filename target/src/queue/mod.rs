@@ -42,7 +42,7 @@ use crate::controller::auth::QueueAuth;
 use crate::controller::{Ctrl, QueueRef};
 use crate::path::Path;
 use crate::queue::finish::End;
-use crate::subsystem::{Shared, Subsystem};
+use crate::subsystem::{HostView, Shared};
 use request::Requests;
 
 /// What a queue is.
@@ -60,7 +60,12 @@ enum Role {
 struct IoQueue {
     cntlid: u16,
     owner: usize,
-    subsys: Arc<Subsystem>,
+    /// Its controller's view of the subsystem (its host's namespaces), sent by the
+    /// controller when it changes.
+    subsys: HostView,
+    /// The host NQN of its Connect (its controller's): to see the subsystem as that host
+    /// when it catches up with a change by itself.
+    hostnqn: String,
     /// The host identifier of its Connect (its controller's): reservations know hosts by it.
     hostid: [u8; 16],
 }

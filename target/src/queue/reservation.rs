@@ -256,7 +256,14 @@ fn notify<T: Transport>(r: &mut Reactor, nqn: &str, nsid: u32, notices: &[(HostI
                         return;
                     }
                     let Role::Admin(ctrl) = &mut c.role else { return };
-                    if ctrl.subsys.as_ref().is_none_or(|s| s.nqn != nqn) {
+                    // A namespace detached from the host since it registered is not its
+                    // news: its controllers do not have it (NVMe 2.0 §8.19.3 notifies the
+                    // controllers a namespace is attached to).
+                    if ctrl
+                        .subsys
+                        .as_ref()
+                        .is_none_or(|s| s.nqn != nqn || s.namespace(nsid).is_none())
+                    {
                         return;
                     }
                     for (h, typ) in notices.iter() {

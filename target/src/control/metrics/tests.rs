@@ -70,6 +70,7 @@ fn subsystem(nqn: &str) -> SubsystemView {
             write_bytes: 1024,
             reservation: String::new(),
             polling: "auto".into(),
+            hosts: None,
             rbd: None,
             read_latency: LatencyView::of(&{
                 let h = crate::latency::LatencyHistogram::default();

@@ -139,7 +139,7 @@ impl Ctx {
         let mut v = vec![0u64; self.cells.len()];
         let snap = self.shared.snapshot.load();
         for s in &snap.subsystems {
-            for ns in s.namespaces.values() {
+            for ns in s.all_namespaces() {
                 for (r, c) in ns.counters.iter().enumerate() {
                     if let Some(x) = v.get_mut(r) {
                         *x += c.read_cmds.load(Relaxed) + c.write_cmds.load(Relaxed);

@@ -17,7 +17,7 @@ impl Ctx {
         let snap = self.shared.snapshot.load();
         let mut out = std::collections::BTreeMap::new();
         for s in &snap.subsystems {
-            for ns in s.namespaces.values() {
+            for ns in s.all_namespaces() {
                 if let Some(n) = ns.backend.as_any().downcast_ref::<SsdNamespace>() {
                     out.insert(n.dev.name().to_string(), n.dev.clone());
                 }

@@ -169,7 +169,7 @@ impl Ctx {
         // Each listener with its TLS mode and the ANA state, on its path, of each group the
         // subsystem's namespaces are in.
         let listeners_of = |s: &crate::subsystem::Subsystem| -> Vec<String> {
-            let groups: std::collections::BTreeSet<u32> = s.namespaces.values().map(|n| n.ana_group).collect();
+            let groups: std::collections::BTreeSet<u32> = s.all_namespaces().map(|n| n.ana_group).collect();
             snap.listeners
                 .iter()
                 .filter(|l| s.served_on(Some(l)))
@@ -191,7 +191,7 @@ impl Ctx {
         };
         // The same, structured: every group's state, optimized ones included.
         let paths_of = |s: &crate::subsystem::Subsystem| -> Vec<PathView> {
-            let groups: std::collections::BTreeSet<u32> = s.namespaces.values().map(|n| n.ana_group).collect();
+            let groups: std::collections::BTreeSet<u32> = s.all_namespaces().map(|n| n.ana_group).collect();
             snap.listeners
                 .iter()
                 .filter(|l| s.served_on(Some(l)))
@@ -234,8 +234,7 @@ impl Ctx {
                     .collect(),
                 secure_concat: s.secure_concat,
                 namespaces: s
-                    .namespaces
-                    .values()
+                    .all_namespaces()
                     .map(|n| {
                         let t = n.totals();
                         let (read, write) = n.latencies();
@@ -252,6 +251,7 @@ impl Ctx {
                             write_bytes: t.write_bytes,
                             reservation: reservation_summary(&n.resv.state()),
                             polling: n.polling.get().to_string(),
+                            hosts: s.masked_to(n.nsid).map(|h| h.iter().cloned().collect()),
                             rbd: rbd_view(n.backend.as_ref()),
                             read_latency: LatencyView::of(&read),
                             write_latency: LatencyView::of(&write),
