@@ -122,6 +122,16 @@ fn verbs_methods_errors_and_summaries() {
     let o = s.ctl(&["add-host", "--nqn", NQN, "--host", host]);
     assert!(o.status.success(), "{}", err(&o));
     assert!(out(&o).starts_with("add-host: changed subsystem"), "{}", out(&o));
+    // Host masking: namespace 1 attached to that host only, one quiet line.
+    let o = s.ctl(&["ns-add-host", "--nqn", NQN, "--nsid", "1", "--host", host]);
+    assert!(o.status.success(), "{}", err(&o));
+    assert_eq!(
+        out(&o),
+        format!("ns-add-host: changed the hosts of namespace {NQN} 1\n")
+    );
+    let o = s.ctl(&["ns-remove-host", "--nqn", NQN, "--nsid", "1", "--host", "nqn.x"]);
+    assert_eq!(o.status.code(), Some(2), "{}", err(&o));
+    assert!(err(&o).contains("not a valid host NQN"), "{}", err(&o));
     let o = s.ctl(&["add-listener", "--address", "127.0.0.2:0"]);
     assert!(o.status.success(), "{}", err(&o));
     assert!(
@@ -186,6 +196,9 @@ fn verbs_methods_errors_and_summaries() {
     let saved = std::fs::read_to_string(&s.conf).unwrap();
     assert!(saved.starts_with("# kept by save"), "{saved}");
     assert!(saved.contains(host), "{saved}");
+    // Namespace 1's hosts, besides the subsystem's.
+    let ns1 = saved.split("[[subsystem.namespace]]").nth(1).unwrap_or_default();
+    assert!(ns1.contains(&format!("hosts = [\"{host}\"]")), "{saved}");
 
     // `-c FILE` only reads the socket: a file broken elsewhere still reaches the target
     // (so `ctl reload` can report the breakage), and so does a relative socket path.

@@ -259,7 +259,7 @@ pub fn summary(method: &str, v: &Value) -> String {
         ("added_referrals", "added referral"),
         ("removed_referrals", "removed referral"),
         ("polling_changed", "polling"),
-        ("hosts_changed", "hosts changed of namespace"),
+        ("hosts_changed", "changed the hosts of namespace"),
         ("restart_needed", "needs a restart to take effect:"),
     ] {
         let mut items = list(k);

@@ -384,6 +384,20 @@ pub const METHODS: &[Method] = &[
         params: &[NQN, HOST],
     },
     Method {
+        name: "ns_add_host",
+        summary: "Attach a namespace to a host the subsystem admits (its first host masks it from every other host)",
+        mutation: true,
+        verb: true,
+        params: &[NQN, NSID, HOST],
+    },
+    Method {
+        name: "ns_remove_host",
+        summary: "Detach a namespace from a host: its commands in flight complete, new ones fail as for an inactive NSID",
+        mutation: true,
+        verb: true,
+        params: &[NQN, NSID, HOST],
+    },
+    Method {
         name: "set_allow_any_host",
         summary: "Admit any host NQN to a subsystem, or only its hosts",
         mutation: true,

@@ -237,6 +237,16 @@ mod tests {
         );
         let v = parse(&["set-polling", "q", "default", "never"]).expect("ok");
         assert_eq!(v.params, json!({"nqn": "q", "polling": "never"}));
+        // Host masking: the namespace and the host by flag.
+        for verb in ["ns-add-host", "ns-remove-host"] {
+            let v = parse(&[verb, "--nqn", "q", "--nsid", "3", "--host", "h"]).expect("ok");
+            assert_eq!(v.params, json!({"nqn": "q", "nsid": 3, "host": "h"}), "{verb}");
+            assert!(
+                parse(&[verb, "--nqn", "q", "--host", "h"]).is_err(),
+                "{verb} without --nsid"
+            );
+            assert!(parse(&[verb, "--nqn", "q", "--nsid", "x", "--host", "h"]).is_err());
+        }
         let v = parse(&["set-mode", "1", "poll"]).expect("ok");
         assert_eq!(v.params, json!({"reactor": 1, "mode": "poll"}));
         let v = parse(&["set-allow-any-host", "--nqn", "q", "--allow", "off"]).expect("ok");

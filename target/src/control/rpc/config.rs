@@ -1,6 +1,6 @@
 //! The runtime configuration methods: `reload`, `save` and the mutations (`add_subsystem`,
-//! `add_namespace`, `add_host`, `add_listener`, `add_referral`, ...) applied to the running
-//! conf.
+//! `add_namespace`, `add_host`, `ns_add_host`, `add_listener`, `add_referral`, ...) applied
+//! to the running conf.
 
 use serde_json::Value;
 
@@ -24,9 +24,18 @@ fn changes_json(c: &crate::mutate::Changes) -> Value {
         "added_referrals": c.added_referrals.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
         "removed_referrals": c.removed_referrals.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
         "polling_changed": c.polling_changed,
+        "hosts_changed": c.hosts_changed,
         "reactors_changed": c.reactors_changed,
         "restart_needed": c.restart_needed,
     })
+}
+
+/// The integer param `nsid`.
+fn nsid_param(params: &Value) -> Result<i64, RpcError> {
+    params
+        .get("nsid")
+        .and_then(Value::as_i64)
+        .ok_or_else(|| RpcError::params("missing integer param 'nsid'"))
 }
 
 pub(super) fn str_param<'a>(params: &'a Value, key: &str) -> Result<&'a str, RpcError> {
@@ -152,7 +161,21 @@ impl Ctx {
         let mut cfg = parsed.map_err(|e| refusal(method, &new_text, &edited, &e))?;
         cfg.origin = origin;
         tracing::info!(method, "control: configuration change");
-        self.apply(cfg)
+        let done = self.apply(cfg)?;
+        if matches!(method, "ns_add_host" | "ns_remove_host") {
+            // Answer once every queue judges commands by the new hosts: a command the host
+            // sends after a detach has returned fails, whichever queue and reactor it takes.
+            if !crate::mutate::settle(&self.remotes, super::REACTOR_TIMEOUT) {
+                return Err(RpcError::new(
+                    super::REACTOR_UNAVAILABLE,
+                    format!(
+                        "{method}: applied, but a reactor did not confirm within {} ms that its queues have it",
+                        super::REACTOR_TIMEOUT.as_millis()
+                    ),
+                ));
+            }
+        }
+        Ok(done)
     }
 
     /// Edit `doc` as `method` says; the path of the item written (empty when the change
@@ -184,10 +207,7 @@ impl Ctx {
             }
             "remove_namespace" => {
                 let nqn = str_param(params, "nqn")?;
-                let nsid = params
-                    .get("nsid")
-                    .and_then(Value::as_i64)
-                    .ok_or_else(|| RpcError::params("missing integer param 'nsid'"))?;
+                let nsid = nsid_param(params)?;
                 let (_, sub) = document::find_mut(root, "subsystem", |t| document::str_of(t, "nqn") == Some(nqn))
                     .ok_or_else(|| no_sub(nqn))?;
                 let gone = document::remove_where(sub, "namespace", |t| document::int_of(t, "nsid") == Some(nsid));
@@ -235,11 +255,84 @@ impl Ctx {
                         };
                         if m == "remove_host" {
                             a.remove(k);
+                            // A host the subsystem no longer admits is no namespace's: the
+                            // namespaces that named it keep the rest of their hosts (none:
+                            // attached to no host, never to every host).
+                            for ns in document::tables_mut(sub, "namespace") {
+                                if let Some(toml_edit::Item::Value(toml_edit::Value::Array(a))) = ns.get_mut("hosts") {
+                                    a.retain(|v| v.as_str() != Some(host));
+                                }
+                            }
                             Vec::new()
                         } else {
                             a.replace(k, entry);
                             path(k)
                         }
+                    }
+                }
+            }
+            "ns_add_host" | "ns_remove_host" => {
+                // Host masking (SPDK's nvmf_ns_add_host / nvmf_ns_remove_host): the
+                // namespace's `hosts`. The conf checks that the subsystem admits the host.
+                let (nqn, host) = (str_param(params, "nqn")?, str_param(params, "host")?);
+                pollux_conf::validate_nqn(host)
+                    .map_err(|e| RpcError::params(format!("'host' {host:?} is not a valid host NQN: {e}")))?;
+                let nsid = nsid_param(params)?;
+                let (i, sub) = document::find_mut(root, "subsystem", |t| document::str_of(t, "nqn") == Some(nqn))
+                    .ok_or_else(|| no_sub(nqn))?;
+                let (j, ns) = document::find_mut(sub, "namespace", |t| document::int_of(t, "nsid") == Some(nsid))
+                    .ok_or_else(|| RpcError::params(format!("subsystem '{nqn}' has no namespace {nsid}")))?;
+                let path = |k: usize| {
+                    vec![
+                        key("subsystem"),
+                        Step::Index(i),
+                        key("namespace"),
+                        Step::Index(j),
+                        key("hosts"),
+                        Step::Index(k),
+                    ]
+                };
+                let at = match ns.get("hosts") {
+                    None => None,
+                    Some(toml_edit::Item::Value(toml_edit::Value::Array(a))) => {
+                        Some(a.iter().position(|v| v.as_str() == Some(host)))
+                    }
+                    Some(_) => {
+                        return Err(RpcError::new(
+                            CONFIG_ERROR,
+                            "running conf: a namespace's 'hosts' is not an array",
+                        ));
+                    }
+                };
+                match (method, at) {
+                    // The first host of a namespace that had none masks it from every other.
+                    ("ns_add_host", None) => {
+                        ns.insert("hosts", toml_edit::value(toml_edit::Array::from_iter([host])));
+                        path(0)
+                    }
+                    ("ns_add_host", Some(Some(_))) => {
+                        return Err(RpcError::params(format!(
+                            "host '{host}' is already attached to namespace {nsid} of '{nqn}'"
+                        )));
+                    }
+                    ("ns_add_host", Some(None)) => path(document::push_value(ns, "hosts", host.into())?),
+                    (_, None) => {
+                        return Err(RpcError::params(format!(
+                            "namespace {nsid} of '{nqn}' has no hosts of its own: it is attached to every host the subsystem admits; ns-add-host the hosts that may see it first"
+                        )));
+                    }
+                    (_, Some(None)) => {
+                        return Err(RpcError::params(format!(
+                            "host '{host}' is not attached to namespace {nsid} of '{nqn}'"
+                        )));
+                    }
+                    (_, Some(Some(k))) => {
+                        // The last host gone leaves `hosts = []`: attached to no host, never
+                        // back to every host.
+                        if let Some(toml_edit::Item::Value(toml_edit::Value::Array(a))) = ns.get_mut("hosts") {
+                            a.remove(k);
+                        }
+                        Vec::new()
                     }
                 }
             }
