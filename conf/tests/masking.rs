@@ -131,3 +131,24 @@ fn a_host_listed_twice_is_refused() {
         &["listed twice in namespace 1's `hosts`"],
     );
 }
+
+#[test]
+fn the_tenants_example_masks_as_it_says() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/tenants.toml");
+    let c = Config::from_path(&path).unwrap_or_else(|e| panic!("{e}"));
+    let s = &c.subsystems[0];
+    let (a, b) = (&s.hosts[0], &s.hosts[1]);
+    let seen_by = |h: &str| -> Vec<u32> {
+        s.namespaces
+            .iter()
+            .filter(|n| n.visible_to(h))
+            .map(|n| n.nsid)
+            .collect()
+    };
+    assert_eq!(seen_by(a), [1, 3]);
+    assert_eq!(seen_by(b), [2, 3]);
+    assert_eq!(s.namespaces[3].hosts, Some(Vec::new()));
+    let mut back = Config::parse(&c.to_toml(), &c.origin).unwrap_or_else(|e| panic!("{e}"));
+    back.origin.clone_from(&c.origin);
+    assert_eq!(back, c);
+}
