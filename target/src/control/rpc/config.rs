@@ -81,7 +81,24 @@ impl Ctx {
     fn apply(&self, cfg: pollux_conf::Config) -> Result<Value, RpcError> {
         let ch = crate::mutate::reconcile(&self.shared, &self.remotes, cfg)
             .map_err(|e| RpcError::new(CONFIG_ERROR, e.to_string()))?;
+        self.settled(&ch)?;
         Ok(changes_json(&ch))
+    }
+
+    /// A change of namespaces' hosts answers once every queue judges commands by the new
+    /// hosts: a command a host sends after a detach has returned fails, whichever queue and
+    /// reactor it takes (the controllers' new views reach their I/O queues by message).
+    fn settled(&self, ch: &crate::mutate::Changes) -> Result<(), RpcError> {
+        if ch.hosts_changed.is_empty() || crate::mutate::settle(&self.remotes, super::REACTOR_TIMEOUT) {
+            return Ok(());
+        }
+        Err(RpcError::new(
+            super::REACTOR_UNAVAILABLE,
+            format!(
+                "the change was applied, but a reactor did not confirm within {} ms that its queues have the namespaces' new hosts",
+                super::REACTOR_TIMEOUT.as_millis()
+            ),
+        ))
     }
 
     /// `reload`: re-read the conf file and apply the difference (an invalid file changes
@@ -89,6 +106,7 @@ impl Ctx {
     pub(super) fn reload(&self) -> Result<Value, RpcError> {
         let ch = crate::mutate::reload(&self.shared, &self.remotes)
             .map_err(|e| RpcError::new(CONFIG_ERROR, e.to_string()))?;
+        self.settled(&ch)?;
         Ok(changes_json(&ch))
     }
 
@@ -161,21 +179,7 @@ impl Ctx {
         let mut cfg = parsed.map_err(|e| refusal(method, &new_text, &edited, &e))?;
         cfg.origin = origin;
         tracing::info!(method, "control: configuration change");
-        let done = self.apply(cfg)?;
-        if matches!(method, "ns_add_host" | "ns_remove_host") {
-            // Answer once every queue judges commands by the new hosts: a command the host
-            // sends after a detach has returned fails, whichever queue and reactor it takes.
-            if !crate::mutate::settle(&self.remotes, super::REACTOR_TIMEOUT) {
-                return Err(RpcError::new(
-                    super::REACTOR_UNAVAILABLE,
-                    format!(
-                        "{method}: applied, but a reactor did not confirm within {} ms that its queues have it",
-                        super::REACTOR_TIMEOUT.as_millis()
-                    ),
-                ));
-            }
-        }
-        Ok(done)
+        self.apply(cfg)
     }
 
     /// Edit `doc` as `method` says; the path of the item written (empty when the change
