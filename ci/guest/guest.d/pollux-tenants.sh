@@ -61,8 +61,11 @@ want=$(md5sum < /tmp/pat | cut -d' ' -f1)
 echo "host A ($ctrl_a): namespace 1 is $a1, $dev1"
 
 step connect-b
-timeout 60 nvme connect -t tcp -n "$sub" -a "$HOST_ADDR" -s 4420 --hostnqn="$host_b" --hostid="$id_b" \
-    --nr-io-queues=2 >&2 || die "nvme connect as host B"
+# nvme-cli 2.4 refuses a second connection to the same address and subsystem whatever
+# its host NQN ("already connected", --duplicate-connect or not): host B goes through
+# /dev/nvme-fabrics itself, as nvme-cli would.
+fabrics_add "transport=tcp,traddr=$HOST_ADDR,trsvcid=4420,nqn=$sub,hostnqn=$host_b,hostid=$id_b,nr_io_queues=2" >&2 ||
+    die "nvme connect as host B (nvme-fabrics)"
 n=0
 until ctrl_b=$(ctrl_of_host "$host_b") && ns_disk "$ctrl_b" 2 >/dev/null; do
     sleep 0.5; n=$((n + 1)); [ $n -lt 40 ] || die "host B's controller lacks namespace 2"
