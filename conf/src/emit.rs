@@ -212,6 +212,10 @@ pub(crate) fn to_toml(c: &Config) -> String {
             if let Some(p) = n.polling {
                 let _ = writeln!(o, "polling = {}", quote(p.as_str()));
             }
+            if !n.qos.is_unlimited() {
+                let limits: Vec<String> = n.qos.entries().iter().map(|(k, v)| format!("{k} = {v}")).collect();
+                let _ = writeln!(o, "qos = {{ {} }}", limits.join(", "));
+            }
             // Written last: the sim backend is a table of its own, and keys
             // after its header would belong to it.
             match &n.backend {
