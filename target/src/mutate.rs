@@ -52,6 +52,9 @@ pub struct Changes {
     /// (subsystem, nsid, polling) of namespaces whose polling policy changed in place
     /// (nothing is reopened for it).
     pub polling_changed: Vec<(String, u32, String)>,
+    /// (subsystem, nsid) of namespaces whose QoS limits changed in place (nothing is
+    /// reopened, no queue dropped: [`crate::qos`]).
+    pub qos_changed: Vec<(String, u32)>,
     /// The reactors' mode, adaptive policy or hybrid sleep rules changed.
     pub reactors_changed: bool,
     /// Keys that differ but only take effect at the next start.
@@ -72,13 +75,14 @@ pub struct Listeners {
     pub by_addr: HashMap<SocketAddr, SourceId>,
 }
 
-/// A subsystem's conf without its `polling` settings: they apply in place, so confs that
-/// differ only there are the same subsystem with the same namespaces.
+/// A subsystem's conf without its `polling` settings and its namespaces' `qos`: they apply
+/// in place, so confs that differ only there are the same subsystem with the same namespaces.
 fn without_polling(s: &pollux_conf::Subsystem) -> pollux_conf::Subsystem {
     let mut s = s.clone();
     s.polling = None;
     for n in &mut s.namespaces {
         n.polling = None;
+        n.qos = pollux_conf::Qos::default();
     }
     s
 }
@@ -87,9 +91,11 @@ fn same_namespace(a: &pollux_conf::Namespace, b: &pollux_conf::Namespace) -> boo
     a.nsid == b.nsid
         && pollux_conf::Namespace {
             polling: None,
+            qos: pollux_conf::Qos::default(),
             ..a.clone()
         } == pollux_conf::Namespace {
             polling: None,
+            qos: pollux_conf::Qos::default(),
             ..b.clone()
         }
 }
@@ -267,9 +273,26 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
         }
     }
 
+    // QoS limits likewise: a kept namespace's budget carries on under its new limits (a new
+    // one was built with its own).
+    let mut qos_set = Vec::new();
+    for (sc, sa) in new.subsystems.iter().zip(&subsystems) {
+        for nc in &sc.namespaces {
+            let Some(ns) = sa.namespace(nc.nsid) else { continue };
+            if ns.qos.limits() != nc.qos {
+                qos_set.push((ns.clone(), nc.qos));
+                ch.qos_changed.push((sc.nqn.clone(), nc.nsid));
+            }
+        }
+    }
+
     // Swap: from here on nothing can fail.
     for (ns, p) in polling_set {
         ns.polling.set(p);
+    }
+    for (ns, q) in qos_set {
+        info!(nsid = ns.nsid, limits = ?q, "namespace QoS limits changed");
+        ns.qos.set(&q);
     }
     let discovery_changed = !(ch.added_subsystems.is_empty()
         && ch.removed_subsystems.is_empty()
