@@ -259,15 +259,21 @@ pub fn summary(method: &str, v: &Value) -> String {
         ("added_referrals", "added referral"),
         ("removed_referrals", "removed referral"),
         ("polling_changed", "polling"),
+        ("qos_changed", "QoS limits of"),
         ("restart_needed", "needs a restart to take effect:"),
     ] {
         let mut items = list(k);
         if k == "changed_subsystems" {
             // A subsystem whose namespaces are listed is not named twice.
-            let named: Vec<String> = ["added_namespaces", "removed_namespaces", "polling_changed"]
-                .iter()
-                .flat_map(|k| list(k))
-                .collect();
+            let named: Vec<String> = [
+                "added_namespaces",
+                "removed_namespaces",
+                "polling_changed",
+                "qos_changed",
+            ]
+            .iter()
+            .flat_map(|k| list(k))
+            .collect();
             items.retain(|s| !named.iter().any(|n| n.starts_with(&format!("{s} "))));
         }
         if !items.is_empty() {

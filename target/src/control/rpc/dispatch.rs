@@ -40,7 +40,8 @@ impl Ctx {
             | "add_referral"
             | "remove_referral"
             | "set_ana_state"
-            | "set_polling" => self.mutation(method, params),
+            | "set_polling"
+            | "set_qos" => self.mutation(method, params),
             other => {
                 let near = crate::control::methods::nearest(other);
                 let hint = match near.as_slice() {
