@@ -54,16 +54,9 @@ impl<T: Transport> Queue<T> {
         };
         // A namespace with QoS limits may hold the command (`queue::qos`); one without pays
         // this one load and branch.
-        if cmd.io.namespace().is_some_and(|ns| ns.qos.is_on()) {
-            return self.on_limited_io(r, id, cid, cmd, data);
+        if cmd.io.namespace().is_some_and(|ns| ns.qos.is_on()) && self.qos_held(r, id, cid, &cmd, data) {
+            return;
         }
-        self.run_io(r, id, cid, cmd, data);
-    }
-
-    /// Run a validated command: at once when its data is here (none, or in the capsule), else
-    /// once it has come by R2T.
-    #[inline(always)]
-    pub(super) fn run_io(&mut self, r: &mut Reactor, id: SourceId, cid: u16, cmd: nvm::IoCmd, data: &[u8]) {
         match cmd.data {
             DataIn::None => self.execute(r, id, cid, cmd.io, WriteData::Bytes(&[]), None),
             DataIn::InCapsule => {

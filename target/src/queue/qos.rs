@@ -48,37 +48,43 @@ pub(super) struct QosHeld {
 }
 
 impl<T: Transport> Queue<T> {
-    /// A validated command of a namespace with QoS limits: it runs now if its budget allows,
-    /// else it is held until it does. Out of line: the I/O path of a namespace without limits
-    /// never comes here.
+    /// A validated command of a namespace with QoS limits takes its cost from the budget:
+    /// whether it is held (false: it runs now, as any command). Out of line, and the command
+    /// by reference (cloned only when held): the I/O path of a namespace without limits never
+    /// comes here, and keeps the command where it is.
     #[cold]
     #[inline(never)]
-    pub(super) fn on_limited_io(&mut self, r: &mut Reactor, id: SourceId, cid: u16, cmd: nvm::IoCmd, data: &[u8]) {
-        let (Some(ns), Some(cost)) = (cmd.io.namespace().cloned(), Cost::of(&cmd.io)) else {
-            return self.run_io(r, id, cid, cmd, data);
+    pub(super) fn qos_held(&mut self, r: &mut Reactor, id: SourceId, cid: u16, cmd: &nvm::IoCmd, data: &[u8]) -> bool {
+        let (Some(ns), Some(cost)) = (cmd.io.namespace(), Cost::of(&cmd.io)) else {
+            return false;
         };
         let now = monotonic_ns();
         let generation = ns.qos.generation();
         let at = ns.qos.take(cost, now);
         if at <= now {
-            return self.run_io(r, id, cid, cmd, data);
+            return false;
         }
+        let ns = ns.clone();
         let held = match cmd.data {
             DataIn::None => HeldData::None,
             DataIn::InCapsule => match data.get(..cmd.io.h2c_len() as usize) {
                 Some(d) => HeldData::Capsule(d.to_vec()),
                 // `nvm::parse` checked the capsule holds the data: never here.
-                None => return self.end(r, cid, Status::INTERNAL_ERROR),
+                None => {
+                    self.end(r, cid, Status::INTERNAL_ERROR);
+                    return true;
+                }
             },
             DataIn::R2t(len) => HeldData::R2t(len),
         };
-        let mut req = Request::new(cid, cmd.io, ReqState::Held(held));
+        let mut req = Request::new(cid, cmd.io.clone(), ReqState::Held(held));
         // Its latency counts from its arrival: the host waits while it is held.
         req.started_ns = now;
         let slot = self.reqs.insert(req);
         ns.qos.count_held();
         self.qos.order.push_back(Held { slot, at, generation });
         self.arm_qos_timer(r, id, at.min(now + RECHECK_NS));
+        true
     }
 
     /// Run every held command whose time has come, in arrival order; time again those held
