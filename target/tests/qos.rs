@@ -388,3 +388,110 @@ fn bad_limits_are_refused_with_clear_errors_and_change_nothing() {
     assert!(text.contains("qos = { mbps = 3 }"), "{text}");
     assert!(text.contains("qos = { write_mbps = 7 }"), "{text}");
 }
+
+#[test]
+fn preempt_and_abort_ends_the_preempted_hosts_held_writes_and_none_lands() {
+    // Two commands a second: A's first write runs, the next three are held for 0.5, 1 and
+    // 1.5 s. B preempts A's key and aborts (NVMe 2.0 §8.19.6): the held writes never ran and
+    // end now with Command Abort Requested; none of them lands later. (Reservation commands
+    // are never held.)
+    let (t, ctx) = start_with_ctx(&conf_qos("{ iops = 2 }"));
+    let connect = |host: &str| Controller::connect(addr(&t), NQN, host, 1, 32, pollux_host::Digests::NONE).unwrap();
+    let (mut a, mut b) = (connect(HOST), connect(OTHER_HOST));
+    let keys = |k: &[u64]| Data::ToCtrl(sqe::resv_keys(k));
+    for (c, key) in [(&mut a, 1u64), (&mut b, 2)] {
+        let done = c.io[0]
+            .exec(sqe::resv_register(1, 0, false, 0), keys(&[0, key]))
+            .unwrap();
+        assert!(done.is_success(), "register: {:?}", done.status);
+    }
+    let writes: Vec<u16> = (0..4u64)
+        .map(|k| {
+            a.io[0]
+                .submit(sqe::write(1, 7, 1), Data::ToCtrl(vec![0xA0 + k as u8; 512]), k)
+                .unwrap()
+        })
+        .collect();
+    a.io[0].send_pending().unwrap();
+    let mut a_done = Vec::new();
+    a.io[0]
+        .poll_completions(Some(Duration::from_millis(200)), |d| {
+            a_done.push((d.tag, code(d.status)))
+        })
+        .unwrap();
+    assert_eq!(
+        a_done,
+        vec![(0, (0, 0))],
+        "the first write runs at once, the rest are held"
+    );
+    // Preempt and Abort (action 2), Write Exclusive: B's key takes A's.
+    let pa = b.io[0].exec(sqe::resv_acquire(1, 2, 1), keys(&[2, 1])).unwrap();
+    assert!(pa.is_success(), "preempt and abort: {:?}", pa.status);
+    let t0 = Instant::now();
+    while a_done.len() < writes.len() && t0.elapsed() < Duration::from_millis(400) {
+        a.io[0]
+            .poll_completions(Some(Duration::from_millis(50)), |d| {
+                a_done.push((d.tag, code(d.status)))
+            })
+            .unwrap();
+    }
+    a_done.sort_unstable();
+    assert_eq!(
+        a_done,
+        vec![(0, (0, 0)), (1, (0, 0x07)), (2, (0, 0x07)), (3, (0, 0x07))],
+        "held writes end with Command Abort Requested at once"
+    );
+    // Past the times they were held for, the block still holds the first write's data.
+    std::thread::sleep(Duration::from_millis(1700));
+    ctx.call("set_qos", &json!({"nqn": NQN, "nsid": 1, "iops": 0})).unwrap();
+    let mut back = vec![0u8; 512];
+    b.io[0].read(1, 7, 1, &mut back).unwrap();
+    assert_eq!(back, vec![0xA0; 512], "an aborted held write landed");
+}
+
+#[test]
+fn a_held_write_is_checked_again_against_a_reservation_taken_meanwhile() {
+    // A's second write is held for half a second; meanwhile B acquires Write Exclusive. A
+    // registrant that does not hold it may not write (NVMe 2.0 §8.19.2): released, A's write
+    // ends with Reservation Conflict and the block keeps the first write's data.
+    let (t, ctx) = start_with_ctx(&conf_qos("{ iops = 2 }"));
+    let connect = |host: &str| Controller::connect(addr(&t), NQN, host, 1, 32, pollux_host::Digests::NONE).unwrap();
+    let (mut a, mut b) = (connect(HOST), connect(OTHER_HOST));
+    let keys = |k: &[u64]| Data::ToCtrl(sqe::resv_keys(k));
+    for (c, key) in [(&mut a, 1u64), (&mut b, 2)] {
+        assert!(
+            c.io[0]
+                .exec(sqe::resv_register(1, 0, false, 0), keys(&[0, key]))
+                .unwrap()
+                .is_success()
+        );
+    }
+    for k in 0..2u64 {
+        a.io[0]
+            .submit(sqe::write(1, 9, 1), Data::ToCtrl(vec![0xB0 + k as u8; 512]), k)
+            .unwrap();
+    }
+    a.io[0].send_pending().unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let acq = b.io[0].exec(sqe::resv_acquire(1, 0, 1), keys(&[2, 0])).unwrap();
+    assert!(acq.is_success(), "acquire: {:?}", acq.status);
+    let mut a_done = Vec::new();
+    let t0 = Instant::now();
+    while a_done.len() < 2 && t0.elapsed() < Duration::from_secs(3) {
+        a.io[0]
+            .poll_completions(Some(Duration::from_millis(50)), |d| {
+                a_done.push((d.tag, code(d.status)))
+            })
+            .unwrap();
+    }
+    a_done.sort_unstable();
+    assert_eq!(
+        a_done,
+        vec![(0, (0, 0)), (1, (0, 0x83))],
+        "Reservation Conflict at release"
+    );
+    ctx.call("set_qos", &json!({"nqn": NQN, "nsid": 1, "iops": 0})).unwrap();
+    let mut back = vec![0u8; 512];
+    b.io[0].read(1, 9, 1, &mut back).unwrap();
+    assert_eq!(back, vec![0xB0; 512]);
+}

@@ -2,8 +2,8 @@
 //! on one connection), whatever transport carries it: the command routing, the admin queue's
 //! controller and what it needs of the reactor ([`admin`]), authentication ([`auth`]), the
 //! I/O path ([`io`]), fused and locked operations ([`locked`]), QoS holds ([`qos`]),
-//! reservations ([`reservation`]) and every request's life ([`request`]). SPDK keeps the same apart from its transports
-//! (`ctrlr.c`, `ctrlr_bdev.c` vs `tcp.c`).
+//! reservations ([`reservation`]) and every request's life ([`request`]). SPDK keeps the
+//! same apart from its transports (`ctrlr.c`, `ctrlr_bdev.c` vs `tcp.c`).
 //!
 //! The queue knows no transport: it is generic over one ([`Transport`]), which receives
 //! capsules and data and hands them to [`Queue::on_capsule`] and [`Queue::data_received`],

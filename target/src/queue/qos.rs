@@ -4,9 +4,10 @@
 //! length of the data it will ask for, and an entry in the queue's arrival order. One reactor
 //! timer per queue, armed for the earliest of its held commands, releases every held command
 //! whose time has come, oldest first, and arms itself again for the next. A held command runs
-//! as it would have on arrival (a write asks for its data then); it is never failed for being
-//! held, but an Abort, a Preempt and Abort or its queue closing end it, as they end a command
-//! waiting for its data.
+//! as it would have on arrival (a write asks for its data then), after the checks that may
+//! have changed meanwhile (ANA, reservations); it is never failed for being held, but an
+//! Abort, a Preempt and Abort or its queue closing end it, as they end a command waiting for
+//! its data.
 //!
 //! Every queue that reaches a namespace takes from the one budget, in the order its commands
 //! arrive; times are handed out in the order commands reach the budget, across queues and
@@ -22,10 +23,11 @@ use pollux_reactor::sys::monotonic_ns;
 use pollux_reactor::{Reactor, SourceId, TimerId};
 
 use super::data::R2tProgress;
+use super::finish::End;
 use super::request::{HeldData, ReqState, Request};
-use super::{Queue, Transport};
+use super::{Queue, Role, Transport};
 use crate::backend::WriteData;
-use crate::nvm::{self, DataIn};
+use crate::nvm::{self, DataIn, Io};
 use crate::qos::{Cost, RECHECK_NS};
 
 /// A held command in its queue's arrival order.
@@ -138,6 +140,11 @@ impl<T: Transport> Queue<T> {
         let ReqState::Held(data) = &mut req.state else { return };
         let data = std::mem::take(data);
         let (cid, io) = (req.cid, req.io.clone());
+        if let Some(s) = self.refused_now(&io) {
+            self.reqs.remove(slot);
+            let nsid = io.namespace().map_or(0, |n| n.nsid);
+            return self.finish(r, cid, &End::status(s).at(nsid, 0));
+        }
         match data {
             HeldData::None => self.execute(r, id, cid, io, WriteData::Bytes(&[]), Some(slot)),
             HeldData::Capsule(v) => self.execute(r, id, cid, io, WriteData::Bytes(&v), Some(slot)),
@@ -149,6 +156,21 @@ impl<T: Transport> Queue<T> {
                 self.t.fetch_data(cid, slot as u16, len);
             }
         }
+    }
+
+    /// What may have changed while a command was held, checked again as on arrival
+    /// (`Queue::validated`): its path's ANA state (NVMe 2.0 §8.1.3) and its namespace's
+    /// reservation (NVMe 2.0 §8.19.2: another host may have acquired one that bars it). The
+    /// status to end it with, if it may not run now.
+    fn refused_now(&self, io: &Io) -> Option<Status> {
+        let Role::Io(q) = &self.role else {
+            return Some(Status::COMMAND_SEQUENCE_ERROR.with_dnr());
+        };
+        let ns = io.namespace()?;
+        if let Some(s) = self.ana.path_status(ns.ana_group) {
+            return Some(s);
+        }
+        ns.resv.check(&q.hostid, io.access()?).err()
     }
 
     /// Have the timer run at `at` (CLOCK_MONOTONIC ns) at the latest.
