@@ -495,3 +495,41 @@ fn a_held_write_is_checked_again_against_a_reservation_taken_meanwhile() {
     b.io[0].read(1, 9, 1, &mut back).unwrap();
     assert_eq!(back, vec![0xB0; 512]);
 }
+
+#[test]
+fn a_write_held_while_its_namespace_is_removed_does_not_land() {
+    // A file namespace limited to one command a second: the second write is held; the
+    // namespace is removed meanwhile. Released, the write ends with Invalid Namespace and
+    // the file never sees it.
+    let dir = std::env::temp_dir().join(format!("pollux-qos-rm-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let img = dir.join("ns3.img");
+    let ns = format!(
+        "[[subsystem.namespace]]\nnsid = 3\nblock_size = 512\nqos = {{ iops = 1 }}\nbackend = {{ file = {{ path = \"{}\", size = \"1MiB\" }} }}\n",
+        img.display()
+    );
+    let (t, ctx) = start_with_ctx(&conf_with("interrupt", "", NQN, &ns));
+    let mut c = controller(addr(&t), 1);
+    for k in 0..2u64 {
+        c.io[0]
+            .submit(sqe::write(3, 0, 1), Data::ToCtrl(vec![0xC0 + k as u8; 512]), k)
+            .unwrap();
+    }
+    c.io[0].send_pending().unwrap();
+    let mut done = Vec::new();
+    c.io[0]
+        .poll_completions(Some(Duration::from_millis(300)), |d| done.push((d.tag, code(d.status))))
+        .unwrap();
+    assert_eq!(done, vec![(0, (0, 0))], "the second write is held");
+    ctx.call("remove_namespace", &json!({"nqn": NQN, "nsid": 3})).unwrap();
+    let t0 = Instant::now();
+    while done.len() < 2 && t0.elapsed() < Duration::from_secs(3) {
+        c.io[0]
+            .poll_completions(Some(Duration::from_millis(50)), |d| done.push((d.tag, code(d.status))))
+            .unwrap();
+    }
+    assert_eq!(done, vec![(0, (0, 0)), (1, (0, 0x0B))], "Invalid Namespace at release");
+    let on_disk = std::fs::read(&img).unwrap();
+    assert_eq!(&on_disk[..512], &[0xC0; 512][..], "the held write reached the file");
+    let _ = std::fs::remove_dir_all(&dir);
+}

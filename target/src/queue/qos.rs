@@ -5,9 +5,9 @@
 //! timer per queue, armed for the earliest of its held commands, releases every held command
 //! whose time has come, oldest first, and arms itself again for the next. A held command runs
 //! as it would have on arrival (a write asks for its data then), after the checks that may
-//! have changed meanwhile (ANA, reservations); it is never failed for being held, but an
-//! Abort, a Preempt and Abort or its queue closing end it, as they end a command waiting for
-//! its data.
+//! have changed meanwhile (the namespace, ANA, reservations); it is never failed for being
+//! held, but an Abort, a Preempt and Abort or its queue closing end it, as they end a command
+//! waiting for its data.
 //!
 //! Every queue that reaches a namespace takes from the one budget, in the order its commands
 //! arrive; times are handed out in the order commands reach the budget, across queues and
@@ -159,7 +159,8 @@ impl<T: Transport> Queue<T> {
     }
 
     /// What may have changed while a command was held, checked again as on arrival
-    /// (`Queue::validated`): its path's ANA state (NVMe 2.0 §8.1.3) and its namespace's
+    /// (`Queue::validated`): its namespace is still there (removed meanwhile, it is not
+    /// written after its removal), its path's ANA state (NVMe 2.0 §8.1.3) and its namespace's
     /// reservation (NVMe 2.0 §8.19.2: another host may have acquired one that bars it). The
     /// status to end it with, if it may not run now.
     fn refused_now(&self, io: &Io) -> Option<Status> {
@@ -167,6 +168,15 @@ impl<T: Transport> Queue<T> {
             return Some(Status::COMMAND_SEQUENCE_ERROR.with_dnr());
         };
         let ns = io.namespace()?;
+        // The running snapshot, not the queue's copy, which its reactor learns of by message.
+        let snap = self.shared.snapshot.load();
+        if snap
+            .subsystem(&q.subsys.nqn)
+            .and_then(|s| s.namespace(ns.nsid))
+            .is_none()
+        {
+            return Some(Status::INVALID_NAMESPACE.with_dnr());
+        }
         if let Some(s) = self.ana.path_status(ns.ana_group) {
             return Some(s);
         }
