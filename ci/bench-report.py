@@ -919,6 +919,13 @@ def cmd_polling(out):
             raise SystemExit(f"polling: {name} missing")
 
 
+def cmd_qos(out):
+    """ci/bench-qos.py writes qos.json and qos.md itself: check they are there."""
+    for name in ("qos.json", "qos.md"):
+        if not os.path.exists(os.path.join(out, name)):
+            raise SystemExit(f"qos: {name} missing")
+
+
 def cmd_rbd(out):
     """ci/bench-rbd.py writes rbd.json and rbd.md: plot each cell's IOPS of rbd bench,
     fio-rbd and the pollux gateway (rbd-iops.png), and their p50 (rbd-p50.png)."""
@@ -950,7 +957,7 @@ def cmd_rbd(out):
         plt.close(fig)
 
 
-RESULT_SECTIONS = ("perf", "modes", "reactor", "file", "ab", "tls", "storm", "polling", "frontier", "rbd")
+RESULT_SECTIONS = ("perf", "modes", "reactor", "file", "ab", "tls", "storm", "polling", "qos", "frontier", "rbd")
 
 
 def cmd_results(out):
@@ -989,9 +996,11 @@ def _utc(t):
 def main(argv):
     if len(argv) >= 3 and argv[1] == "rates":
         cmd_rates(argv[2], float(argv[3]) if len(argv) > 3 else 0.25)
-    elif len(argv) == 3 and argv[1] in ("perf", "modes", "reactor", "results", "ab", "tls", "storm", "polling", "rbd"):
+    elif len(argv) == 3 and argv[1] in ("perf", "modes", "reactor", "results", "ab", "tls", "storm", "polling", "qos",
+                                        "rbd"):
         {"perf": cmd_perf, "modes": cmd_modes, "reactor": cmd_reactor, "results": cmd_results,
-         "ab": cmd_ab, "tls": cmd_tls, "storm": cmd_storm, "polling": cmd_polling, "rbd": cmd_rbd}[argv[1]](argv[2])
+         "ab": cmd_ab, "tls": cmd_tls, "storm": cmd_storm, "polling": cmd_polling, "qos": cmd_qos,
+         "rbd": cmd_rbd}[argv[1]](argv[2])
     else:
         print(__doc__, file=sys.stderr)
         return 2

@@ -217,6 +217,10 @@ pub(crate) fn to_toml(c: &Config) -> String {
                 let hs: Vec<String> = hs.iter().map(|h| quote(h)).collect();
                 let _ = writeln!(o, "hosts = [{}]", hs.join(", "));
             }
+            if !n.qos.is_unlimited() {
+                let limits: Vec<String> = n.qos.entries().iter().map(|(k, v)| format!("{k} = {v}")).collect();
+                let _ = writeln!(o, "qos = {{ {} }}", limits.join(", "));
+            }
             // Written last: the sim backend is a table of its own, and keys
             // after its header would belong to it.
             match &n.backend {

@@ -628,12 +628,57 @@ pub struct Namespace {
     /// Each a valid NQN, listed once, and one of the subsystem's `hosts` unless it has
     /// `allow_any_host`; may be empty (attached to no host).
     pub hosts: Option<Vec<String>>,
+    /// Its QoS limits (`qos`; none given: unlimited).
+    pub qos: Qos,
 }
 
 impl Namespace {
     /// Whether the controllers of host `host_nqn` have this namespace attached.
     pub fn visible_to(&self, host_nqn: &str) -> bool {
         self.hosts.as_ref().is_none_or(|h| h.iter().any(|x| x == host_nqn))
+    }
+}
+
+/// A namespace's QoS limits (`qos = { iops = N, mbps = M, read_mbps = R, write_mbps = W }`,
+/// any of them): one budget of the namespace, shared by every host, queue and reactor that
+/// reaches it. None: no limit of that kind. A command over a limit is held until the budget
+/// allows it, never failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Qos {
+    /// Commands per second.
+    pub iops: Option<u64>,
+    /// Bytes read and written together, in MiB/s ([`Qos::MIB`] bytes: SPDK's bdev QoS
+    /// `rw_mbytes_per_sec` counts the same 1024 * 1024-byte MB).
+    pub mbps: Option<u64>,
+    /// Bytes read, MiB/s.
+    pub read_mbps: Option<u64>,
+    /// Bytes written, MiB/s.
+    pub write_mbps: Option<u64>,
+}
+
+impl Qos {
+    /// The bytes of one MB of `mbps`, `read_mbps` and `write_mbps`: 1 MiB, as SPDK's bdev QoS.
+    pub const MIB: u64 = 1024 * 1024;
+    /// The largest value of any limit (an `iops` or a MiB/s): 2^32 - 1, well above what a
+    /// namespace serves, and small enough that a byte rate fits 64 bits.
+    pub const MAX: u64 = u32::MAX as u64;
+
+    /// No limit is set.
+    pub fn is_unlimited(&self) -> bool {
+        *self == Qos::default()
+    }
+
+    /// The limits as `(key, value)`, in the conf's order, the ones set only.
+    pub fn entries(&self) -> Vec<(&'static str, u64)> {
+        [
+            ("iops", self.iops),
+            ("mbps", self.mbps),
+            ("read_mbps", self.read_mbps),
+            ("write_mbps", self.write_mbps),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| v.map(|v| (k, v)))
+        .collect()
     }
 }
 

@@ -181,6 +181,18 @@ pub(crate) struct RawNamespace {
     pub ana_group: Option<Spanned<i64>>,
     pub polling: Option<Spanned<String>>,
     pub hosts: Option<Spanned<Vec<Spanned<String>>>>,
+    pub qos: Option<RawQos>,
+}
+
+/// A namespace's `qos` (not spanned, as every table here). Integers are read as `i64` and
+/// range-checked in validation; a float or a string is a type error at its place.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawQos {
+    pub iops: Option<Spanned<i64>>,
+    pub mbps: Option<Spanned<i64>>,
+    pub read_mbps: Option<Spanned<i64>>,
+    pub write_mbps: Option<Spanned<i64>>,
 }
 
 /// One optional field per backend kind; validation requires exactly one.

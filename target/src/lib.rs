@@ -12,7 +12,8 @@
 //! |---|---|---|
 //! | An NVMe-oF queue, whatever carries it: routing, Connect and the admin queue's controller on the reactor, authentication, the I/O path, locked operations, reservations, every request's state and its one exit | [`queue`] | `nvmf.c`, `ctrlr.c`, `ctrlr_bdev.c` |
 //! | What a queue asks of its transport (send a completion, send data, fetch a command's data, close) | [`queue::Transport`] | `spdk_nvmf_transport_ops` |
-//! | A request's life: awaiting data, parked behind a lock, submitted, draining; counted per state | [`queue::request`] | `nvmf_tcp_req_state` |
+//! | A request's life: awaiting data, parked behind a lock, held by QoS, submitted, draining; counted per state | [`queue::request`] | `nvmf_tcp_req_state` |
+//! | Per-namespace QoS limits: one lock-free budget per namespace shared by every reactor; commands over it held in their queue | [`qos`] | `bdev.c` (QoS) |
 //! | NVMe/TCP transport: receive loop and framing, ICReq/ICResp, CapsuleResp, C2HData, R2T, TermReq, digests, TLS (NVMe/TCP 1.0 §3) | [`tcp`] | `tcp.c` |
 //! | H2CData after R2T: the NVMe/TCP 1.0 §3.6.2.7 rules, in-place receive | [`tcp::h2c`] | `tcp.c` |
 //! | A command's host data while it arrives: its buffer (heap or an SSD's DMA memory), its progress, the per-reactor pool | [`queue::data`] | `spdk_nvmf_request` iovs, transport buffers |
@@ -71,6 +72,7 @@ pub mod mutate;
 pub mod nvm;
 pub mod path;
 pub mod pool;
+pub mod qos;
 pub mod queue;
 pub mod range_lock;
 pub mod referral;

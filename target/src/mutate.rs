@@ -56,6 +56,9 @@ pub struct Changes {
     /// detached from them: nothing is reopened, only the controllers whose view changed
     /// hear of it).
     pub hosts_changed: Vec<(String, u32)>,
+    /// (subsystem, nsid) of namespaces whose QoS limits changed in place (nothing is
+    /// reopened, no queue dropped: [`crate::qos`]).
+    pub qos_changed: Vec<(String, u32)>,
     /// The reactors' mode, adaptive policy or hybrid sleep rules changed.
     pub reactors_changed: bool,
     /// Keys that differ but only take effect at the next start.
@@ -76,23 +79,25 @@ pub struct Listeners {
     pub by_addr: HashMap<SocketAddr, SourceId>,
 }
 
-/// A subsystem's conf without its `polling` settings: they apply in place, so confs that
-/// differ only there are the same subsystem with the same namespaces.
+/// A subsystem's conf without its `polling` settings and its namespaces' `qos`: they apply
+/// in place, so confs that differ only there are the same subsystem with the same namespaces.
 fn without_polling(s: &pollux_conf::Subsystem) -> pollux_conf::Subsystem {
     let mut s = s.clone();
     s.polling = None;
     for n in &mut s.namespaces {
         n.polling = None;
+        n.qos = pollux_conf::Qos::default();
     }
     s
 }
 
-/// The same namespace, whatever its `polling` and `hosts`: both apply in place (its store,
+/// The same namespace, whatever its `polling`, `hosts` and `qos`: all apply in place (its store,
 /// data and in-flight commands stay), the hosts by a new subsystem object around it.
 fn same_namespace(a: &pollux_conf::Namespace, b: &pollux_conf::Namespace) -> bool {
     let bare = |n: &pollux_conf::Namespace| pollux_conf::Namespace {
         polling: None,
         hosts: None,
+        qos: pollux_conf::Qos::default(),
         ..n.clone()
     };
     a.nsid == b.nsid && bare(a) == bare(b)
@@ -282,9 +287,28 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
         }
     }
 
+    // QoS limits likewise: a kept namespace's budget carries on under its new limits (a new
+    // one was built with its own).
+    let mut qos_set = Vec::new();
+    for (sc, sa) in new.subsystems.iter().zip(&subsystems) {
+        for nc in &sc.namespaces {
+            let Some(ns) = sa.namespace_ignoring_masks(nc.nsid) else {
+                continue;
+            };
+            if ns.qos.limits() != nc.qos {
+                qos_set.push((ns.clone(), nc.qos));
+                ch.qos_changed.push((sc.nqn.clone(), nc.nsid));
+            }
+        }
+    }
+
     // Swap: from here on nothing can fail.
     for (ns, p) in polling_set {
         ns.polling.set(p);
+    }
+    for (ns, q) in qos_set {
+        info!(nsid = ns.nsid, limits = ?q, "namespace QoS limits changed");
+        ns.qos.set(&q);
     }
     let discovery_changed = !(ch.added_subsystems.is_empty()
         && ch.removed_subsystems.is_empty()

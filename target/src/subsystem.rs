@@ -95,6 +95,9 @@ pub struct Namespace {
     pub resv: Arc<NsResv>,
     /// Its LBA range locks (fused Compare and Write, Copy).
     pub locks: crate::range_lock::RangeLocks,
+    /// Its QoS limits and their budget, shared by every reactor ([`crate::qos`]): set by the
+    /// conf's `qos` and `pollux ctl set-qos`, in place.
+    pub qos: crate::qos::NsQos,
     /// Its polling policy (`polling`: its own, else its subsystem's): read relaxed by the
     /// reactors on each command and channel run, set by the conf and `pollux ctl
     /// set-polling` ([`pollux_reactor::polling`]).
@@ -470,13 +473,14 @@ pub fn build_namespace(
         counters: (0..reactors.max(1)).map(|_| NsCounters::default()).collect(),
         resv,
         locks: Default::default(),
+        qos: crate::qos::NsQos::new(&n.qos),
         polling: Arc::new(pollux_reactor::PollingCell::new(polling)),
     }))
 }
 
 /// Build a subsystem of a conf, reusing the namespaces `keep` offers (by nsid) instead of
 /// opening them again: their data and counters carry over (a kept namespace's `polling`
-/// is the caller's to set, once the change can no longer fail: [`crate::mutate`]).
+/// and `qos` are the caller's to set, once the change can no longer fail: [`crate::mutate`]).
 pub fn build_subsystem(
     s: &pollux_conf::Subsystem,
     reactors: usize,
@@ -546,6 +550,7 @@ pub(crate) fn test_namespace(nsid: u32, blocks: u64) -> Arc<Namespace> {
         inline_reads: true,
         resv: Arc::new(NsResv::volatile()),
         locks: Default::default(),
+        qos: Default::default(),
         polling: Default::default(),
     })
 }

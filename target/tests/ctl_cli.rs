@@ -140,6 +140,42 @@ fn verbs_methods_errors_and_summaries() {
         out(&o)
     );
 
+    // QoS limits: set in place, shown by `subsystems`, a bad value refused by the verb.
+    let o = s.ctl(&[
+        "set-qos",
+        "--nqn",
+        NQN,
+        "--nsid",
+        "1",
+        "--iops",
+        "500",
+        "--read-mbps",
+        "20",
+    ]);
+    assert!(o.status.success(), "{}", err(&o));
+    assert_eq!(out(&o), format!("set-qos: QoS limits of {NQN} 1\n"));
+    let o = s.ctl(&["subsystems"]);
+    assert!(
+        out(&o).contains("namespace 1 qos iops 500, read_mbps 20 (held 0 commands so far)"),
+        "{}",
+        out(&o)
+    );
+    let o = s.ctl(&["set-qos", "--nqn", NQN, "--nsid", "1", "--iops", "-3"]);
+    assert_eq!(o.status.code(), Some(2), "{}", err(&o));
+    let o = s.ctl(&[
+        "set-qos",
+        "--nqn",
+        NQN,
+        "--nsid",
+        "1",
+        "--iops",
+        "0",
+        "--read-mbps",
+        "0",
+    ]);
+    assert!(o.status.success(), "{}", err(&o));
+    assert!(!out(&s.ctl(&["subsystems"])).contains("qos"));
+
     // `methods`: the list and one method's params.
     let o = s.ctl(&["methods"]);
     assert!(o.status.success(), "{}", err(&o));

@@ -16,9 +16,9 @@ use crate::ANAGRPMAX;
 use crate::error::ConfError;
 use crate::ids::{derive_ids, derive_serial};
 use crate::nqn::{DISCOVERY_NQN, format_uuid, hex, parse_hex, parse_uuid, validate_nqn};
-use crate::raw::{RawNamespace, RawSubsystem};
+use crate::raw::{RawNamespace, RawQos, RawSubsystem};
 use crate::{
-    Backend, GivenIds, Listener, MAX_CNTLID, MIN_CNTLID, Namespace, NvmeBackend, NvmeDevice, Polling, Subsystem,
+    Backend, GivenIds, Listener, MAX_CNTLID, MIN_CNTLID, Namespace, NvmeBackend, NvmeDevice, Polling, Qos, Subsystem,
 };
 
 /// Identify Controller SN and MN widths (NVMe Base, Identify Controller data
@@ -434,6 +434,10 @@ fn namespace(
 
     let polling = polling(cx, &n.polling)?;
     let hosts = namespace_hosts(cx, &n.hosts, nqn, nsid, admitted)?;
+    let qos = match &n.qos {
+        Some(q) => qos(cx, q)?,
+        None => Qos::default(),
+    };
 
     Ok(Namespace {
         nsid,
@@ -450,5 +454,32 @@ fn namespace(
         ana_group,
         polling,
         hosts,
+        qos,
+    })
+}
+
+/// A namespace's `qos`: each limit given a positive integer, at most [`Qos::MAX`] (an empty
+/// table sets none, as no key). A zero is refused rather than read as "no limit": a namespace
+/// that serves nothing is never what an operator means, and leaving the key out says "none".
+fn qos(cx: &Cx<'_>, q: &RawQos) -> Result<Qos, ConfError> {
+    let max = i64::try_from(Qos::MAX).unwrap_or(i64::MAX);
+    let one = |v: &Option<Spanned<i64>>, key: &str, unit: &str| -> Result<Option<u64>, ConfError> {
+        let Some(v) = v else { return Ok(None) };
+        let n = *v.get_ref();
+        if !(1..=max).contains(&n) {
+            return Err(cx.at(
+                v.span(),
+                format!(
+                    "`qos.{key}` must be a positive number of {unit}, 1 to {max}, got {n} (leave the key out for no limit)"
+                ),
+            ));
+        }
+        Ok(u64::try_from(n).ok())
+    };
+    Ok(Qos {
+        iops: one(&q.iops, "iops", "commands per second")?,
+        mbps: one(&q.mbps, "mbps", "MiB/s")?,
+        read_mbps: one(&q.read_mbps, "read_mbps", "MiB/s")?,
+        write_mbps: one(&q.write_mbps, "write_mbps", "MiB/s")?,
     })
 }

@@ -260,6 +260,7 @@ pub fn summary(method: &str, v: &Value) -> String {
         ("removed_referrals", "removed referral"),
         ("polling_changed", "polling"),
         ("hosts_changed", "changed the hosts of namespace"),
+        ("qos_changed", "QoS limits of"),
         ("restart_needed", "needs a restart to take effect:"),
     ] {
         let mut items = list(k);
@@ -270,6 +271,7 @@ pub fn summary(method: &str, v: &Value) -> String {
                 "removed_namespaces",
                 "polling_changed",
                 "hosts_changed",
+                "qos_changed",
             ]
             .iter()
             .flat_map(|k| list(k))

@@ -103,7 +103,7 @@ pub fn format_reactors(rs: &[ReactorView], wide: bool) -> String {
         "HYBSPIN",
         "LATE_P50/P99_US",
         "STALLS",
-        "REQ_DATA/PARK/SUB/DRAIN",
+        "REQ_DATA/PARK/SUB/DRAIN/HELD",
     ];
     let keep: Vec<bool> = header.iter().map(|h| wide || ESSENTIAL.contains(h)).collect();
     let pick = |row: Vec<String>| -> Vec<String> {
@@ -140,7 +140,10 @@ pub fn format_reactors(rs: &[ReactorView], wide: bool) -> String {
             r.stalls.to_string(),
             {
                 let q = &r.requests;
-                format!("{}/{}/{}/{}", q.awaiting_data, q.parked, q.submitted, q.draining)
+                format!(
+                    "{}/{}/{}/{}/{}",
+                    q.awaiting_data, q.parked, q.submitted, q.draining, q.held
+                )
             },
         ]));
     }
@@ -288,6 +291,18 @@ pub fn format_subsystems(ss: &[SubsystemView]) -> String {
                         (true, true) => "held here",
                         (true, false) => "not held here",
                     }
+                );
+            }
+        }
+        for n in &s.namespaces {
+            if let Some(q) = &n.qos {
+                // The limits as the conf's keys (MiB/s), and what they held.
+                let _ = writeln!(
+                    out,
+                    "  namespace {} qos {} (held {} commands so far)",
+                    n.nsid,
+                    q.limits_text(),
+                    q.held
                 );
             }
         }

@@ -363,6 +363,24 @@ pub const METHODS: &[Method] = &[
         ],
     },
     Method {
+        name: "set_qos",
+        summary: "Set a namespace's QoS limits, in place (those not given are kept; 0: no limit)",
+        mutation: true,
+        verb: true,
+        params: &[
+            NQN,
+            NSID,
+            p("iops", Kind::Uint, "commands per second (0: no limit)"),
+            p(
+                "mbps",
+                Kind::Uint,
+                "MiB/s read and written together (1 MiB = 1048576 bytes; 0: no limit)",
+            ),
+            p("read-mbps", Kind::Uint, "MiB/s read (0: no limit)"),
+            p("write-mbps", Kind::Uint, "MiB/s written (0: no limit)"),
+        ],
+    },
+    Method {
         name: "add_host",
         summary: "Admit a host to a subsystem, with its keys if it authenticates",
         mutation: true,

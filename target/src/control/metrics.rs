@@ -464,6 +464,7 @@ impl Collector for Scrape {
                 ("parked", q.parked),
                 ("submitted", q.submitted),
                 ("draining", q.draining),
+                ("held", q.held),
             ]
             .map(move |(state, n)| ([("reactor", id.as_str()), ("state", state)], Num::Int(n)))
         });
@@ -529,6 +530,39 @@ impl Collector for Scrape {
             |n| &n.write_latency,
         )?;
         self.per_namespace(enc, "pollux_namespace_write_bytes", "Bytes written.", |n| n.write_bytes)?;
+        self.per_namespace(
+            enc,
+            "pollux_namespace_qos_held_commands",
+            "Commands its QoS limits held before they ran (0 without limits).",
+            |n| n.qos.as_ref().map_or(0, |q| q.held),
+        )?;
+        let limits = self.subsystems.iter().flat_map(|s| {
+            s.namespaces.iter().flat_map(move |n| {
+                let q = n.qos.clone().unwrap_or_default();
+                [
+                    ("iops", q.iops),
+                    ("mbps", q.mbps),
+                    ("read_mbps", q.read_mbps),
+                    ("write_mbps", q.write_mbps),
+                ]
+                .into_iter()
+                .filter_map(move |(kind, v)| {
+                    let labels = [
+                        ("subsystem", s.nqn.clone()),
+                        ("nsid", n.nsid.to_string()),
+                        ("limit", kind.to_string()),
+                    ];
+                    v.map(|v| (labels, Num::Int(v)))
+                })
+            })
+        });
+        family(
+            enc,
+            "pollux_namespace_qos_limit",
+            Gauge,
+            "A namespace's QoS limits, as set: iops in commands per second, the others in MiB/s (none: no limit).",
+            limits,
+        )?;
         self.per_rbd(
             enc,
             "pollux_rbd_operations",

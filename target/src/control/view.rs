@@ -213,12 +213,65 @@ pub struct NamespaceView {
     /// An rbd namespace's image and the health of its cluster connection.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rbd: Option<RbdView>,
+    /// Its QoS limits and the commands they held (none: no limit; absent from older
+    /// targets).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qos: Option<QosView>,
     /// Completion latency of its Read commands (absent from older targets: none).
     #[serde(default)]
     pub read_latency: LatencyView,
     /// Completion latency of its Write and Write Zeroes commands.
     #[serde(default)]
     pub write_latency: LatencyView,
+}
+
+/// A namespace's QoS limits (`crate::qos`), as the conf spells them: commands per second
+/// and MiB/s; absent: no limit of that kind.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QosView {
+    /// Commands per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iops: Option<u64>,
+    /// MiB/s read and written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mbps: Option<u64>,
+    /// MiB/s read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_mbps: Option<u64>,
+    /// MiB/s written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_mbps: Option<u64>,
+    /// Commands held so far (since the namespace was opened, whatever the limits then).
+    pub held: u64,
+}
+
+impl QosView {
+    /// The view of a namespace's limits; None without any.
+    pub fn of(q: &crate::qos::NsQos) -> Option<Self> {
+        let l = q.limits();
+        (!l.is_unlimited()).then(|| Self {
+            iops: l.iops,
+            mbps: l.mbps,
+            read_mbps: l.read_mbps,
+            write_mbps: l.write_mbps,
+            held: q.held(),
+        })
+    }
+
+    /// The limits as `iops 1000, mbps 100` (the conf's keys).
+    pub fn limits_text(&self) -> String {
+        let l = pollux_conf::Qos {
+            iops: self.iops,
+            mbps: self.mbps,
+            read_mbps: self.read_mbps,
+            write_mbps: self.write_mbps,
+        };
+        l.entries()
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
 }
 
 /// A namespace's completion latency histogram (`crate::latency`), as `subsystems` and the

@@ -52,6 +52,11 @@ impl<T: Transport> Queue<T> {
             Ok(cmd) => cmd,
             Err((s, lba)) => return self.finish(r, cid, &End::status(s).at(nsid, lba)),
         };
+        // A namespace with QoS limits may hold the command (`queue::qos`); one without pays
+        // this one load and branch.
+        if cmd.io.namespace().is_some_and(|ns| ns.qos.is_on()) && self.qos_held(r, id, cid, &cmd, data) {
+            return;
+        }
         match cmd.data {
             DataIn::None => self.execute(r, id, cid, cmd.io, WriteData::Bytes(&[]), None),
             DataIn::InCapsule => {
@@ -150,7 +155,9 @@ impl<T: Transport> Queue<T> {
         // A read of a namespace in memory that completes inline (RAM) has nothing to run: its
         // data goes to the socket from the memory.
         let io = match io {
-            Io::Read { ns, off, len } if ns.inline_reads && slot.is_none() => {
+            Io::Read { ns, off, len } if ns.inline_reads => {
+                // A held read has its request still (`queue::qos`).
+                self.free(slot);
                 return self.send_read(r, cid, ns, off, len, None, started);
             }
             // The host's data is kept for the comparison when the blocks have been read.
@@ -407,7 +414,8 @@ impl<T: Transport> Queue<T> {
     /// or its backend can cancel it: whether it was aborted.
     pub(super) fn abort_pending(&mut self, r: &mut Reactor, id: SourceId, cid: u16) -> bool {
         let Some(slot) = self.reqs.awaiting_by_cid(cid) else {
-            return self.abort_submitted(r, id, cid);
+            // Held by its namespace's QoS limits: it never ran, it ends now.
+            return self.abort_held(r, id, cid) || self.abort_submitted(r, id, cid);
         };
         // The command is complete: its CID and queue slot are free now (a host may reuse
         // them at once). Its buffer goes; the request stays only as a tombstone so that data
@@ -478,7 +486,19 @@ impl<T: Transport> Queue<T> {
         if let Some(old) = self.reqs.excess_draining(self.sq.entries as usize) {
             self.reqs.remove(old);
         }
-        let dma = match &io {
+        let buf = self.r2t_buf(r, &io, len);
+        let progress = R2tProgress { len, received: 0 };
+        let state = ReqState::AwaitingData { buf, progress };
+        let mut req = Request::new(cid, io, state);
+        req.started_ns = monotonic_ns();
+        let ttag = self.reqs.insert(req);
+        self.t.fetch_data(cid, ttag as u16, len);
+        Some(ttag)
+    }
+
+    /// A buffer for the `len` bytes of `io`'s data, to come by R2T.
+    pub(super) fn r2t_buf(&mut self, r: &mut Reactor, io: &Io, len: u32) -> DataBuf {
+        let dma = match io {
             Io::Write { ns, .. } if ns.backend.caps().dma_data => channel_for(r, ns)
                 .ok()
                 .and_then(|ch| with_channel(r, ch, |c, _| c.take_buf(len as usize)))
@@ -488,18 +508,11 @@ impl<T: Transport> Queue<T> {
         // A recycled buffer: no allocation (for large writes an mmap and its page faults).
         // Every reactor of a target has a pool from its start. Either goes back to its pool
         // when dropped, whatever becomes of the command.
-        let buf = match (dma, r.local::<H2cPool>()) {
+        match (dma, r.local::<H2cPool>()) {
             (Some(d), _) => DataBuf::Dma(d),
             (None, Some(pool)) => DataBuf::Heap(pool.take(len as usize)),
             (None, None) => DataBuf::Heap(H2cBuf::detached(vec![0; len as usize])),
-        };
-        let progress = R2tProgress { len, received: 0 };
-        let state = ReqState::AwaitingData { buf, progress };
-        let mut req = Request::new(cid, io, state);
-        req.started_ns = monotonic_ns();
-        let ttag = self.reqs.insert(req);
-        self.t.fetch_data(cid, ttag as u16, len);
-        Some(ttag)
+        }
     }
 
     /// `datal` more bytes of the data asked for under `ttag` are in its buffer (the

@@ -1,9 +1,9 @@
 //! One NVMe-oF queue (NVMe-oF 1.1 §2.4: a submission queue and its completion queue, paired
 //! on one connection), whatever transport carries it: the command routing, the admin queue's
 //! controller and what it needs of the reactor ([`admin`]), authentication ([`auth`]), the
-//! I/O path ([`io`]), fused and locked operations ([`locked`]), reservations ([`reservation`]) and
-//! every request's life ([`request`]). SPDK keeps the same apart from its transports
-//! (`ctrlr.c`, `ctrlr_bdev.c` vs `tcp.c`).
+//! I/O path ([`io`]), fused and locked operations ([`locked`]), QoS holds ([`qos`]),
+//! reservations ([`reservation`]) and every request's life ([`request`]). SPDK keeps the
+//! same apart from its transports (`ctrlr.c`, `ctrlr_bdev.c` vs `tcp.c`).
 //!
 //! The queue knows no transport: it is generic over one ([`Transport`]), which receives
 //! capsules and data and hands them to [`Queue::on_capsule`] and [`Queue::data_received`],
@@ -19,6 +19,7 @@ pub mod data;
 pub(crate) mod finish;
 mod io;
 mod locked;
+mod qos;
 pub mod request;
 mod reservation;
 mod transport;
@@ -104,6 +105,8 @@ pub struct Queue<T: Transport> {
     /// Fused pairs, locked operations (Compare and Write, Copy) and writes waiting for a
     /// locked range.
     locked: locked::Locked,
+    /// Commands held by their namespace's QoS limits, in arrival order, and their timer.
+    qos: qos::QosHeld,
     /// Where each completion of an I/O queue not yet known to be handed to the network ends
     /// in the transport's stream (see [`Queue::sq_overflow`]).
     unsent: unsent::Unsent,
@@ -136,6 +139,7 @@ impl<T: Transport> Queue<T> {
             auth_held: None,
             ana: path.ana,
             locked: locked::Locked::default(),
+            qos: qos::QosHeld::default(),
             unsent: unsent::Unsent::default(),
             listener_open: path.open,
             listener: path.addr,
@@ -215,8 +219,10 @@ impl<T: Transport> Queue<T> {
         // as they drop, or a host that reconnects in a loop mid-write would have the target
         // allocate anew.
         self.reqs.drain();
-        // Locked ranges are unlocked (their waiters woken), parked writes dropped.
+        // Locked ranges are unlocked (their waiters woken), parked writes dropped; held
+        // commands went with the requests.
         self.fused_teardown(r);
+        self.qos_teardown(r);
         match std::mem::replace(&mut self.role, Role::Unbound) {
             Role::Admin(ctrl) => admin::teardown_ctrl::<T>(r, ctrl, &reason),
             Role::Io(q) => admin::detach_io::<T>(r, &q, self.sq.qid, self.serial),

@@ -12,6 +12,9 @@
 //!   operation holds ([`crate::range_lock`]), a command of a fused pair for its partner, or
 //!   a fused pair or Copy while its locked operation waits for its range and runs (its steps
 //!   are requests of their own);
+//! - [`ReqState::Held`]: its namespace's QoS budget ([`crate::qos`]) lets it run only later:
+//!   it waits in its queue's arrival order for its time (`queue::qos`), a write's data not
+//!   yet asked for;
 //! - [`ReqState::Submitted`]: its namespace's channel has it;
 //! - [`ReqState::Draining`]: it completed before all its data came (aborted, or a data digest
 //!   error): the rest of its data is drained, not treated as a protocol error, then the slot
@@ -55,6 +58,23 @@ pub enum ReqState {
     Parked,
     /// Submitted to its namespace's channel.
     Submitted,
+    /// Over its namespace's QoS budget: waits for its time (`queue::qos`), with what it needs
+    /// to run then.
+    Held(HeldData),
+}
+
+/// What a held command keeps until it runs: its data, when it came in the capsule (the
+/// receive buffer it lies in is reused), or the length to ask for by R2T once it runs (a
+/// held write costs no buffer).
+#[derive(Debug, Default)]
+pub enum HeldData {
+    /// No data (a read), or taken already.
+    #[default]
+    None,
+    /// The in-capsule data.
+    Capsule(Vec<u8>),
+    /// The bytes to ask for by R2T.
+    R2t(u32),
 }
 
 /// A [`ReqState`] without its contents: what is counted.
@@ -68,6 +88,8 @@ pub enum ReqKind {
     Parked = 2,
     /// [`ReqState::Submitted`].
     Submitted = 3,
+    /// [`ReqState::Held`].
+    Held = 4,
 }
 
 impl ReqState {
@@ -79,6 +101,7 @@ impl ReqState {
             ReqState::Draining { .. } => ReqKind::Draining,
             ReqState::Parked => ReqKind::Parked,
             ReqState::Submitted => ReqKind::Submitted,
+            ReqState::Held(_) => ReqKind::Held,
         }
     }
 }
@@ -89,7 +112,7 @@ impl ReqState {
 #[derive(Debug, Default)]
 #[repr(align(64))]
 pub struct RequestStats {
-    states: [AtomicU64; 4],
+    states: [AtomicU64; 5],
     ended: AtomicU64,
     failed: AtomicU64,
 }
@@ -105,6 +128,9 @@ pub struct RequestCounts {
     pub parked: u64,
     /// At their backend.
     pub submitted: u64,
+    /// Held by their namespace's QoS limits (absent from older targets: 0).
+    #[serde(default)]
+    pub held: u64,
     /// Commands ended so far.
     pub ended: u64,
     /// Of which failed (any status but success).
@@ -146,6 +172,7 @@ impl RequestStats {
             draining: s(ReqKind::Draining),
             parked: s(ReqKind::Parked),
             submitted: s(ReqKind::Submitted),
+            held: s(ReqKind::Held),
             ended: self.ended.load(Relaxed),
             failed: self.failed.load(Relaxed),
         }
@@ -193,7 +220,7 @@ impl Request {
     pub fn r2t(&self) -> Option<R2tProgress> {
         match &self.state {
             ReqState::AwaitingData { progress, .. } | ReqState::Draining { progress, .. } => Some(*progress),
-            ReqState::Submitted | ReqState::Parked => None,
+            ReqState::Submitted | ReqState::Parked | ReqState::Held(_) => None,
         }
     }
 }
@@ -204,7 +231,7 @@ impl Request {
 #[derive(Debug, Default)]
 pub struct Requests {
     slots: Slab<Request>,
-    counts: [usize; 4],
+    counts: [usize; 5],
     stats: Arc<RequestStats>,
 }
 
@@ -268,8 +295,8 @@ impl Requests {
         )
     }
 
-    /// Requests not yet completed: awaiting data or at their backend (the drained
-    /// tombstones' completions went already).
+    /// Requests not yet completed: awaiting data, parked, held or at their backend (the
+    /// drained tombstones' completions went already).
     pub fn in_flight(&self) -> usize {
         self.slots.len() - self.counts[ReqKind::Draining as usize]
     }
@@ -308,7 +335,7 @@ impl Requests {
                 progress.received += n;
                 Some(*progress)
             }
-            ReqState::Submitted | ReqState::Parked => None,
+            ReqState::Submitted | ReqState::Parked | ReqState::Held(_) => None,
         }
     }
 
@@ -329,6 +356,28 @@ impl Requests {
             .iter()
             .find(|(_, r)| r.cid == cid && r.awaiting_data())
             .map(|(k, _)| k)
+    }
+
+    /// The slot of the held request with command id `cid`.
+    pub fn held_by_cid(&self, cid: u16) -> Option<usize> {
+        if self.counts[ReqKind::Held as usize] == 0 {
+            return None;
+        }
+        self.slots
+            .iter()
+            .find(|(_, r)| r.cid == cid && matches!(r.state, ReqState::Held(_)))
+            .map(|(k, _)| k)
+    }
+
+    /// Whether the request in `slot` is held.
+    pub fn is_held(&self, slot: usize) -> bool {
+        matches!(
+            self.slots.get(slot),
+            Some(Request {
+                state: ReqState::Held(_),
+                ..
+            })
+        )
     }
 
     /// The slot of the submitted request with command id `cid`.
@@ -468,6 +517,23 @@ mod tests {
             (0, 0, 1, 1)
         );
         assert_eq!(reqs.in_flight(), 1, "a drained tombstone is not in flight");
+        // Held by QoS: in flight (it takes a queue entry), counted apart, found by its id.
+        let h = reqs.insert(Request::new(
+            3,
+            Io::Read {
+                ns: test_namespace(1, 64),
+                off: 0,
+                len: 512,
+            },
+            ReqState::Held(HeldData::None),
+        ));
+        assert_eq!((stats.snapshot().held, reqs.in_flight()), (1, 2));
+        assert_eq!((reqs.held_by_cid(3), reqs.held_by_cid(1)), (Some(h), None));
+        assert!(reqs.is_held(h) && !reqs.is_held(a));
+        assert!(reqs.r2t_target(h, 3).is_none(), "a held command asked for no data yet");
+        reqs.set_state(h, ReqState::Submitted);
+        assert_eq!((stats.snapshot().held, stats.snapshot().submitted), (0, 2));
+        reqs.remove(h);
         reqs.remove(a);
         reqs.finished(true);
         reqs.finished(false);

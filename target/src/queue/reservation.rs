@@ -111,11 +111,12 @@ impl<T: Transport> Queue<T> {
     }
 
     /// Abort what can be of this I/O queue's commands on namespace `nsid` (a Preempt and
-    /// Abort fenced its host): those waiting for data complete now with Command Abort
-    /// Requested, submitted ones are cancelled where their backend can. The number still
-    /// submitted, which will complete as usual.
+    /// Abort fenced its host): those waiting for data or held by QoS complete now with
+    /// Command Abort Requested, submitted ones are cancelled where their backend can. The
+    /// number still submitted, which will complete as usual.
     fn fence(&mut self, r: &mut Reactor, id: SourceId, nsid: u32) -> usize {
         self.fence_fused(r, nsid);
+        self.fence_held(r, nsid);
         let live = self.reqs.of_namespace(nsid);
         for &(slot, cid, submitted) in &live {
             if !submitted {

@@ -72,6 +72,7 @@ fn subsystem(nqn: &str) -> SubsystemView {
             polling: "auto".into(),
             hosts: None,
             rbd: None,
+            qos: None,
             read_latency: LatencyView::of(&{
                 let h = crate::latency::LatencyHistogram::default();
                 // Two reads of 3 us, one of 5 ms.
@@ -362,4 +363,34 @@ fn closes_are_counted_by_reason() {
     ] {
         assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
     }
+}
+
+#[test]
+fn qos_limits_and_held_commands_have_their_families() {
+    let mut s = subsystem("s");
+    s.namespaces[0].qos = Some(crate::control::view::QosView {
+        iops: Some(5000),
+        write_mbps: Some(40),
+        held: 17,
+        ..Default::default()
+    });
+    let mut r = reactor(0, "poll");
+    r.requests.held = 3;
+    let text = render(vec![r], vec![s, subsystem("free")], 1.0).unwrap();
+    validate(&text);
+    for line in [
+        "pollux_namespace_qos_limit{subsystem=\"s\",nsid=\"1\",limit=\"iops\"} 5000",
+        "pollux_namespace_qos_limit{subsystem=\"s\",nsid=\"1\",limit=\"write_mbps\"} 40",
+        "pollux_namespace_qos_held_commands_total{subsystem=\"s\",nsid=\"1\"} 17",
+        "pollux_namespace_qos_held_commands_total{subsystem=\"free\",nsid=\"1\"} 0",
+        "pollux_reactor_requests{reactor=\"0\",state=\"held\"} 3",
+    ] {
+        assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+    }
+    // Limits not set, and namespaces without any, have no sample.
+    assert!(!text.contains("limit=\"mbps\""), "{text}");
+    assert!(
+        !text.contains("pollux_namespace_qos_limit{subsystem=\"free\""),
+        "{text}"
+    );
 }

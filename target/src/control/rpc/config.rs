@@ -25,6 +25,7 @@ fn changes_json(c: &crate::mutate::Changes) -> Value {
         "removed_referrals": c.removed_referrals.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
         "polling_changed": c.polling_changed,
         "hosts_changed": c.hosts_changed,
+        "qos_changed": c.qos_changed,
         "reactors_changed": c.reactors_changed,
         "restart_needed": c.restart_needed,
     })
@@ -372,6 +373,53 @@ impl Ctx {
                     }
                 }
             }
+            "set_qos" => {
+                // `{nqn, nsid, iops?, mbps?, read_mbps?, write_mbps?}`, as SPDK's
+                // `bdev_set_qos_limit`: a limit not given is kept, 0 or null removes it (the
+                // conf itself refuses 0: there the key is left out). The conf validates what
+                // is set, and the namespace's budget takes it in place (`crate::mutate`).
+                let nqn = str_param(params, "nqn")?;
+                let nsid = params
+                    .get("nsid")
+                    .and_then(Value::as_i64)
+                    .ok_or_else(|| RpcError::params("missing integer param 'nsid'"))?;
+                let limits = qos_fields(params)?;
+                let (i, sub) = document::find_mut(root, "subsystem", |t| document::str_of(t, "nqn") == Some(nqn))
+                    .ok_or_else(|| no_sub(nqn))?;
+                let (j, ns) = document::find_mut(sub, "namespace", |t| document::int_of(t, "nsid") == Some(nsid))
+                    .ok_or_else(|| RpcError::params(format!("subsystem '{nqn}' has no namespace {nsid}")))?;
+                if ns.get("qos").is_none() {
+                    ns.insert("qos", toml_edit::Item::Value(toml_edit::InlineTable::new().into()));
+                }
+                let Some(q) = ns.get_mut("qos").and_then(toml_edit::Item::as_table_like_mut) else {
+                    return Err(RpcError::new(
+                        CONFIG_ERROR,
+                        "running conf: a namespace's 'qos' is not a table",
+                    ));
+                };
+                for (k, v) in limits {
+                    match v {
+                        Some(n) => {
+                            q.insert(k, toml_edit::value(n));
+                        }
+                        None => {
+                            q.remove(k);
+                        }
+                    }
+                }
+                if q.is_empty() {
+                    ns.remove("qos");
+                    Vec::new()
+                } else {
+                    vec![
+                        key("subsystem"),
+                        Step::Index(i),
+                        key("namespace"),
+                        Step::Index(j),
+                        key("qos"),
+                    ]
+                }
+            }
             "set_allow_any_host" => {
                 let nqn = str_param(params, "nqn")?;
                 let allow = params
@@ -527,6 +575,35 @@ fn refusal(method: &str, text: &str, edited: &[Step], e: &pollux_conf::ConfError
         Some((param, _)) => RpcError::params(format!("{method}: param '{param}': {}", e.message())),
         None => RpcError::params(format!("{method}: {}", e.message())),
     }
+}
+
+/// The limits `set_qos` names: (key, Some(value) to set, None to remove). Each a non-negative
+/// integer or null; 0 and null remove the limit. At least one must be given. The conf checks
+/// the upper bound.
+fn qos_fields(params: &Value) -> Result<Vec<(&'static str, Option<i64>)>, RpcError> {
+    let mut out = Vec::new();
+    for k in ["iops", "mbps", "read_mbps", "write_mbps"] {
+        match params.get(k) {
+            None => {}
+            Some(Value::Null) => out.push((k, None)),
+            Some(v) => match v.as_u64() {
+                Some(0) => out.push((k, None)),
+                Some(n) => out.push((k, Some(i64::try_from(n).unwrap_or(i64::MAX)))),
+                None => {
+                    let unit = if k == "iops" { "commands per second" } else { "MiB/s" };
+                    return Err(RpcError::params(format!(
+                        "'{k}' must be a non-negative integer ({unit}; 0 or null: no limit), got {v}"
+                    )));
+                }
+            },
+        }
+    }
+    if out.is_empty() {
+        return Err(RpcError::params(
+            "set_qos: give at least one of 'iops', 'mbps', 'read_mbps', 'write_mbps' (0 or null: no limit; those not given are kept)",
+        ));
+    }
+    Ok(out)
 }
 
 /// The host NQN of a `hosts` entry: a string, or a table's `nqn`.

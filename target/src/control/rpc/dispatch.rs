@@ -42,7 +42,8 @@ impl Ctx {
             | "set_ana_state"
             | "set_polling"
             | "ns_add_host"
-            | "ns_remove_host" => self.mutation(method, params),
+            | "ns_remove_host"
+            | "set_qos" => self.mutation(method, params),
             other => {
                 let near = crate::control::methods::nearest(other);
                 let hint = match near.as_slice() {

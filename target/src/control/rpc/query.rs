@@ -8,8 +8,8 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use super::{Ctx, REACTOR_TIMEOUT};
 use crate::close::CloseKind;
 use crate::control::view::{
-    ClassView, CtrlList, CtrlView, DiscoveryView, LatencyView, Lateness, NamespaceView, PathView, PerMode, ReactorView,
-    SubsystemView, VersionView,
+    ClassView, CtrlList, CtrlView, DiscoveryView, LatencyView, Lateness, NamespaceView, PathView, PerMode, QosView,
+    ReactorView, SubsystemView, VersionView,
 };
 
 /// The NQN a discovery controller reports as its subsystem.
@@ -253,6 +253,7 @@ impl Ctx {
                             polling: n.polling.get().to_string(),
                             hosts: s.masked_to(n.nsid).map(|h| h.iter().cloned().collect()),
                             rbd: rbd_view(n.backend.as_ref()),
+                            qos: QosView::of(&n.qos),
                             read_latency: LatencyView::of(&read),
                             write_latency: LatencyView::of(&write),
                         }
