@@ -138,6 +138,9 @@ address = "127.0.0.1:{port}"
 
 [transport]
 max_connections = {conns + 64}
+# The storm's controllers ask for 32 I/O queues each and get them (one reactor would
+# grant 8 by default).
+max_io_queues = 32
 
 [[subsystem]]
 nqn = "{NQN}"

@@ -51,8 +51,8 @@ write_conf "$conf" "$port" "$mport"
 start_pollux "$conf" "$port"
 
 ctl() { "$POLLUX_BIN" ctl --config "$conf" "$@"; }
-# row R: the `ctl reactors` row of reactor R as "MODE ADAPTIVE BUDGET".
-row() { ctl reactors | awk -v r="$1" '$1 == r { print $3, $4, $5 }'; }
+# row R: the `ctl reactors --wide` row of reactor R as "MODE ADAPTIVE BUDGET".
+row() { ctl reactors --wide | awk -v r="$1" '$1 == r { print $3, $4, $5 }'; }
 expect() { # WHAT GOT WANT
     [ "$2" = "$3" ] || fail "$1: got '$2', want '$3'"
     log "ok: $1: $2"

@@ -117,7 +117,9 @@ pub(crate) fn to_toml(c: &Config) -> String {
     let t = &c.transport;
     let _ = writeln!(o, "\n[transport]");
     let _ = writeln!(o, "io_queue_depth = {}", t.io_queue_depth);
-    let _ = writeln!(o, "max_io_queues = {}", t.max_io_queues);
+    if let Some(n) = t.max_io_queues {
+        let _ = writeln!(o, "max_io_queues = {n}");
+    }
     let _ = writeln!(o, "in_capsule_data_size = {}", t.in_capsule_data_size);
     let _ = writeln!(o, "max_io_size = {}", t.max_io_size);
     let _ = writeln!(o, "max_h2c_data = {}", t.max_h2c_data);

@@ -214,9 +214,15 @@ impl FromStr for ReactorMode {
 /// How accepted connections are assigned to reactors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Placement {
+    /// Each new connection goes to the reactor of least measured load (its busy share,
+    /// commands per second and open queues over the last sampling window), away from the
+    /// reactors that already serve connections from the same host address, so that one
+    /// controller's I/O queues spread instead of following one another. Spelled
+    /// `"measured"`.
+    #[default]
+    Measured,
     /// Each new connection goes to the next reactor in turn. Spelled
     /// `"round-robin"`.
-    #[default]
     RoundRobin,
     /// Each new connection goes to the reactor with the fewest connections.
     /// Spelled `"least-loaded"`.
@@ -227,6 +233,7 @@ impl Placement {
     /// The configuration spelling.
     pub fn as_str(self) -> &'static str {
         match self {
+            Placement::Measured => "measured",
             Placement::RoundRobin => "round-robin",
             Placement::LeastLoaded => "least-loaded",
         }
@@ -243,12 +250,13 @@ impl FromStr for Placement {
     type Err = UnknownSpelling;
     fn from_str(s: &str) -> Result<Self, UnknownSpelling> {
         match s {
+            "measured" => Ok(Placement::Measured),
             "round-robin" => Ok(Placement::RoundRobin),
             "least-loaded" => Ok(Placement::LeastLoaded),
             _ => Err(UnknownSpelling {
                 what: "placement",
                 given: s.to_owned(),
-                expected: "\"round-robin\" or \"least-loaded\"",
+                expected: "\"measured\", \"round-robin\" or \"least-loaded\"",
             }),
         }
     }
@@ -351,8 +359,9 @@ pub const MAX_CONNECTIONS: i64 = 1 << 20;
 pub struct Transport {
     /// Entries per I/O queue (CAP.MQES + 1), 2..=65536.
     pub io_queue_depth: u32,
-    /// I/O queues per controller, 1..=65535.
-    pub max_io_queues: u32,
+    /// I/O queues a controller grants at most, 1..=65535 (None: as many as are useful on
+    /// the target's reactors, [`Transport::io_queues_for`]).
+    pub max_io_queues: Option<u32>,
     /// In-capsule data accepted with a command (IOCCSZ minus the SQE), bytes;
     /// a multiple of 16 in 4096..=131072.
     pub in_capsule_data_size: u32,
@@ -368,11 +377,36 @@ pub struct Transport {
     pub setup_timeout_ms: u32,
 }
 
+/// I/O queues per reactor a controller is granted without `max_io_queues`.
+pub const AUTO_IO_QUEUES_PER_REACTOR: u32 = 4;
+/// The fewest I/O queues a controller is granted without `max_io_queues` (a one-reactor
+/// target still gives a host's CPUs a few queues to share).
+pub const AUTO_IO_QUEUES_MIN: u32 = 8;
+/// The most I/O queues a controller is granted without `max_io_queues` (nvmet's default).
+pub const AUTO_IO_QUEUES_MAX: u32 = 128;
+
+impl Transport {
+    /// The I/O queues a controller grants at most on a target of `reactors` reactors:
+    /// `max_io_queues`, or else 4 per reactor, between 8 and 128. Queues beyond a few per
+    /// reactor add no parallelism on the target (each is a connection on one of them) and
+    /// cost a connection's buffers each: a host that asks for one per CPU (127 from a
+    /// 128-CPU host) is granted this many and shares them among its CPUs (NVMe 2.0
+    /// §5.27.1.5: the controller may allocate fewer than requested).
+    pub fn io_queues_for(&self, reactors: usize) -> u32 {
+        self.max_io_queues.unwrap_or_else(|| {
+            let per = u32::try_from(reactors)
+                .unwrap_or(u32::MAX)
+                .saturating_mul(AUTO_IO_QUEUES_PER_REACTOR);
+            per.clamp(AUTO_IO_QUEUES_MIN, AUTO_IO_QUEUES_MAX)
+        })
+    }
+}
+
 impl Default for Transport {
     fn default() -> Self {
         Transport {
             io_queue_depth: 128,
-            max_io_queues: 128,
+            max_io_queues: None,
             in_capsule_data_size: 8192,
             max_io_size: 131_072,
             max_h2c_data: 131_072,

@@ -40,7 +40,7 @@ fn embedded_default_is_ram_toml() {
     assert_eq!(c.reactors.cores, vec![0]);
     assert_eq!(c.reactors.mode, ReactorMode::Adaptive);
     assert_eq!(c.reactors.stall_threshold_us, 2000);
-    assert_eq!(c.reactors.placement, Placement::RoundRobin);
+    assert_eq!(c.reactors.placement, Placement::Measured);
     let addrs: Vec<String> = c.listeners.iter().map(|l| l.address.to_string()).collect();
     assert_eq!(addrs, ["127.0.0.1:4420", "127.0.0.1:8009"]);
     assert_eq!(c.transport, Transport::default());

@@ -355,12 +355,12 @@ fn defaults_when_optional_keys_are_absent() {
     .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(c.reactors.mode, ReactorMode::Adaptive);
     assert_eq!(c.reactors.stall_threshold_us, 2000);
-    assert_eq!(c.reactors.placement, Placement::RoundRobin);
+    assert_eq!(c.reactors.placement, Placement::Measured);
     assert_eq!(
         c.transport,
         Transport {
             io_queue_depth: 128,
-            max_io_queues: 128,
+            max_io_queues: None,
             in_capsule_data_size: 8192,
             max_io_size: 131072,
             max_h2c_data: 131072,

@@ -140,6 +140,13 @@ impl StatsCell {
         }
     }
 
+    /// Wall time in iterations that found work so far, ns, as booked (the iteration in
+    /// progress is not in it): one load, for a reader that samples it often (connection
+    /// placement) and needs only its rate.
+    pub fn booked_busy_ns(&self) -> u64 {
+        self.busy_ns.load(Relaxed)
+    }
+
     /// Read a snapshot. Fields are read one by one: a snapshot taken while the reactor runs is
     /// consistent per counter, which is what rates and fractions need.
     pub fn snapshot(&self, id: usize) -> ReactorStats {

@@ -71,6 +71,7 @@ pub mod log;
 pub mod mutate;
 pub mod nvm;
 pub mod path;
+pub mod placement;
 pub mod pool;
 pub mod qos;
 pub mod queue;
@@ -90,11 +91,9 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 pub const BUILD_COMMIT: &str = env!("POLLUX_BUILD_COMMIT");
 
 use std::net::{SocketAddr, TcpListener};
-use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use arc_swap::ArcSwap;
 use pollux_conf::{Config, ReactorMode};
 use pollux_reactor::{Mode, PolicyConfig, ReactorConfig, ReactorStats, Runtime, Turnaround};
 use tracing::info;
@@ -178,19 +177,7 @@ impl Target {
             return Err(TargetError::SelfReferral { referral, listener });
         }
         let snapshot = build_snapshot(cfg, n, addrs.clone())?;
-        let shared = Arc::new(Shared {
-            transport: cfg.transport.clone(),
-            keep_alive: cfg.keep_alive.clone(),
-            snapshot: ArcSwap::from_pointee(snapshot),
-            generated: Default::default(),
-            reactors: n,
-            conns_per_reactor: (0..n).map(|_| AtomicU64::new(0)).collect(),
-            closes: (0..n).map(|_| close::CloseCounts::default()).collect(),
-            requests: (0..n).map(|_| Arc::default()).collect(),
-            controllers_created: AtomicU64::new(0),
-            config: Mutex::new(cfg.clone()),
-            started,
-        });
+        let shared = Arc::new(Shared::new(cfg, n, snapshot, started));
         let reactors = cfg
             .reactors
             .cores
@@ -217,6 +204,7 @@ impl Target {
                 r.set_local(queue::data::H2cPool::default());
                 r.set_local(tcp::RxPool::default());
                 if r.id() == 0 {
+                    r.set_local(placement::Placer::default());
                     let socks = pending
                         .lock()
                         .map_err(|_| "listener hand-off poisoned")?
@@ -233,6 +221,7 @@ impl Target {
                 Ok(())
             }),
         )?;
+        let _ = shared.stats_cells.set(runtime.stats_cells());
         for a in &addrs {
             info!(address = %a.addr, tls = a.tls.as_str(), "listening (NVMe/TCP, discovery and subsystems)");
         }

@@ -1,4 +1,5 @@
-//! Listeners: accept NVMe/TCP connections on reactor 0 and place each on a reactor.
+//! Listeners: accept NVMe/TCP connections on reactor 0 and place each on a reactor
+//! ([`crate::placement`]).
 
 use std::io::ErrorKind;
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -12,6 +13,7 @@ use pollux_reactor::{Next, Progress, Reactor, Source, SourceId, SourceOpts};
 use tracing::{info, warn};
 
 use crate::path::Path;
+use crate::placement::Placer;
 use crate::subsystem::Shared;
 use crate::tcp::{self, Conn, RxPool};
 
@@ -31,7 +33,6 @@ pub struct Listener {
     addr: Option<SocketAddr>,
     shared: Arc<Shared>,
     placement: Placement,
-    next: usize,
     started: Instant,
     /// Its connections open now (each decrements it as it closes).
     open: Arc<AtomicU64>,
@@ -48,7 +49,6 @@ impl Listener {
             sock,
             shared,
             placement,
-            next: 0,
             started,
             open: Arc::new(AtomicU64::new(0)),
             refusal_logged: None,
@@ -60,19 +60,6 @@ impl Listener {
     pub fn register(self, r: &mut Reactor) -> pollux_reactor::Result<SourceId> {
         let fd = self.sock.as_raw_fd();
         r.add_sleepable_source(Box::new(self), SourceOpts::readable(fd))
-    }
-
-    fn pick(&mut self) -> usize {
-        let n = self.shared.reactors.max(1);
-        match self.placement {
-            Placement::RoundRobin => {
-                self.next = (self.next + 1) % n;
-                self.next
-            }
-            Placement::LeastLoaded => (0..n)
-                .min_by_key(|&i| self.shared.conns_per_reactor[i].load(Relaxed))
-                .unwrap_or(0),
-        }
     }
 
     /// The limit a new connection would break, if any: the listener's own
@@ -161,6 +148,7 @@ impl Source for Listener {
                                     tls: l.tls,
                                     ana: l.ana.clone(),
                                     open: self.open.clone(),
+                                    placed: None,
                                 },
                                 l.max_connections,
                             ),
@@ -184,10 +172,18 @@ impl Source for Listener {
                         warn!(%peer, error = %e, "cannot configure an accepted socket");
                         continue;
                     }
-                    let target = self.pick();
-                    self.shared.conns_per_reactor[target].fetch_add(1, Relaxed);
+                    // The listeners' reactor keeps the placement state (set at start; a
+                    // reactor without it places round robin from its own state).
+                    let (target, placed) = match r.local::<Placer>() {
+                        Some(p) => p.place(self.placement, &self.shared, peer.ip()),
+                        None => Placer::default().place(Placement::RoundRobin, &self.shared, peer.ip()),
+                    };
                     self.open.fetch_add(1, Relaxed);
                     info!(%peer, reactor = target, "connection accepted");
+                    let path = Path {
+                        placed: placed.map(Arc::new),
+                        ..path
+                    };
                     let (shared, started) = (self.shared.clone(), self.started);
                     if target == r.id() {
                         add_connection(r, sock, shared, started, path);

@@ -1,6 +1,7 @@
 //! What a connection knows of the path that accepted it (the listener's address, TLS mode,
-//! ANA states and open-connection count). Its own module so that the listener (which makes
-//! it) and the connection (which keeps it) need not import each other.
+//! ANA states and open-connection count) and of its place ([`crate::placement`]). Its own
+//! module so that the listener (which makes it) and the connection (which keeps it) need
+//! not import each other.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -9,6 +10,7 @@ use std::sync::atomic::AtomicU64;
 use pollux_conf::TlsMode;
 
 use crate::ana::AnaStates;
+use crate::placement::Placed;
 
 /// What a connection takes from the listener that accepted it.
 #[derive(Debug, Clone, Default)]
@@ -22,4 +24,6 @@ pub struct Path {
     pub ana: Arc<AnaStates>,
     /// The listener's count of open connections (the connection decrements it as it goes).
     pub open: Arc<AtomicU64>,
+    /// Its place among its host address's connections (counted until it drops).
+    pub placed: Option<Arc<Placed>>,
 }

@@ -362,7 +362,41 @@ impl Snapshot {
     }
 }
 
+/// A reactor's queues by role: written by that reactor as its queues bind and close.
+#[derive(Debug, Default)]
+pub struct QueueRoles {
+    /// Admin queues: the controllers the reactor owns.
+    pub admin: AtomicU64,
+    /// I/O queues.
+    pub io: AtomicU64,
+}
+
 impl Shared {
+    /// The I/O queues a controller grants at most ([`Transport::io_queues_for`]).
+    pub fn io_queues_max(&self) -> u16 {
+        self.transport.io_queues_for(self.reactors).min(0xFFFF) as u16
+    }
+
+    /// The state of a target of `reactors` reactors running `cfg`, whose subsystems are
+    /// `snapshot`.
+    pub fn new(cfg: &Config, reactors: usize, snapshot: Snapshot, started: std::time::Instant) -> Self {
+        Self {
+            transport: cfg.transport.clone(),
+            keep_alive: cfg.keep_alive.clone(),
+            snapshot: ArcSwap::from_pointee(snapshot),
+            generated: Default::default(),
+            reactors,
+            conns_per_reactor: (0..reactors).map(|_| AtomicU64::new(0)).collect(),
+            closes: (0..reactors).map(|_| crate::close::CloseCounts::default()).collect(),
+            requests: (0..reactors).map(|_| Arc::default()).collect(),
+            queue_roles: (0..reactors).map(|_| QueueRoles::default()).collect(),
+            stats_cells: Default::default(),
+            controllers_created: AtomicU64::new(0),
+            config: std::sync::Mutex::new(cfg.clone()),
+            started,
+        }
+    }
+
     /// The TLS PSK of an identity a host offers: a retained PSK derived from the configured
     /// one, or a PSK secure channel concatenation generated, which only serves while its
     /// subsystem still allows concatenation and the host may still connect with its
@@ -399,6 +433,11 @@ pub struct Shared {
     pub closes: Box<[crate::close::CloseCounts]>,
     /// Per reactor: its queues' requests by state, and the commands they ended.
     pub requests: Box<[Arc<crate::queue::request::RequestStats>]>,
+    /// Per reactor: its admin queues (the controllers it owns) and I/O queues.
+    pub queue_roles: Box<[QueueRoles]>,
+    /// The reactors' accounting cells, once they run (connection placement samples their
+    /// busy time).
+    pub stats_cells: std::sync::OnceLock<Vec<Arc<pollux_reactor::StatsCell>>>,
     /// Controllers ever created (for logs).
     pub controllers_created: AtomicU64,
     /// When the target started (SMART power-on hours).
@@ -530,6 +569,15 @@ pub fn build_snapshot(cfg: &Config, reactors: usize, listeners: Vec<BoundListene
         discovery: Arc::new(cfg.discovery.clone()),
         referrals: cfg.referrals.iter().map(|r| r.address).collect(),
     })
+}
+
+/// A target's shared state for unit tests: `reactors` reactors, no subsystem.
+#[cfg(test)]
+pub(crate) fn test_shared(reactors: usize) -> Shared {
+    let mut cfg = Config::embedded_default();
+    cfg.subsystems.clear();
+    let snapshot = build_snapshot(&cfg, reactors, Vec::new()).expect("a conf without subsystems builds");
+    Shared::new(&cfg, reactors, snapshot, std::time::Instant::now())
 }
 
 /// A RAM namespace of `blocks` 512-byte blocks, for unit tests of what reads namespaces.

@@ -61,6 +61,17 @@ impl Cx<'_> {
         }
     }
 
+    /// An optional integer in `lo..=hi` that fits `u32`.
+    pub(super) fn u32_opt(
+        &self,
+        v: &Option<Spanned<i64>>,
+        key: &str,
+        lo: i64,
+        hi: i64,
+    ) -> Result<Option<u32>, ConfError> {
+        v.as_ref().map(|_| self.u32_or(v, key, lo, hi, 0)).transpose()
+    }
+
     /// A size in bytes.
     pub(super) fn size(&self, v: &Spanned<RawSize>, key: &str) -> Result<u64, ConfError> {
         match v.get_ref() {

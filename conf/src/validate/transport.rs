@@ -11,7 +11,7 @@ pub(super) fn transport(cx: &Cx<'_>, t: RawTransport) -> Result<Transport, ConfE
     let d = Transport::default();
     Ok(Transport {
         io_queue_depth: cx.u32_or(&t.io_queue_depth, "io_queue_depth", 2, 65536, d.io_queue_depth)?,
-        max_io_queues: cx.u32_or(&t.max_io_queues, "max_io_queues", 1, 65535, d.max_io_queues)?,
+        max_io_queues: cx.u32_opt(&t.max_io_queues, "max_io_queues", 1, 65535)?,
         // ICDOFF/IOCCSZ are in 16-byte units (NVMe/TCP 1.0 §3.6.2.3, ICResp).
         in_capsule_data_size: cx.transport_bytes(
             &t.in_capsule_data_size,

@@ -56,6 +56,9 @@ pub struct ControllerOpts {
     pub dhchap: Option<super::HostDhchap>,
     /// TLS 1.3 with a PSK on every queue, admin and I/O (NVMe/TCP 1.0 §3.6.1).
     pub tls: Option<super::HostTls>,
+    /// The local address every queue connects from (None: the system's choice), as
+    /// `nvme connect --host-traddr`.
+    pub source: Option<std::net::IpAddr>,
 }
 
 impl ControllerOpts {
@@ -72,6 +75,7 @@ impl ControllerOpts {
             timeout: Duration::from_secs(5),
             dhchap: None,
             tls: None,
+            source: None,
         }
     }
 }
@@ -122,6 +126,7 @@ impl Controller {
         aq.timeout = o.timeout;
         aq.dhchap = o.dhchap.clone();
         aq.tls = o.tls.clone();
+        aq.source = o.source;
         let mut tls = o.tls.clone();
         if tls.is_none() && o.dhchap.as_ref().is_some_and(|d| d.concat) {
             let mut plain = HostQueue::connect(addr, aq.clone())?;
@@ -161,6 +166,7 @@ impl Controller {
                 qo.max_data = max_data;
                 qo.dhchap = o.dhchap.clone();
                 qo.tls = tls.clone();
+                qo.source = o.source;
                 io.push(HostQueue::connect(addr, qo)?);
             }
         }

@@ -65,20 +65,22 @@ const ESSENTIAL: [&str; 14] = [
     "REACTOR",
     "CORE",
     "MODE",
-    "ADAPTIVE",
     "BUDGET",
     "POLL%",
     "HYBRID%",
-    "INTR%",
     "CPU%",
     "BUSY%",
     "IOPS",
     "OUTST",
+    "QUEUES",
+    "CTRLS",
     "PREDICTED",
     "STALLS",
 ];
 
-/// The reactors table: the essential columns, or all 23 when `wide`.
+/// The reactors table: the essential columns, or all 26 when `wide`. QUEUES counts every
+/// open connection (bound or still connecting), CTRLS the admin queues (the controllers the
+/// reactor owns) and IOQ the I/O queues.
 pub fn format_reactors(rs: &[ReactorView], wide: bool) -> String {
     let header = [
         "REACTOR",
@@ -98,6 +100,9 @@ pub fn format_reactors(rs: &[ReactorView], wide: bool) -> String {
         "IOPS",
         "CMDS",
         "OUTST",
+        "QUEUES",
+        "CTRLS",
+        "IOQ",
         "PREDICTED",
         "WAKECOST",
         "HYBSPIN",
@@ -133,6 +138,9 @@ pub fn format_reactors(rs: &[ReactorView], wide: bool) -> String {
             format!("{:.0}", r.iops),
             r.commands.to_string(),
             r.outstanding.to_string(),
+            r.connections.to_string(),
+            r.admin_queues.to_string(),
+            r.io_queues.to_string(),
             ns(r.predicted_ns),
             ns(r.wake_cost_ns),
             ns(r.hybrid_spin_ns),
@@ -419,13 +427,15 @@ mod tests {
             stalls: 123_456_789,
             sources: 4096,
             connections: 4096,
+            admin_queues: 4096,
+            io_queues: 4096,
             closed: Default::default(),
             requests: Default::default(),
         }
     }
 
     #[test]
-    fn the_default_reactors_table_fits_120_columns_and_wide_has_all_23() {
+    fn the_default_reactors_table_fits_120_columns_and_wide_has_all_26() {
         let rs = [busy_reactor(0), busy_reactor(1)];
         let t = format_reactors(&rs, false);
         for l in t.lines() {
@@ -436,8 +446,8 @@ mod tests {
         assert_eq!(t.lines().count(), 3);
         let w = format_reactors(&rs, true);
         let header: Vec<&str> = w.lines().next().unwrap_or_default().split_whitespace().collect();
-        assert_eq!(header.len(), 23, "{w}");
-        // All 23, the default before, do not fit.
+        assert_eq!(header.len(), 26, "{w}");
+        // All 26 do not fit.
         assert!(w.lines().any(|l| l.chars().count() > 120), "{w}");
         assert!(w.lines().nth(1).is_some_and(|l| l.contains("123456789")), "{w}");
     }

@@ -445,6 +445,17 @@ impl Collector for Scrape {
             "Open NVMe/TCP connections on the reactor.",
             |r| Num::Int(r.connections),
         )?;
+        let roles = self.reactors.iter().zip(&self.ids).flat_map(|(r, id)| {
+            [("admin", r.admin_queues), ("io", r.io_queues)]
+                .map(move |(role, n)| ([("reactor", id.as_str()), ("role", role)], Num::Int(n)))
+        });
+        family(
+            enc,
+            "pollux_reactor_queues",
+            Gauge,
+            "Bound NVMe-oF queues on the reactor, by role (admin: the controllers it owns).",
+            roles,
+        )?;
         let closed = self.reactors.iter().zip(&self.ids).flat_map(|(r, id)| {
             r.closed
                 .iter()

@@ -122,6 +122,7 @@ fn draw(f: &mut Frame, path: &Path, s: &State) {
             ratatui::text::Span::raw(r.switches.to_string()),
             ratatui::text::Span::raw(r.outstanding.to_string()),
             ratatui::text::Span::raw(r.connections.to_string()),
+            ratatui::text::Span::raw(r.admin_queues.to_string()),
             ratatui::text::Span::raw(r.stalls.to_string()),
         ])
     });
@@ -138,14 +139,15 @@ fn draw(f: &mut Frame, path: &Path, s: &State) {
             Constraint::Length(10),
             Constraint::Length(9),
             Constraint::Length(6),
+            Constraint::Length(7),
             Constraint::Length(6),
             Constraint::Length(7),
         ],
     )
     .header(
         Row::new([
-            "REACTOR", "CORE", "MODE", "POLICY", "CPU%", "BUSY%", "IOPS", "LATENCY", "SWITCHES", "OUTST", "CONNS",
-            "STALLS",
+            "REACTOR", "CORE", "MODE", "POLICY", "CPU%", "BUSY%", "IOPS", "LATENCY", "SWITCHES", "OUTST", "QUEUES",
+            "CTRLS", "STALLS",
         ])
         .style(bold),
     )

@@ -129,8 +129,15 @@ pub struct ReactorView {
     pub stalls: u64,
     /// Registered work sources.
     pub sources: u64,
-    /// Open NVMe/TCP connections placed on this reactor.
+    /// Open NVMe/TCP connections placed on this reactor (its queues, bound or not yet).
     pub connections: u64,
+    /// Of its queues, admin queues: the controllers this reactor owns (discovery ones
+    /// included; absent from older targets: 0).
+    #[serde(default)]
+    pub admin_queues: u64,
+    /// Of its queues, I/O queues (absent from older targets: 0).
+    #[serde(default)]
+    pub io_queues: u64,
     /// Connections of this reactor closed since start, by why (the kinds of
     /// [`crate::close::CloseKind`], every one; absent from older targets: empty).
     #[serde(default)]

@@ -89,7 +89,7 @@ pub fn granted_queues(ctrl: &Ctrl, shared: &Shared) -> u16 {
     if ctrl.io_queues_granted > 0 {
         ctrl.io_queues_granted
     } else {
-        shared.transport.max_io_queues.min(0xFFFF) as u16
+        shared.io_queues_max()
     }
 }
 
@@ -208,9 +208,7 @@ fn value(ctrl: &Ctrl, shared: &Shared, fid: u8, cdw11: u32, default: bool) -> Re
         },
         feature::ERROR_RECOVERY => Reply::dw0(f.error_recovery),
         feature::WRITE_ATOMICITY_NORMAL => Reply::dw0(f.write_atomicity),
-        feature::NUMBER_OF_QUEUES if default => {
-            Reply::dw0(queues_dw0(shared.transport.max_io_queues.min(0xFFFF) as u16))
-        }
+        feature::NUMBER_OF_QUEUES if default => Reply::dw0(queues_dw0(shared.io_queues_max())),
         feature::NUMBER_OF_QUEUES => Reply::dw0(queues_dw0(granted_queues(ctrl, shared))),
         // A new controller has the KATO its Connect asked for; the feature's own default is
         // 0 (no keep-alive timer) and no asynchronous event enabled.
@@ -311,7 +309,8 @@ pub fn set_features(
             if nsqr == 0xFFFF || ncqr == 0xFFFF {
                 return invalid();
             }
-            let want = (nsqr.min(ncqr) + 1).min(shared.transport.max_io_queues).min(0xFFFF);
+            // NVMe 2.0 §5.27.1.5: at most what the target grants; the host shares them.
+            let want = (nsqr.min(ncqr) + 1).min(u32::from(shared.io_queues_max()));
             ctrl.io_queues_granted = want as u16;
             return done(Reply::dw0(queues_dw0(ctrl.io_queues_granted)));
         }

@@ -153,6 +153,10 @@ impl<T: Transport> Queue<T> {
             );
             self.shared.controllers_created.fetch_add(1, Relaxed);
             self.role = Role::Admin(Box::new(ctrl));
+            self.count_role(true);
+            if let Some(p) = &self.placed {
+                p.uncount();
+            }
             self.schedule_keep_alive(r, id);
             let atr = self.auth_required(&d.hostnqn, subsys_of_req.as_deref());
             self.start_auth(r, id, &d.hostnqn, atr);
@@ -205,6 +209,7 @@ impl<T: Transport> Queue<T> {
                     hostnqn: hostnqn.clone(),
                     hostid,
                 });
+                self.count_role(true);
                 self.start_auth(r, id, &hostnqn, atr);
                 self.finish(r, cid, &End::status(Status::SUCCESS).dw(connect_dw0(cntlid, atr), 0));
             }

@@ -114,6 +114,9 @@ pub struct Queue<T: Transport> {
     listener_open: Arc<AtomicU64>,
     /// The bound address of the listener that accepted it (None: unknown).
     listener: Option<std::net::SocketAddr>,
+    /// Counts it among its host address's connections on its reactor while it lives
+    /// ([`crate::placement`]).
+    placed: Option<Arc<crate::placement::Placed>>,
 }
 
 impl<T: Transport> Queue<T> {
@@ -143,6 +146,7 @@ impl<T: Transport> Queue<T> {
             unsent: unsent::Unsent::default(),
             listener_open: path.open,
             listener: path.addr,
+            placed: path.placed,
         }
     }
 
@@ -173,6 +177,24 @@ impl<T: Transport> Queue<T> {
     #[inline]
     pub fn is_io(&self) -> bool {
         matches!(self.role, Role::Io(_))
+    }
+
+    /// Count the queue's role in its reactor's [`crate::subsystem::QueueRoles`] as it binds
+    /// (`bound`), or no longer as it closes.
+    fn count_role(&self, bound: bool) {
+        let Some(roles) = self.shared.queue_roles.get(self.reactor) else {
+            return;
+        };
+        let c = match self.role {
+            Role::Admin(_) => &roles.admin,
+            Role::Io(_) => &roles.io,
+            Role::Unbound | Role::Connecting => return,
+        };
+        if bound {
+            c.fetch_add(1, Relaxed);
+        } else {
+            c.fetch_sub(1, Relaxed);
+        }
     }
 
     fn me(&self, id: SourceId) -> QueueRef {
@@ -223,6 +245,7 @@ impl<T: Transport> Queue<T> {
         // commands went with the requests.
         self.fused_teardown(r);
         self.qos_teardown(r);
+        self.count_role(false);
         match std::mem::replace(&mut self.role, Role::Unbound) {
             Role::Admin(ctrl) => admin::teardown_ctrl::<T>(r, ctrl, &reason),
             Role::Io(q) => admin::detach_io::<T>(r, &q, self.sq.qid, self.serial),
@@ -333,6 +356,7 @@ impl<T: Transport> Source for Queue<T> {
         // The target is stopping: send what is queued, then close. Commands waiting for data
         // are never completed; the host sees the connection close and retries elsewhere.
         self.t.close();
+        self.count_role(false);
         self.shared.conns_per_reactor[self.reactor].fetch_sub(1, Relaxed);
         self.listener_open.fetch_sub(1, Relaxed);
         tracing::debug!(peer = %self.t.peer(), "connection closed at shutdown");

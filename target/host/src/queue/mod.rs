@@ -113,6 +113,8 @@ pub struct QueueOpts {
     /// TLS 1.3 with this PSK (NVMe/TCP 1.0 §3.6.1): the handshake right after the TCP
     /// connect, before ICReq (None: plain TCP).
     pub tls: Option<HostTls>,
+    /// The local address to connect from (None: the system's choice).
+    pub source: Option<std::net::IpAddr>,
 }
 
 impl QueueOpts {
@@ -134,6 +136,7 @@ impl QueueOpts {
             max_data: 1 << 20,
             dhchap: None,
             tls: None,
+            source: None,
         }
     }
 
@@ -338,7 +341,15 @@ impl HostQueue {
     /// TLS handshake is done too (NVMe/TCP 1.0 §3.6.1.1: it comes before ICReq), and raw
     /// PDUs travel inside the session.
     pub fn tcp(addr: SocketAddr, opts: QueueOpts) -> Result<Self, HostError> {
-        let sock = TcpStream::connect_timeout(&addr, opts.timeout)?;
+        let sock = match opts.source {
+            None => TcpStream::connect_timeout(&addr, opts.timeout)?,
+            Some(ip) => {
+                let s = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::STREAM, None)?;
+                s.bind(&std::net::SocketAddr::new(ip, 0).into())?;
+                s.connect_timeout(&addr.into(), opts.timeout)?;
+                s.into()
+            }
+        };
         sock.set_nodelay(true)?;
         sock.set_nonblocking(true)?;
         let entries = usize::from(opts.sqsize) + 1;

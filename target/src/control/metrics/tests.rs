@@ -42,6 +42,8 @@ fn reactor(id: usize, mode: &str) -> ReactorView {
         stalls: 1,
         sources: 3,
         connections: 2,
+        admin_queues: 1,
+        io_queues: 1,
         closed: Default::default(),
         requests: Default::default(),
     }

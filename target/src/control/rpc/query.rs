@@ -89,6 +89,8 @@ impl Ctx {
                     stalls: st.stalls,
                     sources: st.sources,
                     connections: self.shared.conns_per_reactor.get(i).map_or(0, |c| c.load(Relaxed)),
+                    admin_queues: self.shared.queue_roles.get(i).map_or(0, |c| c.admin.load(Relaxed)),
+                    io_queues: self.shared.queue_roles.get(i).map_or(0, |c| c.io.load(Relaxed)),
                     closed: self.shared.closes.get(i).map_or_else(Default::default, |c| {
                         CloseKind::ALL
                             .iter()
