@@ -9,12 +9,15 @@ receive buffers, and the rest as whole controllers: `pollux perf -w idle` proces
 I/O queues each), holds them, closes them all, and does it again until the cycle ends. Storm
 and quiet cycles alternate in ABBA pairs. Reported per cycle: the target's RSS before, at its
 peak and after the storm's connections closed; the neighbour's p50/p99/max; reactor stall
-warnings in the target's log. Per pair: storm/quiet ratios. Any error of the neighbour
+warnings in the target's log; the reactor thread's page faults. Per pair: storm/quiet ratios.
+At the end, RSS per idle queue: 10 controllers of 32 I/O queues held idle. Any error of the neighbour
 (verify mismatch, I/O error) or of the storm's controllers fails the run.
 
 usage: bench-storm.py POLLUX_BIN OUT_DIR TARGET_CORE CLIENT_CORE
 env: BENCH_STORM_PAIRS (3), BENCH_STORM_CONNS (1000), BENCH_STORM_T (6 s per cycle),
-     BENCH_STORM_HOLD (1.0 s), BENCH_QUICK=1 (1 pair, 200 connections, 3 s)
+     BENCH_STORM_HOLD (1.0 s), BENCH_STORM_WARMUP (1: a quiet cycle before the pairs, in no
+     ratio; 0: none, the first storm is the neighbour's first cycle too),
+     BENCH_QUICK=1 (1 pair, 200 connections, 3 s)
 """
 import json
 import os
@@ -37,6 +40,22 @@ def rss_kib(pid):
         for line in f:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
+    return 0
+
+
+def reactor_faults(pid):
+    """Minor and major page faults of the reactor thread so far (the thread named reactor-0):
+    first touches of memory that the reactor pays for while it serves, which machine noise
+    does not move."""
+    import glob
+    for d in glob.glob(f"/proc/{pid}/task/*"):
+        try:
+            if open(f"{d}/comm").read().strip() != "reactor-0":
+                continue
+            f = open(f"{d}/stat").read().rsplit(")", 1)[1].split()
+            return int(f[7]) + int(f[9])  # minflt, majflt (fields 10 and 12 of stat)
+        except OSError:
+            continue
     return 0
 
 
@@ -118,18 +137,8 @@ class Storm:
             self.errors.append(f"storm: {e!r}")
 
 
-def main():
-    pollux, out, tcore, ccore = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
-    quick = os.environ.get("BENCH_QUICK") == "1"
-    pairs = int(os.environ.get("BENCH_STORM_PAIRS", "1" if quick else "3"))
-    conns = int(os.environ.get("BENCH_STORM_CONNS", "200" if quick else "1000"))
-    cycle_t = float(os.environ.get("BENCH_STORM_T", "3" if quick else "6"))
-    hold = float(os.environ.get("BENCH_STORM_HOLD", "1.0"))
-    port = free_port()
-    os.makedirs(f"{out}/conf", exist_ok=True)
-    cfg = f"{out}/conf/storm.toml"
-    with open(cfg, "w") as f:
-        f.write(f"""[reactors]
+def conf_text(tcore, port, conns, ram="64MiB"):
+    return f"""[reactors]
 cores = [{tcore}]
 mode = "poll"
 
@@ -149,8 +158,73 @@ allow_any_host = true
 [[subsystem.namespace]]
 nsid = 1
 block_size = 512
-backend = {{ ram = {{ size = "64MiB" }} }}
-""")
+backend = {{ ram = {{ size = "{ram}" }} }}
+"""
+
+
+def idle_queues(pollux, out, tcore, core, conns, errors, ctrls=10, queues=32):
+    """RSS per idle queue, on a fresh target (the storms' target has their memory to reuse):
+    `ctrls` controllers of `queues` I/O queues each (plus their admin queues) connected and
+    idle, the target's RSS while they are held against before."""
+    port = free_port()
+    cfg = f"{out}/conf/storm-idle.toml"
+    with open(cfg, "w") as f:
+        # A small namespace: a RAM namespace is committed in the background after the
+        # start, which would count as the queues' RSS.
+        f.write(conf_text(tcore, port, conns, ram="1MiB"))
+    logf = open(f"{out}/storm-idle.target.log", "w")
+    target = start_target(pollux, cfg, port, logf, "storm-idle")
+    try:
+        return held_idle(pollux, port, core, target.pid, errors, ctrls, queues)
+    finally:
+        stop_target(target)
+        logf.close()
+
+
+def held_idle(pollux, port, core, pid, errors, ctrls, queues):
+    trid = f"trtype:tcp traddr:127.0.0.1 trsvcid:{port} subnqn:{NQN} hostnqn:{HOST}"
+    before = rss_kib(pid)
+    for _ in range(20):  # settled: unchanged over 0.25 s
+        time.sleep(0.25)
+        now, before = before, rss_kib(pid)
+        if now == before:
+            break
+    procs = [
+        subprocess.Popen(
+            [pollux, "perf", "-r", trid, "-w", "idle", "-t", "3", "--cores", str(core),
+             "--conns-per-core", str(queues), "-q", "1", "--no-probe"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        for _ in range(ctrls)
+    ]
+    time.sleep(2.0)
+    held = rss_kib(pid)
+    for p in procs:
+        _, err = p.communicate(timeout=60)
+        if p.returncode != 0:
+            errors.append(f"idle controller exited {p.returncode}: {err.decode()[-300:]}")
+    time.sleep(1.0)
+    after = rss_kib(pid)
+    n = ctrls * (queues + 1)
+    r = {"queues": n, "rss_before_kib": before, "rss_held_kib": held, "rss_after_kib": after,
+         "rss_per_idle_queue_kib": (held - before) / n}
+    print(f"storm: idle queues {n}: rss {before}->{held}->{after} KiB, "
+          f"{r['rss_per_idle_queue_kib']:.1f} KiB per idle queue", flush=True)
+    return r
+
+
+def main():
+    pollux, out, tcore, ccore = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+    quick = os.environ.get("BENCH_QUICK") == "1"
+    pairs = int(os.environ.get("BENCH_STORM_PAIRS", "1" if quick else "3"))
+    conns = int(os.environ.get("BENCH_STORM_CONNS", "200" if quick else "1000"))
+    cycle_t = float(os.environ.get("BENCH_STORM_T", "3" if quick else "6"))
+    hold = float(os.environ.get("BENCH_STORM_HOLD", "1.0"))
+    warmup = os.environ.get("BENCH_STORM_WARMUP", "1") == "1"
+    port = free_port()
+    os.makedirs(f"{out}/conf", exist_ok=True)
+    cfg = f"{out}/conf/storm.toml"
+    with open(cfg, "w") as f:
+        f.write(conf_text(tcore, port, conns))
     log_path = f"{out}/storm.target.log"
     logf = open(log_path, "w")
     target = start_target(pollux, cfg, port, logf, "storm")
@@ -160,10 +234,15 @@ backend = {{ ram = {{ size = "64MiB" }} }}
         cycles = []
         errors = []
         trid = f"trtype:tcp traddr:127.0.0.1 trsvcid:{port} subnqn:{NQN}"
-        for pair in range(pairs):
-            order = [True, False] if pair % 2 == 0 else [False, True]
+        # A quiet warm-up cycle first (pair -1, in no ratio): the neighbour's first writes
+        # commit its span of the RAM namespace, which the first storm would otherwise be
+        # charged with.
+        schedule = [(-1, [False])] if warmup else []
+        schedule += [(p, [True, False] if p % 2 == 0 else [False, True]) for p in range(pairs)]
+        for pair, order in schedule:
             for storm_on in order:
                 stalls_before = open(log_path).read().count("stall")
+                faults_before = reactor_faults(target.pid)
                 before = rss_kib(target.pid)
                 peak = [before]
                 sampling = threading.Event()
@@ -202,16 +281,17 @@ backend = {{ ram = {{ size = "64MiB" }} }}
                     rep = json.loads(nout.decode().strip().splitlines()[-1])
                 lat = rep.get("latency_ns", {})
                 stalls = open(log_path).read().count("stall") - stalls_before
+                faults = reactor_faults(target.pid) - faults_before
                 c = {
                     "pair": pair, "storm": storm_on, "storm_rounds": storm.rounds if storm else 0,
                     "rss_before_kib": before, "rss_peak_kib": peak[0], "rss_after_kib": after,
                     "p50_ns": lat.get("p50"), "p99_ns": lat.get("p99"), "max_ns": lat.get("max"),
-                    "ios": lat.get("count"), "stall_warnings": stalls,
+                    "ios": lat.get("count"), "stall_warnings": stalls, "reactor_faults": faults,
                 }
                 cycles.append(c)
                 print(f"storm: pair {pair} storm={storm_on} rounds={c['storm_rounds']} "
                       f"rss {before}->{peak[0]}->{after} KiB p99 {c['p99_ns']} max {c['max_ns']} "
-                      f"stalls {stalls}", flush=True)
+                      f"stalls {stalls} reactor faults {faults}", flush=True)
                 if errors:
                     break
             if errors:
@@ -220,6 +300,7 @@ backend = {{ ram = {{ size = "64MiB" }} }}
     finally:
         stop_target(target)
         logf.close()
+    idle = idle_queues(pollux, out, tcore, ccore, conns, errors) if not errors else {}
     with open(f"{out}/storm.runs.jsonl", "w") as f:
         for c in cycles:
             f.write(json.dumps(c) + "\n")
@@ -243,6 +324,7 @@ backend = {{ ram = {{ size = "64MiB" }} }}
         "storm_over_quiet": ratios, "storm_over_quiet_median": med,
         "stall_warnings_storm": sum(c["stall_warnings"] for c in cycles if c["storm"]),
         "stall_warnings_quiet": sum(c["stall_warnings"] for c in cycles if not c["storm"]),
+        "idle_queues": idle,
         "errors": errors,
     }
     with open(f"{out}/storm.json", "w") as f:
@@ -250,16 +332,22 @@ backend = {{ ram = {{ size = "64MiB" }} }}
     us = lambda ns: "-" if ns is None else f"{ns / 1000:.1f}"  # noqa: E731
     with open(f"{out}/storm.md", "w") as f:
         f.write(f"# storm: {conns} connections per round beside a QD1 verifying host\n\n")
-        f.write("| pair | storm | rounds | RSS before / peak / after (MiB) | p50 us | p99 us | max us | stalls |\n")
-        f.write("|---|---|---|---|---|---|---|---|\n")
+        f.write("| pair | storm | rounds | RSS before / peak / after (MiB) | p50 us | p99 us | max us | stalls "
+                "| reactor faults |\n")
+        f.write("|---|---|---|---|---|---|---|---|---|\n")
         for c in cycles:
             f.write(f"| {c['pair']} | {'yes' if c['storm'] else 'no'} | {c['storm_rounds']} | "
                     f"{c['rss_before_kib'] / 1024:.1f} / {c['rss_peak_kib'] / 1024:.1f} / "
                     f"{c['rss_after_kib'] / 1024:.1f} | {us(c['p50_ns'])} | {us(c['p99_ns'])} | "
-                    f"{us(c['max_ns'])} | {c['stall_warnings']} |\n")
+                    f"{us(c['max_ns'])} | {c['stall_warnings']} | {c['reactor_faults']} |\n")
         f.write(f"\nstorm/quiet per pair: p50 {ratios['p50_ns']}, p99 {ratios['p99_ns']}, "
                 f"max {ratios['max_ns']}\n\nRSS {rss_start / 1024:.1f} MiB at start, "
                 f"{rss_end / 1024:.1f} MiB at the end\n")
+        if idle:
+            f.write(f"\nidle queues: {idle['queues']} held ({idle['queues'] // 33} controllers of 32 I/O "
+                    f"queues), RSS {idle['rss_before_kib'] / 1024:.1f} -> {idle['rss_held_kib'] / 1024:.1f} "
+                    f"-> {idle['rss_after_kib'] / 1024:.1f} MiB: "
+                    f"{idle['rss_per_idle_queue_kib']:.1f} KiB per idle queue\n")
     if errors:
         print("storm: FAILED: " + "; ".join(errors), file=sys.stderr)
         sys.exit(1)
