@@ -10,7 +10,11 @@ I/O queues each), holds them, closes them all, and does it again until the cycle
 and quiet cycles alternate in ABBA pairs. Reported per cycle: the target's RSS before, at its
 peak and after the storm's connections closed; the neighbour's p50/p99/max; reactor stall
 warnings in the target's log; the reactor thread's page faults. Per pair: storm/quiet ratios.
-At the end, RSS per idle queue: 10 controllers of 32 I/O queues held idle. Any error of the neighbour
+At the end, RSS per idle queue: 10 controllers of 32 I/O queues held idle on a fresh target;
+and first connect storms: fresh targets, each taking 3 rounds of 1000 connections opened one
+after another (connect, ICReq, ICResp), the round trip's p50/p99/max per round: the first
+round is the target's first storm (alternating with BENCH_STORM_BASE_BIN, an older pollux,
+if set; BENCH_STORM_FIRST_PAIRS pairs, 4). Any error of the neighbour
 (verify mismatch, I/O error) or of the storm's controllers fails the run.
 
 usage: bench-storm.py POLLUX_BIN OUT_DIR TARGET_CORE CLIENT_CORE
@@ -57,6 +61,18 @@ def reactor_faults(pid):
         except OSError:
             continue
     return 0
+
+
+def populating(pid):
+    """Whether the target still commits a RAM namespace in the background."""
+    import glob
+    for d in glob.glob(f"/proc/{pid}/task/*"):
+        try:
+            if open(f"{d}/comm").read().strip() == "pollux-ram-popu":
+                return True
+        except OSError:
+            pass
+    return False
 
 
 def icreq():
@@ -212,6 +228,59 @@ def held_idle(pollux, port, core, pid, errors, ctrls, queues):
     return r
 
 
+def first_rounds(pollux, out, tcore, rounds=3, conns=1000):
+    """On a fresh target, `rounds` rounds of `conns` connections opened one after another
+    (connect, ICReq, ICResp), held, closed: each one's ICResp round trip, and the reactor's
+    page faults per round. The first round is the first storm the target sees."""
+    port = free_port()
+    cfg = f"{out}/conf/storm-first.toml"
+    with open(cfg, "w") as f:
+        f.write(conf_text(tcore, port, conns + 64, ram="1MiB"))
+    logf = open(f"{out}/storm-first.target.log", "w")
+    target = start_target(pollux, cfg, port, logf, "storm-first")
+    res = []
+    try:
+        for _ in range(rounds):
+            f0 = reactor_faults(target.pid)
+            rtts, socks = [], []
+            try:
+                for _ in range(conns):
+                    t0 = time.perf_counter()
+                    s = socket.create_connection(("127.0.0.1", port))
+                    socks.append(s)
+                    s.sendall(icreq())
+                    read_some(s, 128)
+                    rtts.append(time.perf_counter() - t0)
+            finally:
+                for s in socks:
+                    s.close()
+            rtts.sort()
+            res.append({"faults": reactor_faults(target.pid) - f0,
+                        "p50_us": rtts[len(rtts) // 2] * 1e6, "p99_us": rtts[int(len(rtts) * 0.99)] * 1e6,
+                        "max_us": rtts[-1] * 1e6})
+            time.sleep(0.3)
+    finally:
+        stop_target(target)
+        logf.close()
+    return res
+
+
+def first_storms(pollux, base, out, tcore, pairs):
+    """Alternating fresh targets of `pollux` (and `base`, an older pollux, if given):
+    the ICResp round trips of the first storm against the later ones."""
+    runs = []
+    for k in range(pairs):
+        bins = [("pollux", pollux)] + ([("base", base)] if base else [])
+        if k % 2:
+            bins.reverse()
+        for name, b in bins:
+            r = first_rounds(b, out, tcore)
+            runs.append({"bin": name, "pair": k, "rounds": r})
+            print(f"storm: first-connect {name} pair {k}: max us per round "
+                  f"{[round(x['max_us']) for x in r]}, faults {[x['faults'] for x in r]}", flush=True)
+    return runs
+
+
 def main():
     pollux, out, tcore, ccore = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
     quick = os.environ.get("BENCH_QUICK") == "1"
@@ -243,6 +312,7 @@ def main():
             for storm_on in order:
                 stalls_before = open(log_path).read().count("stall")
                 faults_before = reactor_faults(target.pid)
+                populating_at_start = populating(target.pid)
                 before = rss_kib(target.pid)
                 peak = [before]
                 sampling = threading.Event()
@@ -287,11 +357,12 @@ def main():
                     "rss_before_kib": before, "rss_peak_kib": peak[0], "rss_after_kib": after,
                     "p50_ns": lat.get("p50"), "p99_ns": lat.get("p99"), "max_ns": lat.get("max"),
                     "ios": lat.get("count"), "stall_warnings": stalls, "reactor_faults": faults,
+                    "ram_populating_at_start": populating_at_start,
                 }
                 cycles.append(c)
                 print(f"storm: pair {pair} storm={storm_on} rounds={c['storm_rounds']} "
                       f"rss {before}->{peak[0]}->{after} KiB p99 {c['p99_ns']} max {c['max_ns']} "
-                      f"stalls {stalls} reactor faults {faults}", flush=True)
+                      f"stalls {stalls} reactor faults {faults} populating {populating_at_start}", flush=True)
                 if errors:
                     break
             if errors:
@@ -301,6 +372,8 @@ def main():
         stop_target(target)
         logf.close()
     idle = idle_queues(pollux, out, tcore, ccore, conns, errors) if not errors else {}
+    first = first_storms(pollux, os.environ.get("BENCH_STORM_BASE_BIN"), out, tcore,
+                         int(os.environ.get("BENCH_STORM_FIRST_PAIRS", "1" if quick else "4")))
     with open(f"{out}/storm.runs.jsonl", "w") as f:
         for c in cycles:
             f.write(json.dumps(c) + "\n")
@@ -325,6 +398,7 @@ def main():
         "stall_warnings_storm": sum(c["stall_warnings"] for c in cycles if c["storm"]),
         "stall_warnings_quiet": sum(c["stall_warnings"] for c in cycles if not c["storm"]),
         "idle_queues": idle,
+        "first_connect": first,
         "errors": errors,
     }
     with open(f"{out}/storm.json", "w") as f:
@@ -343,6 +417,14 @@ def main():
         f.write(f"\nstorm/quiet per pair: p50 {ratios['p50_ns']}, p99 {ratios['p99_ns']}, "
                 f"max {ratios['max_ns']}\n\nRSS {rss_start / 1024:.1f} MiB at start, "
                 f"{rss_end / 1024:.1f} MiB at the end\n")
+        if first:
+            f.write("\nfirst connect storms (fresh targets, 3 rounds of 1000 connections opened one after "
+                    "another; ICResp round trip, us):\n\n| binary | pair | round | p50 | p99 | max | "
+                    "reactor faults |\n|---|---|---|---|---|---|---|\n")
+            for r in first:
+                for i, x in enumerate(r["rounds"]):
+                    f.write(f"| {r['bin']} | {r['pair']} | {i} | {x['p50_us']:.0f} | {x['p99_us']:.0f} | "
+                            f"{x['max_us']:.0f} | {x['faults']} |\n")
         if idle:
             f.write(f"\nidle queues: {idle['queues']} held ({idle['queues'] // 33} controllers of 32 I/O "
                     f"queues), RSS {idle['rss_before_kib'] / 1024:.1f} -> {idle['rss_held_kib'] / 1024:.1f} "

@@ -96,7 +96,7 @@ use std::time::{Duration, Instant};
 
 use pollux_conf::{Config, ReactorMode};
 use pollux_reactor::{Mode, PolicyConfig, ReactorConfig, ReactorStats, Runtime, Turnaround};
-use tracing::info;
+use tracing::{info, warn};
 
 pub use error::TargetError;
 use subsystem::{BoundListener, Shared, build_snapshot};
@@ -149,6 +149,26 @@ pub(crate) fn hybrid_of(r: &pollux_conf::Reactors) -> (Option<Duration>, Turnaro
 impl Target {
     /// Bind the listeners, build the namespaces, start the reactors.
     pub fn start(cfg: &Config, opts: Options) -> Result<Self, TargetError> {
+        // Room for every connection the conf allows (and the target's own files), made
+        // before the reactors run: growing the descriptor table later stalls the reactor
+        // that accepts (pollux_reactor::sys::reserve_fd_table).
+        let want = u64::from(cfg.transport.max_connections) + 256;
+        match pollux_reactor::sys::reserve_fd_table(want) {
+            Ok(r) if r.limit < want => warn!(
+                limit = r.limit,
+                max_connections = cfg.transport.max_connections,
+                "the open file limit (RLIMIT_NOFILE) is below max_connections plus the target's own files: connections beyond it are refused by accept (EMFILE)"
+            ),
+            Ok(r) => tracing::debug!(
+                limit_before = r.limit_before,
+                limit = r.limit,
+                table = r.table,
+                "descriptor table reserved"
+            ),
+            Err(e) => {
+                warn!(error = %e, "cannot reserve the descriptor table ahead of time: the first connections may stall their reactor as it grows")
+            }
+        }
         let started = Instant::now();
         let (mode, adaptive) = modes_of(&cfg.reactors);
         let model = cfg.reactors.policy;
