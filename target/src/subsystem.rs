@@ -2,7 +2,7 @@
 //! reactors and swapped whole on change, so readers never lock. A controller sees its
 //! subsystem through a [`HostView`]: the namespaces attached to its host (host masking).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::ops::RangeInclusive;
 use std::path::Path;
@@ -339,7 +339,8 @@ impl std::ops::Deref for HostView {
 /// Everything a connect or discovery request reads, swapped whole on change.
 #[derive(Debug)]
 pub struct Snapshot {
-    /// Subsystems in conf order.
+    /// Subsystems in conf order (a snapshot is never changed once made: [`Snapshot::new`]
+    /// indexes them by NQN).
     pub subsystems: Vec<Arc<Subsystem>>,
     /// Bound listeners (ports resolved), in conf order.
     pub listeners: Vec<BoundListener>,
@@ -350,6 +351,10 @@ pub struct Snapshot {
     /// Other targets' discovery controllers, listed after the subsystems in the discovery
     /// log, in conf order.
     pub referrals: Vec<SocketAddr>,
+    /// Index in `subsystems` by NQN: a connect, every controller at each change and a
+    /// released QoS-held command find their subsystem by name, which a walk of 128
+    /// subsystems' NQNs (alike for their first 30 bytes) made linear in their number.
+    by_nqn: HashMap<String, usize>,
 }
 
 /// A listener as bound.
@@ -369,9 +374,29 @@ pub struct BoundListener {
 }
 
 impl Snapshot {
+    /// A snapshot of `subsystems` (NQNs unique, the conf's rule), `listeners` as bound,
+    /// discovery log generation `genctr`, `discovery`'s keys and `referrals`.
+    pub fn new(
+        subsystems: Vec<Arc<Subsystem>>,
+        listeners: Vec<BoundListener>,
+        genctr: u64,
+        discovery: Arc<pollux_conf::Discovery>,
+        referrals: Vec<SocketAddr>,
+    ) -> Self {
+        let by_nqn = subsystems.iter().enumerate().map(|(i, s)| (s.nqn.clone(), i)).collect();
+        Self {
+            subsystems,
+            listeners,
+            genctr,
+            discovery,
+            referrals,
+            by_nqn,
+        }
+    }
+
     /// The subsystem `nqn`.
     pub fn subsystem(&self, nqn: &str) -> Option<&Arc<Subsystem>> {
-        self.subsystems.iter().find(|s| s.nqn == nqn)
+        self.by_nqn.get(nqn).and_then(|&i| self.subsystems.get(i))
     }
 
     /// The listener bound to `addr` (None if it is gone).
@@ -552,13 +577,13 @@ pub fn build_snapshot(cfg: &Config, reactors: usize, listeners: Vec<BoundListene
         .iter()
         .map(|s| build_subsystem(s, reactors, cfg.state_dir.as_deref(), |_| None))
         .collect::<Result<_, _>>()?;
-    Ok(Snapshot {
+    Ok(Snapshot::new(
         subsystems,
         listeners,
-        genctr: 1,
-        discovery: Arc::new(cfg.discovery.clone()),
-        referrals: cfg.referrals.iter().map(|r| r.address).collect(),
-    })
+        1,
+        Arc::new(cfg.discovery.clone()),
+        cfg.referrals.iter().map(|r| r.address).collect(),
+    ))
 }
 
 /// A RAM namespace of `blocks` 512-byte blocks, for unit tests of what reads namespaces.
