@@ -629,6 +629,14 @@ pub(crate) fn test_subsystem(namespaces: &[Arc<Namespace>], hosts: &[&str]) -> A
     })
 }
 
+/// A subsystem named `nqn`, open to any host, without namespaces, for unit tests.
+#[cfg(test)]
+pub(crate) fn test_subsystem_named(nqn: &str) -> Arc<Subsystem> {
+    let mut s = Arc::into_inner(test_subsystem(&[], &[])).unwrap_or_else(|| unreachable!("just built"));
+    s.nqn = nqn.to_string();
+    Arc::new(s)
+}
+
 /// [`test_subsystem`] with namespaces masked: `masks` gives, by nsid, the hosts each is
 /// attached to.
 #[cfg(test)]
