@@ -926,6 +926,14 @@ def cmd_qos(out):
             raise SystemExit(f"qos: {name} missing")
 
 
+def cmd_scale(out):
+    """The scale bench (cargo bench -p pollux-target --bench scale) writes scale.json and
+    scale.md itself: check they are there."""
+    for name in ("scale.json", "scale.md"):
+        if not os.path.exists(os.path.join(out, name)):
+            raise SystemExit(f"scale: {name} missing")
+
+
 def cmd_rbd(out):
     """ci/bench-rbd.py writes rbd.json and rbd.md: plot each cell's IOPS of rbd bench,
     fio-rbd and the pollux gateway (rbd-iops.png), and their p50 (rbd-p50.png)."""
@@ -957,7 +965,8 @@ def cmd_rbd(out):
         plt.close(fig)
 
 
-RESULT_SECTIONS = ("perf", "modes", "reactor", "file", "ab", "tls", "storm", "polling", "qos", "frontier", "rbd")
+RESULT_SECTIONS = ("perf", "modes", "reactor", "file", "ab", "tls", "storm", "polling", "qos", "scale", "frontier",
+                   "rbd")
 
 
 def cmd_results(out):
@@ -997,10 +1006,10 @@ def main(argv):
     if len(argv) >= 3 and argv[1] == "rates":
         cmd_rates(argv[2], float(argv[3]) if len(argv) > 3 else 0.25)
     elif len(argv) == 3 and argv[1] in ("perf", "modes", "reactor", "results", "ab", "tls", "storm", "polling", "qos",
-                                        "rbd"):
+                                        "scale", "rbd"):
         {"perf": cmd_perf, "modes": cmd_modes, "reactor": cmd_reactor, "results": cmd_results,
          "ab": cmd_ab, "tls": cmd_tls, "storm": cmd_storm, "polling": cmd_polling, "qos": cmd_qos,
-         "rbd": cmd_rbd}[argv[1]](argv[2])
+         "scale": cmd_scale, "rbd": cmd_rbd}[argv[1]](argv[2])
     else:
         print(__doc__, file=sys.stderr)
         return 2

@@ -320,13 +320,13 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
             .map(|b| (b.addr, b.tls))
             .eq(old.listeners.iter().map(|b| (b.addr, b.tls)))
         && referrals == old.referrals);
-    let snap = Arc::new(Snapshot {
+    let snap = Arc::new(Snapshot::new(
         subsystems,
-        listeners: bound,
-        genctr: if discovery_changed { old.genctr + 1 } else { old.genctr },
-        discovery: Arc::new(new.discovery.clone()),
+        bound,
+        if discovery_changed { old.genctr + 1 } else { old.genctr },
+        Arc::new(new.discovery.clone()),
         referrals,
-    });
+    ));
     shared.snapshot.store(snap.clone());
     // `bound` is in conf order: each listener beside its conf (a new one already has its
     // states, so nothing changes for it).

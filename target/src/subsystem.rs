@@ -2,7 +2,7 @@
 //! reactors and swapped whole on change, so readers never lock. A controller sees its
 //! subsystem through a [`HostView`]: the namespaces attached to its host (host masking).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::ops::RangeInclusive;
 use std::path::Path;
@@ -18,6 +18,9 @@ use crate::backend::Backend;
 use crate::error::TargetError;
 use crate::latency::{Latencies, LatencyHistogram};
 use crate::resv::{NsResv, state_file};
+
+mod nstable;
+use nstable::NsTable;
 
 /// I/O counters of one namespace on one reactor: written by that reactor only (relaxed
 /// load + store, no locked instruction), summed by readers. Padded to a cache line so
@@ -165,8 +168,8 @@ pub struct Subsystem {
     pub dhchap: Dhchap,
     /// Namespaces by nsid, attached to a host or not: a controller finds its own through
     /// its [`HostView`], the one place an NSID resolves for a host, so that no command path
-    /// can forget the masks.
-    namespaces: BTreeMap<u32, Arc<Namespace>>,
+    /// can forget the masks. Found in constant time (every I/O command looks one up).
+    namespaces: NsTable<Arc<Namespace>>,
     /// The hosts each masked namespace is attached to (its conf's `hosts`), by nsid; a
     /// namespace not here is attached to every host the subsystem admits.
     masks: BTreeMap<u32, BTreeSet<String>>,
@@ -185,19 +188,19 @@ impl Subsystem {
     /// Every namespace, whatever its hosts, by ascending nsid: for the control plane and
     /// the target's own upkeep, never to answer a host (that is [`HostView::namespaces`]).
     pub fn all_namespaces(&self) -> impl Iterator<Item = &Arc<Namespace>> {
-        self.namespaces.values()
+        self.namespaces.iter()
     }
 
     /// Namespace `nsid` whatever its hosts (None: there is none): for the control plane and
     /// the target's own upkeep, never to answer a host (that is [`HostView::namespace`]).
     pub fn namespace_ignoring_masks(&self, nsid: u32) -> Option<&Arc<Namespace>> {
-        self.namespaces.get(&nsid)
+        self.namespaces.get(nsid)
     }
 
     /// The largest nsid of any namespace (0: none): Identify Controller NN and MNAN, which
     /// are the subsystem's whoever asks.
     pub fn max_nsid(&self) -> u32 {
-        self.namespaces.keys().next_back().copied().unwrap_or(0)
+        self.namespaces.max_nsid().unwrap_or(0)
     }
 
     /// The hosts namespace `nsid` is attached to; None: every host (it is not masked).
@@ -235,26 +238,32 @@ impl Subsystem {
 /// per-namespace log pages and features, absent from the ANA log. Built when a controller
 /// is created and whenever its subsystem changes, never per command: a lookup costs one
 /// branch more than the subsystem's own while none of its namespaces is masked from the
-/// host, and a search of a short sorted list (no string compared) otherwise.
+/// host, and one bit test otherwise (no string compared, nothing searched).
 #[derive(Debug, Clone)]
 pub struct HostView {
     subsys: Arc<Subsystem>,
-    /// The nsids masked from the host, ascending; None: none is (the common case).
-    hidden: Option<Arc<[u32]>>,
+    /// A bit per slot of the subsystem's namespace table, set for the namespaces masked
+    /// from the host; None: none is (the common case).
+    hidden: Option<Arc<[u64]>>,
 }
 
 impl HostView {
     /// What host `hostnqn` sees of `subsys`.
     pub fn new(subsys: Arc<Subsystem>, hostnqn: &str) -> Self {
-        // `masks` is ordered by nsid: the list comes out sorted.
-        let hidden: Vec<u32> = subsys
-            .masks
-            .iter()
-            .filter(|(_, hosts)| !hosts.contains(hostnqn))
-            .map(|(nsid, _)| *nsid)
-            .collect();
+        let mut hidden: Option<Vec<u64>> = None;
+        for (nsid, hosts) in &subsys.masks {
+            if hosts.contains(hostnqn) {
+                continue;
+            }
+            // A mask of an nsid without a namespace hides nothing.
+            let Some((slot, _)) = subsys.namespaces.find(*nsid) else {
+                continue;
+            };
+            let bits = hidden.get_or_insert_with(|| vec![0; subsys.namespaces.slots().div_ceil(64)]);
+            bits[slot / 64] |= 1 << (slot % 64);
+        }
         Self {
-            hidden: (!hidden.is_empty()).then(|| hidden.into()),
+            hidden: hidden.map(Into::into),
             subsys,
         }
     }
@@ -264,25 +273,45 @@ impl HostView {
         &self.subsys
     }
 
+    /// Whether the namespace in slot `slot` of the subsystem's table is attached to the host.
     #[inline(always)]
-    fn attached(&self, nsid: u32) -> bool {
+    fn attached(&self, slot: usize) -> bool {
         match &self.hidden {
             None => true,
-            Some(h) => h.binary_search(&nsid).is_err(),
+            Some(h) => h.get(slot / 64).is_none_or(|w| w >> (slot % 64) & 1 == 0),
         }
     }
 
     /// Namespace `nsid` if it is active for this host's controllers: it exists and is
-    /// attached to the host. Every command that names an NSID resolves it here.
+    /// attached to the host. Every command that names an NSID resolves it here, in
+    /// constant time.
     #[inline(always)]
     pub fn namespace(&self, nsid: u32) -> Option<&Arc<Namespace>> {
-        let ns = self.subsys.namespaces.get(&nsid)?;
-        self.attached(nsid).then_some(ns)
+        let (slot, ns) = self.subsys.namespaces.find(nsid)?;
+        self.attached(slot).then_some(ns)
     }
 
     /// The active namespaces of this host's controllers, by ascending nsid.
     pub fn namespaces(&self) -> impl Iterator<Item = &Arc<Namespace>> {
-        self.subsys.namespaces.values().filter(|n| self.attached(n.nsid))
+        self.active(self.subsys.namespaces.iter())
+    }
+
+    /// The active namespaces of this host's controllers with an nsid above `nsid`, by
+    /// ascending nsid (the Active Namespace ID list, NVMe 2.0 §5.17.2.2): the first found
+    /// by a binary search, not by walking those below.
+    pub fn namespaces_above(&self, nsid: u32) -> impl Iterator<Item = &Arc<Namespace>> {
+        self.active(self.subsys.namespaces.above(nsid))
+    }
+
+    fn active<'a>(&'a self, it: impl Iterator<Item = &'a Arc<Namespace>>) -> impl Iterator<Item = &'a Arc<Namespace>> {
+        it.filter(|n| self.hidden.is_none() || self.namespace(n.nsid).is_some())
+    }
+
+    /// The nsids masked from the host, ascending.
+    #[cfg(test)]
+    fn hidden_nsids(&self) -> Vec<u32> {
+        let all = self.subsys.namespaces.iter().map(|n| n.nsid);
+        all.filter(|&n| self.namespace(n).is_none()).collect()
     }
 
     /// Some active namespace has a volatile write cache (Identify Controller VWC, Flush of
@@ -310,7 +339,8 @@ impl std::ops::Deref for HostView {
 /// Everything a connect or discovery request reads, swapped whole on change.
 #[derive(Debug)]
 pub struct Snapshot {
-    /// Subsystems in conf order.
+    /// Subsystems in conf order (a snapshot is never changed once made: [`Snapshot::new`]
+    /// indexes them by NQN).
     pub subsystems: Vec<Arc<Subsystem>>,
     /// Bound listeners (ports resolved), in conf order.
     pub listeners: Vec<BoundListener>,
@@ -321,6 +351,10 @@ pub struct Snapshot {
     /// Other targets' discovery controllers, listed after the subsystems in the discovery
     /// log, in conf order.
     pub referrals: Vec<SocketAddr>,
+    /// Index in `subsystems` by NQN: a connect, every controller at each change and a
+    /// released QoS-held command find their subsystem by name, which a walk of 128
+    /// subsystems' NQNs (alike for their first 30 bytes) made linear in their number.
+    by_nqn: HashMap<String, usize>,
 }
 
 /// A listener as bound.
@@ -340,9 +374,29 @@ pub struct BoundListener {
 }
 
 impl Snapshot {
+    /// A snapshot of `subsystems` (NQNs unique, the conf's rule), `listeners` as bound,
+    /// discovery log generation `genctr`, `discovery`'s keys and `referrals`.
+    pub fn new(
+        subsystems: Vec<Arc<Subsystem>>,
+        listeners: Vec<BoundListener>,
+        genctr: u64,
+        discovery: Arc<pollux_conf::Discovery>,
+        referrals: Vec<SocketAddr>,
+    ) -> Self {
+        let by_nqn = subsystems.iter().enumerate().map(|(i, s)| (s.nqn.clone(), i)).collect();
+        Self {
+            subsystems,
+            listeners,
+            genctr,
+            discovery,
+            referrals,
+            by_nqn,
+        }
+    }
+
     /// The subsystem `nqn`.
     pub fn subsystem(&self, nqn: &str) -> Option<&Arc<Subsystem>> {
-        self.subsystems.iter().find(|s| s.nqn == nqn)
+        self.by_nqn.get(nqn).and_then(|&i| self.subsystems.get(i))
     }
 
     /// The listener bound to `addr` (None if it is gone).
@@ -526,14 +580,14 @@ pub fn build_subsystem(
     state_dir: Option<&Path>,
     keep: impl Fn(u32) -> Option<Arc<Namespace>>,
 ) -> Result<Arc<Subsystem>, TargetError> {
-    let mut namespaces = BTreeMap::new();
+    let mut namespaces = Vec::with_capacity(s.namespaces.len());
     let mut masks = BTreeMap::new();
     for n in &s.namespaces {
         let ns = match keep(n.nsid) {
             Some(ns) => ns,
             None => build_namespace(&s.nqn, n, s.polling_of(n), reactors, state_dir)?,
         };
-        namespaces.insert(n.nsid, ns);
+        namespaces.push(ns);
         if let Some(hosts) = &n.hosts {
             masks.insert(n.nsid, hosts.iter().cloned().collect());
         }
@@ -547,7 +601,7 @@ pub fn build_subsystem(
         host_keys: s.host_keys.clone(),
         tls_keys: s.tls_keys.clone(),
         dhchap: s.dhchap.clone(),
-        namespaces,
+        namespaces: NsTable::new(namespaces),
         masks,
         cntlids: s.min_cntlid..=s.max_cntlid,
         listeners: s.listeners.clone(),
@@ -562,13 +616,13 @@ pub fn build_snapshot(cfg: &Config, reactors: usize, listeners: Vec<BoundListene
         .iter()
         .map(|s| build_subsystem(s, reactors, cfg.state_dir.as_deref(), |_| None))
         .collect::<Result<_, _>>()?;
-    Ok(Snapshot {
+    Ok(Snapshot::new(
         subsystems,
         listeners,
-        genctr: 1,
-        discovery: Arc::new(cfg.discovery.clone()),
-        referrals: cfg.referrals.iter().map(|r| r.address).collect(),
-    })
+        1,
+        Arc::new(cfg.discovery.clone()),
+        cfg.referrals.iter().map(|r| r.address).collect(),
+    ))
 }
 
 /// A target's shared state for unit tests: `reactors` reactors, no subsystem.
@@ -615,12 +669,20 @@ pub(crate) fn test_subsystem(namespaces: &[Arc<Namespace>], hosts: &[&str]) -> A
         host_keys: BTreeMap::new(),
         tls_keys: BTreeMap::new(),
         dhchap: Dhchap::default(),
-        namespaces: namespaces.iter().map(|n| (n.nsid, n.clone())).collect(),
+        namespaces: NsTable::new(namespaces.to_vec()),
         masks: BTreeMap::new(),
         cntlids: crate::controller::FULL_CNTLID_RANGE,
         listeners: None,
         secure_concat: false,
     })
+}
+
+/// A subsystem named `nqn`, open to any host, without namespaces, for unit tests.
+#[cfg(test)]
+pub(crate) fn test_subsystem_named(nqn: &str) -> Arc<Subsystem> {
+    let mut s = Arc::into_inner(test_subsystem(&[], &[])).unwrap_or_else(|| unreachable!("just built"));
+    s.nqn = nqn.to_string();
+    Arc::new(s)
 }
 
 /// [`test_subsystem`] with namespaces masked: `masks` gives, by nsid, the hosts each is
@@ -666,8 +728,9 @@ mod tests {
         assert_eq!(s.max_nsid(), 4);
         assert_eq!(s.masked_to(1), None);
         assert_eq!(s.masked_to(2).map(|h| h.len()), Some(1));
-        // No namespace masked from a host: no list to search.
-        assert!(a.hidden.as_deref() == Some(&[4][..]) && c.hidden.as_deref() == Some(&[2, 3, 4][..]));
+        // No namespace masked from a host: no bits to test.
+        assert!(a.hidden_nsids() == [4] && c.hidden_nsids() == [2, 3, 4]);
+        assert!(a.hidden.is_some() && c.hidden.is_some());
         let open = HostView::new(test_subsystem(&nss, &[]), "nqn.c");
         assert!(open.hidden.is_none());
         assert_eq!(nsids(open.namespaces()), [1, 2, 3, 4]);

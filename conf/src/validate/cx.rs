@@ -2,13 +2,14 @@
 //! conversions of single values (integers, sizes, floats, paths) shared by
 //! every section.
 
+use std::cell::OnceCell;
 use std::ops::Range;
 use std::path::{Component, Path, PathBuf};
 
 use toml::Spanned;
 
 use super::Base;
-use crate::error::{ConfError, line_col};
+use crate::error::ConfError;
 use crate::raw::RawSize;
 use crate::size::parse_size;
 
@@ -18,6 +19,22 @@ pub(super) struct Cx<'a> {
     pub(super) text: &'a str,
     pub(super) origin: &'a str,
     pub(super) base: Base<'a>,
+    /// The byte offset of every line's start, built at the first [`Cx::line`]: a conf
+    /// notes the line of every nsid, NQN and backend it has seen (for the messages of a
+    /// later duplicate), and counting newlines from the start of the text each time made
+    /// validation quadratic (16,384 namespaces: 5.5 s).
+    line_starts: OnceCell<Vec<usize>>,
+}
+
+impl<'a> Cx<'a> {
+    pub(super) fn new(text: &'a str, origin: &'a str, base: Base<'a>) -> Self {
+        Self {
+            text,
+            origin,
+            base,
+            line_starts: OnceCell::new(),
+        }
+    }
 }
 
 impl Cx<'_> {
@@ -29,8 +46,15 @@ impl Cx<'_> {
         ConfError::nowhere(self.origin, message)
     }
 
+    /// The 1-based line holding byte `span.start`: a binary search of the line starts.
     pub(super) fn line(&self, span: &Range<usize>) -> usize {
-        line_col(self.text, span.start).0
+        let starts = self.line_starts.get_or_init(|| {
+            std::iter::once(0)
+                .chain(self.text.match_indices('\n').map(|(i, _)| i + 1))
+                .collect()
+        });
+        // The number of lines starting at or before the offset.
+        starts.partition_point(|&s| s <= span.start.min(self.text.len()))
     }
 
     /// An integer in `lo..=hi`.
@@ -176,4 +200,21 @@ pub(super) fn non_negative(x: f64) -> Option<&'static str> {
 /// `rule` for [`Cx::float`]: more than zero.
 pub(super) fn positive(x: f64) -> Option<&'static str> {
     (x <= 0.0).then_some("must be greater than 0")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::line_col;
+
+    #[test]
+    fn line_agrees_with_the_error_positions_everywhere() {
+        let text = "a = 1\n\n[t]\né = \"x\"\nlast";
+        let cx = Cx::new(text, "t.toml", Base::CurrentDir);
+        for offset in 0..=text.len() + 3 {
+            assert_eq!(cx.line(&(offset..offset)), line_col(text, offset).0, "offset {offset}");
+        }
+        let empty = Cx::new("", "e.toml", Base::CurrentDir);
+        assert_eq!(empty.line(&(5..6)), 1);
+    }
 }

@@ -44,7 +44,7 @@ pub(crate) enum Base<'a> {
 
 /// Parses and validates `text`.
 pub(crate) fn build(text: &str, origin: &str, base: Base<'_>) -> Result<Config, ConfError> {
-    let cx = Cx { text, origin, base };
+    let cx = Cx::new(text, origin, base);
     let raw: RawConfig = toml::from_str(text).map_err(|e| toml_error(&cx, &e))?;
     let state_dir = raw.state_dir.as_ref().map(|v| cx.path(v, "state_dir")).transpose()?;
 

@@ -429,12 +429,21 @@ impl HostQueue {
         Ok(c.buf)
     }
 
-    /// The discovery log (LID 70h; NVMe-oF 1.1 §5.3): the header, then every record.
+    /// The discovery log (LID 70h; NVMe-oF 1.1 §5.3): the header, then every record, read
+    /// as libnvme reads it (`nvme discover`): in pieces of at most 4 KiB (its
+    /// `NVME_LOG_PAGE_PDU_SIZE`, the smallest MDTS there is), since a log of 128 records or
+    /// more is larger than a controller's MDTS of 128 KiB, which refuses it in one command.
     pub fn discovery_log(&mut self) -> Result<DiscoveryLog, HostError> {
+        const PIECE: u32 = 4096;
         let hdr = self.get_log_page(log_page::DISCOVERY, 0, 1024)?;
         let numrec = DiscoveryLog::parse(&hdr)?.numrec.min(1024);
         let len = 1024 + 1024 * numrec as u32;
-        DiscoveryLog::parse(&self.get_log_page(log_page::DISCOVERY, 0, len)?)
+        let mut page = Vec::with_capacity(len as usize);
+        while (page.len() as u32) < len {
+            let n = PIECE.min(len - page.len() as u32);
+            page.extend(self.get_log_page(log_page::DISCOVERY, page.len() as u64, n)?);
+        }
+        DiscoveryLog::parse(&page)
     }
 
     /// The Error Information log (LID 01h): its newest `entries` entries (at most Identify

@@ -13,9 +13,10 @@
 //! blocks read as zeroes").
 
 use std::any::Any;
+use std::collections::VecDeque;
 use std::ptr::NonNull;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
 use pollux_nvme::spec::Status;
 use vm_memory::VolatileSlice;
@@ -36,15 +37,15 @@ pub struct RamDisk {
     base: NonNull<u8>,
     len: u64,
     map: Arc<Mapping>,
-    /// The thread committing the memory ([`RamDisk::populated`]), until it is done.
-    populating: Option<std::thread::JoinHandle<()>>,
-    /// Tells it to stop (the disk is going).
+    /// Set once the memory is committed, or its fill given up ([`RamDisk::populated`]).
+    populating: Option<Arc<Filled>>,
+    /// Tells its filler to stop (the disk is going).
     stop: Arc<AtomicBool>,
 }
 
 /// The disk's memory, one anonymous mapping, unmapped when its last holder goes: the disk,
-/// or the thread populating it. So dropping a disk (which may happen on a reactor, with the
-/// last reference to a removed namespace) never waits for that thread.
+/// or its fill job (queued, or with a filler). So dropping a disk (which may happen on a
+/// reactor, with the last reference to a removed namespace) never waits for a filler.
 #[derive(Debug)]
 struct Mapping {
     base: NonNull<u8>,
@@ -90,12 +91,11 @@ fn give_way() {
 
 /// Commit the mapping a huge page at a time until done or `stop`: MADV_POPULATE_WRITE holds
 /// the process's mmap lock while it faults a range in, so one call per huge page (the least
-/// a fault commits with THP) lets a reactor's own mmap or munmap in between.
-fn populate(map: &Mapping, stop: &AtomicBool) {
+/// a fault commits with THP) lets a reactor's own mmap or munmap in between. Returns the
+/// bytes committed.
+fn populate(map: &Mapping, stop: &AtomicBool) -> u64 {
     const CHUNK: u64 = 2 << 20;
-    give_way();
     let (base, len) = (map.base.as_ptr() as usize, map.len);
-    let t0 = std::time::Instant::now();
     let mut at = 0;
     while at < len && !stop.load(Relaxed) {
         let n = CHUNK.min(len - at);
@@ -116,11 +116,151 @@ fn populate(map: &Mapping, stop: &AtomicBool) {
                 error = %std::io::Error::last_os_error(),
                 "RAM disk not populated: its other pages are committed on first write (a reactor stall per page)"
             );
-            return;
+            return at;
         }
         at += n;
     }
-    tracing::info!(bytes = at, ms = t0.elapsed().as_millis() as u64, "RAM disk populated");
+    at
+}
+
+/// Whether a disk's fill is over (done, stopped or given up), for [`RamDisk::wait_populated`].
+#[derive(Debug, Default)]
+struct Filled {
+    over: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Filled {
+    fn set(&self) {
+        *self.over.lock().unwrap_or_else(PoisonError::into_inner) = true;
+        self.cv.notify_all();
+    }
+
+    fn wait(&self) {
+        let mut over = self.over.lock().unwrap_or_else(PoisonError::into_inner);
+        while !*over {
+            over = self.cv.wait(over).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+}
+
+/// A disk waiting for a filler, or being filled. It holds the mapping, so that a disk
+/// dropped meanwhile is unmapped by whoever lets the job go; the fill is over when it goes.
+struct FillJob {
+    map: Arc<Mapping>,
+    stop: Arc<AtomicBool>,
+    filled: Arc<Filled>,
+}
+
+impl Drop for FillJob {
+    fn drop(&mut self) {
+        self.filled.set();
+    }
+}
+
+/// The disks waiting to be filled and the number of fillers at work: a few threads fill
+/// every RAM disk of the process, not one thread per disk. A thread per disk cost a thread
+/// start, a stack and a log line per namespace: most of the 2.6 s a target with 16,384
+/// small RAM namespaces took to start. Disks are filled in the order they were made, by
+/// at most [`max_fillers`] threads at once, which end when none has come for [`LINGER`].
+struct Fillers {
+    queue: VecDeque<FillJob>,
+    /// Fillers started and not ended.
+    running: usize,
+    /// Of those, the ones waiting for a disk.
+    waiting: usize,
+}
+
+static FILLERS: Mutex<Fillers> = Mutex::new(Fillers {
+    queue: VecDeque::new(),
+    running: 0,
+    waiting: 0,
+});
+
+/// Wakes a waiting filler when a disk is queued.
+static QUEUED: Condvar = Condvar::new();
+
+/// How long a filler waits for another disk before it ends: a target opening thousands of
+/// small namespaces makes them more slowly than a filler fills them, and a filler ending at
+/// every gap was started again for the next disk.
+const LINGER: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Fillers at once: one per core the process may use (each takes only the time its core
+/// would leave idle, see [`give_way`]), so that large disks still fill in parallel.
+fn max_fillers() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+}
+
+/// Queue `job`, and start a filler if fewer than [`max_fillers`] run. Err: no filler runs
+/// and none could be started (the job is dropped: its fill is over).
+fn enqueue(job: FillJob) -> std::io::Result<()> {
+    let mut f = FILLERS.lock().unwrap_or_else(PoisonError::into_inner);
+    f.queue.push_back(job);
+    if f.waiting > 0 {
+        QUEUED.notify_one();
+        return Ok(());
+    }
+    if f.running >= max_fillers() {
+        return Ok(());
+    }
+    match std::thread::Builder::new()
+        .name("pollux-ram-populate".into())
+        .spawn(filler)
+    {
+        Ok(_) => {
+            f.running += 1;
+            Ok(())
+        }
+        Err(e) if f.running > 0 => {
+            tracing::debug!(error = %e, "RAM disk populate: no more fillers; those running fill this disk too");
+            Ok(())
+        }
+        Err(e) => {
+            f.queue.pop_back();
+            Err(e)
+        }
+    }
+}
+
+/// The next disk to fill, waiting up to [`LINGER`] for one; None: the filler ends (and is
+/// no longer counted as running).
+fn next_job() -> Option<FillJob> {
+    let mut f = FILLERS.lock().unwrap_or_else(PoisonError::into_inner);
+    if f.queue.is_empty() {
+        f.waiting += 1;
+        let deadline = std::time::Instant::now() + LINGER;
+        while f.queue.is_empty() {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            f = QUEUED.wait_timeout(f, left).unwrap_or_else(PoisonError::into_inner).0;
+        }
+        f.waiting -= 1;
+    }
+    let job = f.queue.pop_front();
+    if job.is_none() {
+        f.running -= 1;
+    }
+    job
+}
+
+/// One filler: fills queued disks until none comes, then logs what it did (one line for
+/// however many disks).
+fn filler() {
+    give_way();
+    let (mut disks, mut bytes, mut busy) = (0u64, 0u64, std::time::Duration::ZERO);
+    while let Some(job) = next_job() {
+        let t0 = std::time::Instant::now();
+        let at = populate(&job.map, &job.stop);
+        tracing::debug!(bytes = at, ms = t0.elapsed().as_millis() as u64, "RAM disk populated");
+        busy += t0.elapsed();
+        disks += 1;
+        bytes += at;
+    }
+    if disks > 0 {
+        tracing::info!(disks, bytes, ms = busy.as_millis() as u64, "RAM disks populated");
+    }
 }
 
 // SAFETY: the mapping is only accessed through VolatileSlice copies (which tolerate concurrent
@@ -176,27 +316,29 @@ impl RamDisk {
     /// Map `len` bytes as [`RamDisk::new`] does, and commit them all in the background
     /// (huge pages where the system allows), so that a host's writes take no page fault:
     /// the first write into each 2 MiB huge page stalled the reactor for 4.3-4.6 ms while
-    /// the kernel zeroed it. A thread of its own walks the disk a huge page at a time with
-    /// MADV_POPULATE_WRITE, which faults pages in without changing their content, so I/O
-    /// meanwhile stays correct (a write that reaches a page first takes its fault as
+    /// the kernel zeroed it. A filler thread (a few fill every disk, [`Fillers`]) walks the
+    /// disk a huge page at a time with MADV_POPULATE_WRITE, which faults pages in without
+    /// changing their content, so I/O meanwhile stays correct (a write that reaches a page first takes its fault as
     /// before). The memory is resident from then on. Where the kernel cannot populate
     /// (before Linux 5.14, or short of memory) the rest stays lazily committed, with a
-    /// warning. The thread runs at the lowest priority ([`give_way`]): filling never
+    /// warning. The fillers run at the lowest priority ([`give_way`]): filling never
     /// delays a reactor.
     pub fn populated(len: u64) -> std::io::Result<Self> {
         let mut d = Self::new(len)?;
-        let (stop, map) = (d.stop.clone(), d.map.clone());
-        let handle = std::thread::Builder::new()
-            .name("pollux-ram-populate".into())
-            .spawn(move || populate(&map, &stop))?;
-        d.populating = Some(handle);
+        let filled = Arc::new(Filled::default());
+        enqueue(FillJob {
+            map: d.map.clone(),
+            stop: d.stop.clone(),
+            filled: filled.clone(),
+        })?;
+        d.populating = Some(filled);
         Ok(d)
     }
 
-    /// Wait until the background populate (if any) is done.
+    /// Wait until the background populate (if any) is over.
     pub fn wait_populated(&mut self) {
-        if let Some(h) = self.populating.take() {
-            let _ = h.join();
+        if let Some(f) = self.populating.take() {
+            f.wait();
         }
     }
 
@@ -365,7 +507,7 @@ impl Backend for RamDisk {
 
 impl Drop for RamDisk {
     fn drop(&mut self) {
-        // The populating thread stops within one huge page and, holding the mapping, unmaps
+        // Its filler stops within one huge page and, holding the mapping, unmaps
         // it if it is the last: not waited for here.
         self.stop.store(true, Relaxed);
     }

@@ -171,7 +171,7 @@ pub fn active_ns_list(ctrl: &Ctrl, nsid: u32) -> Reply {
     let mut out = vec![0u8; 4096];
     // The host's active namespaces only: one masked from it is not attached (NVMe 2.0
     // §5.17.2.2).
-    let ids = subsys.namespaces().map(|n| n.nsid).filter(|&n| n > nsid);
+    let ids = subsys.namespaces_above(nsid).map(|n| n.nsid);
     for (slot, id) in ids.take(1024).enumerate() {
         out[slot * 4..slot * 4 + 4].copy_from_slice(&id.to_le_bytes());
     }

@@ -48,22 +48,57 @@ fn entry(subtype: u8, treq: u8, portid: u16, addr: SocketAddr, subnqn: &str, sec
     e
 }
 
-/// The entry of a referral to the discovery controller at `addr` (NVMe-oF 1.1 §5.3): SUBTYPE
-/// 1 and the discovery NQN, as nvmet and SPDK write theirs. PORTID is the referred port's,
-/// which pollux does not know: 0, as SPDK reports (nvmet the one configured with the
-/// referral). TREQ 0 (secure channel not specified: the conf says nothing of the other
-/// target's TLS), TSAS 0.
+/// The entry of a referral to the discovery controller at `addr`, for tests.
+#[cfg(test)]
 fn referral_entry(addr: SocketAddr) -> nvmf_disc_log_entry {
-    entry(SUBTYPE_DISCOVERY, 0, 0, addr, DISCOVERY_NQN, 0)
+    Spec::referral(addr).entry()
 }
 
-/// The discovery log (LID 70h, NVMe-oF 1.1 §5.3): one entry per subsystem the host may see
-/// on each listener that serves it (a subsystem's `listeners`), then one per referral (every
-/// host sees every referral). `local` stands in for a listener bound to an unspecified
-/// address.
-pub fn discovery_log(snapshot: &Snapshot, hostnqn: &str, local: SocketAddr) -> Vec<u8> {
+/// An entry of the discovery log before it is laid out: [`entry`]'s arguments.
+struct Spec<'a> {
+    subtype: u8,
+    treq: u8,
+    portid: u16,
+    addr: SocketAddr,
+    subnqn: &'a str,
+    sectype: u8,
+}
+
+impl Spec<'_> {
+    /// The entry of a referral to the discovery controller at `addr` (NVMe-oF 1.1 §5.3):
+    /// SUBTYPE 1 and the discovery NQN, as nvmet and SPDK write theirs. PORTID is the
+    /// referred port's, which pollux does not know: 0, as SPDK reports (nvmet the one
+    /// configured with the referral). TREQ 0 (secure channel not specified: the conf says
+    /// nothing of the other target's TLS), TSAS 0.
+    fn referral(addr: SocketAddr) -> Spec<'static> {
+        Spec {
+            subtype: SUBTYPE_DISCOVERY,
+            treq: 0,
+            portid: 0,
+            addr,
+            subnqn: DISCOVERY_NQN,
+            sectype: 0,
+        }
+    }
+
+    fn entry(&self) -> nvmf_disc_log_entry {
+        entry(
+            self.subtype,
+            self.treq,
+            self.portid,
+            self.addr,
+            self.subnqn,
+            self.sectype,
+        )
+    }
+}
+
+/// The entries of the discovery log, in order: one per subsystem the host may see on each
+/// listener that serves it (a subsystem's `listeners`), then one per referral (every host
+/// sees every referral). `local` stands in for a listener bound to an unspecified address.
+fn specs<'a>(snapshot: &'a Snapshot, hostnqn: &str, local: SocketAddr) -> Vec<Spec<'a>> {
     let visible: Vec<_> = snapshot.subsystems.iter().filter(|s| s.allows(hostnqn)).collect();
-    let mut entries = Vec::new();
+    let mut out = Vec::new();
     for (portid, b) in snapshot.listeners.iter().enumerate() {
         let l = b.addr;
         let ip = if l.ip().is_unspecified() { local.ip() } else { l.ip() };
@@ -78,21 +113,67 @@ pub fn discovery_log(snapshot: &Snapshot, hostnqn: &str, local: SocketAddr) -> V
         // TREQ bit 2: SQ flow control disable supported.
         let treq = treq | nvmf_treq::NVMF_TREQ_DISABLE_SQFLOW as u8;
         for s in visible.iter().filter(|s| s.served_on(Some(b))) {
-            let addr = SocketAddr::new(ip, l.port());
-            entries.push(entry(SUBTYPE_NVM, treq, portid as u16, addr, &s.nqn, sectype));
+            out.push(Spec {
+                subtype: SUBTYPE_NVM,
+                treq,
+                portid: portid as u16,
+                addr: SocketAddr::new(ip, l.port()),
+                subnqn: &s.nqn,
+                sectype,
+            });
         }
     }
-    entries.extend(snapshot.referrals.iter().map(|r| referral_entry(*r)));
-    let mut header = nvmf_discovery_log::new_zeroed();
-    header.genctr = snapshot.genctr.to_le();
-    header.numrec = (entries.len() as u64).to_le();
-    let mut out =
-        Vec::with_capacity(size_of::<nvmf_discovery_log>() + entries.len() * size_of::<nvmf_disc_log_entry>());
-    out.extend_from_slice(header.as_bytes());
-    for e in &entries {
-        out.extend_from_slice(e.as_bytes());
-    }
+    out.extend(snapshot.referrals.iter().map(|&addr| Spec::referral(addr)));
     out
+}
+
+/// Bytes `[offset, offset + len)` of the discovery log (LID 70h, NVMe-oF 1.1 §5.3), the
+/// part past its end read as zeroes; None: `offset` is beyond the log or not a multiple of
+/// 4 (NVMe 2.0 §5.16: Invalid Field). Only the entries the range reaches are laid out: a
+/// host reads a large log in pieces (libnvme in 4 KiB ones, 33 for 128 subsystems), and
+/// laying out the whole log for each piece made reading it quadratic in the subsystems.
+pub fn discovery_log_part(
+    snapshot: &Snapshot,
+    hostnqn: &str,
+    local: SocketAddr,
+    offset: u64,
+    len: u32,
+) -> Option<Vec<u8>> {
+    const HDR: usize = size_of::<nvmf_discovery_log>();
+    const ENT: usize = size_of::<nvmf_disc_log_entry>();
+    let specs = specs(snapshot, hostnqn, local);
+    let total = HDR + specs.len() * ENT;
+    if offset > total as u64 || !offset.is_multiple_of(4) {
+        return None;
+    }
+    let start = offset as usize;
+    let end = start.saturating_add(len as usize).min(total);
+    let mut out = Vec::with_capacity(len as usize);
+    if start < HDR {
+        let mut header = nvmf_discovery_log::new_zeroed();
+        header.genctr = snapshot.genctr.to_le();
+        header.numrec = (specs.len() as u64).to_le();
+        out.extend_from_slice(&header.as_bytes()[start..end.min(HDR)]);
+    }
+    if end > HDR {
+        let (first, last) = (start.max(HDR) - HDR, end - HDR);
+        let (from, to) = (first / ENT, last.div_ceil(ENT));
+        for (i, spec) in specs.iter().enumerate().take(to).skip(from) {
+            let e = spec.entry();
+            let at = i * ENT;
+            out.extend_from_slice(&e.as_bytes()[first.max(at) - at..last.min(at + ENT) - at]);
+        }
+    }
+    out.resize(len as usize, 0);
+    Some(out)
+}
+
+/// The whole discovery log ([`discovery_log_part`] of all of it).
+pub fn discovery_log(snapshot: &Snapshot, hostnqn: &str, local: SocketAddr) -> Vec<u8> {
+    const HDR: usize = size_of::<nvmf_discovery_log>();
+    const ENT: usize = size_of::<nvmf_disc_log_entry>();
+    let n = specs(snapshot, hostnqn, local).len();
+    discovery_log_part(snapshot, hostnqn, local, 0, (HDR + n * ENT) as u32).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -115,5 +196,69 @@ mod tests {
         assert!(b[768..].iter().all(|&x| x == 0), "TSAS");
         let v6 = referral_entry("[::1]:8009".parse().unwrap_or_else(|_| panic!("address")));
         assert_eq!(v6.adrfam, 2);
+    }
+
+    /// Every piece a host may ask for is the same bytes as the whole log's, wherever it
+    /// starts and ends, and a piece past the end is zeroes; an offset beyond the log or not
+    /// a multiple of 4 is refused.
+    #[test]
+    fn a_part_of_the_log_is_the_same_bytes_as_the_whole() {
+        use crate::subsystem::{BoundListener, test_subsystem_named};
+        let listener = |a: &str, tls| BoundListener {
+            addr: a.parse().unwrap_or_else(|_| panic!("address")),
+            configured: a.parse().unwrap_or_else(|_| panic!("address")),
+            tls,
+            ana: Default::default(),
+            max_connections: None,
+        };
+        let subsystems = (0..5)
+            .map(|i| test_subsystem_named(&format!("nqn.2026-11.io.pollux:s{i}")))
+            .collect();
+        let snap = Snapshot::new(
+            subsystems,
+            vec![
+                listener("127.0.0.1:4420", TlsMode::None),
+                listener("0.0.0.0:4421", TlsMode::Allowed),
+            ],
+            7,
+            Default::default(),
+            vec!["10.0.0.9:8009".parse().unwrap_or_else(|_| panic!("address"))],
+        );
+        let local = "192.168.1.5:4421".parse().unwrap_or_else(|_| panic!("address"));
+        let whole = discovery_log(&snap, "nqn.h", local);
+        assert_eq!(
+            whole.len(),
+            1024 + 11 * 1024,
+            "5 subsystems on 2 listeners and a referral"
+        );
+        assert_eq!(whole[8], 11, "NUMREC");
+        for (offset, len) in [
+            (0, 4),
+            (0, 1024),
+            (4, 2048),
+            (1020, 8),
+            (1024, 4096),
+            (3000, 5000),
+            (12 * 1024 - 4, 4),
+        ] {
+            let part = discovery_log_part(&snap, "nqn.h", local, offset, len).unwrap_or_else(|| panic!("{offset}"));
+            assert_eq!(
+                part,
+                whole[offset as usize..offset as usize + len as usize],
+                "[{offset}, +{len})"
+            );
+        }
+        let tail = discovery_log_part(&snap, "nqn.h", local, 11 * 1024, 4096).unwrap_or_else(|| panic!("tail"));
+        assert_eq!(tail[..1024], whole[11 * 1024..]);
+        assert!(tail[1024..].iter().all(|&b| b == 0), "past the end: zeroes");
+        assert!(
+            discovery_log_part(&snap, "nqn.h", local, 12 * 1024, 4).is_some(),
+            "at the end: all zeroes"
+        );
+        assert!(
+            discovery_log_part(&snap, "nqn.h", local, 12 * 1024 + 4, 4).is_none(),
+            "beyond the end"
+        );
+        assert!(discovery_log_part(&snap, "nqn.h", local, 2, 4).is_none(), "unaligned");
     }
 }

@@ -10,7 +10,7 @@ use pollux_nvme::spec::text::ascii_padded;
 use pollux_nvme::spec::{Status, command, log_page};
 use zerocopy::{FromZeros, IntoBytes};
 
-use super::discovery::discovery_log;
+use super::discovery::discovery_log_part;
 use super::reply::Reply;
 use super::{Ctrl, ERROR_LOG_ENTRIES};
 use crate::health;
@@ -158,7 +158,13 @@ pub fn get_log_page(
     len: u32,
 ) -> Reply {
     let log = match lid {
-        log_page::DISCOVERY if ctrl.is_discovery() => discovery_log(env.snapshot, &ctrl.hostnqn, env.local),
+        // Only the part asked for is laid out (a host reads a large log in pieces).
+        log_page::DISCOVERY if ctrl.is_discovery() => {
+            return match discovery_log_part(env.snapshot, &ctrl.hostnqn, env.local, offset, len) {
+                Some(part) => Reply::data(part),
+                None => Reply::err(Status::INVALID_FIELD.with_dnr()),
+            };
+        }
         log_page::ERROR => error_log(ctrl),
         log_page::SMART if !ctrl.is_discovery() => {
             // Reading it (without Retain Asynchronous Event) unmasks SMART events (NVMe 2.0 §5.2.1).

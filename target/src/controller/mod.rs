@@ -449,13 +449,7 @@ mod tests {
     }
 
     fn snapshot(subsystems: Vec<Arc<Subsystem>>) -> Snapshot {
-        Snapshot {
-            subsystems,
-            listeners: Vec::new(),
-            genctr: 1,
-            discovery: Default::default(),
-            referrals: Vec::new(),
-        }
+        Snapshot::new(subsystems, Vec::new(), 1, Default::default(), Vec::new())
     }
 
     #[test]
