@@ -49,6 +49,16 @@ pub enum TargetError {
         #[source]
         source: io::Error,
     },
+    /// A RAM namespace's memory handed over by another process (a memfd, the hot upgrade)
+    /// is not the size of the namespace that adopts it: the two processes disagree on the
+    /// namespace, and its data is not served rather than served cut short or padded.
+    #[error("the RAM handed over holds {found} bytes, the namespace adopting it has {expected}: not adopted")]
+    RamAdoptSize {
+        /// The adopting namespace's size.
+        expected: u64,
+        /// The memfd's size (fstat).
+        found: u64,
+    },
     /// The namespace's store cannot be resized.
     #[error("a {kind} namespace cannot be resized (only rbd namespaces can)")]
     ResizeUnsupported {

@@ -151,13 +151,22 @@ impl Target {
     pub fn start(cfg: &Config, opts: Options) -> Result<Self, TargetError> {
         // Room for every connection the conf allows (and the target's own files), made
         // before the reactors run: growing the descriptor table later stalls the reactor
-        // that accepts (pollux_reactor::sys::reserve_fd_table).
-        let want = u64::from(cfg.transport.max_connections) + 256;
+        // that accepts (pollux_reactor::sys::reserve_fd_table). A namespace holds a
+        // descriptor too (a RAM or simulated namespace its memfd, a file namespace its
+        // file): a conf of 16,384 RAM namespaces needs 16,384 more.
+        let stores = cfg
+            .subsystems
+            .iter()
+            .flat_map(|s| &s.namespaces)
+            .filter(|n| !matches!(n.backend, pollux_conf::Backend::Null { .. }))
+            .count() as u64;
+        let want = u64::from(cfg.transport.max_connections) + stores + 256;
         match pollux_reactor::sys::reserve_fd_table(want) {
             Ok(r) if r.limit < want => warn!(
                 limit = r.limit,
                 max_connections = cfg.transport.max_connections,
-                "the open file limit (RLIMIT_NOFILE) is below max_connections plus the target's own files: connections beyond it are refused by accept (EMFILE)"
+                namespace_files = stores,
+                "the open file limit (RLIMIT_NOFILE) is below max_connections plus the namespaces' and the target's own files: connections beyond it are refused by accept (EMFILE)"
             ),
             Ok(r) => tracing::debug!(
                 limit_before = r.limit_before,

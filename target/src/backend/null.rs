@@ -32,7 +32,7 @@ impl NullDisk {
     /// A null namespace of `len` bytes (> 0, a multiple of 8, as the conf's block sizes
     /// make it). Maps address space for its zeroes, not memory.
     pub fn new(len: u64) -> std::io::Result<Self> {
-        let zeroes = RamDisk::new(len.min(MAX_READ))?;
+        let zeroes = RamDisk::anonymous(len.min(MAX_READ))?;
         Ok(Self { len, zeroes })
     }
 }

@@ -1,4 +1,11 @@
-//! The RAM backend: an anonymous private mapping shared by every reactor.
+//! The RAM backend: a memfd, mapped shared, reached by every reactor.
+//!
+//! Why a memfd and not anonymous memory: the hot upgrade (a new pollux binary taking over
+//! a running one's connections) hands each RAM namespace's memory to the next process as a
+//! descriptor ([`RamDisk::memfd`], [`RamDisk::adopt`]), so that the data a host wrote is
+//! there, without a copy, when the new process serves it; anonymous memory dies with its
+//! process. The memfd is sealed against resizing (F_SEAL_SHRINK, F_SEAL_GROW): a mapping
+//! past a shrunk end would fault with SIGBUS, in whichever process maps it.
 //!
 //! Several reactors may touch the same blocks at once (two hosts, or one host's queues on two
 //! cores), so no Rust reference to the bytes ever exists: the memory is reached only through
@@ -8,12 +15,16 @@
 //! instead of ~1,400, the largest single item of the target's work per I/O. NVMe leaves the
 //! content of overlapping concurrent writes undefined beyond the atomic write unit (NVMe 1.4
 //! §6.4 "Atomic Operations", AWUN), which is what a concurrent copy gives. Pages (transparent
-//! huge pages where allowed, see `new`) are committed on first write; deallocated ranges are
-//! handed back with MADV_DONTNEED, which makes them read as zeroes (NVMe DLFEAT "deallocated
-//! blocks read as zeroes").
+//! huge pages where allowed, see `advise_huge`) are committed on first touch, or ahead of time by a
+//! filler ([`RamDisk::populated`]); deallocated ranges are punched out of the memfd
+//! (fallocate PUNCH_HOLE), which makes them read as zeroes in every mapping of it (NVMe
+//! DLFEAT "deallocated blocks read as zeroes"). MADV_DONTNEED, which did that for the
+//! anonymous mapping before, does not zero a shared mapping: it drops this process's page
+//! table entries and the next access maps the file's unchanged page again.
 
 use std::any::Any;
 use std::collections::VecDeque;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
@@ -43,25 +54,29 @@ pub struct RamDisk {
     stop: Arc<AtomicBool>,
 }
 
-/// The disk's memory, one anonymous mapping, unmapped when its last holder goes: the disk,
-/// or its fill job (queued, or with a filler). So dropping a disk (which may happen on a
-/// reactor, with the last reference to a removed namespace) never waits for a filler.
+/// The disk's memory, one mapping, unmapped (and its memfd closed) when its last holder
+/// goes: the disk, or its fill job (queued, or with a filler). So dropping a disk (which
+/// may happen on a reactor, with the last reference to a removed namespace) never waits
+/// for a filler.
 #[derive(Debug)]
 struct Mapping {
     base: NonNull<u8>,
     len: u64,
+    /// The memfd the mapping shows (MAP_SHARED); None for the anonymous private mapping of
+    /// [`RamDisk::anonymous`]. Closed after the unmap (fields drop after `Drop::drop`).
+    fd: Option<OwnedFd>,
 }
 
 // SAFETY: the mapping is only accessed through VolatileSlice copies (which tolerate concurrent
-// access, as guest memory does) and madvise; it is unmapped in Drop only.
+// access, as guest memory does), madvise and fallocate; it is unmapped in Drop only.
 unsafe impl Send for Mapping {}
 // SAFETY: as above.
 unsafe impl Sync for Mapping {}
 
 impl Drop for Mapping {
     fn drop(&mut self) {
-        // SAFETY: unmaps exactly the mapping made in RamDisk::new; the last holder is going,
-        // and no RamDisk (whose accesses borrow it) outlives its own Arc.
+        // SAFETY: unmaps exactly the mapping made by map_shared or map_anonymous; the last
+        // holder is going, and no RamDisk (whose accesses borrow it) outlives its own Arc.
         unsafe { libc::munmap(self.base.as_ptr().cast(), self.len as usize) };
     }
 }
@@ -269,48 +284,146 @@ unsafe impl Send for RamDisk {}
 // SAFETY: as above.
 unsafe impl Sync for RamDisk {}
 
+/// A RAM disk's size: a non-zero multiple of 8 that the address space and `off_t` hold.
+fn check_len(len: u64) -> std::io::Result<()> {
+    if len == 0 || !len.is_multiple_of(8) || i64::try_from(len).is_err() || usize::try_from(len).is_err() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "RAM size must be a non-zero multiple of 8",
+        ));
+    }
+    Ok(())
+}
+
+/// Ask for transparent huge pages over `[p, p + len)` where the system allows them.
+///
+/// Random 4 KiB reads over a large disk otherwise miss the TLB on nearly every command,
+/// and in a VM each miss is a two-dimensional page walk: a RAM namespace over 64 MiB
+/// measured ~1.5-2 us slower per QD1 read than one over 16 KiB. SPDK's RAM bdev sits in
+/// hugetlbfs memory for the same reason. Advice only: without THP the disk works on 4 KiB
+/// pages. For a memfd (shmem) it counts only where
+/// /sys/kernel/mm/transparent_hugepage/shmem_enabled is "advise" (or "always"/"within_size",
+/// which need no advice); it is "never" by default (and on the machine this was written on),
+/// and then the disk is in 4 KiB pages: not an error.
+fn advise_huge(p: *mut libc::c_void, len: u64) {
+    // SAFETY: advice on a mapping this module just made; it changes no content.
+    if unsafe { libc::madvise(p, len as usize, libc::MADV_HUGEPAGE) } != 0 {
+        tracing::debug!(error = %std::io::Error::last_os_error(), "RAM disk: no transparent huge pages");
+    }
+}
+
+/// Map `len` bytes of `fd` shared, read-write.
+fn map_shared(fd: BorrowedFd<'_>, len: u64) -> std::io::Result<NonNull<u8>> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a fresh shared mapping of the memfd at an address the kernel picks; no existing
+    // memory is affected. The result is checked against MAP_FAILED.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_NORESERVE,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    advise_huge(p, len);
+    NonNull::new(p.cast::<u8>()).ok_or_else(std::io::Error::last_os_error)
+}
+
+/// Map `len` bytes of anonymous private memory (zeroes until written).
+fn map_anonymous(len: u64) -> std::io::Result<NonNull<u8>> {
+    // SAFETY: a fresh anonymous private mapping; no existing memory is affected. The
+    // result is checked against MAP_FAILED.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    advise_huge(p, len);
+    NonNull::new(p.cast::<u8>()).ok_or_else(std::io::Error::last_os_error)
+}
+
 impl RamDisk {
-    /// Map `len` bytes of zeroed, lazily committed memory.
-    pub fn new(len: u64) -> std::io::Result<Self> {
-        if len == 0 || !len.is_multiple_of(8) {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                "RAM size must be a non-zero multiple of 8",
-            ));
-        }
-        // SAFETY: a fresh anonymous private mapping; no existing memory is affected. The
-        // result is checked against MAP_FAILED.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
-        // Transparent huge pages where the system allows them (THP "madvise" or "always"):
-        // random 4 KiB reads over a large disk otherwise miss the TLB on nearly every
-        // command, and in a VM each miss is a two-dimensional page walk: a RAM namespace
-        // over 64 MiB measured ~1.5-2 us slower per QD1 read than one over 16 KiB. SPDK's
-        // RAM bdev sits in hugetlbfs memory for the same reason. Advice only: without THP
-        // the disk works on 4 KiB pages.
-        // SAFETY: advice on the mapping just made; it changes no content.
-        if unsafe { libc::madvise(p, len as usize, libc::MADV_HUGEPAGE) } != 0 {
-            tracing::debug!(error = %std::io::Error::last_os_error(), "RAM disk: no transparent huge pages");
-        }
-        let base = NonNull::new(p.cast::<u8>()).ok_or_else(std::io::Error::last_os_error)?;
-        Ok(Self {
-            base,
-            len,
-            map: Arc::new(Mapping { base, len }),
+    /// A disk over `map`, with no fill.
+    fn over(map: Mapping) -> Self {
+        Self {
+            base: map.base,
+            len: map.len,
+            map: Arc::new(map),
             populating: None,
             stop: Arc::new(AtomicBool::new(false)),
-        })
+        }
+    }
+
+    /// `len` bytes of zeroed, lazily committed memory: a new memfd ("pollux-ram" in
+    /// /proc/PID/fd and /proc/PID/maps), its size sealed, mapped shared.
+    pub fn new(len: u64) -> std::io::Result<Self> {
+        use nix::fcntl::{FcntlArg, SealFlag, fcntl};
+        use nix::sys::memfd::{MFdFlags, memfd_create};
+        check_len(len)?;
+        let fd = memfd_create(c"pollux-ram", MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING)?;
+        // Fits: check_len.
+        nix::unistd::ftruncate(&fd, len as i64)?;
+        fcntl(
+            &fd,
+            FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW),
+        )?;
+        let base = map_shared(fd.as_fd(), len)?;
+        Ok(Self::over(Mapping {
+            base,
+            len,
+            fd: Some(fd),
+        }))
+    }
+
+    /// Serve the memory another process's disk of `len` bytes handed over ([`RamDisk::memfd`],
+    /// the hot upgrade): maps the memfd `fd` shared, as it is. Its content is not touched
+    /// (neither zeroed nor filled: the data is exactly what the other process wrote, and the
+    /// pages it committed are committed in the memfd, so there is nothing to populate; each
+    /// page is mapped into this process at its first access, a minor fault). Err: `fd` is not
+    /// `len` bytes ([`TargetError::RamAdoptSize`]), or cannot be mapped.
+    pub fn adopt(fd: OwnedFd, len: u64) -> Result<Self, TargetError> {
+        let err = |source: std::io::Error| TargetError::Ram { bytes: len, source };
+        check_len(len).map_err(err)?;
+        let st = nix::sys::stat::fstat(&fd).map_err(|e| err(e.into()))?;
+        let found = u64::try_from(st.st_size).unwrap_or(0);
+        if found != len {
+            return Err(TargetError::RamAdoptSize { expected: len, found });
+        }
+        let base = map_shared(fd.as_fd(), len).map_err(err)?;
+        Ok(Self::over(Mapping {
+            base,
+            len,
+            fd: Some(fd),
+        }))
+    }
+
+    /// `len` bytes of anonymous private memory, no memfd: the null backend's window of
+    /// zeroes (`null::NullDisk`), never written. Reads of never-written anonymous memory map
+    /// the kernel's shared zero page, whereas every read fault on a shared memfd commits a
+    /// page of its own; and the window holds no data to hand over.
+    pub fn anonymous(len: u64) -> std::io::Result<Self> {
+        check_len(len)?;
+        let base = map_anonymous(len)?;
+        Ok(Self::over(Mapping { base, len, fd: None }))
+    }
+
+    /// The memfd holding the disk's memory, for the hot upgrade to hand over to the next
+    /// process (which [`RamDisk::adopt`]s a duplicate of it). None for [`RamDisk::anonymous`].
+    pub fn memfd(&self) -> Option<BorrowedFd<'_>> {
+        self.map.fd.as_ref().map(AsFd::as_fd)
     }
 
     /// Map `len` bytes as [`RamDisk::new`] does, and commit them all in the background
@@ -406,26 +519,51 @@ impl RamDisk {
 
     /// Make `len` bytes at `off` read as zeroes, releasing whole pages to the kernel.
     pub fn zero(&self, off: u64, len: u64) {
+        self.check(off, len as usize);
         let end = off + len;
         let first_page = off.div_ceil(PAGE) * PAGE;
         let last_page = end / PAGE * PAGE;
         if last_page > first_page {
             self.store_zero(off, first_page);
-            // SAFETY: [first_page, last_page) is page aligned and inside the mapping;
-            // MADV_DONTNEED on a private anonymous mapping only makes pages read as zero.
-            let rc = unsafe {
-                libc::madvise(
-                    self.base.as_ptr().add(first_page as usize).cast(),
-                    (last_page - first_page) as usize,
-                    libc::MADV_DONTNEED,
-                )
-            };
-            if rc != 0 {
+            if let Err(e) = self.release(first_page, last_page) {
+                tracing::debug!(error = %e, "RAM disk: pages not released, zeroes written instead");
                 self.store_zero(first_page, last_page);
             }
             self.store_zero(last_page, end);
         } else {
             self.store_zero(off, end);
+        }
+    }
+
+    /// Hand the whole pages `[from, to)` back to the kernel, after which they read as zeroes.
+    fn release(&self, from: u64, to: u64) -> std::io::Result<()> {
+        use nix::fcntl::{FallocateFlags, fallocate};
+        match &self.map.fd {
+            // The memfd's own pages, and so every mapping of it (this process's, and
+            // another's during a hand-over), the way a file's hole reads.
+            Some(fd) => Ok(fallocate(
+                fd,
+                FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE,
+                from as i64,
+                (to - from) as i64,
+            )?),
+            None => {
+                // SAFETY: [from, to) is page aligned and inside the mapping (callers stay
+                // inside `len`); MADV_DONTNEED on a private anonymous mapping only makes
+                // pages read as zero.
+                let rc = unsafe {
+                    libc::madvise(
+                        self.base.as_ptr().add(from as usize).cast(),
+                        (to - from) as usize,
+                        libc::MADV_DONTNEED,
+                    )
+                };
+                if rc == 0 {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            }
         }
     }
 
@@ -519,7 +657,12 @@ mod tests {
 
     #[test]
     fn write_read_zero_round_trip() {
-        let d = RamDisk::new(64 * 1024).unwrap_or_else(|e| panic!("{e}"));
+        round_trip(&RamDisk::new(64 * 1024).unwrap_or_else(|e| panic!("{e}")));
+        // The null backend's anonymous window releases pages with MADV_DONTNEED instead.
+        round_trip(&RamDisk::anonymous(64 * 1024).unwrap_or_else(|e| panic!("{e}")));
+    }
+
+    fn round_trip(d: &RamDisk) {
         let data: Vec<u8> = (0..12_288u32).map(|i| (i * 7 + 3) as u8).collect();
         d.write(4096 - 512, &data);
         let mut back = vec![0u8; data.len()];
@@ -671,5 +814,160 @@ mod tests {
         let mut b = vec![1u8; 4096];
         d.read((1 << 30) - 4096, &mut b);
         assert!(b.iter().all(|&x| x == 0));
+    }
+
+    /// Bytes `i` of a test pattern over a disk (`seed` tells two patterns apart).
+    fn pattern(len: usize, seed: u32) -> Vec<u8> {
+        (0..len as u32)
+            .map(|i| (i.wrapping_mul(31).wrapping_add(seed) % 251) as u8)
+            .collect()
+    }
+
+    fn contents(d: &RamDisk) -> Vec<u8> {
+        let mut b = vec![0u8; d.len() as usize];
+        d.read(0, &mut b);
+        b
+    }
+
+    /// A second disk over a duplicate of the first's memfd (what the hot upgrade hands the
+    /// next process) shows what the first wrote, and the first what it writes; after the
+    /// first is gone (its mapping unmapped, its descriptor closed) the data is still there.
+    #[test]
+    fn an_adopted_disk_shares_the_first_ones_data_and_keeps_it() {
+        const LEN: u64 = 4 << 20;
+        let a = RamDisk::new(LEN).unwrap_or_else(|e| panic!("{e}"));
+        let data = pattern(LEN as usize, 7);
+        a.write(0, &data);
+        let fd = a
+            .memfd()
+            .unwrap_or_else(|| panic!("a RAM disk has a memfd"))
+            .try_clone_to_owned()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut b = RamDisk::adopt(fd, LEN).unwrap_or_else(|e| panic!("{e}"));
+        b.wait_populated(); // nothing to wait for: an adopted disk is not filled
+        assert!(contents(&b) == data, "the adopted disk reads what the first wrote");
+        assert_ne!(a.base, b.base, "two mappings");
+        // Writes either way are seen by the other mapping at once.
+        let later = pattern(8192, 99);
+        b.write(LEN - 8192 - 100, &later);
+        let mut back = vec![0u8; later.len()];
+        a.read(LEN - 8192 - 100, &mut back);
+        assert_eq!(back, later);
+        a.write(4096, &later[..512]);
+        b.read(4096, &mut back[..512]);
+        assert_eq!(&back[..512], &later[..512]);
+        let mut want = data;
+        want[LEN as usize - 8192 - 100..LEN as usize - 100].copy_from_slice(&later);
+        want[4096..4096 + 512].copy_from_slice(&later[..512]);
+        drop(a);
+        assert!(contents(&b) == want, "the data outlives the disk that wrote it");
+        // And so on down a chain of processes: adopted from an adopted disk.
+        let fd = b.memfd().map(|f| f.try_clone_to_owned());
+        let c = RamDisk::adopt(
+            fd.unwrap_or_else(|| panic!("an adopted disk has its memfd"))
+                .unwrap_or_else(|e| panic!("{e}")),
+            LEN,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        drop(b);
+        assert!(contents(&c) == want);
+    }
+
+    /// Deallocated ranges read as zeroes in both mappings of a memfd, whichever zeroes them:
+    /// whole pages are punched out of the memfd (MADV_DONTNEED would only have dropped one
+    /// mapping's view of them, the data staying in the file), partial pages written with
+    /// zeroes; nothing outside the range changes.
+    #[test]
+    fn zeroed_ranges_read_as_zeroes_in_every_mapping() {
+        const LEN: u64 = 4 << 20;
+        let a = RamDisk::new(LEN).unwrap_or_else(|e| panic!("{e}"));
+        let fd = a.memfd().map(|f| f.try_clone_to_owned());
+        let b = RamDisk::adopt(
+            fd.unwrap_or_else(|| panic!("a RAM disk has a memfd"))
+                .unwrap_or_else(|e| panic!("{e}")),
+            LEN,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let mut want = pattern(LEN as usize, 3);
+        a.write(0, &want);
+        // (disk that zeroes, offset, length): whole pages, a page's middle, a range from the
+        // middle of one page to the middle of another, a 2 MiB-aligned 2 MiB, the very end.
+        let ranges: [(&RamDisk, u64, u64); 5] = [
+            (&a, 8 * PAGE, 4 * PAGE),
+            (&b, 20 * PAGE + 100, 1000),
+            (&b, 30 * PAGE + 512, 5 * PAGE + 1024),
+            (&a, 2 << 20, 2 << 20),
+            (&b, LEN - PAGE - 8, PAGE + 8),
+        ];
+        let allocated = || {
+            let st =
+                nix::sys::stat::fstat(a.memfd().unwrap_or_else(|| panic!("memfd"))).unwrap_or_else(|e| panic!("{e}"));
+            st.st_blocks as u64 * 512
+        };
+        for (d, off, len) in ranges {
+            let before = allocated();
+            d.zero(off, len);
+            // The whole pages went back to the kernel (until read: a read fault on a hole
+            // of a shared memfd commits a page of zeroes).
+            let whole = ((off + len) / PAGE).saturating_sub(off.div_ceil(PAGE)) * PAGE;
+            assert!(
+                allocated() + whole <= before,
+                "zeroing {len} bytes at {off}: {before} bytes allocated before, {} after",
+                allocated()
+            );
+            want[off as usize..(off + len) as usize].fill(0);
+            for (who, m) in [("first", &a), ("adopted", &b)] {
+                let got = contents(m);
+                if let Some(i) = (0..want.len()).find(|&i| got[i] != want[i]) {
+                    panic!(
+                        "after zeroing {len} bytes at {off}: the {who} disk's byte at {i} is {}, not {}",
+                        got[i], want[i]
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn adopting_a_memfd_of_another_size_is_an_error() {
+        let a = RamDisk::new(1 << 20).unwrap_or_else(|e| panic!("{e}"));
+        let dup = || {
+            a.memfd()
+                .unwrap_or_else(|| panic!("memfd"))
+                .try_clone_to_owned()
+                .unwrap_or_else(|e| panic!("{e}"))
+        };
+        for len in [(1 << 20) - 4096, (1 << 20) + 8, 2 << 20] {
+            match RamDisk::adopt(dup(), len) {
+                Err(TargetError::RamAdoptSize { expected, found }) => {
+                    assert_eq!((expected, found), (len, 1 << 20));
+                }
+                other => panic!("adopting 1 MiB as {len} bytes: {other:?}"),
+            }
+        }
+        // Not a size a disk can have at all.
+        assert!(matches!(RamDisk::adopt(dup(), 0), Err(TargetError::Ram { .. })));
+        // And the error says what happened.
+        let e = RamDisk::adopt(dup(), 4096).err().map(|e| e.to_string());
+        assert_eq!(
+            e.as_deref(),
+            Some("the RAM handed over holds 1048576 bytes, the namespace adopting it has 4096: not adopted")
+        );
+    }
+
+    /// The memfd cannot be resized (by the next process, say): a mapping past a shrunk end
+    /// would fault with SIGBUS.
+    #[test]
+    fn the_memfd_is_sealed_against_resizing() {
+        let a = RamDisk::new(1 << 20).unwrap_or_else(|e| panic!("{e}"));
+        let fd = a.memfd().unwrap_or_else(|| panic!("memfd"));
+        assert!(nix::unistd::ftruncate(fd, 4096).is_err());
+        assert!(nix::unistd::ftruncate(fd, 2 << 20).is_err());
+        assert!(
+            RamDisk::anonymous(4096)
+                .unwrap_or_else(|e| panic!("{e}"))
+                .memfd()
+                .is_none()
+        );
     }
 }
