@@ -191,6 +191,9 @@ pub enum TargetError {
         /// Reactors running.
         reactors: usize,
     },
+    /// A run-time change while a hot upgrade hands the target over.
+    #[error("an upgrade is in progress: try again when it is done")]
+    Upgrading,
     /// A reload was asked of a target running the embedded default.
     #[error("running the embedded default configuration: there is no conf file to reload")]
     NoConfFile,

@@ -83,6 +83,7 @@ pub mod setup;
 pub mod sgl;
 pub mod subsystem;
 pub mod tcp;
+pub mod upgrade;
 
 /// pollux's version (the crate's, `CARGO_PKG_VERSION`).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -149,6 +150,16 @@ pub(crate) fn hybrid_of(r: &pollux_conf::Reactors) -> (Option<Duration>, Turnaro
 impl Target {
     /// Bind the listeners, build the namespaces, start the reactors.
     pub fn start(cfg: &Config, opts: Options) -> Result<Self, TargetError> {
+        Self::start_with(cfg, opts, upgrade::new::Inherited::default())
+    }
+
+    /// [`Self::start`], taking the listening sockets `inherited` has (a hot upgrade's new
+    /// process) instead of binding them, and with its listeners paused if it says so.
+    pub fn start_with(
+        cfg: &Config,
+        opts: Options,
+        mut inherited: upgrade::new::Inherited,
+    ) -> Result<Self, TargetError> {
         // Room for every connection the conf allows (and the target's own files), made
         // before the reactors run: growing the descriptor table later stalls the reactor
         // that accepts (pollux_reactor::sys::reserve_fd_table). A namespace holds a
@@ -190,7 +201,10 @@ impl Target {
                 addr: l.address,
                 source,
             };
-            let s = TcpListener::bind(l.address).map_err(err)?;
+            let s = match inherited.listeners.remove(&l.address) {
+                Some(s) => s,
+                None => TcpListener::bind(l.address).map_err(err)?,
+            };
             s.set_nonblocking(true).map_err(err)?;
             addrs.push(BoundListener {
                 addr: s.local_addr().map_err(err)?,
@@ -223,6 +237,7 @@ impl Target {
             })
             .collect();
         let pending = Mutex::new(Some(socks));
+        let paused = inherited.paused;
         let (sh, placement) = (shared.clone(), cfg.reactors.placement);
         let max_io = cfg.transport.max_io_size;
         let runtime = Runtime::start(
@@ -241,7 +256,9 @@ impl Target {
                         .unwrap_or_default();
                     for s in socks {
                         let addr = s.local_addr()?;
-                        let id = listener::Listener::new(s, sh.clone(), placement, started).register(r)?;
+                        let mut l = listener::Listener::new(s, sh.clone(), placement, started);
+                        l.paused = paused;
+                        let id = l.register(r)?;
                         let mut set = r.take_local::<mutate::Listeners>().unwrap_or_default();
                         set.by_addr.insert(addr, id);
                         r.set_local(set);
@@ -291,6 +308,12 @@ impl Target {
     /// changes nothing; the error names file, line and column.
     pub fn reload(&self) -> Result<mutate::Changes, TargetError> {
         mutate::reload(&self.shared, &self.runtime.remotes())
+    }
+
+    /// Upgrade to `binary` without downtime ([`upgrade`]): Ok once the new process serves
+    /// (end this one with [`upgrade::old::exit_upgraded`]); Err: this one serves on.
+    pub fn upgrade(&self, binary: &std::path::Path) -> Result<upgrade::Report, upgrade::UpgradeError> {
+        upgrade::old::upgrade(&self.shared, &self.runtime.remotes(), binary)
     }
 
     /// The running configuration as TOML (it loads back to the same state).

@@ -19,6 +19,17 @@ use crate::tcp::{self, Conn, RxPool};
 
 static NEXT_SERIAL: AtomicU64 = AtomicU64::new(1);
 
+/// The serial the next connection gets (a hot upgrade hands it to the next process).
+pub fn next_serial() -> u64 {
+    NEXT_SERIAL.load(Relaxed)
+}
+
+/// Serials from `at` on (the next process of a hot upgrade: its connections' serials go on
+/// from the old process's).
+pub fn serials_from(at: u64) {
+    NEXT_SERIAL.fetch_max(at, Relaxed);
+}
+
 /// Connections one run of a listener accepts and hands out at most; with more pending it
 /// runs again after the reactor's other sources (a connect storm is taken in slices, so
 /// that the established connections on its reactor are served between them).
@@ -39,6 +50,9 @@ pub struct Listener {
     /// When a refusal was last logged, and the refusals since.
     refusal_logged: Option<Instant>,
     refused_unlogged: u64,
+    /// Not accepting: a hot upgrade is handing the socket over (connections wait in its
+    /// backlog for whichever process serves next).
+    pub paused: bool,
 }
 
 impl Listener {
@@ -53,7 +67,24 @@ impl Listener {
             open: Arc::new(AtomicU64::new(0)),
             refusal_logged: None,
             refused_unlogged: 0,
+            paused: false,
         }
+    }
+
+    /// Its listening socket's descriptor.
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        self.sock.as_raw_fd()
+    }
+
+    /// Its bound address.
+    pub fn addr(&self) -> Option<SocketAddr> {
+        self.addr
+    }
+
+    /// The count of its open connections (connections handed over by an upgrade count in
+    /// it too).
+    pub fn open(&self) -> Arc<AtomicU64> {
+        self.open.clone()
     }
 
     /// Register it on reactor `r`.
@@ -115,15 +146,20 @@ pub fn add_connection(r: &mut Reactor, sock: TcpStream, shared: Arc<Shared>, sta
     let fd = conn.t.raw_fd();
     match r.add_sleepable_source(Box::new(conn), SourceOpts::socket(fd)) {
         Ok(id) => {
-            let deadline = Duration::from_millis(u64::from(shared.transport.setup_timeout_ms));
-            r.add_timer(Instant::now() + deadline, move |r| {
-                r.with_source::<Conn, _>(id, |c, r| c.check_setup(r, id, serial));
-            });
+            arm_setup_deadline(r, id, serial, &shared);
             // Bytes may have arrived before registration: run it once now.
             r.wake(id)
         }
         Err(e) => fail(&shared, e.to_string()),
     }
+}
+
+/// Arm connection `id`'s (`serial`) setup deadline: `[transport] setup_timeout_ms` from now.
+pub fn arm_setup_deadline(r: &mut Reactor, id: SourceId, serial: u64, shared: &Shared) {
+    let deadline = Duration::from_millis(u64::from(shared.transport.setup_timeout_ms));
+    r.add_timer(Instant::now() + deadline, move |r| {
+        r.with_source::<Conn, _>(id, |c, r| c.check_setup(r, id, serial));
+    });
 }
 
 impl Source for Listener {
@@ -132,6 +168,9 @@ impl Source for Listener {
     }
 
     fn run(&mut self, r: &mut Reactor, _id: SourceId) -> Progress {
+        if self.paused {
+            return Progress::IDLE;
+        }
         let mut did = false;
         let mut accepted = 0;
         while accepted < ACCEPT_BATCH {

@@ -1,5 +1,8 @@
 //! The `pollux` binary: `pollux --config FILE` serves until SIGTERM/SIGINT; `pollux --check
 //! FILE` validates a conf file; with neither, the embedded default (one RAM namespace).
+//! SIGHUP reloads the conf file; SIGUSR2 upgrades to the binary at the path this process was
+//! started from, without downtime (as `pollux ctl upgrade` does; see
+//! [`pollux_target::upgrade`]).
 //! `pollux perf ...` is the NVMe/TCP load generator ([`pollux_host::perf`]); `pollux ctl ...`
 //! and `pollux top` talk to a running target's control socket ([`pollux_target::control`]).
 
@@ -27,6 +30,10 @@ struct Cli {
     /// Validate a conf file and exit (0 if valid).
     #[arg(long, value_name = "FILE", conflicts_with = "config")]
     check: Option<PathBuf>,
+    /// Take over from a running pollux at the other end of this descriptor (a hot upgrade
+    /// starts the new binary so; not for people).
+    #[arg(long, value_name = "FD", hide = true, conflicts_with_all = ["config", "check"])]
+    takeover: Option<i32>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -52,6 +59,7 @@ fn block_signals() -> libc::sigset_t {
         libc::sigaddset(&mut set, libc::SIGINT);
         libc::sigaddset(&mut set, libc::SIGTERM);
         libc::sigaddset(&mut set, libc::SIGHUP);
+        libc::sigaddset(&mut set, libc::SIGUSR2);
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
     }
     set
@@ -98,6 +106,19 @@ fn main() -> ExitCode {
             }
         };
     }
+    pollux_target::upgrade::old::remember_own_binary();
+    if let Some(fd) = cli.takeover {
+        let signals = block_signals();
+        return match pollux_target::upgrade::new::takeover(fd) {
+            Ok(t) => serve(t.target, t.control, &signals),
+            Err(e) => {
+                // Nothing of what was handed over may be shut down here: the old process
+                // serves on with the same sockets. Exit without running destructors.
+                error!("upgrade: taking over failed, the old process serves on: {e}");
+                std::process::exit(1)
+            }
+        };
+    }
     let cfg = match &cli.config {
         Some(p) => match Config::from_path(p) {
             Ok(c) => c,
@@ -133,12 +154,35 @@ fn main() -> ExitCode {
         }
     };
     info!(origin = %cfg.origin, reactors = cfg.reactors.cores.len(), mode = %cfg.reactors.mode, "pollux running");
+    serve(target, Some(control), &signals)
+}
+
+/// Serve until SIGTERM or SIGINT (SIGHUP reloads, SIGUSR2 upgrades), then stop.
+fn serve(target: Target, control: Option<pollux_target::control::ControlServer>, signals: &libc::sigset_t) -> ExitCode {
     loop {
-        match wait_signal(&signals) {
+        match wait_signal(signals) {
             libc::SIGHUP => match target.reload() {
                 Ok(changes) => info!(?changes, "SIGHUP: configuration reloaded"),
                 Err(e) => error!("SIGHUP: reload refused, nothing changed: {e}"),
             },
+            libc::SIGUSR2 => {
+                let Some(binary) = pollux_target::upgrade::old::default_binary() else {
+                    error!("SIGUSR2: the binary this process runs is unknown; use `pollux ctl upgrade --binary`");
+                    continue;
+                };
+                match target.upgrade(&binary) {
+                    Ok(r) => {
+                        info!(
+                            pid = r.pid,
+                            queues = r.queues,
+                            pause_ms = r.pause_ms,
+                            "SIGUSR2: upgraded"
+                        );
+                        pollux_target::upgrade::old::exit_upgraded();
+                    }
+                    Err(e) => error!("SIGUSR2: upgrade refused, serving on: {e}"),
+                }
+            }
             sig => {
                 info!(signal = sig, "shutting down");
                 break;

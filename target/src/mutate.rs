@@ -106,6 +106,11 @@ fn same_namespace(a: &pollux_conf::Namespace, b: &pollux_conf::Namespace) -> boo
 /// Reconcile `new` against the running configuration and apply the difference. On error
 /// nothing changes.
 pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Result<Changes, TargetError> {
+    if crate::upgrade::old::in_progress() {
+        // The running conf is what the next process starts from: it must not change under
+        // the handover.
+        return Err(TargetError::Upgrading);
+    }
     let mut running = shared.config.lock().unwrap_or_else(|p| p.into_inner());
     let old = shared.snapshot.load_full();
     let n = shared.reactors;

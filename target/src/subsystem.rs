@@ -530,7 +530,11 @@ pub fn build_namespace(
         nsid: n.nsid,
         source: Box::new(e),
     })?);
-    let backend = crate::backend::open(n, reactors).map_err(|e| TargetError::Backend {
+    let backend = match crate::upgrade::new::inherited_store(nqn, n) {
+        Some(b) => b,
+        None => crate::backend::open(n, reactors),
+    }
+    .map_err(|e| TargetError::Backend {
         nqn: nqn.to_string(),
         nsid: n.nsid,
         source: Box::new(e),

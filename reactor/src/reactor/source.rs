@@ -238,6 +238,16 @@ impl Reactor {
         out
     }
 
+    /// The ids of the sources registered now (those being removed excluded): to visit every
+    /// source of a kind with [`Self::with_source`] (a hot upgrade visits every connection).
+    pub fn source_ids(&self) -> Vec<SourceId> {
+        self.slots
+            .iter()
+            .filter(|(_, s)| !s.removed)
+            .map(|(id, _)| id)
+            .collect()
+    }
+
     /// Make a source run as soon as possible (e.g. after work was submitted to it).
     pub fn wake(&mut self, id: SourceId) {
         if let Some(slot) = self.slots.get_mut(id) {

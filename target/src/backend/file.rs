@@ -106,6 +106,26 @@ impl ShutdownRecord {
         Ok(())
     }
 
+    /// The record of `file` as it is, counting nothing: a hot upgrade's new process goes on
+    /// with the run its old one started (the store stays marked open).
+    fn resume(file: &File) -> Option<Self> {
+        let mut buf = [0u8; 128];
+        // SAFETY: fgetxattr writes at most `buf.len()` bytes into `buf`; fd is ours.
+        let n = unsafe {
+            libc::fgetxattr(
+                file.as_raw_fd(),
+                RECORD_XATTR.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        };
+        let n = usize::try_from(n).ok()?;
+        std::str::from_utf8(&buf[..n])
+            .ok()
+            .and_then(Self::parse)
+            .map(|(r, _)| r)
+    }
+
     /// Read the record of `file`, count this start (and an unsafe shutdown if it was left
     /// open) and mark it open. None where the store has no extended attributes.
     fn start(file: &File) -> Option<Self> {
@@ -172,6 +192,21 @@ impl FileDisk {
         shared: bool,
         block_size: u32,
     ) -> Result<Self, TargetError> {
+        Self::open_or_adopt(path, size, direct, shared, block_size, None)
+    }
+
+    /// [`Self::open`], or, with `inherited` (a hot upgrade's new process), take the file the
+    /// old process had open: the same open file, so its lock is already this process's,
+    /// and the store's shutdown record goes on from the old process's start.
+    pub fn open_or_adopt(
+        path: &Path,
+        size: Option<u64>,
+        direct: bool,
+        shared: bool,
+        block_size: u32,
+        inherited: Option<File>,
+    ) -> Result<Self, TargetError> {
+        let adopted = inherited.is_some();
         let path_buf = || path.to_path_buf();
         let io = |what: &'static str| {
             move |source| TargetError::FileIo {
@@ -180,7 +215,7 @@ impl FileDisk {
                 source,
             }
         };
-        let exists = path.exists();
+        let exists = adopted || path.exists();
         if !exists && size.is_none() {
             return Err(TargetError::FileMissing { path: path_buf() });
         }
@@ -189,7 +224,11 @@ impl FileDisk {
         if direct {
             opts.custom_flags(libc::O_DIRECT);
         }
-        let file = opts.open(path).map_err(|e| {
+        let file = match inherited {
+            Some(f) => Ok(f),
+            None => opts.open(path),
+        }
+        .map_err(|e| {
             if e.raw_os_error() == Some(libc::EINVAL) && direct {
                 TargetError::FileNoDirect { path: path_buf() }
             } else {
@@ -259,7 +298,11 @@ impl FileDisk {
         };
         // The record counts one pollux's starts: with several serving the store, each would
         // find it marked open by another and count an unsafe shutdown.
-        let record = if shared { None } else { ShutdownRecord::start(&file) };
+        let record = match (shared, adopted) {
+            (true, _) => None,
+            (false, true) => ShutdownRecord::resume(&file),
+            (false, false) => ShutdownRecord::start(&file),
+        };
         if let Some(r) = record
             && r.unsafe_shutdowns > 0
             && r.starts > 1
@@ -282,6 +325,10 @@ impl FileDisk {
 impl Backend for FileDisk {
     fn kind(&self) -> &'static str {
         "file"
+    }
+
+    fn handover_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        Some(std::os::fd::AsFd::as_fd(&self.file))
     }
 
     fn shutdown_record(&self) -> Option<(u64, u64)> {

@@ -286,6 +286,13 @@ pub trait Backend: Send + Sync + std::fmt::Debug + Any {
     fn memory(&self) -> Option<&RamDisk> {
         None
     }
+    /// The descriptor a hot upgrade hands to the next process so that it serves the same
+    /// store ([`crate::upgrade`]): a file namespace's open file (its lock goes with it).
+    /// None: the next process opens the store itself (RAM memory goes by
+    /// [`RamDisk::memfd`]).
+    fn handover_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
     /// Where a read at `off` can be sent from without a backend call: the namespace's
     /// memory at that offset (RAM, simulated SSD), or a null namespace's zeroes. None: the
     /// data comes with the read's completion.

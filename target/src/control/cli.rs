@@ -215,6 +215,25 @@ pub fn format_result(cmd: &CtlCommand, v: Value) -> Result<String, ControlError>
                 v["size"]
             ),
             "log_level" => format!("log filter: {}\n", v["filter"].as_str().unwrap_or("?")),
+            "upgrade" => {
+                let mut o = format!(
+                    "upgraded: pid {} ({}) serves {} queues; longest pause {:.1} ms, {:.1} ms in all\n",
+                    v["pid"],
+                    v["version"].as_str().unwrap_or("?"),
+                    v["queues"],
+                    v["pause_ms"].as_f64().unwrap_or(0.0),
+                    v["total_ms"].as_f64().unwrap_or(0.0)
+                );
+                for s in v["stayed"].as_array().into_iter().flatten() {
+                    let _ = writeln!(
+                        o,
+                        "  closed for the host to reconnect: {} ({})",
+                        s[1],
+                        s[0].as_str().unwrap_or("?")
+                    );
+                }
+                o
+            }
             name if verb.method.mutation => summary(name, &v),
             _ => pretty(&v)?,
         },
@@ -365,7 +384,15 @@ pub fn run(path: &Path, cmd: &CtlCommand, json_out: bool) -> Result<String, Cont
     let v = match (Client::connect(path), cmd) {
         // The table is this binary's too: `methods` answers without a target.
         (Err(ControlError::Connect { .. }), CtlCommand::Methods { .. }) => super::methods::to_json(),
-        (c, _) => c?.call(&method, params)?,
+        (c, _) => {
+            let mut c = c?;
+            if method == "upgrade" {
+                // The pause, the new process's start and each step's answer (up to 30 s
+                // each) may outlast the usual 10 s.
+                c.set_timeout(std::time::Duration::from_secs(180))?;
+            }
+            c.call(&method, params)?
+        }
     };
     if json_out {
         let mut s = serde_json::to_string_pretty(&v).map_err(|e| ControlError::Protocol(e.to_string()))?;

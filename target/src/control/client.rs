@@ -34,6 +34,12 @@ impl Client {
         })
     }
 
+    /// Wait up to `d` for each answer (an upgrade may take longer than the 10 s default).
+    pub fn set_timeout(&mut self, d: Duration) -> Result<(), ControlError> {
+        self.w.set_read_timeout(Some(d))?;
+        Ok(())
+    }
+
     /// Call `method` with `params` (an object, an array or null); its result.
     pub fn call(&mut self, method: &str, params: Value) -> Result<Value, ControlError> {
         let id = self.next_id;

@@ -258,6 +258,13 @@ pub const METHODS: &[Method] = &[
         params: &[],
     },
     Method {
+        name: "upgrade",
+        summary: "Hand the listeners and live connections to a new binary without downtime (default: the one this process was started from)",
+        mutation: false,
+        verb: true,
+        params: &[p("binary", Kind::Str, "the new binary")],
+    },
+    Method {
         name: "save",
         summary: "Write the running conf to its file (comments kept, FILE.bak kept), or elsewhere",
         mutation: false,

@@ -98,12 +98,52 @@ impl Bound {
         Ok(Self { socket, metrics })
     }
 
+    /// The endpoints a hot upgrade's old process handed over (`socket`, `metrics`); one the
+    /// conf `c` names that did not come is bound here (a warning if it cannot be).
+    pub fn inherited(
+        socket: Option<(UnixListener, PathBuf)>,
+        metrics: Option<TcpListener>,
+        c: &pollux_conf::Control,
+    ) -> Self {
+        let fresh = if (socket.is_none() && c.socket.is_some()) || (metrics.is_none() && c.metrics.is_some()) {
+            let only = pollux_conf::Control {
+                socket: if socket.is_none() { c.socket.clone() } else { None },
+                metrics: if metrics.is_none() { c.metrics } else { None },
+            };
+            match Self::bind(&only) {
+                Ok(b) => b,
+                Err(e) => {
+                    warn!("control endpoints: {e}");
+                    Self {
+                        socket: None,
+                        metrics: None,
+                    }
+                }
+            }
+        } else {
+            Self {
+                socket: None,
+                metrics: None,
+            }
+        };
+        Self {
+            socket: socket.or(fresh.socket),
+            metrics: metrics.or(fresh.metrics),
+        }
+    }
+
     /// Serve the endpoints for `target` (its conf's `[reactors]` table gives the adaptive
     /// policy settings) on a new control thread.
     pub fn serve(self, target: &Target, reactors: &pollux_conf::Reactors) -> Result<ControlServer, ControlError> {
         let ctx = Arc::new(Ctx::new(target, reactors));
         let stop = Arc::new(AtomicBool::new(false));
         let socket_path = self.socket.as_ref().map(|(_, p)| p.clone());
+        // A hot upgrade hands these descriptors to the next process (they stay open while
+        // the control thread lives, as long as the process).
+        let _ = crate::upgrade::old::CONTROL_FDS.set(crate::upgrade::old::ControlFds {
+            socket: self.socket.as_ref().map(|(l, p)| (p.clone(), l.as_raw_fd())),
+            metrics: self.metrics.as_ref().map(|l| l.as_raw_fd()),
+        });
         let metrics_addr = match &self.metrics {
             Some(l) => Some(l.local_addr().map_err(|source| ControlError::Endpoint {
                 what: "read the metrics address".into(),
@@ -329,7 +369,12 @@ fn serve_client(s: UnixStream, ctx: &Ctx, stop: &AtomicBool) {
                 }
                 if let Some(mut resp) = ctx.handle_line(&buf) {
                     resp.push('\n');
-                    if w.write_all(resp.as_bytes()).is_err() {
+                    let written = w.write_all(resp.as_bytes());
+                    if crate::upgrade::old::EXIT_AFTER_REPLY.load(SeqCst) {
+                        // An upgrade committed: the new process serves.
+                        crate::upgrade::old::exit_upgraded();
+                    }
+                    if written.is_err() {
                         return;
                     }
                 }

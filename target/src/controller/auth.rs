@@ -280,6 +280,20 @@ impl QueueAuth {
         }
     }
 
+    /// The queue of a hot upgrade's new process: authenticated (if it had to be) by the
+    /// exchange it ran with the old one (only queues between exchanges are handed over).
+    pub fn resumed(hostnqn: &str, required: bool) -> Self {
+        Self {
+            authenticated: required,
+            ..Self::new(hostnqn, required)
+        }
+    }
+
+    /// No exchange is under way.
+    pub fn idle(&self) -> bool {
+        matches!(self.step, Step::Idle)
+    }
+
     /// Commands other than Authentication Send / Receive may run.
     pub fn allows_commands(&self) -> bool {
         !self.required || self.authenticated

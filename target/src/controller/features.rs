@@ -38,7 +38,7 @@ pub mod sel {
 const CAP_CHANGEABLE: u32 = 1 << 2;
 
 /// The values of a controller's changeable features that no other state holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Features {
     /// Arbitration (01h): AB, LPW, MPW, HPW. Kept as set: one SQ per connection, so nothing
     /// to arbitrate between on the target.

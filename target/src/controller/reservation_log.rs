@@ -16,7 +16,7 @@ pub const AER_RESERVATION_LOG: u32 = 0x6 | (0x80 << 16);
 pub const RESV_LOG_ENTRIES: usize = 64;
 
 /// One unread notification.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 struct Notice {
     count: u64,
     typ: u8,
@@ -24,7 +24,7 @@ struct Notice {
 }
 
 /// A controller's Reservation Notification log and mask.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
 pub struct ResvLog {
     unread: VecDeque<Notice>,
     /// Log page count of the last notification (0: none yet).

@@ -240,7 +240,7 @@ impl<T: Transport> Queue<T> {
     // ---------------------------------------------------------------- keep-alive
 
     /// (Re)arm the keep-alive check at the controller's deadline (NVMe 2.0 §3.9).
-    fn schedule_keep_alive(&mut self, r: &mut Reactor, id: SourceId) {
+    pub(super) fn schedule_keep_alive(&mut self, r: &mut Reactor, id: SourceId) {
         let Role::Admin(ctrl) = &mut self.role else { return };
         if let Some(t) = ctrl.ka_timer.take() {
             r.cancel_timer(t);
@@ -259,6 +259,10 @@ impl<T: Transport> Queue<T> {
     fn keep_alive_check(&mut self, r: &mut Reactor, id: SourceId) {
         let Role::Admin(ctrl) = &mut self.role else { return };
         ctrl.ka_timer = None;
+        if self.handover.is_some() {
+            // Paused for an upgrade: its Keep Alive commands are held, not missed.
+            ctrl.last_keep_alive = Instant::now();
+        }
         if !self.auth.allows_commands() {
             // Authenticating: a host sends no Keep Alive before it may (the Linux host's first
             // use of a large DH group is seconds of its CPU); the authentication deadline
@@ -278,7 +282,7 @@ impl<T: Transport> Queue<T> {
     /// Look at the subsystem's health every [`HEALTH_CHECK`] while the host has SMART events
     /// enabled (AEC bits 7:0), raising the event a new critical warning calls for (NVMe 2.0
     /// §5.2). No timer otherwise: a timer costs every reactor iteration a little.
-    fn schedule_health_check(&mut self, r: &mut Reactor, id: SourceId) {
+    pub(super) fn schedule_health_check(&mut self, r: &mut Reactor, id: SourceId) {
         let Role::Admin(ctrl) = &mut self.role else { return };
         if ctrl.is_discovery() || ctrl.aec & 0xFF == 0 || ctrl.health_timer.is_some() {
             return;
@@ -296,6 +300,11 @@ impl<T: Transport> Queue<T> {
     fn health_check(&mut self, r: &mut Reactor, id: SourceId) {
         let Role::Admin(ctrl) = &mut self.role else { return };
         ctrl.health_timer = None;
+        if self.handover.is_some() {
+            // No event while paused for an upgrade: it would complete an AER the state
+            // handed over still lists.
+            return self.schedule_health_check(r, id);
+        }
         if let Some(s) = &ctrl.subsys {
             let h = health::gather(s, None, health::host_k());
             if ctrl.check_health(&h) {

@@ -17,6 +17,7 @@ mod admin;
 mod auth;
 pub mod data;
 pub(crate) mod finish;
+pub mod handover;
 mod io;
 mod locked;
 mod qos;
@@ -117,6 +118,8 @@ pub struct Queue<T: Transport> {
     /// Counts it among its host address's connections on its reactor while it lives
     /// ([`crate::placement`]).
     placed: Option<Arc<crate::placement::Placed>>,
+    /// Paused, or pausing, for a hot upgrade ([`handover`]); None: serving.
+    handover: Option<Box<handover::Pausing>>,
 }
 
 impl<T: Transport> Queue<T> {
@@ -147,6 +150,7 @@ impl<T: Transport> Queue<T> {
             listener_open: path.open,
             listener: path.addr,
             placed: path.placed,
+            handover: None,
         }
     }
 
@@ -155,7 +159,8 @@ impl<T: Transport> Queue<T> {
     /// listener, an ICReq) or its Connect, saying which; `serial` names it. A host that
     /// connects and then says nothing costs a socket and a few KiB until then, not forever.
     pub fn check_setup(&mut self, r: &mut Reactor, id: SourceId, serial: u64) {
-        if self.serial != serial || self.closed {
+        if self.serial != serial || self.closed || self.pausing() {
+            // Paused for an upgrade: the deadline starts again when it serves.
             return;
         }
         let (what, reason) = match self.t.setup_pending() {
@@ -323,6 +328,11 @@ impl<T: Transport> Queue<T> {
     #[inline(always)]
     fn route(&mut self, r: &mut Reactor, id: SourceId, sqe: &Sqe, data: &[u8]) {
         let cid = sqe.cid.get();
+        if self.handover.is_some() {
+            // A hot upgrade is pausing the queue: the command runs after it (here again,
+            // or in the next process).
+            return self.hold_for_handover(sqe, data);
+        }
         if sqe.opcode == opcode::FABRICS {
             return self.on_fabrics(r, id, sqe, data);
         }
@@ -346,7 +356,7 @@ impl<T: Transport> Source for Queue<T> {
     }
 
     fn run(&mut self, r: &mut Reactor, id: SourceId) -> Progress {
-        if self.closed {
+        if self.closed || self.paused() {
             return Progress::IDLE;
         }
         T::run(self, r, id)

@@ -295,6 +295,12 @@ impl Requests {
         )
     }
 
+    /// No request at all, draining ones included: nothing of the queue's commands is left
+    /// in the stream or at a backend (a hot upgrade hands a queue over only then).
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
     /// Requests not yet completed: awaiting data, parked, held or at their backend (the
     /// drained tombstones' completions went already).
     pub fn in_flight(&self) -> usize {

@@ -61,4 +61,11 @@ pub trait Transport: Sized + 'static {
     /// Send what is queued (best effort) and end the connection (its buffers go back to
     /// their pools as they drop).
     fn close(&mut self);
+
+    /// A hot upgrade: why this connection cannot be handed to another process, if it cannot
+    /// (NVMe/TCP: TLS keys live in this process's OpenSSL), for the log.
+    fn stays(&self) -> Option<&'static str>;
+    /// A hot upgrade: what is still under way in the transport (bytes not yet sent, a PDU's
+    /// data being received in place), if anything: the queue is not at a boundary yet.
+    fn busy(&self) -> Option<&'static str>;
 }

@@ -63,6 +63,19 @@ impl NsResv {
         }
     }
 
+    /// Take `state` as this namespace's (a hot upgrade: the old process's state, newer than
+    /// any file), persisting it where PTPL asks.
+    pub fn restore(&self, state: ResvState) {
+        if state.ptpl
+            && let Some(f) = &self.file
+            && let Err(e) = store(f, &state)
+        {
+            warn!(path = %f.display(), error = %e, "reservations handed over could not be persisted");
+        }
+        self.held.store(state.holder.is_some(), Ordering::Release);
+        self.state.store(Arc::new(state));
+    }
+
     /// Whether the state can persist through power loss (RESCAP bit 0).
     pub fn ptpl_capable(&self) -> bool {
         self.file.is_some()

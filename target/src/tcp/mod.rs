@@ -17,6 +17,7 @@
 
 mod conn;
 pub mod h2c;
+pub mod handover;
 // Shared with the host library (`pollux_host`): the send queue and the TLS record layer.
 pub use pollux_link::{sendq, tls};
 
@@ -651,6 +652,28 @@ impl Transport for TcpTransport {
     fn close(&mut self) {
         // Its grown receive buffer goes to the reactor's pool when it drops.
         self.shutdown();
+    }
+
+    fn stays(&self) -> Option<&'static str> {
+        // TLS: the session keys and sequence numbers live in this process's OpenSSL (and
+        // this kernel has no kTLS to hold them), so the host must reconnect. A TLS
+        // listener's connection that has not sent its first byte could move, but costs a
+        // host nothing to redo.
+        match self.carrier {
+            Carrier::Plain => None,
+            Carrier::Detect(..) => Some("TLS listener, not yet chosen"),
+            Carrier::Tls(_) => Some("TLS"),
+        }
+    }
+
+    fn busy(&self) -> Option<&'static str> {
+        if self.direct.is_some() {
+            Some("receiving an H2CData PDU's data")
+        } else if self.pending_out() > 0 {
+            Some("bytes not yet sent")
+        } else {
+            None
+        }
     }
 }
 

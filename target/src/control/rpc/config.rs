@@ -7,7 +7,7 @@ use serde_json::Value;
 use toml_edit::TableLike;
 
 use super::document::{self, Step};
-use super::{CONFIG_ERROR, Ctx, METHOD_NOT_FOUND, RpcError};
+use super::{CONFIG_ERROR, Ctx, METHOD_NOT_FOUND, RpcError, UPGRADE_REFUSED};
 
 // ------------------------------------------------------------------ runtime configuration
 
@@ -109,6 +109,24 @@ impl Ctx {
             .map_err(|e| RpcError::new(CONFIG_ERROR, e.to_string()))?;
         self.settled(&ch)?;
         Ok(changes_json(&ch))
+    }
+
+    /// `upgrade {binary?}`: hand the target to a new binary without downtime
+    /// ([`crate::upgrade`]); default: the path this process was started from. On success
+    /// the answer is the last thing this process sends: it exits once it is written.
+    pub(super) fn upgrade(&self, params: &Value) -> Result<Value, RpcError> {
+        let binary = match params.get("binary").and_then(Value::as_str) {
+            Some(b) => std::path::PathBuf::from(b),
+            None => crate::upgrade::old::default_binary()
+                .ok_or_else(|| RpcError::new(CONFIG_ERROR, "the binary this process runs is unknown: give one"))?,
+        };
+        match crate::upgrade::old::upgrade(&self.shared, &self.remotes, &binary) {
+            Ok(report) => {
+                crate::upgrade::old::EXIT_AFTER_REPLY.store(true, std::sync::atomic::Ordering::SeqCst);
+                serde_json::to_value(report).map_err(|e| RpcError::new(CONFIG_ERROR, e.to_string()))
+            }
+            Err(e) => Err(RpcError::new(UPGRADE_REFUSED, e.to_string())),
+        }
     }
 
     /// `save {path?}`: write the running configuration's document (the conf file as its

@@ -23,6 +23,7 @@ impl Ctx {
             "nvme_fault" => self.nvme_fault(params),
             "resize_namespace" => self.resize_namespace(params),
             "reload" => self.reload(),
+            "upgrade" => self.upgrade(params),
             "methods" => Ok(crate::control::methods::to_json()),
             "log_level" => log_level(params),
             "save" => self.save(params),

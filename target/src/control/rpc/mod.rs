@@ -56,6 +56,9 @@ pub const REACTOR_UNAVAILABLE: i64 = -32000;
 /// Server error: the requested configuration is invalid or cannot be applied (nothing changed).
 pub const CONFIG_ERROR: i64 = -32001;
 
+/// Server error: the upgrade did not happen (this process serves on).
+pub const UPGRADE_REFUSED: i64 = -32002;
+
 /// How long a method waits for a reactor's reply.
 pub const REACTOR_TIMEOUT: Duration = Duration::from_secs(2);
 

@@ -1,0 +1,93 @@
+//! The NVMe/TCP transport's part of a hot upgrade ([`crate::upgrade`]): a paused
+//! connection's state (negotiated digests, ICReq done, the bytes read and not yet a whole
+//! PDU) and the connection rebuilt from it, around the same socket, in the next process.
+
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
+
+use pollux_reactor::{Reactor, SourceId, SourceOpts};
+
+use super::{Conn, RxPool, TcpTransport};
+use crate::path::Path;
+use crate::queue::Queue;
+use crate::queue::handover::ResumeError;
+use crate::subsystem::Shared;
+use crate::upgrade::state::{Bytes, QueueState};
+
+impl Conn {
+    /// The paused connection's state; `fd` is its socket's index among the descriptors sent.
+    pub fn handover_state(&self, fd: usize) -> QueueState {
+        let p = self.export();
+        QueueState {
+            serial: self.serial(),
+            reactor: self.reactor(),
+            fd,
+            listener: p.listener,
+            hdgst: self.t.hdgst,
+            ddgst: self.t.ddgst,
+            ic_done: self.t.ic_done,
+            rx: Bytes(self.t.rx.avail().to_vec()),
+            sq: p.sq,
+            role: p.role,
+            auth_hostnqn: p.auth_hostnqn,
+            auth_required: p.auth_required,
+            held: p.held,
+            age_ms: p.age_ms,
+        }
+    }
+}
+
+/// Why a handed-over connection could not be installed.
+#[derive(Debug, thiserror::Error)]
+pub enum InstallError {
+    /// The socket could not be wrapped.
+    #[error("socket: {0}")]
+    Socket(#[from] std::io::Error),
+    /// Its state does not fit this process.
+    #[error("{0}")]
+    State(#[from] ResumeError),
+    /// The reactor refused the source.
+    #[error("reactor: {0}")]
+    Reactor(#[from] pollux_reactor::ReactorError),
+}
+
+/// Install handed-over connection `s` (its socket `sock`) on reactor `r`, paused: the
+/// source id, or why not (the socket is then closed). Counted as its listener's and its
+/// reactor's connection; an admin queue's controller is registered with its reactor.
+pub fn install(
+    r: &mut Reactor,
+    sock: TcpStream,
+    s: &QueueState,
+    shared: &Arc<Shared>,
+    started: Instant,
+    path: Path,
+) -> Result<SourceId, InstallError> {
+    sock.set_nonblocking(true)?;
+    let me = r.id();
+    let rx_pool = r.local::<RxPool>().map(|p| p.clone());
+    let mut t = TcpTransport::new(
+        sock,
+        &shared.transport,
+        pollux_conf::TlsMode::None,
+        || Arc::new(|_| None),
+        rx_pool.as_ref(),
+    )?;
+    t.hdgst = s.hdgst;
+    t.ddgst = s.ddgst;
+    t.ic_done = s.ic_done;
+    if !s.rx.0.is_empty() {
+        t.rx.insert(0, &s.rx.0);
+    }
+    let open = path.open.clone();
+    let mut q = Queue::new(t, shared.clone(), me, s.serial, started, path);
+    q.import(s, &shared.snapshot.load())?;
+    let fd = q.t.sock.as_raw_fd();
+    let id = r.add_sleepable_source(Box::new(q), SourceOpts::socket(fd))?;
+    shared.conns_per_reactor[me].fetch_add(1, Relaxed);
+    open.fetch_add(1, Relaxed);
+    r.with_source::<Conn, _>(id, |c, r| c.installed(r, id));
+    Ok(id)
+}
