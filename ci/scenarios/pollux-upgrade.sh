@@ -90,7 +90,8 @@ chmod +x "$relay"
 busybox nc -ll -p "$prel" -e "$relay" >>"$CI_LOG_DIR/relay.log" 2>&1 &
 ci_track $!
 
-run_guest pollux-upgrade.sh --timeout 900 --share "$share" --guestfwd "4420=$p1" --guestfwd "4421=$p2" \
+# Four vCPUs: the Linux host makes at most one I/O queue per CPU.
+run_guest pollux-upgrade.sh --timeout 900 --smp 4 --share "$share" --guestfwd "4420=$p1" --guestfwd "4421=$p2" \
     --guestfwd "9000=$prel" --env "RAM=$ram" --env "FILE=$file" ||
     fail "pollux-upgrade guest failed (console $CI_LOG_DIR/guest-pollux-upgrade.log)"
 cat "$CI_LOG_DIR/upgrade.txt"

@@ -208,6 +208,20 @@ pub fn install(
             open,
             placed: None,
         };
+        tracing::debug!(
+            serial = s.serial,
+            reactor = r.id(),
+            qid = s.sq.qid,
+            sq_head = s.sq.head,
+            rx = s.rx.0.len(),
+            held = s.held.len(),
+            role = match &s.role {
+                RoleState::Unbound => "unbound",
+                RoleState::Admin(_) => "admin",
+                RoleState::Io { .. } => "io",
+            },
+            "upgrade: installing a queue"
+        );
         match crate::tcp::handover::install(r, sock, &s, shared, started, path) {
             Ok(id) => {
                 done.push((
