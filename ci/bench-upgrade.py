@@ -45,6 +45,7 @@ address = "127.0.0.1:{port}"
 
 [transport]
 max_connections = 1024
+max_io_queues = 128
 
 [control]
 socket = "{sock}"
@@ -74,7 +75,7 @@ def pct(xs, q):
 
 
 def main():
-    pollux, out, tcore, ccore = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+    pollux, out, tcore, ccore = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2]), sys.argv[3], sys.argv[4]
     quick = os.environ.get("BENCH_QUICK") == "1"
     n = 3 if quick else int(os.environ.get("BENCH_UPGRADE_N", "20"))
     t = float(os.environ.get("BENCH_UPGRADE_T", "2"))
