@@ -41,6 +41,11 @@ struct Server {
 
 impl Server {
     fn start(d: &Path) -> Server {
+        Self::start_with(d, "")
+    }
+
+    /// With `extra` namespaces of the subsystem.
+    fn start_with(d: &Path, extra: &str) -> Server {
         let sock = d.join("ctl.sock");
         let port = free_port();
         let conf = format!(
@@ -65,6 +70,7 @@ backend = {{ ram = {{ size = "16MiB" }} }}
 [[subsystem.namespace]]
 nsid = 2
 backend = {{ ram = {{ size = "16MiB" }} }}
+{extra}
 "#,
             sock.display()
         );
@@ -299,6 +305,26 @@ fn failed_upgrades_leave_the_old_process_serving() {
     // Still upgradable after all that.
     let o = s.upgrade(Path::new(BIN));
     assert!(o.status.success(), "{}", text(&o));
+    h.progress(5);
+    h.finish();
+}
+
+/// A namespace on an NVMe device through VFIO (here the driver's fake controller) cannot be
+/// handed over: the upgrade is refused before anything starts, saying why.
+#[test]
+fn a_vfio_namespace_refuses_the_upgrade_up_front() {
+    let d = dir("vfio");
+    let s = Server::start_with(
+        &d,
+        "[[subsystem.namespace]]\nnsid = 3\nbackend = { nvme = { fake = \"upgrade-fake\", size = \"8MiB\" } }",
+    );
+    let mut h = Healthy::start_on(s.addr, NQN, HOST, 0);
+    h.progress(5);
+    let pid = s.pid();
+    let o = s.upgrade(Path::new(BIN));
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("NVMe device driven through VFIO"), "{}", text(&o));
+    assert_eq!(s.pid(), pid);
     h.progress(5);
     h.finish();
 }

@@ -112,6 +112,9 @@ pub enum UpgradeError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// Something this target serves cannot be handed over.
+    #[error("{0}")]
+    Unsupported(String),
     /// The new process's side: the target could not start from the state.
     #[error("cannot start from the handed state: {0}")]
     Start(String),

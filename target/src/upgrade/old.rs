@@ -84,6 +84,7 @@ impl Drop for Running {
 /// upgrade was refused or rolled back (this process serves on, every connection intact).
 pub fn upgrade(shared: &Arc<Shared>, remotes: &Arc<[Remote]>, binary: &Path) -> Result<Report, UpgradeError> {
     let _running = Running::acquire()?;
+    unsupported(shared)?;
     let t0 = Instant::now();
     info!(binary = %binary.display(), "upgrade: starting the new binary");
     let (wire, child_end) = Wire::pair()?;
@@ -114,6 +115,26 @@ pub fn upgrade(shared: &Arc<Shared>, remotes: &Arc<[Remote]>, binary: &Path) -> 
             Err(e)
         }
     }
+}
+
+/// Refuse, before starting anything, what cannot be handed over: a namespace on an NVMe
+/// device driven through VFIO. Its container, group and device and the DMA memory its
+/// queues live in are this process's (a VFIO group opens once), and handing them over, or
+/// shutting the device down for the new process to bring it up again, is not built: such a
+/// target is restarted instead.
+fn unsupported(shared: &Shared) -> Result<(), UpgradeError> {
+    let snap = shared.snapshot.load_full();
+    for s in &snap.subsystems {
+        for ns in s.all_namespaces() {
+            if ns.backend.kind() == "nvme" {
+                return Err(UpgradeError::Unsupported(format!(
+                    "namespace {} of {} is on an NVMe device driven through VFIO, which cannot be handed to another process yet: restart the target to change its binary",
+                    ns.nsid, s.nqn
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `s` in words.
