@@ -50,25 +50,6 @@ pub enum PauseCheck {
     Stays(&'static str),
 }
 
-/// The queue's part of its [`QueueState`] (the transport adds its own).
-#[derive(Debug)]
-pub struct QueueParts {
-    /// The SQ.
-    pub sq: SqState,
-    /// Its role and controller.
-    pub role: RoleState,
-    /// Its host NQN for authentication.
-    pub auth_hostnqn: String,
-    /// It had to authenticate.
-    pub auth_required: bool,
-    /// Commands held.
-    pub held: Vec<HeldCmd>,
-    /// Its age in ms.
-    pub age_ms: u64,
-    /// The listener that accepted it.
-    pub listener: Option<std::net::SocketAddr>,
-}
-
 /// Why a queue's state cannot be resumed in this process.
 #[derive(Debug, thiserror::Error)]
 pub enum ResumeError {
@@ -164,8 +145,9 @@ impl<T: Transport> Queue<T> {
         }
     }
 
-    /// The queue's state (paused, quiet).
-    pub fn export(&self) -> QueueParts {
+    /// The queue's state (paused, quiet): its own part; the transport's (its socket's index,
+    /// digests, ICReq, unread bytes) is left for the transport to fill in.
+    pub fn export(&self) -> QueueState {
         let role = match &self.role {
             Role::Unbound | Role::Connecting => RoleState::Unbound,
             Role::Admin(c) => RoleState::Admin(Box::new(ctrl_state(c))),
@@ -177,7 +159,15 @@ impl<T: Transport> Queue<T> {
                 hostid: q.hostid,
             },
         };
-        QueueParts {
+        QueueState {
+            serial: self.serial,
+            reactor: self.reactor,
+            fd: 0,
+            listener: self.listener,
+            hdgst: false,
+            ddgst: false,
+            ic_done: false,
+            rx: Bytes::default(),
             sq: SqState {
                 qid: self.sq.qid,
                 entries: self.sq.entries,
@@ -189,7 +179,6 @@ impl<T: Transport> Queue<T> {
             auth_required: self.auth.required,
             held: self.handover.as_ref().map(|h| h.held.clone()).unwrap_or_default(),
             age_ms: ms_since(self.started),
-            listener: self.listener,
         }
     }
 

@@ -20,22 +20,13 @@ use crate::upgrade::state::{Bytes, QueueState};
 impl Conn {
     /// The paused connection's state; `fd` is its socket's index among the descriptors sent.
     pub fn handover_state(&self, fd: usize) -> QueueState {
-        let p = self.export();
         QueueState {
-            serial: self.serial(),
-            reactor: self.reactor(),
             fd,
-            listener: p.listener,
             hdgst: self.t.hdgst,
             ddgst: self.t.ddgst,
             ic_done: self.t.ic_done,
             rx: Bytes(self.t.rx.avail().to_vec()),
-            sq: p.sq,
-            role: p.role,
-            auth_hostnqn: p.auth_hostnqn,
-            auth_required: p.auth_required,
-            held: p.held,
-            age_ms: p.age_ms,
+            ..self.export()
         }
     }
 }
