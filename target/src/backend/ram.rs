@@ -949,6 +949,17 @@ mod tests {
             .collect()
     }
 
+    /// A disk adopted from a duplicate of `d`'s memfd, as the next process of a hot upgrade
+    /// adopts it.
+    fn adopted(d: &RamDisk) -> RamDisk {
+        let fd = d
+            .memfd()
+            .unwrap_or_else(|| panic!("a RAM disk has a memfd"))
+            .try_clone_to_owned()
+            .unwrap_or_else(|e| panic!("{e}"));
+        RamDisk::adopt(fd, d.len()).unwrap_or_else(|e| panic!("{e}"))
+    }
+
     fn contents(d: &RamDisk) -> Vec<u8> {
         let mut b = vec![0u8; d.len() as usize];
         d.read(0, &mut b);
@@ -964,12 +975,7 @@ mod tests {
         let a = RamDisk::new(LEN).unwrap_or_else(|e| panic!("{e}"));
         let data = pattern(LEN as usize, 7);
         a.write(0, &data);
-        let fd = a
-            .memfd()
-            .unwrap_or_else(|| panic!("a RAM disk has a memfd"))
-            .try_clone_to_owned()
-            .unwrap_or_else(|e| panic!("{e}"));
-        let mut b = RamDisk::adopt(fd, LEN).unwrap_or_else(|e| panic!("{e}"));
+        let mut b = adopted(&a);
         b.wait_populated(); // nothing to wait for: an adopted disk is not filled
         assert!(contents(&b) == data, "the adopted disk reads what the first wrote");
         assert_ne!(a.base, b.base, "two mappings");
@@ -988,13 +994,7 @@ mod tests {
         drop(a);
         assert!(contents(&b) == want, "the data outlives the disk that wrote it");
         // And so on down a chain of processes: adopted from an adopted disk.
-        let fd = b.memfd().map(|f| f.try_clone_to_owned());
-        let c = RamDisk::adopt(
-            fd.unwrap_or_else(|| panic!("an adopted disk has its memfd"))
-                .unwrap_or_else(|e| panic!("{e}")),
-            LEN,
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+        let c = adopted(&b);
         drop(b);
         assert!(contents(&c) == want);
     }
@@ -1007,13 +1007,7 @@ mod tests {
     fn zeroed_ranges_read_as_zeroes_in_every_mapping() {
         const LEN: u64 = 4 << 20;
         let a = RamDisk::new(LEN).unwrap_or_else(|e| panic!("{e}"));
-        let fd = a.memfd().map(|f| f.try_clone_to_owned());
-        let b = RamDisk::adopt(
-            fd.unwrap_or_else(|| panic!("a RAM disk has a memfd"))
-                .unwrap_or_else(|e| panic!("{e}")),
-            LEN,
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+        let b = adopted(&a);
         let mut want = pattern(LEN as usize, 3);
         a.write(0, &want);
         // (disk that zeroes, offset, length): whole pages, a page's middle, a range from the
@@ -1126,13 +1120,7 @@ mod tests {
         const LEN: u64 = 8 * MIB + 4096;
         let mut a = RamDisk::populated(LEN).unwrap_or_else(|e| panic!("{e}"));
         a.wait_populated();
-        let fd = a.memfd().map(|f| f.try_clone_to_owned());
-        let b = RamDisk::adopt(
-            fd.unwrap_or_else(|| panic!("a RAM disk has a memfd"))
-                .unwrap_or_else(|e| panic!("{e}")),
-            LEN,
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+        let b = adopted(&a);
         for d in [&a, &b] {
             assert_eq!(d.base.as_ptr() as u64 % HUGE, 0, "{:?} is not 2 MiB-aligned", d.base);
         }
