@@ -93,17 +93,21 @@ pub fn upgrade(shared: &Arc<Shared>, remotes: &Arc<[Remote]>, binary: &Path) -> 
     match drive(shared, remotes, &wire, &mut paused_at, t0) {
         Ok(r) => Ok(r),
         Err(e) => {
-            // Roll back: the new process goes, and everything here serves again.
+            // Roll back: the new process goes, and everything here serves again. Whether it
+            // ended by itself is learnt before it is killed: a process that closed the
+            // socket is given a moment to be reaped, one that stayed silent is not said to
+            // have ended (it is killed here).
+            let ended = match e {
+                UpgradeError::PeerGone => ended_within(&mut child, Duration::from_secs(1)),
+                _ => child.try_wait().ok().flatten(),
+            };
             let _ = child.kill();
-            let status = child.wait().ok();
-            let e = match e {
-                UpgradeError::PeerGone | UpgradeError::Timeout => match status {
-                    Some(s) if s.code().is_some() || s.signal_name().is_some() => UpgradeError::Exited {
-                        status: format!(", {}", describe(&s)),
-                    },
-                    _ => e,
+            let _ = child.wait();
+            let e = match (e, ended) {
+                (UpgradeError::PeerGone | UpgradeError::Timeout, Some(s)) => UpgradeError::Exited {
+                    status: format!(", {}", describe(&s)),
                 },
-                e => e,
+                (e, _) => e,
             };
             if paused_at.is_some() {
                 let _ = on_one(remotes, 0, STEP_LIMIT, |r| {
@@ -137,28 +141,28 @@ fn unsupported(shared: &Shared) -> Result<(), UpgradeError> {
     Ok(())
 }
 
-/// `s` in words.
-fn describe(s: &std::process::ExitStatus) -> String {
-    match (s.code(), s.signal_name()) {
-        (Some(c), _) => format!("exit status {c}"),
-        (None, Some(sig)) => format!("killed by {sig}"),
-        _ => s.to_string(),
+/// `child`'s exit status if it ends within `d`.
+fn ended_within(child: &mut Child, d: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + d;
+    loop {
+        match child.try_wait() {
+            Ok(Some(s)) => return Some(s),
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+            _ => return None,
+        }
     }
 }
 
-trait SignalName {
-    fn signal_name(&self) -> Option<String>;
-}
-
-impl SignalName for std::process::ExitStatus {
-    fn signal_name(&self) -> Option<String> {
-        use std::os::unix::process::ExitStatusExt;
-        let sig = self.signal()?;
-        Some(
-            nix::sys::signal::Signal::try_from(sig)
-                .map(|s| s.as_str().to_string())
-                .unwrap_or_else(|_| format!("signal {sig}")),
-        )
+/// `s` in words.
+fn describe(s: &std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (s.code(), s.signal()) {
+        (Some(c), _) => format!("exit status {c}"),
+        (None, Some(sig)) => match nix::sys::signal::Signal::try_from(sig) {
+            Ok(name) => format!("killed by {}", name.as_str()),
+            Err(_) => format!("killed by signal {sig}"),
+        },
+        _ => s.to_string(),
     }
 }
 
