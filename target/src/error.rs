@@ -39,6 +39,15 @@ pub enum TargetError {
         /// What is wrong with it.
         why: String,
     },
+    /// The object in a cluster that holds a namespace's reservations for every gateway
+    /// could not be set up.
+    #[error("reservation object {object}: {why}")]
+    ReservationCluster {
+        /// Pool, RADOS namespace and object.
+        object: String,
+        /// What failed.
+        why: String,
+    },
     /// Memory for a RAM or simulated namespace (address space for a null one's zeroes)
     /// could not be mapped.
     #[error("cannot map {bytes} bytes of RAM: {source}")]

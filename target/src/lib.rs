@@ -122,6 +122,8 @@ pub struct Target {
     shared: Arc<Shared>,
     /// Notices stores resized by someone else (dropped, it stops).
     resize_watch: resize::Watcher,
+    /// Applies other gateways' reservation changes (dropped, it stops).
+    resv_watch: resv::cluster::Watcher,
 }
 
 /// The starting mode and the adaptive policy (if any) of a conf's reactors.
@@ -272,10 +274,12 @@ impl Target {
             info!(address = %a.addr, tls = a.tls.as_str(), "listening (NVMe/TCP, discovery and subsystems)");
         }
         let resize_watch = resize::Watcher::spawn(shared.clone(), runtime.remotes())?;
+        let resv_watch = resv::cluster::Watcher::spawn(shared.clone(), runtime.remotes())?;
         Ok(Self {
             runtime,
             shared,
             resize_watch,
+            resv_watch,
         })
     }
 
@@ -325,6 +329,7 @@ impl Target {
     pub fn shutdown(self) -> Result<(), TargetError> {
         let before = self.runtime.stats();
         drop(self.resize_watch);
+        drop(self.resv_watch);
         self.runtime.shutdown()?;
         // The reactors gave their channels back: let go of the stores now rather than
         // whenever the last namespace reference goes. An NVMe controller is shut down

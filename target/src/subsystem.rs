@@ -525,11 +525,6 @@ pub fn build_namespace(
     reactors: usize,
     state_dir: Option<&Path>,
 ) -> Result<Arc<Namespace>, TargetError> {
-    let resv = Arc::new(open_reservations(n, state_dir).map_err(|e| TargetError::Backend {
-        nqn: nqn.to_string(),
-        nsid: n.nsid,
-        source: Box::new(e),
-    })?);
     let backend = match crate::upgrade::new::inherited_store(nqn, n) {
         Some(b) => b,
         None => crate::backend::open(n, reactors),
@@ -539,6 +534,18 @@ pub fn build_namespace(
         nsid: n.nsid,
         source: Box::new(e),
     })?;
+    // An RBD image's reservations live in its cluster, for every gateway; other stores'
+    // with the target.
+    let resv = match backend.reservation_object() {
+        Some(object) => object.and_then(NsResv::clustered),
+        None => open_reservations(n, state_dir),
+    }
+    .map_err(|e| TargetError::Backend {
+        nqn: nqn.to_string(),
+        nsid: n.nsid,
+        source: Box::new(e),
+    })?;
+    let resv = Arc::new(resv);
     // An NVMe namespace has its device format's block size.
     let block_size = backend.block_size().unwrap_or(n.block_size);
     let bytes = backend.len();

@@ -325,6 +325,12 @@ pub trait Backend: Send + Sync + std::fmt::Debug + Any {
     fn ids(&self) -> Option<pollux_conf::DerivedIds> {
         None
     }
+    /// The object in the store's cluster that keeps the namespace's reservations for every
+    /// gateway ([`crate::resv::cluster`]); None: the store has no cluster, the target keeps
+    /// them. Blocks on the cluster: called where the namespace is built.
+    fn reservation_object(&self) -> Option<Result<Box<dyn crate::resv::ClusterObject>, TargetError>> {
+        None
+    }
     /// Resize the store to `bytes` (`pollux ctl resize-namespace`; blocks on the store, never
     /// called on a reactor). Err: the store cannot be resized (most cannot), or failed.
     fn resize(&self, _bytes: u64) -> Result<(), TargetError> {

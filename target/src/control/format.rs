@@ -234,8 +234,8 @@ pub fn format_subsystems(ss: &[SubsystemView]) -> String {
         }
         let mut rows = vec![
             [
-                "NSID", "SIZE", "BLOCK", "BACKEND", "IO PATH", "POLLING", "UUID", "READS", "WRITES", "READ", "WRITTEN",
-                "R_P50", "R_P99", "W_P50", "W_P99",
+                "NSID", "SIZE", "BLOCK", "BACKEND", "IO PATH", "POLLING", "RESV", "UUID", "READS", "WRITES", "READ",
+                "WRITTEN", "R_P50", "R_P99", "W_P50", "W_P99",
             ]
             .map(String::from)
             .to_vec(),
@@ -251,6 +251,11 @@ pub fn format_subsystems(ss: &[SubsystemView]) -> String {
                     "-".into()
                 } else {
                     n.polling.clone()
+                },
+                if n.reservations.is_empty() {
+                    "-".into()
+                } else {
+                    n.reservations.clone()
                 },
                 n.uuid.clone(),
                 n.read_cmds.to_string(),

@@ -210,6 +210,12 @@ pub struct NamespaceView {
     /// held and by which host, the registrants, PTPL. Empty otherwise.
     #[serde(default)]
     pub reservation: String,
+    /// Where its reservations are kept: `cluster` (in the store's cluster, shared by every
+    /// gateway; `cluster-unseen` while this gateway cannot see them and admits no I/O),
+    /// `target` (this target's, persisted in its state directory while PTPL is set) or
+    /// `volatile` (this target's, lost at exit). Empty from older targets.
+    #[serde(default)]
+    pub reservations: String,
     /// Its polling policy now: `auto`, `always` or `never` (absent from older targets).
     #[serde(default)]
     pub polling: String,

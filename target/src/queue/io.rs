@@ -207,7 +207,10 @@ impl<T: Transport> Queue<T> {
             }
             Io::ReservationReport { ns, len } => {
                 self.free(slot);
-                let page = ns.resv.state().report(len as usize);
+                let page = match ns.resv.report_state() {
+                    Ok(s) => s.report(len as usize),
+                    Err(st) => return self.finish(r, cid, &End::status(st).at(ns.nsid, 0)),
+                };
                 return self.finish(r, cid, &End::ok().payload(Payload::Bytes(&page)));
             }
             Io::Copy { ns, dst, ranges, fua } => {

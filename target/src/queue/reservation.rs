@@ -25,7 +25,7 @@ use crate::subsystem::Namespace;
 
 /// How long a Preempt and Abort waits for a preempted host's commands that could not be
 /// aborted (a device that never completes them): then it completes anyway, logged.
-const FENCE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const FENCE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often a queue being fenced looks again at its commands in flight.
 const FENCE_POLL: Duration = Duration::from_millis(1);
 
@@ -165,18 +165,56 @@ fn settle<T: Transport>(
         Ok(fx) => fx,
         Err(s) => return finish(r, s),
     };
-    notify::<T>(r, &nqn, nsid, &fx.notices);
-    let aborted: Vec<HostId> = fx.aborted.into_iter().filter(|h| *h != hostid).collect();
+    let then = Box::new(move |r: &mut Reactor| finish(r, Status::SUCCESS));
+    effects::<T>(r, back, &nqn, nsid, fx, Some(hostid), then);
+}
+
+/// Another gateway changed the reservations of namespace `nsid` of subsystem `nqn` (kept in
+/// their cluster, [`crate::resv::cluster`]): its notifications go to this target's
+/// controllers and its preempted hosts are fenced here. The receiver answers once that is
+/// done (None: the reactors are gone).
+pub fn deliver_reservation_effects(
+    remotes: &[Remote],
+    nqn: &str,
+    nsid: u32,
+    fx: Effects,
+) -> Option<std::sync::mpsc::Receiver<()>> {
+    let remote = remotes.first()?.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (back, nqn) = (remote.clone(), nqn.to_string());
+    let sent = remote.send(move |r| {
+        let then = Box::new(move |_: &mut Reactor| {
+            let _ = tx.send(());
+        });
+        effects::<crate::tcp::TcpTransport>(r, back, &nqn, nsid, fx, None, then);
+    });
+    sent.then_some(rx)
+}
+
+/// What a change caused, on this target: its notifications go out and the hosts it
+/// preempted with abort (but `except`, the host that preempted) are fenced; then `then`
+/// runs on `back`'s reactor.
+fn effects<T: Transport>(
+    r: &mut Reactor,
+    back: Remote,
+    nqn: &str,
+    nsid: u32,
+    fx: Effects,
+    except: Option<HostId>,
+    then: Then,
+) {
+    notify::<T>(r, nqn, nsid, &fx.notices);
+    let aborted: Vec<HostId> = fx.aborted.into_iter().filter(|h| Some(*h) != except).collect();
     if aborted.is_empty() {
-        return finish(r, Status::SUCCESS);
+        return then(r);
     }
     info!(nqn = %nqn, nsid, hosts = aborted.len(), "preempt and abort: fencing the preempted hosts");
-    let join = Join::new(back, Box::new(move |r: &mut Reactor| finish(r, Status::SUCCESS)));
+    let join = Join::new(back, then);
     let aborted = Arc::new(aborted);
     let n = r.reactor_count();
     join.add(n);
     for i in 0..n {
-        let (part, aborted, nqn) = (join.clone(), aborted.clone(), nqn.clone());
+        let (part, aborted, nqn) = (join.clone(), aborted.clone(), nqn.to_string());
         let sent = r.send(i, move |r| {
             for q in io_queues_of::<T>(r, &nqn, &aborted) {
                 part.add(1);

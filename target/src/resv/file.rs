@@ -12,31 +12,93 @@ use serde::{Deserialize, Serialize};
 use super::state::{Holder, HostId, Registrant, ResvState};
 use crate::error::TargetError;
 
-/// The state file's form (JSON; host identifiers as UUID text).
+/// The state's form in a file or a cluster object (JSON; host identifiers as UUID text).
 #[derive(Serialize, Deserialize)]
-struct StateFile {
+pub(super) struct StateDoc {
     version: u32,
     generation: u32,
-    registrants: Vec<FileRegistrant>,
-    holder: Option<FileHolder>,
+    registrants: Vec<DocRegistrant>,
+    holder: Option<DocHolder>,
+    /// PTPL (absent from a state file: a file exists only while PTPL is set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ptpl: Option<bool>,
 }
 
 #[derive(Serialize, Deserialize)]
-struct FileRegistrant {
+struct DocRegistrant {
     hostid: String,
     key: u64,
 }
 
 #[derive(Serialize, Deserialize)]
-struct FileHolder {
+struct DocHolder {
     hostid: String,
     rtype: u8,
 }
 
 const STATE_VERSION: u32 = 1;
 
-fn hostid_text(h: &HostId) -> String {
+pub(super) fn hostid_text(h: &HostId) -> String {
     uuid::Uuid::from_bytes(*h).hyphenated().to_string()
+}
+
+pub(super) fn hostid_of(s: &str) -> Result<HostId, String> {
+    uuid::Uuid::parse_str(s)
+        .map(|u| *u.as_bytes())
+        .map_err(|e| format!("host identifier {s:?}: {e}"))
+}
+
+/// A state from its document; any fault is said.
+pub(super) fn from_doc(f: StateDoc) -> Result<ResvState, String> {
+    if f.version != STATE_VERSION {
+        return Err(format!("version {} (this pollux reads {STATE_VERSION})", f.version));
+    }
+    let mut registrants = Vec::with_capacity(f.registrants.len());
+    for r in &f.registrants {
+        let hostid = hostid_of(&r.hostid)?;
+        if registrants.iter().any(|x: &Registrant| x.hostid == hostid) {
+            return Err(format!("host {} registered twice", r.hostid));
+        }
+        registrants.push(Registrant { hostid, key: r.key });
+    }
+    let holder = match &f.holder {
+        None => None,
+        Some(h) => {
+            let rtype = ResvType::from_code(h.rtype).ok_or_else(|| format!("reservation type {}", h.rtype))?;
+            let hostid = hostid_of(&h.hostid)?;
+            if !registrants.iter().any(|r| r.hostid == hostid) {
+                return Err(format!("holder {} is not a registrant", h.hostid));
+            }
+            Some(Holder { hostid, rtype })
+        }
+    };
+    Ok(ResvState {
+        generation: f.generation,
+        registrants,
+        holder,
+        ptpl: f.ptpl.unwrap_or(true),
+    })
+}
+
+/// A state's document (`with_ptpl`: say PTPL, which a state file leaves out).
+pub(super) fn to_doc(s: &ResvState, with_ptpl: bool) -> StateDoc {
+    StateDoc {
+        version: STATE_VERSION,
+        generation: s.generation,
+        registrants: s
+            .registrants
+            .iter()
+            .map(|r| DocRegistrant {
+                hostid: hostid_text(&r.hostid),
+                key: r.key,
+            })
+            .collect(),
+        holder: s.holder.map(|h| DocHolder {
+            hostid: hostid_text(&h.hostid),
+            rtype: h.rtype.code(),
+        }),
+        ptpl: with_ptpl.then_some(s.ptpl),
+    }
 }
 
 /// Read a state file; any fault is an error naming it.
@@ -46,66 +108,15 @@ pub(super) fn load(path: &Path) -> Result<ResvState, TargetError> {
         why,
     };
     let text = fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
-    let f: StateFile = serde_json::from_str(&text).map_err(|e| bad(format!("not a reservation state: {e}")))?;
-    if f.version != STATE_VERSION {
-        return Err(bad(format!(
-            "version {} (this pollux reads {STATE_VERSION})",
-            f.version
-        )));
-    }
-    let id = |s: &str| {
-        uuid::Uuid::parse_str(s)
-            .map(|u| *u.as_bytes())
-            .map_err(|e| bad(format!("host identifier {s:?}: {e}")))
-    };
-    let mut registrants = Vec::with_capacity(f.registrants.len());
-    for r in &f.registrants {
-        let hostid = id(&r.hostid)?;
-        if registrants.iter().any(|x: &Registrant| x.hostid == hostid) {
-            return Err(bad(format!("host {} registered twice", r.hostid)));
-        }
-        registrants.push(Registrant { hostid, key: r.key });
-    }
-    let holder = match &f.holder {
-        None => None,
-        Some(h) => {
-            let rtype = ResvType::from_code(h.rtype).ok_or_else(|| bad(format!("reservation type {}", h.rtype)))?;
-            let hostid = id(&h.hostid)?;
-            if !registrants.iter().any(|r| r.hostid == hostid) {
-                return Err(bad(format!("holder {} is not a registrant", h.hostid)));
-            }
-            Some(Holder { hostid, rtype })
-        }
-    };
-    Ok(ResvState {
-        generation: f.generation,
-        registrants,
-        holder,
-        ptpl: true,
-    })
+    let f: StateDoc = serde_json::from_str(&text).map_err(|e| bad(format!("not a reservation state: {e}")))?;
+    from_doc(f).map_err(bad)
 }
 
 /// Write a state file atomically and durably: a temporary file beside it, flushed, renamed
 /// over it, the directory flushed. Readable by pollux's user alone: it holds the
 /// registrants' keys, the secret each host preempts the others with.
 pub(super) fn store(path: &Path, s: &ResvState) -> std::io::Result<()> {
-    let f = StateFile {
-        version: STATE_VERSION,
-        generation: s.generation,
-        registrants: s
-            .registrants
-            .iter()
-            .map(|r| FileRegistrant {
-                hostid: hostid_text(&r.hostid),
-                key: r.key,
-            })
-            .collect(),
-        holder: s.holder.map(|h| FileHolder {
-            hostid: hostid_text(&h.hostid),
-            rtype: h.rtype.code(),
-        }),
-    };
-    let text = serde_json::to_string_pretty(&f).map_err(std::io::Error::other)?;
+    let text = serde_json::to_string_pretty(&to_doc(s, false)).map_err(std::io::Error::other)?;
     let tmp = path.with_extension("tmp");
     {
         let mut out = fs::OpenOptions::new()

@@ -15,16 +15,21 @@
 //!   that cannot be written fails with Internal Error and changes nothing. Reactors never
 //!   wait for it: a reservation command's completion comes back by message.
 //!
-//! Reservations are per target: two targets exporting the same namespace (the HA issue's
-//! `shared = true`) each keep their own, as nvmet and SPDK do.
+//! Reservations of most namespaces are per target: two targets exporting the same file (the
+//! HA issue's `shared = true`) each keep their own, as nvmet and SPDK do. Those of an RBD
+//! image are kept in its cluster for every gateway ([`cluster`]): the same owner thread
+//! then changes the cluster's object instead of a file.
 //!
 //! One file per part: [`state`] (the state machine), [`shared`] (the snapshot the reactors
-//! read, and the owner thread that changes it), [`file`] (the PTPL state file).
+//! read, and the owner thread that changes it), [`file`] (the PTPL state file), [`cluster`]
+//! (the state kept in a cluster object, watched).
 
+pub mod cluster;
 mod file;
 mod shared;
 mod state;
 
+pub use cluster::{ClusterObject, Inbox, NotifyReply, WatchEvent};
 pub use file::state_file;
 pub use shared::{NsResv, ResvDone, submit};
 pub use state::{Effects, Holder, HostId, Registrant, ResvOp, ResvState};

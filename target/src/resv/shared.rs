@@ -5,7 +5,7 @@ use std::fs;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::mpsc;
 
 use arc_swap::ArcSwap;
@@ -13,6 +13,7 @@ use pollux_nvme::spec::Status;
 use pollux_nvme::spec::resv::Access;
 use tracing::{info, warn};
 
+use super::cluster::Clustered;
 use super::file::{load, store};
 use super::state::{Effects, HostId, ResvOp, ResvState, conflict};
 use crate::error::TargetError;
@@ -20,14 +21,23 @@ use crate::error::TargetError;
 /// The reservations of one namespace as every reactor sees them.
 #[derive(Debug)]
 pub struct NsResv {
-    /// A reservation is held (false: every command is allowed, the I/O path looks no
-    /// further).
-    held: AtomicBool,
+    /// What the I/O path looks at first: [`FREE`] (every command is allowed, it looks no
+    /// further), [`HELD`] (a reservation is held: the state decides) or [`UNCERTAIN`].
+    gate: AtomicU8,
     /// The state, swapped whole by the owner.
     state: ArcSwap<ResvState>,
     /// Where the state is kept while PTPL is set (None: it cannot be, RESCAP bit 0 clear).
     file: Option<PathBuf>,
+    /// Kept in the cluster instead, for every gateway ([`super::cluster`]).
+    cluster: Option<Clustered>,
 }
+
+/// No reservation is held.
+const FREE: u8 = 0;
+/// A reservation is held.
+const HELD: u8 = 1;
+/// The state kept in the cluster cannot be seen now: no I/O is admitted.
+const UNCERTAIN: u8 = 2;
 
 impl NsResv {
     /// Reservations of a namespace whose state is kept in `file` (None: not persistent),
@@ -48,37 +58,88 @@ impl NsResv {
             _ => ResvState::default(),
         };
         Ok(Self {
-            held: AtomicBool::new(state.holder.is_some()),
+            gate: AtomicU8::new(if state.holder.is_some() { HELD } else { FREE }),
             state: ArcSwap::from_pointee(state),
             file,
+            cluster: None,
         })
     }
 
     /// Reservations that are not persistent (RAM, simulated devices, tests).
     pub fn volatile() -> Self {
         Self {
-            held: AtomicBool::new(false),
+            gate: AtomicU8::new(FREE),
             state: ArcSwap::from_pointee(ResvState::default()),
             file: None,
+            cluster: None,
+        }
+    }
+
+    pub(super) fn with_cluster(state: ResvState, c: Clustered) -> Self {
+        Self {
+            gate: AtomicU8::new(if state.holder.is_some() { HELD } else { FREE }),
+            state: ArcSwap::from_pointee(state),
+            file: None,
+            cluster: Some(c),
+        }
+    }
+
+    pub(super) fn cluster(&self) -> Option<&Clustered> {
+        self.cluster.as_ref()
+    }
+
+    /// Swap in `state` and set the gate (`held`: it holds a reservation; `uncertain`: the
+    /// cluster's state cannot be seen).
+    pub(super) fn publish_state(&self, state: ResvState, held: bool, uncertain: bool) {
+        self.state.store(Arc::new(state));
+        self.set_gate(held, uncertain);
+    }
+
+    pub(super) fn set_gate(&self, held: bool, uncertain: bool) {
+        let g = if uncertain {
+            UNCERTAIN
+        } else if held {
+            HELD
+        } else {
+            FREE
+        };
+        self.gate.store(g, Ordering::Release);
+    }
+
+    /// Where the state is kept, for `ctl subsystems`: "cluster" (every gateway of the
+    /// store's cluster shares it), "target" (this target's own, persisted in its state
+    /// directory while PTPL is set) or "volatile" (this target's own, lost at exit).
+    pub fn kind(&self) -> &'static str {
+        if self.cluster.is_some() {
+            "cluster"
+        } else if self.file.is_some() {
+            "target"
+        } else {
+            "volatile"
         }
     }
 
     /// Take `state` as this namespace's (a hot upgrade: the old process's state, newer than
     /// any file), persisting it where PTPL asks.
     pub fn restore(&self, state: ResvState) {
+        if self.cluster.is_some() {
+            // The cluster's object is the state: the new process read it at open.
+            return;
+        }
         if state.ptpl
             && let Some(f) = &self.file
             && let Err(e) = store(f, &state)
         {
             warn!(path = %f.display(), error = %e, "reservations handed over could not be persisted");
         }
-        self.held.store(state.holder.is_some(), Ordering::Release);
-        self.state.store(Arc::new(state));
+        let held = state.holder.is_some();
+        self.publish_state(state, held, false);
     }
 
-    /// Whether the state can persist through power loss (RESCAP bit 0).
+    /// Whether the state can persist through power loss (RESCAP bit 0): kept in a file or
+    /// in the cluster.
     pub fn ptpl_capable(&self) -> bool {
-        self.file.is_some()
+        self.file.is_some() || self.cluster.is_some()
     }
 
     /// The state now.
@@ -86,22 +147,33 @@ impl NsResv {
         self.state.load_full()
     }
 
+    /// The state for a Reservation Report: Namespace Not Ready while the cluster's state
+    /// cannot be seen.
+    pub fn report_state(&self) -> Result<Arc<ResvState>, Status> {
+        if self.gate.load(Ordering::Acquire) == UNCERTAIN {
+            return Err(Status::NAMESPACE_NOT_READY);
+        }
+        Ok(self.state())
+    }
+
     /// The I/O path's check: whether `host` may run a command of `access`; Reservation
-    /// Conflict if not. One atomic load while no reservation is held.
+    /// Conflict if not, Namespace Not Ready (retryable) while a cluster's state cannot be
+    /// seen. One atomic load while no reservation is held.
     #[inline(always)]
     pub fn check(&self, host: &HostId, access: Access) -> Result<(), Status> {
-        if !self.held.load(Ordering::Acquire) {
-            return Ok(());
-        }
-        if self.state.load().allows(host, access) {
-            Ok(())
-        } else {
-            Err(conflict())
+        match self.gate.load(Ordering::Acquire) {
+            FREE => Ok(()),
+            HELD if self.state.load().allows(host, access) => Ok(()),
+            HELD => Err(conflict()),
+            _ => Err(Status::NAMESPACE_NOT_READY),
         }
     }
 
     /// Apply `op` of `host` (on the owner thread only): persist, then publish.
     pub(super) fn change(&self, host: &HostId, op: &ResvOp) -> Result<Effects, Status> {
+        if let Some(c) = &self.cluster {
+            return self.change_clustered(c, host, op);
+        }
         let mut next = ResvState::clone(&self.state.load());
         let was_ptpl = next.ptpl;
         let fx = next.apply(host, op, self.ptpl_capable())?;
@@ -125,15 +197,14 @@ impl NsResv {
             }
         }
         let held = next.holder.is_some();
-        self.state.store(Arc::new(next));
-        self.held.store(held, Ordering::Release);
+        self.publish_state(next, held, false);
         Ok(fx)
     }
 }
 
 /// A change's outcome, handed back to the command's connection.
 pub type ResvDone = Result<Effects, Status>;
-type Job = Box<dyn FnOnce() + Send>;
+pub(super) type Job = Box<dyn FnOnce() + Send>;
 
 /// The owner thread's queue (None: it could not start; changes then run on the caller).
 fn owner() -> Option<&'static mpsc::Sender<Job>> {
@@ -155,11 +226,17 @@ fn owner() -> Option<&'static mpsc::Sender<Job>> {
         .as_ref()
 }
 
-/// Apply `op` of `host` to `ns` on the owner thread; `back` gets the outcome there (it sends
-/// it on to the connection's reactor).
+/// Apply `op` of `host` to `ns` on its owner thread; `back` gets the outcome there (it sends
+/// it on to the connection's reactor). A namespace kept in a cluster has an owner thread of
+/// its own: its changes wait on the cluster and the other gateways, and must not hold up
+/// other namespaces' (nor another in-process target's acknowledgement).
 pub fn submit(ns: Arc<NsResv>, host: HostId, op: ResvOp, back: impl FnOnce(ResvDone) + Send + 'static) {
+    let tx: Option<mpsc::Sender<Job>> = match ns.cluster().and_then(|c| c.owner()) {
+        Some(tx) => Some(tx.clone()),
+        None => owner().cloned(),
+    };
     let job = move || back(ns.change(&host, &op));
-    match owner() {
+    match tx {
         Some(tx) => {
             if let Err(mpsc::SendError(job)) = tx.send(Box::new(job)) {
                 job();

@@ -2,6 +2,8 @@
 //! doing verified I/O in the background, and raw-PDU expectations.
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod ceph;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};

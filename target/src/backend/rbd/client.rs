@@ -83,6 +83,11 @@ unsafe impl Send for Cluster {}
 unsafe impl Sync for Cluster {}
 
 impl Cluster {
+    /// The librados handle (for the reservation object's contexts).
+    pub(super) fn handle(&self) -> sys::rados_t {
+        self.handle
+    }
+
     /// The connection for `b`: an existing one with the same options, or a new one.
     pub fn get(b: &RbdBackend) -> Result<Arc<Cluster>, TargetError> {
         static OPEN: Mutex<Option<HashMap<ClusterKey, Weak<Cluster>>>> = Mutex::new(None);
@@ -137,6 +142,10 @@ impl Cluster {
             ("client_mount_timeout", timeout.clone()),
             ("rados_mon_op_timeout", timeout.clone()),
             ("rados_osd_op_timeout", timeout),
+            // Watches are confirmed by a ping each tick: at 1 s (default 5 s) a gateway that
+            // lost the cluster knows within a few seconds that it cannot see reservation
+            // changes (resv::cluster's UNCERTAIN_AFTER).
+            ("objecter_tick_interval", "1".to_owned()),
             ("rbd_cache", b.write_cache.to_string()),
             // librbd's safety net for clients that never flush (write through until the first
             // flush) is not needed: the namespace reports its volatile cache (VWC) and the

@@ -6,6 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 funcs='rados_(create2|conf_read_file|conf_set|connect|shutdown|cluster_fsid|ioctx_create|ioctx_destroy|ioctx_set_namespace|ioctx_get_id)'
+# The reservation object beside an image (resv::cluster): versioned read-modify-write,
+# watch and notify.
+funcs+='|rados_(read|get_last_version|create_write_op|release_write_op|write_op_assert_version|write_op_create|write_op_write_full|write_op_operate|watch3|unwatch2|watch_check|watch_flush|notify2|notify_ack|buffer_free)'
 funcs+='|rbd_(version|open|close|get_size|get_id|get_features|resize|update_watch|update_unwatch|is_exclusive_lock_owner)'
 funcs+='|rbd_aio_(create_completion|read|write|flush|write_zeroes|compare_and_write|get_return_value|release)'
 hdr=$(mktemp --suffix=.h)
@@ -29,7 +32,7 @@ ver=$(dpkg-query -W -f='${Version}' librbd-dev)
     bindgen "$hdr" --no-doc-comments --no-layout-tests \
         --dynamic-loading Ceph --dynamic-link-require-all \
         --allowlist-function "^($funcs)\$" \
-        --allowlist-var '^(RBD_FEATURE_EXCLUSIVE_LOCK|LIBRBD_VER_.*)$' \
+        --allowlist-var '^(RBD_FEATURE_EXCLUSIVE_LOCK|LIBRBD_VER_.*|LIBRADOS_CREATE_EXCLUSIVE)$' \
         -- -I/usr/include
 } >sys.rs.new
 mv sys.rs.new sys.rs

@@ -29,6 +29,7 @@ pub mod client;
 #[rustfmt::skip]
 pub mod sys;
 mod channel;
+mod resv_object;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -361,6 +362,15 @@ impl Backend for RbdDisk {
 
     fn ids(&self) -> Option<DerivedIds> {
         Some(self.derived_ids())
+    }
+
+    fn reservation_object(&self) -> Option<Result<Box<dyn crate::resv::ClusterObject>, TargetError>> {
+        let open = || -> Result<Box<dyn crate::resv::ClusterObject>, TargetError> {
+            let image = self.open_image()?;
+            let o = resv_object::RadosResvObject::open(image.cluster.clone(), &self.conf, &self.image_id)?;
+            Ok(Box::new(o))
+        };
+        Some(open())
     }
 
     /// Close the image (releasing its exclusive lock) before the process exits.

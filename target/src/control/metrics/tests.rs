@@ -71,6 +71,7 @@ fn subsystem(nqn: &str) -> SubsystemView {
             read_bytes: 512,
             write_bytes: 1024,
             reservation: String::new(),
+            reservations: String::new(),
             polling: "auto".into(),
             hosts: None,
             rbd: None,

@@ -251,7 +251,11 @@ impl Ctx {
                             write_cmds: t.write_cmds,
                             read_bytes: t.read_bytes,
                             write_bytes: t.write_bytes,
-                            reservation: reservation_summary(&n.resv.state()),
+                            reservation: reservation_summary(&n.resv.state(), n.resv.cluster_object()),
+                            reservations: match (n.resv.kind(), n.resv.uncertain()) {
+                                ("cluster", true) => "cluster-unseen".to_string(),
+                                (k, _) => k.to_string(),
+                            },
                             polling: n.polling.get().to_string(),
                             hosts: s.masked_to(n.nsid).map(|h| h.iter().cloned().collect()),
                             rbd: rbd_view(n.backend.as_ref()),
@@ -311,7 +315,7 @@ fn listener_names(snap: &crate::subsystem::Snapshot) -> Vec<String> {
 /// One line about a namespace's reservations for `ctl subsystems`: empty while it has no
 /// registrant and PTPL is clear. Keys are never shown (they are the hosts' secrets for
 /// preempting each other).
-fn reservation_summary(s: &crate::resv::ResvState) -> String {
+fn reservation_summary(s: &crate::resv::ResvState, object: Option<&str>) -> String {
     if s.registrants.is_empty() && !s.ptpl {
         return String::new();
     }
@@ -328,6 +332,9 @@ fn reservation_summary(s: &crate::resv::ResvState) -> String {
     out.push_str(&format!("; generation {}", s.generation));
     if s.ptpl {
         out.push_str("; persists (PTPL)");
+    }
+    if let Some(o) = object {
+        out.push_str(&format!("; kept in cluster object {o} for every gateway"));
     }
     out
 }

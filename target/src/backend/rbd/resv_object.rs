@@ -1,0 +1,377 @@
+//! The RADOS object that holds an image's reservations for every gateway
+//! ([`crate::resv::ClusterObject`]): `pollux.resv.<image id>`, beside the image in its pool
+//! and RADOS namespace. Changed only by a write that asserts the version read
+//! (`rados_write_op_assert_version`), so two gateways' changes never overwrite each other;
+//! watched (`rados_watch3`), and every change announced by `rados_notify2`, which returns
+//! once every watcher acknowledged or the timeout passed.
+//!
+//! Every call here blocks on the cluster (bounded by the connection's `rados_osd_op_timeout`):
+//! it runs on the reservation threads, never on a reactor.
+
+use std::ffi::{CString, c_char, c_int, c_void};
+use std::ptr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pollux_conf::RbdBackend;
+use tracing::warn;
+
+use super::client::{Cluster, library, rbd_error};
+use super::sys;
+use crate::error::TargetError;
+use crate::resv::{ClusterObject, Inbox, NotifyReply, WatchEvent};
+
+/// How long the OSD keeps a watch whose gateway stopped pinging (a `kill -9`): a change
+/// meanwhile waits its notify timeout for that gateway. The client pings every
+/// `objecter_tick_interval` (set to 1 s on pollux's connections, [`Cluster`]).
+const WATCH_TIMEOUT_S: u32 = 6;
+
+/// Objects larger than this are not a reservation state pollux wrote (a state of 1,000
+/// registrants is about 80 KiB).
+const MAX_OBJECT: usize = 1 << 20;
+
+/// The reservation object of one image, with this gateway's watch on it.
+#[derive(Debug)]
+pub struct RadosResvObject {
+    /// Its own I/O context (pool and RADOS namespace of the image): `rados_get_last_version`
+    /// is per context, so no other user's operation may come between an operation and it.
+    ioctx: Mutex<Ioctx>,
+    /// A second context for notifies alone: a notify waits for the other gateways and
+    /// records its own last version, so it may not share the first.
+    notify_io: Ioctx,
+    oid: CString,
+    what: String,
+    /// The watch: its cookie and the inbox its callback fills (freed after unwatch).
+    watch: Mutex<Option<(u64, *mut Arc<Inbox>)>>,
+    /// Kept while the context is open.
+    _cluster: Arc<Cluster>,
+}
+
+#[derive(Debug)]
+struct Ioctx(sys::rados_ioctx_t);
+
+// SAFETY: a rados_ioctx_t may be used from any thread; pollux uses each under `ioctx`'s lock
+// (so that the last version read is the operation's own). The watch's raw pointer is ours,
+// handed to librados only as the callback's argument and freed after unwatch.
+unsafe impl Send for RadosResvObject {}
+// SAFETY: as above.
+unsafe impl Sync for RadosResvObject {}
+
+unsafe extern "C" fn on_notify(
+    arg: *mut c_void,
+    notify_id: u64,
+    cookie: u64,
+    notifier: u64,
+    data: *mut c_void,
+    len: usize,
+) {
+    // SAFETY: `arg` is the Box<Arc<Inbox>> registered by watch(), freed only after
+    // rados_unwatch2 and rados_watch_flush returned (no callback runs after them).
+    let inbox = unsafe { &*(arg as *const Arc<Inbox>) };
+    let payload = if data.is_null() || len == 0 {
+        Vec::new()
+    } else {
+        // SAFETY: librados passes `len` readable bytes at `data` for the callback's duration.
+        unsafe { std::slice::from_raw_parts(data as *const u8, len) }.to_vec()
+    };
+    // Applying and acknowledging happen on the target's reservation watcher, not on
+    // librados' thread: a gateway acknowledges only once its controllers have the change,
+    // which may wait for commands to be fenced.
+    inbox.push(WatchEvent::Notify {
+        notify_id,
+        cookie,
+        notifier,
+        payload,
+    });
+}
+
+unsafe extern "C" fn on_watch_error(arg: *mut c_void, _cookie: u64, err: c_int) {
+    // SAFETY: as in on_notify.
+    let inbox = unsafe { &*(arg as *const Arc<Inbox>) };
+    inbox.push(WatchEvent::Lost(err));
+}
+
+impl RadosResvObject {
+    /// The reservation object of image `image_id` of `b` (created empty by the caller if it
+    /// does not exist yet).
+    pub fn open(cluster: Arc<Cluster>, b: &RbdBackend, image_id: &str) -> Result<Self, TargetError> {
+        let lib = library()?;
+        let name = format!("pollux.resv.{image_id}");
+        let what = match &b.rados_namespace {
+            Some(ns) if !ns.is_empty() => format!("{}/{ns}/{name}", b.pool),
+            _ => format!("{}/{name}", b.pool),
+        };
+        let bad = |what: &str| rbd_error(b, format!("{what} contains a NUL character"), -i64::from(libc::EINVAL));
+        let pool = CString::new(b.pool.as_str()).map_err(|_| bad("`pool`"))?;
+        let ns = CString::new(b.rados_namespace.as_deref().unwrap_or("")).map_err(|_| bad("`rados_namespace`"))?;
+        let oid = CString::new(name).map_err(|_| bad("the image id"))?;
+        let context = || {
+            let mut ioctx: sys::rados_ioctx_t = ptr::null_mut();
+            // SAFETY: a connected cluster handle; writes the new context through the pointer.
+            let rc = unsafe { lib.rados_ioctx_create(cluster.handle(), pool.as_ptr(), &mut ioctx) };
+            if rc < 0 {
+                return Err(rbd_error(
+                    b,
+                    format!("cannot open pool {:?} for the reservation object", b.pool),
+                    rc.into(),
+                ));
+            }
+            // SAFETY: a live context and a NUL-terminated name ("": the default namespace).
+            unsafe { lib.rados_ioctx_set_namespace(ioctx, ns.as_ptr()) };
+            Ok(Ioctx(ioctx))
+        };
+        let first = context()?;
+        let notify_io = match context() {
+            Ok(c) => c,
+            Err(e) => {
+                // SAFETY: ours, unused.
+                unsafe { lib.rados_ioctx_destroy(first.0) };
+                return Err(e);
+            }
+        };
+        Ok(Self {
+            ioctx: Mutex::new(first),
+            notify_io,
+            oid,
+            what,
+            watch: Mutex::new(None),
+            _cluster: cluster,
+        })
+    }
+
+    fn io(&self) -> std::sync::MutexGuard<'_, Ioctx> {
+        self.ioctx.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn unwatch(&self, lib: &sys::Ceph) {
+        let Some((cookie, arg)) = self.watch.lock().unwrap_or_else(|p| p.into_inner()).take() else {
+            return;
+        };
+        let io = self.io();
+        // SAFETY: a live context and the cookie rados_watch3 gave. An error (the watch was
+        // already lost) still unregisters it on the client.
+        let rc = unsafe { lib.rados_unwatch2(io.0, cookie) };
+        if rc < 0 && rc != -libc::ENOTCONN {
+            warn!(object = %self.what, rc, "rados_unwatch2 failed");
+        }
+        drop(io);
+        // SAFETY: waits until no watch callback of this client runs any more.
+        unsafe { lib.rados_watch_flush(self._cluster.handle()) };
+        // SAFETY: unregistered and flushed: no callback holds the box.
+        drop(unsafe { Box::from_raw(arg) });
+    }
+}
+
+impl ClusterObject for RadosResvObject {
+    fn describe(&self) -> &str {
+        &self.what
+    }
+
+    fn read(&self) -> Result<Option<(Vec<u8>, u64)>, i32> {
+        let lib = library().map_err(|_| -libc::ENOSYS)?;
+        let mut buf = vec![0u8; MAX_OBJECT];
+        let io = self.io();
+        // SAFETY: a live context, a NUL-terminated name, a buffer of buf.len() bytes.
+        let rc = unsafe { lib.rados_read(io.0, self.oid.as_ptr(), buf.as_mut_ptr().cast::<c_char>(), buf.len(), 0) };
+        if rc == -libc::ENOENT {
+            return Ok(None);
+        }
+        if rc < 0 {
+            return Err(rc);
+        }
+        // SAFETY: a live context; the version of the read just done (we hold the lock).
+        let version = unsafe { lib.rados_get_last_version(io.0) };
+        let n = usize::try_from(rc).unwrap_or(0);
+        if n == buf.len() {
+            return Err(-libc::EFBIG);
+        }
+        buf.truncate(n);
+        Ok(Some((buf, version)))
+    }
+
+    fn write(&self, data: &[u8], version: Option<u64>) -> Result<Option<u64>, i32> {
+        let lib = library().map_err(|_| -libc::ENOSYS)?;
+        let io = self.io();
+        // SAFETY: returns a new operation (or null), released below on every path.
+        let op = unsafe { lib.rados_create_write_op() };
+        if op.is_null() {
+            return Err(-libc::ENOMEM);
+        }
+        // SAFETY: a live operation; `data` is copied by write_full before operate returns.
+        let rc = unsafe {
+            match version {
+                Some(v) => lib.rados_write_op_assert_version(op, v),
+                None => lib.rados_write_op_create(op, sys::LIBRADOS_CREATE_EXCLUSIVE as c_int, ptr::null()),
+            }
+            lib.rados_write_op_write_full(op, data.as_ptr().cast::<c_char>(), data.len());
+            lib.rados_write_op_operate(op, io.0, self.oid.as_ptr(), ptr::null_mut(), 0)
+        };
+        // SAFETY: a live context; the version the write just made (we hold the lock).
+        let written = unsafe { lib.rados_get_last_version(io.0) };
+        // SAFETY: ours, operated; not used again.
+        unsafe { lib.rados_release_write_op(op) };
+        match rc {
+            0 => Ok(Some(written)),
+            // The version moved (ERANGE: the object is newer than read; EOVERFLOW: older, a
+            // recreated object) or another gateway created it first: read again.
+            rc if rc == -libc::ERANGE || rc == -libc::EOVERFLOW || rc == -libc::EEXIST => Ok(None),
+            rc => Err(rc),
+        }
+    }
+
+    fn notify(&self, payload: &[u8], timeout: Duration) -> Result<NotifyReply, i32> {
+        let lib = library().map_err(|_| -libc::ENOSYS)?;
+        let len = c_int::try_from(payload.len()).map_err(|_| -libc::EFBIG)?;
+        let (mut reply, mut reply_len): (*mut c_char, usize) = (ptr::null_mut(), 0);
+        // Its own context, without the lock: a notify waits for the other gateways, and
+        // this gateway's own watcher must be able to read meanwhile.
+        let io = self.notify_io.0;
+        // SAFETY: a live context (the object outlives the call), a NUL-terminated name, the
+        // payload's bytes; librados allocates the reply, freed below.
+        let rc = unsafe {
+            lib.rados_notify2(
+                io,
+                self.oid.as_ptr(),
+                payload.as_ptr().cast::<c_char>(),
+                len,
+                u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+                &mut reply,
+                &mut reply_len,
+            )
+        };
+        let parsed = if reply.is_null() {
+            None
+        } else {
+            // SAFETY: reply_len bytes at `reply`, from librados.
+            let bytes = unsafe { std::slice::from_raw_parts(reply as *const u8, reply_len) };
+            let p = parse_reply(bytes);
+            // SAFETY: allocated by librados for us.
+            unsafe { lib.rados_buffer_free(reply) };
+            p
+        };
+        match (rc, parsed) {
+            (0, Some(r)) => Ok(r),
+            (0, None) => Ok(NotifyReply::default()),
+            (rc, Some(r)) if rc == -libc::ETIMEDOUT => Ok(r),
+            (rc, _) => Err(rc),
+        }
+    }
+
+    fn watch(&self, inbox: Arc<Inbox>) -> Result<(), i32> {
+        let lib = library().map_err(|_| -libc::ENOSYS)?;
+        self.unwatch(lib);
+        let arg = Box::into_raw(Box::new(inbox));
+        let mut cookie = 0u64;
+        let io = self.io();
+        // SAFETY: a live context and name; `arg` stays valid until unwatch frees it.
+        let rc = unsafe {
+            lib.rados_watch3(
+                io.0,
+                self.oid.as_ptr(),
+                &mut cookie,
+                Some(on_notify),
+                Some(on_watch_error),
+                WATCH_TIMEOUT_S,
+                arg.cast(),
+            )
+        };
+        drop(io);
+        if rc < 0 {
+            // SAFETY: not registered: ours again.
+            drop(unsafe { Box::from_raw(arg) });
+            return Err(rc);
+        }
+        *self.watch.lock().unwrap_or_else(|p| p.into_inner()) = Some((cookie, arg));
+        Ok(())
+    }
+
+    fn watch_age(&self) -> Result<Duration, i32> {
+        let lib = library().map_err(|_| -libc::ENOSYS)?;
+        let Some((cookie, _)) = *self.watch.lock().unwrap_or_else(|p| p.into_inner()) else {
+            return Err(-libc::ENOTCONN);
+        };
+        let io = self.io();
+        // SAFETY: a live context and the watch's cookie.
+        let rc = unsafe { lib.rados_watch_check(io.0, cookie) };
+        if rc < 0 {
+            Err(rc)
+        } else {
+            Ok(Duration::from_millis(u64::try_from(rc).unwrap_or(0)))
+        }
+    }
+
+    fn ack(&self, notify_id: u64, cookie: u64) {
+        let Ok(lib) = library() else { return };
+        let io = self.io();
+        // SAFETY: a live context and name; no payload.
+        let rc = unsafe { lib.rados_notify_ack(io.0, self.oid.as_ptr(), notify_id, cookie, ptr::null(), 0) };
+        if rc < 0 {
+            warn!(object = %self.what, rc, "cannot acknowledge a reservation change");
+        }
+    }
+
+    fn cookie(&self) -> Option<u64> {
+        self.watch.lock().unwrap_or_else(|p| p.into_inner()).map(|(c, _)| c)
+    }
+}
+
+impl Drop for RadosResvObject {
+    fn drop(&mut self) {
+        let Ok(lib) = library() else { return };
+        self.unwatch(lib);
+        let io = self.io();
+        // SAFETY: ours; no watch or operation uses them any more.
+        unsafe {
+            lib.rados_ioctx_destroy(io.0);
+            lib.rados_ioctx_destroy(self.notify_io.0);
+        }
+    }
+}
+
+/// The counts in a notify's reply: Ceph's encoding of `map<(gid, cookie), bufferlist>` (the
+/// acknowledgements) then `set<(gid, cookie)>` (the watchers that timed out): a u32 count,
+/// then per entry two u64s (and for the map a u32 length and that many bytes), little
+/// endian. None if it does not parse.
+fn parse_reply(b: &[u8]) -> Option<NotifyReply> {
+    let mut at = 0usize;
+    let mut take = |n: usize| -> Option<&[u8]> {
+        let s = b.get(at..at.checked_add(n)?)?;
+        at += n;
+        Some(s)
+    };
+    let u32_of = |s: &[u8]| s.try_into().ok().map(u32::from_le_bytes);
+    let acked = u32_of(take(4)?)? as usize;
+    for _ in 0..acked {
+        take(16)?;
+        let len = u32_of(take(4)?)? as usize;
+        take(len)?;
+    }
+    let timed_out = u32_of(take(4)?)? as usize;
+    for _ in 0..timed_out {
+        take(16)?;
+    }
+    Some(NotifyReply { acked, timed_out })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_notify_reply_counts_acknowledgements_and_timeouts() {
+        let mut b = Vec::new();
+        b.extend(2u32.to_le_bytes());
+        for (gid, len) in [(7u64, 0u32), (9, 3)] {
+            b.extend(gid.to_le_bytes());
+            b.extend(1u64.to_le_bytes());
+            b.extend(len.to_le_bytes());
+            b.extend(vec![0xAA; len as usize]);
+        }
+        b.extend(1u32.to_le_bytes());
+        b.extend(5u64.to_le_bytes());
+        b.extend(2u64.to_le_bytes());
+        assert_eq!(parse_reply(&b), Some(NotifyReply { acked: 2, timed_out: 1 }));
+        assert_eq!(parse_reply(&b[..b.len() - 1]), None);
+        assert_eq!(parse_reply(&[]), None);
+    }
+}

@@ -1,0 +1,554 @@
+//! Reservations kept in the cluster, for a namespace every gateway of a cluster serves (an
+//! RBD image): the state lives in one object beside the store ([`ClusterObject`]; for RBD,
+//! `backend::rbd::resv_object`), so that a host's reservation taken through one gateway is
+//! enforced by all of them (NVMe 2.0 §8.19 within one NVM subsystem, which the gateways
+//! together present).
+//!
+//! - **Change**: read the object and its version, apply the command to that state, write it
+//!   back asserting the version read. Another gateway's change in between makes the write
+//!   fail; the command is then applied again to the newer state. No change is lost and the
+//!   generation counts each once.
+//! - **Publish**: the gateway that changed it installs the new state, then notifies the
+//!   object's watchers with the new state and what the change caused (the hosts to notify,
+//!   the hosts whose commands to abort). Each other gateway installs it, hands the
+//!   notifications to its controllers and fences the preempted hosts' commands, and only
+//!   then acknowledges. The command completes when every gateway acknowledged or
+//!   [`NOTIFY_TIMEOUT`] passed (a gateway that did not acknowledge has by then lost the
+//!   cluster and admits nothing, below).
+//! - **Fail safe**: a gateway whose watch is lost, or not confirmed by the cluster for
+//!   [`UNCERTAIN_AFTER`], cannot know the holder now. It then admits no read or write of the
+//!   namespace at all (any of them could be forbidden by a reservation another gateway
+//!   took meanwhile, even where none was held before): they complete with Namespace Not
+//!   Ready, Do Not Retry clear, which hosts retry. Once it watches again it reads the object
+//!   and admits again. A gateway killed outright leaves only its watch, which the cluster
+//!   drops after the watch timeout; until then a change waits [`NOTIFY_TIMEOUT`] for it.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, mpsc};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use pollux_nvme::spec::Status;
+use pollux_reactor::Remote;
+use serde::{Deserialize, Serialize};
+use tracing::{debug, info, warn};
+
+use super::file::{StateDoc, from_doc, hostid_of, hostid_text, to_doc};
+use super::shared::{Job, NsResv};
+use super::state::{Effects, HostId, ResvOp, ResvState};
+use crate::error::TargetError;
+use crate::subsystem::Shared;
+
+/// A watch not confirmed by the cluster for this long may have missed a change: the
+/// gateway stops admitting I/O. The client confirms every second (`objecter_tick_interval`).
+pub const UNCERTAIN_AFTER: Duration = Duration::from_secs(4);
+/// How long a change waits for the other gateways' acknowledgements. Not less than
+/// [`UNCERTAIN_AFTER`]: a gateway that has not acknowledged by then no longer admits I/O.
+pub const NOTIFY_TIMEOUT: Duration = Duration::from_secs(5);
+/// The same for a Preempt and Abort, whose acknowledgement waits for the preempted hosts'
+/// commands on that gateway (up to the fence's own limit).
+pub const NOTIFY_ABORT_TIMEOUT: Duration =
+    Duration::from_secs(crate::queue::FENCE_TIMEOUT.as_secs() + NOTIFY_TIMEOUT.as_secs());
+/// How often a gateway that cannot see the state tries to catch up.
+const CATCH_UP_EVERY: Duration = Duration::from_secs(1);
+/// A change that keeps losing the race to other gateways gives up (with a retryable
+/// status) after this many attempts.
+const ATTEMPTS: usize = 64;
+
+/// The replies to a notify.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NotifyReply {
+    /// Watchers that acknowledged (this gateway's own watch included).
+    pub acked: usize,
+    /// Watchers that did not within the timeout.
+    pub timed_out: usize,
+}
+
+/// What a watch reports (on the cluster client's thread).
+#[derive(Debug)]
+pub enum WatchEvent {
+    /// A notification, to be acknowledged with its id and cookie.
+    Notify {
+        /// The notify's id.
+        notify_id: u64,
+        /// The watch's cookie.
+        cookie: u64,
+        /// The notifying client.
+        notifier: u64,
+        /// What it sent.
+        payload: Vec<u8>,
+    },
+    /// The watch is lost (the errno): changes may be missed until it is set up again.
+    Lost(i32),
+}
+
+/// Where a watch's events wait for the target's reservation watcher.
+#[derive(Debug, Default)]
+pub struct Inbox {
+    events: Mutex<VecDeque<WatchEvent>>,
+}
+
+impl Inbox {
+    /// Queue `e` and wake the watchers.
+    pub fn push(&self, e: WatchEvent) {
+        self.events.lock().unwrap_or_else(|p| p.into_inner()).push_back(e);
+        ring();
+    }
+
+    fn drain(&self) -> Vec<WatchEvent> {
+        self.events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+            .collect()
+    }
+}
+
+/// The object holding a namespace's reservations in its cluster. Every call may block on
+/// the cluster; errors are negative errnos.
+pub trait ClusterObject: Send + Sync + std::fmt::Debug {
+    /// Where it is (pool, namespace, object), for logs and errors.
+    fn describe(&self) -> &str;
+    /// Its bytes and version; None: it does not exist.
+    fn read(&self) -> Result<Option<(Vec<u8>, u64)>, i32>;
+    /// Replace its bytes if its version is still `version` (None: create it, if it still
+    /// does not exist). Ok(Some(new version)); Ok(None): it changed meanwhile.
+    fn write(&self, data: &[u8], version: Option<u64>) -> Result<Option<u64>, i32>;
+    /// Send `payload` to every watcher and wait for their acknowledgements, up to `timeout`.
+    fn notify(&self, payload: &[u8], timeout: Duration) -> Result<NotifyReply, i32>;
+    /// Watch it (again, replacing a watch there was): events go to `inbox`.
+    fn watch(&self, inbox: Arc<Inbox>) -> Result<(), i32>;
+    /// How long ago the cluster last confirmed the watch; Err: it is lost.
+    fn watch_age(&self) -> Result<Duration, i32>;
+    /// Acknowledge notification `notify_id` received on watch `cookie`.
+    fn ack(&self, notify_id: u64, cookie: u64);
+    /// The watch's cookie, while there is one.
+    fn cookie(&self) -> Option<u64>;
+}
+
+/// A change as announced to the other gateways.
+#[derive(Serialize, Deserialize)]
+struct Announcement {
+    /// The announcing gateway's namespace ([`Clustered::token`]).
+    from: u64,
+    /// The object's version the state is.
+    version: u64,
+    state: StateDoc,
+    /// Reservation notifications (host, log page type).
+    notices: Vec<(String, u8)>,
+    /// Hosts whose commands are aborted.
+    aborted: Vec<String>,
+}
+
+/// The cluster side of a namespace's [`NsResv`].
+#[derive(Debug)]
+pub(super) struct Clustered {
+    object: Box<dyn ClusterObject>,
+    inbox: Arc<Inbox>,
+    /// The object's version the installed state is (0: none yet).
+    version: AtomicU64,
+    /// Names this namespace's announcements, so that it knows its own.
+    token: u64,
+    /// The gateway may have missed a change: no I/O is admitted.
+    uncertain: AtomicBool,
+    /// The watch must be set up again before catching up.
+    rewatch: AtomicBool,
+    /// When it last tried to catch up.
+    last_try: Mutex<Option<Instant>>,
+    /// Serialises installing a state and the gate with it.
+    publish: Mutex<()>,
+    /// Its owner thread's queue (started at the first change; None: it could not start).
+    owner: OnceLock<Option<mpsc::Sender<Job>>>,
+}
+
+fn io_error() -> Status {
+    Status::NAMESPACE_NOT_READY
+}
+
+impl NsResv {
+    /// Reservations kept in `object`, for every gateway of its cluster: the object is
+    /// created (empty) if it does not exist, watched, and read.
+    pub fn clustered(object: Box<dyn ClusterObject>) -> Result<Self, TargetError> {
+        let fail = |o: &dyn ClusterObject, what: &str, rc: i32| TargetError::ReservationCluster {
+            object: o.describe().to_string(),
+            why: format!("{what}: {}", std::io::Error::from_raw_os_error(-rc)),
+        };
+        if object
+            .read()
+            .map_err(|rc| fail(&*object, "cannot read it", rc))?
+            .is_none()
+        {
+            let empty = serde_json::to_vec(&to_doc(&ResvState::default(), true)).unwrap_or_default();
+            // Ok(None): another gateway created it first; its state is read below.
+            object
+                .write(&empty, None)
+                .map_err(|rc| fail(&*object, "cannot create it", rc))?;
+        }
+        let inbox = Arc::new(Inbox::default());
+        object
+            .watch(inbox.clone())
+            .map_err(|rc| fail(&*object, "cannot watch it", rc))?;
+        let c = Clustered {
+            object,
+            inbox,
+            version: AtomicU64::new(0),
+            token: token(),
+            uncertain: AtomicBool::new(false),
+            rewatch: AtomicBool::new(false),
+            last_try: Mutex::new(None),
+            publish: Mutex::new(()),
+            owner: OnceLock::new(),
+        };
+        let (state, version) = c.read_state().map_err(|why| TargetError::ReservationCluster {
+            object: c.object.describe().to_string(),
+            why,
+        })?;
+        info!(
+            object = %c.object.describe(),
+            version,
+            registrants = state.registrants.len(),
+            held = ?state.holder.map(|h| h.rtype.name()),
+            "reservations kept in the cluster"
+        );
+        c.version.store(version, Ordering::Release);
+        Ok(Self::with_cluster(state, c))
+    }
+
+    /// Apply `op` of `host` to the cluster's state (on the owner thread only): read, apply,
+    /// write if the version is unchanged (else again), install, announce.
+    pub(super) fn change_clustered(&self, c: &Clustered, host: &HostId, op: &ResvOp) -> Result<Effects, Status> {
+        for _ in 0..ATTEMPTS {
+            let (state, version) = c.read_state().map_err(|why| {
+                warn!(object = %c.object.describe(), "reservation change failed: {why}");
+                io_error()
+            })?;
+            let mut next = state.clone();
+            let fx = match next.apply(host, op, true) {
+                Ok(fx) => fx,
+                Err(s) => {
+                    self.install(c, state, version);
+                    return Err(s);
+                }
+            };
+            if next == state {
+                self.install(c, state, version);
+                return Ok(fx);
+            }
+            let bytes = serde_json::to_vec(&to_doc(&next, true)).map_err(|_| Status::INTERNAL_ERROR)?;
+            let expected = (version != 0).then_some(version);
+            match c.object.write(&bytes, expected) {
+                Ok(Some(v)) => {
+                    self.install(c, next.clone(), v);
+                    self.announce(c, host, op, v, &next, &fx);
+                    return Ok(fx);
+                }
+                Ok(None) => debug!(object = %c.object.describe(), "reservation change raced another gateway's: again"),
+                Err(rc) => {
+                    warn!(object = %c.object.describe(), rc, "reservation change not written: command failed");
+                    return Err(io_error());
+                }
+            }
+        }
+        warn!(object = %c.object.describe(), "reservation change lost the race {ATTEMPTS} times: command failed");
+        Err(io_error())
+    }
+
+    /// Tell the other gateways: the new state and what the change caused. Waits for their
+    /// acknowledgements (each has applied it: notified its controllers, fenced the
+    /// preempted hosts), up to the timeout.
+    fn announce(&self, c: &Clustered, host: &HostId, op: &ResvOp, version: u64, next: &ResvState, fx: &Effects) {
+        let a = Announcement {
+            from: c.token,
+            version,
+            state: to_doc(next, true),
+            notices: fx.notices.iter().map(|(h, t)| (hostid_text(h), *t)).collect(),
+            aborted: fx.aborted.iter().filter(|h| *h != host).map(hostid_text).collect(),
+        };
+        let Ok(payload) = serde_json::to_vec(&a) else { return };
+        let timeout = if op.aborts() {
+            NOTIFY_ABORT_TIMEOUT
+        } else {
+            NOTIFY_TIMEOUT
+        };
+        let started = Instant::now();
+        match c.object.notify(&payload, timeout) {
+            Ok(r) if r.timed_out > 0 => warn!(
+                object = %c.object.describe(),
+                acknowledged = r.acked,
+                silent = r.timed_out,
+                "gateways did not acknowledge a reservation change within {timeout:?}: they have lost the cluster and admit no I/O until they catch up"
+            ),
+            Ok(r) => {
+                debug!(object = %c.object.describe(), acknowledged = r.acked, took_us = started.elapsed().as_micros() as u64, "reservation change announced")
+            }
+            Err(rc) => warn!(
+                object = %c.object.describe(),
+                rc,
+                "reservation change could not be announced: the other gateways catch up when their watch is confirmed"
+            ),
+        }
+    }
+
+    /// Install `state` (the object's `version`) unless a newer one is installed.
+    fn install(&self, c: &Clustered, state: ResvState, version: u64) {
+        let _g = c.publish.lock().unwrap_or_else(|p| p.into_inner());
+        if version < c.version.load(Ordering::Acquire) {
+            return;
+        }
+        c.version.store(version, Ordering::Release);
+        let held = state.holder.is_some();
+        self.publish_state(state, held, c.uncertain.load(Ordering::Acquire));
+    }
+
+    /// This gateway may have missed a change: admit no I/O until it catches up.
+    fn lose(&self, c: &Clustered, why: &str) {
+        let _g = c.publish.lock().unwrap_or_else(|p| p.into_inner());
+        if !c.uncertain.swap(true, Ordering::AcqRel) {
+            warn!(object = %c.object.describe(), "cannot see the cluster's reservation state ({why}): no I/O admitted until it can");
+        }
+        self.set_gate(false, true);
+    }
+
+    /// On the target's reservation watcher: apply the other gateways' changes (their
+    /// effects through `deliver`, which answers once the controllers have them), acknowledge,
+    /// check the watch, catch up after a loss.
+    pub(crate) fn tend(&self, deliver: &dyn Fn(Effects) -> Option<std::sync::mpsc::Receiver<()>>) {
+        let Some(c) = self.cluster() else { return };
+        for e in c.inbox.drain() {
+            match e {
+                WatchEvent::Notify {
+                    notify_id,
+                    cookie,
+                    payload,
+                    ..
+                } => {
+                    if c.object.cookie() == Some(cookie) {
+                        self.apply_announcement(c, &payload, deliver);
+                    }
+                    // A notification to a watch since replaced is acknowledged too: its
+                    // notifier waits for it.
+                    c.object.ack(notify_id, cookie);
+                }
+                WatchEvent::Lost(rc) => {
+                    c.rewatch.store(true, Ordering::Release);
+                    self.lose(c, &format!("watch lost: {}", std::io::Error::from_raw_os_error(-rc)));
+                }
+            }
+        }
+        match c.object.watch_age() {
+            Err(rc) => {
+                c.rewatch.store(true, Ordering::Release);
+                self.lose(c, &format!("watch lost: {}", std::io::Error::from_raw_os_error(-rc)));
+            }
+            Ok(age) if age > UNCERTAIN_AFTER => self.lose(c, &format!("watch not confirmed for {age:?}")),
+            Ok(_) => {}
+        }
+        if c.uncertain.load(Ordering::Acquire) {
+            self.catch_up(c);
+        }
+    }
+
+    fn apply_announcement(
+        &self,
+        c: &Clustered,
+        payload: &[u8],
+        deliver: &dyn Fn(Effects) -> Option<std::sync::mpsc::Receiver<()>>,
+    ) {
+        let a: Announcement = match serde_json::from_slice(payload) {
+            Ok(a) => a,
+            Err(e) => return self.lose(c, &format!("a change announced in an unknown form: {e}")),
+        };
+        if a.from == c.token {
+            return;
+        }
+        match from_doc(a.state) {
+            Ok(s) => self.install(c, s, a.version),
+            Err(why) => return self.lose(c, &format!("a change announced with a bad state: {why}")),
+        }
+        let hosts = |v: Vec<String>| -> Vec<HostId> { v.iter().filter_map(|h| hostid_of(h).ok()).collect() };
+        let fx = Effects {
+            notices: a
+                .notices
+                .into_iter()
+                .filter_map(|(h, t)| hostid_of(&h).ok().map(|h| (h, t)))
+                .collect(),
+            aborted: hosts(a.aborted),
+        };
+        if fx.notices.is_empty() && fx.aborted.is_empty() {
+            return;
+        }
+        if let Some(done) = deliver(fx) {
+            let limit = crate::queue::FENCE_TIMEOUT + Duration::from_secs(1);
+            if done.recv_timeout(limit).is_err() {
+                warn!(object = %c.object.describe(), "a reservation change's effects did not finish within {limit:?}: acknowledged anyway");
+            }
+        }
+    }
+
+    /// Watch again if the watch was lost, read the state, and admit again.
+    fn catch_up(&self, c: &Clustered) {
+        {
+            let mut last = c.last_try.lock().unwrap_or_else(|p| p.into_inner());
+            if last.is_some_and(|t| t.elapsed() < CATCH_UP_EVERY) {
+                return;
+            }
+            *last = Some(Instant::now());
+        }
+        if c.rewatch.load(Ordering::Acquire) {
+            if let Err(rc) = c.object.watch(c.inbox.clone()) {
+                debug!(object = %c.object.describe(), rc, "cannot watch the reservation object yet");
+                return;
+            }
+            c.rewatch.store(false, Ordering::Release);
+        }
+        // Watching first, then reading: a change after the read is announced to the watch.
+        let (state, version) = match c.read_state() {
+            Ok(s) => s,
+            Err(why) => return debug!(object = %c.object.describe(), "cannot read the reservation object yet: {why}"),
+        };
+        if !c.object.watch_age().is_ok_and(|age| age <= UNCERTAIN_AFTER) {
+            return;
+        }
+        let _g = c.publish.lock().unwrap_or_else(|p| p.into_inner());
+        if version >= c.version.load(Ordering::Acquire) {
+            c.version.store(version, Ordering::Release);
+            let held = state.holder.is_some();
+            self.publish_state(state, held, false);
+        } else {
+            self.set_gate(self.state().holder.is_some(), false);
+        }
+        c.uncertain.store(false, Ordering::Release);
+        info!(object = %c.object.describe(), version, "reservation state caught up: I/O admitted again");
+    }
+
+    /// The cluster object's description (None: reservations not kept in a cluster).
+    pub fn cluster_object(&self) -> Option<&str> {
+        self.cluster().map(|c| c.object.describe())
+    }
+
+    /// Whether I/O is refused because this gateway cannot see the cluster's state.
+    pub fn uncertain(&self) -> bool {
+        self.cluster().is_some_and(|c| c.uncertain.load(Ordering::Acquire))
+    }
+}
+
+/// A token naming one namespace's announcements: random, else the time and process.
+fn token() -> u64 {
+    getrandom::u64().unwrap_or_else(|_| {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        t ^ (u64::from(std::process::id()) << 40)
+    })
+}
+
+impl Clustered {
+    /// The queue of this namespace's owner thread (it ends with the namespace).
+    pub(super) fn owner(&self) -> Option<&mpsc::Sender<Job>> {
+        self.owner
+            .get_or_init(|| {
+                let (tx, rx) = mpsc::channel::<Job>();
+                match std::thread::Builder::new()
+                    .name("pollux-resv-rbd".into())
+                    .spawn(move || rx.into_iter().for_each(|job| job()))
+                {
+                    Ok(_) => Some(tx),
+                    Err(e) => {
+                        warn!(object = %self.object.describe(), "no reservation thread of its own ({e}): changes share the target's");
+                        None
+                    }
+                }
+            })
+            .as_ref()
+    }
+
+    /// The object's state and version (an absent object: the empty state, version 0).
+    fn read_state(&self) -> Result<(ResvState, u64), String> {
+        match self.object.read() {
+            Ok(None) => Ok((ResvState::default(), 0)),
+            Ok(Some((bytes, version))) => {
+                let doc: StateDoc =
+                    serde_json::from_slice(&bytes).map_err(|e| format!("not a reservation state: {e}"))?;
+                Ok((from_doc(doc)?, version))
+            }
+            Err(rc) => Err(format!("cannot read it: {}", std::io::Error::from_raw_os_error(-rc))),
+        }
+    }
+}
+
+/// Rung when a watch has an event: a count, so that a ring between two looks is never
+/// missed.
+static BELL: (Mutex<u64>, Condvar) = (Mutex::new(0), Condvar::new());
+
+fn ring() {
+    let mut n = BELL.0.lock().unwrap_or_else(|p| p.into_inner());
+    *n = n.wrapping_add(1);
+    BELL.1.notify_all();
+}
+
+/// How often the watcher looks at the watches' health without an event.
+const TICK: Duration = Duration::from_millis(200);
+
+/// A target's reservation watcher thread: applies other gateways' changes to its
+/// namespaces kept in a cluster, and keeps their watches healthy.
+#[derive(Debug)]
+pub struct Watcher {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Watcher {
+    /// Tend the cluster-kept reservations of `shared`'s namespaces, delivering effects to
+    /// the reactors of `remotes`.
+    pub fn spawn(shared: Arc<Shared>, remotes: Arc<[Remote]>) -> Result<Self, TargetError> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("resv-watch".into())
+            .spawn(move || {
+                let mut seen = *BELL.0.lock().unwrap_or_else(|p| p.into_inner());
+                while !s.load(Ordering::Relaxed) {
+                    {
+                        let n = BELL.0.lock().unwrap_or_else(|p| p.into_inner());
+                        let (n, _) = BELL
+                            .1
+                            .wait_timeout_while(n, TICK, |n| *n == seen && !s.load(Ordering::Relaxed))
+                            .unwrap_or_else(|p| p.into_inner());
+                        seen = *n;
+                    }
+                    let snap = shared.snapshot.load();
+                    for sub in &snap.subsystems {
+                        for ns in sub.all_namespaces() {
+                            if ns.resv.cluster_object().is_none() {
+                                continue;
+                            }
+                            let (nqn, nsid) = (sub.nqn.as_str(), ns.nsid);
+                            ns.resv
+                                .tend(&|fx| crate::queue::deliver_reservation_effects(&remotes, nqn, nsid, fx));
+                        }
+                    }
+                }
+            })
+            .map_err(|source| TargetError::Thread {
+                name: "resv-watch".into(),
+                source,
+            })?;
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        ring();
+        if let Some(t) = self.thread.take()
+            && t.join().is_err()
+        {
+            warn!("the reservation watcher panicked");
+        }
+    }
+}
