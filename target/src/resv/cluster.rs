@@ -96,7 +96,7 @@ impl Inbox {
         ring();
     }
 
-    fn drain(&self) -> Vec<WatchEvent> {
+    pub(super) fn drain(&self) -> Vec<WatchEvent> {
         self.events
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -144,8 +144,8 @@ struct Announcement {
 /// The cluster side of a namespace's [`NsResv`].
 #[derive(Debug)]
 pub(super) struct Clustered {
-    object: Box<dyn ClusterObject>,
-    inbox: Arc<Inbox>,
+    pub(super) object: Box<dyn ClusterObject>,
+    pub(super) inbox: Arc<Inbox>,
     /// The object's version the installed state is (0: none yet).
     version: AtomicU64,
     /// Names this namespace's announcements, so that it knows its own.
@@ -155,7 +155,7 @@ pub(super) struct Clustered {
     /// The watch must be set up again before catching up.
     rewatch: AtomicBool,
     /// When it last tried to catch up.
-    last_try: Mutex<Option<Instant>>,
+    pub(super) last_try: Mutex<Option<Instant>>,
     /// Serialises installing a state and the gate with it.
     publish: Mutex<()>,
     /// Its owner thread's queue (started at the first change; None: it could not start).

@@ -35,4 +35,6 @@ pub use shared::{NsResv, ResvDone, submit};
 pub use state::{Effects, Holder, HostId, Registrant, ResvOp, ResvState};
 
 #[cfg(test)]
+mod cluster_tests;
+#[cfg(test)]
 mod tests;
