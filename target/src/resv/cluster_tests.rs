@@ -3,6 +3,7 @@
 //! health): racing changes lose none, another gateway's change is installed and its effects
 //! delivered before the acknowledgement, a lost or stale watch admits no I/O until caught
 //! up. `target/tests/rbd_resv.rs` runs the same against a real Ceph cluster.
+#![allow(clippy::unwrap_used)]
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
