@@ -301,7 +301,9 @@ fn reservations_hold_across_gateways() {
 #[test]
 fn racing_changes_and_preempt_and_abort_across_gateways() {
     let Some(ceph) = Ceph::start("gw-race") else { return };
-    let (a, a_addr) = gateway(&ceph, "img0", 1);
+    // A in its own process (its own cluster client and watch), B in this one.
+    let a_addr = free_addr();
+    let mut a = gateway_process(&ceph, "img0", a_addr, 1);
     let (b, b_addr) = gateway(&ceph, "img0", 1001);
 
     // Eight hosts, four through each gateway, each registering and then replacing its key
@@ -426,7 +428,8 @@ fn racing_changes_and_preempt_and_abort_across_gateways() {
     assert_eq!(register(&mut h2, UNREGISTER, 0x22, 0), OK);
 
     drop((ca, cb, h2));
-    a.shutdown().unwrap();
+    a.kill().unwrap();
+    a.wait().unwrap();
     b.shutdown().unwrap();
 }
 

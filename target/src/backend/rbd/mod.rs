@@ -256,13 +256,17 @@ impl Drop for ImageRef {
         let Some(img) = self.0.take().and_then(Arc::into_inner) else {
             return;
         };
-        let spawned = std::thread::Builder::new()
-            .name("rbd-close".into())
-            .spawn(move || drop(img));
-        match spawned {
-            Ok(h) => CLOSERS.lock().unwrap_or_else(|p| p.into_inner()).push(h),
-            Err(e) => warn!(error = %e, "cannot start a thread to close an rbd image: its handle is leaked"),
-        }
+        close_later("an rbd image", move || drop(img));
+    }
+}
+
+/// Run `close` (which blocks on the cluster) on a closer thread that [`wait_closed`]
+/// waits for: never on the thread dropping the last holder, which may be a reactor.
+pub(super) fn close_later(what: &str, close: impl FnOnce() + Send + 'static) {
+    let spawned = std::thread::Builder::new().name("rbd-close".into()).spawn(close);
+    match spawned {
+        Ok(h) => CLOSERS.lock().unwrap_or_else(|p| p.into_inner()).push(h),
+        Err(e) => warn!(error = %e, "cannot start a thread to close {what}: its handle is leaked"),
     }
 }
 
@@ -279,7 +283,7 @@ pub fn wait_closed(limit: Duration) {
         if Instant::now() >= deadline {
             warn!(
                 images = closers.len(),
-                "rbd images still closing at exit: their exclusive locks wait for the cluster to time this gateway out"
+                "rbd images still closing at exit: their exclusive locks and watches wait for the cluster to time this gateway out"
             );
             return;
         }

@@ -144,22 +144,32 @@ impl RadosResvObject {
     }
 
     fn unwatch(&self, lib: &sys::Ceph) {
-        let Some((cookie, arg)) = self.watch.lock().unwrap_or_else(|p| p.into_inner()).take() else {
-            return;
-        };
+        let watch = self.watch.lock().unwrap_or_else(|p| p.into_inner()).take();
         let io = self.io();
-        // SAFETY: a live context and the cookie rados_watch3 gave. An error (the watch was
-        // already lost) still unregisters it on the client.
-        let rc = unsafe { lib.rados_unwatch2(io.0, cookie) };
-        if rc < 0 && rc != -libc::ENOTCONN {
-            warn!(object = %self.what, rc, "rados_unwatch2 failed");
-        }
-        drop(io);
-        // SAFETY: waits until no watch callback of this client runs any more.
-        unsafe { lib.rados_watch_flush(self._cluster.handle()) };
-        // SAFETY: unregistered and flushed: no callback holds the box.
-        drop(unsafe { Box::from_raw(arg) });
+        unwatch(lib, io.0, self._cluster.handle(), watch, &self.what);
     }
+}
+
+/// End watch `w` (cookie and callback argument) of context `io` on cluster `cluster`, and
+/// free its argument once no callback can run.
+fn unwatch(
+    lib: &sys::Ceph,
+    io: sys::rados_ioctx_t,
+    cluster: sys::rados_t,
+    w: Option<(u64, *mut Arc<Inbox>)>,
+    what: &str,
+) {
+    let Some((cookie, arg)) = w else { return };
+    // SAFETY: a live context and the cookie rados_watch3 gave. An error (the watch was
+    // already lost) still unregisters it on the client.
+    let rc = unsafe { lib.rados_unwatch2(io, cookie) };
+    if rc < 0 && rc != -libc::ENOTCONN {
+        warn!(object = %what, rc, "rados_unwatch2 failed");
+    }
+    // SAFETY: waits until no watch callback of this client runs any more.
+    unsafe { lib.rados_watch_flush(cluster) };
+    // SAFETY: unregistered and flushed: no callback holds the box.
+    drop(unsafe { Box::from_raw(arg) });
 }
 
 impl ClusterObject for RadosResvObject {
@@ -316,17 +326,41 @@ impl ClusterObject for RadosResvObject {
 }
 
 impl Drop for RadosResvObject {
+    /// Ending the watch and closing the contexts block on the cluster: done on a closer
+    /// thread (the last holder of a namespace may be a reactor).
     fn drop(&mut self) {
         let Ok(lib) = library() else { return };
-        self.unwatch(lib);
-        let io = self.io();
-        // SAFETY: ours; no watch or operation uses them any more.
-        unsafe {
-            lib.rados_ioctx_destroy(io.0);
-            lib.rados_ioctx_destroy(self.notify_io.0);
-        }
+        let closing = Closing {
+            io: self.io().0,
+            notify_io: self.notify_io.0,
+            watch: self.watch.lock().unwrap_or_else(|p| p.into_inner()).take(),
+            cluster: self._cluster.clone(),
+            what: self.what.clone(),
+        };
+        super::close_later("a reservation object's watch", move || {
+            let c = closing;
+            unwatch(lib, c.io, c.cluster.handle(), c.watch, &c.what);
+            // SAFETY: ours; no watch or operation uses them any more.
+            unsafe {
+                lib.rados_ioctx_destroy(c.io);
+                lib.rados_ioctx_destroy(c.notify_io);
+            }
+        });
     }
 }
+
+/// What a dropped object leaves to close.
+struct Closing {
+    io: sys::rados_ioctx_t,
+    notify_io: sys::rados_ioctx_t,
+    watch: Option<(u64, *mut Arc<Inbox>)>,
+    cluster: Arc<Cluster>,
+    what: String,
+}
+
+// SAFETY: the contexts and the watch's argument are only used by the closer thread once
+// their object is gone; librados contexts may be used from any thread.
+unsafe impl Send for Closing {}
 
 /// The counts in a notify's reply: Ceph's encoding of `map<(gid, cookie), bufferlist>` (the
 /// acknowledgements) then `set<(gid, cookie)>` (the watchers that timed out): a u32 count,
