@@ -4,7 +4,8 @@
 //! host on both gateways; changes racing from both gateways, none lost; Preempt and Abort
 //! fencing writes in flight on the other gateway; a gateway killed with SIGKILL holding up
 //! nothing for long and finding the state again at restart; a cluster that cannot be seen
-//! admitting no I/O, then catching up.
+//! admitting no I/O, then catching up; a gateway upgraded with `pollux ctl upgrade` keeping
+//! its hosts, their reservation and the image (the old process lets go of its lock).
 //!
 //! Needs Ceph (`ci/test` installs it); without it the tests say so and pass, unless
 //! `POLLUX_REQUIRE_CEPH=1`.
@@ -462,4 +463,96 @@ fn a_second_image_has_its_own_reservations() {
     assert_eq!(register(&mut h1, UNREGISTER, 1, 0), OK);
     drop((h1, other));
     t.shutdown().unwrap();
+}
+
+#[test]
+fn an_upgraded_gateway_keeps_its_hosts_and_the_cluster_s_reservations() {
+    // `pollux ctl upgrade` of a gateway with an rbd namespace: the new process opens the
+    // image and the reservation object itself (the cluster's state is the one it reads);
+    // the hosts' connections and their reservation carry on without a reconnect.
+    let Some(ceph) = Ceph::start("gw-upgrade") else { return };
+    let addr = free_addr();
+    let sock = ceph.dir.join("gw-ctl.sock");
+    let path = ceph.dir.join("gw-upgrade.toml");
+    let text = format!(
+        "{}[control]\nsocket = \"{}\"\n",
+        conf(&ceph, addr, "img0", 1),
+        sock.display()
+    );
+    std::fs::write(&path, text).unwrap();
+    let bin = env!("CARGO_BIN_EXE_pollux");
+    let mut first = Command::new(bin)
+        .arg("--config")
+        .arg(&path)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(ceph.dir.join("gw-upgrade.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while TcpStream::connect(addr).is_err() || std::os::unix::net::UnixStream::connect(&sock).is_err() {
+        assert!(Instant::now() < deadline, "pollux did not listen");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let ctl = |args: &[&str]| {
+        Command::new(bin)
+            .arg("ctl")
+            .arg("--socket")
+            .arg(&sock)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let mut h1 = host(addr, HOST_1);
+    let mut h2 = host(addr, HOST_2);
+    assert_eq!(register(&mut h1, REGISTER, 0, 0x1A), OK);
+    assert_eq!(acquire(&mut h1, ACQUIRE, WE, 0x1A, 0), OK);
+    assert_eq!(write(&mut h1, 20, 0x5A), OK);
+    assert_eq!(write(&mut h2, 20, 0x22), CONFLICT);
+
+    let o = ctl(&["upgrade", "--binary", bin]);
+    assert!(
+        o.status.success(),
+        "upgrade: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // The first process hands over and exits.
+    let t0 = Instant::now();
+    while first.try_wait().unwrap().is_none() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "the old process did not exit");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // Same connections: the holder writes, the other host conflicts, data is there.
+    assert_eq!(write(&mut h1, 21, 0x5B), OK, "the holder after the upgrade");
+    assert_eq!(write(&mut h2, 21, 0x22), CONFLICT, "the reservation after the upgrade");
+    let d = h2.io[0]
+        .exec(sqe::read(1, 20, 1), Data::FromCtrl(vec![0; 512]))
+        .unwrap();
+    assert!(
+        d.is_success() && d.buf.iter().all(|&b| b == 0x5A),
+        "data written before the upgrade"
+    );
+    let (generation, rtype, regs) = report(&mut h2).unwrap();
+    assert_eq!((generation, rtype, regs), (1, WE, vec![(id(HOST_1), 0x1A, true)]));
+    let subs = String::from_utf8_lossy(&ctl(&["subsystems"]).stdout).into_owned();
+    assert!(subs.contains(" cluster "), "{subs}");
+
+    // A change after the upgrade reaches the cluster: another gateway sees it.
+    assert_eq!(release(&mut h1, WE, 0x1A), OK);
+    let (b, b_addr) = gateway(&ceph, "img0", 1001);
+    let mut h2b = host(b_addr, HOST_2);
+    let (_, rtype, regs) = report(&mut h2b).unwrap();
+    assert_eq!((rtype, regs), (0, vec![(id(HOST_1), 0x1A, false)]));
+    assert_eq!(register(&mut h1, UNREGISTER, 0x1A, 0), OK);
+    drop((h1, h2, h2b));
+    b.shutdown().unwrap();
+    let o = ctl(&["--json", "version"]);
+    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&o.stdout)
+        && let Some(pid) = v["pid"].as_i64()
+    {
+        // SAFETY: kill(2) of the pollux process this test's upgrade started.
+        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    }
 }

@@ -607,6 +607,20 @@ pub fn channel_for(r: &mut Reactor, ns: &Arc<Namespace>) -> Result<SourceId, Sta
     Ok(id)
 }
 
+/// Close every channel of this reactor, giving their stores' resources back (a hot
+/// upgrade's old process, whose queues the new one serves now).
+pub fn close_channels(r: &mut Reactor) {
+    let ids: Vec<SourceId> = r
+        .local::<Channels>()
+        .map(|c| c.by_key.drain().map(|(_, id)| id).collect())
+        .unwrap_or_default();
+    for id in ids {
+        if let Some(mut src) = r.remove_source(id) {
+            src.shutdown(r, id);
+        }
+    }
+}
+
 /// Run `f` on channel `id` of this reactor.
 pub fn with_channel<R>(
     r: &mut Reactor,

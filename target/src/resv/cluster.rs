@@ -125,6 +125,9 @@ pub trait ClusterObject: Send + Sync + std::fmt::Debug {
     fn ack(&self, notify_id: u64, cookie: u64);
     /// The watch's cookie, while there is one.
     fn cookie(&self) -> Option<u64>;
+    /// End the watch now (this process hands over or stops): the cluster stops waiting
+    /// for this gateway's acknowledgements at once rather than after the watch timeout.
+    fn unwatch(&self) {}
 }
 
 /// A change as announced to the other gateways.
@@ -420,6 +423,14 @@ impl NsResv {
         }
         c.uncertain.store(false, Ordering::Release);
         info!(object = %c.object.describe(), version, "reservation state caught up: I/O admitted again");
+    }
+
+    /// End this gateway's watch on the cluster's state (a hot upgrade's old process, which
+    /// serves no more): the other gateways' changes no longer wait for it.
+    pub fn release_cluster(&self) {
+        if let Some(c) = self.cluster() {
+            c.object.unwatch();
+        }
     }
 
     /// The cluster object's description (None: reservations not kept in a cluster).

@@ -91,7 +91,10 @@ pub fn upgrade(shared: &Arc<Shared>, remotes: &Arc<[Remote]>, binary: &Path) -> 
     let mut child = spawn(binary, child_end)?;
     let mut paused_at = None;
     match drive(shared, remotes, &wire, &mut paused_at, t0) {
-        Ok(r) => Ok(r),
+        Ok(r) => {
+            release_stores(shared, remotes);
+            Ok(r)
+        }
         Err(e) => {
             // Roll back: the new process goes, and everything here serves again. Whether it
             // ended by itself is learnt before it is killed: a process that closed the
@@ -458,6 +461,38 @@ fn reservations(shared: &Shared) -> Vec<ResvEntry> {
         }
     }
     out
+}
+
+/// The new process serves: let go of what this one still holds in a cluster, as a stop
+/// does (its channels closed, an RBD image closed, which releases its exclusive lock, the
+/// reservation object's watch ended), so that the new process's writes and the other
+/// gateways' reservation changes do not wait for the cluster to time this process out.
+/// Files and memory stay as they are: the new process has them.
+fn release_stores(shared: &Shared, remotes: &[Remote]) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut sent = 0;
+    for r in remotes {
+        let tx = tx.clone();
+        if r.send(move |r| {
+            crate::backend::close_channels(r);
+            let _ = tx.send(());
+        }) {
+            sent += 1;
+        }
+    }
+    for _ in 0..sent {
+        if rx.recv_timeout(Duration::from_secs(5)).is_err() {
+            warn!("upgrade: a reactor did not close its channels within 5 s");
+            break;
+        }
+    }
+    for s in &shared.snapshot.load().subsystems {
+        for ns in s.all_namespaces() {
+            ns.resv.release_cluster();
+            ns.backend.stop();
+        }
+    }
+    crate::backend::rbd::wait_closed(Duration::from_secs(10));
 }
 
 /// End this process after an upgrade committed: no destructor runs, so no socket is shut

@@ -143,7 +143,7 @@ impl RadosResvObject {
         self.ioctx.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn unwatch(&self, lib: &sys::Ceph) {
+    fn end_watch(&self, lib: &sys::Ceph) {
         let watch = self.watch.lock().unwrap_or_else(|p| p.into_inner()).take();
         let io = self.io();
         unwatch(lib, io.0, self._cluster.handle(), watch, &self.what);
@@ -269,7 +269,7 @@ impl ClusterObject for RadosResvObject {
 
     fn watch(&self, inbox: Arc<Inbox>) -> Result<(), i32> {
         let lib = library().map_err(|_| -libc::ENOSYS)?;
-        self.unwatch(lib);
+        self.end_watch(lib);
         let arg = Box::into_raw(Box::new(inbox));
         let mut cookie = 0u64;
         let io = self.io();
@@ -322,6 +322,12 @@ impl ClusterObject for RadosResvObject {
 
     fn cookie(&self) -> Option<u64> {
         self.watch.lock().unwrap_or_else(|p| p.into_inner()).map(|(c, _)| c)
+    }
+
+    fn unwatch(&self) {
+        if let Ok(lib) = library() {
+            self.end_watch(lib);
+        }
     }
 }
 
