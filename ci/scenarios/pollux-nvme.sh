@@ -3,7 +3,8 @@
 # end to end, with pollux running INSIDE the guest: `pollux setup` binds QEMU's NVMe
 # controller (behind intel-iommu) to vfio-pci, pollux serves it over NVMe/TCP on the guest's
 # loopback to the guest's kernel host (fio crc32c verify at 4k/64k/1m, persistence across a
-# SIGTERM restart, idle CPU in interrupt mode), `pollux setup unbind` gives it back to the
+# SIGTERM restart, idle CPU in interrupt mode, ten `pollux ctl upgrade`s under fio verify:
+# the device re-initialized by each new process), `pollux setup unbind` gives it back to the
 # kernel; then faults injected into the in-process fake controller (a failed command, a
 # controller fatal status that pollux resets under fio verify). A 4k randread comparison,
 # pollux vs the kernel nvme driver on the same device, goes to the log and to

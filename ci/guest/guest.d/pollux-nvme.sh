@@ -8,6 +8,8 @@
 #   4. nvme connect; fio crc32c verify at 4k, 64k, 1m; the same randread jobs via pollux
 #   5. persistence: a 4 MiB pattern survives disconnect + SIGTERM + restart + reconnect
 #   6. idle CPU of pollux in interrupt mode with the host connected; reactor modes (ctl)
+#   6b. pollux ctl upgrade ten times under fio verify: the device drained, let go of and
+#       brought up by the new process each time; no host error, no reconnect
 #   7. disconnect, SIGTERM, pollux setup unbind: the kernel nvme driver has it back
 #   8. faults on the in-process fake controller: a failed command, then a controller fatal
 #      status (CSTS.CFS) under fio verify: pollux resets it, the host retries, data intact
@@ -30,7 +32,7 @@ cores="[0]"
 [ "$ncpu" -lt 2 ] || cores="[0, 1]"
 engine=libaio
 fio --enghelp 2>/dev/null | grep -qw libaio || engine=io_uring
-pid="" plog=""
+pid="" plog="" upgraded=""
 # The kernel NVMe/TCP host sends the pages of an O_DIRECT write as they are; when it talks
 # to a userspace target on the same kernel (loopback) and such a run of pages crosses from
 # one transparent huge page into the next, the target's recv() trips Debian 6.1's hardened
@@ -87,9 +89,22 @@ pollux_start() {
     echo "pollux: pid $pid listening on 127.0.0.1:$port (log $plog)"
 }
 
-# pollux_stop: SIGTERM, and pollux must exit 0 within 30 s.
+# pollux_stop: SIGTERM, and pollux must exit 0 within 30 s (a process an upgrade started is
+# not this shell's child: it must be gone within 30 s).
 pollux_stop() {
     kill -TERM "$pid"
+    if [ -n "$upgraded" ]; then
+        i=0
+        while alive "$pid"; do
+            [ $i -lt 300 ] || die "upgraded pollux $pid still running 30 s after SIGTERM"
+            sleep 0.1
+            i=$((i + 1))
+        done
+        echo "pollux: $pid (started by an upgrade) stopped"
+        pid="" upgraded=""
+        [ -z "$share" ] || cp "$plog" "$share/guest-$(basename "$plog")"
+        return 0
+    fi
     (sleep 30; kill -KILL "$pid" 2>/dev/null) &
     wd=$!
     rc=0
@@ -316,6 +331,34 @@ pct=$(awk -v a="$t0" -v b="$t1" -v s="$u0" -v e="$u1" 'BEGIN { printf "%.2f", (b
 echo "IDLE pollux CPU over $(awk -v s="$u0" -v e="$u1" 'BEGIN { printf "%.1f", e - s }') s, host connected and idle: $pct % of one CPU ($((t1 - t0)) ticks; limit $IDLE_MAX_PCT %)"
 awk -v p="$pct" -v m="$IDLE_MAX_PCT" 'BEGIN { exit !(p <= m) }' ||
     die "pollux idle in interrupt mode used $pct % of a CPU (limit $IDLE_MAX_PCT %)"
+
+step upgrade
+# pollux ctl upgrade ten times under fio verify (away from the pattern at 8 MiB): each time
+# the old process drains the queues, shuts the device down and closes its VFIO handles, the
+# new one brings the device up and takes the connections; the host sees no error and does
+# not reconnect.
+kmark upgrade
+fio --name=upgrade --filename="$dev" --rw=randwrite --bs=4k --offset=16M --size=32M --direct=1 \
+    --ioengine=libaio --iodepth=8 --time_based --runtime=40 --verify=crc32c --verify_backlog=64 \
+    --verify_fatal=1 --eta=never --output=/tmp/fio-upgrade.out &
+fpid=$!
+sleep 3
+for k in 1 2 3 4 5 6 7 8 9 10; do
+    out=$(ctl upgrade) || { tail -20 "$plog"; die "upgrade $k refused: $out"; }
+    echo "upgrade $k: $out"
+    echo "$out" | grep -q "NVMe devices re-initialized: 1" || die "upgrade $k did not re-initialize the device: $out"
+    sleep 2
+done
+pid=$("$P" ctl --socket "$sock" --json version | sed -n 's/.*"pid": *\([0-9]*\).*/\1/p')
+[ -n "$pid" ] || die "no pid from ctl version after the upgrades"
+upgraded=1
+wait "$fpid" || { cat /tmp/fio-upgrade.out; die "fio verify across the upgrades failed"; }
+grep -q 'err= 0' /tmp/fio-upgrade.out || { cat /tmp/fio-upgrade.out; die "fio reported an error across the upgrades"; }
+grep -E 'IOPS=|clat \((u|m)sec\)' /tmp/fio-upgrade.out | head -3
+if ksince upgrade | grep -iE 'reconnect|I/O error|resetting|timeout'; then
+    die "the host's kernel logged the above across the upgrades"
+fi
+echo "10 upgrades under fio verify: no error, no reconnect (pollux now pid $pid)"
 
 step unbind
 disconnect "$nqn"

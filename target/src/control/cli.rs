@@ -224,6 +224,15 @@ pub fn format_result(cmd: &CtlCommand, v: Value) -> Result<String, ControlError>
                     v["pause_ms"].as_f64().unwrap_or(0.0),
                     v["total_ms"].as_f64().unwrap_or(0.0)
                 );
+                if v["devices"].as_u64().unwrap_or(0) > 0 {
+                    let _ = writeln!(
+                        o,
+                        "  NVMe devices re-initialized: {}, let go of in {:.1} ms here, brought up in {:.1} ms by the new process (the hosts' queues waited meanwhile)",
+                        v["devices"],
+                        v["device_release_ms"].as_f64().unwrap_or(0.0),
+                        v["device_init_ms"].as_f64().unwrap_or(0.0)
+                    );
+                }
                 for s in v["stayed"].as_array().into_iter().flatten() {
                     let _ = writeln!(
                         o,

@@ -17,8 +17,14 @@
 //!    arrive while those in flight run to their end ([`crate::queue::handover`]); once every
 //!    queue is at that boundary (or [`PAUSE_LIMIT`] passed: the upgrade is refused and
 //!    everything resumes), each queue stops reading and its state is taken.
-//! 4. **Handover**: the queues' state and sockets and the reservations go over; the new
-//!    process installs every queue, paused, and answers `Ready`.
+//! 4. **Handover**: NVMe devices (VFIO) are let go of first: with every queue drained, each
+//!    reactor closes its channels and each device is shut down and its VFIO handles closed
+//!    (a VFIO group opens in one process at a time; the queues' DMA memory is this
+//!    process's). The queues' state and sockets and the reservations go over; the new
+//!    process brings the devices up (their namespaces join its target as a run-time
+//!    change would: it started without them), installs every queue, paused, and answers
+//!    `Ready` with how long the devices took ([`Report::device_init_ms`]). A rollback after
+//!    this brings the devices up again in the old process.
 //! 5. **Commit**: the old process sends `Commit`; the new one answers `Serving` before it
 //!    touches any socket, then resumes every queue (held commands first) and its listeners.
 //!    Until that answer everything is still the old process's: a new process that dies or
@@ -47,6 +53,9 @@ use std::time::Duration;
 pub const PAUSE_LIMIT: Duration = Duration::from_secs(5);
 /// How long each step may take the other process.
 pub const STEP_LIMIT: Duration = Duration::from_secs(30);
+/// How long the old process waits for Ready when the new one brings NVMe devices up first
+/// (a controller's enable may take up to CAP.TO, NVMe 2.0 §3.1.3.1).
+pub const DEVICE_LIMIT: Duration = Duration::from_secs(60);
 
 /// Why an upgrade did not happen (the old process serves on, as before).
 #[derive(Debug, thiserror::Error)]
@@ -136,6 +145,17 @@ pub struct Report {
     pub pause_ms: f64,
     /// From the command to the new process serving, in ms.
     pub total_ms: f64,
+    /// NVMe devices let go of by this process and brought up by the new one (the hosts'
+    /// queues wait meanwhile: part of `pause_ms`).
+    #[serde(default)]
+    pub devices: usize,
+    /// Shutting them down here, ms.
+    #[serde(default)]
+    pub device_release_ms: f64,
+    /// Bringing them up in the new process (controller reset and enable, Identify, I/O
+    /// queues), ms.
+    #[serde(default)]
+    pub device_init_ms: f64,
 }
 
 /// Under systemd (`NOTIFY_SOCKET`), say process `pid` is the service's main process now

@@ -146,8 +146,18 @@ pub fn takeover(fd: RawFd) -> Result<TakenOver, UpgradeError> {
     fail_at("handover");
     let t0 = Instant::now();
     let shared = target.shared().clone();
-    restore_reservations(&shared, &handover.reservations);
     let remotes = target.runtime().remotes();
+    // The NVMe devices the old process let go of: brought up here, their namespaces added
+    // as a run-time change would (no controller is here yet to be told).
+    let mut devices_ms = 0.0;
+    if *shared.config.lock().unwrap_or_else(|p| p.into_inner()) != cfg {
+        let d0 = Instant::now();
+        crate::mutate::reconcile(&shared, &remotes, cfg.clone())
+            .map_err(|e| refuse(UpgradeError::Start(format!("bringing up the NVMe devices: {e}"))))?;
+        devices_ms = d0.elapsed().as_secs_f64() * 1e3;
+        info!(ms = format!("{devices_ms:.1}"), "upgrade: NVMe devices brought up");
+    }
+    restore_reservations(&shared, &handover.reservations);
     let opens = on_one(&remotes, 0, STEP_LIMIT, |r| reactors::listeners(r, true))?;
     let opens: Arc<HashMap<SocketAddr, _>> = Arc::new(opens.into_iter().map(|(a, _, o)| (a, o)).collect());
     let mut fds: Vec<Option<OwnedFd>> = fds.into_iter().map(Some).collect();
@@ -181,6 +191,7 @@ pub fn takeover(fd: RawFd) -> Result<TakenOver, UpgradeError> {
         &Msg::Ready {
             queues: at.len(),
             refused,
+            devices_ms,
         },
         &[],
     )?;
@@ -286,8 +297,15 @@ fn start(p: &Prepare, fds: &mut [Option<OwnedFd>]) -> Result<(Target, Bound, Con
         listeners,
         paused: true,
     };
+    // NVMe devices are the old process's until it drained its queues and let go of them
+    // (Handover): the target starts without their namespaces, which join at Handover.
+    let mut now = cfg.clone();
+    for s in &mut now.subsystems {
+        s.namespaces
+            .retain(|n| !matches!(n.backend, pollux_conf::Backend::Nvme(_)));
+    }
     let target =
-        Target::start_with(&cfg, Options::default(), inherited).map_err(|e| UpgradeError::Start(e.to_string()))?;
+        Target::start_with(&now, Options::default(), inherited).map_err(|e| UpgradeError::Start(e.to_string()))?;
     // Stores not taken (a namespace gone from the conf) are let go.
     STORES.lock().unwrap_or_else(|p| p.into_inner()).take();
     let bound = Bound::inherited(control, metrics, &cfg.control);

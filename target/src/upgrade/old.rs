@@ -16,7 +16,7 @@ use super::state::{
     FORMAT, Handover, ListenerFd, Msg, Prepare, QueueState, RegistrantState, ResvEntry, RoleState, StoreFd,
 };
 use super::wire::Wire;
-use super::{PAUSE_LIMIT, Report, STEP_LIMIT, UpgradeError};
+use super::{DEVICE_LIMIT, PAUSE_LIMIT, Report, STEP_LIMIT, UpgradeError};
 use crate::subsystem::Shared;
 
 /// The descriptor the new process finds its end of the handover socket at.
@@ -84,13 +84,13 @@ impl Drop for Running {
 /// upgrade was refused or rolled back (this process serves on, every connection intact).
 pub fn upgrade(shared: &Arc<Shared>, remotes: &Arc<[Remote]>, binary: &Path) -> Result<Report, UpgradeError> {
     let _running = Running::acquire()?;
-    unsupported(shared)?;
     let t0 = Instant::now();
     info!(binary = %binary.display(), "upgrade: starting the new binary");
     let (wire, child_end) = Wire::pair()?;
     let mut child = spawn(binary, child_end)?;
     let mut paused_at = None;
-    match drive(shared, remotes, &wire, &mut paused_at, t0) {
+    let mut released = false;
+    match drive(shared, remotes, &wire, &mut paused_at, &mut released, t0) {
         Ok(r) => {
             release_stores(shared, remotes);
             Ok(r)
@@ -112,6 +112,9 @@ pub fn upgrade(shared: &Arc<Shared>, remotes: &Arc<[Remote]>, binary: &Path) -> 
                 },
                 (e, _) => e,
             };
+            if released {
+                reopen_devices(shared);
+            }
             if paused_at.is_some() {
                 let _ = on_one(remotes, 0, STEP_LIMIT, |r| {
                     reactors::listeners(r, false);
@@ -124,24 +127,47 @@ pub fn upgrade(shared: &Arc<Shared>, remotes: &Arc<[Remote]>, binary: &Path) -> 
     }
 }
 
-/// Refuse, before starting anything, what cannot be handed over: a namespace on an NVMe
-/// device driven through VFIO. Its container, group and device and the DMA memory its
-/// queues live in are this process's (a VFIO group opens once), and handing them over, or
-/// shutting the device down for the new process to bring it up again, is not built: such a
-/// target is restarted instead.
-fn unsupported(shared: &Shared) -> Result<(), UpgradeError> {
-    let snap = shared.snapshot.load_full();
-    for s in &snap.subsystems {
+/// The NVMe devices (VFIO, or the in-process fake controller) the namespaces are on, each
+/// once.
+fn nvme_devices(shared: &Shared) -> Vec<Arc<crate::backend::nvme::SsdDevice>> {
+    let mut out: Vec<Arc<crate::backend::nvme::SsdDevice>> = Vec::new();
+    for s in &shared.snapshot.load().subsystems {
         for ns in s.all_namespaces() {
-            if ns.backend.kind() == "nvme" {
-                return Err(UpgradeError::Unsupported(format!(
-                    "namespace {} of {} is on an NVMe device driven through VFIO, which cannot be handed to another process yet: restart the target to change its binary",
-                    ns.nsid, s.nqn
-                )));
+            if let Some(n) = ns.backend.as_any().downcast_ref::<crate::backend::nvme::SsdNamespace>()
+                && !out.iter().any(|d| Arc::ptr_eq(d, &n.dev))
+            {
+                out.push(n.dev.clone());
             }
         }
     }
-    Ok(())
+    out
+}
+
+/// Every queue drained: let go of the NVMe devices for the new process, which brings them
+/// up again (a VFIO group opens in one process at a time, and the queues' memory is this
+/// process's). Each reactor closes its channels (on a rollback they open again on first
+/// use), then each device is shut down and its VFIO handles closed. The devices and the
+/// time it took (ms); none: nothing done.
+fn release_devices(shared: &Shared, remotes: &[Remote]) -> Result<Option<(usize, f64)>, UpgradeError> {
+    let devices = nvme_devices(shared);
+    if devices.is_empty() {
+        return Ok(None);
+    }
+    let t0 = Instant::now();
+    on_all(remotes, STEP_LIMIT, crate::backend::close_channels)?;
+    for d in &devices {
+        d.release();
+    }
+    Ok(Some((devices.len(), t0.elapsed().as_secs_f64() * 1e3)))
+}
+
+/// The upgrade rolled back after the devices were let go: bring them up again here.
+fn reopen_devices(shared: &Shared) {
+    for d in nvme_devices(shared) {
+        if let Err(e) = d.reopen() {
+            tracing::error!(device = %d.name(), error = %e, "upgrade rolled back but the NVMe device cannot be brought up again: its namespaces fail I/O");
+        }
+    }
 }
 
 /// `child`'s exit status if it ends within `d`.
@@ -233,6 +259,7 @@ fn drive(
     remotes: &Arc<[Remote]>,
     wire: &Wire,
     paused_at: &mut Option<Instant>,
+    released: &mut bool,
     t0: Instant,
 ) -> Result<Report, UpgradeError> {
     // 1. Hello: the formats meet?
@@ -293,17 +320,26 @@ fn drive(
         states.push(q);
     }
     let n = states.len();
+    // NVMe devices: drained with every queue; let go of now, brought up by the new process
+    // before it answers Ready.
+    *released = true;
+    let devices = release_devices(shared, remotes)?;
     let handover = Handover {
         format: FORMAT,
         queues: states,
         reservations: reservations(shared),
     };
     wire.send(&Msg::Handover(Box::new(handover)), &fds)?;
-    let (ready, _) = expect(wire, STEP_LIMIT, "Ready")?;
-    if let Msg::Ready { refused, .. } = &ready {
+    let (ready, _) = expect(wire, DEVICE_LIMIT, "Ready")?;
+    let mut device_init_ms = 0.0;
+    if let Msg::Ready {
+        refused, devices_ms, ..
+    } = &ready
+    {
         for r in refused {
             warn!("upgrade: the new process could not take {r}");
         }
+        device_init_ms = *devices_ms;
     }
 
     // 5. Commit. The new process answers before it touches any socket, so until its
@@ -327,6 +363,9 @@ fn drive(
         stayed: by_reason,
         pause_ms: pause_t0.elapsed().as_secs_f64() * 1e3,
         total_ms: t0.elapsed().as_secs_f64() * 1e3,
+        devices: devices.map_or(0, |d| d.0),
+        device_release_ms: devices.map_or(0.0, |d| d.1),
+        device_init_ms,
     };
     info!(
         pid = report.pid,
@@ -335,6 +374,9 @@ fn drive(
         quiesce_ms = format!("{paused_ms:.1}"),
         pause_ms = format!("{:.1}", report.pause_ms),
         total_ms = format!("{:.1}", report.total_ms),
+        devices = report.devices,
+        device_release_ms = format!("{:.1}", report.device_release_ms),
+        device_init_ms = format!("{:.1}", report.device_init_ms),
         "upgrade: the new process serves; this one exits"
     );
     Ok(report)

@@ -329,6 +329,10 @@ pub enum Msg {
         queues: usize,
         /// Queues it could not install, with why (they are closed).
         refused: Vec<String>,
+        /// How long bringing up the NVMe devices the old process let go of took, ms (0:
+        /// none). Absent from a writer before it: 0.
+        #[serde(default)]
+        devices_ms: f64,
     },
     /// Old to new: the old process will not touch a queue again: serve.
     Commit,

@@ -191,6 +191,10 @@ impl SsdChannel {
     /// Take reactor `reactor`'s queue pair on `dev`.
     pub fn new(dev: Arc<SsdDevice>, env: &ChannelEnv) -> Result<Self, TargetError> {
         let (reactor, max_io) = (env.reactor, env.max_io as usize);
+        let dma = dev.dma().ok_or_else(|| TargetError::NvmeUnfit {
+            device: dev.name.clone(),
+            reason: "released for another process (a hot upgrade)".into(),
+        })?;
         let qp = lock(&dev.queues)
             .get_mut(reactor)
             .and_then(Option::take)
@@ -200,7 +204,7 @@ impl SsdChannel {
             })?;
         Ok(Self {
             name: format!("nvme-{}-q{}", short(&dev.name), qp.qid()),
-            pool: Pool::new(dev.dma.clone(), dev.data_dma_bytes.clone()),
+            pool: Pool::new(dma, dev.data_dma_bytes.clone()),
             dev,
             reactor,
             qp: Some(qp),

@@ -76,7 +76,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 struct Admin {
     name: String,
     ctrl: Mutex<Option<Controller>>,
-    fake: Option<FakeController>,
+    /// The fake controller serving it, for a fake device (replaced when it is brought up
+    /// again: [`SsdDevice::reopen`]).
+    fake: Mutex<Option<FakeController>>,
     /// The last reset failed: I/O fails until one succeeds.
     failed: AtomicBool,
     resets: AtomicU64,
@@ -189,13 +191,115 @@ impl Admin {
     }
 }
 
+/// A device brought up: what [`SsdDevice`] keeps of it.
+struct Live {
+    name: String,
+    kind: &'static str,
+    info: ControllerInfo,
+    dma: Arc<dyn DmaAllocator>,
+    ctrl: Controller,
+    fake: Option<FakeController>,
+    queues: Vec<Option<QueuePair>>,
+    health: Option<Health>,
+}
+
+impl Live {
+    fn start(device: &NvmeDevice, nsid: u32, block_size: u32, reactors: usize) -> Result<Self, TargetError> {
+        let reactors = reactors.max(1);
+        let driver = |source| TargetError::Nvme {
+            device: device.name().to_string(),
+            source,
+        };
+        let want = u16::try_from(reactors).map_err(|_| TargetError::NvmeUnfit {
+            device: device.name().to_string(),
+            reason: format!("{reactors} reactors: too many I/O queues"),
+        })?;
+        let (hw, fake, kind) = match device {
+            NvmeDevice::Pci(bdf) => (pci::vfio::open(bdf).map_err(driver)?, None, "pci"),
+            NvmeDevice::Fake { name, size, latency_us } => {
+                let cfg = FakeConfig {
+                    max_io_queues: want.max(1),
+                    vectors: want + 1,
+                    namespaces: vec![FakeNamespace {
+                        nsid,
+                        lba_shift: block_size.trailing_zeros() as u8,
+                        blocks: size / u64::from(block_size),
+                    }],
+                    latency: Duration::from_nanos((latency_us * 1000.0) as u64),
+                    ..FakeConfig::default()
+                };
+                let (fake, mut hw) = FakeController::start(cfg);
+                hw.name = name.clone();
+                (hw, Some(fake), "fake")
+            }
+        };
+        let name = hw.name.clone();
+        let dma = hw.dma.clone();
+        let cfg = ControllerConfig {
+            io_queues: want,
+            max_transfer: MAX_TRANSFER,
+            interrupts: true,
+            ..ControllerConfig::default()
+        };
+        let mut ctrl = Controller::new(hw, cfg).map_err(driver)?;
+        let info = ctrl.info().clone();
+        if usize::from(info.io_queues) < reactors {
+            return Err(TargetError::NvmeUnfit {
+                device: name,
+                reason: format!(
+                    "the controller grants {} I/O queue pairs; pollux needs one per reactor ({reactors})",
+                    info.io_queues
+                ),
+            });
+        }
+        let depth = QUEUE_DEPTH.min(info.cap.mqes().saturating_add(1)).max(2);
+        let mut queues = Vec::with_capacity(reactors);
+        for _ in 0..reactors {
+            queues.push(Some(ctrl.create_io_queue_pair(depth).map_err(driver)?));
+        }
+        // The first SMART / Health page now, so a subsystem never reports this device without it.
+        let health = ctrl.smart_health().ok();
+        info!(device = %name, model = %info.model, serial = %info.serial, io_queues = reactors, depth,
+            vectors = info.vectors, "NVMe device ready: one queue pair per reactor");
+        Ok(Live {
+            name,
+            kind,
+            info,
+            dma,
+            ctrl,
+            fake,
+            queues,
+            health,
+        })
+    }
+}
+
+/// Start `admin`'s thread.
+fn spawn_admin(admin: &Arc<Admin>) -> Result<JoinHandle<()>, TargetError> {
+    let a = admin.clone();
+    let thread_name = format!("nvme-admin-{}", short(&admin.name));
+    std::thread::Builder::new()
+        .name(thread_name.clone())
+        .spawn(move || a.run())
+        .map_err(|source| TargetError::Thread {
+            name: thread_name,
+            source,
+        })
+}
+
 /// One NVMe controller, shared by the namespaces that name it.
 pub struct SsdDevice {
     name: String,
     kind: &'static str,
     info: ControllerInfo,
-    dma: Arc<dyn DmaAllocator>,
+    /// What brought it up, to bring it up again ([`SsdDevice::reopen`]).
+    spec: (NvmeDevice, u32, u32, usize),
+    /// Its DMA memory's allocator (None while released: the allocator holds the VFIO
+    /// container and group).
+    dma: Mutex<Option<Arc<dyn DmaAllocator>>>,
     admin: Arc<Admin>,
+    /// Let go of for a hot upgrade ([`SsdDevice::release`]): no controller, no VFIO handle.
+    released: AtomicBool,
     /// The I/O queue pair of each reactor, until it takes it (and back when its channel goes).
     queues: Mutex<Vec<Option<QueuePair>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
@@ -363,94 +467,78 @@ impl SsdDevice {
     }
 
     fn bring_up(device: &NvmeDevice, nsid: u32, block_size: u32, reactors: usize) -> Result<Self, TargetError> {
-        let reactors = reactors.max(1);
-        let driver = |source| TargetError::Nvme {
-            device: device.name().to_string(),
-            source,
-        };
-        let want = u16::try_from(reactors).map_err(|_| TargetError::NvmeUnfit {
-            device: device.name().to_string(),
-            reason: format!("{reactors} reactors: too many I/O queues"),
-        })?;
-        let (hw, fake, kind) = match device {
-            NvmeDevice::Pci(bdf) => (pci::vfio::open(bdf).map_err(driver)?, None, "pci"),
-            NvmeDevice::Fake { name, size, latency_us } => {
-                let cfg = FakeConfig {
-                    max_io_queues: want.max(1),
-                    vectors: want + 1,
-                    namespaces: vec![FakeNamespace {
-                        nsid,
-                        lba_shift: block_size.trailing_zeros() as u8,
-                        blocks: size / u64::from(block_size),
-                    }],
-                    latency: Duration::from_nanos((latency_us * 1000.0) as u64),
-                    ..FakeConfig::default()
-                };
-                let (fake, mut hw) = FakeController::start(cfg);
-                hw.name = name.clone();
-                (hw, Some(fake), "fake")
-            }
-        };
-        let name = hw.name.clone();
-        let dma = hw.dma.clone();
-        let cfg = ControllerConfig {
-            io_queues: want,
-            max_transfer: MAX_TRANSFER,
-            interrupts: true,
-            ..ControllerConfig::default()
-        };
-        let mut ctrl = Controller::new(hw, cfg).map_err(driver)?;
-        let info = ctrl.info().clone();
-        if usize::from(info.io_queues) < reactors {
-            return Err(TargetError::NvmeUnfit {
-                device: name,
-                reason: format!(
-                    "the controller grants {} I/O queue pairs; pollux needs one per reactor ({reactors})",
-                    info.io_queues
-                ),
-            });
-        }
-        let depth = QUEUE_DEPTH.min(info.cap.mqes().saturating_add(1)).max(2);
-        let mut queues = Vec::with_capacity(reactors);
-        for _ in 0..reactors {
-            queues.push(Some(ctrl.create_io_queue_pair(depth).map_err(driver)?));
-        }
-        // The first SMART / Health page now, so a subsystem never reports this device without it.
-        let health = ctrl.smart_health().ok();
-        info!(device = %name, model = %info.model, serial = %info.serial, io_queues = reactors, depth,
-            vectors = info.vectors, "NVMe device ready: one queue pair per reactor");
+        let live = Live::start(device, nsid, block_size, reactors)?;
         let admin = Arc::new(Admin {
-            name: name.clone(),
-            ctrl: Mutex::new(Some(ctrl)),
-            fake,
+            name: live.name.clone(),
+            ctrl: Mutex::new(Some(live.ctrl)),
+            fake: Mutex::new(live.fake),
             failed: AtomicBool::new(false),
             resets: AtomicU64::new(0),
             failed_resets: AtomicU64::new(0),
             stop: Mutex::new(false),
             wake: Condvar::new(),
-            health: Mutex::new(health),
+            health: Mutex::new(live.health),
             aborts: Mutex::new(Vec::new()),
         });
-        let a = admin.clone();
-        let thread_name = format!("nvme-admin-{}", short(&name));
-        let thread = std::thread::Builder::new()
-            .name(thread_name.clone())
-            .spawn(move || a.run())
-            .map_err(|source| TargetError::Thread {
-                name: thread_name,
-                source,
-            })?;
+        let thread = spawn_admin(&admin)?;
         Ok(Self {
-            name,
-            kind,
-            info,
-            dma,
+            name: live.name,
+            kind: live.kind,
+            info: live.info,
+            spec: (device.clone(), nsid, block_size, reactors),
+            dma: Mutex::new(Some(live.dma)),
             admin,
-            queues: Mutex::new(queues),
+            released: AtomicBool::new(false),
+            queues: Mutex::new(live.queues),
             thread: Mutex::new(Some(thread)),
             data_dma_bytes: Arc::new(AtomicU64::new(0)),
             offloaded_copies: AtomicU64::new(0),
         })
+    }
+
+    /// Let go of the device for another process (a hot upgrade, once every queue is
+    /// drained and each reactor closed its channel): the controller shut down (NVMe 2.0
+    /// §3.6.1) and every VFIO handle closed, so that the new process can open and bring it
+    /// up. [`SsdDevice::reopen`] takes it back (the upgrade rolled back). Idempotent.
+    pub fn release(&self) {
+        if self.released.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.shutdown();
+        lock(&self.admin.fake).take();
+        lock(&self.dma).take();
+        info!(device = %self.name, "NVMe device released for another process");
+    }
+
+    /// Bring a released device up again, as at open (the same namespaces, or an error).
+    pub fn reopen(&self) -> Result<(), TargetError> {
+        if !self.released.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let (device, nsid, block_size, reactors) = &self.spec;
+        let live = Live::start(device, *nsid, *block_size, *reactors)?;
+        if live.info.namespaces != self.info.namespaces {
+            return Err(TargetError::NvmeUnfit {
+                device: self.name.clone(),
+                reason: "its namespaces changed while it was released".into(),
+            });
+        }
+        *lock(&self.admin.ctrl) = Some(live.ctrl);
+        *lock(&self.admin.fake) = live.fake;
+        *lock(&self.admin.health) = live.health;
+        self.admin.failed.store(false, Ordering::Release);
+        *lock(&self.admin.stop) = false;
+        *lock(&self.queues) = live.queues;
+        *lock(&self.dma) = Some(live.dma);
+        *lock(&self.thread) = Some(spawn_admin(&self.admin)?);
+        self.released.store(false, Ordering::Release);
+        info!(device = %self.name, "NVMe device brought up again");
+        Ok(())
+    }
+
+    /// The DMA allocator (None while released).
+    fn dma(&self) -> Option<Arc<dyn DmaAllocator>> {
+        lock(&self.dma).clone()
     }
 
     /// BDF or fake name.
@@ -485,6 +573,7 @@ impl SsdDevice {
 
     /// For the control socket.
     pub fn view(&self) -> DeviceView {
+        let fake = lock(&self.admin.fake).as_ref().map(|f| f.stats());
         DeviceView {
             name: self.name.clone(),
             kind: self.kind.into(),
@@ -502,13 +591,20 @@ impl SsdDevice {
             max_transfer: self.info.max_transfer,
             volatile_write_cache: self.info.volatile_write_cache,
             data_dma_bytes: self.data_dma_bytes.load(Ordering::Relaxed),
-            state: if self.failed() { "failed" } else { "ok" }.into(),
+            state: if self.released.load(Ordering::Acquire) {
+                "released"
+            } else if self.failed() {
+                "failed"
+            } else {
+                "ok"
+            }
+            .into(),
             resets: self.admin.resets.load(Ordering::Relaxed),
             failed_resets: self.admin.failed_resets.load(Ordering::Relaxed),
             copy_offload: self.info.namespaces.iter().any(|n| n.copy.is_some()),
             offloaded_copies: self.offloaded_copies.load(Ordering::Relaxed),
-            fake_io_commands: self.admin.fake.as_ref().map(|f| f.stats().io_commands),
-            fake_copy_commands: self.admin.fake.as_ref().map(|f| f.stats().copy_commands),
+            fake_io_commands: fake.map(|f| f.io_commands),
+            fake_copy_commands: fake.map(|f| f.copy_commands),
         }
     }
 
@@ -522,7 +618,8 @@ impl SsdDevice {
             device: self.name.clone(),
             reason,
         };
-        let Some(fake) = &self.admin.fake else {
+        let guard = lock(&self.admin.fake);
+        let Some(fake) = guard.as_ref() else {
             return Err(unfit(
                 "a PCI device: faults can be injected into fake devices only".into(),
             ));
