@@ -59,6 +59,7 @@
 
 pub mod ana;
 pub mod backend;
+pub mod bell;
 pub mod check;
 pub mod close;
 pub mod control;
@@ -121,9 +122,9 @@ pub struct Target {
     runtime: Runtime,
     shared: Arc<Shared>,
     /// Notices stores resized by someone else (dropped, it stops).
-    resize_watch: resize::Watcher,
+    resize_watch: bell::BellThread,
     /// Applies other gateways' reservation changes (dropped, it stops).
-    resv_watch: resv::cluster::Watcher,
+    resv_watch: bell::BellThread,
 }
 
 /// The starting mode and the adaptive policy (if any) of a conf's reactors.
@@ -273,8 +274,8 @@ impl Target {
         for a in &addrs {
             info!(address = %a.addr, tls = a.tls.as_str(), "listening (NVMe/TCP, discovery and subsystems)");
         }
-        let resize_watch = resize::Watcher::spawn(shared.clone(), runtime.remotes())?;
-        let resv_watch = resv::cluster::Watcher::spawn(shared.clone(), runtime.remotes())?;
+        let resize_watch = resize::watcher(shared.clone(), runtime.remotes())?;
+        let resv_watch = resv::cluster::watcher(shared.clone(), runtime.remotes())?;
         Ok(Self {
             runtime,
             shared,

@@ -5,80 +5,28 @@
 //! reaches the hosts as a Namespace Attribute Changed event (NVMe 2.0 §5.27.1.3) through
 //! [`crate::mutate::namespace_resized`].
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
-use std::thread::JoinHandle;
+use std::sync::Arc;
 use std::time::Duration;
 
 use pollux_reactor::Remote;
-use tracing::warn;
 
+use crate::bell::{Bell, BellThread};
 use crate::error::TargetError;
 use crate::subsystem::Shared;
 
 /// Rung (by any store's watch, on the store's own thread) when a store may have changed
-/// size: a count, so that a ring between two checks is never missed.
-static BELL: (Mutex<u64>, Condvar) = (Mutex::new(0), Condvar::new());
+/// size.
+static BELL: Bell = Bell::new();
 
 /// A store may have changed size: wake the watchers.
 pub fn ring() {
-    let mut n = BELL.0.lock().unwrap_or_else(|p| p.into_inner());
-    *n = n.wrapping_add(1);
-    BELL.1.notify_all();
+    BELL.ring();
 }
 
-/// A target's resize watcher thread.
-#[derive(Debug)]
-pub struct Watcher {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Watcher {
-    /// Watch the namespaces of `shared` for size changes, telling the reactors of `remotes`.
-    /// It sleeps until a store rings ([`ring`]).
-    pub fn spawn(shared: Arc<Shared>, remotes: Arc<[Remote]>) -> Result<Self, TargetError> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let s = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("resize-watch".into())
-            .spawn(move || {
-                let mut seen = *BELL.0.lock().unwrap_or_else(|p| p.into_inner());
-                loop {
-                    {
-                        let mut n = BELL.0.lock().unwrap_or_else(|p| p.into_inner());
-                        while *n == seen && !s.load(Ordering::Relaxed) {
-                            n = BELL.1.wait(n).unwrap_or_else(|p| p.into_inner());
-                        }
-                        seen = *n;
-                    }
-                    if s.load(Ordering::Relaxed) {
-                        return;
-                    }
-                    check(&shared, &remotes);
-                }
-            })
-            .map_err(|source| TargetError::Thread {
-                name: "resize-watch".into(),
-                source,
-            })?;
-        Ok(Self {
-            stop,
-            thread: Some(thread),
-        })
-    }
-}
-
-impl Drop for Watcher {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        ring();
-        if let Some(t) = self.thread.take()
-            && t.join().is_err()
-        {
-            warn!("the resize watcher panicked");
-        }
-    }
+/// A target's resize watcher thread: it looks at the namespaces of `shared` for size
+/// changes each time a store rings ([`ring`]), telling the reactors of `remotes`.
+pub fn watcher(shared: Arc<Shared>, remotes: Arc<[Remote]>) -> Result<BellThread, TargetError> {
+    BellThread::spawn("resize-watch", &BELL, None, move || check(&shared, &remotes))
 }
 
 /// Every namespace whose store's size changed: served at the new size, its hosts told.

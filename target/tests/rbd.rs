@@ -50,25 +50,6 @@ fn free_addr() -> SocketAddr {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
 }
 
-/// The pollux binary serving `text`, listening once it returns.
-fn spawn_pollux(dir: &Path, text: &str, addr: SocketAddr) -> Child {
-    let path = dir.join("gateway.toml");
-    std::fs::write(&path, text).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_pollux"))
-        .arg("--config")
-        .arg(&path)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while TcpStream::connect(addr).is_err() {
-        assert!(Instant::now() < deadline, "pollux did not listen on {addr}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    child
-}
-
 #[test]
 fn rbd_namespaces_against_a_real_cluster() {
     let Some(ceph) = Ceph::start("main") else { return };
@@ -355,7 +336,12 @@ fn durability_through_kill_9(ceph: &Ceph, dir: &Path, write_cache: bool) {
     ceph.create(image, "16M");
     let addr = free_addr();
     let extra = if write_cache { ", write_cache = true" } else { "" };
-    let mut child = spawn_pollux(dir, &conf(&addr.to_string(), &rbd_ns(1, ceph, image, extra)), addr);
+    let mut child = common::spawn_pollux(
+        env!("CARGO_BIN_EXE_pollux"),
+        &dir.join("gateway.toml"),
+        &conf(&addr.to_string(), &rbd_ns(1, ceph, image, extra)),
+        addr,
+    );
     let mut c = Controller::connect(addr, NQN, HOST, 1, 64, Digests::NONE).unwrap();
     assert_eq!(c.id.vwc & 1, u8::from(write_cache), "VWC follows write_cache");
     // librbd's cache writes through until the first flush (rbd_cache_writethrough_until_flush):

@@ -69,20 +69,12 @@ fn gateway(ceph: &Ceph, image: &str, cntlid_base: u16) -> (Target, SocketAddr) {
 /// A gateway as its own process (to be killed with SIGKILL).
 fn gateway_process(ceph: &Ceph, image: &str, addr: SocketAddr, cntlid_base: u16) -> Child {
     let path = ceph.dir.join(format!("gw-{}.toml", addr.port()));
-    std::fs::write(&path, conf(ceph, addr, image, cntlid_base)).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_pollux"))
-        .arg("--config")
-        .arg(&path)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while TcpStream::connect(addr).is_err() {
-        assert!(Instant::now() < deadline, "pollux did not listen on {addr}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    child
+    common::spawn_pollux(
+        env!("CARGO_BIN_EXE_pollux"),
+        &path,
+        &conf(ceph, addr, image, cntlid_base),
+        addr,
+    )
 }
 
 fn host(addr: SocketAddr, nqn: &str) -> Controller {

@@ -6,6 +6,8 @@
 # ("kill") or starts it again ("restart") and answers.
 # shellcheck source=ci/guest/guest.d/lib.sh
 . /guest/lib.sh
+# shellcheck source=ci/guest/guest.d/resv-lib.sh
+. /guest/resv-lib.sh
 sub=${SUB:?}
 id1=6a7e0001-1111-4111-8111-000000000001 id2=6a7e0002-2222-4222-8222-000000000002
 h1=nqn.2014-08.org.nvmexpress:uuid:$id1 h2=nqn.2014-08.org.nvmexpress:uuid:$id2
@@ -20,8 +22,6 @@ dev_of() {
     done
     return 1
 }
-# ctrl_of DEV: its controller (nvmeN).
-ctrl_of() { basename "$(readlink -f "/sys/block/${1#/dev/}/device")"; }
 # attach HOSTNQN HOSTID PORT: connect as that host to the gateway on PORT; prints the device.
 attach() {
     fabrics_add "transport=tcp,traddr=$HOST_ADDR,trsvcid=$3,nqn=$sub,hostnqn=$1,hostid=$2,nr_io_queues=1,reconnect_delay=1,ctrl_loss_tmo=300" >/dev/null ||
@@ -32,15 +32,6 @@ attach() {
     done
     echo "$d"
 }
-if nvme resv-report --help 2>&1 | grep -q -- '--eds'; then eds=--eds; else eds=--cdw11=1; fi
-# report DEV: the extended Reservation Report, printed; kept in /tmp/report.
-report() {
-    nvme resv-report "$1" -n 1 "$eds" > /tmp/report 2>&1 || { cat /tmp/report; die "resv-report $1 failed"; }
-    cat /tmp/report
-}
-# field NAME: its value in the last report (gen, rtype, regctl, rcsts, rkey).
-field() { sed -n "s/^[[:space:]]*$1[[:space:]]*:[[:space:]]*\([0-9a-fx]*\).*/\1/p" /tmp/report | head -1; }
-expect_field() { [ "$(field "$1")" = "$2" ] || die "report: $1 is '$(field "$1")', not $2"; }
 # hexid UUID: a host identifier as older nvme-cli prints it (each byte in %x, unpadded).
 hexid() { for b in $(echo "$1" | tr -d - | sed 's/../& /g'); do printf '%x' "0x$b"; done; }
 # holder UUID: the last report's only registrant is that host and holds the reservation.
@@ -51,17 +42,6 @@ holder() {
     [ "$got" = "$(echo "$1" | tr -d -)" ] || [ "$got" = "$(hexid "$1")" ] ||
         die "the holder's host identifier is $got, not $1"
 }
-blk=/tmp/blk
-dd if=/dev/urandom of=$blk bs=4096 count=1 2>/dev/null
-can_write() { dd if=$blk of="$1" bs=4096 count=1 oflag=direct conv=notrunc 2>/dev/null || die "$1 cannot write"; }
-cannot_write() {
-    dd if=$blk of="$1" bs=4096 count=1 oflag=direct conv=notrunc 2>/dev/null && die "$1 wrote through a reservation"
-    out=$(nvme write "$1" -s 0 -c 7 -z 4096 -d $blk 2>&1) && die "nvme write on $1 succeeded: $out"
-    echo "$out" | grep -qi 'reservation conflict' || die "nvme write on $1: '$out', not Reservation Conflict"
-    echo "$1: write refused: $out"
-}
-can_read() { dd if="$1" of=/dev/null bs=4096 count=1 iflag=direct 2>/dev/null || die "$1 cannot read"; }
-resv() { out=$(nvme "$@" 2>&1) || die "nvme $*: $out"; echo "nvme $*: $out"; }
 relay() {
     r=$(echo "$1" | nc "$HOST_ADDR" 9000) || die "relay $1 failed"
     [ "$r" = "$2" ] || die "relay $1 answered '$r'"

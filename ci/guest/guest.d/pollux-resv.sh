@@ -4,6 +4,8 @@
 # in the middle. Booted with nvme_core.multipath=N: each controller is its own /dev/nvmeXn1.
 # shellcheck source=ci/guest/guest.d/lib.sh
 . /guest/lib.sh
+# shellcheck source=ci/guest/guest.d/resv-lib.sh
+. /guest/resv-lib.sh
 sub=${SUB:?}
 ida=5e7a0001-1111-4111-8111-00000000000a idb=5e7a0002-2222-4222-8222-00000000000b
 ha=nqn.2014-08.org.nvmexpress:uuid:$ida hb=nqn.2014-08.org.nvmexpress:uuid:$idb
@@ -17,34 +19,6 @@ dev_of() {
     done
     return 1
 }
-# ctrl_of DEV: its controller (nvmeN).
-ctrl_of() { basename "$(readlink -f "/sys/block/${1#/dev/}/device")"; }
-if nvme resv-report --help 2>&1 | grep -q -- '--eds'; then eds=--eds; else eds=--cdw11=1; fi
-# report DEV: the extended Reservation Report, printed; kept in /tmp/report.
-report() {
-    nvme resv-report "$1" -n 1 "$eds" > /tmp/report 2>&1 || { cat /tmp/report; die "resv-report $1 failed"; }
-    grep -v hostid /tmp/report
-}
-# field NAME: its value in the last report (gen, rtype, regctl, ptpls).
-field() { sed -n "s/^$1[[:space:]]*:[[:space:]]*\([0-9a-fx]*\).*/\1/p" /tmp/report | head -1; }
-# expect_field NAME VALUE
-expect_field() { [ "$(field "$1")" = "$2" ] || die "report: $1 is '$(field "$1")', not $2"; }
-# can_write DEV / cannot_write DEV, can_read DEV / cannot_read DEV: direct I/O at LBA 0.
-blk=/tmp/blk
-dd if=/dev/urandom of=$blk bs=4096 count=1 2>/dev/null
-can_write() { dd if=$blk of="$1" bs=4096 count=1 oflag=direct conv=notrunc 2>/dev/null || die "$1 cannot write"; }
-cannot_write() {
-    dd if=$blk of="$1" bs=4096 count=1 oflag=direct conv=notrunc 2>/dev/null && die "$1 wrote through a reservation"
-    out=$(nvme write "$1" -s 0 -c 7 -z 4096 -d $blk 2>&1) && die "nvme write on $1 succeeded: $out"
-    echo "$out" | grep -qi 'reservation conflict' || die "nvme write on $1: '$out', not Reservation Conflict"
-    echo "$1: write refused: $out"
-}
-can_read() { dd if="$1" of=/dev/null bs=4096 count=1 iflag=direct 2>/dev/null || die "$1 cannot read"; }
-cannot_read() {
-    dd if="$1" of=/dev/null bs=4096 count=1 iflag=direct 2>/dev/null && die "$1 read through a reservation"
-    echo "$1: read refused"
-}
-resv() { out=$(nvme "$@" 2>&1) || die "nvme $*: $out"; echo "nvme $*: $out"; }
 
 step connect-two-hosts
 # nvme-cli 2.4 (libnvme 1.3) files every controller under one host, so it takes the second

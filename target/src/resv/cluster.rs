@@ -25,8 +25,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock, mpsc};
-use std::thread::JoinHandle;
+use std::sync::{Arc, Mutex, OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
 use pollux_nvme::spec::Status;
@@ -37,6 +36,7 @@ use tracing::{debug, info, warn};
 use super::file::{StateDoc, from_doc, hostid_of, hostid_text, to_doc};
 use super::shared::{Job, NsResv};
 use super::state::{Effects, HostId, ResvOp, ResvState};
+use crate::bell::{Bell, BellThread};
 use crate::error::TargetError;
 use crate::subsystem::Shared;
 
@@ -488,78 +488,31 @@ impl Clustered {
     }
 }
 
-/// Rung when a watch has an event: a count, so that a ring between two looks is never
-/// missed.
-static BELL: (Mutex<u64>, Condvar) = (Mutex::new(0), Condvar::new());
+/// Rung when a watch has an event.
+static BELL: Bell = Bell::new();
 
 fn ring() {
-    let mut n = BELL.0.lock().unwrap_or_else(|p| p.into_inner());
-    *n = n.wrapping_add(1);
-    BELL.1.notify_all();
+    BELL.ring();
 }
 
 /// How often the watcher looks at the watches' health without an event.
 const TICK: Duration = Duration::from_millis(200);
 
 /// A target's reservation watcher thread: applies other gateways' changes to its
-/// namespaces kept in a cluster, and keeps their watches healthy.
-#[derive(Debug)]
-pub struct Watcher {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Watcher {
-    /// Tend the cluster-kept reservations of `shared`'s namespaces, delivering effects to
-    /// the reactors of `remotes`.
-    pub fn spawn(shared: Arc<Shared>, remotes: Arc<[Remote]>) -> Result<Self, TargetError> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let s = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("resv-watch".into())
-            .spawn(move || {
-                let mut seen = *BELL.0.lock().unwrap_or_else(|p| p.into_inner());
-                while !s.load(Ordering::Relaxed) {
-                    {
-                        let n = BELL.0.lock().unwrap_or_else(|p| p.into_inner());
-                        let (n, _) = BELL
-                            .1
-                            .wait_timeout_while(n, TICK, |n| *n == seen && !s.load(Ordering::Relaxed))
-                            .unwrap_or_else(|p| p.into_inner());
-                        seen = *n;
-                    }
-                    let snap = shared.snapshot.load();
-                    for sub in &snap.subsystems {
-                        for ns in sub.all_namespaces() {
-                            if ns.resv.cluster_object().is_none() {
-                                continue;
-                            }
-                            let (nqn, nsid) = (sub.nqn.as_str(), ns.nsid);
-                            ns.resv
-                                .tend(&|fx| crate::queue::deliver_reservation_effects(&remotes, nqn, nsid, fx));
-                        }
-                    }
+/// namespaces kept in a cluster (their effects delivered to the reactors of `remotes`), and
+/// keeps their watches healthy.
+pub fn watcher(shared: Arc<Shared>, remotes: Arc<[Remote]>) -> Result<BellThread, TargetError> {
+    BellThread::spawn("resv-watch", &BELL, Some(TICK), move || {
+        let snap = shared.snapshot.load();
+        for sub in &snap.subsystems {
+            for ns in sub.all_namespaces() {
+                if ns.resv.cluster_object().is_none() {
+                    continue;
                 }
-            })
-            .map_err(|source| TargetError::Thread {
-                name: "resv-watch".into(),
-                source,
-            })?;
-        Ok(Self {
-            stop,
-            thread: Some(thread),
-        })
-    }
-}
-
-impl Drop for Watcher {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        ring();
-        if let Some(t) = self.thread.take()
-            && t.join().is_err()
-        {
-            warn!("the reservation watcher panicked");
+                let (nqn, nsid) = (sub.nqn.as_str(), ns.nsid);
+                ns.resv
+                    .tend(&|fx| crate::queue::deliver_reservation_effects(&remotes, nqn, nsid, fx));
+            }
         }
-    }
+    })
 }

@@ -4,7 +4,9 @@
 
 pub mod ceph;
 
-use std::net::SocketAddr;
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::thread::JoinHandle;
@@ -418,4 +420,23 @@ pub fn expect_auth_failure(q: &mut HostQueue, reason: pollux_nvme::auth::msg::Re
         } => assert_eq!(Reason::from_code(explanation), Some(reason), "{m:?}"),
         other => panic!("expected AUTH_Failure1 ({reason:?}), got {other:?}"),
     }
+}
+
+/// The pollux binary (`bin`, the test crate's `CARGO_BIN_EXE_pollux`) serving conf `text`,
+/// written to `path`, listening on `addr` once this returns.
+pub fn spawn_pollux(bin: &str, path: &Path, text: &str, addr: SocketAddr) -> Child {
+    std::fs::write(path, text).unwrap();
+    let child = Command::new(bin)
+        .arg("--config")
+        .arg(path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while TcpStream::connect(addr).is_err() {
+        assert!(Instant::now() < deadline, "pollux did not listen on {addr}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child
 }
