@@ -63,10 +63,12 @@ impl BellThread {
     ) -> Result<Self, TargetError> {
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
+        // Counted from here, not from when the thread first runs: a ring once this returns
+        // is never missed.
+        let mut seen = *bell.rung.lock().unwrap_or_else(|p| p.into_inner());
         let thread = std::thread::Builder::new()
             .name(name.into())
             .spawn(move || {
-                let mut seen = *bell.rung.lock().unwrap_or_else(|p| p.into_inner());
                 loop {
                     {
                         let mut n = bell.rung.lock().unwrap_or_else(|p| p.into_inner());

@@ -12,9 +12,8 @@ mod common;
 
 use common::ceph::Ceph;
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{HOST, pattern, start_text};

@@ -221,7 +221,7 @@ impl NsResv {
     /// Apply `op` of `host` to the cluster's state (on the owner thread only): read, apply,
     /// write if the version is unchanged (else again), install, announce.
     pub(super) fn change_clustered(&self, c: &Clustered, host: &HostId, op: &ResvOp) -> Result<Effects, Status> {
-        for _ in 0..ATTEMPTS {
+        for attempt in 0..ATTEMPTS {
             let (state, version) = c.read_state().map_err(|why| {
                 warn!(object = %c.object.describe(), "reservation change failed: {why}");
                 io_error()
@@ -246,7 +246,13 @@ impl NsResv {
                     self.announce(c, host, op, v, &next, &fx);
                     return Ok(fx);
                 }
-                Ok(None) => debug!(object = %c.object.describe(), "reservation change raced another gateway's: again"),
+                Ok(None) => {
+                    debug!(object = %c.object.describe(), attempt, "reservation change raced another gateway's: again");
+                    // Random, growing backoff: gateways that keep colliding spread out.
+                    let cap = 100u64 << attempt.min(8);
+                    let us = u64::from(getrandom::u32().unwrap_or(0)) % cap;
+                    std::thread::sleep(Duration::from_micros(us));
+                }
                 Err(rc) => {
                     warn!(object = %c.object.describe(), rc, "reservation change not written: command failed");
                     return Err(io_error());
