@@ -965,8 +965,35 @@ def cmd_rbd(out):
         plt.close(fig)
 
 
+def cmd_resv(out):
+    """The resv bench (cargo bench -p pollux-target --bench resv) writes resv.json and resv.md
+    itself: check they are there, and plot each run's p50 and p99 (resv-latency.png)."""
+    path = os.path.join(out, "resv.json")
+    if not os.path.exists(path) or not os.path.exists(os.path.join(out, "resv.md")):
+        raise SystemExit("resv: resv.json or resv.md missing")
+    with open(path) as f:
+        runs = json.load(f)["runs"]
+    plt = plt_or_none()
+    if plt is None:
+        return
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for cell, marker in (("target", "o"), ("cluster", "s")):
+        rs = [r for r in runs if r["cell"] == cell]
+        ax.plot([r["pair"] for r in rs], [r["p50_us"] for r in rs], marker=marker, label=f"{cell} p50")
+        ax.plot([r["pair"] for r in rs], [r["p99_us"] for r in rs], marker=marker, linestyle="--",
+                label=f"{cell} p99")
+    ax.set_yscale("log")
+    ax.set_xlabel("ABBA pair")
+    ax.set_ylabel("reservation change round trip, us")
+    ax.set_title("Register Replace: the target's own reservations vs kept in the cluster")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "resv-latency.png"), dpi=100)
+    plt.close(fig)
+
+
 RESULT_SECTIONS = ("perf", "modes", "reactor", "file", "ab", "tls", "storm", "polling", "qos", "scale", "frontier",
-                   "rbd")
+                   "rbd", "resv")
 
 
 def cmd_results(out):
@@ -1006,10 +1033,10 @@ def main(argv):
     if len(argv) >= 3 and argv[1] == "rates":
         cmd_rates(argv[2], float(argv[3]) if len(argv) > 3 else 0.25)
     elif len(argv) == 3 and argv[1] in ("perf", "modes", "reactor", "results", "ab", "tls", "storm", "polling", "qos",
-                                        "scale", "rbd"):
+                                        "scale", "rbd", "resv"):
         {"perf": cmd_perf, "modes": cmd_modes, "reactor": cmd_reactor, "results": cmd_results,
          "ab": cmd_ab, "tls": cmd_tls, "storm": cmd_storm, "polling": cmd_polling, "qos": cmd_qos,
-         "scale": cmd_scale, "rbd": cmd_rbd}[argv[1]](argv[2])
+         "scale": cmd_scale, "rbd": cmd_rbd, "resv": cmd_resv}[argv[1]](argv[2])
     else:
         print(__doc__, file=sys.stderr)
         return 2
