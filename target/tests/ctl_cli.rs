@@ -4,10 +4,13 @@
 //! run-time log filter, and `--check`'s compiler-style output.
 #![allow(missing_docs, clippy::unwrap_used)]
 
+mod common;
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output};
+
+use common::Spawned;
 
 const BIN: &str = env!("CARGO_BIN_EXE_pollux");
 const NQN: &str = "nqn.2026-12.io.pollux:cli";
@@ -44,54 +47,13 @@ backend = {{ ram = {{ size = "4MiB" }} }}
     )
 }
 
-/// A `pollux --config FILE` process, stopped (SIGTERM) when dropped.
-struct Server {
-    child: Child,
-    sock: PathBuf,
-    conf: PathBuf,
-}
+/// A `pollux --config FILE` process on [`conf`], stopped (SIGTERM) when dropped.
+struct Server;
 
 impl Server {
-    fn start(d: &Path) -> Server {
+    fn start(d: &Path) -> Spawned {
         let sock = d.join("ctl.sock");
-        let conf_path = d.join("pollux.toml");
-        std::fs::write(&conf_path, conf(&sock)).unwrap();
-        let child = Command::new(BIN)
-            .arg("--config")
-            .arg(&conf_path)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let t0 = Instant::now();
-        while std::os::unix::net::UnixStream::connect(&sock).is_err() {
-            assert!(t0.elapsed() < Duration::from_secs(20), "pollux did not open its socket");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Server {
-            child,
-            sock,
-            conf: conf_path,
-        }
-    }
-
-    fn ctl(&self, args: &[&str]) -> Output {
-        Command::new(BIN)
-            .arg("ctl")
-            .arg("--socket")
-            .arg(&self.sock)
-            .args(args)
-            .output()
-            .unwrap()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
+        Spawned::start(BIN, &d.join("pollux.toml"), &conf(&sock), &sock, None, "warn")
     }
 }
 

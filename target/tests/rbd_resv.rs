@@ -14,7 +14,7 @@
 mod common;
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -465,36 +465,19 @@ fn an_upgraded_gateway_keeps_its_hosts_and_the_cluster_s_reservations() {
     let Some(ceph) = Ceph::start("gw-upgrade") else { return };
     let addr = free_addr();
     let sock = ceph.dir.join("gw-ctl.sock");
-    let path = ceph.dir.join("gw-upgrade.toml");
     let text = format!(
         "{}[control]\nsocket = \"{}\"\n",
         conf(&ceph, addr, "img0", 1),
         sock.display()
     );
-    std::fs::write(&path, text).unwrap();
     let bin = env!("CARGO_BIN_EXE_pollux");
-    let mut first = Command::new(bin)
-        .arg("--config")
-        .arg(&path)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(ceph.dir.join("gw-upgrade.log")).unwrap())
-        .spawn()
-        .unwrap();
+    let log = ceph.dir.join("gw-upgrade.log");
+    let mut gw = common::Spawned::start(bin, &ceph.dir.join("gw-upgrade.toml"), &text, &sock, Some(&log), "info");
     let deadline = Instant::now() + Duration::from_secs(30);
-    while TcpStream::connect(addr).is_err() || std::os::unix::net::UnixStream::connect(&sock).is_err() {
+    while TcpStream::connect(addr).is_err() {
         assert!(Instant::now() < deadline, "pollux did not listen");
         std::thread::sleep(Duration::from_millis(50));
     }
-    let ctl = |args: &[&str]| {
-        Command::new(bin)
-            .arg("ctl")
-            .arg("--socket")
-            .arg(&sock)
-            .args(args)
-            .output()
-            .unwrap()
-    };
     let mut h1 = host(addr, HOST_1);
     let mut h2 = host(addr, HOST_2);
     assert_eq!(register(&mut h1, REGISTER, 0, 0x1A), OK);
@@ -502,7 +485,7 @@ fn an_upgraded_gateway_keeps_its_hosts_and_the_cluster_s_reservations() {
     assert_eq!(write(&mut h1, 20, 0x5A), OK);
     assert_eq!(write(&mut h2, 20, 0x22), CONFLICT);
 
-    let o = ctl(&["upgrade", "--binary", bin]);
+    let o = gw.ctl(&["upgrade", "--binary", bin]);
     assert!(
         o.status.success(),
         "upgrade: {}{}",
@@ -511,7 +494,7 @@ fn an_upgraded_gateway_keeps_its_hosts_and_the_cluster_s_reservations() {
     );
     // The first process hands over and exits.
     let t0 = Instant::now();
-    while first.try_wait().unwrap().is_none() {
+    while gw.first().try_wait().unwrap().is_none() {
         assert!(t0.elapsed() < Duration::from_secs(20), "the old process did not exit");
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -528,7 +511,7 @@ fn an_upgraded_gateway_keeps_its_hosts_and_the_cluster_s_reservations() {
     );
     let (generation, rtype, regs) = report(&mut h2).unwrap();
     assert_eq!((generation, rtype, regs), (1, WE, vec![(id(HOST_1), 0x1A, true)]));
-    let subs = String::from_utf8_lossy(&ctl(&["subsystems"]).stdout).into_owned();
+    let subs = String::from_utf8_lossy(&gw.ctl(&["subsystems"]).stdout).into_owned();
     assert!(subs.contains(" cluster "), "{subs}");
 
     // A change after the upgrade reaches the cluster: another gateway sees it.
@@ -540,11 +523,5 @@ fn an_upgraded_gateway_keeps_its_hosts_and_the_cluster_s_reservations() {
     assert_eq!(register(&mut h1, UNREGISTER, 0x1A, 0), OK);
     drop((h1, h2, h2b));
     b.shutdown().unwrap();
-    let o = ctl(&["--json", "version"]);
-    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&o.stdout)
-        && let Some(pid) = v["pid"].as_i64()
-    {
-        // SAFETY: kill(2) of the pollux process this test's upgrade started.
-        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-    }
+    drop(gw);
 }

@@ -11,10 +11,10 @@ mod common;
 use std::net::{SocketAddr, TcpListener};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
 
-use common::{HOST, Healthy, OTHER_HOST, pattern};
+use common::{HOST, Healthy, OTHER_HOST, Spawned, pattern};
 use pollux_host::{Controller, Digests};
 
 const BIN: &str = env!("CARGO_BIN_EXE_pollux");
@@ -32,9 +32,9 @@ fn free_port() -> u16 {
 }
 
 /// A `pollux --config FILE` process (its successors after upgrades included), stopped by
-/// SIGTERM to whichever serves when dropped.
+/// SIGTERM to whichever serves when dropped ([`Spawned`]).
 struct Server {
-    first: Child,
+    p: Spawned,
     sock: PathBuf,
     addr: SocketAddr,
 }
@@ -74,65 +74,33 @@ backend = {{ ram = {{ size = "16MiB" }} }}
 "#,
             sock.display()
         );
-        let path = d.join("pollux.toml");
-        std::fs::write(&path, conf).unwrap();
-        let first = Command::new(BIN)
-            .arg("--config")
-            .arg(&path)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(d.join("pollux.log")).unwrap())
-            .spawn()
-            .unwrap();
-        let t0 = Instant::now();
-        while std::os::unix::net::UnixStream::connect(&sock).is_err() {
-            assert!(t0.elapsed() < Duration::from_secs(20), "pollux did not open its socket");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let p = Spawned::start(
+            BIN,
+            &d.join("pollux.toml"),
+            &conf,
+            &sock,
+            Some(&d.join("pollux.log")),
+            "info",
+        );
         Server {
-            first,
+            p,
             sock,
             addr: format!("127.0.0.1:{port}").parse().unwrap(),
         }
     }
 
     fn ctl(&self, args: &[&str]) -> Output {
-        Command::new(BIN)
-            .arg("ctl")
-            .arg("--socket")
-            .arg(&self.sock)
-            .args(args)
-            .output()
-            .unwrap()
+        self.p.ctl(args)
     }
 
     fn pid(&self) -> u64 {
-        let o = self.ctl(&["--json", "version"]);
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-        v["pid"].as_u64().unwrap()
+        let pid = self.p.pid();
+        assert!(pid.is_some(), "no pid from ctl version");
+        pid.unwrap_or_default() as u64
     }
 
     fn upgrade(&self, binary: &Path) -> Output {
         self.ctl(&["upgrade", "--binary", binary.to_str().unwrap()])
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Ok(o) = Command::new(BIN)
-            .args(["ctl", "--json", "--socket"])
-            .arg(&self.sock)
-            .arg("version")
-            .output()
-            && let Ok(v) = serde_json::from_slice::<serde_json::Value>(&o.stdout)
-            && let Some(pid) = v["pid"].as_i64()
-        {
-            // SAFETY: kill(2) of the pollux process this test started (or its successor).
-            unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-        }
-        let _ = self.first.kill();
-        let _ = self.first.wait();
     }
 }
 

@@ -5,8 +5,8 @@
 pub mod ceph;
 
 use std::net::{SocketAddr, TcpStream};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::thread::JoinHandle;
@@ -439,4 +439,84 @@ pub fn spawn_pollux(bin: &str, path: &Path, text: &str, addr: SocketAddr) -> Chi
         std::thread::sleep(Duration::from_millis(50));
     }
     child
+}
+
+/// A `pollux --config` process with a control socket, as an operator runs it: [`Spawned::ctl`]
+/// runs `pollux ctl` on its socket. Dropped, SIGTERM goes to whichever process serves the
+/// socket then (after `ctl upgrade`, a successor) and the first is waited for.
+pub struct Spawned {
+    first: Child,
+    /// Its control socket.
+    pub sock: PathBuf,
+    /// Its conf file.
+    pub conf: PathBuf,
+    bin: &'static str,
+}
+
+impl Spawned {
+    /// `bin` serving `text`, written to `conf` (whose `[control] socket` is `sock`), with
+    /// `RUST_LOG=level` and its stderr to `log` (None: discarded); once the socket accepts.
+    pub fn start(bin: &'static str, conf: &Path, text: &str, sock: &Path, log: Option<&Path>, level: &str) -> Self {
+        std::fs::write(conf, text).unwrap();
+        let stderr = match log {
+            Some(p) => Stdio::from(std::fs::File::create(p).unwrap()),
+            None => Stdio::null(),
+        };
+        let first = Command::new(bin)
+            .arg("--config")
+            .arg(conf)
+            .env("RUST_LOG", level)
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .unwrap();
+        let t0 = Instant::now();
+        while std::os::unix::net::UnixStream::connect(sock).is_err() {
+            assert!(t0.elapsed() < Duration::from_secs(20), "pollux did not open its socket");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Self {
+            first,
+            sock: sock.to_path_buf(),
+            conf: conf.to_path_buf(),
+            bin,
+        }
+    }
+
+    /// `pollux ctl --socket SOCK ARGS`.
+    pub fn ctl(&self, args: &[&str]) -> Output {
+        Command::new(self.bin)
+            .arg("ctl")
+            .arg("--socket")
+            .arg(&self.sock)
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    /// The pid of the process serving the socket now (`ctl --json version`).
+    pub fn pid(&self) -> Option<i64> {
+        let o = self.ctl(&["--json", "version"]);
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).ok()?["pid"].as_i64()
+    }
+
+    /// The process this started (after an upgrade it has exited).
+    pub fn first(&mut self) -> &mut Child {
+        &mut self.first
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        if let Some(pid) = self.pid() {
+            // SAFETY: kill(2) of the pollux process this test started (or its successor).
+            unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+        }
+        let t0 = Instant::now();
+        while matches!(self.first.try_wait(), Ok(None)) && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.first.kill();
+        let _ = self.first.wait();
+    }
 }
