@@ -66,15 +66,31 @@ fn gateway(ceph: &Ceph, image: &str, cntlid_base: u16) -> (Target, SocketAddr) {
     (t, a)
 }
 
-/// A gateway as its own process (to be killed with SIGKILL).
-fn gateway_process(ceph: &Ceph, image: &str, addr: SocketAddr, cntlid_base: u16) -> Child {
+/// A gateway as its own process, killed with SIGKILL when dropped (a test that fails midway
+/// leaves none behind).
+struct GatewayProcess(Child);
+
+impl GatewayProcess {
+    fn kill9(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for GatewayProcess {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+fn gateway_process(ceph: &Ceph, image: &str, addr: SocketAddr, cntlid_base: u16) -> GatewayProcess {
     let path = ceph.dir.join(format!("gw-{}.toml", addr.port()));
-    common::spawn_pollux(
+    GatewayProcess(common::spawn_pollux(
         env!("CARGO_BIN_EXE_pollux"),
         &path,
         &conf(ceph, addr, image, cntlid_base),
         addr,
-    )
+    ))
 }
 
 fn host(addr: SocketAddr, nqn: &str) -> Controller {
@@ -239,8 +255,7 @@ fn reservations_hold_across_gateways() {
 
     // Gateway A killed with SIGKILL: a change through B waits for it at most the notify
     // timeout, then completes.
-    a.kill().unwrap();
-    a.wait().unwrap();
+    a.kill9();
     drop(h1a);
     let t0 = Instant::now();
     assert_eq!(register(&mut h2b, REPLACE, 0x2B, 0x2C), OK);
@@ -286,8 +301,7 @@ fn reservations_hold_across_gateways() {
     assert_eq!(write(&mut h2b, 13, 0x22), OK);
 
     drop((h1a, h1b, h2a, h2b));
-    a.kill().unwrap();
-    a.wait().unwrap();
+    a.kill9();
     b.shutdown().unwrap();
 }
 
@@ -421,8 +435,7 @@ fn racing_changes_and_preempt_and_abort_across_gateways() {
     assert_eq!(register(&mut h2, UNREGISTER, 0x22, 0), OK);
 
     drop((ca, cb, h2));
-    a.kill().unwrap();
-    a.wait().unwrap();
+    a.kill9();
     b.shutdown().unwrap();
 }
 
