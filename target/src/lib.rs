@@ -341,6 +341,9 @@ impl Target {
         for s in &self.shared.snapshot.load().subsystems {
             for ns in s.all_namespaces() {
                 ns.backend.stop();
+                // Its cluster connection shuts down before the process exits (librados'
+                // threads must not outlive it).
+                ns.resv.release_cluster();
             }
         }
         for st in before {

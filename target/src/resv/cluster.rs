@@ -125,9 +125,11 @@ pub trait ClusterObject: Send + Sync + std::fmt::Debug {
     fn ack(&self, notify_id: u64, cookie: u64);
     /// The watch's cookie, while there is one.
     fn cookie(&self) -> Option<u64>;
-    /// End the watch now (this process hands over or stops): the cluster stops waiting
-    /// for this gateway's acknowledgements at once rather than after the watch timeout.
-    fn unwatch(&self) {}
+    /// End the watch and let go of the cluster now (this process hands over or stops): the
+    /// cluster stops waiting for this gateway's acknowledgements at once rather than after
+    /// the watch timeout, and the process's cluster connection can shut down before it
+    /// exits. Later calls fail.
+    fn close(&self) {}
 }
 
 /// A change as announced to the other gateways.
@@ -431,11 +433,12 @@ impl NsResv {
         info!(object = %c.object.describe(), version, "reservation state caught up: I/O admitted again");
     }
 
-    /// End this gateway's watch on the cluster's state (a hot upgrade's old process, which
-    /// serves no more): the other gateways' changes no longer wait for it.
+    /// End this gateway's watch on the cluster's state and let go of the cluster (a stop,
+    /// or a hot upgrade's old process, which serves no more): the other gateways' changes
+    /// no longer wait for it.
     pub fn release_cluster(&self) {
         if let Some(c) = self.cluster() {
-            c.object.unwatch();
+            c.object.close();
         }
     }
 

@@ -33,26 +33,52 @@ const MAX_OBJECT: usize = 1 << 20;
 /// The reservation object of one image, with this gateway's watch on it.
 #[derive(Debug)]
 pub struct RadosResvObject {
-    /// Its own I/O context (pool and RADOS namespace of the image): `rados_get_last_version`
-    /// is per context, so no other user's operation may come between an operation and it.
-    ioctx: Mutex<Ioctx>,
-    /// A second context for notifies alone: a notify waits for the other gateways and
-    /// records its own last version, so it may not share the first.
-    notify_io: Ioctx,
+    /// Its contexts and cluster (None once closed: [`ClusterObject::close`]). An operation
+    /// holds a reference for its duration: a close meanwhile frees them after it.
+    handles: Mutex<Option<Arc<Handles>>>,
     oid: CString,
     what: String,
     /// The watch: its cookie and the inbox its callback fills (freed after unwatch).
     watch: Mutex<Option<(u64, *mut Arc<Inbox>)>>,
-    /// Kept while the context is open.
-    _cluster: Arc<Cluster>,
+}
+
+/// The object's librados handles, freed (contexts destroyed, then the cluster let go of)
+/// when the last reference goes.
+#[derive(Debug)]
+struct Handles {
+    /// Its own I/O context (pool and RADOS namespace of the image): `rados_get_last_version`
+    /// is per context, so no other user's operation may come between an operation and it.
+    io: Mutex<Ioctx>,
+    /// A second context for notifies alone: a notify waits for the other gateways and
+    /// records its own last version, so it may not share the first.
+    notify_io: Ioctx,
+    cluster: Arc<Cluster>,
+}
+
+impl Drop for Handles {
+    fn drop(&mut self) {
+        let Ok(lib) = library() else { return };
+        let io = self.io.get_mut().unwrap_or_else(|p| p.into_inner());
+        // SAFETY: ours; no operation holds them (this is the last reference) and the watch
+        // on them has ended.
+        unsafe {
+            lib.rados_ioctx_destroy(io.0);
+            lib.rados_ioctx_destroy(self.notify_io.0);
+        }
+    }
 }
 
 #[derive(Debug)]
 struct Ioctx(sys::rados_ioctx_t);
 
-// SAFETY: a rados_ioctx_t may be used from any thread; pollux uses each under `ioctx`'s lock
-// (so that the last version read is the operation's own). The watch's raw pointer is ours,
-// handed to librados only as the callback's argument and freed after unwatch.
+// SAFETY: a rados_ioctx_t may be used from any thread; pollux uses the first under its lock
+// (so that the last version read is the operation's own).
+unsafe impl Send for Handles {}
+// SAFETY: as above.
+unsafe impl Sync for Handles {}
+
+// SAFETY: the watch's raw pointer is ours, handed to librados only as the callback's argument
+// and freed after unwatch; the handles are Send and Sync.
 unsafe impl Send for RadosResvObject {}
 // SAFETY: as above.
 unsafe impl Sync for RadosResvObject {}
@@ -130,23 +156,37 @@ impl RadosResvObject {
             }
         };
         Ok(Self {
-            ioctx: Mutex::new(first),
-            notify_io,
+            handles: Mutex::new(Some(Arc::new(Handles {
+                io: Mutex::new(first),
+                notify_io,
+                cluster,
+            }))),
             oid,
             what,
             watch: Mutex::new(None),
-            _cluster: cluster,
         })
     }
 
-    fn io(&self) -> std::sync::MutexGuard<'_, Ioctx> {
-        self.ioctx.lock().unwrap_or_else(|p| p.into_inner())
+    /// The handles, unless closed.
+    fn handles(&self) -> Result<Arc<Handles>, i32> {
+        self.handles
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or(-libc::ESHUTDOWN)
     }
 
     fn end_watch(&self, lib: &sys::Ceph) {
         let watch = self.watch.lock().unwrap_or_else(|p| p.into_inner()).take();
-        let io = self.io();
-        unwatch(lib, io.0, self._cluster.handle(), watch, &self.what);
+        let Ok(h) = self.handles() else { return };
+        let io = h.io();
+        unwatch(lib, io.0, h.cluster.handle(), watch, &self.what);
+    }
+}
+
+impl Handles {
+    fn io(&self) -> std::sync::MutexGuard<'_, Ioctx> {
+        self.io.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -180,7 +220,8 @@ impl ClusterObject for RadosResvObject {
     fn read(&self) -> Result<Option<(Vec<u8>, u64)>, i32> {
         let lib = library().map_err(|_| -libc::ENOSYS)?;
         let mut buf = vec![0u8; MAX_OBJECT];
-        let io = self.io();
+        let h = self.handles()?;
+        let io = h.io();
         // SAFETY: a live context, a NUL-terminated name, a buffer of buf.len() bytes.
         let rc = unsafe { lib.rados_read(io.0, self.oid.as_ptr(), buf.as_mut_ptr().cast::<c_char>(), buf.len(), 0) };
         if rc == -libc::ENOENT {
@@ -201,7 +242,8 @@ impl ClusterObject for RadosResvObject {
 
     fn write(&self, data: &[u8], version: Option<u64>) -> Result<Option<u64>, i32> {
         let lib = library().map_err(|_| -libc::ENOSYS)?;
-        let io = self.io();
+        let h = self.handles()?;
+        let io = h.io();
         // SAFETY: returns a new operation (or null), released below on every path.
         let op = unsafe { lib.rados_create_write_op() };
         if op.is_null() {
@@ -235,7 +277,8 @@ impl ClusterObject for RadosResvObject {
         let (mut reply, mut reply_len): (*mut c_char, usize) = (ptr::null_mut(), 0);
         // Its own context, without the lock: a notify waits for the other gateways, and
         // this gateway's own watcher must be able to read meanwhile.
-        let io = self.notify_io.0;
+        let h = self.handles()?;
+        let io = h.notify_io.0;
         // SAFETY: a live context (the object outlives the call), a NUL-terminated name, the
         // payload's bytes; librados allocates the reply, freed below.
         let rc = unsafe {
@@ -270,9 +313,10 @@ impl ClusterObject for RadosResvObject {
     fn watch(&self, inbox: Arc<Inbox>) -> Result<(), i32> {
         let lib = library().map_err(|_| -libc::ENOSYS)?;
         self.end_watch(lib);
+        let h = self.handles()?;
         let arg = Box::into_raw(Box::new(inbox));
         let mut cookie = 0u64;
-        let io = self.io();
+        let io = h.io();
         // SAFETY: a live context and name; `arg` stays valid until unwatch frees it.
         let rc = unsafe {
             lib.rados_watch3(
@@ -300,7 +344,8 @@ impl ClusterObject for RadosResvObject {
         let Some((cookie, _)) = *self.watch.lock().unwrap_or_else(|p| p.into_inner()) else {
             return Err(-libc::ENOTCONN);
         };
-        let io = self.io();
+        let h = self.handles()?;
+        let io = h.io();
         // SAFETY: a live context and the watch's cookie.
         let rc = unsafe { lib.rados_watch_check(io.0, cookie) };
         if rc < 0 {
@@ -312,7 +357,8 @@ impl ClusterObject for RadosResvObject {
 
     fn ack(&self, notify_id: u64, cookie: u64) {
         let Ok(lib) = library() else { return };
-        let io = self.io();
+        let Ok(h) = self.handles() else { return };
+        let io = h.io();
         // SAFETY: a live context and name; no payload.
         let rc = unsafe { lib.rados_notify_ack(io.0, self.oid.as_ptr(), notify_id, cookie, ptr::null(), 0) };
         if rc < 0 {
@@ -324,10 +370,13 @@ impl ClusterObject for RadosResvObject {
         self.watch.lock().unwrap_or_else(|p| p.into_inner()).map(|(c, _)| c)
     }
 
-    fn unwatch(&self) {
+    fn close(&self) {
         if let Ok(lib) = library() {
             self.end_watch(lib);
         }
+        // The last reference (an operation in progress may hold one) destroys the contexts
+        // and lets go of the cluster: a process that stops then shuts its connection down.
+        self.handles.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
 }
 
@@ -337,35 +386,33 @@ impl Drop for RadosResvObject {
     fn drop(&mut self) {
         let Ok(lib) = library() else { return };
         let closing = Closing {
-            io: self.io().0,
-            notify_io: self.notify_io.0,
             watch: self.watch.lock().unwrap_or_else(|p| p.into_inner()).take(),
-            cluster: self._cluster.clone(),
+            handles: self.handles.lock().unwrap_or_else(|p| p.into_inner()).take(),
             what: self.what.clone(),
         };
+        if closing.watch.is_none() && closing.handles.is_none() {
+            return;
+        }
         super::close_later("a reservation object's watch", move || {
             let c = closing;
-            unwatch(lib, c.io, c.cluster.handle(), c.watch, &c.what);
-            // SAFETY: ours; no watch or operation uses them any more.
-            unsafe {
-                lib.rados_ioctx_destroy(c.io);
-                lib.rados_ioctx_destroy(c.notify_io);
+            if let Some(h) = &c.handles {
+                let io = h.io();
+                unwatch(lib, io.0, h.cluster.handle(), c.watch, &c.what);
             }
+            drop(c.handles);
         });
     }
 }
 
 /// What a dropped object leaves to close.
 struct Closing {
-    io: sys::rados_ioctx_t,
-    notify_io: sys::rados_ioctx_t,
     watch: Option<(u64, *mut Arc<Inbox>)>,
-    cluster: Arc<Cluster>,
+    handles: Option<Arc<Handles>>,
     what: String,
 }
 
-// SAFETY: the contexts and the watch's argument are only used by the closer thread once
-// their object is gone; librados contexts may be used from any thread.
+// SAFETY: the watch's argument is only used by the closer thread once its object is gone;
+// the handles are Send.
 unsafe impl Send for Closing {}
 
 /// The counts in a notify's reply: Ceph's encoding of `map<(gid, cookie), bufferlist>` (the
