@@ -78,7 +78,7 @@ const ESSENTIAL: [&str; 14] = [
     "STALLS",
 ];
 
-/// The reactors table: the essential columns, or all 26 when `wide`. QUEUES counts every
+/// The reactors table: the essential columns, or all 28 when `wide`. QUEUES counts every
 /// open connection (bound or still connecting), CTRLS the admin queues (the controllers the
 /// reactor owns) and IOQ the I/O queues.
 pub fn format_reactors(rs: &[ReactorView], wide: bool) -> String {
@@ -109,6 +109,8 @@ pub fn format_reactors(rs: &[ReactorView], wide: bool) -> String {
         "LATE_P50/P99_US",
         "STALLS",
         "REQ_DATA/PARK/SUB/DRAIN/HELD",
+        "OPEN",
+        "AERS",
     ];
     let keep: Vec<bool> = header.iter().map(|h| wide || ESSENTIAL.contains(h)).collect();
     let pick = |row: Vec<String>| -> Vec<String> {
@@ -153,6 +155,8 @@ pub fn format_reactors(rs: &[ReactorView], wide: bool) -> String {
                     q.awaiting_data, q.parked, q.submitted, q.draining, q.held
                 )
             },
+            r.requests.open().to_string(),
+            r.requests.aers.to_string(),
         ]));
     }
     table(&rows)
@@ -440,7 +444,7 @@ mod tests {
     }
 
     #[test]
-    fn the_default_reactors_table_fits_120_columns_and_wide_has_all_26() {
+    fn the_default_reactors_table_fits_120_columns_and_wide_has_all_28() {
         let rs = [busy_reactor(0), busy_reactor(1)];
         let t = format_reactors(&rs, false);
         for l in t.lines() {
@@ -451,8 +455,8 @@ mod tests {
         assert_eq!(t.lines().count(), 3);
         let w = format_reactors(&rs, true);
         let header: Vec<&str> = w.lines().next().unwrap_or_default().split_whitespace().collect();
-        assert_eq!(header.len(), 26, "{w}");
-        // All 26 do not fit.
+        assert_eq!(header.len(), 28, "{w}");
+        // All 28 do not fit.
         assert!(w.lines().any(|l| l.chars().count() > 120), "{w}");
         assert!(w.lines().nth(1).is_some_and(|l| l.contains("123456789")), "{w}");
     }

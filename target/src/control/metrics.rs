@@ -500,6 +500,34 @@ impl Collector for Scrape {
             "Commands the reactor's queues ended with an error status.",
             |r| Num::Int(r.requests.failed),
         )?;
+        self.per_reactor(
+            enc,
+            "pollux_reactor_commands_received",
+            Counter,
+            "Commands the reactor's queues received.",
+            |r| Num::Int(r.requests.received),
+        )?;
+        self.per_reactor(
+            enc,
+            "pollux_reactor_commands_dropped",
+            Counter,
+            "Commands received that never ended: their queue closed first, or went to a new process.",
+            |r| Num::Int(r.requests.dropped),
+        )?;
+        self.per_reactor(
+            enc,
+            "pollux_reactor_commands_open",
+            Gauge,
+            "Commands received and not yet ended on open queues (held AERs included).",
+            |r| Num::Int(r.requests.open()),
+        )?;
+        self.per_reactor(
+            enc,
+            "pollux_reactor_aers_held",
+            Gauge,
+            "Asynchronous Event Requests the reactor's controllers hold now.",
+            |r| Num::Int(r.requests.aers),
+        )?;
         self.per_namespace(enc, "pollux_namespace_read_commands", "Read commands completed.", |n| {
             n.read_cmds
         })?;

@@ -59,7 +59,10 @@ pub enum Fabrics {
         value: u64,
     },
     /// Disconnect (NVMe-oF 1.1 §6.4, I/O queues).
-    Disconnect,
+    Disconnect {
+        /// Record format (CDW10 bits 15:0): 0 is the only one defined.
+        recfmt: u16,
+    },
     /// Authentication Send (NVMe-oF 1.1 §6.1, NVMe 2.0 §8.13.5): a DH-HMAC-CHAP message from
     /// the host.
     AuthSend {
@@ -101,7 +104,7 @@ pub fn decode_fabrics(sqe: &Sqe) -> Fabrics {
             offset: cdw11,
             value: u64::from(sqe.cdw12.get()) | (u64::from(sqe.cdw13.get()) << 32),
         },
-        DISCONNECT => Fabrics::Disconnect,
+        DISCONNECT => Fabrics::Disconnect { recfmt: cdw10 as u16 },
         AUTHENTICATION_SEND => Fabrics::AuthSend { cdw10, tl: cdw11 },
         AUTHENTICATION_RECEIVE => Fabrics::AuthReceive { cdw10, al: cdw11 },
         other => Fabrics::Other(other),

@@ -89,8 +89,14 @@ impl<T: Transport> Queue<T> {
                 }
                 self.finish(r, cid, &End::reply(&rep, 0).unlogged());
             }
-            Fabrics::Disconnect => {
-                if matches!(self.role, Role::Io(_)) {
+            Fabrics::Disconnect { recfmt } => {
+                if recfmt != 0 {
+                    // NVMe-oF 1.1 §6.4: a record format the controller does not support is
+                    // refused with Incompatible Format, and the queue stays. A Disconnect is
+                    // the one command that deletes its queue: one that carries garbage (SPDK's
+                    // nvme_fuzz sends random fabrics commands) must not end it.
+                    self.end(r, cid, Status::CONNECT_INCOMPATIBLE_FORMAT.with_dnr());
+                } else if matches!(self.role, Role::Io(_)) {
                     self.end(r, cid, Status::SUCCESS);
                     self.close(r, id, CloseReason::Disconnect);
                 } else {
@@ -332,7 +338,7 @@ impl<T: Transport> Queue<T> {
                 self.schedule_keep_alive(r, id);
                 (rep, 0)
             }
-            Outcome::Held => return,
+            Outcome::Held => return self.sync_aers(),
             Outcome::Abort { sqid, cid: target } => return self.abort(r, id, cid, sqid, target),
             Outcome::SetPtpl { ns, ptpl } => {
                 let (nqn, hostid) = (
@@ -353,6 +359,7 @@ impl<T: Transport> Queue<T> {
         let Role::Admin(ctrl) = &mut self.role else { return };
         if sqid == 0 {
             if ctrl.abort_aer(target) {
+                self.sync_aers();
                 self.end(r, target, Status::ABORT_REQUESTED);
                 self.end(r, cid, Status::SUCCESS);
             } else {
@@ -387,7 +394,11 @@ impl<T: Transport> Queue<T> {
     /// Complete held AERs with queued events (called when an event is raised).
     pub fn complete_events(&mut self, r: &mut Reactor) {
         let Role::Admin(ctrl) = &mut self.role else { return };
-        for (cid, ev) in ctrl.ready_events() {
+        let ready = ctrl.ready_events();
+        if !ready.is_empty() {
+            self.sync_aers();
+        }
+        for (cid, ev) in ready {
             self.finish(r, cid, &End::status(Status::SUCCESS).dw(ev, 0));
         }
         let _ = self.t.flush();

@@ -231,6 +231,14 @@ impl<T: Transport> Queue<T> {
                 Role::Admin(Box::new(ctrl))
             }
         };
+        // The commands it brings (held while pausing, and its controller's AERs) were
+        // received by the old process: they end here.
+        let aers = match &self.role {
+            Role::Admin(ctrl) => ctrl.aers.len(),
+            _ => 0,
+        };
+        self.reqs.received((s.held.len() + aers) as u64);
+        self.sync_aers();
         self.handover = Some(Box::new(Pausing {
             held: s.held.clone(),
             paused: true,

@@ -204,6 +204,16 @@ impl<T: Transport> Queue<T> {
         }
     }
 
+    /// Count the AERs its controller holds now in its reactor's figures (after anything
+    /// that may have taken or completed one).
+    fn sync_aers(&mut self) {
+        let n = match &self.role {
+            Role::Admin(ctrl) => ctrl.aers.len() as u64,
+            _ => 0,
+        };
+        self.reqs.aers_held(n);
+    }
+
     fn me(&self, id: SourceId) -> QueueRef {
         QueueRef {
             reactor: self.reactor,
@@ -248,6 +258,8 @@ impl<T: Transport> Queue<T> {
         // as they drop, or a host that reconnects in a loop mid-write would have the target
         // allocate anew.
         self.reqs.drain();
+        // What it received and did not end never will: counted as dropped, not open.
+        self.reqs.forget_open();
         // Locked ranges are unlocked (their waiters woken), parked writes dropped; held
         // commands went with the requests.
         self.fused_teardown(r);
@@ -272,6 +284,7 @@ impl<T: Transport> Queue<T> {
     /// transport's data digest over `data` matched (or there was none).
     #[inline(always)]
     pub fn on_capsule(&mut self, r: &mut Reactor, id: SourceId, sqe: &Sqe, data: &[u8], digest_ok: bool) {
+        self.reqs.received(1);
         self.sq.head = (self.sq.head + 1) % self.sq.entries.max(1);
         if matches!(self.role, Role::Io(_)) && self.sq_overflow() {
             // More commands outstanding than the queue has entries (its size agreed at

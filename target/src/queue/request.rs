@@ -115,6 +115,12 @@ pub struct RequestStats {
     states: [AtomicU64; 5],
     ended: AtomicU64,
     failed: AtomicU64,
+    /// Commands received (every capsule, fabrics ones included).
+    received: AtomicU64,
+    /// Commands whose queue closed (or was handed to another process) before they ended.
+    dropped: AtomicU64,
+    /// Asynchronous Event Requests held now by the controllers of this reactor.
+    aers: AtomicU64,
 }
 
 /// A snapshot of [`RequestStats`].
@@ -135,6 +141,24 @@ pub struct RequestCounts {
     pub ended: u64,
     /// Of which failed (any status but success).
     pub failed: u64,
+    /// Commands received so far (absent from older targets: 0).
+    #[serde(default)]
+    pub received: u64,
+    /// Commands received that never ended here: their queue closed first, or was handed to
+    /// a new process by an upgrade (absent from older targets: 0).
+    #[serde(default)]
+    pub dropped: u64,
+    /// Asynchronous Event Requests held now (absent from older targets: 0).
+    #[serde(default)]
+    pub aers: u64,
+}
+
+impl RequestCounts {
+    /// Commands received and not yet ended, on queues still open: what the reactor's hosts
+    /// wait for now, held AERs included. Every other command got its one completion.
+    pub fn open(&self) -> u64 {
+        self.received.saturating_sub(self.ended + self.dropped)
+    }
 }
 
 impl RequestStats {
@@ -164,6 +188,22 @@ impl RequestStats {
         }
     }
 
+    /// `n` commands were received.
+    #[inline]
+    pub fn received(&self, n: u64) {
+        Self::add(&self.received, n);
+    }
+
+    /// `n` commands received will never end here (their queue closed or left).
+    pub fn dropped(&self, n: u64) {
+        Self::add(&self.dropped, n);
+    }
+
+    /// The AERs held changed from `was` to `now`.
+    pub fn aers_held(&self, was: u64, now: u64) {
+        Self::add(&self.aers, now.wrapping_sub(was));
+    }
+
     /// The counts now.
     pub fn snapshot(&self) -> RequestCounts {
         let s = |k: ReqKind| self.states[k as usize].load(Relaxed);
@@ -175,6 +215,9 @@ impl RequestStats {
             held: s(ReqKind::Held),
             ended: self.ended.load(Relaxed),
             failed: self.failed.load(Relaxed),
+            received: self.received.load(Relaxed),
+            dropped: self.dropped.load(Relaxed),
+            aers: self.aers.load(Relaxed),
         }
     }
 }
@@ -233,6 +276,12 @@ pub struct Requests {
     slots: Slab<Request>,
     counts: [usize; 5],
     stats: Arc<RequestStats>,
+    /// Commands of the queue received and not yet ended (held AERs and commands waiting
+    /// for another reactor or thread included): each must end in exactly one completion,
+    /// or be counted dropped when the queue closes.
+    open: u64,
+    /// The AERs of the queue's controller counted in its reactor's figures.
+    aers: u64,
 }
 
 impl Requests {
@@ -259,8 +308,36 @@ impl Requests {
 
     /// A command of the queue ended (`ok`: successfully), counted for its reactor.
     #[inline]
-    pub fn finished(&self, ok: bool) {
+    pub fn finished(&mut self, ok: bool) {
+        self.open = self.open.saturating_sub(1);
         self.stats.finished(ok);
+    }
+
+    /// `n` commands arrived on the queue (or came with it from the previous process).
+    #[inline]
+    pub fn received(&mut self, n: u64) {
+        self.open += n;
+        self.stats.received(n);
+    }
+
+    /// Commands received and not yet ended.
+    pub fn open(&self) -> u64 {
+        self.open
+    }
+
+    /// The queue's controller holds `n` AERs now.
+    pub fn aers_held(&mut self, n: u64) {
+        if n != self.aers {
+            self.stats.aers_held(self.aers, n);
+            self.aers = n;
+        }
+    }
+
+    /// The queue closed or left the process: its open commands never end here, its AERs
+    /// are no longer held here.
+    pub fn forget_open(&mut self) {
+        self.stats.dropped(std::mem::take(&mut self.open));
+        self.aers_held(0);
     }
 
     /// Add a request; its slot.
