@@ -992,8 +992,15 @@ def cmd_resv(out):
     plt.close(fig)
 
 
+def cmd_fuzz(out):
+    """ci/bench-fuzz.py writes fuzz.json and fuzz.md itself: check they are there."""
+    for name in ("fuzz.json", "fuzz.md"):
+        if not os.path.exists(os.path.join(out, name)):
+            raise SystemExit(f"fuzz: {name} missing")
+
+
 RESULT_SECTIONS = ("perf", "modes", "reactor", "file", "ab", "tls", "storm", "polling", "qos", "scale", "frontier",
-                   "rbd", "resv")
+                   "rbd", "resv", "fuzz")
 
 
 def cmd_results(out):
@@ -1033,10 +1040,10 @@ def main(argv):
     if len(argv) >= 3 and argv[1] == "rates":
         cmd_rates(argv[2], float(argv[3]) if len(argv) > 3 else 0.25)
     elif len(argv) == 3 and argv[1] in ("perf", "modes", "reactor", "results", "ab", "tls", "storm", "polling", "qos",
-                                        "scale", "rbd", "resv"):
+                                        "scale", "rbd", "resv", "fuzz"):
         {"perf": cmd_perf, "modes": cmd_modes, "reactor": cmd_reactor, "results": cmd_results,
          "ab": cmd_ab, "tls": cmd_tls, "storm": cmd_storm, "polling": cmd_polling, "qos": cmd_qos,
-         "scale": cmd_scale, "rbd": cmd_rbd, "resv": cmd_resv}[argv[1]](argv[2])
+         "scale": cmd_scale, "rbd": cmd_rbd, "resv": cmd_resv, "fuzz": cmd_fuzz}[argv[1]](argv[2])
     else:
         print(__doc__, file=sys.stderr)
         return 2
