@@ -193,24 +193,31 @@ pub struct Concat<'a> {
     pub tls: Option<&'a PskIdentity>,
 }
 
+/// Why secure channel concatenation (TP 8018) is refused on a queue.
+#[derive(Debug, thiserror::Error)]
+enum ConcatRefused {
+    #[error("secure channel concatenation value {0:#04x} is not one this target knows")]
+    UnknownValue(u8),
+    #[error("secure channel concatenation asked: {0}")]
+    NotAllowed(&'static str),
+    #[error("a new generated PSK asked on a queue TLS already secures (REPLACETLSPSK replaces one)")]
+    AlreadySecured,
+    #[error("replacing the generated PSK asked on a queue no generated PSK secures")]
+    NothingToReplace,
+}
+
 impl Concat<'_> {
     /// Whether SC_C `v` may be honoured on this queue (the reason when not).
-    fn check(&self, v: u8) -> Result<(), String> {
+    fn check(&self, v: u8) -> Result<(), ConcatRefused> {
         if v != sc_c::NEW_TLS_PSK && v != sc_c::REPLACE_TLS_PSK {
-            return Err(format!(
-                "secure channel concatenation value {v:#04x} is not one this target knows"
-            ));
+            return Err(ConcatRefused::UnknownValue(v));
         }
         if let Some(why) = self.refused {
-            return Err(format!("secure channel concatenation asked: {why}"));
+            return Err(ConcatRefused::NotAllowed(why));
         }
         match (v, self.tls) {
-            (sc_c::NEW_TLS_PSK, Some(_)) => {
-                Err("a new generated PSK asked on a queue TLS already secures (REPLACETLSPSK replaces one)".into())
-            }
-            (sc_c::REPLACE_TLS_PSK, tls) if !tls.is_some_and(|i| i.generated) => {
-                Err("replacing the generated PSK asked on a queue no generated PSK secures".into())
-            }
+            (sc_c::NEW_TLS_PSK, Some(_)) => Err(ConcatRefused::AlreadySecured),
+            (sc_c::REPLACE_TLS_PSK, tls) if !tls.is_some_and(|i| i.generated) => Err(ConcatRefused::NothingToReplace),
             _ => Ok(()),
         }
     }
@@ -420,7 +427,7 @@ impl QueueAuth {
         }
         let concat = n.sc_c != sc_c::NONE;
         if concat && let Err(why) = ctx.concat.check(n.sc_c) {
-            return self.fail(t_id, Reason::ConcatMismatch, why);
+            return self.fail(t_id, Reason::ConcatMismatch, why.to_string());
         }
         // A generated PSK is a TLS PSK: its hash must be a cipher suite's (not SHA-512),
         // and its key the DH shared secret (not the null group).

@@ -33,7 +33,7 @@ use pollux_reactor::Remote;
 use serde::{Deserialize, Serialize};
 use tracing::{debug, info, warn};
 
-use super::file::{StateDoc, from_doc, hostid_of, hostid_text, to_doc};
+use super::file::{StateDoc, StateDocError, from_doc, hostid_of, hostid_text, to_doc};
 use super::shared::{Job, NsResv};
 use super::state::{Effects, HostId, ResvOp, ResvState};
 use crate::bell::{Bell, BellThread};
@@ -207,7 +207,7 @@ impl NsResv {
         };
         let (state, version) = c.read_state().map_err(|why| TargetError::ReservationCluster {
             object: c.object.describe().to_string(),
-            why,
+            why: why.to_string(),
         })?;
         info!(
             object = %c.object.describe(),
@@ -484,15 +484,14 @@ impl Clustered {
     }
 
     /// The object's state and version (an absent object: the empty state, version 0).
-    fn read_state(&self) -> Result<(ResvState, u64), String> {
+    fn read_state(&self) -> Result<(ResvState, u64), StateDocError> {
         match self.object.read() {
             Ok(None) => Ok((ResvState::default(), 0)),
             Ok(Some((bytes, version))) => {
-                let doc: StateDoc =
-                    serde_json::from_slice(&bytes).map_err(|e| format!("not a reservation state: {e}"))?;
+                let doc: StateDoc = serde_json::from_slice(&bytes).map_err(StateDocError::NotAState)?;
                 Ok((from_doc(doc)?, version))
             }
-            Err(rc) => Err(format!("cannot read it: {}", std::io::Error::from_raw_os_error(-rc))),
+            Err(rc) => Err(StateDocError::Read(std::io::Error::from_raw_os_error(-rc))),
         }
     }
 }

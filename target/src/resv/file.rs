@@ -42,32 +42,59 @@ pub(super) fn hostid_text(h: &HostId) -> String {
     uuid::Uuid::from_bytes(*h).hyphenated().to_string()
 }
 
-pub(super) fn hostid_of(s: &str) -> Result<HostId, String> {
+/// What is wrong with a reservation state's document (a state file, or the cluster's
+/// object).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum StateDocError {
+    #[error("not a reservation state: {0}")]
+    NotAState(#[source] serde_json::Error),
+    #[error("version {0} (this pollux reads {STATE_VERSION})")]
+    Version(u32),
+    #[error("host identifier {text:?}: {source}")]
+    HostId {
+        text: String,
+        #[source]
+        source: uuid::Error,
+    },
+    #[error("host {0} registered twice")]
+    RegisteredTwice(String),
+    #[error("reservation type {0}")]
+    Type(u8),
+    #[error("holder {0} is not a registrant")]
+    HolderNotRegistered(String),
+    #[error("cannot read it: {0}")]
+    Read(#[source] std::io::Error),
+}
+
+pub(super) fn hostid_of(s: &str) -> Result<HostId, StateDocError> {
     uuid::Uuid::parse_str(s)
         .map(|u| *u.as_bytes())
-        .map_err(|e| format!("host identifier {s:?}: {e}"))
+        .map_err(|source| StateDocError::HostId {
+            text: s.to_owned(),
+            source,
+        })
 }
 
 /// A state from its document; any fault is said.
-pub(super) fn from_doc(f: StateDoc) -> Result<ResvState, String> {
+pub(super) fn from_doc(f: StateDoc) -> Result<ResvState, StateDocError> {
     if f.version != STATE_VERSION {
-        return Err(format!("version {} (this pollux reads {STATE_VERSION})", f.version));
+        return Err(StateDocError::Version(f.version));
     }
     let mut registrants = Vec::with_capacity(f.registrants.len());
     for r in &f.registrants {
         let hostid = hostid_of(&r.hostid)?;
         if registrants.iter().any(|x: &Registrant| x.hostid == hostid) {
-            return Err(format!("host {} registered twice", r.hostid));
+            return Err(StateDocError::RegisteredTwice(r.hostid.clone()));
         }
         registrants.push(Registrant { hostid, key: r.key });
     }
     let holder = match &f.holder {
         None => None,
         Some(h) => {
-            let rtype = ResvType::from_code(h.rtype).ok_or_else(|| format!("reservation type {}", h.rtype))?;
+            let rtype = ResvType::from_code(h.rtype).ok_or(StateDocError::Type(h.rtype))?;
             let hostid = hostid_of(&h.hostid)?;
             if !registrants.iter().any(|r| r.hostid == hostid) {
-                return Err(format!("holder {} is not a registrant", h.hostid));
+                return Err(StateDocError::HolderNotRegistered(h.hostid.clone()));
             }
             Some(Holder { hostid, rtype })
         }
@@ -108,8 +135,8 @@ pub(super) fn load(path: &Path) -> Result<ResvState, TargetError> {
         why,
     };
     let text = fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
-    let f: StateDoc = serde_json::from_str(&text).map_err(|e| bad(format!("not a reservation state: {e}")))?;
-    from_doc(f).map_err(bad)
+    let f: StateDoc = serde_json::from_str(&text).map_err(|e| bad(StateDocError::NotAState(e).to_string()))?;
+    from_doc(f).map_err(|e| bad(e.to_string()))
 }
 
 /// Write a state file atomically and durably: a temporary file beside it, flushed, renamed

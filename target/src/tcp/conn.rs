@@ -355,10 +355,11 @@ fn fill(q: &mut Conn) -> Result<bool, CloseReason> {
         // buffer instead (process drops it).
         && let Some(buf) = live_buf(&mut q.reqs, d)
     {
-        in_place = Some(InPlace {
-            dest: buf.dest_ptr(d.at, d.left as usize),
-            left: d.left as usize,
-        });
+        let dest = buf.dest_ptr(d.at, d.left as usize);
+        // SAFETY: `dest..dest + left` is the rest of the command's buffer (`dest_ptr` checked
+        // the range), which this connection owns: its data is still arriving, so no device
+        // has been given it, and nothing else touches it until `fill` returns.
+        in_place = Some(unsafe { InPlace::new(dest, d.left as usize) });
     }
     let filled = q.t.fill(in_place)?;
     if filled.placed > 0

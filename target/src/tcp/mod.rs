@@ -75,12 +75,28 @@ pub const SEND_START: usize = 4096;
 
 /// Where the rest of an H2CData PDU's data goes while it is received in place: raw memory
 /// of the command's buffer (possibly DMA memory: no Rust reference is made to it).
+///
+/// Only [`InPlace::new`], an `unsafe fn`, makes one: [`TcpTransport::fill`] writes through
+/// it, so whoever makes one promises the memory (a safe caller could otherwise hand `fill`
+/// any pointer).
 #[derive(Debug, Clone, Copy)]
 pub struct InPlace {
     /// First byte still to come.
-    pub dest: *mut u8,
+    dest: *mut u8,
     /// Bytes still to come.
-    pub left: usize,
+    left: usize,
+}
+
+impl InPlace {
+    /// The `left` bytes at `dest`.
+    ///
+    /// # Safety
+    /// `dest..dest + left` must be memory the caller may write, that nothing else reads or
+    /// writes until the [`TcpTransport::fill`] it is given to returns (the rest of a command's
+    /// buffer, whose data is still arriving: no device has it yet).
+    pub unsafe fn new(dest: *mut u8, left: usize) -> Self {
+        Self { dest, left }
+    }
 }
 
 /// What a fill of the receive buffer brought.
@@ -363,9 +379,8 @@ impl TcpTransport {
     fn fill_plain(&mut self, in_place: Option<InPlace>) -> Result<Filled, CloseReason> {
         self.rx.make_room(0);
         let got = match in_place.filter(|p| p.left > 0 && self.rx.is_empty()) {
-            // SAFETY: `dest..dest + left` is the rest of the command's buffer, which the caller
-            // owns exclusively for the call (in range: its `dest_ptr` checked it, and the
-            // device has not been given a DMA buffer whose data is still arriving).
+            // SAFETY: `dest..dest + left` is writable and the transport's alone for the call:
+            // the promise of `InPlace::new`, the only way to make one.
             Some(p) => unsafe { self.rx.recv_into(&*self.sock, 0, p.dest, p.left, h2c::DIRECT_TAIL) },
             None => self.rx.recv(&*self.sock),
         };
