@@ -287,14 +287,18 @@ fn subsystem_checks() {
             7,
             18,
         ),
-        (
-            format!("{BASE}[[subsystem]]\nnqn = \"nqn.2026-11.io.pollux:a\"\nhosts = []\n"),
-            7,
-            9,
-        ),
     ] {
         assert_err(&text, line, col, "admits no host: set `allow_any_host = true`, or list");
     }
+    // `hosts = []` said outright admits no host yet (SPDK's subsystem before
+    // nvmf_subsystem_add_host): valid, and emitted as it is.
+    let c = Config::parse(
+        &format!("{BASE}[[subsystem]]\nnqn = \"nqn.2026-11.io.pollux:a\"\nhosts = []\n"),
+        "test.toml",
+    )
+    .expect("hosts = [] is valid");
+    assert!(c.subsystems[0].hosts.is_empty() && !c.subsystems[0].allows_host("nqn.2014-08.org.nvmexpress:uuid:x"));
+    assert_eq!(Config::parse(&c.to_toml(), "test.toml").expect("emitted"), c);
     // Serial and model.
     assert_err(
         &format!("{BASE}{SUB}serial = \"123456789012345678901\"\n"),

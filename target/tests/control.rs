@@ -394,9 +394,13 @@ fn an_oversized_line_is_refused_without_reading_it_all() {
     let sent = writer.join().unwrap();
     assert!(sent < 64 * MAX_LINE, "the server stopped reading ({sent} bytes sent)");
     // A line just under the limit is read (and is simply not JSON).
-    let mut line = vec![b' '; MAX_LINE - 10];
-    line[0] = b'{';
+    let line = vec![b'x'; MAX_LINE - 10];
     assert_eq!(raw(&env.sock, &line)["error"]["code"], -32700);
+    // A JSON value still open past the limit (a request may span lines: SPDK's client
+    // pretty-prints them) is refused too.
+    let mut open = b"{\"jsonrpc\": \"2.0\",\n".to_vec();
+    open.extend(std::iter::repeat_n(b' ', MAX_LINE + 10));
+    assert_eq!(raw(&env.sock, &open)["error"]["code"], -32600);
     env.client().call("version", Value::Null).unwrap();
 }
 
@@ -871,4 +875,35 @@ fn secure_concat_changes_at_run_time_and_is_reported() {
         .unwrap();
     assert_eq!(concat_of(&mut c, NQN), json!(false));
     ctrl.shutdown().unwrap();
+}
+
+#[test]
+fn requests_spanning_lines_or_back_to_back_are_each_answered() {
+    // SPDK's client (spdk.rpc.client) sends a request pretty-printed over several lines with
+    // nothing after it, and may send several back to back.
+    let env = start();
+    let mut s = UnixStream::connect(&env.sock).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(b"{\n  \"jsonrpc\": \"2.0\",\n  \"method\": \"spdk_get_version\",\n  \"id\": 1\n}")
+        .unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    let mut resp = String::new();
+    r.read_line(&mut resp).unwrap();
+    let v: Value = serde_json::from_str(&resp).unwrap();
+    assert_eq!(
+        (v["id"].clone(), v["result"]["fields"]["major"].clone()),
+        (json!(1), json!(26)),
+        "{v}"
+    );
+    s.write_all(
+        br#"{"jsonrpc":"2.0","method":"version","id":2}{"jsonrpc":"2.0","method":"nvmf_get_transports","id":3}"#,
+    )
+    .unwrap();
+    for id in [2, 3] {
+        resp.clear();
+        r.read_line(&mut resp).unwrap();
+        let v: Value = serde_json::from_str(&resp).unwrap();
+        assert_eq!(v["id"], json!(id), "{v}");
+        assert!(v.get("result").is_some(), "{v}");
+    }
 }

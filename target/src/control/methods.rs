@@ -451,6 +451,20 @@ pub const METHODS: &[Method] = &[
         params: &[ADDRESS],
     },
     Method {
+        name: "subsystem_add_listener",
+        summary: "Serve a subsystem on one more of the listeners (SPDK's nvmf_subsystem_add_listener)",
+        mutation: true,
+        verb: true,
+        params: &[NQN, ADDRESS],
+    },
+    Method {
+        name: "subsystem_remove_listener",
+        summary: "Stop serving a subsystem on a listener; its controllers there are deleted",
+        mutation: true,
+        verb: true,
+        params: &[NQN, ADDRESS],
+    },
+    Method {
         name: "add_referral",
         summary: "Refer hosts to another target's discovery controller",
         mutation: true,

@@ -8,8 +8,10 @@
 //! state (controllers, modes) only by message ([`Remote::send`](pollux_reactor::Remote::send)),
 //! waiting for the reply on a std channel with a timeout. The only locks it takes are its own.
 //!
-//! Protocol: one JSON-RPC 2.0 request per line (at most [`MAX_LINE`] bytes), one response per
-//! line; a request without an `id` is a notification and gets no response. Methods:
+//! Protocol: JSON-RPC 2.0 requests, each a JSON value of at most [`MAX_LINE`] bytes, one per
+//! line or simply one after another (SPDK's client sends them pretty-printed, without a
+//! newline), one response per line; a request without an `id` is a notification and gets no
+//! response. SPDK's methods are answered too ([`rpc`]'s `spdk`). Methods:
 //! `version`, `reactors`, `subsystems`, `controllers`, `set_mode {reactor, mode}`,
 //! `set_cpu_budget {reactor, budget}` (see [`rpc`]).
 

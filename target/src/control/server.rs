@@ -1,7 +1,7 @@
 //! The control thread: accepts control-socket clients and metrics scrapes, samples the
 //! reactors' accounting once a second, and stops (removing the socket file) when dropped.
 
-use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
 
-use super::rpc::{Ctx, INVALID_REQUEST, error_response};
+use super::rpc::{Ctx, INVALID_REQUEST, PARSE_ERROR, error_response};
 use super::{ControlError, MAX_LINE};
 use crate::Target;
 
@@ -297,56 +297,81 @@ fn spawn_client(
     }
 }
 
-/// What reading one request line gave.
+/// What reading the next request gave.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Line {
-    /// A complete line (newline stripped) is in the buffer.
-    Complete,
-    /// The peer closed (a partial line is dropped).
+pub enum Next {
+    /// A complete JSON value is in the buffer (its bytes, nothing around them).
+    Request,
+    /// Bytes that are no JSON value, up to the end of their line (dropped from the stream):
+    /// the parse error to answer.
+    Malformed(String),
+    /// The peer closed (a partial request is dropped).
     Closed,
-    /// The line exceeds [`MAX_LINE`]; the rest was not read.
+    /// The request exceeds [`MAX_LINE`] bytes; the rest was not read.
     TooLong,
     /// The server is stopping.
     Stopped,
 }
 
-/// Read one line of at most [`MAX_LINE`] bytes into `buf` (cleared first). `r`'s stream has
-/// a read timeout, so `stop` is looked at every [`TICK`].
-pub fn read_line(r: &mut impl BufRead, buf: &mut Vec<u8>, stop: &AtomicBool) -> std::io::Result<Line> {
-    buf.clear();
-    loop {
-        let avail = match r.fill_buf() {
-            Ok(a) => a,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
-                ) =>
-            {
-                if stop.load(SeqCst) {
-                    return Ok(Line::Stopped);
+/// The requests of one control client, as they arrive: each a JSON value, with or without
+/// a newline after it. `pollux ctl` sends one per line; SPDK's Python client
+/// (`spdk.rpc.client`) sends its requests pretty-printed over several lines with nothing
+/// after them, and reads its replies as concatenated JSON values.
+#[derive(Debug, Default)]
+pub struct Requests {
+    /// Received and not yet taken.
+    pending: Vec<u8>,
+}
+
+impl Requests {
+    /// The next request from `r` into `buf` (cleared first). `r`'s stream has a read
+    /// timeout, so `stop` is looked at every [`TICK`].
+    pub fn next(&mut self, r: &mut impl Read, buf: &mut Vec<u8>, stop: &AtomicBool) -> std::io::Result<Next> {
+        buf.clear();
+        let mut chunk = [0u8; 16 * 1024];
+        loop {
+            // Whitespace between requests (their newlines included) is no request.
+            let ws = self.pending.iter().take_while(|b| b.is_ascii_whitespace()).count();
+            self.pending.drain(..ws);
+            if !self.pending.is_empty() {
+                let mut values =
+                    serde_json::Deserializer::from_slice(&self.pending).into_iter::<serde::de::IgnoredAny>();
+                match values.next() {
+                    Some(Ok(_)) => {
+                        let end = values.byte_offset();
+                        buf.extend(self.pending.drain(..end));
+                        return Ok(Next::Request);
+                    }
+                    Some(Err(e)) if !e.is_eof() => {
+                        // Not JSON: answered once its line is in, and the stream goes on at
+                        // the next line, as a line-based client expects.
+                        if let Some(i) = self.pending.iter().position(|&b| b == b'\n') {
+                            self.pending.drain(..=i);
+                            return Ok(Next::Malformed(format!("parse error: {e}")));
+                        }
+                        if self.pending.len() > MAX_LINE {
+                            return Ok(Next::TooLong);
+                        }
+                    }
+                    _ if self.pending.len() > MAX_LINE => return Ok(Next::TooLong),
+                    _ => {}
                 }
-                continue;
             }
-            Err(e) => return Err(e),
-        };
-        if avail.is_empty() {
-            return Ok(Line::Closed);
-        }
-        let (take, done) = match avail.iter().position(|&b| b == b'\n') {
-            Some(i) => (i, true),
-            None => (avail.len(), false),
-        };
-        if buf.len() + take > MAX_LINE {
-            return Ok(Line::TooLong);
-        }
-        buf.extend_from_slice(&avail[..take]);
-        r.consume(if done { take + 1 } else { take });
-        if done {
-            if buf.last() == Some(&b'\r') {
-                buf.pop();
+            match r.read(&mut chunk) {
+                Ok(0) => return Ok(Next::Closed),
+                Ok(n) => self.pending.extend_from_slice(&chunk[..n]),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                    ) =>
+                {
+                    if stop.load(SeqCst) {
+                        return Ok(Next::Stopped);
+                    }
+                }
+                Err(e) => return Err(e),
             }
-            return Ok(Line::Complete);
         }
     }
 }
@@ -359,38 +384,36 @@ fn serve_client(s: UnixStream, ctx: &Ctx, stop: &AtomicBool) {
         return;
     }
     let Ok(mut w) = s.try_clone() else { return };
-    let mut r = BufReader::with_capacity(16 * 1024, s);
+    let mut r = s;
+    let mut requests = Requests::default();
     let mut buf = Vec::new();
     loop {
-        match read_line(&mut r, &mut buf, stop) {
-            Ok(Line::Complete) => {
-                if buf.iter().all(u8::is_ascii_whitespace) {
-                    continue;
-                }
-                if let Some(mut resp) = ctx.handle_line(&buf) {
-                    resp.push('\n');
-                    let written = w.write_all(resp.as_bytes());
-                    if crate::upgrade::old::EXIT_AFTER_REPLY.load(SeqCst) {
-                        // An upgrade committed: the new process serves.
-                        crate::upgrade::old::exit_upgraded();
-                    }
-                    if written.is_err() {
-                        return;
-                    }
-                }
-            }
-            Ok(Line::TooLong) => {
+        let resp = match requests.next(&mut r, &mut buf, stop) {
+            Ok(Next::Request) => ctx.handle_line(&buf),
+            Ok(Next::Malformed(why)) => Some(error_response(&serde_json::Value::Null, PARSE_ERROR, &why)),
+            Ok(Next::TooLong) => {
                 let mut resp = error_response(
                     &serde_json::Value::Null,
                     INVALID_REQUEST,
-                    &format!("request line longer than {MAX_LINE} bytes; closing the connection"),
+                    &format!("request longer than {MAX_LINE} bytes; closing the connection"),
                 );
                 resp.push('\n');
                 let _ = w.write_all(resp.as_bytes());
                 let _ = w.shutdown(std::net::Shutdown::Both);
                 return;
             }
-            Ok(Line::Closed | Line::Stopped) | Err(_) => return,
+            Ok(Next::Closed | Next::Stopped) | Err(_) => return,
+        };
+        if let Some(mut resp) = resp {
+            resp.push('\n');
+            let written = w.write_all(resp.as_bytes());
+            if crate::upgrade::old::EXIT_AFTER_REPLY.load(SeqCst) {
+                // An upgrade committed: the new process serves.
+                crate::upgrade::old::exit_upgraded();
+            }
+            if written.is_err() {
+                return;
+            }
         }
     }
 }

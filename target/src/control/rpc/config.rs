@@ -534,6 +534,52 @@ impl Ctx {
                     vec![key("listener"), Step::Index(at), key("ana")]
                 }
             }
+            "subsystem_add_listener" | "subsystem_remove_listener" => {
+                // A subsystem's `listeners` (SPDK's nvmf_subsystem_add_listener and
+                // remove_listener): absent is every listener of the conf.
+                let (nqn, a) = (str_param(params, "nqn")?, str_param(params, "address")?);
+                let configured: Vec<String> = document::tables_mut(root, "listener")
+                    .into_iter()
+                    .filter_map(|t| document::str_of(t, "address").map(str::to_string))
+                    .collect();
+                if !configured.iter().any(|c| c == a) {
+                    return Err(RpcError::params(format!(
+                        "no listener '{a}' (add it with add-listener first; use the address as configured)"
+                    )));
+                }
+                let (i, sub) = document::find_mut(root, "subsystem", |t| document::str_of(t, "nqn") == Some(nqn))
+                    .ok_or_else(|| no_sub(nqn))?;
+                let listed: Option<Vec<String>> = match sub.get("listeners") {
+                    None => None,
+                    Some(toml_edit::Item::Value(toml_edit::Value::Array(l))) => {
+                        Some(l.iter().filter_map(|v| v.as_str().map(str::to_string)).collect())
+                    }
+                    Some(_) => return Err(RpcError::new(CONFIG_ERROR, "running conf: 'listeners' is not an array")),
+                };
+                let now: Vec<String> = match (method, listed) {
+                    // Served on every listener already: nothing to add.
+                    ("subsystem_add_listener", None) => return Ok(Vec::new()),
+                    ("subsystem_add_listener", Some(l)) if l.iter().any(|x| x == a) => {
+                        return Err(RpcError::params(format!(
+                            "subsystem '{nqn}' is served on '{a}' already"
+                        )));
+                    }
+                    ("subsystem_add_listener", Some(mut l)) => {
+                        l.push(a.to_string());
+                        l
+                    }
+                    (_, None) => configured.into_iter().filter(|c| c != a).collect(),
+                    (_, Some(l)) if !l.iter().any(|x| x == a) => {
+                        return Err(RpcError::params(format!("subsystem '{nqn}' is not served on '{a}'")));
+                    }
+                    (_, Some(l)) => l.into_iter().filter(|c| c != a).collect(),
+                };
+                sub.insert(
+                    "listeners",
+                    toml_edit::value(now.into_iter().collect::<toml_edit::Array>()),
+                );
+                vec![key("subsystem"), Step::Index(i), key("listeners")]
+            }
             "remove_listener" => {
                 let a = str_param(params, "address")?;
                 let gone = document::remove_where(root, "listener", |t| document::str_of(t, "address") == Some(a));

@@ -38,6 +38,8 @@ impl Ctx {
             | "set_subsystem_secure_concat"
             | "add_listener"
             | "remove_listener"
+            | "subsystem_add_listener"
+            | "subsystem_remove_listener"
             | "add_referral"
             | "remove_referral"
             | "set_ana_state"
@@ -45,6 +47,7 @@ impl Ctx {
             | "ns_add_host"
             | "ns_remove_host"
             | "set_qos" => self.mutation(method, params),
+            other if let Some(m) = super::spdk::find(other) => m.call(self, params),
             other => {
                 let near = crate::control::methods::nearest(other);
                 let hint = match near.as_slice() {

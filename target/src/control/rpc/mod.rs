@@ -39,6 +39,7 @@ mod document;
 mod modes;
 mod nvme;
 mod query;
+pub mod spdk;
 
 pub use dispatch::error_response;
 
@@ -102,6 +103,8 @@ pub struct Ctx {
     started: Instant,
     policies: Mutex<Vec<PolicyConfig>>,
     samples: Mutex<VecDeque<Sample>>,
+    /// SPDK's bdevs and transport ([`spdk`]).
+    spdk: Mutex<spdk::SpdkState>,
 }
 
 /// The adaptive policy the conf's `[reactors]` table describes (whatever its mode).
@@ -123,6 +126,7 @@ impl Ctx {
             started: Instant::now(),
             policies: Mutex::new(vec![policy_of(reactors); n]),
             samples: Mutex::new(VecDeque::new()),
+            spdk: spdk::state(),
         };
         ctx.sample();
         ctx

@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""SPDK's own RPC client against pollux (issue 51): the `spdk` package's JSONRPCClient (what
+SPDK's scripts/rpc.py runs) and its `spdk-rpc` command drive a pollux process over its
+control socket as they drive nvmf_tgt.
+
+The sequence SPDK users run (a malloc bdev, a subsystem with ANA reporting, a listener, a
+namespace, a host), then I/O on the namespace (`pollux perf --verify`), SPDK's shapes of
+nvmf_get_subsystems / nvmf_get_transports / bdev_get_bdevs, SPDK's error codes for bad
+input with the target's state unchanged, `pollux ctl save` writing what the methods did
+into a conf file that `pollux --check` accepts and a fresh pollux serves, and the tear-down.
+
+usage: spdk-rpc-test.py POLLUX_BIN (with the spdk package importable: ci/test installs it
+in a virtual environment)
+"""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+from spdk.rpc.client import JSONRPCClient, JSONRPCException
+
+POLLUX = os.path.abspath(sys.argv[1])
+NQN = "nqn.2016-06.io.spdk:cnode1"
+HOST = "nqn.2014-08.org.nvmexpress:uuid:0c0c0c0c-0000-4000-8000-0000000000a1"
+checks = {"passed": 0, "failed": 0}
+
+
+def check(what, ok, detail=""):
+    if ok:
+        checks["passed"] += 1
+        print(f"spdk-rpc: ok   {what}")
+    else:
+        checks["failed"] += 1
+        print(f"spdk-rpc: FAIL {what} {detail}")
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def expect_error(c, what, code, method, **params):
+    try:
+        r = c.call(method, params)
+        check(what, False, f"answered {r!r}")
+    except JSONRPCException as e:
+        # The client raises with SPDK's message: "request: ...\nGot JSON-RPC error response\n
+        # response:\n{ code, message }".
+        text = str(e)
+        check(what, f'"code": {code}' in text, text.replace("\n", " ")[:300])
+
+
+def start(conf_path, sock, port):
+    log = open(conf_path + ".log", "w")
+    p = subprocess.Popen([POLLUX, "--config", conf_path], stdout=log, stderr=log)
+    t0 = time.time()
+    while time.time() - t0 < 20:
+        if os.path.exists(sock):
+            try:
+                socket.create_connection(("127.0.0.1", port)).close()
+                return p
+            except OSError:
+                pass
+        if p.poll() is not None:
+            break
+        time.sleep(0.05)
+    raise SystemExit(f"spdk-rpc: pollux did not come up (see {conf_path}.log)")
+
+
+def stop(p):
+    p.terminate()
+    try:
+        p.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        p.kill()
+
+
+def perf_verify(port, seconds="1"):
+    r = subprocess.run([POLLUX, "perf", "-r", f"trtype:tcp traddr:127.0.0.1 trsvcid:{port} subnqn:{NQN} hostnqn:{HOST}",
+                        "-w", "randrw", "-q", "8", "-t", seconds, "--verify", "--no-pin"],
+                       capture_output=True, text=True, timeout=60)
+    return r.returncode == 0, (r.stdout + r.stderr)[-600:]
+
+
+def main():
+    work = tempfile.mkdtemp(prefix="pollux-spdk-rpc-")
+    sock = os.path.join(work, "spdk.sock")
+    port, io_port = free_port(), free_port()
+    conf = os.path.join(work, "pollux.toml")
+    with open(conf, "w") as f:
+        f.write(f'[reactors]\ncores = [0]\n\n[control]\nsocket = "{sock}"\n\n[[listener]]\naddress = "127.0.0.1:{port}"\n')
+    target = start(conf, sock, port)
+    try:
+        c = JSONRPCClient(sock, timeout=30)
+        v = c.call("spdk_get_version")
+        check("spdk_get_version has SPDK's fields", v.get("fields", {}).get("major") == 26, v)
+        methods = c.call("rpc_get_methods")
+        check("rpc_get_methods lists nvmf_create_subsystem", "nvmf_create_subsystem" in methods)
+        check("framework_wait_init", c.call("framework_wait_init") is True)
+        check("nvmf_get_transports before creating one: []", c.call("nvmf_get_transports") == [])
+        check("nvmf_create_transport TCP", c.call("nvmf_create_transport", {"trtype": "TCP", "max_queue_depth": 128}) is True)
+        expect_error(c, "a second TCP transport is refused", -32602, "nvmf_create_transport", trtype="TCP")
+        expect_error(c, "RDMA is refused", -32602, "nvmf_create_transport", trtype="RDMA")
+        t = c.call("nvmf_get_transports")
+        check("nvmf_get_transports: TCP with its sizes", len(t) == 1 and t[0]["trtype"] == "TCP" and t[0]["in_capsule_data_size"] > 0, t)
+
+        name = c.call("bdev_malloc_create", {"name": "Malloc0", "num_blocks": 32768, "block_size": 512})
+        check("bdev_malloc_create answers its name", name == "Malloc0", name)
+        auto = c.call("bdev_malloc_create", {"num_blocks": 2048, "block_size": 4096})
+        check("a malloc bdev without a name gets MallocN", auto.startswith("Malloc"), auto)
+        expect_error(c, "a bdev name used twice is refused", -32602, "bdev_malloc_create", name="Malloc0", num_blocks=8, block_size=512)
+        expect_error(c, "a block size pollux cannot serve is refused", -32602, "bdev_malloc_create", name="M9", num_blocks=8, block_size=520)
+
+        check("nvmf_create_subsystem", c.call("nvmf_create_subsystem", {
+            "nqn": NQN, "serial_number": "SPDK00000000000001", "model_number": "pollux via SPDK RPC",
+            "allow_any_host": False, "ana_reporting": True, "max_namespaces": 32}) is True)
+        expect_error(c, "a subsystem created twice is refused", -32602, "nvmf_create_subsystem", nqn=NQN)
+        expect_error(c, "nvmf_create_subsystem without nqn", -32602, "nvmf_create_subsystem", serial_number="X")
+        la = {"trtype": "tcp", "adrfam": "ipv4", "traddr": "127.0.0.1", "trsvcid": str(io_port)}
+        check("nvmf_subsystem_add_listener (a new address)", c.call("nvmf_subsystem_add_listener", {"nqn": NQN, "listen_address": la}) is True)
+        check("nvmf_subsystem_add_ns answers the NSID", c.call("nvmf_subsystem_add_ns", {"nqn": NQN, "namespace": {"bdev_name": "Malloc0", "anagrpid": 1}}) == 1)
+        expect_error(c, "a namespace on a bdev that does not exist", -32602, "nvmf_subsystem_add_ns", nqn=NQN, namespace={"bdev_name": "nope"})
+        expect_error(c, "a bdev attached twice", -32602, "nvmf_subsystem_add_ns", nqn=NQN, namespace={"bdev_name": "Malloc0"})
+        check("nvmf_subsystem_add_host", c.call("nvmf_subsystem_add_host", {"nqn": NQN, "host": HOST}) is True)
+        expect_error(c, "a keyring key name (no keyring yet) is refused", -32602, "nvmf_subsystem_add_host", nqn=NQN, host=HOST + "x", dhchap_key="key0")
+
+        subs = c.call("nvmf_get_subsystems")
+        mine = [s for s in subs if s["nqn"] == NQN]
+        check("nvmf_get_subsystems lists the discovery subsystem first", subs[0]["subtype"] == "Discovery", subs[0])
+        ok = (len(mine) == 1 and mine[0]["subtype"] == "NVMe" and mine[0]["serial_number"] == "SPDK00000000000001"
+              and mine[0]["listen_addresses"] == [{"trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": str(io_port)}]
+              and mine[0]["hosts"] == [{"nqn": HOST}]
+              and [(n["nsid"], n["bdev_name"], n["anagrpid"]) for n in mine[0]["namespaces"]] == [(1, "Malloc0", 1)])
+        check("nvmf_get_subsystems in SPDK's shape", ok, json.dumps(mine))
+        bdevs = {b["name"]: b for b in c.call("bdev_get_bdevs")}
+        check("bdev_get_bdevs: Malloc0 claimed, 32768 blocks of 512", bdevs.get("Malloc0", {}).get("claimed") is True
+              and bdevs["Malloc0"]["num_blocks"] == 32768 and bdevs["Malloc0"]["block_size"] == 512, bdevs.get("Malloc0"))
+        listeners = c.call("nvmf_subsystem_get_listeners", {"nqn": NQN})
+        check("nvmf_subsystem_get_listeners", len(listeners) == 1 and listeners[0]["address"]["trsvcid"] == str(io_port), listeners)
+
+        ok, out = perf_verify(io_port)
+        check("the host does verified I/O on the namespace the methods made", ok, out)
+        # The subsystem is only on the listener SPDK's methods named.
+        r = subprocess.run([POLLUX, "perf", "-r", f"trtype:tcp traddr:127.0.0.1 trsvcid:{port} subnqn:{NQN} hostnqn:{HOST}",
+                            "-t", "0.2", "--no-pin", "--timeout", "3"], capture_output=True, text=True, timeout=60)
+        check("not served on the other listener", r.returncode != 0, r.stdout[-200:])
+
+        # Bad input leaves the state as it was.
+        expect_error(c, "an unknown method: -32601", -32601, "nvmf_no_such_method")
+        expect_error(c, "a param of the wrong type", -32602, "nvmf_subsystem_allow_any_host", nqn=NQN, allow_any_host="yes")
+        after = [s for s in c.call("nvmf_get_subsystems") if s["nqn"] == NQN]
+        check("refused calls changed nothing", after == mine, json.dumps(after))
+
+        # The same over SPDK's command line (rpc.py).
+        cli = shutil.which("spdk-rpc") or os.path.join(os.path.dirname(sys.executable), "spdk-rpc")
+        r = subprocess.run([cli, "-s", sock, "nvmf_get_subsystems"], capture_output=True, text=True, timeout=60)
+        check("spdk-rpc (rpc.py) nvmf_get_subsystems", r.returncode == 0 and NQN in r.stdout, (r.stdout + r.stderr)[-300:])
+        r = subprocess.run([cli, "-s", sock, "bdev_null_create", "Null0", "64", "4096"], capture_output=True, text=True, timeout=60)
+        check("spdk-rpc bdev_null_create Null0 64 4096", r.returncode == 0 and "Null0" in r.stdout, (r.stdout + r.stderr)[-300:])
+        r = subprocess.run([cli, "-s", sock, "nvmf_subsystem_add_ns", NQN, "Null0"], capture_output=True, text=True, timeout=60)
+        ns = [(n["nsid"], n["bdev_name"]) for s in c.call("nvmf_get_subsystems") if s["nqn"] == NQN for n in s["namespaces"]]
+        check("spdk-rpc nvmf_subsystem_add_ns NQN Null0", r.returncode == 0 and (2, "Null0") in ns, (r.stdout + r.stderr)[-300:] + str(ns))
+
+        # What the methods did is a run-time change like pollux's own: saved into a conf.
+        saved = os.path.join(work, "saved.toml")
+        r = subprocess.run([POLLUX, "ctl", "--socket", sock, "save", "--to", saved], capture_output=True, text=True, timeout=30)
+        check("pollux ctl save", r.returncode == 0, r.stderr)
+        text = open(saved).read() if os.path.exists(saved) else ""
+        check("the saved conf has the subsystem, its listener and namespaces", NQN in text and f"127.0.0.1:{io_port}" in text
+              and "ram" in text and "null" in text, text[-800:])
+        r = subprocess.run([POLLUX, "--check", saved], capture_output=True, text=True, timeout=30)
+        check("pollux --check accepts the saved conf", r.returncode == 0, r.stdout + r.stderr)
+
+        # Tear-down in SPDK's order.
+        check("nvmf_subsystem_remove_ns 2", c.call("nvmf_subsystem_remove_ns", {"nqn": NQN, "nsid": 2}) is True)
+        check("bdev_null_delete", c.call("bdev_null_delete", {"name": "Null0"}) is True)
+        check("nvmf_subsystem_remove_listener", c.call("nvmf_subsystem_remove_listener", {"nqn": NQN, "listen_address": la}) is True)
+        check("nvmf_delete_subsystem", c.call("nvmf_delete_subsystem", {"nqn": NQN}) is True)
+        check("the subsystem is gone", all(s["nqn"] != NQN for s in c.call("nvmf_get_subsystems")))
+        check("Malloc0 is free again", c.call("bdev_get_bdevs", {"name": "Malloc0"})[0]["claimed"] is False)
+        check("bdev_malloc_delete", c.call("bdev_malloc_delete", {"name": "Malloc0"}) is True)
+        c.close()
+    finally:
+        stop(target)
+
+    # A fresh pollux serves what was saved.
+    fresh_sock = os.path.join(work, "fresh.sock")
+    text = open(saved).read().replace(sock, fresh_sock)
+    with open(saved, "w") as f:
+        f.write(text)
+    target = start(saved, fresh_sock, io_port)
+    try:
+        ok, out = perf_verify(io_port, "0.5")
+        check("a fresh pollux from the saved conf serves the namespace", ok, out)
+        c = JSONRPCClient(fresh_sock, timeout=30)
+        mine = [s for s in c.call("nvmf_get_subsystems") if s["nqn"] == NQN]
+        check("and reports it through SPDK's method", len(mine) == 1 and len(mine[0]["namespaces"]) == 2, json.dumps(mine))
+        c.close()
+    finally:
+        stop(target)
+    shutil.rmtree(work, ignore_errors=True)
+    print(f"{checks['passed']} passed, {checks['failed']} failed")
+    sys.exit(1 if checks["failed"] else 0)
+
+
+if __name__ == "__main__":
+    main()

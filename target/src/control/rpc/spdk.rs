@@ -1,0 +1,709 @@
+//! SPDK's JSON-RPC methods (SPDK v26.05 `doc/jsonrpc.md`), so that SPDK's own client
+//! (`rpc.py`, the `spdk` Python package) and the programs built on it drive pollux as they
+//! drive `nvmf_tgt`. Not a second control plane: each method is translated onto pollux's
+//! own (the same run-time change `pollux ctl` makes, written by `pollux ctl save`), and
+//! answers in SPDK's shapes and error codes.
+//!
+//! SPDK's model has bdevs: named stores created first (`bdev_malloc_create`, ...), attached
+//! as namespaces later (`nvmf_subsystem_add_ns`). pollux's namespaces hold their store; the
+//! bdevs created here are kept by the control plane until attached, and remembered by name
+//! while attached (a namespace made otherwise has no bdev name: it is reported as
+//! `NQN/nsid`). A bdev not attached lives in this process only, as an SPDK malloc bdev does.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Mutex;
+
+use pollux_conf::TlsMode;
+use serde_json::{Map, Value, json};
+
+use super::{Ctx, INVALID_PARAMS, RpcError};
+
+/// What SPDK's RPC layer keeps beside pollux's conf: the bdevs and whether the TCP
+/// transport was created.
+#[derive(Debug, Default)]
+pub struct SpdkState {
+    bdevs: BTreeMap<String, Bdev>,
+    transport_created: bool,
+    /// The next `MallocN` / `NullN` number for a bdev created without a name.
+    next_auto: u32,
+}
+
+/// A bdev: a named store, and the namespace it backs once attached.
+#[derive(Debug, Clone)]
+struct Bdev {
+    product: &'static str,
+    block_size: u32,
+    num_blocks: u64,
+    uuid: uuid::Uuid,
+    /// pollux's backend table for it (`{"ram": {"size": ...}}`, ...).
+    backend: Value,
+    /// (subsystem NQN, NSID) once attached.
+    attached: Option<(String, u32)>,
+}
+
+/// One SPDK method: its name and what it does here.
+pub struct SpdkMethod {
+    /// SPDK's name.
+    pub name: &'static str,
+    handler: fn(&Ctx, &Value) -> Result<Value, RpcError>,
+}
+
+const fn m(name: &'static str, handler: fn(&Ctx, &Value) -> Result<Value, RpcError>) -> SpdkMethod {
+    SpdkMethod { name, handler }
+}
+
+/// Every SPDK method pollux answers.
+pub const SPDK_METHODS: &[SpdkMethod] = &[
+    m("spdk_get_version", |_, _| Ok(version())),
+    m("rpc_get_methods", |_, _| Ok(method_names())),
+    m("framework_start_init", |_, _| Ok(Value::Bool(true))),
+    m("framework_wait_init", |_, _| Ok(Value::Bool(true))),
+    m("nvmf_create_transport", Ctx::spdk_create_transport),
+    m("nvmf_get_transports", Ctx::spdk_get_transports),
+    m("nvmf_create_subsystem", Ctx::spdk_create_subsystem),
+    m("nvmf_delete_subsystem", Ctx::spdk_delete_subsystem),
+    m("nvmf_get_subsystems", Ctx::spdk_get_subsystems),
+    m("nvmf_subsystem_add_listener", Ctx::spdk_add_listener),
+    m("nvmf_subsystem_remove_listener", Ctx::spdk_remove_listener),
+    m("nvmf_subsystem_get_listeners", Ctx::spdk_get_listeners),
+    m("nvmf_subsystem_add_ns", Ctx::spdk_add_ns),
+    m("nvmf_subsystem_remove_ns", Ctx::spdk_remove_ns),
+    m("nvmf_subsystem_add_host", Ctx::spdk_add_host),
+    m("nvmf_subsystem_remove_host", Ctx::spdk_remove_host),
+    m("nvmf_subsystem_allow_any_host", Ctx::spdk_allow_any_host),
+    m("nvmf_ns_add_host", |c, p| c.spdk_ns_host(p, "ns_add_host")),
+    m("nvmf_ns_remove_host", |c, p| c.spdk_ns_host(p, "ns_remove_host")),
+    m("bdev_malloc_create", |c, p| c.spdk_bdev_create(p, BdevKind::Malloc)),
+    m("bdev_null_create", |c, p| c.spdk_bdev_create(p, BdevKind::Null)),
+    m("bdev_aio_create", |c, p| c.spdk_bdev_create(p, BdevKind::Aio)),
+    m("bdev_uring_create", |c, p| c.spdk_bdev_create(p, BdevKind::Uring)),
+    m("bdev_malloc_delete", Ctx::spdk_bdev_delete),
+    m("bdev_null_delete", Ctx::spdk_bdev_delete),
+    m("bdev_aio_delete", Ctx::spdk_bdev_delete),
+    m("bdev_uring_delete", Ctx::spdk_bdev_delete),
+    m("bdev_get_bdevs", Ctx::spdk_get_bdevs),
+];
+
+/// SPDK's method `name`, if pollux answers it.
+pub fn find(name: &str) -> Option<&'static SpdkMethod> {
+    SPDK_METHODS.iter().find(|m| m.name == name)
+}
+
+impl SpdkMethod {
+    /// Run it.
+    pub fn call(&self, ctx: &Ctx, params: &Value) -> Result<Value, RpcError> {
+        (self.handler)(ctx, params)
+    }
+}
+
+/// SPDK's answer to a bad param: -32602, naming it.
+fn invalid(why: impl std::fmt::Display) -> RpcError {
+    RpcError::new(INVALID_PARAMS, format!("Invalid parameters: {why}"))
+}
+
+fn obj(params: &Value) -> Result<&Map<String, Value>, RpcError> {
+    match params {
+        Value::Object(o) => Ok(o),
+        Value::Null => Err(invalid("params are required")),
+        _ => Err(invalid("params must be an object")),
+    }
+}
+
+fn req_str<'a>(o: &'a Map<String, Value>, key: &str) -> Result<&'a str, RpcError> {
+    match o.get(key) {
+        Some(Value::String(s)) => Ok(s),
+        Some(v) => Err(invalid(format!("'{key}' must be a string, got {v}"))),
+        None => Err(invalid(format!("missing '{key}'"))),
+    }
+}
+
+fn opt_str<'a>(o: &'a Map<String, Value>, key: &str) -> Result<Option<&'a str>, RpcError> {
+    match o.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(v) => Err(invalid(format!("'{key}' must be a string, got {v}"))),
+    }
+}
+
+fn opt_u64(o: &Map<String, Value>, key: &str) -> Result<Option<u64>, RpcError> {
+    match o.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .map(Some)
+            .ok_or_else(|| invalid(format!("'{key}' must be a non-negative integer, got {v}"))),
+    }
+}
+
+fn opt_bool(o: &Map<String, Value>, key: &str) -> Result<Option<bool>, RpcError> {
+    match o.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(v) => Err(invalid(format!("'{key}' must be true or false, got {v}"))),
+    }
+}
+
+/// `spdk_get_version`: the SPDK release whose RPC surface pollux answers.
+fn version() -> Value {
+    json!({
+        "version": format!("SPDK v26.05 (pollux {})", env!("CARGO_PKG_VERSION")),
+        "fields": {"major": 26, "minor": 5, "patch": 0, "suffix": "-pollux"}
+    })
+}
+
+/// `rpc_get_methods`: SPDK's methods pollux answers, then its own.
+fn method_names() -> Value {
+    let spdk = SPDK_METHODS.iter().map(|m| m.name);
+    let own = crate::control::methods::METHODS.iter().map(|m| m.name);
+    Value::Array(spdk.chain(own).map(|n| Value::String(n.into())).collect())
+}
+
+/// `IP:PORT` (`[IP]:PORT` for IPv6) of an SPDK `listen_address` object.
+fn listen_address(o: &Map<String, Value>) -> Result<String, RpcError> {
+    let la = match o.get("listen_address") {
+        Some(Value::Object(la)) => la,
+        Some(v) => return Err(invalid(format!("'listen_address' must be an object, got {v}"))),
+        None => return Err(invalid("missing 'listen_address'")),
+    };
+    let trtype = req_str(la, "trtype")?;
+    if !trtype.eq_ignore_ascii_case("tcp") {
+        return Err(invalid(format!("trtype '{trtype}': pollux serves TCP only")));
+    }
+    let traddr = req_str(la, "traddr")?;
+    let trsvcid = match la.get("trsvcid") {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Number(n)) => n.to_string(),
+        _ => return Err(invalid("missing 'listen_address.trsvcid'")),
+    };
+    let text = if traddr.contains(':') {
+        format!("[{traddr}]:{trsvcid}")
+    } else {
+        format!("{traddr}:{trsvcid}")
+    };
+    text.parse::<SocketAddr>()
+        .map_err(|e| invalid(format!("listen_address {text}: {e}")))?;
+    Ok(text)
+}
+
+/// SPDK's `listen_address` object of `a`.
+fn address_json(a: &SocketAddr) -> Value {
+    json!({
+        "trtype": "TCP",
+        "adrfam": if a.is_ipv4() { "IPv4" } else { "IPv6" },
+        "traddr": a.ip().to_string(),
+        "trsvcid": a.port().to_string(),
+    })
+}
+
+/// Upper-case hex, as SPDK writes NGUIDs and EUI-64s.
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02X}")).collect()
+}
+
+/// The kinds of bdev that map onto pollux backends.
+#[derive(Debug, Clone, Copy)]
+enum BdevKind {
+    Malloc,
+    Null,
+    Aio,
+    Uring,
+}
+
+impl Ctx {
+    fn spdk(&self) -> std::sync::MutexGuard<'_, SpdkState> {
+        self.spdk.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A pollux mutation, its result not SPDK's business (SPDK answers `true`).
+    fn change(&self, method: &str, params: Value) -> Result<(), RpcError> {
+        self.mutation(method, &params).map(|_| ())
+    }
+
+    fn spdk_create_transport(&self, p: &Value) -> Result<Value, RpcError> {
+        let o = obj(p)?;
+        let trtype = req_str(o, "trtype")?;
+        if !trtype.eq_ignore_ascii_case("tcp") {
+            return Err(invalid(format!(
+                "Transport type '{trtype}' is not supported: pollux serves NVMe/TCP"
+            )));
+        }
+        // Options that would change behaviour pollux does not have are refused; the sizes
+        // are the conf's `[transport]` (nvmf_get_transports shows them) and the rest are
+        // SPDK's own tuning (buffer pools, socket priority), which pollux has no use for.
+        for (key, lacks) in [
+            ("dif_insert_or_strip", "DIF insert/strip"),
+            ("zcopy", "SPDK's zero-copy bdev path"),
+        ] {
+            if opt_bool(o, key)? == Some(true) {
+                return Err(invalid(format!("'{key}': pollux has no {lacks}")));
+            }
+        }
+        let mut s = self.spdk();
+        if s.transport_created {
+            return Err(invalid(format!("Transport type '{trtype}' already exists")));
+        }
+        s.transport_created = true;
+        tracing::info!("control: SPDK nvmf_create_transport TCP (pollux's NVMe/TCP transport, as configured)");
+        Ok(Value::Bool(true))
+    }
+
+    fn spdk_get_transports(&self, _: &Value) -> Result<Value, RpcError> {
+        if !self.spdk().transport_created {
+            return Ok(json!([]));
+        }
+        let t = &self.shared.transport;
+        Ok(json!([{
+            "trtype": "TCP",
+            "max_queue_depth": t.io_queue_depth,
+            "max_io_qpairs_per_ctrlr": t.io_queues_for(self.reactor_count()),
+            "in_capsule_data_size": t.in_capsule_data_size,
+            "max_io_size": t.max_io_size,
+            "io_unit_size": t.max_h2c_data,
+            "max_aq_depth": 32,
+            "dif_insert_or_strip": false,
+            "zcopy": false,
+            "c2h_success": true,
+            "sock_priority": 0,
+            "abort_timeout_sec": 1,
+        }]))
+    }
+
+    fn spdk_create_subsystem(&self, p: &Value) -> Result<Value, RpcError> {
+        let o = obj(p)?;
+        let nqn = req_str(o, "nqn")?;
+        let mut t = json!({
+            "nqn": nqn,
+            "allow_any_host": opt_bool(o, "allow_any_host")?.unwrap_or(false),
+            // No host until nvmf_subsystem_add_host (or allow_any_host).
+            "hosts": [],
+            // SPDK's subsystem is on no listener until nvmf_subsystem_add_listener.
+            "listeners": [],
+        });
+        if let Some(s) = opt_str(o, "serial_number")? {
+            t["serial"] = s.into();
+        }
+        if let Some(s) = opt_str(o, "model_number")? {
+            t["model"] = s.into();
+        }
+        for (spdk, ours) in [("min_cntlid", "min_cntlid"), ("max_cntlid", "max_cntlid")] {
+            if let Some(v) = opt_u64(o, spdk)? {
+                t[ours] = v.into();
+            }
+        }
+        // max_namespaces and ana_reporting: pollux has no namespace cap below the spec's and
+        // always reports ANA (NVMe 2.0 §8.1.3); accepted as they are.
+        opt_u64(o, "max_namespaces")?;
+        opt_bool(o, "ana_reporting")?;
+        if self.shared.snapshot.load().subsystem(nqn).is_some() {
+            return Err(invalid(format!("Unable to create subsystem {nqn}: it exists")));
+        }
+        self.change("add_subsystem", t)?;
+        Ok(Value::Bool(true))
+    }
+
+    fn spdk_delete_subsystem(&self, p: &Value) -> Result<Value, RpcError> {
+        let nqn = req_str(obj(p)?, "nqn")?;
+        self.change("remove_subsystem", json!({ "nqn": nqn }))?;
+        for b in self.spdk().bdevs.values_mut() {
+            if b.attached.as_ref().is_some_and(|(n, _)| n == nqn) {
+                b.attached = None;
+            }
+        }
+        Ok(Value::Bool(true))
+    }
+
+    /// The bdev name of namespace `nsid` of `nqn`: the one attached there, else `NQN/nsid`.
+    fn bdev_name_of(&self, nqn: &str, nsid: u32) -> String {
+        self.spdk()
+            .bdevs
+            .iter()
+            .find(|(_, b)| b.attached.as_ref().is_some_and(|(n, i)| n == nqn && *i == nsid))
+            .map_or_else(|| format!("{nqn}/{nsid}"), |(name, _)| name.clone())
+    }
+
+    fn spdk_get_subsystems(&self, p: &Value) -> Result<Value, RpcError> {
+        let only = match p {
+            Value::Object(o) => opt_str(o, "nqn")?.map(str::to_string),
+            _ => None,
+        };
+        let cfg = self.shared.config.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut out = Vec::new();
+        if only.is_none() || only.as_deref() == Some(pollux_conf::DISCOVERY_NQN) {
+            out.push(json!({
+                "nqn": pollux_conf::DISCOVERY_NQN,
+                "subtype": "Discovery",
+                "listen_addresses": cfg.listeners.iter().map(|l| address_json(&l.address)).collect::<Vec<_>>(),
+                "allow_any_host": true,
+                "hosts": [],
+            }));
+        }
+        for s in &cfg.subsystems {
+            if only.as_deref().is_some_and(|n| n != s.nqn) {
+                continue;
+            }
+            let listeners: Vec<Value> = cfg
+                .listeners
+                .iter()
+                .filter(|l| s.served_on(l.address))
+                .map(|l| address_json(&l.address))
+                .collect();
+            let namespaces: Vec<Value> = s
+                .namespaces
+                .iter()
+                .map(|n| {
+                    let name = self.bdev_name_of(&s.nqn, n.nsid);
+                    json!({
+                        "nsid": n.nsid,
+                        "bdev_name": name,
+                        "name": name,
+                        "nguid": hex(&n.nguid),
+                        "uuid": uuid::Uuid::from_bytes(n.uuid).hyphenated().to_string(),
+                        "anagrpid": n.ana_group,
+                        "no_auto_visible": n.hosts.is_some(),
+                    })
+                })
+                .collect();
+            out.push(json!({
+                "nqn": s.nqn,
+                "subtype": "NVMe",
+                "listen_addresses": listeners,
+                "allow_any_host": s.allow_any_host,
+                "hosts": s.hosts.iter().map(|h| json!({"nqn": h})).collect::<Vec<_>>(),
+                "serial_number": s.serial,
+                "model_number": s.model,
+                "max_namespaces": 0,
+                "min_cntlid": s.min_cntlid,
+                "max_cntlid": s.max_cntlid,
+                "namespaces": namespaces,
+            }));
+        }
+        if let Some(n) = only
+            && out.is_empty()
+        {
+            return Err(invalid(format!("subsystem {n} not found")));
+        }
+        Ok(Value::Array(out))
+    }
+
+    fn spdk_add_listener(&self, p: &Value) -> Result<Value, RpcError> {
+        let o = obj(p)?;
+        let nqn = req_str(o, "nqn")?;
+        let address = listen_address(o)?;
+        let secure = opt_bool(o, "secure_channel")?.unwrap_or(false);
+        let cfg = self.shared.config.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let parsed: SocketAddr = address.parse().map_err(|e| invalid(format!("{address}: {e}")))?;
+        let existing = cfg.listeners.iter().find(|l| l.address == parsed);
+        if let Some(l) = existing
+            && secure
+            && l.tls != TlsMode::Required
+        {
+            return Err(invalid(format!(
+                "listener {address} exists without secure_channel (tls = \"required\"); remove it first"
+            )));
+        }
+        let added = existing.is_none();
+        if added {
+            let mut l = json!({ "address": address });
+            if secure {
+                l["tls"] = "required".into();
+            }
+            self.change("add_listener", l)?;
+        }
+        if let Err(e) = self.change("subsystem_add_listener", json!({"nqn": nqn, "address": address})) {
+            if added {
+                // Not half done: the listener this call opened goes again.
+                let _ = self.change("remove_listener", json!({ "address": address }));
+            }
+            return Err(e);
+        }
+        Ok(Value::Bool(true))
+    }
+
+    fn spdk_remove_listener(&self, p: &Value) -> Result<Value, RpcError> {
+        let o = obj(p)?;
+        let nqn = req_str(o, "nqn")?;
+        let address = listen_address(o)?;
+        self.change("subsystem_remove_listener", json!({"nqn": nqn, "address": address}))?;
+        Ok(Value::Bool(true))
+    }
+
+    fn spdk_get_listeners(&self, p: &Value) -> Result<Value, RpcError> {
+        let nqn = req_str(obj(p)?, "nqn")?;
+        let cfg = self.shared.config.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let s = cfg
+            .subsystems
+            .iter()
+            .find(|s| s.nqn == nqn)
+            .ok_or_else(|| invalid(format!("subsystem {nqn} not found")))?;
+        let groups: std::collections::BTreeSet<u32> = s.namespaces.iter().map(|n| n.ana_group).collect();
+        Ok(Value::Array(
+            cfg.listeners
+                .iter()
+                .filter(|l| s.served_on(l.address))
+                .map(|l| {
+                    let states: Vec<Value> = groups
+                        .iter()
+                        .map(|g| {
+                            let st = l.ana.get(g).copied().unwrap_or_default();
+                            json!({"ana_group": g, "ana_state": st.name().replace('-', "_")})
+                        })
+                        .collect();
+                    json!({
+                        "address": address_json(&l.address),
+                        "secure_channel": l.tls == TlsMode::Required,
+                        "ana_states": states,
+                    })
+                })
+                .collect(),
+        ))
+    }
+
+    fn spdk_add_ns(&self, p: &Value) -> Result<Value, RpcError> {
+        let o = obj(p)?;
+        let nqn = req_str(o, "nqn")?;
+        let ns = match o.get("namespace") {
+            Some(Value::Object(n)) => n,
+            _ => return Err(invalid("missing 'namespace' object")),
+        };
+        let bdev_name = req_str(ns, "bdev_name")?;
+        let bdev = {
+            let s = self.spdk();
+            let b = s
+                .bdevs
+                .get(bdev_name)
+                .ok_or_else(|| invalid(format!("Unable to find bdev with name: {bdev_name}")))?;
+            if let Some((n, i)) = &b.attached {
+                return Err(invalid(format!("bdev {bdev_name} is claimed by namespace {i} of {n}")));
+            }
+            b.clone()
+        };
+        let snap = self.shared.snapshot.load();
+        let sub = snap
+            .subsystem(nqn)
+            .ok_or_else(|| invalid(format!("Unable to find subsystem with NQN {nqn}")))?;
+        let nsid = match opt_u64(ns, "nsid")? {
+            Some(0) | None => (1u32..)
+                .find(|i| sub.all_namespaces().all(|n| n.nsid != *i))
+                .unwrap_or(1),
+            Some(n) => u32::try_from(n).map_err(|_| invalid(format!("'nsid' {n} is out of range")))?,
+        };
+        let mut t = json!({
+            "nqn": nqn,
+            "nsid": nsid,
+            "block_size": bdev.block_size,
+            "backend": bdev.backend,
+            "uuid": opt_str(ns, "uuid")?.map_or_else(|| bdev.uuid.hyphenated().to_string(), str::to_string),
+        });
+        for key in ["nguid", "eui64"] {
+            if let Some(v) = opt_str(ns, key)? {
+                t[key] = v.replace('-', "").into();
+            }
+        }
+        if let Some(g) = opt_u64(ns, "anagrpid")? {
+            t["ana_group"] = g.into();
+        }
+        if opt_bool(ns, "no_auto_visible")? == Some(true) {
+            // Attached to no host until nvmf_ns_add_host.
+            t["hosts"] = json!([]);
+        }
+        self.change("add_namespace", t)?;
+        if let Some(b) = self.spdk().bdevs.get_mut(bdev_name) {
+            b.attached = Some((nqn.to_string(), nsid));
+        }
+        Ok(Value::from(nsid))
+    }
+
+    fn spdk_remove_ns(&self, p: &Value) -> Result<Value, RpcError> {
+        let o = obj(p)?;
+        let nqn = req_str(o, "nqn")?;
+        let nsid = opt_u64(o, "nsid")?.ok_or_else(|| invalid("missing 'nsid'"))?;
+        self.change("remove_namespace", json!({"nqn": nqn, "nsid": nsid}))?;
+        for b in self.spdk().bdevs.values_mut() {
+            if b.attached
+                .as_ref()
+                .is_some_and(|(n, i)| n == nqn && u64::from(*i) == nsid)
+            {
+                b.attached = None;
+            }
+        }
+        Ok(Value::Bool(true))
+    }
+
+    fn spdk_add_host(&self, p: &Value) -> Result<Value, RpcError> {
+        let o = obj(p)?;
+        let (nqn, host) = (req_str(o, "nqn")?, req_str(o, "host")?);
+        for key in ["psk", "dhchap_key", "dhchap_ctrlr_key"] {
+            if opt_str(o, key)?.is_some() {
+                return Err(invalid(format!(
+                    "'{key}' names a keyring key, and pollux has no keyring yet: give the host's keys with `pollux ctl add-host --dhchap-key-file` (or set-host-keys)"
+                )));
+            }
+        }
+        self.change("add_host", json!({"nqn": nqn, "host": host}))?;
+        Ok(Value::Bool(true))
+    }
+
+    fn spdk_remove_host(&self, p: &Value) -> Result<Value, RpcError> {
+        let o = obj(p)?;
+        self.change(
+            "remove_host",
+            json!({"nqn": req_str(o, "nqn")?, "host": req_str(o, "host")?}),
+        )?;
+        Ok(Value::Bool(true))
+    }
+
+    fn spdk_allow_any_host(&self, p: &Value) -> Result<Value, RpcError> {
+        let o = obj(p)?;
+        let allow = opt_bool(o, "allow_any_host")?.ok_or_else(|| invalid("missing 'allow_any_host'"))?;
+        self.change("set_allow_any_host", json!({"nqn": req_str(o, "nqn")?, "allow": allow}))?;
+        Ok(Value::Bool(true))
+    }
+
+    fn spdk_ns_host(&self, p: &Value, ours: &str) -> Result<Value, RpcError> {
+        let o = obj(p)?;
+        let nsid = opt_u64(o, "nsid")?.ok_or_else(|| invalid("missing 'nsid'"))?;
+        self.change(
+            ours,
+            json!({"nqn": req_str(o, "nqn")?, "nsid": nsid, "host": req_str(o, "host")?}),
+        )?;
+        Ok(Value::Bool(true))
+    }
+
+    fn spdk_bdev_create(&self, p: &Value, kind: BdevKind) -> Result<Value, RpcError> {
+        let o = obj(p)?;
+        let block_size = opt_u64(o, "block_size")?.unwrap_or(512);
+        if block_size != 512 && block_size != 4096 {
+            return Err(invalid(format!("block_size {block_size}: pollux serves 512 or 4096")));
+        }
+        let (product, backend, num_blocks, prefix) = match kind {
+            BdevKind::Malloc | BdevKind::Null => {
+                let num_blocks = opt_u64(o, "num_blocks")?.ok_or_else(|| invalid("missing 'num_blocks'"))?;
+                if num_blocks == 0 {
+                    return Err(invalid("'num_blocks' must be above 0"));
+                }
+                let size = num_blocks
+                    .checked_mul(block_size)
+                    .ok_or_else(|| invalid("'num_blocks' x 'block_size' overflows"))?;
+                match kind {
+                    BdevKind::Malloc => ("Malloc disk", json!({"ram": {"size": size}}), num_blocks, "Malloc"),
+                    _ => ("Null disk", json!({"null": {"size": size}}), num_blocks, "Null"),
+                }
+            }
+            BdevKind::Aio | BdevKind::Uring => {
+                let path = req_str(o, "filename")?;
+                let len = file_len(path).map_err(|e| invalid(format!("Could not open {path}: {e}")))?;
+                if len < block_size || len % block_size != 0 {
+                    return Err(invalid(format!(
+                        "{path}: {len} bytes is not a whole number of {block_size}-byte blocks"
+                    )));
+                }
+                let product = if matches!(kind, BdevKind::Aio) {
+                    "AIO disk"
+                } else {
+                    "URING bdev"
+                };
+                (product, json!({"file": {"path": path}}), len / block_size, "")
+            }
+        };
+        let uuid = match opt_str(o, "uuid")? {
+            Some(u) => uuid::Uuid::parse_str(u).map_err(|e| invalid(format!("'uuid' {u}: {e}")))?,
+            None => {
+                let mut b = [0u8; 16];
+                getrandom::fill(&mut b)
+                    .map_err(|e| RpcError::new(super::CONFIG_ERROR, format!("no random bytes for a UUID: {e}")))?;
+                uuid::Builder::from_random_bytes(b).into_uuid()
+            }
+        };
+        let mut s = self.spdk();
+        let name = match opt_str(o, "name")? {
+            Some(n) if !n.is_empty() => n.to_string(),
+            _ if prefix.is_empty() => return Err(invalid("missing 'name'")),
+            _ => loop {
+                let n = format!("{prefix}{}", s.next_auto);
+                s.next_auto += 1;
+                if !s.bdevs.contains_key(&n) {
+                    break n;
+                }
+            },
+        };
+        if s.bdevs.contains_key(&name) {
+            return Err(invalid(format!("Bdev name {name} already exists")));
+        }
+        s.bdevs.insert(
+            name.clone(),
+            Bdev {
+                product,
+                block_size: block_size as u32,
+                num_blocks,
+                uuid,
+                backend,
+                attached: None,
+            },
+        );
+        Ok(Value::String(name))
+    }
+
+    fn spdk_bdev_delete(&self, p: &Value) -> Result<Value, RpcError> {
+        let name = req_str(obj(p)?, "name")?;
+        let attached = {
+            let s = self.spdk();
+            s.bdevs
+                .get(name)
+                .ok_or_else(|| invalid(format!("bdev {name} not found")))?
+                .attached
+                .clone()
+        };
+        // Deleting an attached bdev removes its namespace, as SPDK's hot remove does.
+        if let Some((nqn, nsid)) = attached {
+            self.change("remove_namespace", json!({"nqn": nqn, "nsid": nsid}))?;
+        }
+        self.spdk().bdevs.remove(name);
+        Ok(Value::Bool(true))
+    }
+
+    fn spdk_get_bdevs(&self, p: &Value) -> Result<Value, RpcError> {
+        let only = match p {
+            Value::Object(o) => opt_str(o, "name")?.map(str::to_string),
+            _ => None,
+        };
+        let s = self.spdk();
+        let list: Vec<Value> = s
+            .bdevs
+            .iter()
+            .filter(|(n, _)| only.as_ref().is_none_or(|o| o == *n))
+            .map(|(name, b)| {
+                json!({
+                    "name": name,
+                    "aliases": [],
+                    "product_name": b.product,
+                    "block_size": b.block_size,
+                    "num_blocks": b.num_blocks,
+                    "uuid": b.uuid.hyphenated().to_string(),
+                    "claimed": b.attached.is_some(),
+                    "supported_io_types": {"read": true, "write": true, "unmap": true, "write_zeroes": true, "flush": true},
+                    "driver_specific": {"pollux": {"backend": b.backend}},
+                })
+            })
+            .collect();
+        if let Some(n) = only
+            && list.is_empty()
+        {
+            return Err(invalid(format!("bdev {n} not found")));
+        }
+        Ok(Value::Array(list))
+    }
+}
+
+/// The size of a file or block device.
+fn file_len(path: &str) -> std::io::Result<u64> {
+    use std::io::{Seek, SeekFrom};
+    let mut f = std::fs::File::open(path)?;
+    // A block device's metadata says 0: its end is its size.
+    f.seek(SeekFrom::End(0))
+}
+
+/// The state the RPC context keeps for SPDK's methods.
+pub(super) fn state() -> Mutex<SpdkState> {
+    Mutex::new(SpdkState::default())
+}
