@@ -132,10 +132,16 @@ pub(crate) fn to_toml(c: &Config) -> String {
     let _ = writeln!(o, "max_ms = {}", k.max_ms);
 
     let ctl = &c.control;
-    if ctl.socket.is_some() || ctl.metrics.is_some() {
+    if !ctl.socket_is_default || ctl.metrics.is_some() {
         let _ = writeln!(o, "\n[control]");
-        if let Some(s) = &ctl.socket {
-            let _ = writeln!(o, "socket = {}", path(s));
+        match &ctl.socket {
+            _ if ctl.socket_is_default => {}
+            Some(s) => {
+                let _ = writeln!(o, "socket = {}", path(s));
+            }
+            None => {
+                let _ = writeln!(o, "socket = \"none\"");
+            }
         }
         if let Some(m) = &ctl.metrics {
             let _ = writeln!(o, "metrics = {}", quote(&m.to_string()));

@@ -461,15 +461,34 @@ impl KeepAlive {
     }
 }
 
+/// Where a target listens for `pollux ctl`, `pollux top` and RPC clients when its conf
+/// names no `[control] socket`, and where they look without a flag.
+pub const DEFAULT_CONTROL_SOCKET: &str = "/run/pollux.sock";
+
 /// The `[control]` table: ways to inspect and steer a running target.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Control {
     /// The Unix socket to accept control commands on (absolute, resolved
-    /// like file backend paths); `None`: no control socket.
+    /// like file backend paths); `None`: no control socket (`socket = "none"`).
     pub socket: Option<PathBuf>,
+    /// `socket` is [`DEFAULT_CONTROL_SOCKET`] because the conf named none: a target that
+    /// cannot have it (another pollux serves it, or the directory is not writable) serves
+    /// on without one, saying so, where a socket the conf names must be had.
+    pub socket_is_default: bool,
     /// The loopback address serving Prometheus text metrics over HTTP;
     /// `None`: no metrics endpoint.
     pub metrics: Option<SocketAddr>,
+}
+
+impl Default for Control {
+    /// No `[control]` table: the default socket, no metrics.
+    fn default() -> Self {
+        Self {
+            socket: Some(PathBuf::from(DEFAULT_CONTROL_SOCKET)),
+            socket_is_default: true,
+            metrics: None,
+        }
+    }
 }
 
 /// One `[[subsystem]]`.

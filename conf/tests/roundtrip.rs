@@ -149,6 +149,7 @@ seed = 0
         c.control,
         Control {
             socket: Some(PathBuf::from("/run/pollux/\"ctl\" ü.sock")),
+            socket_is_default: false,
             metrics: Some("[::1]:9100".parse().expect("addr")),
         }
     );
@@ -226,11 +227,13 @@ fn defaults_of_new_keys() {
     assert_eq!(c.reactors.cpu_budget, 0.3);
     assert_eq!(c.reactors.latency_target_us, None);
     assert_eq!(c.reactors.policy, ModelKind::Robust);
+    // No [control] table: the default socket, taken if free; no metrics.
     assert_eq!(c.control, Control::default());
     assert_eq!(
         c.control,
         Control {
-            socket: None,
+            socket: Some(PathBuf::from(pollux_conf::DEFAULT_CONTROL_SOCKET)),
+            socket_is_default: true,
             metrics: None
         }
     );
@@ -739,5 +742,15 @@ fn control() -> impl Strategy<Value = Control> {
         (any::<[u8; 3]>(), 9000u16..9100).prop_map(|(ip, port)| SocketAddr::from(([127, ip[0], ip[1], ip[2]], port))),
         (0u16..9100).prop_map(|port| SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, port))),
     ];
-    (prop::option::of(abs_path()), prop::option::of(metrics)).prop_map(|(socket, metrics)| Control { socket, metrics })
+    // A socket named, "none" (no socket) or the default (the key left out).
+    let socket = prop_oneof![
+        abs_path().prop_map(|p| (Some(p), false)),
+        Just((None, false)),
+        Just((Some(PathBuf::from(pollux_conf::DEFAULT_CONTROL_SOCKET)), true)),
+    ];
+    (socket, prop::option::of(metrics)).prop_map(|((socket, socket_is_default), metrics)| Control {
+        socket,
+        socket_is_default,
+        metrics,
+    })
 }

@@ -13,7 +13,8 @@ const UNIX_PATH_MAX: usize = 107;
 
 pub(super) fn control(cx: &Cx<'_>, c: RawControl, listeners: &[Listener]) -> Result<Control, ConfError> {
     let socket = match &c.socket {
-        None => None,
+        None => Some(std::path::PathBuf::from(crate::DEFAULT_CONTROL_SOCKET)),
+        Some(v) if v.get_ref() == "none" => None,
         Some(v) => {
             let path = cx.path(v, "socket")?;
             let len = path.as_os_str().len();
@@ -58,5 +59,9 @@ pub(super) fn control(cx: &Cx<'_>, c: RawControl, listeners: &[Listener]) -> Res
             Some(address)
         }
     };
-    Ok(Control { socket, metrics })
+    Ok(Control {
+        socket,
+        socket_is_default: c.socket.is_none(),
+        metrics,
+    })
 }

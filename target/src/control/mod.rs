@@ -35,7 +35,7 @@ pub use server::{Bound, ControlServer};
 pub const MAX_LINE: usize = 64 * 1024;
 
 /// The socket `pollux ctl` and `pollux top` use when neither `--socket` nor a conf names one.
-pub const DEFAULT_SOCKET: &str = "/run/pollux.sock";
+pub const DEFAULT_SOCKET: &str = pollux_conf::DEFAULT_CONTROL_SOCKET;
 
 /// Errors of the control plane, its server and its clients.
 #[derive(Debug, thiserror::Error)]

@@ -80,7 +80,18 @@ impl Bound {
     /// Bind the endpoints `c` asks for (none: nothing to serve).
     pub fn bind(c: &pollux_conf::Control) -> Result<Self, ControlError> {
         let socket = match &c.socket {
-            Some(p) => Some((bind_socket(p)?, p.clone())),
+            Some(p) => match bind_socket(p) {
+                Ok(l) => Some((l, p.clone())),
+                // The conf named no socket: this target serves without one, saying why
+                // (a second target on the machine, or a user who cannot write /run).
+                Err(e) if c.socket_is_default => {
+                    warn!(
+                        "no control socket: {e}; `pollux ctl` reaches this target only through a [control] socket of its own (`socket = \"none\"` to say so)"
+                    );
+                    None
+                }
+                Err(e) => return Err(e),
+            },
             None => None,
         };
         let metrics = match c.metrics {
@@ -108,6 +119,7 @@ impl Bound {
         let fresh = if (socket.is_none() && c.socket.is_some()) || (metrics.is_none() && c.metrics.is_some()) {
             let only = pollux_conf::Control {
                 socket: if socket.is_none() { c.socket.clone() } else { None },
+                socket_is_default: c.socket_is_default,
                 metrics: if metrics.is_none() { c.metrics } else { None },
             };
             match Self::bind(&only) {
