@@ -20,12 +20,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 
 from spdk.rpc.client import JSONRPCClient, JSONRPCException
 
 POLLUX = os.path.abspath(sys.argv[1])
 NQN = "nqn.2016-06.io.spdk:cnode1"
 HOST = "nqn.2014-08.org.nvmexpress:uuid:0c0c0c0c-0000-4000-8000-0000000000a1"
+HOST2 = "nqn.2014-08.org.nvmexpress:uuid:0c0c0c0c-0000-4000-8000-0000000000a2"
 checks = {"passed": 0, "failed": 0}
 
 
@@ -82,11 +84,23 @@ def stop(p):
         p.kill()
 
 
-def perf_verify(port, seconds="1"):
-    r = subprocess.run([POLLUX, "perf", "-r", f"trtype:tcp traddr:127.0.0.1 trsvcid:{port} subnqn:{NQN} hostnqn:{HOST}",
-                        "-w", "randrw", "-q", "8", "-t", seconds, "--verify", "--no-pin"],
+def perf_verify(port, seconds="1", host=HOST, extra=()):
+    r = subprocess.run([POLLUX, "perf", "-r", f"trtype:tcp traddr:127.0.0.1 trsvcid:{port} subnqn:{NQN} hostnqn:{host}",
+                        "-w", "randrw", "-q", "8", "-t", seconds, "--verify", "--no-pin", *extra],
                        capture_output=True, text=True, timeout=60)
     return r.returncode == 0, (r.stdout + r.stderr)[-600:]
+
+
+def dhchap_key_file(path):
+    """A DH-HMAC-CHAP secret as `nvme gen-dhchap-key` writes it (DHHC-1, no transform: 32
+    random bytes and their CRC-32, base64), in an owner-only file."""
+    import base64
+    secret = os.urandom(32)
+    text = "DHHC-1:00:" + base64.b64encode(secret + zlib.crc32(secret).to_bytes(4, "little")).decode() + ":"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text + "\n")
+    return path
 
 
 def main():
@@ -131,12 +145,28 @@ def main():
         check("nvmf_subsystem_add_host", c.call("nvmf_subsystem_add_host", {"nqn": NQN, "host": HOST}) is True)
         expect_error(c, "a keyring key name (no keyring yet) is refused", -32602, "nvmf_subsystem_add_host", nqn=NQN, host=HOST + "x", dhchap_key="key0")
 
+        # A host with a DH-HMAC-CHAP key from SPDK's keyring (ceph-nvmeof's way).
+        key = dhchap_key_file(os.path.join(work, "host2.key"))
+        check("keyring_file_add_key", c.call("keyring_file_add_key", {"name": "key0", "path": key}) is True)
+        loose = os.path.join(work, "loose.key")
+        with open(loose, "w") as f:
+            f.write(open(key).read())
+        os.chmod(loose, 0o644)
+        expect_error(c, "a key file others may read is refused", -32602, "keyring_file_add_key", name="key1", path=loose)
+        keys = c.call("keyring_get_keys")
+        check("keyring_get_keys: the name and path, not the key", keys == [{"name": "key0", "path": key, "removed": False, "probed": True, "refcnt": 1}], keys)
+        check("nvmf_subsystem_add_host with dhchap_key", c.call("nvmf_subsystem_add_host", {"nqn": NQN, "host": HOST2, "dhchap_key": "key0"}) is True)
+        ok, out = perf_verify(io_port, "0.5", HOST2, ("--dhchap-key-file", key))
+        check("that host authenticates (DH-HMAC-CHAP) and does verified I/O", ok, out)
+        ok, _ = perf_verify(io_port, "0.5", HOST2)
+        check("without its key it is refused", not ok)
+
         subs = c.call("nvmf_get_subsystems")
         mine = [s for s in subs if s["nqn"] == NQN]
         check("nvmf_get_subsystems lists the discovery subsystem first", subs[0]["subtype"] == "Discovery", subs[0])
         ok = (len(mine) == 1 and mine[0]["subtype"] == "NVMe" and mine[0]["serial_number"] == "SPDK00000000000001"
               and mine[0]["listen_addresses"] == [{"trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": str(io_port)}]
-              and mine[0]["hosts"] == [{"nqn": HOST}]
+              and mine[0]["hosts"] == [{"nqn": HOST}, {"nqn": HOST2}]
               and [(n["nsid"], n["bdev_name"], n["anagrpid"]) for n in mine[0]["namespaces"]] == [(1, "Malloc0", 1)])
         check("nvmf_get_subsystems in SPDK's shape", ok, json.dumps(mine))
         bdevs = {b["name"]: b for b in c.call("bdev_get_bdevs")}
@@ -147,6 +177,24 @@ def main():
 
         ok, out = perf_verify(io_port)
         check("the host does verified I/O on the namespace the methods made", ok, out)
+        idle = subprocess.Popen([POLLUX, "perf", "-r", f"trtype:tcp traddr:127.0.0.1 trsvcid:{io_port} subnqn:{NQN} hostnqn:{HOST}",
+                                 "-w", "idle", "-t", "3", "--no-pin"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        ctrls = []
+        for _ in range(50):
+            ctrls = c.call("nvmf_subsystem_get_controllers", {"nqn": NQN})
+            if ctrls:
+                break
+            time.sleep(0.05)
+        check("nvmf_subsystem_get_controllers shows the connected host", len(ctrls) == 1 and ctrls[0]["hostnqn"] == HOST
+              and ctrls[0]["num_io_qpairs"] >= 1, ctrls)
+        idle.wait(timeout=30)
+        check("nvmf_subsystem_listener_set_ana_state", c.call("nvmf_subsystem_listener_set_ana_state", {
+            "nqn": NQN, "listen_address": la, "ana_state": "non_optimized", "anagrpid": 1}) is True)
+        states = c.call("nvmf_subsystem_get_listeners", {"nqn": NQN})[0]["ana_states"]
+        check("the listener reports the group non_optimized", states == [{"ana_group": 1, "ana_state": "non_optimized"}], states)
+        check("log_set_level DEBUG", c.call("log_set_level", {"level": "DEBUG"}) is True)
+        check("log_get_level", c.call("log_get_level") == "DEBUG")
+        c.call("log_set_level", {"level": "INFO"})
         # The subsystem is only on the listener SPDK's methods named.
         r = subprocess.run([POLLUX, "perf", "-r", f"trtype:tcp traddr:127.0.0.1 trsvcid:{port} subnqn:{NQN} hostnqn:{HOST}",
                             "-t", "0.2", "--no-pin", "--timeout", "3"], capture_output=True, text=True, timeout=60)

@@ -24,6 +24,8 @@ use super::{Ctx, INVALID_PARAMS, RpcError};
 #[derive(Debug, Default)]
 pub struct SpdkState {
     bdevs: BTreeMap<String, Bdev>,
+    /// keyring_file_add_key's keys: name -> the owner-only file holding the key.
+    keys: BTreeMap<String, std::path::PathBuf>,
     transport_created: bool,
     /// The next `MallocN` / `NullN` number for a bdev created without a name.
     next_auto: u32,
@@ -83,7 +85,57 @@ pub const SPDK_METHODS: &[SpdkMethod] = &[
     m("bdev_aio_delete", Ctx::spdk_bdev_delete),
     m("bdev_uring_delete", Ctx::spdk_bdev_delete),
     m("bdev_get_bdevs", Ctx::spdk_get_bdevs),
+    m("keyring_file_add_key", Ctx::spdk_keyring_add),
+    m("keyring_file_remove_key", Ctx::spdk_keyring_remove),
+    m("keyring_get_keys", Ctx::spdk_keyring_get),
+    m("nvmf_subsystem_listener_set_ana_state", Ctx::spdk_set_ana_state),
+    m("nvmf_subsystem_get_controllers", Ctx::spdk_get_controllers),
+    m("log_set_level", spdk_log_set_level),
+    m("log_set_print_level", spdk_log_set_level),
+    m("log_get_level", |_, _| spdk_log_level()),
+    m("log_get_print_level", |_, _| spdk_log_level()),
 ];
+
+/// SPDK's log levels and pollux's (tracing's) for each.
+const LOG_LEVELS: [(&str, &str); 5] = [
+    ("ERROR", "error"),
+    ("WARNING", "warn"),
+    ("NOTICE", "info"),
+    ("INFO", "info"),
+    ("DEBUG", "debug"),
+];
+
+/// `log_set_level {level}`: the process's log filter, as SPDK names levels.
+fn spdk_log_set_level(_: &Ctx, p: &Value) -> Result<Value, RpcError> {
+    let level = req_str(obj(p)?, "level")?;
+    let ours = LOG_LEVELS
+        .iter()
+        .find(|(spdk, _)| spdk.eq_ignore_ascii_case(level))
+        .map(|(_, ours)| *ours)
+        .ok_or_else(|| invalid(format!("level '{level}': one of ERROR, WARNING, NOTICE, INFO, DEBUG")))?;
+    crate::log::set_filter(ours).map_err(|e| RpcError::new(super::CONFIG_ERROR, e.to_string()))?;
+    tracing::info!(filter = ours, "control: log filter set (SPDK log_set_level {level})");
+    Ok(Value::Bool(true))
+}
+
+/// `log_get_level`: the filter's overall level, as SPDK names it.
+fn spdk_log_level() -> Result<Value, RpcError> {
+    let f = crate::log::filter().map_err(|e| RpcError::new(super::CONFIG_ERROR, e.to_string()))?;
+    // The filter's default directive (the one without a module); `trace` reads as DEBUG.
+    let level = f
+        .split(',')
+        .find(|d| !d.contains('='))
+        .unwrap_or("info")
+        .trim()
+        .to_ascii_lowercase();
+    let spdk = match level.as_str() {
+        "error" | "off" => "ERROR",
+        "warn" => "WARNING",
+        "debug" | "trace" => "DEBUG",
+        _ => "INFO",
+    };
+    Ok(Value::String(spdk.into()))
+}
 
 /// SPDK's method `name`, if pollux answers it.
 pub fn find(name: &str) -> Option<&'static SpdkMethod> {
@@ -533,15 +585,118 @@ impl Ctx {
     fn spdk_add_host(&self, p: &Value) -> Result<Value, RpcError> {
         let o = obj(p)?;
         let (nqn, host) = (req_str(o, "nqn")?, req_str(o, "host")?);
-        for key in ["psk", "dhchap_key", "dhchap_ctrlr_key"] {
-            if opt_str(o, key)?.is_some() {
-                return Err(invalid(format!(
-                    "'{key}' names a keyring key, and pollux has no keyring yet: give the host's keys with `pollux ctl add-host --dhchap-key-file` (or set-host-keys)"
-                )));
+        let mut t = json!({"nqn": nqn, "host": host});
+        // SPDK names keys by their keyring name; pollux's conf names their files.
+        for (spdk, ours) in [
+            ("dhchap_key", "dhchap_key_file"),
+            ("dhchap_ctrlr_key", "dhchap_ctrl_key_file"),
+            ("psk", "tls_key_file"),
+        ] {
+            if let Some(name) = opt_str(o, spdk)? {
+                let path = self.spdk().keys.get(name).cloned().ok_or_else(|| {
+                    invalid(format!(
+                        "'{spdk}': no key '{name}' in the keyring (keyring_file_add_key)"
+                    ))
+                })?;
+                t[ours] = path.display().to_string().into();
             }
         }
-        self.change("add_host", json!({"nqn": nqn, "host": host}))?;
+        self.change("add_host", t)?;
         Ok(Value::Bool(true))
+    }
+
+    fn spdk_keyring_add(&self, p: &Value) -> Result<Value, RpcError> {
+        use std::os::unix::fs::PermissionsExt;
+        let o = obj(p)?;
+        let (name, path) = (req_str(o, "name")?, req_str(o, "path")?);
+        let path = std::path::PathBuf::from(path);
+        if !path.is_absolute() {
+            return Err(invalid(format!("'path' {}: must be absolute", path.display())));
+        }
+        // As SPDK's keyring_file and pollux's own key files: owner-only, or refused.
+        let meta = std::fs::metadata(&path).map_err(|e| invalid(format!("'path' {}: {e}", path.display())))?;
+        if !meta.is_file() || meta.permissions().mode() & 0o077 != 0 {
+            return Err(invalid(format!(
+                "'path' {}: not a regular file readable by its owner only (mode {:04o})",
+                path.display(),
+                meta.permissions().mode() & 0o7777
+            )));
+        }
+        let mut s = self.spdk();
+        if s.keys.contains_key(name) {
+            return Err(invalid(format!("key '{name}' already exists")));
+        }
+        s.keys.insert(name.to_string(), path);
+        Ok(Value::Bool(true))
+    }
+
+    fn spdk_keyring_remove(&self, p: &Value) -> Result<Value, RpcError> {
+        let name = req_str(obj(p)?, "name")?;
+        self.spdk()
+            .keys
+            .remove(name)
+            .map(|_| Value::Bool(true))
+            .ok_or_else(|| invalid(format!("key '{name}' not found")))
+    }
+
+    fn spdk_keyring_get(&self, _: &Value) -> Result<Value, RpcError> {
+        // Names and paths only: a key's contents never leave the file.
+        Ok(Value::Array(
+            self.spdk()
+                .keys
+                .iter()
+                .map(|(n, p)| json!({"name": n, "path": p.display().to_string(), "removed": false, "probed": true, "refcnt": 1}))
+                .collect(),
+        ))
+    }
+
+    /// `nvmf_subsystem_listener_set_ana_state`: pollux keeps ANA states per listener and
+    /// group, so the state is set for the group on that listener (for every subsystem with
+    /// namespaces in it); without `anagrpid`, for each group of the subsystem's namespaces.
+    fn spdk_set_ana_state(&self, p: &Value) -> Result<Value, RpcError> {
+        let o = obj(p)?;
+        let nqn = req_str(o, "nqn")?;
+        let address = listen_address(o)?;
+        let state = req_str(o, "ana_state")?.replace('_', "-");
+        let groups: Vec<u64> = match opt_u64(o, "anagrpid")? {
+            Some(g) => vec![g],
+            None => {
+                let cfg = self.shared.config.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                let s = cfg
+                    .subsystems
+                    .iter()
+                    .find(|s| s.nqn == nqn)
+                    .ok_or_else(|| invalid(format!("subsystem {nqn} not found")))?;
+                let g: std::collections::BTreeSet<u64> = s.namespaces.iter().map(|n| u64::from(n.ana_group)).collect();
+                g.into_iter().collect()
+            }
+        };
+        for g in groups {
+            self.change(
+                "set_ana_state",
+                json!({"listener": address, "group": g, "state": state}),
+            )?;
+        }
+        Ok(Value::Bool(true))
+    }
+
+    fn spdk_get_controllers(&self, p: &Value) -> Result<Value, RpcError> {
+        let nqn = req_str(obj(p)?, "nqn")?;
+        Ok(Value::Array(
+            self.controllers()
+                .controllers
+                .iter()
+                .filter(|c| c.subsystem == nqn)
+                .map(|c| {
+                    json!({
+                        "cntlid": c.cntlid,
+                        "hostnqn": c.hostnqn,
+                        "hostid": c.hostid,
+                        "num_io_qpairs": c.io_queues.len(),
+                    })
+                })
+                .collect(),
+        ))
     }
 
     fn spdk_remove_host(&self, p: &Value) -> Result<Value, RpcError> {
