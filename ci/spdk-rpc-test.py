@@ -253,9 +253,89 @@ def main():
         c.close()
     finally:
         stop(target)
+    spdk_configs(work)
     shutil.rmtree(work, ignore_errors=True)
     print(f"{checks['passed']} passed, {checks['failed']} failed")
     sys.exit(1 if checks["failed"] else 0)
+
+
+def start_spdk_config(path, port, what):
+    log = open(path + ".log", "w")
+    p = subprocess.Popen([POLLUX, "--spdk-config", path], stdout=log, stderr=log)
+    t0 = time.time()
+    while time.time() - t0 < 20:
+        try:
+            socket.create_connection(("127.0.0.1", port)).close()
+            time.sleep(0.3)  # the config's calls follow the listeners
+            return p
+        except OSError:
+            if p.poll() is not None:
+                break
+            time.sleep(0.05)
+    stop(p)
+    check(what, False, open(path + ".log").read()[-500:])
+    return None
+
+
+def spdk_configs(work):
+    """SPDK JSON configs: one pollux writes (save_config) served by a fresh pollux, and one
+    SPDK's own nvmf_tgt wrote (v26.05 save_config after rpc.py calls: a malloc and a null
+    bdev, a subsystem with a host, two namespaces and a listener), served by pollux."""
+    sock = os.path.join(work, "cfg.sock")
+    port, lport = free_port(), free_port()
+    conf = os.path.join(work, "cfg.toml")
+    with open(conf, "w") as f:
+        f.write(f'[reactors]\ncores = [0]\n\n[control]\nsocket = "{sock}"\n\n[[listener]]\naddress = "127.0.0.1:{lport}"\n')
+    target = start(conf, sock, lport)
+    saved = os.path.join(work, "spdk.json")
+    try:
+        c = JSONRPCClient(sock, timeout=30)
+        c.call("nvmf_create_transport", {"trtype": "TCP"})
+        c.call("bdev_malloc_create", {"name": "Malloc7", "num_blocks": 16384, "block_size": 4096})
+        c.call("nvmf_create_subsystem", {"nqn": NQN, "allow_any_host": True})
+        c.call("nvmf_subsystem_add_ns", {"nqn": NQN, "namespace": {"bdev_name": "Malloc7"}})
+        c.call("nvmf_subsystem_add_listener", {"nqn": NQN, "listen_address": {"trtype": "tcp", "adrfam": "ipv4", "traddr": "127.0.0.1", "trsvcid": str(port)}})
+        doc = c.call("save_config")
+        methods = [e["method"] for sub in doc["subsystems"] for e in sub["config"]]
+        check("save_config: bdev and nvmf calls in SPDK's form", "bdev_malloc_create" in methods and methods.index("nvmf_create_subsystem") < methods.index("nvmf_subsystem_add_ns") < methods.index("nvmf_subsystem_add_listener"), methods)
+        r = subprocess.run([POLLUX, "ctl", "--socket", sock, "save", "--spdk-config", saved], capture_output=True, text=True, timeout=30)
+        check("pollux ctl save --spdk-config", r.returncode == 0 and os.path.exists(saved), r.stderr)
+        c.close()
+    finally:
+        stop(target)
+    target = start_spdk_config(saved, port, "pollux --spdk-config (its own save) starts")
+    if target:
+        try:
+            ok, out = perf_verify(port, "0.5")
+            check("pollux --spdk-config serves what save_config wrote", ok, out)
+        finally:
+            stop(target)
+
+    # A config SPDK's nvmf_tgt wrote, its listener moved to a free port.
+    here = os.path.dirname(os.path.abspath(__file__))
+    doc = json.load(open(os.path.join(here, "fixtures", "spdk-v26.05-nvmf_tgt-save_config.json")))
+    port2 = free_port()
+    for sub in doc["subsystems"]:
+        for e in sub.get("config") or []:
+            if e["method"] == "nvmf_subsystem_add_listener":
+                e["params"]["listen_address"]["trsvcid"] = str(port2)
+    theirs = os.path.join(work, "nvmf_tgt.json")
+    json.dump(doc, open(theirs, "w"))
+    target = start_spdk_config(theirs, port2, "pollux --spdk-config (nvmf_tgt's save_config) starts")
+    if target:
+        try:
+            ok, out = perf_verify(port2, "0.5")
+            check("pollux serves the config SPDK's nvmf_tgt saved (the allowed host, verified I/O)", ok, out)
+            ok, _ = perf_verify(port2, "0.3", HOST2)
+            check("and refuses a host it does not list", not ok)
+        finally:
+            stop(target)
+    # A method pollux does not have is refused by name; nothing is served.
+    doc["subsystems"].append({"subsystem": "lvol", "config": [{"method": "bdev_lvol_create_lvstore", "params": {"bdev_name": "Malloc0", "lvs_name": "lvs"}}]})
+    bad = os.path.join(work, "bad.json")
+    json.dump(doc, open(bad, "w"))
+    r = subprocess.run([POLLUX, "--spdk-config", bad], capture_output=True, text=True, timeout=30)
+    check("a config with a method pollux lacks is refused, naming it", r.returncode == 2 and "bdev_lvol_create_lvstore" in r.stderr + r.stdout, (r.stderr + r.stdout)[-300:])
 
 
 if __name__ == "__main__":

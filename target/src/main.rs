@@ -30,6 +30,9 @@ struct Cli {
     /// Validate a conf file and exit (0 if valid).
     #[arg(long, value_name = "FILE", conflicts_with = "config")]
     check: Option<PathBuf>,
+    /// Serve an SPDK JSON config (what SPDK's save_config writes and nvmf_tgt -c reads).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["config", "check"])]
+    spdk_config: Option<PathBuf>,
     /// Take over from a running pollux at the other end of this descriptor (a hot upgrade
     /// starts the new binary so; not for people).
     #[arg(long, value_name = "FD", hide = true, conflicts_with_all = ["config", "check"])]
@@ -119,15 +122,28 @@ fn main() -> ExitCode {
             }
         };
     }
-    let cfg = match &cli.config {
-        Some(p) => match Config::from_path(p) {
+    // An SPDK JSON config: a conf of its listeners and transport to start from, then its
+    // method calls once the target runs.
+    let spdk = match &cli.spdk_config {
+        Some(p) => match spdk_config(p) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                error!("{e}");
+                return ExitCode::from(2);
+            }
+        },
+        None => None,
+    };
+    let cfg = match (&cli.config, &spdk) {
+        (_, Some((_, base))) => base.clone(),
+        (Some(p), None) => match Config::from_path(p) {
             Ok(c) => c,
             Err(e) => {
                 error!("{e}");
                 return ExitCode::from(2);
             }
         },
-        None => Config::embedded_default(),
+        (None, None) => Config::embedded_default(),
     };
     let signals = block_signals();
     // Bound before the target starts: a second pollux on the same socket stops here.
@@ -153,8 +169,50 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    if let (Some((doc, _)), Some(path)) = (&spdk, &cli.spdk_config) {
+        if let Err(e) = control.ctx().spdk_load_config(doc) {
+            error!("cannot serve {}: {}", path.display(), e.message);
+            drop(control);
+            let _ = target.shutdown();
+            return ExitCode::from(2);
+        }
+        info!(file = %path.display(), "serving an SPDK JSON config");
+    }
     info!(origin = %cfg.origin, reactors = cfg.reactors.cores.len(), mode = %cfg.reactors.mode, "pollux running");
     serve(target, Some(control), &signals)
+}
+
+/// Why an SPDK JSON config cannot be served.
+#[derive(Debug, thiserror::Error)]
+enum SpdkConfigError {
+    #[error("{path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("{path}: not JSON: {source}")]
+    Json { path: String, source: serde_json::Error },
+    #[error("{path}: {message}")]
+    Refused { path: String, message: String },
+    #[error("{path}: {source}")]
+    Conf {
+        path: String,
+        source: Box<pollux_conf::ConfError>,
+    },
+}
+
+/// An SPDK JSON config at `path` and the conf to start serving it from.
+fn spdk_config(path: &std::path::Path) -> Result<(serde_json::Value, Config), SpdkConfigError> {
+    let p = || path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| SpdkConfigError::Read { path: p(), source })?;
+    let doc: serde_json::Value =
+        serde_json::from_str(&text).map_err(|source| SpdkConfigError::Json { path: p(), source })?;
+    let base = pollux_target::control::rpc::spdk_base_conf(&doc).map_err(|e| SpdkConfigError::Refused {
+        path: p(),
+        message: e.message,
+    })?;
+    let cfg = Config::parse(&base, pollux_conf::EMBEDDED_ORIGIN).map_err(|e| SpdkConfigError::Conf {
+        path: p(),
+        source: Box::new(e),
+    })?;
+    Ok((doc, cfg))
 }
 
 /// Serve until SIGTERM or SIGINT (SIGHUP reloads, SIGUSR2 upgrades), then stop.

@@ -109,6 +109,9 @@ pub enum CtlCommand {
         /// The same as --to (the older form).
         #[arg(value_name = "FILE", conflicts_with = "to", hide = true)]
         path: Option<String>,
+        /// Write an SPDK JSON config instead (what `pollux --spdk-config` and nvmf_tgt -c read).
+        #[arg(long, value_name = "FILE", conflicts_with_all = ["to", "path"])]
+        spdk_config: Option<String>,
     },
     /// The methods, with their params (`pollux ctl methods NAME` for one).
     Methods {
@@ -144,7 +147,14 @@ impl CtlCommand {
             CtlCommand::Discovery => ("discovery".into(), Value::Null),
             CtlCommand::Reload => ("reload".into(), Value::Null),
             CtlCommand::Methods { .. } => ("methods".into(), Value::Null),
-            CtlCommand::Save { to, path } => (
+            CtlCommand::Save {
+                spdk_config: Some(p), ..
+            } => {
+                // The target writes it: resolved here, where the name was typed.
+                let abs = std::path::absolute(p).map_err(|e| BadRequest(format!("{p}: {e}")))?;
+                ("save".into(), json!({"spdk_config": abs.display().to_string()}))
+            }
+            CtlCommand::Save { to, path, .. } => (
                 "save".into(),
                 to.as_ref().or(path.as_ref()).map_or(json!({}), |p| json!({"path": p})),
             ),

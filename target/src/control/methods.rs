@@ -269,7 +269,15 @@ pub const METHODS: &[Method] = &[
         summary: "Write the running conf to its file (comments kept, FILE.bak kept), or elsewhere",
         mutation: false,
         verb: false,
-        params: &[at("to", "path", Kind::Str, "another file to write")],
+        params: &[
+            at("to", "path", Kind::Str, "another file to write"),
+            at(
+                "spdk-config",
+                "spdk_config",
+                Kind::Str,
+                "write an SPDK JSON config to this file instead",
+            ),
+        ],
     },
     Method {
         name: "add_subsystem",

@@ -134,6 +134,22 @@ impl Ctx {
     /// The write is atomic (a temporary file, fsync, rename) and the previous version is
     /// kept as `FILE.bak`; a document holding a key inline is written owner-only (0600).
     pub(super) fn save(&self, params: &Value) -> Result<Value, RpcError> {
+        if let Some(p) = params.get("spdk_config") {
+            let p = p
+                .as_str()
+                .ok_or_else(|| RpcError::params(format!("'spdk_config' must be a string, got {p}")))?;
+            let doc = self.spdk_save_config()?;
+            let text = serde_json::to_string_pretty(&doc).map_err(|e| RpcError::new(CONFIG_ERROR, e.to_string()))?;
+            // It names key files, not keys: written as a conf without secrets is.
+            let saved = pollux_conf::save::save(std::path::Path::new(p), &text, false)
+                .map_err(|e| RpcError::new(CONFIG_ERROR, e.to_string()))?;
+            tracing::info!(file = %p, "control: running configuration saved as an SPDK JSON config");
+            return Ok(serde_json::json!({
+                "path": p,
+                "backup": saved.backup.map(|b| b.display().to_string()),
+                "mode": format!("{:04o}", saved.mode),
+            }));
+        }
         let running = self.shared.config.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let path = match params.get("path") {
             Some(Value::String(p)) => p.clone(),

@@ -40,6 +40,9 @@ mod modes;
 mod nvme;
 mod query;
 pub mod spdk;
+mod spdk_config;
+
+pub use spdk_config::base_conf as spdk_base_conf;
 
 pub use dispatch::error_response;
 

@@ -85,6 +85,8 @@ pub const SPDK_METHODS: &[SpdkMethod] = &[
     m("bdev_aio_delete", Ctx::spdk_bdev_delete),
     m("bdev_uring_delete", Ctx::spdk_bdev_delete),
     m("bdev_get_bdevs", Ctx::spdk_get_bdevs),
+    m("save_config", |c, _| c.spdk_save_config()),
+    m("load_config", Ctx::spdk_load_config),
     m("keyring_file_add_key", Ctx::spdk_keyring_add),
     m("keyring_file_remove_key", Ctx::spdk_keyring_remove),
     m("keyring_get_keys", Ctx::spdk_keyring_get),
@@ -212,7 +214,7 @@ fn method_names() -> Value {
 }
 
 /// `IP:PORT` (`[IP]:PORT` for IPv6) of an SPDK `listen_address` object.
-fn listen_address(o: &Map<String, Value>) -> Result<String, RpcError> {
+pub(super) fn listen_address(o: &Map<String, Value>) -> Result<String, RpcError> {
     let la = match o.get("listen_address") {
         Some(Value::Object(la)) => la,
         Some(v) => return Err(invalid(format!("'listen_address' must be an object, got {v}"))),
@@ -239,7 +241,7 @@ fn listen_address(o: &Map<String, Value>) -> Result<String, RpcError> {
 }
 
 /// SPDK's `listen_address` object of `a`.
-fn address_json(a: &SocketAddr) -> Value {
+pub(super) fn address_json(a: &SocketAddr) -> Value {
     json!({
         "trtype": "TCP",
         "adrfam": if a.is_ipv4() { "IPv4" } else { "IPv6" },
@@ -366,7 +368,7 @@ impl Ctx {
     }
 
     /// The bdev name of namespace `nsid` of `nqn`: the one attached there, else `NQN/nsid`.
-    fn bdev_name_of(&self, nqn: &str, nsid: u32) -> String {
+    pub(super) fn bdev_name_of(&self, nqn: &str, nsid: u32) -> String {
         self.spdk()
             .bdevs
             .iter()

@@ -1,0 +1,264 @@
+//! SPDK JSON configs (what SPDK's `save_config` writes and `nvmf_tgt -c` reads:
+//! `{"subsystems": [{"subsystem": "bdev", "config": [{"method": ..., "params": ...}]}, ...]}`):
+//! served by replaying their method calls through [`super::spdk`]'s table, and written from
+//! the running state. What cannot be expressed either way is refused, naming the method or
+//! the namespace, never dropped.
+
+use serde_json::{Map, Value, json};
+
+use super::spdk::find;
+use super::{CONFIG_ERROR, Ctx, INVALID_PARAMS, RpcError};
+
+fn invalid(why: impl std::fmt::Display) -> RpcError {
+    RpcError::new(INVALID_PARAMS, format!("Invalid parameters: {why}"))
+}
+
+/// SPDK's tuning methods that `save_config` always writes (thread pools, socket and buffer
+/// options, the bdev layer's and its NVMe initiator's options), which pollux has no use for:
+/// taken as they are, unless a param asks for behaviour pollux lacks (the check's refusal).
+/// A tuning method's params checked: what pollux lacks that they ask for.
+type TuningCheck = fn(&Map<String, Value>) -> Result<(), &'static str>;
+
+fn tuning(method: &str) -> Option<TuningCheck> {
+    let any: TuningCheck = |_| Ok(());
+    Some(match method {
+        "framework_set_scheduler"
+        | "sock_set_default_impl"
+        | "sock_impl_set_options"
+        | "iobuf_set_options"
+        | "accel_set_options"
+        | "bdev_set_options"
+        | "bdev_raid_set_options"
+        | "bdev_nvme_set_options"
+        | "bdev_wait_for_examine"
+        | "nvmf_set_max_subsystems" => any,
+        "bdev_nvme_set_hotplug" => |p| {
+            if p.get("enable") == Some(&Value::Bool(true)) {
+                Err("PCIe hotplug of SPDK's NVMe bdevs: pollux has none")
+            } else {
+                Ok(())
+            }
+        },
+        "nvmf_set_crdt" => |p| {
+            if p.values().any(|v| v.as_u64().is_some_and(|n| n != 0)) {
+                Err("command retry delay times (CRDT): pollux reports none")
+            } else {
+                Ok(())
+            }
+        },
+        "nvmf_set_config" => |p| {
+            let passthru = p.get("admin_cmd_passthru").and_then(Value::as_object);
+            if passthru.is_some_and(|m| m.values().any(|v| v == &Value::Bool(true))) {
+                Err("admin command passthrough: pollux has none")
+            } else {
+                Ok(())
+            }
+        },
+        _ => return None,
+    })
+}
+
+/// The calls of an SPDK JSON config `doc`, in order: every method checked before any is
+/// made (a method pollux does not have refuses the whole config, naming it).
+fn calls(doc: &Value) -> Result<Vec<(String, Value)>, RpcError> {
+    let subs = doc
+        .get("subsystems")
+        .and_then(Value::as_array)
+        .ok_or_else(|| invalid("not an SPDK JSON config: no 'subsystems' array"))?;
+    let mut out = Vec::new();
+    for s in subs {
+        let name = s.get("subsystem").and_then(Value::as_str).unwrap_or("?");
+        let config = match s.get("config") {
+            None | Some(Value::Null) => continue,
+            Some(Value::Array(c)) => c,
+            Some(_) => return Err(invalid(format!("subsystem '{name}': 'config' is not an array"))),
+        };
+        for c in config {
+            let method = c
+                .get("method")
+                .and_then(Value::as_str)
+                .ok_or_else(|| invalid(format!("subsystem '{name}': an entry without 'method'")))?;
+            let params = c.get("params").cloned().unwrap_or(Value::Null);
+            if find(method).is_some() {
+                out.push((method.to_string(), params));
+            } else if let Some(check) = tuning(method) {
+                let empty = Map::new();
+                check(params.as_object().unwrap_or(&empty))
+                    .map_err(|why| invalid(format!("{name}: {method}: {why}")))?;
+            } else {
+                return Err(invalid(format!(
+                    "{name}: {method} has no pollux equivalent (conf/REFERENCE.md lists SPDK's methods pollux takes)"
+                )));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `[transport]` and listeners of the conf a target serving SPDK config `doc` starts from:
+/// the TCP transport's sizes, and every address `nvmf_subsystem_add_listener` names (the
+/// replay then serves each subsystem on its own). pollux needs a listener to start.
+pub fn base_conf(doc: &Value) -> Result<String, RpcError> {
+    let calls = calls(doc)?;
+    let mut text = String::from("# Made from an SPDK JSON config (pollux --spdk-config).\n[reactors]\ncores = [0]\n");
+    if let Some((_, p)) = calls.iter().find(|(m, _)| m == "nvmf_create_transport") {
+        text.push_str("\n[transport]\n");
+        for (spdk, ours) in [
+            ("max_queue_depth", "io_queue_depth"),
+            ("in_capsule_data_size", "in_capsule_data_size"),
+            ("max_io_size", "max_io_size"),
+        ] {
+            if let Some(v) = p.get(spdk).and_then(Value::as_u64) {
+                text.push_str(&format!("{ours} = {v}\n"));
+            }
+        }
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for (_, p) in calls.iter().filter(|(m, _)| m == "nvmf_subsystem_add_listener") {
+        let Some(o) = p.as_object() else { continue };
+        let address = super::spdk::listen_address(o)?;
+        let secure = o.get("secure_channel") == Some(&Value::Bool(true));
+        if seen.insert(address.clone()) {
+            text.push_str(&format!("\n[[listener]]\naddress = \"{address}\"\n"));
+            if secure {
+                text.push_str("tls = \"required\"\n");
+            }
+        }
+    }
+    if seen.is_empty() {
+        return Err(invalid(
+            "the config names no listener (nvmf_subsystem_add_listener): pollux needs one to serve",
+        ));
+    }
+    Ok(text)
+}
+
+impl Ctx {
+    /// Serve SPDK JSON config `doc`: its calls, in order (`load_config`, `pollux
+    /// --spdk-config`). A call that fails stops the replay, naming it.
+    pub fn spdk_load_config(&self, doc: &Value) -> Result<Value, RpcError> {
+        for (method, params) in calls(doc)? {
+            let m = find(&method).ok_or_else(|| invalid(format!("{method}: not a method")))?;
+            m.call(self, &params)
+                .map_err(|e| RpcError::new(e.code, format!("{method}: {}", e.message)))?;
+        }
+        Ok(Value::Bool(true))
+    }
+
+    /// `save_config`: the running state as an SPDK JSON config: the keyring, a bdev for
+    /// each namespace (its SPDK bdev, or one made for it: RAM as malloc, null as null, a
+    /// file as aio), the TCP transport, each subsystem with its hosts, namespaces and
+    /// listeners. A namespace SPDK has no bdev for (sim, nvme, rbd) or a host with keys
+    /// inline (no file to name) refuses the whole config, naming it.
+    pub fn spdk_save_config(&self) -> Result<Value, RpcError> {
+        let cfg = self.shared.config.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut keyring = Vec::new();
+        let mut bdevs = Vec::new();
+        let mut nvmf = Vec::new();
+        let t = &cfg.transport;
+        nvmf.push(json!({"method": "nvmf_create_transport", "params": {
+            "trtype": "TCP",
+            "max_queue_depth": t.io_queue_depth,
+            "in_capsule_data_size": t.in_capsule_data_size,
+            "max_io_size": t.max_io_size,
+        }}));
+        let mut key_of = |path: &std::path::Path| -> String {
+            let name = format!("key{}", keyring.len());
+            keyring.push(
+                json!({"method": "keyring_file_add_key", "params": {"name": name, "path": path.display().to_string()}}),
+            );
+            name
+        };
+        for s in &cfg.subsystems {
+            nvmf.push(json!({"method": "nvmf_create_subsystem", "params": {
+                "nqn": s.nqn,
+                "allow_any_host": s.allow_any_host,
+                "serial_number": s.serial,
+                "model_number": s.model,
+                "min_cntlid": s.min_cntlid,
+                "max_cntlid": s.max_cntlid,
+                "ana_reporting": true,
+            }}));
+            for h in &s.hosts {
+                let mut p = json!({"nqn": s.nqn, "host": h});
+                if let Some(k) = s.host_keys.get(h) {
+                    let inline_ctrl = k.ctrl.as_ref().is_some_and(|c| c.file.is_none());
+                    let (Some(key), false) = (k.host.file.as_deref(), inline_ctrl) else {
+                        return Err(RpcError::new(
+                            CONFIG_ERROR,
+                            format!(
+                                "host {h} of {}: its DH-HMAC-CHAP key is inline, and an SPDK config names key files",
+                                s.nqn
+                            ),
+                        ));
+                    };
+                    p["dhchap_key"] = key_of(key).into();
+                    if let Some(c) = k.ctrl.as_ref().and_then(|c| c.file.as_deref()) {
+                        p["dhchap_ctrlr_key"] = key_of(c).into();
+                    }
+                }
+                if s.tls_keys.contains_key(h) {
+                    return Err(RpcError::new(
+                        CONFIG_ERROR,
+                        format!("host {h} of {}: TLS keys are not written to SPDK configs yet", s.nqn),
+                    ));
+                }
+                nvmf.push(json!({"method": "nvmf_subsystem_add_host", "params": p}));
+            }
+            for n in &s.namespaces {
+                let name = self.bdev_name_of(&s.nqn, n.nsid);
+                let blocks = |size: u64| size / u64::from(n.block_size);
+                let uuid = uuid::Uuid::from_bytes(n.uuid).hyphenated().to_string();
+                let create = match &n.backend {
+                    pollux_conf::Backend::Ram { size } => json!({"method": "bdev_malloc_create", "params": {
+                        "name": name, "num_blocks": blocks(*size), "block_size": n.block_size, "uuid": uuid}}),
+                    pollux_conf::Backend::Null { size } => json!({"method": "bdev_null_create", "params": {
+                        "name": name, "num_blocks": blocks(*size), "block_size": n.block_size, "uuid": uuid}}),
+                    pollux_conf::Backend::File(f) => json!({"method": "bdev_aio_create", "params": {
+                        "name": name, "filename": f.path.display().to_string(), "block_size": n.block_size}}),
+                    other => {
+                        return Err(RpcError::new(
+                            CONFIG_ERROR,
+                            format!(
+                                "namespace {} of {}: SPDK has no bdev for a pollux {} namespace",
+                                n.nsid,
+                                s.nqn,
+                                other.kind()
+                            ),
+                        ));
+                    }
+                };
+                bdevs.push(create);
+                let mut ns = json!({
+                    "nsid": n.nsid,
+                    "bdev_name": name,
+                    "uuid": uuid,
+                    "nguid": n.nguid.iter().map(|b| format!("{b:02X}")).collect::<String>(),
+                    "anagrpid": n.ana_group,
+                    "no_auto_visible": n.hosts.is_some(),
+                });
+                if n.hosts.is_none() {
+                    ns.as_object_mut().map(|o| o.remove("no_auto_visible"));
+                }
+                nvmf.push(json!({"method": "nvmf_subsystem_add_ns", "params": {"nqn": s.nqn, "namespace": ns}}));
+                for h in n.hosts.iter().flatten() {
+                    nvmf.push(
+                        json!({"method": "nvmf_ns_add_host", "params": {"nqn": s.nqn, "nsid": n.nsid, "host": h}}),
+                    );
+                }
+            }
+            for l in cfg.listeners.iter().filter(|l| s.served_on(l.address)) {
+                nvmf.push(json!({"method": "nvmf_subsystem_add_listener", "params": {
+                    "nqn": s.nqn,
+                    "listen_address": super::spdk::address_json(&l.address),
+                    "secure_channel": l.tls == pollux_conf::TlsMode::Required,
+                }}));
+            }
+        }
+        Ok(json!({"subsystems": [
+            {"subsystem": "keyring", "config": keyring},
+            {"subsystem": "bdev", "config": bdevs},
+            {"subsystem": "nvmf", "config": nvmf},
+        ]}))
+    }
+}
