@@ -254,6 +254,7 @@ def main():
     finally:
         stop(target)
     spdk_configs(work)
+    nvmet_configs(work)
     shutil.rmtree(work, ignore_errors=True)
     print(f"{checks['passed']} passed, {checks['failed']} failed")
     sys.exit(1 if checks["failed"] else 0)
@@ -336,6 +337,57 @@ def spdk_configs(work):
     json.dump(doc, open(bad, "w"))
     r = subprocess.run([POLLUX, "--spdk-config", bad], capture_output=True, text=True, timeout=30)
     check("a config with a method pollux lacks is refused, naming it", r.returncode == 2 and "bdev_lvol_create_lvstore" in r.stderr + r.stdout, (r.stderr + r.stdout)[-300:])
+
+
+def nvmet_configs(work):
+    """An nvmetcli config.json (Linux nvmet's, as nvmetcli saves it: two ports, ANA group 2
+    non-optimized on the second, a referral, a subsystem with an allowed host and a namespace
+    on a file) served by pollux; `pollux ctl export-nvmet` writes it back, and that serves
+    the same; `pollux convert --from nvmet` prints the conf."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    img = os.path.join(work, "nvmet.img")
+    with open(img, "wb") as f:
+        f.truncate(64 << 20)
+    p1, p2 = free_port(), free_port()
+    text = open(os.path.join(here, "fixtures", "nvmetcli-config.json")).read()
+    text = text.replace("@PORT1@", str(p1)).replace("@PORT2@", str(p2)).replace("@FILE@", img)
+    cfg = os.path.join(work, "nvmet.json")
+    with open(cfg, "w") as f:
+        f.write(text)
+    r = subprocess.run([POLLUX, "convert", "--from", "nvmet", cfg], capture_output=True, text=True, timeout=30)
+    check("pollux convert --from nvmet", r.returncode == 0 and "[[subsystem]]" in r.stdout and "ana = { 2 = \"non-optimized\" }" in r.stdout, (r.stdout + r.stderr)[-600:])
+    for what, path in (("nvmetcli's config", cfg), ("the exported config", os.path.join(work, "exported.json"))):
+        log = open(path + ".log", "w")
+        # A conf made from nvmet's has the default control socket, which `pollux ctl` finds.
+        target = subprocess.Popen([POLLUX, "--nvmet-config", path], stdout=log, stderr=log)
+        try:
+            up = False
+            for _ in range(200):
+                try:
+                    socket.create_connection(("127.0.0.1", p2)).close()
+                    up = True
+                    break
+                except OSError:
+                    if target.poll() is not None:
+                        break
+                    time.sleep(0.05)
+            check(f"pollux --nvmet-config ({what}) starts", up, open(path + ".log").read()[-400:])
+            if not up:
+                continue
+            for port in (p1, p2):
+                ok, out = perf_verify(port, "0.4")
+                check(f"{what}: the allowed host does verified I/O through port {port}", ok, out)
+            ok, _ = perf_verify(p1, "0.3", HOST2)
+            check(f"{what}: a host not allowed is refused", not ok)
+            if path == cfg:
+                r = subprocess.run([POLLUX, "ctl", "export-nvmet", os.path.join(work, "exported.json")], capture_output=True, text=True, timeout=30)
+                check("pollux ctl export-nvmet", r.returncode == 0, r.stdout + r.stderr)
+                exported = json.load(open(os.path.join(work, "exported.json")))
+                ns = exported["subsystems"][0]["namespaces"][0]
+                check("the export has nvmetcli's shape", ns["device"]["path"] == img and ns["ana_grpid"] == 2
+                      and [p["addr"]["trsvcid"] for p in exported["ports"]] == [str(p1), str(p2)], json.dumps(exported)[:600])
+        finally:
+            stop(target)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ mod emit;
 mod error;
 mod ids;
 mod nqn;
+pub mod nvmet;
 mod raw;
 pub mod save;
 mod size;

@@ -33,6 +33,9 @@ struct Cli {
     /// Serve an SPDK JSON config (what SPDK's save_config writes and nvmf_tgt -c reads).
     #[arg(long, value_name = "FILE", conflicts_with_all = ["config", "check"])]
     spdk_config: Option<PathBuf>,
+    /// Serve an nvmetcli config (Linux nvmet's /etc/nvmet/config.json).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["config", "check", "spdk_config"])]
+    nvmet_config: Option<PathBuf>,
     /// Take over from a running pollux at the other end of this descriptor (a hot upgrade
     /// starts the new binary so; not for people).
     #[arg(long, value_name = "FD", hide = true, conflicts_with_all = ["config", "check"])]
@@ -49,6 +52,14 @@ enum Command {
     Top(pollux_target::control::top::TopArgs),
     /// Prepare NVMe PCI functions for the userspace driver (bind to vfio-pci, hugepages).
     Setup(pollux_target::setup::SetupArgs),
+    /// Print the pollux conf equivalent to another target's configuration.
+    Convert {
+        /// Its format: nvmet (nvmetcli's config.json).
+        #[arg(long, value_name = "FORMAT")]
+        from: String,
+        /// The file.
+        file: PathBuf,
+    },
 }
 
 /// Block the signals the main thread waits for, before any reactor thread exists (threads
@@ -86,6 +97,7 @@ fn main() -> ExitCode {
         Some(Command::Ctl(args)) => return pollux_target::control::cli::main(args),
         Some(Command::Top(args)) => return pollux_target::control::top::main(args),
         Some(Command::Setup(args)) => return pollux_target::setup::main(args),
+        Some(Command::Convert { from, file }) => return convert(from, file),
         _ => {}
     }
     if let Some(path) = cli.check {
@@ -134,7 +146,18 @@ fn main() -> ExitCode {
         },
         None => None,
     };
+    let nvmet = match &cli.nvmet_config {
+        Some(p) => match nvmet_conf(p) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                error!("{e}");
+                return ExitCode::from(2);
+            }
+        },
+        None => None,
+    };
     let cfg = match (&cli.config, &spdk) {
+        _ if nvmet.is_some() => nvmet.clone().unwrap_or_else(Config::embedded_default),
         (_, Some((_, base))) => base.clone(),
         (Some(p), None) => match Config::from_path(p) {
             Ok(c) => c,
@@ -182,7 +205,59 @@ fn main() -> ExitCode {
     serve(target, Some(control), &signals)
 }
 
-/// Why an SPDK JSON config cannot be served.
+/// The pollux conf serving nvmetcli config `path`: its text, and the conf it validates as.
+fn nvmet_conf_text(path: &std::path::Path) -> Result<(String, Config), SpdkConfigError> {
+    let p = || path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| SpdkConfigError::Read { path: p(), source })?;
+    let toml = pollux_conf::nvmet::to_toml(&text).map_err(|e| SpdkConfigError::Refused {
+        path: p(),
+        message: e.to_string(),
+    })?;
+    let cfg = Config::parse(&toml, pollux_conf::EMBEDDED_ORIGIN).map_err(|e| SpdkConfigError::Conf {
+        path: p(),
+        source: Box::new(e),
+    })?;
+    Ok((toml, cfg))
+}
+
+fn nvmet_conf(path: &std::path::Path) -> Result<Config, SpdkConfigError> {
+    nvmet_conf_text(path).map(|(_, c)| c)
+}
+
+/// `pollux convert --from FORMAT FILE`: the equivalent pollux conf on stdout.
+fn convert(from: &str, file: &std::path::Path) -> ExitCode {
+    let out = match from {
+        // The converted text, with its comments, once it is known to validate.
+        "nvmet" => nvmet_conf_text(file).map(|(text, _)| text),
+        "spdk" => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "pollux convert --from spdk: not built yet; serve it with `pollux --spdk-config {0}` and write the conf with `pollux ctl save --to FILE`",
+                file.display()
+            );
+            return ExitCode::from(2);
+        }
+        other => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "pollux convert: unknown format {other:?} (nvmet, spdk)"
+            );
+            return ExitCode::from(2);
+        }
+    };
+    match out {
+        Ok(text) => {
+            let _ = write!(std::io::stdout(), "{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "{e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Why an SPDK JSON config or an nvmetcli config cannot be served.
 #[derive(Debug, thiserror::Error)]
 enum SpdkConfigError {
     #[error("{path}: {source}")]

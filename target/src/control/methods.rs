@@ -280,6 +280,16 @@ pub const METHODS: &[Method] = &[
         ],
     },
     Method {
+        name: "export_nvmet",
+        summary: "Write the running configuration as an nvmetcli config (Linux nvmet's config.json)",
+        mutation: false,
+        verb: true,
+        params: &[Param {
+            at: "path",
+            ..pos("file", Kind::Str, "the file to write (absolute: the target writes it)")
+        }],
+    },
+    Method {
         name: "add_subsystem",
         summary: "Add a subsystem (namespaces can follow with add-namespace)",
         mutation: true,

@@ -192,6 +192,24 @@ impl Ctx {
         }))
     }
 
+    /// `export_nvmet {path}`: the running configuration as an nvmetcli config (Linux nvmet's
+    /// `/etc/nvmet/config.json`), written atomically; what nvmet cannot serve (a RAM
+    /// namespace, keys in files) refuses the export, naming it.
+    pub(super) fn export_nvmet(&self, params: &Value) -> Result<Value, RpcError> {
+        let path = str_param(params, "path")?;
+        let running = self.shared.config.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let doc = pollux_conf::nvmet::from_config(&running).map_err(|e| RpcError::new(CONFIG_ERROR, e.to_string()))?;
+        let text = serde_json::to_string_pretty(&doc).map_err(|e| RpcError::new(CONFIG_ERROR, e.to_string()))?;
+        let saved = pollux_conf::save::save(std::path::Path::new(path), &text, false)
+            .map_err(|e| RpcError::new(CONFIG_ERROR, e.to_string()))?;
+        tracing::info!(file = %path, "control: running configuration exported as an nvmetcli config");
+        Ok(serde_json::json!({
+            "path": path,
+            "backup": saved.backup.map(|b| b.display().to_string()),
+            "mode": format!("{:04o}", saved.mode),
+        }))
+    }
+
     /// A mutation: edit the running conf's document, validate the result with the conf
     /// crate (every rule of a conf file applies), then reconcile. A refusal names the param
     /// and the value the caller gave, not a line of a document they never saw.

@@ -27,6 +27,7 @@ impl Ctx {
             "methods" => Ok(crate::control::methods::to_json()),
             "log_level" => log_level(params),
             "save" => self.save(params),
+            "export_nvmet" => self.export_nvmet(params),
             "add_subsystem"
             | "remove_subsystem"
             | "add_namespace"
