@@ -156,6 +156,27 @@ fn command(rng: &mut Rng, op: u8, psdt: u8, nsids: &[(u32, u32)], garbage: bool)
     (sqe, data)
 }
 
+/// `n` plausible commands of the opcodes `ops` in turn, PSDT 01b (SGL), appended to `cmds`.
+fn plausible(rng: &mut Rng, ops: &[u8], n: usize, cmds: &mut Vec<(Sqe, Vec<u8>)>) {
+    for i in 0..n {
+        let op = ops[i % ops.len()];
+        cmds.push(command(
+            rng,
+            op,
+            Sqe::PSDT_SGL_MPTR_CONTIGUOUS,
+            &[(1, 512), (2, 4096)],
+            false,
+        ));
+    }
+}
+
+/// `cmds` in a random order (Fisher-Yates).
+fn shuffle(rng: &mut Rng, cmds: &mut [(Sqe, Vec<u8>)]) {
+    for i in (1..cmds.len()).rev() {
+        cmds.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+}
+
 /// What a storm of commands left: the commands still outstanding (id -> opcode).
 struct Tally {
     completed: usize,
@@ -347,21 +368,9 @@ fn every_admin_opcode_with_every_psdt_gets_one_completion() {
         }
         // And plausible admin commands (NVMe 2.0 §5): Identify, Get Log Page, Get and Set
         // Features, Keep Alive, Abort, AERs (the held ones end with the test).
-        const ADMIN: [u8; 7] = [0x02, 0x06, 0x08, 0x09, 0x0A, 0x0C, 0x18];
-        for i in 0..1024 {
-            let op = ADMIN[i % ADMIN.len()];
-            cmds.push(command(
-                &mut rng,
-                op,
-                Sqe::PSDT_SGL_MPTR_CONTIGUOUS,
-                &[(1, 512), (2, 4096)],
-                false,
-            ));
-        }
+        plausible(&mut rng, &[0x02, 0x06, 0x08, 0x09, 0x0A, 0x0C, 0x18], 1024, &mut cmds);
         // Shuffled: AERs, Aborts and Set Features meet every other opcode.
-        for i in (1..cmds.len()).rev() {
-            cmds.swap(i, rng.below(i as u64 + 1) as usize);
-        }
+        shuffle(&mut rng, &mut cmds);
         let n = cmds.len();
         let tally = storm(&mut c.admin, cmds, 31, true, &format!("admin, seed {seed}"));
         let aers = tally.outstanding.len() as u64;
@@ -434,19 +443,8 @@ fn every_io_opcode_with_every_psdt_gets_one_completion_at_full_depth() {
             const NVM: [u8; 13] = [
                 0x00, 0x01, 0x02, 0x04, 0x05, 0x08, 0x09, 0x0C, 0x0D, 0x0E, 0x11, 0x15, 0x19,
             ];
-            for i in 0..4096 {
-                let op = NVM[i % NVM.len()];
-                cmds.push(command(
-                    &mut rng,
-                    op,
-                    Sqe::PSDT_SGL_MPTR_CONTIGUOUS,
-                    &[(1, 512), (2, 4096)],
-                    false,
-                ));
-            }
-            for i in (1..cmds.len()).rev() {
-                cmds.swap(i, rng.below(i as u64 + 1) as usize);
-            }
+            plausible(&mut rng, &NVM, 4096, &mut cmds);
+            shuffle(&mut rng, &mut cmds);
             let n = cmds.len();
             // 31 of the queue's 32 entries: a host may not have more outstanding (NVMe-oF
             // 1.1 §3.3.1), and this one has that many all along.

@@ -265,6 +265,21 @@ enum BdevKind {
 }
 
 impl Ctx {
+    /// The running configuration (run-time changes included).
+    fn running(&self) -> pollux_conf::Config {
+        self.shared.config.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The ANA groups of subsystem `nqn`'s namespaces.
+    fn ana_groups_of(cfg: &pollux_conf::Config, nqn: &str) -> Result<std::collections::BTreeSet<u32>, RpcError> {
+        let s = cfg
+            .subsystems
+            .iter()
+            .find(|s| s.nqn == nqn)
+            .ok_or_else(|| invalid(format!("subsystem {nqn} not found")))?;
+        Ok(s.namespaces.iter().map(|n| n.ana_group).collect())
+    }
+
     fn spdk(&self) -> std::sync::MutexGuard<'_, SpdkState> {
         self.spdk.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -381,7 +396,7 @@ impl Ctx {
             Value::Object(o) => opt_str(o, "nqn")?.map(str::to_string),
             _ => None,
         };
-        let cfg = self.shared.config.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let cfg = self.running();
         let mut out = Vec::new();
         if only.is_none() || only.as_deref() == Some(pollux_conf::DISCOVERY_NQN) {
             out.push(json!({
@@ -445,7 +460,7 @@ impl Ctx {
         let nqn = req_str(o, "nqn")?;
         let address = listen_address(o)?;
         let secure = opt_bool(o, "secure_channel")?.unwrap_or(false);
-        let cfg = self.shared.config.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let cfg = self.running();
         let parsed: SocketAddr = address.parse().map_err(|e| invalid(format!("{address}: {e}")))?;
         let existing = cfg.listeners.iter().find(|l| l.address == parsed);
         if let Some(l) = existing
@@ -484,13 +499,11 @@ impl Ctx {
 
     fn spdk_get_listeners(&self, p: &Value) -> Result<Value, RpcError> {
         let nqn = req_str(obj(p)?, "nqn")?;
-        let cfg = self.shared.config.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let s = cfg
-            .subsystems
-            .iter()
-            .find(|s| s.nqn == nqn)
-            .ok_or_else(|| invalid(format!("subsystem {nqn} not found")))?;
-        let groups: std::collections::BTreeSet<u32> = s.namespaces.iter().map(|n| n.ana_group).collect();
+        let cfg = self.running();
+        let groups = Self::ana_groups_of(&cfg, nqn)?;
+        let Some(s) = cfg.subsystems.iter().find(|s| s.nqn == nqn) else {
+            return Err(invalid(format!("subsystem {nqn} not found")));
+        };
         Ok(Value::Array(
             cfg.listeners
                 .iter()
@@ -662,16 +675,10 @@ impl Ctx {
         let state = req_str(o, "ana_state")?.replace('_', "-");
         let groups: Vec<u64> = match opt_u64(o, "anagrpid")? {
             Some(g) => vec![g],
-            None => {
-                let cfg = self.shared.config.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                let s = cfg
-                    .subsystems
-                    .iter()
-                    .find(|s| s.nqn == nqn)
-                    .ok_or_else(|| invalid(format!("subsystem {nqn} not found")))?;
-                let g: std::collections::BTreeSet<u64> = s.namespaces.iter().map(|n| u64::from(n.ana_group)).collect();
-                g.into_iter().collect()
-            }
+            None => Self::ana_groups_of(&self.running(), nqn)?
+                .into_iter()
+                .map(u64::from)
+                .collect(),
         };
         for g in groups {
             self.change(
