@@ -204,6 +204,17 @@ _run_guest_once() {
 # need_pollux: fail the scenario, saying why, when there is no pollux binary
 # (typically: the cargo-build-release step failed). Call it before using
 # $POLLUX_BIN directly (--check); start_pollux checks by itself.
+# ensure_spdk_client: SPDK's own Python RPC client (the `spdk` package, what SPDK's rpc.py
+# runs) in build/spdk-venv; prints the path of its spdk-rpc command.
+ensure_spdk_client() {
+    ensure_debs python3-venv >&2 || return
+    local venv=$CI_REPO/build/spdk-venv
+    [ -x "$venv/bin/python" ] || python3 -m venv "$venv" >&2 || return
+    "$venv/bin/python" -c 'import spdk.rpc.client' 2>/dev/null ||
+        "$venv/bin/pip" install -q 'spdk==26.9' >&2 || return
+    echo "$venv/bin/spdk-rpc"
+}
+
 need_pollux() {
     [ -x "$POLLUX_BIN" ] || fail "no pollux binary at $POLLUX_BIN (did cargo build --release fail?)"
 }
@@ -245,19 +256,27 @@ stop_side_pollux() {
 }
 
 start_pollux() {
-    local conf=$1 n=1 deadline
-    need_pollux
+    local conf=$1
     [ -f "$conf" ] || fail "start_pollux: no conf file $conf"
+    start_pollux_with "${2:-$(_conf_port "$conf")}" --config "$conf"
+}
+
+# start_pollux_with PORT ARGS...: start_pollux for `pollux ARGS...` (--spdk-config FILE,
+# --nvmet-config FILE), listening on PORT.
+start_pollux_with() {
+    local n=1 deadline
+    need_pollux
     [ -z "$POLLUX_PID" ] || fail "start_pollux: pollux already running (pid $POLLUX_PID)"
-    POLLUX_PORT=${2:-$(_conf_port "$conf")}
+    POLLUX_PORT=$1
+    shift
     mkdir -p "$CI_LOG_DIR"
     POLLUX_LOG=$CI_LOG_DIR/pollux.log
     while [ -e "$POLLUX_LOG" ]; do n=$((n + 1)); POLLUX_LOG=$CI_LOG_DIR/pollux.$n.log; done
     # NO_COLOR: plain log files (tracing colours its output even into a file).
-    NO_COLOR=1 "$POLLUX_BIN" --config "$conf" >"$POLLUX_LOG" 2>&1 </dev/null &
+    NO_COLOR=1 "$POLLUX_BIN" "$@" >"$POLLUX_LOG" 2>&1 </dev/null &
     POLLUX_PID=$!
     _ci_pids+=("$POLLUX_PID")
-    log "pollux: pid $POLLUX_PID, conf $conf, port $POLLUX_PORT, log $POLLUX_LOG"
+    log "pollux: pid $POLLUX_PID, $*, port $POLLUX_PORT, log $POLLUX_LOG"
     deadline=$((SECONDS + POLLUX_START_TIMEOUT))
     while :; do
         if ! kill -0 "$POLLUX_PID" 2>/dev/null; then

@@ -331,6 +331,27 @@ def spdk_configs(work):
             check("and refuses a host it does not list", not ok)
         finally:
             stop(target)
+    # The same file through rpc.py's own load_config (the client replays it, checking every
+    # method against rpc_get_methods) into a running pollux, and rpc.py's save_config back.
+    sock3, lport3 = os.path.join(work, "load.sock"), free_port()
+    conf3 = os.path.join(work, "load.toml")
+    with open(conf3, "w") as f:
+        f.write(f'[reactors]\ncores = [0]\n\n[control]\nsocket = "{sock3}"\n\n[[listener]]\naddress = "127.0.0.1:{lport3}"\n')
+    target = start(conf3, sock3, lport3)
+    try:
+        cli = shutil.which("spdk-rpc") or os.path.join(os.path.dirname(sys.executable), "spdk-rpc")
+        with open(theirs) as f:
+            r = subprocess.run([cli, "-s", sock3, "load_config"], stdin=f, capture_output=True, text=True, timeout=60)
+        check("rpc.py load_config of nvmf_tgt's config", r.returncode == 0, (r.stdout + r.stderr)[-500:])
+        ok, out = perf_verify(port2, "0.5")
+        check("and the host does verified I/O on it", ok, out)
+        r = subprocess.run([cli, "-s", sock3, "save_config"], capture_output=True, text=True, timeout=60)
+        saved2 = json.loads(r.stdout) if r.returncode == 0 else {}
+        names = [e["params"].get("name") for sub in saved2.get("subsystems", []) for e in sub.get("config") or [] if e["method"].startswith("bdev_")]
+        check("rpc.py save_config: SPDK's bdev names kept", r.returncode == 0 and "Malloc0" in names and "Null0" in names, (r.stdout + r.stderr)[-500:])
+    finally:
+        stop(target)
+
     # A method pollux does not have is refused by name; nothing is served.
     doc["subsystems"].append({"subsystem": "lvol", "config": [{"method": "bdev_lvol_create_lvstore", "params": {"bdev_name": "Malloc0", "lvs_name": "lvs"}}]})
     bad = os.path.join(work, "bad.json")

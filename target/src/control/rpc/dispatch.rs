@@ -49,6 +49,7 @@ impl Ctx {
             | "ns_remove_host"
             | "set_qos" => self.mutation(method, params),
             other if let Some(m) = super::spdk::find(other) => m.call(self, params),
+            other if let Some(r) = super::spdk_config::call_tuning(other, params) => r,
             other => {
                 let near = crate::control::methods::nearest(other);
                 let hint = match near.as_slice() {

@@ -86,6 +86,8 @@ pub const SPDK_METHODS: &[SpdkMethod] = &[
     m("bdev_uring_delete", Ctx::spdk_bdev_delete),
     m("bdev_get_bdevs", Ctx::spdk_get_bdevs),
     m("save_config", |c, _| c.spdk_save_config()),
+    m("framework_get_subsystems", |_, _| Ok(super::spdk_config::subsystems())),
+    m("framework_get_config", Ctx::spdk_get_config),
     m("load_config", Ctx::spdk_load_config),
     m("keyring_file_add_key", Ctx::spdk_keyring_add),
     m("keyring_file_remove_key", Ctx::spdk_keyring_remove),
@@ -206,11 +208,13 @@ fn version() -> Value {
     })
 }
 
-/// `rpc_get_methods`: SPDK's methods pollux answers, then its own.
+/// `rpc_get_methods`: SPDK's methods pollux answers (its tuning methods included, which
+/// `rpc.py load_config` checks a config against), then its own.
 fn method_names() -> Value {
     let spdk = SPDK_METHODS.iter().map(|m| m.name);
+    let tuning = super::spdk_config::TUNING_METHODS.iter().copied();
     let own = crate::control::methods::METHODS.iter().map(|m| m.name);
-    Value::Array(spdk.chain(own).map(|n| Value::String(n.into())).collect())
+    Value::Array(spdk.chain(tuning).chain(own).map(|n| Value::String(n.into())).collect())
 }
 
 /// `IP:PORT` (`[IP]:PORT` for IPv6) of an SPDK `listen_address` object.

@@ -19,7 +19,35 @@ fn invalid(why: impl std::fmt::Display) -> RpcError {
 /// A tuning method's params checked: what pollux lacks that they ask for.
 type TuningCheck = fn(&Map<String, Value>) -> Result<(), &'static str>;
 
-fn tuning(method: &str) -> Option<TuningCheck> {
+/// Those methods' names (answered as methods too: `rpc.py load_config` calls them).
+pub(super) const TUNING_METHODS: &[&str] = &[
+    "framework_set_scheduler",
+    "sock_set_default_impl",
+    "sock_impl_set_options",
+    "iobuf_set_options",
+    "accel_set_options",
+    "bdev_set_options",
+    "bdev_raid_set_options",
+    "bdev_nvme_set_options",
+    "bdev_wait_for_examine",
+    "nvmf_set_max_subsystems",
+    "bdev_nvme_set_hotplug",
+    "nvmf_set_crdt",
+    "nvmf_set_config",
+];
+
+/// A tuning method called on its own: checked as in a config, then `true`.
+pub(super) fn call_tuning(method: &str, params: &Value) -> Option<Result<Value, RpcError>> {
+    let check = tuning(method)?;
+    let empty = Map::new();
+    Some(
+        check(params.as_object().unwrap_or(&empty))
+            .map(|()| Value::Bool(true))
+            .map_err(|why| invalid(format!("{method}: {why}"))),
+    )
+}
+
+pub(super) fn tuning(method: &str) -> Option<TuningCheck> {
     let any: TuningCheck = |_| Ok(());
     Some(match method {
         "framework_set_scheduler"
@@ -133,7 +161,31 @@ pub fn base_conf(doc: &Value) -> Result<String, RpcError> {
     Ok(text)
 }
 
+/// `framework_get_subsystems`: the config's subsystems in SPDK's initialization order, each
+/// with what it depends on (`rpc.py save_config` asks for them, then each one's config).
+pub(super) fn subsystems() -> Value {
+    json!([
+        {"subsystem": "keyring", "depends_on": []},
+        {"subsystem": "bdev", "depends_on": ["keyring"]},
+        {"subsystem": "nvmf", "depends_on": ["bdev", "keyring"]},
+    ])
+}
+
 impl Ctx {
+    /// `framework_get_config {name}`: one subsystem's part of [`Self::spdk_save_config`].
+    pub(super) fn spdk_get_config(&self, params: &Value) -> Result<Value, RpcError> {
+        let name = params
+            .get("name")
+            .and_then(Value::as_str)
+            .ok_or_else(|| invalid("missing 'name'"))?;
+        let all = self.spdk_save_config()?;
+        all["subsystems"]
+            .as_array()
+            .and_then(|subs| subs.iter().find(|s| s["subsystem"] == name))
+            .map(|s| s["config"].clone())
+            .ok_or_else(|| invalid(format!("subsystem '{name}' not found")))
+    }
+
     /// Serve SPDK JSON config `doc`: its calls, in order (`load_config`, `pollux
     /// --spdk-config`). A call that fails stops the replay, naming it.
     pub fn spdk_load_config(&self, doc: &Value) -> Result<Value, RpcError> {
