@@ -177,6 +177,15 @@ def main():
 
         ok, out = perf_verify(io_port)
         check("the host does verified I/O on the namespace the methods made", ok, out)
+        st = c.call("bdev_get_iostat", {"name": "Malloc0"})["bdevs"]
+        check("bdev_get_iostat counts the host's reads and writes", len(st) == 1 and st[0]["num_read_ops"] > 0
+              and st[0]["num_write_ops"] > 0 and st[0]["bytes_written"] >= 512 * st[0]["num_write_ops"], st)
+        check("bdev_set_qos_limit on the attached bdev", c.call("bdev_set_qos_limit", {"name": "Malloc0", "rw_ios_per_sec": 20000, "w_mbytes_per_sec": 50}) is True)
+        r = subprocess.run([POLLUX, "ctl", "--socket", sock, "--json", "subsystems"], capture_output=True, text=True, timeout=30)
+        qos = [n.get("qos") for s in json.loads(r.stdout) if s["nqn"] == NQN for n in s["namespaces"]]
+        check("the namespace has those limits", qos and qos[0] and qos[0].get("iops") == 20000 and qos[0].get("write_mbps") == 50, qos)
+        check("0 removes them", c.call("bdev_set_qos_limit", {"name": "Malloc0", "rw_ios_per_sec": 0, "w_mbytes_per_sec": 0}) is True)
+        expect_error(c, "QoS on a bdev not attached is refused", -32602, "bdev_set_qos_limit", name=auto, rw_ios_per_sec=1000)
         idle = subprocess.Popen([POLLUX, "perf", "-r", f"trtype:tcp traddr:127.0.0.1 trsvcid:{io_port} subnqn:{NQN} hostnqn:{HOST}",
                                  "-w", "idle", "-t", "3", "--no-pin"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         ctrls = []

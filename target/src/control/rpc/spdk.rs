@@ -85,6 +85,8 @@ pub const SPDK_METHODS: &[SpdkMethod] = &[
     m("bdev_aio_delete", Ctx::spdk_bdev_delete),
     m("bdev_uring_delete", Ctx::spdk_bdev_delete),
     m("bdev_get_bdevs", Ctx::spdk_get_bdevs),
+    m("bdev_set_qos_limit", Ctx::spdk_set_qos_limit),
+    m("bdev_get_iostat", Ctx::spdk_get_iostat),
     m("save_config", |c, _| c.spdk_save_config()),
     m("framework_get_subsystems", |_, _| Ok(super::spdk_config::subsystems())),
     m("framework_get_config", Ctx::spdk_get_config),
@@ -828,6 +830,86 @@ impl Ctx {
         }
         self.spdk().bdevs.remove(name);
         Ok(Value::Bool(true))
+    }
+
+    /// The (subsystem, NSID) bdev `name` backs: attached, or refused naming it.
+    fn attached(&self, name: &str, what: &str) -> Result<(String, u32), RpcError> {
+        let s = self.spdk();
+        let b = s
+            .bdevs
+            .get(name)
+            .ok_or_else(|| invalid(format!("bdev {name} not found")))?;
+        b.attached.clone().ok_or_else(|| {
+            invalid(format!(
+                "bdev {name} is not attached to a subsystem: pollux keeps {what} with namespaces (nvmf_subsystem_add_ns first)"
+            ))
+        })
+    }
+
+    /// `bdev_set_qos_limit`: the QoS limits of the namespace the bdev backs (pollux's
+    /// `set_qos`: one budget for every host, queue and reactor reaching it); 0 removes one.
+    fn spdk_set_qos_limit(&self, p: &Value) -> Result<Value, RpcError> {
+        let o = obj(p)?;
+        let name = req_str(o, "name")?;
+        let (nqn, nsid) = self.attached(name, "QoS limits")?;
+        let mut t = json!({"nqn": nqn, "nsid": nsid});
+        for (spdk, ours) in [
+            ("rw_ios_per_sec", "iops"),
+            ("rw_mbytes_per_sec", "mbps"),
+            ("r_mbytes_per_sec", "read_mbps"),
+            ("w_mbytes_per_sec", "write_mbps"),
+        ] {
+            if let Some(v) = opt_u64(o, spdk)? {
+                t[ours] = v.into();
+            }
+        }
+        self.change("set_qos", t)?;
+        Ok(Value::Bool(true))
+    }
+
+    /// `bdev_get_iostat {name?}`: the commands and bytes of the namespaces the bdevs back,
+    /// summed over the reactors (SPDK's field names; ticks are microseconds here).
+    fn spdk_get_iostat(&self, p: &Value) -> Result<Value, RpcError> {
+        let only = match p {
+            Value::Object(o) => opt_str(o, "name")?.map(str::to_string),
+            _ => None,
+        };
+        let attached: Vec<(String, String, u32)> = self
+            .spdk()
+            .bdevs
+            .iter()
+            .filter(|(n, _)| only.as_ref().is_none_or(|o| o == *n))
+            .filter_map(|(n, b)| b.attached.clone().map(|(nqn, nsid)| (n.clone(), nqn, nsid)))
+            .collect();
+        let snap = self.shared.snapshot.load();
+        let mut out = Vec::new();
+        for (name, nqn, nsid) in attached {
+            let Some(ns) = snap
+                .subsystem(&nqn)
+                .and_then(|s| s.all_namespaces().find(|n| n.nsid == nsid).cloned())
+            else {
+                continue;
+            };
+            let sum = |f: fn(&crate::subsystem::NsCounters) -> &std::sync::atomic::AtomicU64| -> u64 {
+                ns.counters
+                    .iter()
+                    .map(|c| f(c).load(std::sync::atomic::Ordering::Relaxed))
+                    .sum()
+            };
+            out.push(json!({
+                "name": name,
+                "bytes_read": sum(|c| &c.read_bytes),
+                "num_read_ops": sum(|c| &c.read_cmds),
+                "bytes_written": sum(|c| &c.write_bytes),
+                "num_write_ops": sum(|c| &c.write_cmds),
+            }));
+        }
+        if let Some(n) = only
+            && out.is_empty()
+        {
+            return Err(invalid(format!("bdev {n} not found or not attached")));
+        }
+        Ok(json!({"tick_rate": 1_000_000, "bdevs": out}))
     }
 
     fn spdk_get_bdevs(&self, p: &Value) -> Result<Value, RpcError> {
