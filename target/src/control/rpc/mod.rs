@@ -40,6 +40,7 @@ mod modes;
 mod nvme;
 mod query;
 pub mod spdk;
+mod spdk_bdev;
 pub(crate) mod spdk_config;
 
 pub use spdk_config::base_conf as spdk_base_conf;

@@ -17,31 +17,19 @@ use std::sync::Mutex;
 use pollux_conf::TlsMode;
 use serde_json::{Map, Value, json};
 
+use super::spdk_bdev::{Bdev, BdevKind};
 use super::{Ctx, INVALID_PARAMS, RpcError};
 
 /// What SPDK's RPC layer keeps beside pollux's conf: the bdevs and whether the TCP
 /// transport was created.
 #[derive(Debug, Default)]
 pub struct SpdkState {
-    bdevs: BTreeMap<String, Bdev>,
+    pub(super) bdevs: BTreeMap<String, Bdev>,
     /// keyring_file_add_key's keys: name -> the owner-only file holding the key.
     keys: BTreeMap<String, std::path::PathBuf>,
     transport_created: bool,
     /// The next `MallocN` / `NullN` number for a bdev created without a name.
-    next_auto: u32,
-}
-
-/// A bdev: a named store, and the namespace it backs once attached.
-#[derive(Debug, Clone)]
-struct Bdev {
-    product: &'static str,
-    block_size: u32,
-    num_blocks: u64,
-    uuid: uuid::Uuid,
-    /// pollux's backend table for it (`{"ram": {"size": ...}}`, ...).
-    backend: Value,
-    /// (subsystem NQN, NSID) once attached.
-    attached: Option<(String, u32)>,
+    pub(super) next_auto: u32,
 }
 
 /// One SPDK method: its name and what it does here.
@@ -156,11 +144,11 @@ impl SpdkMethod {
 }
 
 /// SPDK's answer to a bad param: -32602, naming it.
-fn invalid(why: impl std::fmt::Display) -> RpcError {
+pub(super) fn invalid(why: impl std::fmt::Display) -> RpcError {
     RpcError::new(INVALID_PARAMS, format!("Invalid parameters: {why}"))
 }
 
-fn obj(params: &Value) -> Result<&Map<String, Value>, RpcError> {
+pub(super) fn obj(params: &Value) -> Result<&Map<String, Value>, RpcError> {
     match params {
         Value::Object(o) => Ok(o),
         Value::Null => Err(invalid("params are required")),
@@ -168,7 +156,7 @@ fn obj(params: &Value) -> Result<&Map<String, Value>, RpcError> {
     }
 }
 
-fn req_str<'a>(o: &'a Map<String, Value>, key: &str) -> Result<&'a str, RpcError> {
+pub(super) fn req_str<'a>(o: &'a Map<String, Value>, key: &str) -> Result<&'a str, RpcError> {
     match o.get(key) {
         Some(Value::String(s)) => Ok(s),
         Some(v) => Err(invalid(format!("'{key}' must be a string, got {v}"))),
@@ -176,7 +164,7 @@ fn req_str<'a>(o: &'a Map<String, Value>, key: &str) -> Result<&'a str, RpcError
     }
 }
 
-fn opt_str<'a>(o: &'a Map<String, Value>, key: &str) -> Result<Option<&'a str>, RpcError> {
+pub(super) fn opt_str<'a>(o: &'a Map<String, Value>, key: &str) -> Result<Option<&'a str>, RpcError> {
     match o.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s)),
@@ -184,7 +172,7 @@ fn opt_str<'a>(o: &'a Map<String, Value>, key: &str) -> Result<Option<&'a str>, 
     }
 }
 
-fn opt_u64(o: &Map<String, Value>, key: &str) -> Result<Option<u64>, RpcError> {
+pub(super) fn opt_u64(o: &Map<String, Value>, key: &str) -> Result<Option<u64>, RpcError> {
     match o.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => v
@@ -261,15 +249,6 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02X}")).collect()
 }
 
-/// The kinds of bdev that map onto pollux backends.
-#[derive(Debug, Clone, Copy)]
-enum BdevKind {
-    Malloc,
-    Null,
-    Aio,
-    Uring,
-}
-
 impl Ctx {
     /// The running configuration (run-time changes included).
     fn running(&self) -> pollux_conf::Config {
@@ -286,12 +265,12 @@ impl Ctx {
         Ok(s.namespaces.iter().map(|n| n.ana_group).collect())
     }
 
-    fn spdk(&self) -> std::sync::MutexGuard<'_, SpdkState> {
+    pub(super) fn spdk(&self) -> std::sync::MutexGuard<'_, SpdkState> {
         self.spdk.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// A pollux mutation, its result not SPDK's business (SPDK answers `true`).
-    fn change(&self, method: &str, params: Value) -> Result<(), RpcError> {
+    pub(super) fn change(&self, method: &str, params: Value) -> Result<(), RpcError> {
         self.mutation(method, &params).map(|_| ())
     }
 
@@ -739,218 +718,6 @@ impl Ctx {
         )?;
         Ok(Value::Bool(true))
     }
-
-    fn spdk_bdev_create(&self, p: &Value, kind: BdevKind) -> Result<Value, RpcError> {
-        let o = obj(p)?;
-        let block_size = opt_u64(o, "block_size")?.unwrap_or(512);
-        if block_size != 512 && block_size != 4096 {
-            return Err(invalid(format!("block_size {block_size}: pollux serves 512 or 4096")));
-        }
-        let (product, backend, num_blocks, prefix) = match kind {
-            BdevKind::Malloc | BdevKind::Null => {
-                let num_blocks = opt_u64(o, "num_blocks")?.ok_or_else(|| invalid("missing 'num_blocks'"))?;
-                if num_blocks == 0 {
-                    return Err(invalid("'num_blocks' must be above 0"));
-                }
-                let size = num_blocks
-                    .checked_mul(block_size)
-                    .ok_or_else(|| invalid("'num_blocks' x 'block_size' overflows"))?;
-                match kind {
-                    BdevKind::Malloc => ("Malloc disk", json!({"ram": {"size": size}}), num_blocks, "Malloc"),
-                    _ => ("Null disk", json!({"null": {"size": size}}), num_blocks, "Null"),
-                }
-            }
-            BdevKind::Aio | BdevKind::Uring => {
-                let path = req_str(o, "filename")?;
-                let len = file_len(path).map_err(|e| invalid(format!("Could not open {path}: {e}")))?;
-                if len < block_size || len % block_size != 0 {
-                    return Err(invalid(format!(
-                        "{path}: {len} bytes is not a whole number of {block_size}-byte blocks"
-                    )));
-                }
-                let product = if matches!(kind, BdevKind::Aio) {
-                    "AIO disk"
-                } else {
-                    "URING bdev"
-                };
-                (product, json!({"file": {"path": path}}), len / block_size, "")
-            }
-        };
-        let uuid = match opt_str(o, "uuid")? {
-            Some(u) => uuid::Uuid::parse_str(u).map_err(|e| invalid(format!("'uuid' {u}: {e}")))?,
-            None => {
-                let mut b = [0u8; 16];
-                getrandom::fill(&mut b)
-                    .map_err(|e| RpcError::new(super::CONFIG_ERROR, format!("no random bytes for a UUID: {e}")))?;
-                uuid::Builder::from_random_bytes(b).into_uuid()
-            }
-        };
-        let mut s = self.spdk();
-        let name = match opt_str(o, "name")? {
-            Some(n) if !n.is_empty() => n.to_string(),
-            _ if prefix.is_empty() => return Err(invalid("missing 'name'")),
-            _ => loop {
-                let n = format!("{prefix}{}", s.next_auto);
-                s.next_auto += 1;
-                if !s.bdevs.contains_key(&n) {
-                    break n;
-                }
-            },
-        };
-        if s.bdevs.contains_key(&name) {
-            return Err(invalid(format!("Bdev name {name} already exists")));
-        }
-        s.bdevs.insert(
-            name.clone(),
-            Bdev {
-                product,
-                block_size: block_size as u32,
-                num_blocks,
-                uuid,
-                backend,
-                attached: None,
-            },
-        );
-        Ok(Value::String(name))
-    }
-
-    fn spdk_bdev_delete(&self, p: &Value) -> Result<Value, RpcError> {
-        let name = req_str(obj(p)?, "name")?;
-        let attached = {
-            let s = self.spdk();
-            s.bdevs
-                .get(name)
-                .ok_or_else(|| invalid(format!("bdev {name} not found")))?
-                .attached
-                .clone()
-        };
-        // Deleting an attached bdev removes its namespace, as SPDK's hot remove does.
-        if let Some((nqn, nsid)) = attached {
-            self.change("remove_namespace", json!({"nqn": nqn, "nsid": nsid}))?;
-        }
-        self.spdk().bdevs.remove(name);
-        Ok(Value::Bool(true))
-    }
-
-    /// The (subsystem, NSID) bdev `name` backs: attached, or refused naming it.
-    fn attached(&self, name: &str, what: &str) -> Result<(String, u32), RpcError> {
-        let s = self.spdk();
-        let b = s
-            .bdevs
-            .get(name)
-            .ok_or_else(|| invalid(format!("bdev {name} not found")))?;
-        b.attached.clone().ok_or_else(|| {
-            invalid(format!(
-                "bdev {name} is not attached to a subsystem: pollux keeps {what} with namespaces (nvmf_subsystem_add_ns first)"
-            ))
-        })
-    }
-
-    /// `bdev_set_qos_limit`: the QoS limits of the namespace the bdev backs (pollux's
-    /// `set_qos`: one budget for every host, queue and reactor reaching it); 0 removes one.
-    fn spdk_set_qos_limit(&self, p: &Value) -> Result<Value, RpcError> {
-        let o = obj(p)?;
-        let name = req_str(o, "name")?;
-        let (nqn, nsid) = self.attached(name, "QoS limits")?;
-        let mut t = json!({"nqn": nqn, "nsid": nsid});
-        for (spdk, ours) in [
-            ("rw_ios_per_sec", "iops"),
-            ("rw_mbytes_per_sec", "mbps"),
-            ("r_mbytes_per_sec", "read_mbps"),
-            ("w_mbytes_per_sec", "write_mbps"),
-        ] {
-            if let Some(v) = opt_u64(o, spdk)? {
-                t[ours] = v.into();
-            }
-        }
-        self.change("set_qos", t)?;
-        Ok(Value::Bool(true))
-    }
-
-    /// `bdev_get_iostat {name?}`: the commands and bytes of the namespaces the bdevs back,
-    /// summed over the reactors (SPDK's field names; ticks are microseconds here).
-    fn spdk_get_iostat(&self, p: &Value) -> Result<Value, RpcError> {
-        let only = match p {
-            Value::Object(o) => opt_str(o, "name")?.map(str::to_string),
-            _ => None,
-        };
-        let attached: Vec<(String, String, u32)> = self
-            .spdk()
-            .bdevs
-            .iter()
-            .filter(|(n, _)| only.as_ref().is_none_or(|o| o == *n))
-            .filter_map(|(n, b)| b.attached.clone().map(|(nqn, nsid)| (n.clone(), nqn, nsid)))
-            .collect();
-        let snap = self.shared.snapshot.load();
-        let mut out = Vec::new();
-        for (name, nqn, nsid) in attached {
-            let Some(ns) = snap
-                .subsystem(&nqn)
-                .and_then(|s| s.all_namespaces().find(|n| n.nsid == nsid).cloned())
-            else {
-                continue;
-            };
-            let sum = |f: fn(&crate::subsystem::NsCounters) -> &std::sync::atomic::AtomicU64| -> u64 {
-                ns.counters
-                    .iter()
-                    .map(|c| f(c).load(std::sync::atomic::Ordering::Relaxed))
-                    .sum()
-            };
-            out.push(json!({
-                "name": name,
-                "bytes_read": sum(|c| &c.read_bytes),
-                "num_read_ops": sum(|c| &c.read_cmds),
-                "bytes_written": sum(|c| &c.write_bytes),
-                "num_write_ops": sum(|c| &c.write_cmds),
-            }));
-        }
-        if let Some(n) = only
-            && out.is_empty()
-        {
-            return Err(invalid(format!("bdev {n} not found or not attached")));
-        }
-        Ok(json!({"tick_rate": 1_000_000, "bdevs": out}))
-    }
-
-    fn spdk_get_bdevs(&self, p: &Value) -> Result<Value, RpcError> {
-        let only = match p {
-            Value::Object(o) => opt_str(o, "name")?.map(str::to_string),
-            _ => None,
-        };
-        let s = self.spdk();
-        let list: Vec<Value> = s
-            .bdevs
-            .iter()
-            .filter(|(n, _)| only.as_ref().is_none_or(|o| o == *n))
-            .map(|(name, b)| {
-                json!({
-                    "name": name,
-                    "aliases": [],
-                    "product_name": b.product,
-                    "block_size": b.block_size,
-                    "num_blocks": b.num_blocks,
-                    "uuid": b.uuid.hyphenated().to_string(),
-                    "claimed": b.attached.is_some(),
-                    "supported_io_types": {"read": true, "write": true, "unmap": true, "write_zeroes": true, "flush": true},
-                    "driver_specific": {"pollux": {"backend": b.backend}},
-                })
-            })
-            .collect();
-        if let Some(n) = only
-            && list.is_empty()
-        {
-            return Err(invalid(format!("bdev {n} not found")));
-        }
-        Ok(Value::Array(list))
-    }
-}
-
-/// The size of a file or block device.
-fn file_len(path: &str) -> std::io::Result<u64> {
-    use std::io::{Seek, SeekFrom};
-    let mut f = std::fs::File::open(path)?;
-    // A block device's metadata says 0: its end is its size.
-    f.seek(SeekFrom::End(0))
 }
 
 /// The state the RPC context keeps for SPDK's methods.
