@@ -22,6 +22,7 @@ import tempfile
 import time
 import zlib
 
+from benchlib import free_port
 from spdk.rpc.client import JSONRPCClient, JSONRPCException
 
 POLLUX = os.path.abspath(sys.argv[1])
@@ -38,14 +39,6 @@ def check(what, ok, detail=""):
     else:
         checks["failed"] += 1
         print(f"spdk-rpc: FAIL {what} {detail}")
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def expect_error(c, what, code, method, **params):
@@ -84,6 +77,16 @@ def stop(p):
         p.kill()
 
 
+def bare_target(work, name):
+    """A pollux with only a control socket and one listener (which serves no subsystem), as
+    an SPDK target starts before its RPC calls: (process, socket, listener port)."""
+    sock, port = os.path.join(work, f"{name}.sock"), free_port()
+    conf = os.path.join(work, f"{name}.toml")
+    with open(conf, "w") as f:
+        f.write(f'[reactors]\ncores = [0]\n\n[control]\nsocket = "{sock}"\n\n[[listener]]\naddress = "127.0.0.1:{port}"\n')
+    return start(conf, sock, port), sock, port
+
+
 def perf_verify(port, seconds="1", host=HOST, extra=()):
     r = subprocess.run([POLLUX, "perf", "-r", f"trtype:tcp traddr:127.0.0.1 trsvcid:{port} subnqn:{NQN} hostnqn:{host}",
                         "-w", "randrw", "-q", "8", "-t", seconds, "--verify", "--no-pin", *extra],
@@ -105,12 +108,8 @@ def dhchap_key_file(path):
 
 def main():
     work = tempfile.mkdtemp(prefix="pollux-spdk-rpc-")
-    sock = os.path.join(work, "spdk.sock")
-    port, io_port = free_port(), free_port()
-    conf = os.path.join(work, "pollux.toml")
-    with open(conf, "w") as f:
-        f.write(f'[reactors]\ncores = [0]\n\n[control]\nsocket = "{sock}"\n\n[[listener]]\naddress = "127.0.0.1:{port}"\n')
-    target = start(conf, sock, port)
+    target, sock, port = bare_target(work, "spdk")
+    io_port = free_port()
     try:
         c = JSONRPCClient(sock, timeout=30)
         v = c.call("spdk_get_version")
@@ -291,12 +290,8 @@ def spdk_configs(work):
     """SPDK JSON configs: one pollux writes (save_config) served by a fresh pollux, and one
     SPDK's own nvmf_tgt wrote (v26.05 save_config after rpc.py calls: a malloc and a null
     bdev, a subsystem with a host, two namespaces and a listener), served by pollux."""
-    sock = os.path.join(work, "cfg.sock")
-    port, lport = free_port(), free_port()
-    conf = os.path.join(work, "cfg.toml")
-    with open(conf, "w") as f:
-        f.write(f'[reactors]\ncores = [0]\n\n[control]\nsocket = "{sock}"\n\n[[listener]]\naddress = "127.0.0.1:{lport}"\n')
-    target = start(conf, sock, lport)
+    target, sock, _ = bare_target(work, "cfg")
+    port = free_port()
     saved = os.path.join(work, "spdk.json")
     try:
         c = JSONRPCClient(sock, timeout=30)
@@ -342,11 +337,7 @@ def spdk_configs(work):
             stop(target)
     # The same file through rpc.py's own load_config (the client replays it, checking every
     # method against rpc_get_methods) into a running pollux, and rpc.py's save_config back.
-    sock3, lport3 = os.path.join(work, "load.sock"), free_port()
-    conf3 = os.path.join(work, "load.toml")
-    with open(conf3, "w") as f:
-        f.write(f'[reactors]\ncores = [0]\n\n[control]\nsocket = "{sock3}"\n\n[[listener]]\naddress = "127.0.0.1:{lport3}"\n')
-    target = start(conf3, sock3, lport3)
+    target, sock3, _ = bare_target(work, "load")
     try:
         cli = shutil.which("spdk-rpc") or os.path.join(os.path.dirname(sys.executable), "spdk-rpc")
         with open(theirs) as f:
