@@ -215,7 +215,11 @@ pub fn to_toml(text: &str) -> Result<String, NvmetError> {
         }
         for (k, ours) in [("cntlid_min", "min_cntlid"), ("cntlid_max", "max_cntlid")] {
             if let Some(v) = attr(a, k) {
-                let _ = writeln!(o, "{ours} = {}", v.trim_start_matches("0x"));
+                let n: u16 = v
+                    .trim()
+                    .parse()
+                    .map_err(|_| shape(format!("{what}: attr.{k} {v:?} is not a controller ID")))?;
+                let _ = writeln!(o, "{ours} = {n}");
             }
         }
         if attr(a, "pi_enable").as_deref() == Some("1") {

@@ -117,6 +117,9 @@ fn what_pollux_cannot_serve_is_refused_by_name() {
     );
     assert!(matches!(to_toml(&pi), Err(NvmetError::Unsupported { what, .. }) if what.contains("pi_enable")));
     assert!(matches!(to_toml("[1, 2]"), Err(NvmetError::Shape(_))));
+    // A value is data, never conf text: a controller ID that is not a number is refused.
+    let sneaky = base.replacen("\"cntlid_min\": \"1\"", "\"cntlid_min\": \"1\\n[[subsystem]]\"", 1);
+    assert!(matches!(to_toml(&sneaky), Err(NvmetError::Shape(w)) if w.contains("cntlid_min")));
     assert!(matches!(to_toml("not json"), Err(NvmetError::Shape(_))));
     // A RAM namespace has no nvmet equivalent.
     let ram = Config::embedded_default();
