@@ -134,39 +134,14 @@ fn main() -> ExitCode {
             }
         };
     }
-    // An SPDK JSON config: a conf of its listeners and transport to start from, then its
-    // method calls once the target runs.
-    let spdk = match &cli.spdk_config {
-        Some(p) => match spdk_config(p) {
-            Ok(s) => Some(s),
-            Err(e) => {
-                error!("{e}");
-                return ExitCode::from(2);
-            }
-        },
-        None => None,
-    };
-    let nvmet = match &cli.nvmet_config {
-        Some(p) => match nvmet_conf(p) {
-            Ok(c) => Some(c),
-            Err(e) => {
-                error!("{e}");
-                return ExitCode::from(2);
-            }
-        },
-        None => None,
-    };
-    let cfg = match (&cli.config, &spdk) {
-        _ if nvmet.is_some() => nvmet.clone().unwrap_or_else(Config::embedded_default),
-        (_, Some((_, base))) => base.clone(),
-        (Some(p), None) => match Config::from_path(p) {
-            Ok(c) => c,
-            Err(e) => {
-                error!("{e}");
-                return ExitCode::from(2);
-            }
-        },
-        (None, None) => Config::embedded_default(),
+    // The conf to serve: a conf file, one made from an SPDK JSON config (whose method calls
+    // then run once the target does) or an nvmetcli config, or the embedded default.
+    let (cfg, spdk_doc) = match start_conf(&cli) {
+        Ok(c) => c,
+        Err(e) => {
+            error!("{e}");
+            return ExitCode::from(2);
+        }
     };
     let signals = block_signals();
     // Bound before the target starts: a second pollux on the same socket stops here.
@@ -192,7 +167,7 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    if let (Some((doc, _)), Some(path)) = (&spdk, &cli.spdk_config) {
+    if let (Some(doc), Some(path)) = (&spdk_doc, &cli.spdk_config) {
         if let Err(e) = control.ctx().spdk_load_config(doc) {
             error!("cannot serve {}: {}", path.display(), e.message);
             drop(control);
@@ -206,22 +181,35 @@ fn main() -> ExitCode {
 }
 
 /// The pollux conf serving nvmetcli config `path`: its text, and the conf it validates as.
-fn nvmet_conf_text(path: &std::path::Path) -> Result<(String, Config), SpdkConfigError> {
+fn nvmet_conf_text(path: &std::path::Path) -> Result<(String, Config), StartConfError> {
     let p = || path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| SpdkConfigError::Read { path: p(), source })?;
-    let toml = pollux_conf::nvmet::to_toml(&text).map_err(|e| SpdkConfigError::Refused {
+    let text = std::fs::read_to_string(path).map_err(|source| StartConfError::Read { path: p(), source })?;
+    let toml = pollux_conf::nvmet::to_toml(&text).map_err(|e| StartConfError::Refused {
         path: p(),
         message: e.to_string(),
     })?;
-    let cfg = Config::parse(&toml, pollux_conf::EMBEDDED_ORIGIN).map_err(|e| SpdkConfigError::Conf {
+    let cfg = Config::parse(&toml, pollux_conf::EMBEDDED_ORIGIN).map_err(|e| StartConfError::Conf {
         path: p(),
         source: Box::new(e),
     })?;
     Ok((toml, cfg))
 }
 
-fn nvmet_conf(path: &std::path::Path) -> Result<Config, SpdkConfigError> {
-    nvmet_conf_text(path).map(|(_, c)| c)
+/// The conf `cli` asks to serve, and the SPDK JSON config whose calls follow, if one.
+fn start_conf(cli: &Cli) -> Result<(Config, Option<serde_json::Value>), StartConfError> {
+    if let Some(p) = &cli.spdk_config {
+        let (doc, cfg) = spdk_config(p)?;
+        return Ok((cfg, Some(doc)));
+    }
+    if let Some(p) = &cli.nvmet_config {
+        return Ok((nvmet_conf_text(p)?.1, None));
+    }
+    match &cli.config {
+        Some(p) => Config::from_path(p)
+            .map(|c| (c, None))
+            .map_err(|e| StartConfError::File(Box::new(e))),
+        None => Ok((Config::embedded_default(), None)),
+    }
 }
 
 /// `pollux convert --from FORMAT FILE`: the equivalent pollux conf on stdout.
@@ -257,9 +245,12 @@ fn convert(from: &str, file: &std::path::Path) -> ExitCode {
     }
 }
 
-/// Why an SPDK JSON config or an nvmetcli config cannot be served.
+/// Why the conf to serve cannot be had: a conf file, an SPDK JSON config or an nvmetcli
+/// config.
 #[derive(Debug, thiserror::Error)]
-enum SpdkConfigError {
+enum StartConfError {
+    #[error("{0}")]
+    File(Box<pollux_conf::ConfError>),
     #[error("{path}: {source}")]
     Read { path: String, source: std::io::Error },
     #[error("{path}: not JSON: {source}")]
@@ -274,16 +265,16 @@ enum SpdkConfigError {
 }
 
 /// An SPDK JSON config at `path` and the conf to start serving it from.
-fn spdk_config(path: &std::path::Path) -> Result<(serde_json::Value, Config), SpdkConfigError> {
+fn spdk_config(path: &std::path::Path) -> Result<(serde_json::Value, Config), StartConfError> {
     let p = || path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| SpdkConfigError::Read { path: p(), source })?;
+    let text = std::fs::read_to_string(path).map_err(|source| StartConfError::Read { path: p(), source })?;
     let doc: serde_json::Value =
-        serde_json::from_str(&text).map_err(|source| SpdkConfigError::Json { path: p(), source })?;
-    let base = pollux_target::control::rpc::spdk_base_conf(&doc).map_err(|e| SpdkConfigError::Refused {
+        serde_json::from_str(&text).map_err(|source| StartConfError::Json { path: p(), source })?;
+    let base = pollux_target::control::rpc::spdk_base_conf(&doc).map_err(|e| StartConfError::Refused {
         path: p(),
         message: e.message,
     })?;
-    let cfg = Config::parse(&base, pollux_conf::EMBEDDED_ORIGIN).map_err(|e| SpdkConfigError::Conf {
+    let cfg = Config::parse(&base, pollux_conf::EMBEDDED_ORIGIN).map_err(|e| StartConfError::Conf {
         path: p(),
         source: Box::new(e),
     })?;
