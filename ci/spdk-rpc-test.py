@@ -379,8 +379,10 @@ def nvmet_configs(work):
     check("pollux convert --from nvmet", r.returncode == 0 and "[[subsystem]]" in r.stdout and "ana = { 2 = \"non-optimized\" }" in r.stdout, (r.stdout + r.stderr)[-600:])
     for what, path in (("nvmetcli's config", cfg), ("the exported config", os.path.join(work, "exported.json"))):
         log = open(path + ".log", "w")
-        # A conf made from nvmet's has the default control socket, which `pollux ctl` finds.
-        target = subprocess.Popen([POLLUX, "--nvmet-config", path], stdout=log, stderr=log)
+        # nvmetcli's config has no place for a control socket: `-r` names one, as for SPDK's
+        # nvmf_tgt (never the machine's default one, which another target may hold).
+        sock = os.path.join(work, "nvmet.sock")
+        target = subprocess.Popen([POLLUX, "--nvmet-config", path, "-r", sock], stdout=log, stderr=log)
         try:
             up = False
             for _ in range(200):
@@ -401,7 +403,8 @@ def nvmet_configs(work):
             ok, _ = perf_verify(p1, "0.3", HOST2)
             check(f"{what}: a host not allowed is refused", not ok)
             if path == cfg:
-                r = subprocess.run([POLLUX, "ctl", "export-nvmet", os.path.join(work, "exported.json")], capture_output=True, text=True, timeout=30)
+                r = subprocess.run([POLLUX, "ctl", "--socket", sock, "export-nvmet", os.path.join(work, "exported.json")],
+                                   capture_output=True, text=True, timeout=30)
                 check("pollux ctl export-nvmet", r.returncode == 0, r.stdout + r.stderr)
                 exported = json.load(open(os.path.join(work, "exported.json")))
                 ns = exported["subsystems"][0]["namespaces"][0]

@@ -36,6 +36,16 @@ struct Cli {
     /// Serve an nvmetcli config (Linux nvmet's /etc/nvmet/config.json).
     #[arg(long, value_name = "FILE", conflicts_with_all = ["config", "check", "spdk_config"])]
     nvmet_config: Option<PathBuf>,
+    /// The control socket, instead of the conf's (SPDK's nvmf_tgt -r): what an SPDK JSON
+    /// config or an nvmetcli config has no place to say. "none": no control socket.
+    #[arg(
+        short = 'r',
+        long,
+        visible_alias = "rpc-socket",
+        value_name = "PATH",
+        conflicts_with = "check"
+    )]
+    control_socket: Option<PathBuf>,
     /// Take over from a running pollux at the other end of this descriptor (a hot upgrade
     /// starts the new binary so; not for people).
     #[arg(long, value_name = "FD", hide = true, conflicts_with_all = ["config", "check"])]
@@ -122,6 +132,11 @@ fn main() -> ExitCode {
         };
     }
     pollux_target::upgrade::old::remember_own_binary();
+    if let Some(p) = &cli.control_socket {
+        // Kept for the process's life: a reload re-reads the conf file, a hot upgrade
+        // passes it on to the successor.
+        pollux_target::mutate::set_control_socket_arg(p);
+    }
     if let Some(fd) = cli.takeover {
         let signals = block_signals();
         return match pollux_target::upgrade::new::takeover(fd) {
@@ -136,13 +151,14 @@ fn main() -> ExitCode {
     }
     // The conf to serve: a conf file, one made from an SPDK JSON config (whose method calls
     // then run once the target does) or an nvmetcli config, or the embedded default.
-    let (cfg, spdk_doc) = match start_conf(&cli) {
+    let (mut cfg, spdk_doc) = match start_conf(&cli) {
         Ok(c) => c,
         Err(e) => {
             error!("{e}");
             return ExitCode::from(2);
         }
     };
+    pollux_target::mutate::apply_control_socket_arg(&mut cfg);
     let signals = block_signals();
     // Bound before the target starts: a second pollux on the same socket stops here.
     let bound = match pollux_target::control::Bound::bind(&cfg.control) {

@@ -407,6 +407,31 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
     Ok(ch)
 }
 
+/// The control socket the process was started with on its command line (`pollux -r PATH`),
+/// which overrides every conf's `[control] socket`, the re-read one's included: set once,
+/// at start.
+static CONTROL_SOCKET_ARG: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
+
+/// Remember `pollux -r PATH` (`"none"`: no control socket) for this process's life.
+pub fn set_control_socket_arg(path: &std::path::Path) {
+    let _ = CONTROL_SOCKET_ARG.set((path.as_os_str() != "none").then(|| path.to_path_buf()));
+}
+
+/// The command line's control socket, as `pollux -r` takes it (`"none"`), if given.
+pub fn control_socket_arg() -> Option<std::ffi::OsString> {
+    CONTROL_SOCKET_ARG
+        .get()
+        .map(|s| s.as_ref().map_or_else(|| "none".into(), |p| p.clone().into_os_string()))
+}
+
+/// `cfg` with the command line's control socket, if the process was given one.
+pub fn apply_control_socket_arg(cfg: &mut Config) {
+    if let Some(socket) = CONTROL_SOCKET_ARG.get() {
+        cfg.control.socket = socket.clone();
+        cfg.control.socket_is_default = false;
+    }
+}
+
 /// Re-read the conf file the target runs from and apply the difference (SIGHUP, `ctl
 /// reload`). An invalid file changes nothing; its error names file, line and column.
 pub fn reload(shared: &Arc<Shared>, remotes: &[Remote]) -> Result<Changes, TargetError> {
@@ -414,7 +439,8 @@ pub fn reload(shared: &Arc<Shared>, remotes: &[Remote]) -> Result<Changes, Targe
     if origin == pollux_conf::EMBEDDED_ORIGIN {
         return Err(TargetError::NoConfFile);
     }
-    let cfg = Config::from_path(std::path::Path::new(&origin))?;
+    let mut cfg = Config::from_path(std::path::Path::new(&origin))?;
+    apply_control_socket_arg(&mut cfg);
     info!(file = %origin, "reloading the configuration");
     reconcile(shared, remotes, cfg)
 }

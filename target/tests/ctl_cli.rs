@@ -228,6 +228,42 @@ fn verbs_methods_errors_and_summaries() {
 }
 
 #[test]
+fn the_command_line_control_socket_outlasts_reloads_and_upgrades() {
+    // `pollux -r PATH` (SPDK's nvmf_tgt -r): the socket served, whatever the conf names; a
+    // reload of the conf file does not call it a change, and a hot upgrade's successor
+    // serves it too.
+    let d = dir("rsock");
+    let named = d.join("named.sock");
+    let given = d.join("given.sock");
+    let arg = given.to_str().unwrap();
+    let s = Spawned::start_with(
+        BIN,
+        &d.join("pollux.toml"),
+        &conf(&named),
+        &given,
+        None,
+        "warn",
+        &["-r", arg],
+    );
+    assert!(!named.exists(), "the conf's socket is not served");
+    let o = s.ctl(&["--json", "reload"]);
+    assert!(o.status.success(), "{}", err(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["restart_needed"], serde_json::json!([]), "{v}");
+    let pid = s.pid();
+    let o = s.ctl(&["--json", "upgrade", "--binary", BIN]);
+    assert!(o.status.success(), "{}", err(&o));
+    assert_ne!(s.pid(), pid, "the successor answers on the same socket");
+    let o = s.ctl(&["--json", "reload"]);
+    assert!(o.status.success(), "{}", err(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["restart_needed"], serde_json::json!([]), "the successor kept -r: {v}");
+    assert!(!named.exists());
+    drop(s);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
 fn check_prints_file_line_col_first() {
     let d = dir("check");
     let bad = d.join("bad.toml");

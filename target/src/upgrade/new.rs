@@ -262,11 +262,13 @@ fn start(p: &Prepare, fds: &mut [Option<OwnedFd>]) -> Result<(Target, Bound, Con
             .and_then(Option::take)
             .ok_or_else(|| UpgradeError::Protocol(format!("descriptor {i} did not come")))
     };
-    let cfg = match &p.origin {
+    let mut cfg = match &p.origin {
         Some(path) => Config::parse_as(&p.config, &path.display().to_string(), path),
         None => Config::parse(&p.config, pollux_conf::EMBEDDED_ORIGIN),
     }
     .map_err(|e| UpgradeError::Start(format!("the running configuration: {e}")))?;
+    // The old process's `-r`, which it passed on: the conf text may name another socket.
+    crate::mutate::apply_control_socket_arg(&mut cfg);
     if cfg.reactors.cores.len() != p.reactors {
         return Err(UpgradeError::Start(format!(
             "{} reactors configured, {} running: a controller's id names its reactor",

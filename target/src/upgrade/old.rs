@@ -201,6 +201,9 @@ fn spawn(binary: &Path, child_end: OwnedFd) -> Result<Child, UpgradeError> {
     let fd = child_end.as_raw_fd();
     let mut cmd = Command::new(binary);
     cmd.arg("--takeover").arg(CHILD_FD.to_string()).stdin(Stdio::null());
+    if let Some(socket) = crate::mutate::control_socket_arg() {
+        cmd.arg("--control-socket").arg(socket);
+    }
     // SAFETY: the closure runs in the child between fork and exec and makes only
     // async-signal-safe calls (dup2, fcntl) on descriptors it owns there.
     unsafe {

@@ -423,16 +423,16 @@ pub fn expect_auth_failure(q: &mut HostQueue, reason: pollux_nvme::auth::msg::Re
 }
 
 /// The pollux binary (`bin`, the test crate's `CARGO_BIN_EXE_pollux`) serving conf `text`,
-/// written to `path`, listening on `addr` once this returns.
+/// written to `path`, listening on `addr` once this returns. Without a control socket
+/// (`-r none`) unless the conf names one: a test never takes the machine's default one.
 pub fn spawn_pollux(bin: &str, path: &Path, text: &str, addr: SocketAddr) -> Child {
     std::fs::write(path, text).unwrap();
-    let child = Command::new(bin)
-        .arg("--config")
-        .arg(path)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut cmd = Command::new(bin);
+    cmd.arg("--config").arg(path);
+    if !text.contains("[control]") {
+        cmd.args(["--control-socket", "none"]);
+    }
+    let child = cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     while TcpStream::connect(addr).is_err() {
         assert!(Instant::now() < deadline, "pollux did not listen on {addr}");
@@ -457,6 +457,19 @@ impl Spawned {
     /// `bin` serving `text`, written to `conf` (whose `[control] socket` is `sock`), with
     /// `RUST_LOG=level` and its stderr to `log` (None: discarded); once the socket accepts.
     pub fn start(bin: &'static str, conf: &Path, text: &str, sock: &Path, log: Option<&Path>, level: &str) -> Self {
+        Self::start_with(bin, conf, text, sock, log, level, &[])
+    }
+
+    /// [`Spawned::start`] with more command-line arguments.
+    pub fn start_with(
+        bin: &'static str,
+        conf: &Path,
+        text: &str,
+        sock: &Path,
+        log: Option<&Path>,
+        level: &str,
+        args: &[&str],
+    ) -> Self {
         std::fs::write(conf, text).unwrap();
         let stderr = match log {
             Some(p) => Stdio::from(std::fs::File::create(p).unwrap()),
@@ -465,6 +478,7 @@ impl Spawned {
         let first = Command::new(bin)
             .arg("--config")
             .arg(conf)
+            .args(args)
             .env("RUST_LOG", level)
             .stdout(Stdio::null())
             .stderr(stderr)
