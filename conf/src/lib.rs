@@ -74,6 +74,9 @@ pub struct Config {
     /// file and nvme namespaces whose hosts set Persist Through Power Loss. None: no
     /// reservation persists (Identify Namespace RESCAP bit 0 is clear).
     pub state_dir: Option<PathBuf>,
+    /// This gateway's membership in a gateway group (`[gateway]`): heartbeats, fencing and
+    /// ANA takeover through the cluster of its rbd namespaces. None: a lone target.
+    pub gateway: Option<Gateway>,
     /// Where the configuration came from: a file name, or `"<embedded>"`.
     pub origin: String,
     /// The text it was parsed from, as its author wrote it (comments, order, what was left
@@ -460,6 +463,32 @@ impl KeepAlive {
             requested_ms.max(self.min_ms).min(self.max_ms)
         }
     }
+}
+
+/// The `[gateway]` table: one member of a gateway group, whose members share rbd images
+/// and watch each other through the cluster (a failed member is fenced and its ANA groups
+/// taken over by a survivor).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gateway {
+    /// The group's name (its RADOS objects are `pollux.gateway.<group>...`).
+    pub group: String,
+    /// This gateway's name, unique in the group.
+    pub name: String,
+    /// The ANA groups this gateway owns: reported optimized on its listeners while it
+    /// lives, taken over by a survivor when it is fenced.
+    pub ana_groups: Vec<u32>,
+    /// How often this gateway proves it lives, in milliseconds.
+    pub heartbeat_ms: u32,
+    /// How long a member may be silent before it is fenced, in milliseconds.
+    pub grace_ms: u32,
+    /// How long a fenced member's cluster clients stay blocklisted, in seconds.
+    pub blocklist_expiry_s: u32,
+    /// How long a returning member waits before its ANA groups go back to it, in
+    /// milliseconds.
+    pub failback_delay_ms: u32,
+    /// The cluster connection, pool and RADOS namespace of the group's objects: the first
+    /// rbd namespace's, with `pool` and `rados_namespace` as the table sets them.
+    pub cluster: RbdBackend,
 }
 
 /// Where a target listens for `pollux ctl`, `pollux top` and RPC clients when its conf

@@ -28,6 +28,21 @@ pub(crate) struct RawConfig {
     pub control: Option<RawControl>,
     pub discovery: Option<RawDiscovery>,
     pub referral: Option<Vec<RawReferral>>,
+    pub gateway: Option<RawGateway>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawGateway {
+    pub group: Spanned<String>,
+    pub name: Spanned<String>,
+    pub ana_groups: Option<Spanned<Vec<Spanned<i64>>>>,
+    pub heartbeat_ms: Option<Spanned<i64>>,
+    pub grace_ms: Option<Spanned<i64>>,
+    pub blocklist_expiry_s: Option<Spanned<i64>>,
+    pub failback_delay_ms: Option<Spanned<i64>>,
+    pub pool: Option<Spanned<String>>,
+    pub rados_namespace: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]

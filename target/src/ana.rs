@@ -14,6 +14,9 @@ use std::sync::atomic::{AtomicU8, AtomicU64, Ordering::Relaxed};
 use pollux_conf::{ANAGRPMAX, AnaState, Listener};
 use pollux_nvme::spec::Status;
 
+/// ANA states set over every listener's conf states, by group (see [`AnaStates::apply_over`]).
+pub type Overlay = std::collections::BTreeMap<u32, AnaState>;
+
 /// The ANA states of one listener's path.
 #[derive(Debug)]
 pub struct AnaStates {
@@ -64,9 +67,19 @@ impl AnaStates {
     /// Take the states of conf listener `l`: whether any changed (the change count then
     /// moved on).
     pub fn apply(&self, l: &Listener) -> bool {
+        self.apply_over(l, &Overlay::new())
+    }
+
+    /// Take the states of conf listener `l` with `overlay`'s over them (a gateway group's:
+    /// the groups this gateway took over, or its own while it is fenced).
+    pub fn apply_over(&self, l: &Listener, overlay: &Overlay) -> bool {
         let mut changed = false;
         for (g, c) in self.codes.iter().enumerate().skip(1) {
-            let want = l.ana_state(g as u32).code();
+            let want = overlay
+                .get(&(g as u32))
+                .copied()
+                .unwrap_or_else(|| l.ana_state(g as u32))
+                .code();
             if c.swap(want, Relaxed) != want {
                 changed = true;
             }

@@ -65,6 +65,7 @@ pub mod close;
 pub mod control;
 pub mod controller;
 pub mod error;
+pub mod gateway;
 pub mod health;
 pub mod latency;
 pub mod listener;
@@ -125,6 +126,8 @@ pub struct Target {
     resize_watch: bell::BellThread,
     /// Applies other gateways' reservation changes (dropped, it stops).
     resv_watch: bell::BellThread,
+    /// This gateway's member thread in its gateway group (dropped, it stops).
+    gateway: Option<gateway::Agent>,
 }
 
 /// The starting mode and the adaptive policy (if any) of a conf's reactors.
@@ -276,11 +279,23 @@ impl Target {
         }
         let resize_watch = resize::watcher(shared.clone(), runtime.remotes())?;
         let resv_watch = resv::cluster::watcher(shared.clone(), runtime.remotes())?;
+        let gateway = match &cfg.gateway {
+            Some(g) => Some(
+                gateway::Agent::start(g.clone(), shared.clone(), runtime.remotes()).map_err(|source| {
+                    TargetError::Thread {
+                        name: "gateway".into(),
+                        source,
+                    }
+                })?,
+            ),
+            None => None,
+        };
         Ok(Self {
             runtime,
             shared,
             resize_watch,
             resv_watch,
+            gateway,
         })
     }
 
@@ -297,6 +312,11 @@ impl Target {
     /// The reactors (for the control plane: their handles and accounting cells).
     pub fn runtime(&self) -> &Runtime {
         &self.runtime
+    }
+
+    /// This gateway's member of its gateway group, if the conf has a `[gateway]`.
+    pub fn gateway(&self) -> Option<&gateway::Agent> {
+        self.gateway.as_ref()
     }
 
     /// State shared by the reactors.
@@ -329,6 +349,7 @@ impl Target {
     /// Stop accepting, close every connection, join the reactors.
     pub fn shutdown(self) -> Result<(), TargetError> {
         let before = self.runtime.stats();
+        drop(self.gateway);
         drop(self.resize_watch);
         drop(self.resv_watch);
         self.runtime.shutdown()?;

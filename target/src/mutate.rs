@@ -335,8 +335,9 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
     shared.snapshot.store(snap.clone());
     // `bound` is in conf order: each listener beside its conf (a new one already has its
     // states, so nothing changes for it).
+    let overlay = shared.ana_overlay.lock().unwrap_or_else(|p| p.into_inner()).clone();
     for (b, l) in snap.listeners.iter().zip(&new.listeners) {
-        if b.ana.apply(l) {
+        if b.ana.apply_over(l, &overlay) {
             info!(listener = %b.addr, "ANA states changed");
             ch.ana_changed.push(b.addr);
         }
@@ -405,6 +406,38 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
     info!(changes = ?ch, genctr = snap.genctr, "configuration applied");
     *running = new;
     Ok(ch)
+}
+
+/// Set the ANA states over the conf's on every listener (a gateway group's: the groups this
+/// gateway took over optimized, its own inaccessible while fenced); the controllers of a
+/// listener whose states changed raise an ANA change event (NVMe 2.0 §5.27.1.3). Whether
+/// any changed.
+pub fn set_ana_overlay(shared: &Arc<Shared>, remotes: &[Remote], overlay: crate::ana::Overlay) -> bool {
+    // The config lock orders this with every conf change, which applies the overlay too.
+    let running = shared.config.lock().unwrap_or_else(|p| p.into_inner());
+    {
+        let mut o = shared.ana_overlay.lock().unwrap_or_else(|p| p.into_inner());
+        if *o == overlay {
+            return false;
+        }
+        *o = overlay.clone();
+    }
+    let snap = shared.snapshot.load_full();
+    let mut changed = false;
+    for (b, l) in snap.listeners.iter().zip(&running.listeners) {
+        if b.ana.apply_over(l, &overlay) {
+            info!(listener = %b.addr, ?overlay, "ANA states changed (gateway group)");
+            changed = true;
+        }
+    }
+    drop(running);
+    if changed {
+        for remote in remotes {
+            let snap = snap.clone();
+            remote.send(move |r| refresh_controllers(r, &snap, false));
+        }
+    }
+    changed
 }
 
 /// The control socket the process was started with on its command line (`pollux -r PATH`),

@@ -447,6 +447,7 @@ impl Shared {
             stats_cells: Default::default(),
             controllers_created: AtomicU64::new(0),
             config: std::sync::Mutex::new(cfg.clone()),
+            ana_overlay: Default::default(),
             started,
         }
     }
@@ -499,6 +500,9 @@ pub struct Shared {
     /// The configuration running now (changed only by the control plane, which serializes
     /// its changes on this lock; reactors never take it).
     pub config: std::sync::Mutex<Config>,
+    /// ANA states over the conf's on every listener (a gateway group's takeovers and
+    /// fences); changed under the `config` lock, by [`crate::mutate::set_ana_overlay`].
+    pub ana_overlay: std::sync::Mutex<crate::ana::Overlay>,
 }
 
 /// The reservations of a namespace: persistent (restored from its state file) for file and

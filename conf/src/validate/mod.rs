@@ -11,6 +11,7 @@ use crate::{Config, Control, KeepAlive, Transport};
 mod backend;
 mod control;
 mod cx;
+mod gateway;
 pub(crate) mod hosts;
 mod listeners;
 mod reactors;
@@ -75,6 +76,7 @@ pub(crate) fn build(text: &str, origin: &str, base: Base<'_>) -> Result<Config, 
         Some(d) => hosts::discovery(&cx, d)?,
         None => crate::Discovery::default(),
     };
+    let gateway = raw.gateway.map(|g| gateway::gateway(&cx, g, &subsystems)).transpose()?;
     if subsystems.is_empty() {
         tracing::info!(origin, "configuration has no [[subsystem]]: only discovery is served");
     }
@@ -95,6 +97,7 @@ pub(crate) fn build(text: &str, origin: &str, base: Base<'_>) -> Result<Config, 
         discovery,
         referrals,
         state_dir,
+        gateway,
         origin: origin.to_owned(),
         document: text.into(),
     })

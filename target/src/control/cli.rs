@@ -95,6 +95,8 @@ pub enum CtlCommand {
     Subsystems,
     /// Connected controllers and where their queues live.
     Controllers,
+    /// The members of this gateway's group (`[gateway]`): state, heartbeat age, ANA groups.
+    Gateways,
     /// The discovery log's generation counter, the listeners, and the referrals to other
     /// targets' discovery controllers.
     Discovery,
@@ -144,6 +146,7 @@ impl CtlCommand {
             CtlCommand::Reactors { .. } | CtlCommand::Estimates => ("reactors".into(), Value::Null),
             CtlCommand::Subsystems => ("subsystems".into(), Value::Null),
             CtlCommand::Controllers => ("controllers".into(), Value::Null),
+            CtlCommand::Gateways => ("gateways".into(), Value::Null),
             CtlCommand::Discovery => ("discovery".into(), Value::Null),
             CtlCommand::Reload => ("reload".into(), Value::Null),
             CtlCommand::Methods { .. } => ("methods".into(), Value::Null),
@@ -188,6 +191,7 @@ pub fn format_result(cmd: &CtlCommand, v: Value) -> Result<String, ControlError>
         CtlCommand::Estimates => format_classes(&serde_json::from_value::<Vec<ReactorView>>(v).map_err(de)?),
         CtlCommand::Subsystems => format_subsystems(&serde_json::from_value::<Vec<SubsystemView>>(v).map_err(de)?),
         CtlCommand::Controllers => format_controllers(&serde_json::from_value::<CtrlList>(v).map_err(de)?),
+        CtlCommand::Gateways => format_gateways(&v),
         CtlCommand::Discovery => format_discovery(&serde_json::from_value::<DiscoveryView>(v).map_err(de)?),
         CtlCommand::Reload => summary("reload", &v),
         CtlCommand::Save { .. } => {
@@ -442,4 +446,56 @@ pub fn main(args: &CtlArgs) -> ExitCode {
             }
         }
     }
+}
+
+/// `ctl gateways`: one line per member of the group.
+fn format_gateways(v: &Value) -> String {
+    let mut o = format!(
+        "group {}  this gateway {}{}\n",
+        v["group"].as_str().unwrap_or("?"),
+        v["name"].as_str().unwrap_or("?"),
+        if v["fenced"].as_bool() == Some(true) {
+            " (FENCED)"
+        } else {
+            ""
+        }
+    );
+    if let Some(e) = v["error"].as_str() {
+        let _ = writeln!(o, "last error: {e}");
+    }
+    let _ = writeln!(
+        o,
+        "{:<16} {:<10} {:>8}  {:<12} {:<10} ADDRS",
+        "NAME", "STATE", "BEAT_MS", "ANA_GROUPS", "TAKEN_BY"
+    );
+    for m in v["members"].as_array().into_iter().flatten() {
+        let list = |k: &str| {
+            m[k].as_array()
+                .map(|a| {
+                    a.iter()
+                        .map(|x| x.to_string().trim_matches('"').to_owned())
+                        .collect::<Vec<_>>()
+                        .join(",")
+                })
+                .unwrap_or_default()
+        };
+        let age = m["heartbeat_age_ms"]
+            .as_u64()
+            .map_or_else(|| "-".to_owned(), |a| a.to_string());
+        let _ = writeln!(
+            o,
+            "{:<16} {:<10} {:>8}  {:<12} {:<10} {}",
+            format!(
+                "{}{}",
+                m["name"].as_str().unwrap_or("?"),
+                if m["self"].as_bool() == Some(true) { "*" } else { "" }
+            ),
+            m["state"].as_str().unwrap_or("?"),
+            age,
+            list("ana_groups"),
+            m["taken_by"].as_str().unwrap_or("-"),
+            list("addrs")
+        );
+    }
+    o
 }

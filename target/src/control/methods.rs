@@ -198,6 +198,13 @@ pub const METHODS: &[Method] = &[
         params: &[],
     },
     Method {
+        name: "gateways",
+        summary: "The members of this gateway's group: state, heartbeat age, ANA groups, client addresses",
+        mutation: false,
+        verb: false,
+        params: &[],
+    },
+    Method {
         name: "nvme_devices",
         summary: "The userspace-driven NVMe devices and their queues",
         mutation: false,

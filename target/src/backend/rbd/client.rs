@@ -108,7 +108,55 @@ impl Cluster {
         }
         let c = Arc::new(Self::connect(b)?);
         map.insert(key, Arc::downgrade(&c));
+        remember(&c);
         Ok(c)
+    }
+
+    /// A connection of its own, shared with nobody (a gateway group's: when the group
+    /// fences this gateway, it reconnects as a new client without waiting for the images).
+    pub fn private(b: &RbdBackend) -> Result<Arc<Cluster>, TargetError> {
+        let c = Arc::new(Self::connect(b)?);
+        remember(&c);
+        Ok(c)
+    }
+
+    /// This client's addresses, as the cluster knows them (`rados_getaddrs`): an address
+    /// vector such as `[v2:10.0.0.1:0/1234,v1:10.0.0.1:0/1234]`, split into its addresses.
+    pub fn addrs(&self) -> Vec<String> {
+        let Ok(lib) = library() else { return Vec::new() };
+        let mut out: *mut c_char = ptr::null_mut();
+        // SAFETY: a connected handle; librados allocates the string (strdup) into `out`.
+        let rc = unsafe { lib.rados_getaddrs(self.handle, &mut out) };
+        if rc < 0 || out.is_null() {
+            return Vec::new();
+        }
+        // SAFETY: NUL-terminated by librados.
+        let text = unsafe { CStr::from_ptr(out) }.to_string_lossy().into_owned();
+        // SAFETY: allocated by strdup in librados, freed once, here.
+        unsafe { libc::free(out.cast()) };
+        text.trim_matches(|c| c == '[' || c == ']')
+            .split(',')
+            .filter(|a| !a.is_empty())
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Blocklist client address `addr` for `expiry_s` seconds (`osd blocklist add`).
+    pub fn blocklist_add(&self, addr: &str, expiry_s: u32) -> Result<(), c_int> {
+        let lib = library().map_err(|_| -libc::ENOSYS)?;
+        let a = CString::new(addr).map_err(|_| -libc::EINVAL)?;
+        // SAFETY: a connected handle and a NUL-terminated address; librados only reads it
+        // (its prototype lacks the const).
+        let rc = unsafe { lib.rados_blocklist_add(self.handle, a.as_ptr().cast_mut(), expiry_s) };
+        if rc < 0 { Err(rc) } else { Ok(()) }
+    }
+
+    /// Wait until this client has the cluster's newest OSD map.
+    pub fn wait_for_latest_osdmap(&self) -> Result<(), c_int> {
+        let lib = library().map_err(|_| -libc::ENOSYS)?;
+        // SAFETY: a connected handle.
+        let rc = unsafe { lib.rados_wait_for_latest_osdmap(self.handle) };
+        if rc < 0 { Err(rc) } else { Ok(()) }
     }
 
     fn connect(b: &RbdBackend) -> Result<Cluster, TargetError> {
@@ -188,6 +236,30 @@ impl Cluster {
         info!(conf = %b.ceph_conf.display(), user = %b.user, fsid = %c.fsid, "connected to the Ceph cluster");
         Ok(c)
     }
+}
+
+/// Every cluster connection of this process, for [`all_addrs`].
+static EVERY: Mutex<Vec<Weak<Cluster>>> = Mutex::new(Vec::new());
+
+fn remember(c: &Arc<Cluster>) {
+    let mut every = EVERY.lock().unwrap_or_else(|p| p.into_inner());
+    every.retain(|w| w.strong_count() > 0);
+    every.push(Arc::downgrade(c));
+}
+
+/// The client addresses of every cluster connection this process holds now: what a gateway
+/// group blocklists to fence it.
+pub fn all_addrs() -> Vec<String> {
+    let live: Vec<Arc<Cluster>> = EVERY
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .filter_map(Weak::upgrade)
+        .collect();
+    let mut out: Vec<String> = live.iter().flat_map(|c| c.addrs()).collect();
+    out.sort();
+    out.dedup();
+    out
 }
 
 impl Drop for Cluster {

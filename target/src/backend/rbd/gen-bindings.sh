@@ -9,6 +9,9 @@ funcs='rados_(create2|conf_read_file|conf_set|connect|shutdown|cluster_fsid|ioct
 # The reservation object beside an image (resv::cluster): versioned read-modify-write,
 # watch and notify.
 funcs+='|rados_(read|get_last_version|create_write_op|release_write_op|write_op_assert_version|write_op_create|write_op_write_full|write_op_operate|watch3|unwatch2|watch_check|watch_flush|notify2|notify_ack|buffer_free)'
+# Gateway groups (crate::gateway): fencing a failed member's clients, and this gateway's own
+# client addresses.
+funcs+='|rados_(getaddrs|blocklist_add|wait_for_latest_osdmap)'
 funcs+='|rbd_(version|open|close|get_size|get_id|get_features|resize|update_watch|update_unwatch|is_exclusive_lock_owner)'
 funcs+='|rbd_aio_(create_completion|read|write|flush|write_zeroes|compare_and_write|get_return_value|release)'
 hdr=$(mktemp --suffix=.h)

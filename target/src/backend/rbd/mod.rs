@@ -29,6 +29,7 @@ pub mod client;
 #[rustfmt::skip]
 pub mod sys;
 mod channel;
+pub mod group_object;
 mod resv_object;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -3,8 +3,8 @@
 // Source:   /usr/include/rados/librados.h and /usr/include/rbd/librbd.h from Debian
 //           librados-dev and librbd-dev 16.2.15+ds-0+deb12u2
 // bindgen:  0.73.2
-// Date:     2026-12-04
-// Functions: ^(rados_(create2|conf_read_file|conf_set|connect|shutdown|cluster_fsid|ioctx_create|ioctx_destroy|ioctx_set_namespace|ioctx_get_id)|rados_(read|get_last_version|create_write_op|release_write_op|write_op_assert_version|write_op_create|write_op_write_full|write_op_operate|watch3|unwatch2|watch_check|watch_flush|notify2|notify_ack|buffer_free)|rbd_(version|open|close|get_size|get_id|get_features|resize|update_watch|update_unwatch|is_exclusive_lock_owner)|rbd_aio_(create_completion|read|write|flush|write_zeroes|compare_and_write|get_return_value|release))$
+// Date:     2026-12-07
+// Functions: ^(rados_(create2|conf_read_file|conf_set|connect|shutdown|cluster_fsid|ioctx_create|ioctx_destroy|ioctx_set_namespace|ioctx_get_id)|rados_(read|get_last_version|create_write_op|release_write_op|write_op_assert_version|write_op_create|write_op_write_full|write_op_operate|watch3|unwatch2|watch_check|watch_flush|notify2|notify_ack|buffer_free)|rados_(getaddrs|blocklist_add|wait_for_latest_osdmap)|rbd_(version|open|close|get_size|get_id|get_features|resize|update_watch|update_unwatch|is_exclusive_lock_owner)|rbd_aio_(create_completion|read|write|flush|write_zeroes|compare_and_write|get_return_value|release))$
 // Loaded at run time from librbd.so.1 (whose dependencies include librados.so.2,
 // so dlsym finds the rados_* symbols through the same handle).
 
@@ -60,6 +60,7 @@ pub struct Ceph {
     ) -> ::std::os::raw::c_int,
     pub rados_cluster_fsid:
         unsafe extern "C" fn(cluster: rados_t, buf: *mut ::std::os::raw::c_char, len: usize) -> ::std::os::raw::c_int,
+    pub rados_wait_for_latest_osdmap: unsafe extern "C" fn(cluster: rados_t) -> ::std::os::raw::c_int,
     pub rados_ioctx_create: unsafe extern "C" fn(
         cluster: rados_t,
         pool_name: *const ::std::os::raw::c_char,
@@ -122,6 +123,13 @@ pub struct Ceph {
         mtime: *mut time_t,
         flags: ::std::os::raw::c_int,
     ) -> ::std::os::raw::c_int,
+    pub rados_blocklist_add: unsafe extern "C" fn(
+        cluster: rados_t,
+        client_address: *mut ::std::os::raw::c_char,
+        expire_seconds: u32,
+    ) -> ::std::os::raw::c_int,
+    pub rados_getaddrs:
+        unsafe extern "C" fn(cluster: rados_t, addrs: *mut *mut ::std::os::raw::c_char) -> ::std::os::raw::c_int,
     pub rados_buffer_free: unsafe extern "C" fn(buf: *mut ::std::os::raw::c_char),
     pub rbd_version: unsafe extern "C" fn(
         major: *mut ::std::os::raw::c_int,
@@ -213,6 +221,7 @@ impl Ceph {
         let rados_conf_read_file = __library.get(b"rados_conf_read_file\0").map(|sym| *sym)?;
         let rados_conf_set = __library.get(b"rados_conf_set\0").map(|sym| *sym)?;
         let rados_cluster_fsid = __library.get(b"rados_cluster_fsid\0").map(|sym| *sym)?;
+        let rados_wait_for_latest_osdmap = __library.get(b"rados_wait_for_latest_osdmap\0").map(|sym| *sym)?;
         let rados_ioctx_create = __library.get(b"rados_ioctx_create\0").map(|sym| *sym)?;
         let rados_ioctx_destroy = __library.get(b"rados_ioctx_destroy\0").map(|sym| *sym)?;
         let rados_ioctx_get_id = __library.get(b"rados_ioctx_get_id\0").map(|sym| *sym)?;
@@ -231,6 +240,8 @@ impl Ceph {
         let rados_write_op_create = __library.get(b"rados_write_op_create\0").map(|sym| *sym)?;
         let rados_write_op_write_full = __library.get(b"rados_write_op_write_full\0").map(|sym| *sym)?;
         let rados_write_op_operate = __library.get(b"rados_write_op_operate\0").map(|sym| *sym)?;
+        let rados_blocklist_add = __library.get(b"rados_blocklist_add\0").map(|sym| *sym)?;
+        let rados_getaddrs = __library.get(b"rados_getaddrs\0").map(|sym| *sym)?;
         let rados_buffer_free = __library.get(b"rados_buffer_free\0").map(|sym| *sym)?;
         let rbd_version = __library.get(b"rbd_version\0").map(|sym| *sym)?;
         let rbd_open = __library.get(b"rbd_open\0").map(|sym| *sym)?;
@@ -258,6 +269,7 @@ impl Ceph {
             rados_conf_read_file,
             rados_conf_set,
             rados_cluster_fsid,
+            rados_wait_for_latest_osdmap,
             rados_ioctx_create,
             rados_ioctx_destroy,
             rados_ioctx_get_id,
@@ -276,6 +288,8 @@ impl Ceph {
             rados_write_op_create,
             rados_write_op_write_full,
             rados_write_op_operate,
+            rados_blocklist_add,
+            rados_getaddrs,
             rados_buffer_free,
             rbd_version,
             rbd_open,
@@ -334,6 +348,9 @@ impl Ceph {
         len: usize,
     ) -> ::std::os::raw::c_int {
         (self.rados_cluster_fsid)(cluster, buf, len)
+    }
+    pub unsafe fn rados_wait_for_latest_osdmap(&self, cluster: rados_t) -> ::std::os::raw::c_int {
+        (self.rados_wait_for_latest_osdmap)(cluster)
     }
     pub unsafe fn rados_ioctx_create(
         &self,
@@ -443,6 +460,21 @@ impl Ceph {
         flags: ::std::os::raw::c_int,
     ) -> ::std::os::raw::c_int {
         (self.rados_write_op_operate)(write_op, io, oid, mtime, flags)
+    }
+    pub unsafe fn rados_blocklist_add(
+        &self,
+        cluster: rados_t,
+        client_address: *mut ::std::os::raw::c_char,
+        expire_seconds: u32,
+    ) -> ::std::os::raw::c_int {
+        (self.rados_blocklist_add)(cluster, client_address, expire_seconds)
+    }
+    pub unsafe fn rados_getaddrs(
+        &self,
+        cluster: rados_t,
+        addrs: *mut *mut ::std::os::raw::c_char,
+    ) -> ::std::os::raw::c_int {
+        (self.rados_getaddrs)(cluster, addrs)
     }
     pub unsafe fn rados_buffer_free(&self, buf: *mut ::std::os::raw::c_char) {
         (self.rados_buffer_free)(buf)

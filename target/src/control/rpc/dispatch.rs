@@ -17,6 +17,7 @@ impl Ctx {
             "subsystems" => to_value(self.subsystems()),
             "discovery" => to_value(self.discovery()),
             "controllers" => to_value(self.controllers()),
+            "gateways" => self.gateways(),
             "set_mode" => to_value(self.set_mode(params)?),
             "set_cpu_budget" => to_value(self.set_cpu_budget(params)?),
             "nvme_devices" => to_value(self.nvme_devices()),

@@ -109,6 +109,8 @@ pub struct Ctx {
     samples: Mutex<VecDeque<Sample>>,
     /// SPDK's bdevs and transport ([`spdk`]).
     spdk: Mutex<spdk::SpdkState>,
+    /// This gateway's view of its gateway group (`[gateway]`).
+    gateway: Option<Arc<Mutex<crate::gateway::View>>>,
 }
 
 /// The adaptive policy the conf's `[reactors]` table describes (whatever its mode).
@@ -131,9 +133,55 @@ impl Ctx {
             policies: Mutex::new(vec![policy_of(reactors); n]),
             samples: Mutex::new(VecDeque::new()),
             spdk: spdk::state(),
+            gateway: target.gateway().map(crate::gateway::Agent::view_handle),
         };
         ctx.sample();
         ctx
+    }
+
+    /// `gateways`: the members of this gateway's group as it last read the group object,
+    /// with the age of each one's last heartbeat as seen here.
+    pub fn gateways(&self) -> Result<serde_json::Value, RpcError> {
+        let Some(v) = &self.gateway else {
+            return Err(RpcError::new(
+                INVALID_PARAMS,
+                "this target is in no gateway group (its conf has no [gateway])",
+            ));
+        };
+        let v = v.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let members: Vec<serde_json::Value> = v
+            .last
+            .iter()
+            .flat_map(|g| &g.members)
+            .map(|(name, r)| {
+                let silent = v.silent_ms.iter().find(|(n, _)| n == name).map(|(_, ms)| *ms);
+                let state = match r.standing {
+                    crate::gateway::state::Standing::Alive if silent.is_some_and(|ms| ms > 1000) => "suspect",
+                    crate::gateway::state::Standing::Alive => "alive",
+                    crate::gateway::state::Standing::Fenced => "fenced",
+                    crate::gateway::state::Standing::Rejoining => "rejoining",
+                };
+                serde_json::json!({
+                    "name": name,
+                    "self": *name == v.name,
+                    "state": state,
+                    "heartbeat_age_ms": silent,
+                    "ana_groups": r.ana_groups,
+                    "taken_by": r.taken_by,
+                    "fenced_by": r.fenced_by,
+                    "blocklisted": r.blocklisted,
+                    "listeners": r.listeners,
+                    "addrs": r.addrs,
+                })
+            })
+            .collect();
+        Ok(serde_json::json!({
+            "group": v.group,
+            "name": v.name,
+            "fenced": v.fenced,
+            "error": v.error,
+            "members": members,
+        }))
     }
 
     /// Number of reactors.

@@ -1,0 +1,210 @@
+//! Gateway groups (`[gateway]`) against a real Ceph cluster (`ci/ceph.sh`): two gateways
+//! over one image, the one holding its exclusive lock paused (SIGSTOP); the survivor fences
+//! it (its client addresses in the cluster's blocklist), takes its ANA group (optimized in
+//! the ANA log of the survivor's controllers) and its writes go through in about the grace
+//! instead of the OSDs' 30 s watch timeout. Resumed, the paused gateway finds itself fenced
+//! and refuses I/O with a path status, and nothing it held lands; restarted, it rejoins and
+//! gets its group back after the failback delay.
+//!
+//! Needs Ceph (`ci/test` installs it); without it the tests say so and pass, unless
+//! `POLLUX_REQUIRE_CEPH=1`.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::net::{SocketAddr, TcpListener};
+use std::time::{Duration, Instant};
+
+use common::ceph::Ceph;
+use pollux_conf::Config;
+use pollux_host::{Controller, Digests};
+use pollux_target::{Options, Target};
+
+const SUB: &str = "nqn.2026-12.io.pollux:gw-group";
+const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:33333333-0000-4000-8000-000000000003";
+
+fn free_addr() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+/// Gateway `name` of group `g1` owning ANA group `owns`; its listener reports the other
+/// group non-optimized. Namespace 1 (ANA group 1) is image `image`.
+fn conf(ceph: &Ceph, name: &str, listen: SocketAddr, owns: u32, cntlid_base: u16, image: &str) -> String {
+    let other = 3 - owns;
+    format!(
+        "[reactors]\ncores = [0]\nmode = \"interrupt\"\n\
+         [[listener]]\naddress = \"{listen}\"\nana = {{ {other} = \"non-optimized\" }}\n\
+         [gateway]\ngroup = \"g1\"\nname = \"{name}\"\nana_groups = [{owns}]\nheartbeat_ms = 200\ngrace_ms = 1000\nfailback_delay_ms = 1000\n\
+         [[subsystem]]\nnqn = \"{SUB}\"\nallow_any_host = true\nmin_cntlid = {cntlid_base}\nmax_cntlid = {}\n\
+         [[subsystem.namespace]]\nnsid = 1\nana_group = 1\nbackend = {{ rbd = {{ pool = \"rbd\", image = \"{image}\", ceph_conf = \"{}\", op_timeout_s = 30 }} }}\n",
+        cntlid_base + 999,
+        ceph.conf.display()
+    )
+}
+
+/// The state code of ANA group `grp` in controller `c`'s ANA log page (NVMe 2.0 §5.16.1.13).
+fn ana_state(c: &mut Controller, grp: u32) -> Option<u8> {
+    let page = c.admin.get_log_page(0x0C, 0, 4096).unwrap();
+    let le32 = |b: &[u8]| u32::from_le_bytes(b[..4].try_into().unwrap());
+    let n = u16::from_le_bytes(page[8..10].try_into().unwrap());
+    let mut at = 16;
+    for _ in 0..n {
+        let d = &page[at..at + 32];
+        if le32(d) == grp {
+            return Some(d[16]);
+        }
+        at += 32 + 4 * le32(&d[4..]) as usize;
+    }
+    None
+}
+
+#[test]
+fn a_paused_gateway_is_fenced_its_group_taken_over_in_seconds_and_given_back() {
+    let Some(ceph) = Ceph::start("gw-group") else { return };
+    ceph.create("grp0", "16M");
+    // Gateway A (owns group 1, holds the image's lock once it writes) as its own process,
+    // to be killed; gateway B in this process, to look at its view of the group.
+    let a_addr = free_addr();
+    let a_conf = ceph.dir.join("gw-a.toml");
+    let mut a = common::spawn_pollux(
+        env!("CARGO_BIN_EXE_pollux"),
+        &a_conf,
+        &conf(&ceph, "a", a_addr, 1, 1, "grp0"),
+        a_addr,
+    );
+    let cfg = Config::parse(&conf(&ceph, "b", free_addr(), 2, 1001, "grp0"), "gw-b.toml").unwrap();
+    let b = Target::start(&cfg, Options { pin: false }).unwrap();
+    let b_addr = b.listen_addrs()[0];
+    let data = vec![0xa5u8; 4096];
+
+    // Both registered; A writes (and so holds the exclusive lock).
+    let t0 = Instant::now();
+    loop {
+        let v = b.gateway().unwrap().view();
+        if v.last.as_ref().is_some_and(|g| g.members.len() == 2) {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the gateways did not both register: {v:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut ha = Controller::connect(a_addr, SUB, HOST, 1, 32, Digests::NONE).unwrap();
+    ha.io[0].write(1, 0, 8, &data).unwrap();
+    let mut hb = Controller::connect(b_addr, SUB, HOST, 1, 32, Digests::NONE).unwrap();
+    hb.io[0].set_timeout(Duration::from_secs(60));
+    assert_eq!(
+        ana_state(&mut hb, 1),
+        Some(2),
+        "group 1 is non-optimized on B while A lives"
+    );
+
+    // A paused (SIGSTOP: a hung VM), holding the image's lock and its cluster sessions:
+    // without fencing, B's librbd waits for the OSDs to time A's watch out (30 s). B's
+    // first write through:
+    // SAFETY: kill(2) of the gateway process this test started.
+    unsafe { libc::kill(a.id() as i32, libc::SIGSTOP) };
+    let paused = Instant::now();
+    hb.io[0].write(1, 8, 8, &data).unwrap();
+    let resumed = paused.elapsed();
+    eprintln!(
+        "gateway group: first write through the survivor {:.2} s after SIGSTOP",
+        resumed.as_secs_f64()
+    );
+    assert!(
+        resumed < Duration::from_secs(10),
+        "the survivor's write took {resumed:?} (the OSDs' watch timeout is 30 s)"
+    );
+
+    // A is fenced: its addresses are in the cluster's blocklist; B serves group 1 optimized.
+    let t0 = Instant::now();
+    let rec = loop {
+        let v = b.gateway().unwrap().view();
+        let rec = v.last.as_ref().unwrap().members.get("a").cloned().unwrap();
+        if rec.blocklisted {
+            break rec;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "A not fenced: {rec:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(rec.taken_by.as_deref(), Some("b"), "{rec:?}");
+    let listed = String::from_utf8(ceph.run("ceph", &["osd", "blocklist", "ls"])).unwrap();
+    for addr in &rec.addrs {
+        let bare = addr.trim_start_matches("v2:").trim_start_matches("v1:");
+        assert!(listed.contains(bare), "{addr} not in the blocklist:\n{listed}");
+    }
+    let t0 = Instant::now();
+    while ana_state(&mut hb, 1) != Some(1) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "B does not report group 1 optimized"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let newer = vec![0x5au8; 4096];
+    hb.io[0].write(1, 0, 8, &newer).unwrap();
+
+    // A runs again: it finds itself fenced and reports group 1 inaccessible, so the host's
+    // write through A gets a path status (retry elsewhere), and nothing of A's lands over
+    // what B wrote.
+    // SAFETY: as above.
+    unsafe { libc::kill(a.id() as i32, libc::SIGCONT) };
+    let t0 = Instant::now();
+    while ana_state(&mut ha, 1) != Some(3) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "A does not report its group inaccessible"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let e = ha.io[0].write(1, 0, 8, &data).unwrap_err();
+    let st = e.status().unwrap();
+    assert_eq!((st.sct(), st.sc()), (3, 2), "ANA Inaccessible (a path status): {e}");
+    let mut back = vec![0u8; 4096];
+    hb.io[0].read(1, 0, 8, &mut back).unwrap();
+    assert_eq!(back, newer, "nothing from the fenced gateway over the newer data");
+    assert_eq!(&ceph.export("grp0")[..4096], &newer[..], "and so in the cluster");
+    let _ = a.kill();
+    let _ = a.wait();
+
+    // A back (a new process, a new incarnation): it rejoins, and after the failback delay
+    // it reports group 1 optimized again and B non-optimized; writes go on through both.
+    let mut a = common::spawn_pollux(
+        env!("CARGO_BIN_EXE_pollux"),
+        &a_conf,
+        &conf(&ceph, "a", a_addr, 1, 1, "grp0"),
+        a_addr,
+    );
+    let t0 = Instant::now();
+    while ana_state(&mut hb, 1) != Some(2) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "no failback: {:?}",
+            b.gateway().unwrap().view()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut ha = {
+        drop(ha);
+        Controller::connect(a_addr, SUB, HOST, 1, 32, Digests::NONE).unwrap()
+    };
+    ha.io[0].set_timeout(Duration::from_secs(60));
+    let t0 = Instant::now();
+    while ana_state(&mut ha, 1) != Some(1) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "A does not report its group optimized after the failback"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    ha.io[0].write(1, 16, 8, &data).unwrap();
+    hb.io[0].write(1, 24, 8, &data).unwrap();
+    let mut back = vec![0u8; 4096];
+    ha.io[0].read(1, 8, 8, &mut back).unwrap();
+    assert_eq!(back, data, "what B wrote while A was fenced");
+    drop((ha, hb));
+    let _ = a.kill();
+    let _ = a.wait();
+    b.shutdown().unwrap();
+}
