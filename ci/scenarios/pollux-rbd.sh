@@ -9,10 +9,15 @@
 # multipath: two live paths per namespace, the I/O of each on its optimized gateway); A is
 # killed with SIGKILL during fio verify: no I/O error, the I/O moves to B; what was written
 # reads back the same through B, and through A again after A restarts and the host
-# reconnects by itself; the cluster stops answering (SIGSTOP) for 15 s during fio verify:
-# no I/O error, I/O resumes. At the end `rbd export` of each image matches what the guest
-# read: the data is in Ceph. Measured, not asserted (TCG: function, not speed): the failover
-# and outage times, in $CI_LOG_DIR/rbd.txt.
+# reconnects by itself; A is paused (SIGSTOP) during fio verify: its keep-alive lapses, the
+# I/O moves to B, and when A runs again it finds itself fenced, re-executes itself and
+# rejoins, and its path is optimized again; the cluster stops answering (SIGSTOP) for 15 s
+# during fio verify: no I/O error, I/O resumes, and no gateway is fenced for it. The two
+# gateways are a gateway group (`[gateway]`): B fences A (kill, pause) within its grace and
+# takes its ANA group. At the end `rbd export` of each image matches what the guest read:
+# the data is in Ceph. Measured, not asserted (TCG: function, not speed): the failover,
+# pause and outage times and fio's completion latencies (max: the longest write), in
+# $CI_LOG_DIR/rbd.txt.
 set -euo pipefail
 # shellcheck source=ci/lib.sh
 . "$(dirname "$0")/../lib.sh"
@@ -30,7 +35,8 @@ cdir=$CI_LOG_DIR/ceph
 CEPH_IMG_SIZE=128M ceph_start "$cdir"
 ceph_rbd "$cdir" create --size 64M rbd/img1
 
-# conf NAME PORT CORE CNTLIDS ANA: gateway NAME's conf.
+# conf NAME PORT CORE CNTLIDS ANA: gateway NAME's conf (it owns the ANA group it does not
+# report non-optimized).
 conf() {
     cat > "$CI_LOG_DIR/$1.toml" <<TOML
 [reactors]
@@ -38,6 +44,12 @@ cores = [$3]
 
 [control]
 socket = "$CI_LOG_DIR/$1.sock"
+
+[gateway]
+group = "ci"
+name = "$1"
+ana_groups = [$((3 - $5))]
+failback_delay_ms = 3000
 
 [[listener]]
 address = "127.0.0.1:$2"
@@ -81,6 +93,8 @@ cat > "$relay" <<SH
 read -r cmd
 case \$cmd in
     kill) kill -9 "\$(cat "$a_pid")" && rm -f "$a_pid" && echo killed ;;
+    stop) kill -STOP "\$(cat "$a_pid")" && echo stopped ;;
+    cont) kill -CONT "\$(cat "$a_pid")" && echo continued ;;
     restart) NO_COLOR=1 setsid "$POLLUX_BIN" --config "$CI_LOG_DIR/a.toml" >>"$CI_LOG_DIR/pollux-a.log" 2>&1 </dev/null &
         echo \$! > "$a_pid"; sleep 0.5; echo restarted ;;
     pause|resume) "$CI_REPO/ci/ceph.sh" "\$cmd" "$cdir" && echo "\${cmd}d" ;;
@@ -109,8 +123,20 @@ for ns in 1 2; do
     log "rbd export of $img matches what the guest read through the gateways ($got)"
 done
 grep -q "controller created cntlid=1[0-9][0-9] " "$POLLUX_LOG" || fail "B handed out no controller ID from 101..=200"
+# The group: B fenced A twice (the kill, the pause), nobody was fenced for the cluster's
+# outage, and A (re-executed after its fence) is a member again.
+fences=$(grep -c "gateway: fencing a silent member" "$POLLUX_LOG" "$CI_LOG_DIR/pollux-a.log" | awk -F: '{n += $2} END {print n}')
+echo "gateway group: $fences fences" | tee -a "$CI_LOG_DIR/rbd.txt"
+[ "$fences" = 2 ] || fail "expected 2 fences (A killed, A paused), saw $fences"
+grep -q "re-executing as new cluster clients" "$CI_LOG_DIR/pollux-a.log" || fail "the fenced A did not re-execute itself"
+"$POLLUX_BIN" ctl --socket "$CI_LOG_DIR/b.sock" gateways | tee -a "$CI_LOG_DIR/rbd.txt"
+"$POLLUX_BIN" ctl --socket "$CI_LOG_DIR/b.sock" --json gateways | grep -q '"state":"alive".*"state":"alive"' ||
+    fail "the group does not show both gateways alive"
 subs=$("$POLLUX_BIN" ctl --socket "$CI_LOG_DIR/b.sock" subsystems) || fail "pollux ctl subsystems failed"
 echo "$subs" | grep "rbd rbd/" | tee -a "$CI_LOG_DIR/rbd.txt"
+# A re-executed itself after its fence: the process now serving its socket.
+pid=$("$POLLUX_BIN" ctl --socket "$CI_LOG_DIR/a.sock" --json version | grep -o '"pid":[0-9]*' | cut -d: -f2) &&
+    echo "$pid" > "$a_pid"
 stop_side_pollux a
 stop_pollux || fail "gateway B did not stop cleanly"
 ceph_stop "$cdir"

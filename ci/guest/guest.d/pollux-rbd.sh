@@ -118,6 +118,35 @@ sum_a=$(md5 "$n1")
 [ "$sum_a" = "$sum_b" ] || die "namespace 1 reads $sum_a through A and $sum_b through B"
 echo "namespace 1 reads the same through both gateways: $sum_a" | tee -a "$report"
 
+step pause-a
+# A paused with writes in flight (a hung VM): the host's keep-alive to A lapses and it moves
+# the I/O to B, which fenced A meanwhile and took its group. When A runs again it finds
+# itself fenced, re-executes itself and rejoins; after the failback delay its path is
+# optimized again.
+fio_bg "$n1" 45 pause
+sleep 8
+b0=$(ios "$b1")
+t0=$(ms)
+relay stop stopped
+until [ "$(ios "$b1")" -gt "$b0" ]; do
+    [ $(($(ms) - t0)) -lt 90000 ] || die "no I/O through B within 90 s of pausing A"
+    sleep 0.02
+done
+echo "PAUSE: first I/O completed through B $(($(ms) - t0)) ms after SIGSTOP of A" | tee -a "$report"
+sleep 5
+relay cont continued
+fio_done pause
+t2=$(ms)
+n=0
+until [ "$(cat "/sys/block/$a1/ana_state" 2>/dev/null)" = optimized ] &&
+    [ "$(cat /sys/class/nvme/"$ca"/state 2>/dev/null)" = live ]; do
+    sleep 0.1; n=$((n + 1)); [ $n -lt 900 ] || die "A's path for namespace 1 is not optimized again after its fence"
+done
+echo "PAUSE: A rejoined and its path is optimized again $(($(ms) - t2)) ms after SIGCONT" | tee -a "$report"
+i=$(ios "$a1")
+[ "$(md5 "$n1")" = "$(md5 "/dev/$b1")" ] || die "namespace 1 reads differently through A and B after the pause"
+[ "$(ios "$a1")" -gt "$i" ] || die "the read after A rejoined did not go through A"
+
 step cluster-outage
 fio_bg "$n2" 40 outage
 sleep 5

@@ -113,7 +113,14 @@ impl Agent {
             .iter()
             .map(|l| l.addr.to_string())
             .collect();
-        let mut member = Member::new(conf, incarnation(), listeners);
+        // A hot upgrade's new process is the same member (the old one passed its
+        // incarnation on); a fenced member's re-execution is a new one.
+        let incarnation = std::env::var(INCARNATION_ENV)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(incarnation);
+        crate::upgrade::old::pass_to_successor(INCARNATION_ENV, incarnation.to_string());
+        let mut member = Member::new(conf, incarnation, listeners);
         let (s, v) = (stop.clone(), view.clone());
         let thread = std::thread::Builder::new()
             .name("gateway".into())
@@ -145,6 +152,35 @@ impl Drop for Agent {
     }
 }
 
+/// Where a hot upgrade's new process finds the incarnation it goes on with.
+const INCARNATION_ENV: &str = "POLLUX_GATEWAY_INCARNATION";
+
+/// How long a fenced gateway waits before it tries to re-execute itself again.
+const RECOVER_RETRY: Duration = Duration::from_secs(30);
+
+/// A fenced gateway recovers by re-executing itself through the hot-upgrade path (SIGUSR2 to
+/// its own process, whose supervisor upgrades to the binary it was started from): the next
+/// process connects to the cluster as new clients, with a new incarnation, while the
+/// hosts' connections are handed over as in any upgrade. Only where the process's
+/// supervisor waits for SIGUSR2 (it is blocked in this thread, as `pollux` blocks it
+/// before starting the target); elsewhere the operator restarts the gateway.
+fn recover_by_reexec() -> bool {
+    // SAFETY: sigset_t is plain data, filled in by pthread_sigmask.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: a null new set only reads this thread's mask into `set`.
+    let blocked = unsafe {
+        libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut set) == 0
+            && libc::sigismember(&set, libc::SIGUSR2) == 1
+    };
+    if !blocked || crate::upgrade::old::default_binary().is_none() {
+        return false;
+    }
+    crate::upgrade::old::pass_to_successor(INCARNATION_ENV, incarnation().to_string());
+    // SAFETY: kill(2) of this process; SIGUSR2 is blocked in every thread and taken by the
+    // supervisor's sigwait.
+    unsafe { libc::kill(libc::getpid(), libc::SIGUSR2) == 0 }
+}
+
 /// A new incarnation: random, so a restarted member is never taken for the one fenced.
 fn incarnation() -> u64 {
     let mut b = [0u8; 8];
@@ -161,6 +197,7 @@ fn run(member: &mut Member, shared: &Arc<Shared>, remotes: &Arc<[Remote]>, stop:
     let beat = Duration::from_millis(member.conf.heartbeat_ms.into());
     let mut store: Option<RadosStore> = None;
     let mut last_error: Option<String> = None;
+    let mut recovering: Option<Instant> = None;
     while !stop.load(Ordering::Acquire) {
         let t0 = Instant::now();
         if store.is_none() {
@@ -175,11 +212,25 @@ fn run(member: &mut Member, shared: &Arc<Shared>, remotes: &Arc<[Remote]>, stop:
                 Err(e) => note_error(&mut last_error, e.to_string()),
             }
         }
-        if let Some(s) = &store {
+        if let Some(s) = store.as_ref().filter(|_| crate::upgrade::old::in_progress()) {
+            if let Err(rc) = member.beat_only(s) {
+                note_error(&mut last_error, format!("the group's cluster: errno {}", -rc));
+            }
+        } else if let Some(s) = &store {
             match member.tick(s, Instant::now()) {
                 Ok(out) => {
                     if out.fenced {
                         note_error(&mut last_error, "this gateway is fenced".into());
+                        if recovering.is_none_or(|t| t.elapsed() > RECOVER_RETRY) {
+                            recovering = Some(Instant::now());
+                            if recover_by_reexec() {
+                                info!(
+                                    "gateway: fenced: re-executing as new cluster clients (a hot upgrade to this binary) to rejoin"
+                                );
+                            } else {
+                                warn!("gateway: fenced: restart this gateway to rejoin the group");
+                            }
+                        }
                     } else if last_error.take().is_some() {
                         info!(group = %member.conf.group, "gateway: the group's cluster answers again");
                     }

@@ -197,6 +197,14 @@ impl Member {
         result
     }
 
+    /// Only the heartbeat, while a hot upgrade hands this gateway over: the next process
+    /// registers itself (the same incarnation, its own client addresses).
+    pub fn beat_only(&mut self, store: &dyn GroupStore) -> Result<(), Errno> {
+        self.seq += 1;
+        let beat = serde_json::json!({"incarnation": self.incarnation, "seq": self.seq}).to_string();
+        store.beat(&self.conf.name, beat.as_bytes())
+    }
+
     fn found_fenced(&mut self) -> Outcome {
         if !self.fenced {
             error!(

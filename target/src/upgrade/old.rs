@@ -41,6 +41,18 @@ pub static EXIT_AFTER_REPLY: AtomicBool = AtomicBool::new(false);
 /// One upgrade at a time.
 static RUNNING: AtomicBool = AtomicBool::new(false);
 
+/// Environment the next process of a hot upgrade gets besides this one's (a gateway group's
+/// incarnation, [`crate::gateway`]).
+static SUCCESSOR_ENV: std::sync::Mutex<Vec<(&'static str, String)>> = std::sync::Mutex::new(Vec::new());
+
+/// Give the next process of a hot upgrade `key=value` in its environment (replacing what
+/// was given for `key` before).
+pub fn pass_to_successor(key: &'static str, value: String) {
+    let mut env = SUCCESSOR_ENV.lock().unwrap_or_else(|p| p.into_inner());
+    env.retain(|(k, _)| *k != key);
+    env.push((key, value));
+}
+
 /// Remember the binary this process runs (call at start, before it can be replaced).
 pub fn remember_own_binary() {
     if let Ok(p) = std::env::current_exe() {
@@ -203,6 +215,9 @@ fn spawn(binary: &Path, child_end: OwnedFd) -> Result<Child, UpgradeError> {
     cmd.arg("--takeover").arg(CHILD_FD.to_string()).stdin(Stdio::null());
     if let Some(socket) = crate::mutate::control_socket_arg() {
         cmd.arg("--control-socket").arg(socket);
+    }
+    for (k, v) in SUCCESSOR_ENV.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+        cmd.env(k, v);
     }
     // SAFETY: the closure runs in the child between fork and exec and makes only
     // async-signal-safe calls (dup2, fcntl) on descriptors it owns there.
