@@ -95,6 +95,19 @@ case \$cmd in
     kill) kill -9 "\$(cat "$a_pid")" && rm -f "$a_pid" && echo killed ;;
     stop) kill -STOP "\$(cat "$a_pid")" && echo stopped ;;
     cont) kill -CONT "\$(cat "$a_pid")" && echo continued ;;
+    rejoined) old=\$(cat "$a_pid")
+        for _ in \$(seq 300); do
+            pid=\$("$POLLUX_BIN" ctl --socket "$CI_LOG_DIR/a.sock" --json version 2>/dev/null | grep -o '"pid":[0-9]*' | cut -d: -f2)
+            if [ -n "\$pid" ] && [ "\$pid" != "\$old" ] &&
+                "$POLLUX_BIN" ctl --socket "$CI_LOG_DIR/b.sock" --json gateways | python3 -c '
+import json, sys
+m = {x["name"]: x for x in json.load(sys.stdin)["members"]}
+sys.exit(0 if m["a"]["state"] == "alive" and m["a"]["taken_by"] is None else 1)'; then
+                echo "\$pid" > "$a_pid"; echo rejoined; exit 0
+            fi
+            sleep 0.2
+        done
+        echo "not rejoined" ;;
     restart) NO_COLOR=1 setsid "$POLLUX_BIN" --config "$CI_LOG_DIR/a.toml" >>"$CI_LOG_DIR/pollux-a.log" 2>&1 </dev/null &
         echo \$! > "$a_pid"; sleep 0.5; echo restarted ;;
     pause|resume) "$CI_REPO/ci/ceph.sh" "\$cmd" "$cdir" && echo "\${cmd}d" ;;

@@ -40,7 +40,9 @@ const WE: u8 = 1;
 
 const OK: (u8, u8) = (0, 0);
 const CONFLICT: (u8, u8) = (0, 0x83);
-const NOT_READY: (u8, u8) = (0, 0x82);
+/// Asymmetric Access Transition: a path status (retryable, and a multipath host tries
+/// another gateway).
+const NOT_READY: (u8, u8) = (3, 3);
 
 fn conf(ceph: &Ceph, listen: SocketAddr, image: &str, cntlid_base: u16) -> String {
     // Distinct controller ID ranges: one host's controllers on both gateways are one NVM
@@ -283,7 +285,7 @@ fn reservations_hold_across_gateways() {
     assert_eq!((generation, rtype, regs.len()), (7, 0, 0));
 
     // The cluster cannot be seen (its daemons stopped): within the watch's limit, gateway B
-    // admits no I/O and answers Namespace Not Ready (retryable); once the cluster answers
+    // admits no I/O and answers Asymmetric Access Transition (a path status); once the cluster answers
     // again it catches up and admits again.
     ceph.signal("pause");
     until(Duration::from_secs(15), "B refuses I/O while blind", || {

@@ -134,15 +134,18 @@ until [ "$(ios "$b1")" -gt "$b0" ]; do
 done
 echo "PAUSE: first I/O completed through B $(($(ms) - t0)) ms after SIGSTOP of A" | tee -a "$report"
 sleep 5
+t2=$(ms)
 relay cont continued
 fio_done pause
-t2=$(ms)
+# A re-executed itself (a new process) and B gave its group back: the relay says when.
+relay rejoined rejoined
+echo "PAUSE: A rejoined its group (a new process, its group given back) $(($(ms) - t2)) ms after SIGCONT" | tee -a "$report"
 n=0
 until [ "$(cat "/sys/block/$a1/ana_state" 2>/dev/null)" = optimized ] &&
     [ "$(cat /sys/class/nvme/"$ca"/state 2>/dev/null)" = live ]; do
     sleep 0.1; n=$((n + 1)); [ $n -lt 900 ] || die "A's path for namespace 1 is not optimized again after its fence"
 done
-echo "PAUSE: A rejoined and its path is optimized again $(($(ms) - t2)) ms after SIGCONT" | tee -a "$report"
+echo "PAUSE: A's path is optimized again $(($(ms) - t2)) ms after SIGCONT" | tee -a "$report"
 i=$(ios "$a1")
 [ "$(md5 "$n1")" = "$(md5 "/dev/$b1")" ] || die "namespace 1 reads differently through A and B after the pause"
 [ "$(ios "$a1")" -gt "$i" ] || die "the read after A rejoined did not go through A"

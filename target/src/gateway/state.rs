@@ -305,8 +305,8 @@ impl Member {
                 silent.push(n.clone());
             }
         }
-        if let Some(victim) = silent.first() {
-            self.fence(store, &mut group, version, victim, now)?;
+        if !silent.is_empty() {
+            self.fence(store, &mut group, version, &silent, now)?;
             self.last = Some(group);
             return Ok(self.hold());
         }
@@ -319,8 +319,8 @@ impl Member {
             })
             .map(|(n, _)| n.clone())
             .collect();
-        if let Some(n) = owed.first() {
-            self.blocklist_member(store, &mut group, version, n)?;
+        if !owed.is_empty() {
+            self.blocklist_members(store, &mut group, version, &owed)?;
             self.last = Some(group);
             return Ok(self.hold());
         }
@@ -399,17 +399,17 @@ impl Member {
         Outcome { overlay, fenced: false }
     }
 
-    /// Mark `victim` fenced (the version-asserted write decides who fences), choose the
-    /// survivor with the fewest ANA groups to take its groups, then blocklist it.
+    /// Mark `victims` fenced in one write (the version-asserted write decides who fences),
+    /// choose the survivor with the fewest ANA groups to take their groups (and the groups
+    /// they had taken from members fenced before), then blocklist them.
     fn fence(
         &mut self,
         store: &dyn GroupStore,
         group: &mut Group,
         version: Option<u64>,
-        victim: &str,
+        victims: &[String],
         now: Instant,
     ) -> Result<(), Errno> {
-        let silent_ms = self.silent_for(victim, now).map_or(0, |d| d.as_millis());
         let load = |n: &str, r: &Record| {
             r.ana_groups.len()
                 + group
@@ -422,52 +422,60 @@ impl Member {
         let taker = group
             .members
             .iter()
-            .filter(|(n, r)| n.as_str() != victim && r.standing == Standing::Alive)
+            .filter(|(n, r)| !victims.contains(n) && r.standing == Standing::Alive)
             .min_by_key(|(n, r)| (load(n, r), (*n).clone()))
             .map(|(n, _)| n.clone());
-        let Some(r) = group.members.get_mut(victim) else {
-            return Ok(());
-        };
-        r.standing = Standing::Fenced;
-        r.fenced_by = Some(self.conf.name.clone());
-        r.blocklisted = false;
-        r.taken_by = taker.clone();
+        for (n, r) in group.members.iter_mut() {
+            if victims.contains(n) {
+                r.standing = Standing::Fenced;
+                r.fenced_by = Some(self.conf.name.clone());
+                r.blocklisted = false;
+                r.taken_by = taker.clone();
+            } else if r.taken_by.as_ref().is_some_and(|t| victims.contains(t)) {
+                r.taken_by = taker.clone();
+            }
+        }
         let Some(version) = write_versioned(store, group, version)? else {
-            info!(member = %victim, "gateway: another survivor fences it");
+            info!(members = ?victims, "gateway: another survivor fences them");
             return Ok(());
         };
-        warn!(
-            group = %self.conf.group, member = %victim, silent_ms, taken_by = ?taker,
-            "gateway: fencing a silent member"
-        );
-        self.blocklist_member(store, group, Some(version), victim)
+        for v in victims {
+            let silent_ms = self.silent_for(v, now).map_or(0, |d| d.as_millis());
+            warn!(
+                group = %self.conf.group, member = %v, silent_ms, taken_by = ?taker,
+                "gateway: fencing a silent member"
+            );
+        }
+        self.blocklist_members(store, group, Some(version), victims)
     }
 
-    fn blocklist_member(
+    /// Blocklist every client address of `victims`, then record it.
+    fn blocklist_members(
         &mut self,
         store: &dyn GroupStore,
         group: &mut Group,
         version: Option<u64>,
-        victim: &str,
+        victims: &[String],
     ) -> Result<(), Errno> {
-        let addrs = group.members.get(victim).map(|r| r.addrs.clone()).unwrap_or_default();
-        for a in &addrs {
-            if let Err(rc) = store.blocklist(a, self.conf.blocklist_expiry_s) {
-                if rc == -libc::EACCES || rc == -libc::EPERM {
-                    error!(
-                        member = %victim, addr = %a, user = %self.conf.cluster.user,
-                        "gateway: the cluster refused to blocklist a fenced member: the gateways' Ceph user needs a mon cap that allows `osd blocklist` (`profile rbd` grants it)"
-                    );
+        for victim in victims {
+            let addrs = group.members.get(victim).map(|r| r.addrs.clone()).unwrap_or_default();
+            for a in &addrs {
+                if let Err(rc) = store.blocklist(a, self.conf.blocklist_expiry_s) {
+                    if rc == -libc::EACCES || rc == -libc::EPERM {
+                        error!(
+                            member = %victim, addr = %a, user = %self.conf.cluster.user,
+                            "gateway: the cluster refused to blocklist a fenced member: the gateways' Ceph user needs a mon cap that allows `osd blocklist` (`profile rbd` grants it)"
+                        );
+                    }
+                    return Err(rc);
                 }
-                return Err(rc);
             }
-        }
-        if let Some(r) = group.members.get_mut(victim) {
-            r.blocklisted = true;
-        }
-        if write(store, group, version)? {
+            if let Some(r) = group.members.get_mut(victim) {
+                r.blocklisted = true;
+            }
             info!(member = %victim, addrs = ?addrs, expiry_s = self.conf.blocklist_expiry_s, "gateway: fenced member blocklisted");
         }
+        write(store, group, version)?;
         Ok(())
     }
 }

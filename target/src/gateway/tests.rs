@@ -263,3 +263,47 @@ fn a_group_object_of_a_newer_format_is_refused() {
     assert_eq!(r, Err(-libc::EPROTO));
     assert_eq!(cluster.borrow().objects["group"].1, 1, "nothing written over it");
 }
+
+#[test]
+fn two_members_silent_at_once_leave_every_group_with_the_survivor() {
+    let cluster = Rc::new(RefCell::new(Cluster::default()));
+    let mut a = Node::new(&cluster, "a", &[1], 1);
+    let mut b = Node::new(&cluster, "b", &[2], 2);
+    let mut c = Node::new(&cluster, "c", &[3], 3);
+    let mut t = Instant::now();
+    run(&mut [&mut a, &mut b, &mut c], &[true; 3], &mut t, 500);
+    run(&mut [&mut a, &mut b, &mut c], &[false, false, true], &mut t, 1000);
+    let g: super::state::Group = serde_json::from_slice(&cluster.borrow().objects["group"].0).unwrap();
+    for n in ["a", "b"] {
+        let r = &g.members[n];
+        assert_eq!(
+            (r.standing, r.blocklisted, r.taken_by.as_deref()),
+            (Standing::Fenced, true, Some("c")),
+            "{n}"
+        );
+    }
+    assert_eq!(
+        (c.state(1), c.state(2), c.state(3)),
+        (Some(Optimized), Some(Optimized), Some(Optimized))
+    );
+}
+
+#[test]
+fn a_taker_that_dies_passes_what_it_took_to_the_next_survivor() {
+    let cluster = Rc::new(RefCell::new(Cluster::default()));
+    let mut a = Node::new(&cluster, "a", &[1], 1);
+    let mut b = Node::new(&cluster, "b", &[2], 2);
+    let mut c = Node::new(&cluster, "c", &[3, 4], 3);
+    let mut t = Instant::now();
+    run(&mut [&mut a, &mut b, &mut c], &[true; 3], &mut t, 500);
+    run(&mut [&mut a, &mut b, &mut c], &[false, true, true], &mut t, 1000);
+    assert_eq!(b.state(1), Some(Optimized), "b (one group) took a's");
+    run(&mut [&mut a, &mut b, &mut c], &[false, false, true], &mut t, 1000);
+    let g: super::state::Group = serde_json::from_slice(&cluster.borrow().objects["group"].0).unwrap();
+    assert_eq!(
+        g.members["a"].taken_by.as_deref(),
+        Some("c"),
+        "a's groups moved on with b's"
+    );
+    assert_eq!((c.state(1), c.state(2)), (Some(Optimized), Some(Optimized)));
+}

@@ -168,7 +168,7 @@ pub(super) struct Clustered {
 }
 
 fn io_error() -> Status {
-    Status::NAMESPACE_NOT_READY
+    super::UNSEEN
 }
 
 impl NsResv {
@@ -314,11 +314,29 @@ impl NsResv {
 
     /// This gateway may have missed a change: admit no I/O until it catches up.
     fn lose(&self, c: &Clustered, why: &str) {
+        self.lose_as(c, why, false);
+    }
+
+    /// As [`Self::lose`]; `fenced`: because this gateway's client is blocklisted (its gateway
+    /// group fenced it), which refuses I/O with a path status instead.
+    fn lose_as(&self, c: &Clustered, why: &str, fenced: bool) {
         let _g = c.publish.lock().unwrap_or_else(|p| p.into_inner());
         if !c.uncertain.swap(true, Ordering::AcqRel) {
             warn!(object = %c.object.describe(), "cannot see the cluster's reservation state ({why}): no I/O admitted until it can");
         }
-        self.set_gate(false, true);
+        if fenced {
+            self.set_fenced();
+        } else {
+            self.set_gate(false, true);
+        }
+    }
+
+    /// The watch was lost with `rc` (Ceph's EBLOCKLISTED is ESHUTDOWN: this gateway was
+    /// fenced).
+    fn lose_watch(&self, c: &Clustered, rc: i32) {
+        c.rewatch.store(true, Ordering::Release);
+        let why = format!("watch lost: {}", std::io::Error::from_raw_os_error(-rc));
+        self.lose_as(c, &why, rc == -libc::ESHUTDOWN);
     }
 
     /// On the target's reservation watcher: apply the other gateways' changes (their
@@ -341,17 +359,11 @@ impl NsResv {
                     // notifier waits for it.
                     c.object.ack(notify_id, cookie);
                 }
-                WatchEvent::Lost(rc) => {
-                    c.rewatch.store(true, Ordering::Release);
-                    self.lose(c, &format!("watch lost: {}", std::io::Error::from_raw_os_error(-rc)));
-                }
+                WatchEvent::Lost(rc) => self.lose_watch(c, rc),
             }
         }
         match c.object.watch_age() {
-            Err(rc) => {
-                c.rewatch.store(true, Ordering::Release);
-                self.lose(c, &format!("watch lost: {}", std::io::Error::from_raw_os_error(-rc)));
-            }
+            Err(rc) => self.lose_watch(c, rc),
             Ok(age) if age > UNCERTAIN_AFTER => self.lose(c, &format!("watch not confirmed for {age:?}")),
             Ok(_) => {}
         }
@@ -409,6 +421,11 @@ impl NsResv {
         if c.rewatch.load(Ordering::Acquire) {
             if let Err(rc) = c.object.watch(c.inbox.clone()) {
                 debug!(object = %c.object.describe(), rc, "cannot watch the reservation object yet");
+                // A lost watch says ENOTCONN; the OSD tells a blocklisted client so when it
+                // asks again.
+                if rc == -libc::ESHUTDOWN {
+                    self.lose_as(c, "this gateway's cluster client is blocklisted", true);
+                }
                 return;
             }
             c.rewatch.store(false, Ordering::Release);

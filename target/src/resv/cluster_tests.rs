@@ -252,9 +252,9 @@ fn a_gateway_that_cannot_see_the_cluster_admits_nothing_until_it_catches_up() {
     a_age.store(UNCERTAIN_AFTER.as_millis() as u64 + 1, Ordering::Release);
     tend(&a);
     assert!(a.uncertain());
-    assert_eq!(a.check(&H1, Access::Read), Err(Status::NAMESPACE_NOT_READY));
-    assert!(!Status::NAMESPACE_NOT_READY.dnr(), "retryable");
-    assert_eq!(a.report_state().err(), Some(Status::NAMESPACE_NOT_READY));
+    assert_eq!(a.check(&H1, Access::Read), Err(Status::ANA_TRANSITION));
+    assert!(!Status::ANA_TRANSITION.dnr(), "retryable");
+    assert_eq!(a.report_state().err(), Some(Status::ANA_TRANSITION));
 
     // Meanwhile B takes a reservation (A misses the announcement: its watch is replaced
     // while it catches up, the cluster unreachable for it).
@@ -267,7 +267,7 @@ fn a_gateway_that_cannot_see_the_cluster_admits_nothing_until_it_catches_up() {
     assert!(a.uncertain(), "it cannot watch again while cut off");
     assert_eq!(
         a.change(&H1, &register(1, RegisterAction::Register, 0)),
-        Err(Status::NAMESPACE_NOT_READY),
+        Err(Status::ANA_TRANSITION),
         "a change it cannot write is retryable"
     );
 

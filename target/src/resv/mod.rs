@@ -34,6 +34,13 @@ pub use file::state_file;
 pub use shared::{NsResv, ResvDone, submit};
 pub use state::{Effects, Holder, HostId, Registrant, ResvOp, ResvState};
 
+/// What a command gets while this gateway cannot see the reservation state the cluster
+/// keeps: Asymmetric Access Transition (NVMe 2.0 §8.1.3.3), a path status, retryable. A
+/// multipath host sends it down another gateway's path, or holds it until this one can
+/// serve again; Namespace Not Ready is no path error, and Linux's multipath fails the I/O
+/// with it.
+pub const UNSEEN: pollux_nvme::spec::Status = pollux_nvme::spec::Status::ANA_TRANSITION;
+
 #[cfg(test)]
 mod cluster_tests;
 #[cfg(test)]

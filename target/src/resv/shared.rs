@@ -38,6 +38,9 @@ const FREE: u8 = 0;
 const HELD: u8 = 1;
 /// The state kept in the cluster cannot be seen now: no I/O is admitted.
 const UNCERTAIN: u8 = 2;
+/// As [`UNCERTAIN`], because this gateway's cluster client is blocklisted (its gateway group
+/// fenced it): no I/O is admitted, with a path status.
+const FENCED: u8 = 3;
 
 impl NsResv {
     /// Reservations of a namespace whose state is kept in `file` (None: not persistent),
@@ -147,17 +150,25 @@ impl NsResv {
         self.state.load_full()
     }
 
-    /// The state for a Reservation Report: Namespace Not Ready while the cluster's state
-    /// cannot be seen.
+    /// The state for a Reservation Report: Asymmetric Access Transition while the cluster's
+    /// state cannot be seen.
     pub fn report_state(&self) -> Result<Arc<ResvState>, Status> {
-        if self.gate.load(Ordering::Acquire) == UNCERTAIN {
-            return Err(Status::NAMESPACE_NOT_READY);
+        match self.gate.load(Ordering::Acquire) {
+            UNCERTAIN => Err(super::UNSEEN),
+            FENCED => Err(Status::ANA_INACCESSIBLE),
+            _ => Ok(self.state()),
         }
-        Ok(self.state())
+    }
+
+    /// This gateway's cluster client is blocklisted: admit nothing, with ANA Inaccessible, a
+    /// path status a multipath host retries on another gateway at once (Namespace Not Ready
+    /// is no path error: Linux's multipath fails the I/O with it).
+    pub(super) fn set_fenced(&self) {
+        self.gate.store(FENCED, Ordering::Release);
     }
 
     /// The I/O path's check: whether `host` may run a command of `access`; Reservation
-    /// Conflict if not, Namespace Not Ready (retryable) while a cluster's state cannot be
+    /// Conflict if not, [`super::UNSEEN`] (a path status) while a cluster's state cannot be
     /// seen. One atomic load while no reservation is held.
     #[inline(always)]
     pub fn check(&self, host: &HostId, access: Access) -> Result<(), Status> {
@@ -165,7 +176,8 @@ impl NsResv {
             FREE => Ok(()),
             HELD if self.state.load().allows(host, access) => Ok(()),
             HELD => Err(conflict()),
-            _ => Err(Status::NAMESPACE_NOT_READY),
+            FENCED => Err(Status::ANA_INACCESSIBLE),
+            _ => Err(super::UNSEEN),
         }
     }
 

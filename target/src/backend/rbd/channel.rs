@@ -290,7 +290,16 @@ impl RbdChannel {
             let status = if unavailable(errno) {
                 self.health.unavailable.fetch_add(1, Ordering::Relaxed);
                 self.health.degraded.store(true, Ordering::Relaxed);
-                Status::NAMESPACE_NOT_READY
+                if errno == libc::ESHUTDOWN {
+                    // This gateway's client is blocklisted (Ceph's EBLOCKLISTED): fenced by
+                    // its gateway group, it cannot reach the image until it reconnects. A path
+                    // status (NVMe 2.0 §8.1.3.3), which a multipath host retries on another
+                    // gateway at once; Namespace Not Ready is not a path error, and Linux's
+                    // multipath fails the I/O with it.
+                    Status::ANA_INACCESSIBLE
+                } else {
+                    Status::NAMESPACE_NOT_READY
+                }
             } else {
                 self.health.errors.fetch_add(1, Ordering::Relaxed);
                 match (errno, a.op) {
