@@ -97,7 +97,8 @@ case \$cmd in
     cont) kill -CONT "\$(cat "$a_pid")" && echo continued ;;
     rejoined) old=\$(cat "$a_pid")
         for _ in \$(seq 300); do
-            pid=\$("$POLLUX_BIN" ctl --socket "$CI_LOG_DIR/a.sock" --json version 2>/dev/null | grep -o '"pid":[0-9]*' | cut -d: -f2)
+            pid=\$("$POLLUX_BIN" ctl --socket "$CI_LOG_DIR/a.sock" --json version 2>/dev/null |
+                python3 -c 'import json, sys; print(json.load(sys.stdin)["pid"])' 2>/dev/null)
             if [ -n "\$pid" ] && [ "\$pid" != "\$old" ] &&
                 "$POLLUX_BIN" ctl --socket "$CI_LOG_DIR/b.sock" --json gateways | python3 -c '
 import json, sys
@@ -143,13 +144,16 @@ echo "gateway group: $fences fences" | tee -a "$CI_LOG_DIR/rbd.txt"
 [ "$fences" = 2 ] || fail "expected 2 fences (A killed, A paused), saw $fences"
 grep -q "re-executing as new cluster clients" "$CI_LOG_DIR/pollux-a.log" || fail "the fenced A did not re-execute itself"
 "$POLLUX_BIN" ctl --socket "$CI_LOG_DIR/b.sock" gateways | tee -a "$CI_LOG_DIR/rbd.txt"
-"$POLLUX_BIN" ctl --socket "$CI_LOG_DIR/b.sock" --json gateways | grep -q '"state":"alive".*"state":"alive"' ||
+"$POLLUX_BIN" ctl --socket "$CI_LOG_DIR/b.sock" --json gateways | python3 -c '
+import json, sys
+m = json.load(sys.stdin)["members"]
+sys.exit(0 if len(m) == 2 and all(x["state"] == "alive" for x in m) else 1)' ||
     fail "the group does not show both gateways alive"
 subs=$("$POLLUX_BIN" ctl --socket "$CI_LOG_DIR/b.sock" subsystems) || fail "pollux ctl subsystems failed"
 echo "$subs" | grep "rbd rbd/" | tee -a "$CI_LOG_DIR/rbd.txt"
 # A re-executed itself after its fence: the process now serving its socket.
-pid=$("$POLLUX_BIN" ctl --socket "$CI_LOG_DIR/a.sock" --json version | grep -o '"pid":[0-9]*' | cut -d: -f2) &&
-    echo "$pid" > "$a_pid"
+pid=$("$POLLUX_BIN" ctl --socket "$CI_LOG_DIR/a.sock" --json version |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["pid"])') && echo "$pid" > "$a_pid"
 stop_side_pollux a
 stop_pollux || fail "gateway B did not stop cleanly"
 ceph_stop "$cdir"

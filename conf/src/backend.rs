@@ -71,6 +71,12 @@ pub struct RbdBackend {
     /// Seconds a command may wait on the cluster before it fails with a retryable status
     /// (librados' `rados_osd_op_timeout`; also bounds connecting), 1..=300.
     pub op_timeout_s: u32,
+    /// The gateway group serving the image (the conf's `[gateway] group`): the image is
+    /// marked as that group's, and an image another group marked is refused.
+    pub gateway_group: Option<String>,
+    /// Serve an image another gateway group marked, marking it this group's (an operator
+    /// moving the image between groups).
+    pub take_over_group: bool,
 }
 
 impl RbdBackend {

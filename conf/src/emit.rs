@@ -279,6 +279,9 @@ pub(crate) fn to_toml(c: &Config) -> String {
                     if r.write_cache {
                         keys.push("write_cache = true".into());
                     }
+                    if r.take_over_group {
+                        keys.push("take_over_group = true".to_owned());
+                    }
                     if r.op_timeout_s != RBD_OP_TIMEOUT_S {
                         keys.push(format!("op_timeout_s = {}", r.op_timeout_s));
                     }

@@ -235,6 +235,7 @@ pub(crate) struct RawRbd {
     pub rados_namespace: Option<Spanned<String>>,
     pub write_cache: Option<Spanned<bool>>,
     pub op_timeout_s: Option<Spanned<i64>>,
+    pub take_over_group: Option<Spanned<bool>>,
 }
 
 #[derive(Deserialize)]

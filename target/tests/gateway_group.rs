@@ -303,3 +303,38 @@ fn two_of_three_gateways_killed_at_once_leave_the_third_serving_both_groups() {
     drop((ha, hc));
     c.shutdown().unwrap();
 }
+
+#[test]
+fn an_image_of_one_group_is_refused_by_another_unless_taken_over() {
+    let Some(ceph) = Ceph::start("gw-marker") else { return };
+    ceph.create("marked", "16M");
+    let meta = || {
+        String::from_utf8(ceph.run("rbd", &["image-meta", "get", "rbd/marked", "pollux.gateway_group"]))
+            .unwrap()
+            .trim()
+            .to_owned()
+    };
+    let first = Config::parse(&conf(&ceph, "a", free_addr(), 1, 1, "marked"), "g1.toml").unwrap();
+    let t = Target::start(&first, Options { pin: false }).unwrap();
+    assert_eq!(meta(), "g1", "the image is marked as the serving group's");
+    t.shutdown().unwrap();
+
+    let other = |extra: &str| {
+        conf(&ceph, "x", free_addr(), 1, 1, "marked")
+            .replace("group = \"g1\"", "group = \"g2\"")
+            .replace("op_timeout_s = 30", &format!("op_timeout_s = 30{extra}"))
+    };
+    let e = Target::start(&Config::parse(&other(""), "g2.toml").unwrap(), Options { pin: false })
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("\"g1\"") && e.contains("take_over_group"), "{e}");
+    assert_eq!(meta(), "g1", "refused: the mark stays");
+    let t = Target::start(
+        &Config::parse(&other(", take_over_group = true"), "g2.toml").unwrap(),
+        Options { pin: false },
+    )
+    .unwrap();
+    assert_eq!(meta(), "g2", "taken over");
+    t.shutdown().unwrap();
+}

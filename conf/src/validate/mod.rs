@@ -77,6 +77,16 @@ pub(crate) fn build(text: &str, origin: &str, base: Base<'_>) -> Result<Config, 
         None => crate::Discovery::default(),
     };
     let gateway = raw.gateway.map(|g| gateway::gateway(&cx, g, &subsystems)).transpose()?;
+    let mut subsystems = subsystems;
+    if let Some(g) = &gateway {
+        // Every image this gateway serves is its group's (the backend marks it so, and
+        // refuses one another group marked).
+        for n in subsystems.iter_mut().flat_map(|s| s.namespaces.iter_mut()) {
+            if let crate::Backend::Rbd(b) = &mut n.backend {
+                b.gateway_group = Some(g.group.clone());
+            }
+        }
+    }
     if subsystems.is_empty() {
         tracing::info!(origin, "configuration has no [[subsystem]]: only discovery is served");
     }

@@ -114,6 +114,8 @@ fn conf(name: &str, groups: &[u32]) -> pollux_conf::Gateway {
             keyring: None,
             write_cache: false,
             op_timeout_s: 1,
+            gateway_group: None,
+            take_over_group: false,
         },
     }
 }

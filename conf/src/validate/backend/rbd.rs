@@ -93,6 +93,9 @@ pub(super) fn rbd_backend(
         keyring,
         write_cache,
         op_timeout_s,
+        // Set from `[gateway]` once the whole conf is read.
+        gateway_group: None,
+        take_over_group: r.take_over_group.as_ref().is_some_and(|v| *v.get_ref()),
     };
     let key = (
         b.ceph_conf.clone(),

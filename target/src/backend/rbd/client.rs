@@ -17,6 +17,10 @@ use tracing::{debug, info, warn};
 use super::sys;
 use crate::error::TargetError;
 
+/// The image-meta key naming the gateway group that serves an image (`rbd image-meta get
+/// POOL/IMAGE pollux.gateway_group`).
+pub const GROUP_KEY: &str = "pollux.gateway_group";
+
 /// The library loaded; its dependencies (librados.so.2) come with it.
 pub const LIBRBD: &str = "librbd.so.1";
 
@@ -371,7 +375,74 @@ impl Image {
         if rc < 0 {
             return Err(rbd_error(b, "cannot read the image's features", rc.into()));
         }
+        if let Some(g) = &b.gateway_group {
+            img.claim_for_group(b, g)?;
+        }
         Ok(img)
+    }
+
+    /// Mark the image as gateway group `group`'s (its image-meta [`GROUP_KEY`]), refusing
+    /// one another group marked unless `b` says to take it over: two groups serving one
+    /// image each fence, fail over and hand its lock about without the other, which
+    /// corrupts it (ceph-nvmeof #833, #1209).
+    fn claim_for_group(&self, b: &RbdBackend, group: &str) -> Result<(), TargetError> {
+        let held = self
+            .metadata(GROUP_KEY)
+            .map_err(|rc| rbd_error(b, format!("cannot read the image-meta {GROUP_KEY}"), rc.into()))?;
+        match held.as_deref() {
+            Some(g) if g == group => return Ok(()),
+            Some(other) if !b.take_over_group => {
+                return Err(rbd_error(
+                    b,
+                    format!(
+                        "the image is served by gateway group {other:?} (its image-meta {GROUP_KEY}), not this gateway's group {group:?}: two groups on one image would corrupt it; serve it from {other:?}, or set take_over_group = true on this namespace once {other:?} no longer serves it"
+                    ),
+                    -i64::from(libc::EBUSY),
+                ));
+            }
+            Some(other) => {
+                warn!(image = %b.spec(), from = %other, to = %group, "rbd: taking the image over from another gateway group")
+            }
+            None => {}
+        }
+        self.set_metadata(GROUP_KEY, group)
+            .map_err(|rc| rbd_error(b, format!("cannot set the image-meta {GROUP_KEY}"), rc.into()))?;
+        info!(image = %b.spec(), group, "rbd: the image is marked as this gateway group's");
+        Ok(())
+    }
+
+    /// The image-meta value of `key` (None: unset).
+    pub fn metadata(&self, key: &str) -> Result<Option<String>, c_int> {
+        let lib = library().map_err(|_| -libc::ENOSYS)?;
+        let k = CString::new(key).map_err(|_| -libc::EINVAL)?;
+        let mut buf = vec![0u8; 256];
+        loop {
+            let mut len = buf.len();
+            // SAFETY: a live image, a NUL-terminated key, a buffer of `len` bytes; librbd
+            // writes at most `len` bytes and the length it needs into `len`.
+            let rc = unsafe { lib.rbd_metadata_get(self.handle, k.as_ptr(), buf.as_mut_ptr().cast(), &mut len) };
+            match rc {
+                0 => {
+                    let end = buf.iter().position(|&c| c == 0).unwrap_or(buf.len().min(len));
+                    return Ok(Some(String::from_utf8_lossy(&buf[..end]).into_owned()));
+                }
+                rc if rc == -libc::ENOENT => return Ok(None),
+                rc if rc == -libc::ERANGE && len > buf.len() && len <= 64 << 10 => buf.resize(len, 0),
+                rc => return Err(rc),
+            }
+        }
+    }
+
+    /// Set the image-meta `key` to `value`.
+    pub fn set_metadata(&self, key: &str, value: &str) -> Result<(), c_int> {
+        let lib = library().map_err(|_| -libc::ENOSYS)?;
+        let (k, v) = (
+            CString::new(key).map_err(|_| -libc::EINVAL)?,
+            CString::new(value).map_err(|_| -libc::EINVAL)?,
+        );
+        // SAFETY: a live image and NUL-terminated strings.
+        let rc = unsafe { lib.rbd_metadata_set(self.handle, k.as_ptr(), v.as_ptr()) };
+        if rc < 0 { Err(rc) } else { Ok(()) }
     }
 
     /// The image's size in bytes, as the cluster has it now (blocks on the cluster).

@@ -12,7 +12,7 @@ funcs+='|rados_(read|get_last_version|create_write_op|release_write_op|write_op_
 # Gateway groups (crate::gateway): fencing a failed member's clients, and this gateway's own
 # client addresses.
 funcs+='|rados_(getaddrs|blocklist_add|wait_for_latest_osdmap)'
-funcs+='|rbd_(version|open|close|get_size|get_id|get_features|resize|update_watch|update_unwatch|is_exclusive_lock_owner)'
+funcs+='|rbd_(version|open|close|get_size|get_id|get_features|resize|update_watch|update_unwatch|is_exclusive_lock_owner|metadata_get|metadata_set)'
 funcs+='|rbd_aio_(create_completion|read|write|flush|write_zeroes|compare_and_write|get_return_value|release)'
 hdr=$(mktemp --suffix=.h)
 trap 'rm -f "$hdr"' EXIT

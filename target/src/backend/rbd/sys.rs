@@ -4,7 +4,7 @@
 //           librados-dev and librbd-dev 16.2.15+ds-0+deb12u2
 // bindgen:  0.73.2
 // Date:     2026-12-07
-// Functions: ^(rados_(create2|conf_read_file|conf_set|connect|shutdown|cluster_fsid|ioctx_create|ioctx_destroy|ioctx_set_namespace|ioctx_get_id)|rados_(read|get_last_version|create_write_op|release_write_op|write_op_assert_version|write_op_create|write_op_write_full|write_op_operate|watch3|unwatch2|watch_check|watch_flush|notify2|notify_ack|buffer_free)|rados_(getaddrs|blocklist_add|wait_for_latest_osdmap)|rbd_(version|open|close|get_size|get_id|get_features|resize|update_watch|update_unwatch|is_exclusive_lock_owner)|rbd_aio_(create_completion|read|write|flush|write_zeroes|compare_and_write|get_return_value|release))$
+// Functions: ^(rados_(create2|conf_read_file|conf_set|connect|shutdown|cluster_fsid|ioctx_create|ioctx_destroy|ioctx_set_namespace|ioctx_get_id)|rados_(read|get_last_version|create_write_op|release_write_op|write_op_assert_version|write_op_create|write_op_write_full|write_op_operate|watch3|unwatch2|watch_check|watch_flush|notify2|notify_ack|buffer_free)|rados_(getaddrs|blocklist_add|wait_for_latest_osdmap)|rbd_(version|open|close|get_size|get_id|get_features|resize|update_watch|update_unwatch|is_exclusive_lock_owner|metadata_get|metadata_set)|rbd_aio_(create_completion|read|write|flush|write_zeroes|compare_and_write|get_return_value|release))$
 // Loaded at run time from librbd.so.1 (whose dependencies include librados.so.2,
 // so dlsym finds the rados_* symbols through the same handle).
 
@@ -193,6 +193,17 @@ pub struct Ceph {
     pub rbd_aio_get_return_value: unsafe extern "C" fn(c: rbd_completion_t) -> isize,
     pub rbd_aio_release: unsafe extern "C" fn(c: rbd_completion_t),
     pub rbd_aio_flush: unsafe extern "C" fn(image: rbd_image_t, c: rbd_completion_t) -> ::std::os::raw::c_int,
+    pub rbd_metadata_get: unsafe extern "C" fn(
+        image: rbd_image_t,
+        key: *const ::std::os::raw::c_char,
+        value: *mut ::std::os::raw::c_char,
+        val_len: *mut usize,
+    ) -> ::std::os::raw::c_int,
+    pub rbd_metadata_set: unsafe extern "C" fn(
+        image: rbd_image_t,
+        key: *const ::std::os::raw::c_char,
+        value: *const ::std::os::raw::c_char,
+    ) -> ::std::os::raw::c_int,
     pub rbd_update_watch: unsafe extern "C" fn(
         image: rbd_image_t,
         handle: *mut u64,
@@ -259,6 +270,8 @@ impl Ceph {
         let rbd_aio_get_return_value = __library.get(b"rbd_aio_get_return_value\0").map(|sym| *sym)?;
         let rbd_aio_release = __library.get(b"rbd_aio_release\0").map(|sym| *sym)?;
         let rbd_aio_flush = __library.get(b"rbd_aio_flush\0").map(|sym| *sym)?;
+        let rbd_metadata_get = __library.get(b"rbd_metadata_get\0").map(|sym| *sym)?;
+        let rbd_metadata_set = __library.get(b"rbd_metadata_set\0").map(|sym| *sym)?;
         let rbd_update_watch = __library.get(b"rbd_update_watch\0").map(|sym| *sym)?;
         let rbd_update_unwatch = __library.get(b"rbd_update_unwatch\0").map(|sym| *sym)?;
         Ok(Ceph {
@@ -307,6 +320,8 @@ impl Ceph {
             rbd_aio_get_return_value,
             rbd_aio_release,
             rbd_aio_flush,
+            rbd_metadata_get,
+            rbd_metadata_set,
             rbd_update_watch,
             rbd_update_unwatch,
         })
@@ -583,6 +598,23 @@ impl Ceph {
     }
     pub unsafe fn rbd_aio_flush(&self, image: rbd_image_t, c: rbd_completion_t) -> ::std::os::raw::c_int {
         (self.rbd_aio_flush)(image, c)
+    }
+    pub unsafe fn rbd_metadata_get(
+        &self,
+        image: rbd_image_t,
+        key: *const ::std::os::raw::c_char,
+        value: *mut ::std::os::raw::c_char,
+        val_len: *mut usize,
+    ) -> ::std::os::raw::c_int {
+        (self.rbd_metadata_get)(image, key, value, val_len)
+    }
+    pub unsafe fn rbd_metadata_set(
+        &self,
+        image: rbd_image_t,
+        key: *const ::std::os::raw::c_char,
+        value: *const ::std::os::raw::c_char,
+    ) -> ::std::os::raw::c_int {
+        (self.rbd_metadata_set)(image, key, value)
     }
     pub unsafe fn rbd_update_watch(
         &self,
