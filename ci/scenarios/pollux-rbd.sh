@@ -78,7 +78,14 @@ conf b "$pb" 1 $'min_cntlid = 101\nmax_cntlid = 200' 1
 # Gateway B runs as the harness's pollux; A is started and killed by the relay below.
 start_pollux "$CI_LOG_DIR/b.toml" "$pb"
 a_pid=$CI_LOG_DIR/a.pid
-trap 'stop_side_pollux a; ci_cleanup' EXIT
+# stop_a: gateway A, whichever process serves it now (after its fence it re-executes itself).
+stop_a() {
+    local pid
+    pid=$("$POLLUX_BIN" ctl --socket "$CI_LOG_DIR/a.sock" --json version 2>/dev/null |
+        python3 -c 'import json, sys; print(json.load(sys.stdin)["pid"])' 2>/dev/null) && echo "$pid" > "$a_pid"
+    stop_side_pollux a
+}
+trap 'stop_a; ci_cleanup' EXIT
 start_side_pollux a "$CI_LOG_DIR/a.toml" "$pa"
 
 subs=$("$POLLUX_BIN" ctl --socket "$CI_LOG_DIR/b.sock" subsystems) || fail "pollux ctl subsystems failed"
@@ -151,10 +158,7 @@ sys.exit(0 if len(m) == 2 and all(x["state"] == "alive" for x in m) else 1)' ||
     fail "the group does not show both gateways alive"
 subs=$("$POLLUX_BIN" ctl --socket "$CI_LOG_DIR/b.sock" subsystems) || fail "pollux ctl subsystems failed"
 echo "$subs" | grep "rbd rbd/" | tee -a "$CI_LOG_DIR/rbd.txt"
-# A re-executed itself after its fence: the process now serving its socket.
-pid=$("$POLLUX_BIN" ctl --socket "$CI_LOG_DIR/a.sock" --json version |
-    python3 -c 'import json, sys; print(json.load(sys.stdin)["pid"])') && echo "$pid" > "$a_pid"
-stop_side_pollux a
+stop_a
 stop_pollux || fail "gateway B did not stop cleanly"
 ceph_stop "$cdir"
 log "PASS"

@@ -155,7 +155,14 @@ impl Pair {
         ha.io[0].write(1, 8, 8, data).unwrap();
         let _ = a.kill();
         let killed = Instant::now();
-        self.hb.io[0].write(1, 16, 8, data).unwrap();
+        // As a host does: a retryable status (a command librbd held past twice its operation
+        // timeout, waiting for the lock, is answered Namespace Not Ready) is sent again.
+        let mut retries = 0;
+        while let Err(e) = self.hb.io[0].write(1, 16, 8, data) {
+            let st = e.status().unwrap_or_else(|| panic!("{}: {e}", self.name));
+            assert!(!st.dnr() && retries < 20, "{}: {e}", self.name);
+            retries += 1;
+        }
         let stall = killed.elapsed().as_secs_f64();
         let _ = a.wait();
         drop(ha);

@@ -202,6 +202,17 @@ impl Target {
         let n = cfg.reactors.cores.len();
         let mut socks = Vec::new();
         let mut addrs = Vec::new();
+        // A gateway group's member serves its own ANA groups non-optimized until it has
+        // registered and the group says no survivor serves them (a member killed before it
+        // registered could not be fenced: hosts must not have written through it).
+        // A hot upgrade's new process goes on as the same member: its states stay as they were.
+        let overlay: ana::Overlay = cfg
+            .gateway
+            .iter()
+            .filter(|_| !gateway::continues_member())
+            .flat_map(|g| &g.ana_groups)
+            .map(|&g| (g, pollux_conf::AnaState::NonOptimized))
+            .collect();
         for l in &cfg.listeners {
             let err = |source| TargetError::Listen {
                 addr: l.address,
@@ -216,7 +227,11 @@ impl Target {
                 addr: s.local_addr().map_err(err)?,
                 configured: l.address,
                 tls: l.tls,
-                ana: Arc::new(ana::AnaStates::new(l)),
+                ana: Arc::new({
+                    let a = ana::AnaStates::new(l);
+                    a.apply_over(l, &overlay);
+                    a
+                }),
                 max_connections: l.max_connections,
             });
             socks.push(s);
@@ -227,6 +242,7 @@ impl Target {
         }
         let snapshot = build_snapshot(cfg, n, addrs.clone())?;
         let shared = Arc::new(Shared::new(cfg, n, snapshot, started));
+        *shared.ana_overlay.lock().unwrap_or_else(|p| p.into_inner()) = overlay;
         let reactors = cfg
             .reactors
             .cores

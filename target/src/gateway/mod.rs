@@ -115,10 +115,7 @@ impl Agent {
             .collect();
         // A hot upgrade's new process is the same member (the old one passed its
         // incarnation on); a fenced member's re-execution is a new one.
-        let incarnation = std::env::var(INCARNATION_ENV)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(incarnation);
+        let incarnation = passed_incarnation().unwrap_or_else(incarnation);
         crate::upgrade::old::pass_to_successor(INCARNATION_ENV, incarnation.to_string());
         let mut member = Member::new(conf, incarnation, listeners);
         let (s, v) = (stop.clone(), view.clone());
@@ -155,6 +152,18 @@ impl Drop for Agent {
 /// Where a hot upgrade's new process finds the incarnation it goes on with.
 const INCARNATION_ENV: &str = "POLLUX_GATEWAY_INCARNATION";
 
+/// The incarnation a hot upgrade's old process passed on (None: a new member, or one
+/// re-executed after its fence, which rejoins as a new incarnation).
+fn passed_incarnation() -> Option<u64> {
+    std::env::var(INCARNATION_ENV).ok().and_then(|v| v.parse().ok())
+}
+
+/// Whether this process goes on as the member a hot upgrade handed over (its listeners'
+/// ANA states stay as they were until its first heartbeat).
+pub fn continues_member() -> bool {
+    passed_incarnation().is_some()
+}
+
 /// How long a fenced gateway waits before it tries to re-execute itself again.
 const RECOVER_RETRY: Duration = Duration::from_secs(30);
 
@@ -175,7 +184,8 @@ fn recover_by_reexec() -> bool {
     if !blocked || crate::upgrade::old::default_binary().is_none() {
         return false;
     }
-    crate::upgrade::old::pass_to_successor(INCARNATION_ENV, incarnation().to_string());
+    // No incarnation passed on: the next process is a new one, and rejoins.
+    crate::upgrade::old::pass_to_successor(INCARNATION_ENV, String::new());
     // SAFETY: kill(2) of this process; SIGUSR2 is blocked in every thread and taken by the
     // supervisor's sigwait.
     unsafe { libc::kill(libc::getpid(), libc::SIGUSR2) == 0 }
