@@ -992,6 +992,32 @@ def cmd_resv(out):
     plt.close(fig)
 
 
+def cmd_failover(out):
+    """The failover bench (cargo bench -p pollux-target --bench failover) writes failover.json
+    and failover.md itself: check they are there, and plot every cycle's stall
+    (failover-stall.png)."""
+    path = os.path.join(out, "failover.json")
+    if not os.path.exists(path) or not os.path.exists(os.path.join(out, "failover.md")):
+        raise SystemExit("failover: failover.json or failover.md missing")
+    with open(path) as f:
+        runs = json.load(f)["runs"]
+    plt = plt_or_none()
+    if plt is None:
+        return
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for cell, marker, label in (("group", "o", "gateway group"), ("none", "s", "no group")):
+        rs = [r for r in runs if r["cell"] == cell]
+        ax.plot([r["cycle"] for r in rs], [r["stall_s"] for r in rs], marker=marker, linestyle="", label=label)
+    ax.set_yscale("log")
+    ax.set_xlabel("kill cycle")
+    ax.set_ylabel("SIGKILL to the survivor's first write, s")
+    ax.set_title("Failover of the gateway holding an RBD image's lock")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "failover-stall.png"), dpi=100)
+    plt.close(fig)
+
+
 def cmd_fuzz(out):
     """ci/bench-fuzz.py writes fuzz.json and fuzz.md itself: check they are there."""
     for name in ("fuzz.json", "fuzz.md"):
@@ -1000,7 +1026,7 @@ def cmd_fuzz(out):
 
 
 RESULT_SECTIONS = ("perf", "modes", "reactor", "file", "ab", "tls", "storm", "polling", "qos", "scale", "frontier",
-                   "rbd", "resv", "fuzz")
+                   "rbd", "resv", "failover", "fuzz")
 
 
 def cmd_results(out):
@@ -1040,10 +1066,11 @@ def main(argv):
     if len(argv) >= 3 and argv[1] == "rates":
         cmd_rates(argv[2], float(argv[3]) if len(argv) > 3 else 0.25)
     elif len(argv) == 3 and argv[1] in ("perf", "modes", "reactor", "results", "ab", "tls", "storm", "polling", "qos",
-                                        "scale", "rbd", "resv", "fuzz"):
+                                        "scale", "rbd", "resv", "failover", "fuzz"):
         {"perf": cmd_perf, "modes": cmd_modes, "reactor": cmd_reactor, "results": cmd_results,
          "ab": cmd_ab, "tls": cmd_tls, "storm": cmd_storm, "polling": cmd_polling, "qos": cmd_qos,
-         "scale": cmd_scale, "rbd": cmd_rbd, "resv": cmd_resv, "fuzz": cmd_fuzz}[argv[1]](argv[2])
+         "scale": cmd_scale, "rbd": cmd_rbd, "resv": cmd_resv, "failover": cmd_failover,
+         "fuzz": cmd_fuzz}[argv[1]](argv[2])
     else:
         print(__doc__, file=sys.stderr)
         return 2
