@@ -39,6 +39,7 @@ def check(what, ok, detail=""):
     else:
         checks["failed"] += 1
         print(f"spdk-rpc: FAIL {what} {detail}")
+    return ok
 
 
 def expect_error(c, what, code, method, **params):
@@ -87,10 +88,10 @@ def bare_target(work, name):
     return start(conf, sock, port), sock, port
 
 
-def perf_verify(port, seconds="1", host=HOST, extra=()):
-    r = subprocess.run([POLLUX, "perf", "-r", f"trtype:tcp traddr:127.0.0.1 trsvcid:{port} subnqn:{NQN} hostnqn:{host}",
+def perf_verify(port, seconds="1", host=HOST, extra=(), nqn=NQN):
+    r = subprocess.run([POLLUX, "perf", "-r", f"trtype:tcp traddr:127.0.0.1 trsvcid:{port} subnqn:{nqn} hostnqn:{host}",
                         "-w", "randrw", "-q", "8", "-t", seconds, "--verify", "--no-pin", *extra],
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=120)
     return r.returncode == 0, (r.stdout + r.stderr)[-600:]
 
 
@@ -263,6 +264,7 @@ def main():
         stop(target)
     spdk_configs(work)
     nvmet_configs(work)
+    rbd_bdevs(work)
     shutil.rmtree(work, ignore_errors=True)
     print(f"{checks['passed']} passed, {checks['failed']} failed")
     sys.exit(1 if checks["failed"] else 0)
@@ -412,6 +414,100 @@ def nvmet_configs(work):
                       and [p["addr"]["trsvcid"] for p in exported["ports"]] == [str(p1), str(p2)], json.dumps(exported)[:600])
         finally:
             stop(target)
+
+
+def rbd_bdevs(work):
+    """Ceph's NVMe-oF gateway's sequence through SPDK's client against a real cluster
+    (ci/ceph.sh): a cluster registered by name, an image made a bdev (its size read from the
+    cluster), attached as a namespace that serves verified I/O, written out by save_config as
+    SPDK's calls and served again from them; a cluster in use cannot be unregistered; the
+    bdev deleted takes its namespace. Skipped (saying so) without Ceph, unless
+    POLLUX_REQUIRE_CEPH is set."""
+    have = all(shutil.which(c) for c in ("ceph-mon", "ceph-osd", "rbd")) and os.path.exists(
+        "/usr/lib/x86_64-linux-gnu/librbd.so.1")
+    if not have:
+        if os.environ.get("POLLUX_REQUIRE_CEPH"):
+            check("Ceph is installed (POLLUX_REQUIRE_CEPH)", False)
+        else:
+            print("spdk-rpc: no Ceph on this machine: the rbd bdev checks are not run")
+        return
+    here = os.path.dirname(os.path.abspath(__file__))
+    cdir = os.path.join(work, "ceph")
+    r = subprocess.run(["bash", os.path.join(here, "ceph.sh"), "start", cdir], capture_output=True, text=True,
+                       timeout=180, env=dict(os.environ, CEPH_IMG_SIZE="64M"))
+    if not check("a one-node Ceph cluster (ci/ceph.sh)", r.returncode == 0, (r.stdout + r.stderr)[-600:]):
+        return
+    conf = os.path.join(cdir, "ceph.conf")
+    nqn = "nqn.2016-06.io.spdk:rbd1"
+    target, sock, _ = bare_target(work, "rbd")
+    port = free_port()
+    try:
+        c = JSONRPCClient(sock, timeout=60)
+        c.call("nvmf_create_transport", {"trtype": "TCP"})
+        check("bdev_rbd_register_cluster", c.call("bdev_rbd_register_cluster", {
+            "name": "cluster_a", "user_id": "admin", "config_file": conf}) == "cluster_a")
+        info = c.call("bdev_rbd_get_clusters_info", {"name": "cluster_a"})
+        check("bdev_rbd_get_clusters_info", info.get("config_file") == conf, info)
+        expect_error(c, "librados settings as key-values are refused, naming the conf file way", -32602,
+                     "bdev_rbd_register_cluster", name="cluster_b", config_param={"mon_host": "127.0.0.1"})
+        name = c.call("bdev_rbd_create", {"pool_name": "rbd", "rbd_name": "img0", "block_size": 4096,
+                                          "cluster_name": "cluster_a"})
+        check("bdev_rbd_create answers CephN", name.startswith("Ceph"), name)
+        b = c.call("bdev_get_bdevs", {"name": name})[0]
+        check("the bdev has the image's size and SPDK's product name",
+              b["num_blocks"] == (64 << 20) // 4096 and b["product_name"] == "Ceph Rbd Disk", b)
+        expect_error(c, "an image that does not exist is refused", -32602, "bdev_rbd_create",
+                     pool_name="rbd", rbd_name="nope", block_size=4096, cluster_name="cluster_a")
+        c.call("nvmf_create_subsystem", {"nqn": nqn, "allow_any_host": True})
+        nsid = c.call("nvmf_subsystem_add_ns", {"nqn": nqn, "namespace": {"bdev_name": name}})
+        c.call("nvmf_subsystem_add_listener", {"nqn": nqn, "listen_address": {
+            "trtype": "tcp", "adrfam": "ipv4", "traddr": "127.0.0.1", "trsvcid": str(port)}})
+        ok, out = perf_verify(port, nqn=nqn)
+        check("the rbd namespace serves verified I/O", ok, out)
+        expect_error(c, "a cluster in use cannot be unregistered", -32602, "bdev_rbd_unregister_cluster", name="cluster_a")
+        saved = c.call("save_config")
+        calls = [x["method"] for s in saved["subsystems"] if s["subsystem"] == "bdev" for x in s["config"]]
+        check("save_config: the cluster registered, then the image", calls.index("bdev_rbd_register_cluster")
+              < calls.index("bdev_rbd_create"), calls)
+        path = os.path.join(work, "rbd-saved.json")
+        with open(path, "w") as f:
+            json.dump(saved, f)
+        check("bdev_rbd_delete", c.call("bdev_rbd_delete", {"name": name}) is True)
+        gone = [s for s in c.call("nvmf_get_subsystems") if s["nqn"] == nqn]
+        check("and its namespace is gone", gone and not gone[0]["namespaces"], gone)
+        check("bdev_rbd_unregister_cluster", c.call("bdev_rbd_unregister_cluster", {"name": "cluster_a"}) is True)
+        c.close()
+    finally:
+        stop(target)
+    # The saved config served by a fresh pollux (its listener on another port).
+    p2 = free_port()
+    with open(path) as f:
+        text = f.read().replace(f'"trsvcid": "{port}"', f'"trsvcid": "{p2}"')
+    with open(path, "w") as f:
+        f.write(text)
+    log = open(path + ".log", "w")
+    t2 = subprocess.Popen([POLLUX, "--spdk-config", path, "-r", os.path.join(work, "rbd2.sock")], stdout=log, stderr=log)
+    try:
+        up = wait_port(p2, t2)
+        check("pollux --spdk-config serves the saved rbd bdev", up, open(path + ".log").read()[-400:])
+        if up:
+            ok, out = perf_verify(p2, nqn=nqn)
+            check("and it serves verified I/O", ok, out)
+    finally:
+        stop(t2)
+        subprocess.run(["bash", os.path.join(here, "ceph.sh"), "stop", cdir], capture_output=True, timeout=120)
+
+
+def wait_port(port, proc):
+    for _ in range(400):
+        try:
+            socket.create_connection(("127.0.0.1", port)).close()
+            return True
+        except OSError:
+            if proc.poll() is not None:
+                return False
+            time.sleep(0.05)
+    return False
 
 
 if __name__ == "__main__":

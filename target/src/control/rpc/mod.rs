@@ -41,6 +41,7 @@ mod nvme;
 mod query;
 pub mod spdk;
 mod spdk_bdev;
+mod spdk_rbd;
 pub(crate) mod spdk_config;
 
 pub use spdk_config::base_conf as spdk_base_conf;

@@ -25,6 +25,8 @@ use super::{Ctx, INVALID_PARAMS, RpcError};
 #[derive(Debug, Default)]
 pub struct SpdkState {
     pub(super) bdevs: BTreeMap<String, Bdev>,
+    /// bdev_rbd_register_cluster's clusters, by name.
+    pub(super) clusters: BTreeMap<String, super::spdk_rbd::RbdCluster>,
     /// keyring_file_add_key's keys: name -> the owner-only file holding the key.
     keys: BTreeMap<String, std::path::PathBuf>,
     transport_created: bool,
@@ -72,6 +74,12 @@ pub const SPDK_METHODS: &[SpdkMethod] = &[
     m("bdev_null_delete", Ctx::spdk_bdev_delete),
     m("bdev_aio_delete", Ctx::spdk_bdev_delete),
     m("bdev_uring_delete", Ctx::spdk_bdev_delete),
+    m("bdev_rbd_register_cluster", Ctx::spdk_rbd_register_cluster),
+    m("bdev_rbd_unregister_cluster", Ctx::spdk_rbd_unregister_cluster),
+    m("bdev_rbd_get_clusters_info", Ctx::spdk_rbd_get_clusters_info),
+    m("bdev_rbd_create", Ctx::spdk_rbd_create),
+    m("bdev_rbd_delete", Ctx::spdk_bdev_delete),
+    m("bdev_rbd_resize", Ctx::spdk_rbd_resize),
     m("bdev_get_bdevs", Ctx::spdk_get_bdevs),
     m("bdev_set_qos_limit", Ctx::spdk_set_qos_limit),
     m("bdev_get_iostat", Ctx::spdk_get_iostat),

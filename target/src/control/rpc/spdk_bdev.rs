@@ -19,6 +19,21 @@ pub(super) struct Bdev {
     pub(super) backend: Value,
     /// (subsystem NQN, NSID) once attached.
     pub(super) attached: Option<(String, u32)>,
+    /// The registered Rados cluster of an rbd bdev (`bdev_rbd_register_cluster`).
+    pub(super) cluster: Option<String>,
+}
+
+/// The `uuid` param, or a random one.
+pub(super) fn uuid_param(o: &serde_json::Map<String, Value>) -> Result<uuid::Uuid, RpcError> {
+    match opt_str(o, "uuid")? {
+        Some(u) => uuid::Uuid::parse_str(u).map_err(|e| invalid(format!("'uuid' {u}: {e}"))),
+        None => {
+            let mut b = [0u8; 16];
+            getrandom::fill(&mut b)
+                .map_err(|e| RpcError::new(super::CONFIG_ERROR, format!("no random bytes for a UUID: {e}")))?;
+            Ok(uuid::Builder::from_random_bytes(b).into_uuid())
+        }
+    }
 }
 
 /// The kinds of bdev that map onto pollux backends.
@@ -67,15 +82,7 @@ impl Ctx {
                 (product, json!({"file": {"path": path}}), len / block_size, "")
             }
         };
-        let uuid = match opt_str(o, "uuid")? {
-            Some(u) => uuid::Uuid::parse_str(u).map_err(|e| invalid(format!("'uuid' {u}: {e}")))?,
-            None => {
-                let mut b = [0u8; 16];
-                getrandom::fill(&mut b)
-                    .map_err(|e| RpcError::new(super::CONFIG_ERROR, format!("no random bytes for a UUID: {e}")))?;
-                uuid::Builder::from_random_bytes(b).into_uuid()
-            }
-        };
+        let uuid = uuid_param(o)?;
         let mut s = self.spdk();
         let name = match opt_str(o, "name")? {
             Some(n) if !n.is_empty() => n.to_string(),
@@ -100,6 +107,7 @@ impl Ctx {
                 uuid,
                 backend,
                 attached: None,
+                cluster: None,
             },
         );
         Ok(Value::String(name))
@@ -124,7 +132,7 @@ impl Ctx {
     }
 
     /// The (subsystem, NSID) bdev `name` backs: attached, or refused naming it.
-    fn attached(&self, name: &str, what: &str) -> Result<(String, u32), RpcError> {
+    pub(super) fn attached(&self, name: &str, what: &str) -> Result<(String, u32), RpcError> {
         let s = self.spdk();
         let b = s
             .bdevs

@@ -206,6 +206,8 @@ impl Ctx {
         let cfg = self.shared.config.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let mut keyring = Vec::new();
         let mut bdevs = Vec::new();
+        // The Rados clusters written so far: (conf, user, keyring) -> the name registered.
+        let mut clusters: Vec<((String, String, Option<String>), String)> = Vec::new();
         let mut nvmf = Vec::new();
         let t = &cfg.transport;
         nvmf.push(json!({"method": "nvmf_create_transport", "params": {
@@ -268,6 +270,37 @@ impl Ctx {
                         "name": name, "num_blocks": blocks(*size), "block_size": n.block_size, "uuid": uuid}}),
                     pollux_conf::Backend::File(f) => json!({"method": "bdev_aio_create", "params": {
                         "name": name, "filename": f.path.display().to_string(), "block_size": n.block_size}}),
+                    pollux_conf::Backend::Rbd(r) if r.rados_namespace.is_none() => {
+                        // The cluster as bdev_rbd_register_cluster named it, or one named
+                        // here, registered once before its first image.
+                        let key = (
+                            r.ceph_conf.display().to_string(),
+                            r.user.clone(),
+                            r.keyring.as_ref().map(|k| k.display().to_string()),
+                        );
+                        let known = self.spdk().clusters.iter().find_map(|(cn, c)| {
+                            (c.config_file.as_deref().unwrap_or("/etc/ceph/ceph.conf") == key.0
+                                && c.user_id.as_deref().unwrap_or("admin") == key.1
+                                && c.key_file == key.2)
+                                .then(|| cn.clone())
+                        });
+                        let cluster = match clusters.iter().find(|(k, _)| *k == key) {
+                            Some((_, cn)) => cn.clone(),
+                            None => {
+                                let cn = known.unwrap_or_else(|| format!("pollux_cluster{}", clusters.len()));
+                                let mut p = json!({"name": cn, "config_file": key.0, "user_id": key.1});
+                                if let Some(k) = &key.2 {
+                                    p["key_file"] = k.clone().into();
+                                }
+                                bdevs.push(json!({"method": "bdev_rbd_register_cluster", "params": p}));
+                                clusters.push((key, cn.clone()));
+                                cn
+                            }
+                        };
+                        json!({"method": "bdev_rbd_create", "params": {
+                            "name": name, "pool_name": r.pool, "rbd_name": r.image, "block_size": n.block_size,
+                            "cluster_name": cluster, "uuid": uuid}})
+                    }
                     other => {
                         return Err(RpcError::new(
                             CONFIG_ERROR,
