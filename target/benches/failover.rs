@@ -19,6 +19,8 @@
 //! BENCH_FAILOVER_BASELINE (3), BENCH_QUICK=1 (3 and 1).
 #![allow(missing_docs, clippy::print_stdout, clippy::unwrap_used)]
 
+mod cluster;
+
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -28,40 +30,6 @@ use pollux_host::{Controller, Digests};
 
 const NQN: &str = "nqn.2026-12.io.pollux:bench-failover";
 const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:fa110000-0000-4000-8000-000000000001";
-
-fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
-}
-
-fn spawn(bin: &str, dir: &Path, name: &str, text: &str, addr: SocketAddr) -> Child {
-    let path = dir.join(format!("{name}.toml"));
-    std::fs::write(&path, text).unwrap();
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join(format!("{name}.log")))
-        .unwrap();
-    let mut child = Command::new(bin)
-        .arg("--config")
-        .arg(&path)
-        .args(["--control-socket", "none"])
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let t0 = Instant::now();
-    while TcpStream::connect(addr).is_err() {
-        if let Ok(Some(s)) = child.try_wait() {
-            panic!(
-                "gateway {name} exited ({s}): see {}",
-                dir.join(format!("{name}.log")).display()
-            );
-        }
-        assert!(t0.elapsed() < Duration::from_secs(30), "gateway {name} did not listen");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    child
-}
 
 /// Gateway `name` over `image`: owns ANA group `owns` (its listener reports the other
 /// non-optimized); in group `bench` when `group`.
@@ -114,8 +82,8 @@ struct Pair {
 
 impl Pair {
     fn new(bin: &str, dir: &Path, ceph: &Path, name: &'static str, image: &'static str, group: bool) -> Self {
-        let (a_addr, b_addr) = (free_addr(), free_addr());
-        let b = spawn(
+        let (a_addr, b_addr) = (cluster::free_addr(), cluster::free_addr());
+        let b = cluster::gateway(
             bin,
             dir,
             &format!("{name}-b"),
@@ -137,7 +105,7 @@ impl Pair {
     /// One cycle: A up and holding the lock, killed, B's first write: the stall.
     fn cycle(&mut self, bin: &str, dir: &Path, ceph: &Path, data: &[u8]) -> f64 {
         let text = conf(ceph, "a", self.a_addr, 1, 1, self.image, self.group);
-        let mut a = spawn(bin, dir, &format!("{}-a", self.name), &text, self.a_addr);
+        let mut a = cluster::gateway(bin, dir, &format!("{}-a", self.name), &text, self.a_addr);
         let mut ha = Controller::connect(self.a_addr, NQN, HOST, 1, 32, Digests::NONE).unwrap();
         ha.io[0].set_timeout(Duration::from_secs(120));
         // In a group, A rejoins after the previous cycle's fence: its group comes back after
@@ -171,44 +139,12 @@ impl Pair {
 }
 
 fn main() {
-    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
-    let bin = std::env::var("POLLUX_BIN").unwrap_or_else(|_| format!("{root}/build/release/pollux"));
-    let out = std::path::PathBuf::from(
-        std::env::var("POLLUX_BENCH_OUT_DIR").unwrap_or_else(|_| format!("{root}/build/bench")),
-    );
-    let quick = std::env::var_os("BENCH_QUICK").is_some();
-    let env = |k: &str, d: usize| std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
-    let cycles = if quick { 3 } else { env("BENCH_FAILOVER_CYCLES", 20) };
-    let baseline = if quick { 1 } else { env("BENCH_FAILOVER_BASELINE", 3) };
-    std::fs::create_dir_all(&out).unwrap();
-
-    let dir = std::env::temp_dir().join(format!("pollux-bench-failover-{}", std::process::id()));
-    let ceph = Command::new("bash")
-        .arg(format!("{root}/ci/ceph.sh"))
-        .args(["start", dir.to_str().unwrap()])
-        .env("CEPH_IMG_SIZE", "64M")
-        .output()
-        .unwrap();
-    assert!(
-        ceph.status.success(),
-        "ci/ceph.sh start: {}",
-        String::from_utf8_lossy(&ceph.stderr)
-    );
-    let conf_path = dir.join("ceph.conf");
-    let rbd = |args: &[&str]| {
-        let o = Command::new("rbd")
-            .arg("-c")
-            .arg(&conf_path)
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            o.status.success(),
-            "rbd {args:?}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-    };
-    rbd(&["create", "--size", "64M", "rbd/img1"]);
+    let (bin, out) = cluster::bin_and_out();
+    let cycles = cluster::setting("BENCH_FAILOVER_CYCLES", 20, 3);
+    let baseline = cluster::setting("BENCH_FAILOVER_BASELINE", 3, 1);
+    let ceph = cluster::Cluster::start("failover");
+    let (dir, conf_path) = (ceph.dir.clone(), ceph.conf.clone());
+    ceph.rbd(&["create", "--size", "64M", "rbd/img1"]);
     let data = vec![0x3cu8; 4096];
     let mut grouped = Pair::new(&bin, &dir, &conf_path, "group", "img0", true);
     let mut lone = Pair::new(&bin, &dir, &conf_path, "none", "img1", false);
@@ -258,13 +194,6 @@ fn main() {
 
     drop((grouped.hb, lone.hb));
     for g in [&mut grouped.b, &mut lone.b] {
-        // SAFETY: kill(2) of a gateway this program started.
-        unsafe { libc::kill(g.id() as i32, libc::SIGTERM) };
-        let _ = g.wait();
+        cluster::stop(g);
     }
-    let _ = Command::new("bash")
-        .arg(format!("{root}/ci/ceph.sh"))
-        .args(["stop", dir.to_str().unwrap()])
-        .output();
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -19,6 +19,8 @@
 //! BENCH_RESV_PAIRS (4), BENCH_QUICK=1 (1 pair of 20 changes).
 #![allow(missing_docs, clippy::print_stdout, clippy::unwrap_used)]
 
+mod cluster;
+
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -29,35 +31,6 @@ use pollux_host::{Controller, Data, Digests, sqe};
 const RBD_NQN: &str = "nqn.2026-12.io.pollux:bench-resv-rbd";
 const RAM_NQN: &str = "nqn.2026-12.io.pollux:bench-resv-ram";
 const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:be4c0001-0000-4000-8000-000000000001";
-
-fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
-}
-
-fn gateway(bin: &str, dir: &Path, name: &str, text: &str, addr: SocketAddr) -> Child {
-    let path = dir.join(format!("{name}.toml"));
-    std::fs::write(&path, text).unwrap();
-    let child = Command::new(bin)
-        .arg("--config")
-        .arg(&path)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.join(format!("{name}.log"))).unwrap())
-        .spawn()
-        .unwrap();
-    let mut child = child;
-    let t0 = Instant::now();
-    while TcpStream::connect(addr).is_err() {
-        if let Ok(Some(s)) = child.try_wait() {
-            panic!(
-                "gateway {name} exited ({s}): see {}",
-                dir.join(format!("{name}.log")).display()
-            );
-        }
-        assert!(t0.elapsed() < Duration::from_secs(30), "gateway {name} did not listen");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    child
-}
 
 fn subsystem(nqn: &str, cntlid: u16, backend: &str) -> String {
     format!(
@@ -103,28 +76,12 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
-    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
-    let bin = std::env::var("POLLUX_BIN").unwrap_or_else(|_| format!("{root}/build/release/pollux"));
-    let out = PathBuf::from(std::env::var("POLLUX_BENCH_OUT_DIR").unwrap_or_else(|_| format!("{root}/build/bench")));
-    let quick = std::env::var_os("BENCH_QUICK").is_some();
-    let env = |k: &str, d: usize| std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
-    let n = if quick { 20 } else { env("BENCH_RESV_CHANGES", 200) };
-    let pairs = if quick { 1 } else { env("BENCH_RESV_PAIRS", 4) };
-    std::fs::create_dir_all(&out).unwrap();
-
-    let dir = std::env::temp_dir().join(format!("pollux-bench-resv-{}", std::process::id()));
-    let ceph = Command::new("bash")
-        .arg(format!("{root}/ci/ceph.sh"))
-        .args(["start", dir.to_str().unwrap()])
-        .env("CEPH_IMG_SIZE", "64M")
-        .output()
-        .unwrap();
-    assert!(
-        ceph.status.success(),
-        "ci/ceph.sh start: {}",
-        String::from_utf8_lossy(&ceph.stderr)
-    );
-    let conf = dir.join("ceph.conf");
+    let (bin, out) = cluster::bin_and_out();
+    let n = cluster::setting("BENCH_RESV_CHANGES", 200, 20);
+    let pairs = cluster::setting("BENCH_RESV_PAIRS", 4, 1);
+    let ceph = cluster::Cluster::start("resv");
+    let dir = ceph.dir.clone();
+    let conf = ceph.conf.clone();
     let rbd = format!(
         "{{ rbd = {{ pool = \"rbd\", image = \"img0\", ceph_conf = \"{}\" }} }}",
         conf.display()
@@ -132,7 +89,7 @@ fn main() {
     let head = |addr: SocketAddr| {
         format!("[reactors]\ncores = [0]\nmode = \"interrupt\"\n[[listener]]\naddress = \"{addr}\"\n")
     };
-    let (a_addr, b_addr) = (free_addr(), free_addr());
+    let (a_addr, b_addr) = (cluster::free_addr(), cluster::free_addr());
     let a_text = format!(
         "{}{}{}",
         head(a_addr),
@@ -140,8 +97,8 @@ fn main() {
         subsystem(RAM_NQN, 201, "{ ram = { size = \"16MiB\" } }")
     );
     let b_text = format!("{}{}", head(b_addr), subsystem(RBD_NQN, 101, &rbd));
-    let mut a = gateway(&bin, &dir, "a", &a_text, a_addr);
-    let mut b = gateway(&bin, &dir, "b", &b_text, b_addr);
+    let mut a = cluster::gateway(&bin, &dir, "a", &a_text, a_addr);
+    let mut b = cluster::gateway(&bin, &dir, "b", &b_text, b_addr);
 
     let mut cluster = Controller::connect(a_addr, RBD_NQN, HOST, 1, 32, Digests::NONE).unwrap();
     let mut local = Controller::connect(a_addr, RAM_NQN, HOST, 1, 32, Digests::NONE).unwrap();
@@ -218,13 +175,6 @@ fn main() {
 
     drop((cluster, local));
     for g in [&mut a, &mut b] {
-        // SAFETY: kill(2) of a gateway this program started.
-        unsafe { libc::kill(g.id() as i32, libc::SIGTERM) };
-        let _ = g.wait();
+        cluster::stop(g);
     }
-    let _ = Command::new("bash")
-        .arg(format!("{root}/ci/ceph.sh"))
-        .args(["stop", dir.to_str().unwrap()])
-        .output();
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -5,13 +5,14 @@
 //! Every call blocks on the cluster, at most the connection's operation timeout: it runs on
 //! the gateway agent's thread, never on a reactor.
 
-use std::ffi::{CString, c_char, c_int};
+use std::ffi::{CString, c_int};
 use std::ptr;
 use std::sync::{Arc, Mutex};
 
 use pollux_conf::RbdBackend;
 
 use super::client::{Cluster, library, rbd_error};
+use super::object::{self, Ioctx};
 use super::sys;
 use crate::error::TargetError;
 
@@ -26,12 +27,6 @@ pub struct GroupObjects {
     /// The connection (its clients' addresses are what fencing this gateway blocklists).
     pub cluster: Arc<Cluster>,
 }
-
-#[derive(Debug)]
-struct Ioctx(sys::rados_ioctx_t);
-
-// SAFETY: a rados_ioctx_t may be used from any thread; this one is used under the lock.
-unsafe impl Send for Ioctx {}
 
 impl GroupObjects {
     /// Connect (a new client of the cluster) and open `b`'s pool and RADOS namespace.
@@ -71,61 +66,16 @@ impl GroupObjects {
 
     /// Object `oid` and its version (None: it does not exist).
     pub fn read(&self, oid: &str) -> Result<Option<(Vec<u8>, u64)>, c_int> {
-        let lib = library().map_err(|_| -libc::ENOSYS)?;
         let oid = CString::new(oid).map_err(|_| -libc::EINVAL)?;
-        let mut buf = vec![0u8; MAX_OBJECT];
-        let io = self.io();
-        // SAFETY: a live context, a NUL-terminated name, a buffer of buf.len() bytes.
-        let rc = unsafe { lib.rados_read(io.0, oid.as_ptr(), buf.as_mut_ptr().cast::<c_char>(), buf.len(), 0) };
-        if rc == -libc::ENOENT {
-            return Ok(None);
-        }
-        if rc < 0 {
-            return Err(rc);
-        }
-        // SAFETY: a live context; the version of the read just done (we hold the lock).
-        let version = unsafe { lib.rados_get_last_version(io.0) };
-        let n = usize::try_from(rc).unwrap_or(0);
-        if n == buf.len() {
-            return Err(-libc::EFBIG);
-        }
-        buf.truncate(n);
-        Ok(Some((buf, version)))
+        object::read(&self.io(), &oid, MAX_OBJECT)
     }
 
-    /// Replace object `oid` with `data`: if its version is still `version` (None: create
-    /// it, failing if it exists; `Some(0)`: whatever its version). The version written, or
-    /// None when someone else changed or created it first.
+    /// Replace object `oid` with `data` ([`object::write`]: `version` None creates it,
+    /// `Some(0)` writes whatever its version). The version written, or None when someone
+    /// else changed or created it first.
     pub fn write(&self, oid: &str, data: &[u8], version: Option<u64>) -> Result<Option<u64>, c_int> {
-        let lib = library().map_err(|_| -libc::ENOSYS)?;
         let oid = CString::new(oid).map_err(|_| -libc::EINVAL)?;
-        let io = self.io();
-        // SAFETY: returns a new operation (or null), released below on every path.
-        let op = unsafe { lib.rados_create_write_op() };
-        if op.is_null() {
-            return Err(-libc::ENOMEM);
-        }
-        // SAFETY: a live operation; `data` is copied by write_full before operate returns.
-        let rc = unsafe {
-            match version {
-                Some(0) => {}
-                Some(v) => lib.rados_write_op_assert_version(op, v),
-                None => lib.rados_write_op_create(op, sys::LIBRADOS_CREATE_EXCLUSIVE as c_int, ptr::null()),
-            }
-            lib.rados_write_op_write_full(op, data.as_ptr().cast::<c_char>(), data.len());
-            lib.rados_write_op_operate(op, io.0, oid.as_ptr(), ptr::null_mut(), 0)
-        };
-        // SAFETY: a live context; the version the write just made (we hold the lock).
-        let written = unsafe { lib.rados_get_last_version(io.0) };
-        // SAFETY: ours, operated; not used again.
-        unsafe { lib.rados_release_write_op(op) };
-        match rc {
-            0 => Ok(Some(written)),
-            // The version moved (ERANGE: newer than read; EOVERFLOW: older, a recreated
-            // object) or someone created it first.
-            rc if rc == -libc::ERANGE || rc == -libc::EOVERFLOW || rc == -libc::EEXIST => Ok(None),
-            rc => Err(rc),
-        }
+        object::write(&self.io(), &oid, data, version)
     }
 }
 

@@ -30,6 +30,7 @@ pub mod client;
 pub mod sys;
 mod channel;
 pub mod group_object;
+mod object;
 mod resv_object;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

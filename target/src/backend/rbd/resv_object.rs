@@ -17,6 +17,7 @@ use pollux_conf::RbdBackend;
 use tracing::warn;
 
 use super::client::{Cluster, library, rbd_error};
+use super::object::{self, Ioctx};
 use super::sys;
 use crate::error::TargetError;
 use crate::resv::{ClusterObject, Inbox, NotifyReply, WatchEvent};
@@ -67,9 +68,6 @@ impl Drop for Handles {
         }
     }
 }
-
-#[derive(Debug)]
-struct Ioctx(sys::rados_ioctx_t);
 
 // SAFETY: a rados_ioctx_t may be used from any thread; pollux uses the first under its lock
 // (so that the last version read is the operation's own).
@@ -218,57 +216,15 @@ impl ClusterObject for RadosResvObject {
     }
 
     fn read(&self) -> Result<Option<(Vec<u8>, u64)>, i32> {
-        let lib = library().map_err(|_| -libc::ENOSYS)?;
-        let mut buf = vec![0u8; MAX_OBJECT];
         let h = self.handles()?;
         let io = h.io();
-        // SAFETY: a live context, a NUL-terminated name, a buffer of buf.len() bytes.
-        let rc = unsafe { lib.rados_read(io.0, self.oid.as_ptr(), buf.as_mut_ptr().cast::<c_char>(), buf.len(), 0) };
-        if rc == -libc::ENOENT {
-            return Ok(None);
-        }
-        if rc < 0 {
-            return Err(rc);
-        }
-        // SAFETY: a live context; the version of the read just done (we hold the lock).
-        let version = unsafe { lib.rados_get_last_version(io.0) };
-        let n = usize::try_from(rc).unwrap_or(0);
-        if n == buf.len() {
-            return Err(-libc::EFBIG);
-        }
-        buf.truncate(n);
-        Ok(Some((buf, version)))
+        object::read(&io, &self.oid, MAX_OBJECT)
     }
 
     fn write(&self, data: &[u8], version: Option<u64>) -> Result<Option<u64>, i32> {
-        let lib = library().map_err(|_| -libc::ENOSYS)?;
         let h = self.handles()?;
         let io = h.io();
-        // SAFETY: returns a new operation (or null), released below on every path.
-        let op = unsafe { lib.rados_create_write_op() };
-        if op.is_null() {
-            return Err(-libc::ENOMEM);
-        }
-        // SAFETY: a live operation; `data` is copied by write_full before operate returns.
-        let rc = unsafe {
-            match version {
-                Some(v) => lib.rados_write_op_assert_version(op, v),
-                None => lib.rados_write_op_create(op, sys::LIBRADOS_CREATE_EXCLUSIVE as c_int, ptr::null()),
-            }
-            lib.rados_write_op_write_full(op, data.as_ptr().cast::<c_char>(), data.len());
-            lib.rados_write_op_operate(op, io.0, self.oid.as_ptr(), ptr::null_mut(), 0)
-        };
-        // SAFETY: a live context; the version the write just made (we hold the lock).
-        let written = unsafe { lib.rados_get_last_version(io.0) };
-        // SAFETY: ours, operated; not used again.
-        unsafe { lib.rados_release_write_op(op) };
-        match rc {
-            0 => Ok(Some(written)),
-            // The version moved (ERANGE: the object is newer than read; EOVERFLOW: older, a
-            // recreated object) or another gateway created it first: read again.
-            rc if rc == -libc::ERANGE || rc == -libc::EOVERFLOW || rc == -libc::EEXIST => Ok(None),
-            rc => Err(rc),
-        }
+        object::write(&io, &self.oid, data, version)
     }
 
     fn notify(&self, payload: &[u8], timeout: Duration) -> Result<NotifyReply, i32> {
