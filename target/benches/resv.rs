@@ -21,9 +21,7 @@
 
 mod cluster;
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use pollux_host::{Controller, Data, Digests, sqe};

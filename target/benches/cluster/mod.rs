@@ -1,5 +1,7 @@
 //! What the benches against a Ceph cluster share (`resv`, `failover`): their settings, the
-//! one-node cluster of `ci/ceph.sh`, and gateway processes.
+//! one-node cluster of `ci/ceph.sh`, and gateway processes. (Each bench compiles it as a
+//! module of its own and uses part of it.)
+#![allow(dead_code)]
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -46,7 +48,11 @@ impl Cluster {
             .env("CEPH_IMG_SIZE", "64M")
             .output()
             .unwrap();
-        assert!(out.status.success(), "ci/ceph.sh start: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "ci/ceph.sh start: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         Self {
             conf: dir.join("ceph.conf"),
             dir,
@@ -55,8 +61,17 @@ impl Cluster {
 
     /// `rbd ARGS` on this cluster.
     pub fn rbd(&self, args: &[&str]) {
-        let o = Command::new("rbd").arg("-c").arg(&self.conf).args(args).output().unwrap();
-        assert!(o.status.success(), "rbd {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        let o = Command::new("rbd")
+            .arg("-c")
+            .arg(&self.conf)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "rbd {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
     }
 }
 
@@ -91,7 +106,10 @@ pub fn gateway(bin: &str, dir: &Path, name: &str, text: &str, addr: SocketAddr) 
     let t0 = Instant::now();
     while TcpStream::connect(addr).is_err() {
         if let Ok(Some(s)) = child.try_wait() {
-            panic!("gateway {name} exited ({s}): see {}", dir.join(format!("{name}.log")).display());
+            panic!(
+                "gateway {name} exited ({s}): see {}",
+                dir.join(format!("{name}.log")).display()
+            );
         }
         assert!(t0.elapsed() < Duration::from_secs(30), "gateway {name} did not listen");
         std::thread::sleep(Duration::from_millis(50));

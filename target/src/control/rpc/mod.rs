@@ -41,8 +41,8 @@ mod nvme;
 mod query;
 pub mod spdk;
 mod spdk_bdev;
-mod spdk_rbd;
 pub(crate) mod spdk_config;
+mod spdk_rbd;
 
 pub use spdk_config::base_conf as spdk_base_conf;
 

@@ -206,8 +206,8 @@ impl Ctx {
         let cfg = self.shared.config.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let mut keyring = Vec::new();
         let mut bdevs = Vec::new();
-        // The Rados clusters written so far: (conf, user, keyring) -> the name registered.
-        let mut clusters: Vec<((String, String, Option<String>), String)> = Vec::new();
+        // The Rados clusters written so far, and the name each was registered as.
+        let mut clusters: Vec<(super::spdk_rbd::RbdCluster, String)> = Vec::new();
         let mut nvmf = Vec::new();
         let t = &cfg.transport;
         nvmf.push(json!({"method": "nvmf_create_transport", "params": {
@@ -273,23 +273,24 @@ impl Ctx {
                     pollux_conf::Backend::Rbd(r) if r.rados_namespace.is_none() => {
                         // The cluster as bdev_rbd_register_cluster named it, or one named
                         // here, registered once before its first image.
-                        let key = (
-                            r.ceph_conf.display().to_string(),
-                            r.user.clone(),
-                            r.keyring.as_ref().map(|k| k.display().to_string()),
-                        );
+                        let key = super::spdk_rbd::RbdCluster {
+                            user_id: Some(r.user.clone()),
+                            config_file: Some(r.ceph_conf.display().to_string()),
+                            key_file: r.keyring.as_ref().map(|k| k.display().to_string()),
+                        };
                         let known = self.spdk().clusters.iter().find_map(|(cn, c)| {
-                            (c.config_file.as_deref().unwrap_or("/etc/ceph/ceph.conf") == key.0
-                                && c.user_id.as_deref().unwrap_or("admin") == key.1
-                                && c.key_file == key.2)
+                            (c.config_file.as_deref().unwrap_or("/etc/ceph/ceph.conf")
+                                == key.config_file.as_deref().unwrap_or_default()
+                                && c.user_id.as_deref().unwrap_or("admin") == r.user
+                                && c.key_file == key.key_file)
                                 .then(|| cn.clone())
                         });
                         let cluster = match clusters.iter().find(|(k, _)| *k == key) {
                             Some((_, cn)) => cn.clone(),
                             None => {
                                 let cn = known.unwrap_or_else(|| format!("pollux_cluster{}", clusters.len()));
-                                let mut p = json!({"name": cn, "config_file": key.0, "user_id": key.1});
-                                if let Some(k) = &key.2 {
+                                let mut p = json!({"name": cn, "config_file": key.config_file, "user_id": key.user_id});
+                                if let Some(k) = &key.key_file {
                                     p["key_file"] = k.clone().into();
                                 }
                                 bdevs.push(json!({"method": "bdev_rbd_register_cluster", "params": p}));

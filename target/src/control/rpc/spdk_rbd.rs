@@ -77,9 +77,7 @@ impl Ctx {
             _ => None,
         };
         let s = self.spdk();
-        let show = |n: &str, c: &RbdCluster| {
-            json!({"cluster_name": n, "user_id": c.user_id, "config_file": c.config_file, "key_file": c.key_file})
-        };
+        let show = |n: &str, c: &RbdCluster| json!({"cluster_name": n, "user_id": c.user_id, "config_file": c.config_file, "key_file": c.key_file});
         match only {
             Some(n) => s
                 .clusters
@@ -184,7 +182,9 @@ impl Ctx {
         let o = obj(p)?;
         let name = req_str(o, "name")?;
         let mib = opt_u64(o, "new_size")?.ok_or_else(|| invalid("missing 'new_size'"))?;
-        let bytes = mib.checked_mul(1 << 20).ok_or_else(|| invalid("'new_size' overflows"))?;
+        let bytes = mib
+            .checked_mul(1 << 20)
+            .ok_or_else(|| invalid("'new_size' overflows"))?;
         let (nqn, nsid) = self.attached(name, "the size of rbd bdevs")?;
         self.resize_namespace(&json!({"nqn": nqn, "nsid": nsid, "size": bytes}))?;
         if let Some(b) = self.spdk().bdevs.get_mut(name) {
