@@ -196,6 +196,15 @@ def main():
             time.sleep(0.05)
         check("nvmf_subsystem_get_controllers shows the connected host", len(ctrls) == 1 and ctrls[0]["hostnqn"] == HOST
               and ctrls[0]["num_io_qpairs"] >= 1, ctrls)
+        qp = c.call("nvmf_subsystem_get_qpairs", {"nqn": NQN})
+        check("nvmf_subsystem_get_qpairs: its admin and I/O queues, through the listener they came by",
+              ctrls and sorted(q["qid"] for q in qp) == list(range(ctrls[0]["num_io_qpairs"] + 1))
+              and all(q["cntlid"] == ctrls[0]["cntlid"] and q["listen_address"]["trsvcid"] == str(io_port) for q in qp), qp)
+        stats = c.call("nvmf_get_stats")
+        groups = stats.get("poll_groups", [])
+        check("nvmf_get_stats: a poll group per reactor, the host's queues among them",
+              groups and sum(g["current_admin_qpairs"] for g in groups) >= 1
+              and sum(g["current_io_qpairs"] for g in groups) >= 1 and groups[0]["name"].startswith("nvmf_tgt_poll_group_"), stats)
         idle.wait(timeout=30)
         check("nvmf_subsystem_listener_set_ana_state", c.call("nvmf_subsystem_listener_set_ana_state", {
             "nqn": NQN, "listen_address": la, "ana_state": "non_optimized", "anagrpid": 1}) is True)

@@ -453,6 +453,10 @@ pub struct CtrlView {
     /// secures it); None: its host has no keys.
     #[serde(default)]
     pub authenticated: Option<String>,
+    /// The listener its admin queue connected through, as bound (absent from older
+    /// targets).
+    #[serde(default)]
+    pub listener: Option<String>,
 }
 
 /// The `controllers` method's result.

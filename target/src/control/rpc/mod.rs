@@ -43,6 +43,7 @@ pub mod spdk;
 mod spdk_bdev;
 pub(crate) mod spdk_config;
 mod spdk_rbd;
+mod spdk_stats;
 
 pub use spdk_config::base_conf as spdk_base_conf;
 

@@ -112,8 +112,18 @@ impl Ctx {
             .as_secs_f64();
         let (tx, rx) = mpsc::channel::<(usize, Vec<CtrlView>)>();
         let mut asked = Vec::new();
+        // A controller knows its listener by its ANA states, which are the listener's own.
+        let listeners: Vec<_> = self
+            .shared
+            .snapshot
+            .load()
+            .listeners
+            .iter()
+            .map(|l| (l.ana.clone(), l.addr))
+            .collect();
         for remote in self.remotes.iter() {
             let tx = tx.clone();
+            let listeners = listeners.clone();
             let sent = remote.send(move |r| {
                 let id = r.id();
                 let mut v = Vec::new();
@@ -132,6 +142,10 @@ impl Ctx {
                         created_unix_s: 0.0,
                         age_s: age,
                         authenticated: c.authenticated.clone(),
+                        listener: listeners
+                            .iter()
+                            .find(|(a, _)| std::sync::Arc::ptr_eq(a, &c.ana))
+                            .map(|(_, addr)| addr.to_string()),
                     });
                 });
                 let _ = tx.send((id, v));

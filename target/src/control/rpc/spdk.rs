@@ -92,6 +92,8 @@ pub const SPDK_METHODS: &[SpdkMethod] = &[
     m("keyring_get_keys", Ctx::spdk_keyring_get),
     m("nvmf_subsystem_listener_set_ana_state", Ctx::spdk_set_ana_state),
     m("nvmf_subsystem_get_controllers", Ctx::spdk_get_controllers),
+    m("nvmf_subsystem_get_qpairs", Ctx::spdk_get_qpairs),
+    m("nvmf_get_stats", Ctx::spdk_get_stats),
     m("log_set_level", spdk_log_set_level),
     m("log_set_print_level", spdk_log_set_level),
     m("log_get_level", |_, _| spdk_log_level()),
