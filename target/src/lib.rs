@@ -34,6 +34,7 @@
 //! | Accepting connections and placing them on reactors; what a connection knows of its path | [`listener`], [`path`] | `tcp.c` (acceptor) |
 //! | Why a connection closed, counted per reactor | [`close`] | `spdk_nvmf_qpair_disconnect` |
 //! | Run-time changes (`pollux ctl` add/remove) and the control plane | [`mutate`], [`control`] | `nvmf_rpc.c` |
+//! | Gateway groups: membership, fencing (blocklisting), ANA takeover and failback through the cluster | [`gateway`] | ceph-nvmeof's monitor (`NVMeofGwMap.cc`) |
 //!
 //! # Where a new thing goes
 //! - **A new transport** (RDMA, ...): a type that implements [`queue::Transport`] (its
