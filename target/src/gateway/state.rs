@@ -1,7 +1,7 @@
 //! The gateway group's shared state and one member's decisions over it, free of RADOS: the
-//! agent ([`super::Agent`]) runs [`Member::tick`] every heartbeat against the cluster
-//! ([`super::rados`]); the unit tests run it against [`super::fake::FakeStore`] with a
-//! clock of their own.
+//! agent ([`super::Agent`]) runs [`Member::tick`] every heartbeat against the cluster (the
+//! group's objects, `backend::rbd::group_object`); the unit tests run it against an
+//! in-memory cluster with a clock of their own.
 //!
 //! The group object (`pollux.gateway.<group>`) holds one record per member and is changed
 //! only by a write that asserts the version read, so two survivors never both fence one
