@@ -339,3 +339,48 @@ fn an_image_of_one_group_is_refused_by_another_unless_taken_over() {
     assert_eq!(meta(), "g2", "taken over");
     t.shutdown().unwrap();
 }
+
+#[test]
+fn an_image_renamed_or_trashed_under_a_live_namespace_serves_on_and_cannot_be_deleted() {
+    // ceph-nvmeof #1869: an image deleted under a live namespace hung its hosts. With pollux
+    // serving it, Ceph refuses to delete it (the gateway watches it); a rename or a move to
+    // the trash leaves the open image serving, its data intact.
+    let Some(ceph) = Ceph::start("gw-life") else { return };
+    ceph.create("life", "16M");
+    let cfg = Config::parse(&conf(&ceph, "a", free_addr(), 1, 1, "life"), "life.toml").unwrap();
+    let t = Target::start(&cfg, Options { pin: false }).unwrap();
+    let mut h = Controller::connect(t.listen_addrs()[0], SUB, HOST, 1, 32, Digests::NONE).unwrap();
+    h.io[0].set_timeout(Duration::from_secs(30));
+    let data = vec![0x6cu8; 4096];
+    let rbd = |args: &[&str]| {
+        std::process::Command::new("rbd")
+            .arg("-c")
+            .arg(&ceph.conf)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let mut round = |lba: u64| {
+        h.io[0].write(1, lba, 8, &data).unwrap();
+        let mut back = vec![0u8; 4096];
+        h.io[0].read(1, 0, 8, &mut back).unwrap();
+        assert_eq!(back, data);
+    };
+    round(0);
+    assert!(rbd(&["mv", "rbd/life", "rbd/life-renamed"]).status.success());
+    round(8);
+    let rm = rbd(&["rm", "rbd/life-renamed"]);
+    assert!(
+        !rm.status.success() && String::from_utf8_lossy(&rm.stderr).contains("watchers"),
+        "Ceph refuses to delete an image pollux serves"
+    );
+    round(16);
+    assert!(rbd(&["trash", "mv", "rbd/life-renamed"]).status.success());
+    round(24);
+    let id = String::from_utf8(rbd(&["trash", "ls"]).stdout).unwrap();
+    let id = id.split_whitespace().next().unwrap().to_owned();
+    assert!(!rbd(&["trash", "rm", &id]).status.success(), "nor from the trash");
+    round(32);
+    drop(h);
+    t.shutdown().unwrap();
+}
