@@ -23,6 +23,26 @@ pub(super) struct Bdev {
     pub(super) cluster: Option<String>,
 }
 
+/// A new bdev's name: `given`, or the next free `PREFIXn` (none without a prefix); one in use
+/// is refused.
+pub(super) fn new_name(s: &mut super::spdk::SpdkState, given: Option<&str>, prefix: &str) -> Result<String, RpcError> {
+    let name = match given {
+        Some(n) if !n.is_empty() => n.to_owned(),
+        _ if prefix.is_empty() => return Err(invalid("missing 'name'")),
+        _ => loop {
+            let n = format!("{prefix}{}", s.next_auto);
+            s.next_auto += 1;
+            if !s.bdevs.contains_key(&n) {
+                break n;
+            }
+        },
+    };
+    if s.bdevs.contains_key(&name) {
+        return Err(invalid(format!("Bdev name {name} already exists")));
+    }
+    Ok(name)
+}
+
 /// The `uuid` param, or a random one.
 pub(super) fn uuid_param(o: &serde_json::Map<String, Value>) -> Result<uuid::Uuid, RpcError> {
     match opt_str(o, "uuid")? {
@@ -84,20 +104,7 @@ impl Ctx {
         };
         let uuid = uuid_param(o)?;
         let mut s = self.spdk();
-        let name = match opt_str(o, "name")? {
-            Some(n) if !n.is_empty() => n.to_string(),
-            _ if prefix.is_empty() => return Err(invalid("missing 'name'")),
-            _ => loop {
-                let n = format!("{prefix}{}", s.next_auto);
-                s.next_auto += 1;
-                if !s.bdevs.contains_key(&n) {
-                    break n;
-                }
-            },
-        };
-        if s.bdevs.contains_key(&name) {
-            return Err(invalid(format!("Bdev name {name} already exists")));
-        }
+        let name = new_name(&mut s, opt_str(o, "name")?, prefix)?;
         s.bdevs.insert(
             name.clone(),
             Bdev {

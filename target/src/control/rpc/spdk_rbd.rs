@@ -147,19 +147,7 @@ impl Ctx {
             })
             .map_err(|e| invalid(format!("Failed to open rbd {pool}/{image}: {e}")))?;
         let mut s = self.spdk();
-        let name = match opt_str(o, "name")? {
-            Some(n) if !n.is_empty() => n.to_owned(),
-            _ => loop {
-                let n = format!("Ceph{}", s.next_auto);
-                s.next_auto += 1;
-                if !s.bdevs.contains_key(&n) {
-                    break n;
-                }
-            },
-        };
-        if s.bdevs.contains_key(&name) {
-            return Err(invalid(format!("Bdev name {name} already exists")));
-        }
+        let name = super::spdk_bdev::new_name(&mut s, opt_str(o, "name")?, "Ceph")?;
         let uuid = super::spdk_bdev::uuid_param(o)?;
         s.bdevs.insert(
             name.clone(),
