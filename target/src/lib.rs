@@ -331,6 +331,16 @@ impl Target {
         &self.runtime
     }
 
+    /// Pause or resume accepting connections on every listener (those accepted go on; a
+    /// paused listener's backlog waits, and is taken when it resumes).
+    pub fn pause_listeners(&self, paused: bool) {
+        if let Some(r0) = self.runtime.remotes().first() {
+            r0.send(move |r| {
+                upgrade::reactors::listeners(r, paused);
+            });
+        }
+    }
+
     /// This gateway's member of its gateway group, if the conf has a `[gateway]`.
     pub fn gateway(&self) -> Option<&gateway::Agent> {
         self.gateway.as_ref()

@@ -168,7 +168,14 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let target = match Target::start(&cfg, Options::default()) {
+    // An SPDK JSON config's subsystems come from its method calls, run once the target
+    // does: its listeners accept no host before they have run (a host would find no
+    // subsystem), as nvmf_tgt -c listens only once its config is loaded.
+    let inherited = pollux_target::upgrade::new::Inherited {
+        paused: spdk_doc.is_some(),
+        ..Default::default()
+    };
+    let target = match Target::start_with(&cfg, Options::default(), inherited) {
         Ok(t) => t,
         Err(e) => {
             error!("cannot start: {e}");
@@ -191,6 +198,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
         info!(file = %path.display(), "serving an SPDK JSON config");
+        target.pause_listeners(false);
     }
     info!(origin = %cfg.origin, reactors = cfg.reactors.cores.len(), mode = %cfg.reactors.mode, "pollux running");
     serve(target, Some(control), &signals)
