@@ -224,10 +224,9 @@ impl Member {
     }
 
     fn tick_inner(&mut self, store: &dyn GroupStore, now: Instant) -> Result<Outcome, Errno> {
-        self.seq += 1;
-        let beat = serde_json::json!({"incarnation": self.incarnation, "seq": self.seq}).to_string();
-        store.beat(&self.conf.name, beat.as_bytes())?;
+        self.beat_only(store)?;
         let (mut group, version) = read(store)?;
+        let addrs = store.own_addrs();
         // Registration, or the record this member's previous incarnation left.
         let mine = group.members.get(&self.conf.name).cloned();
         let need_write = match &mine {
@@ -235,13 +234,12 @@ impl Member {
                 if r.standing == Standing::Fenced {
                     return Ok(self.found_fenced());
                 }
-                let addrs = store.own_addrs();
                 r.addrs != addrs || r.listeners != self.listeners || r.ana_groups != self.conf.ana_groups
             }
             _ => true,
         };
         if need_write {
-            let previous = mine.clone();
+            let previous = mine;
             // A previous incarnation that was never fenced (a restart within the grace)
             // may still hold the images' locks, and its watches linger for the OSDs' watch
             // timeout: fence it ourselves, at once.
@@ -255,21 +253,22 @@ impl Member {
                     }
                 }
             }
-            let standing = match &previous {
-                Some(p) if p.incarnation != self.incarnation && p.taken_by.is_some() => Standing::Rejoining,
-                _ => Standing::Alive,
+            // The same incarnation with new addresses (a hot upgrade's next process) keeps its
+            // standing; a new one whose groups a survivor serves rejoins.
+            let (standing, taken_by) = match previous {
+                Some(p) if p.incarnation == self.incarnation => (p.standing, p.taken_by),
+                Some(p) if p.taken_by.is_some() => (Standing::Rejoining, p.taken_by),
+                _ => (Standing::Alive, None),
             };
             let rec = Record {
                 incarnation: self.incarnation,
                 listeners: self.listeners.clone(),
                 ana_groups: self.conf.ana_groups.clone(),
-                addrs: store.own_addrs(),
+                addrs,
                 standing,
                 fenced_by: None,
                 blocklisted: false,
-                taken_by: previous
-                    .filter(|_| standing == Standing::Rejoining)
-                    .and_then(|p| p.taken_by),
+                taken_by,
             };
             group.members.insert(self.conf.name.clone(), rec);
             if !write(store, &group, version)? {

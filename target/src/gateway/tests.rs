@@ -309,3 +309,24 @@ fn a_taker_that_dies_passes_what_it_took_to_the_next_survivor() {
     );
     assert_eq!((c.state(1), c.state(2)), (Some(Optimized), Some(Optimized)));
 }
+
+#[test]
+fn a_rejoining_member_whose_addresses_change_stays_rejoining() {
+    // A hot upgrade's next process goes on as the same incarnation with new client
+    // addresses: it registers them, and keeps waiting for the failback.
+    let cluster = Rc::new(RefCell::new(Cluster::default()));
+    let mut a = Node::new(&cluster, "a", &[1], 1);
+    let mut b = Node::new(&cluster, "b", &[2], 2);
+    let mut t = Instant::now();
+    run(&mut [&mut a, &mut b], &[true; 2], &mut t, 500);
+    run(&mut [&mut a, &mut b], &[false, true], &mut t, 1000);
+    let mut a2 = Node::new(&cluster, "a", &[1], 3);
+    run(&mut [&mut a2, &mut b], &[true; 2], &mut t, 300);
+    a2.store.addr = "v2:a:0/33".into();
+    run(&mut [&mut a2, &mut b], &[true; 2], &mut t, 300);
+    let g: super::state::Group = serde_json::from_slice(&cluster.borrow().objects["group"].0).unwrap();
+    let r = &g.members["a"];
+    assert_eq!(r.addrs, vec!["v2:a:0/33".to_owned()]);
+    assert_eq!((r.standing, r.taken_by.as_deref()), (Standing::Rejoining, Some("b")));
+    assert_eq!((a2.state(1), b.state(1)), (Some(NonOptimized), Some(Optimized)));
+}
