@@ -1,8 +1,9 @@
 #!/bin/bash
 # shellcheck shell=bash
 # A throwaway one-node Ceph (Pacific) cluster for tests and benchmarks: one mon (mon.a) and
-# one memstore OSD (osd.0: objects live in its memory, no disk), no mgr, no cephx, all on
-# 127.0.0.1; conf, mon store, logs (DIR/log), pid files and sockets (DIR/run) under DIR.
+# one memstore OSD (osd.0: objects live in its memory, no disk), no mgr, no cephx (unless
+# CEPH_AUTH=cephx: then every daemon and client authenticates, client.admin has every cap and
+# the keys live in DIR/keyring), all on 127.0.0.1; conf, mon store, logs (DIR/log), pid files and sockets (DIR/run) under DIR.
 # Source it (it sources ci/lib.sh unless already sourced) and call these in the scenario's
 # shell, not in $(...):
 #
@@ -37,7 +38,7 @@
 #   ci/ceph.sh pause|resume DIR [mon|osd]
 #   ci/ceph.sh status DIR         the daemons' pids and `ceph osd stat`; rc 1 unless both run
 # Env: CEPH_MEMSTORE_BYTES (the OSD's capacity, 1 GiB), CEPH_CONF_EXTRA (lines appended to
-# the conf's [global]: a key set again there wins).
+# the conf's [global]: a key set again there wins), CEPH_AUTH (none or cephx; none).
 
 _ceph_here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 _ceph_track=1
@@ -187,7 +188,7 @@ ceph_pause() { _ceph_signal "$1" STOP "${2:-}"; }
 ceph_resume() { _ceph_signal "$1" CONT "${2:-}"; }
 
 ceph_start() {
-    local d port fsid conf t0=$SECONDS
+    local d port fsid conf auth t0=$SECONDS
     [ -n "${1:-}" ] || fail "ceph_start: no DIR"
     if [ -d "$1" ] && [ -n "$(ls -A "$1")" ] && ! grep -qs '^# ci/ceph.sh cluster' "$1/ceph.conf"; then
         fail "ceph_start: $1 exists and is not a ci/ceph.sh cluster: not wiping it"
@@ -200,17 +201,19 @@ ceph_start() {
     port=${2:-$(free_port)}
     fsid=$(cat /proc/sys/kernel/random/uuid)
     conf=$d/ceph.conf
+    auth=${CEPH_AUTH:-none}
+    case $auth in none|cephx) ;; *) fail "ceph_start: CEPH_AUTH=$auth: none or cephx" ;; esac
     cat > "$conf" <<EOF
-# ci/ceph.sh cluster (one mon, one memstore OSD, no auth, 127.0.0.1)
+# ci/ceph.sh cluster (one mon, one memstore OSD, auth $auth, 127.0.0.1)
 [global]
 fsid = $fsid
 mon host = v2:127.0.0.1:$port
 public addr = 127.0.0.1
 ms bind ipv4 = true
 ms bind ipv6 = false
-auth cluster required = none
-auth service required = none
-auth client required = none
+auth cluster required = $auth
+auth service required = $auth
+auth client required = $auth
 osd pool default size = 1
 osd pool default min size = 1
 mon allow pool size one = true
@@ -276,6 +279,8 @@ admin socket = $d/run/\$name.\$pid.asok
 EOF
     _ceph_do "$d" ceph-authtool --create-keyring "$d/keyring" --gen-key -n mon. --cap mon 'allow *'
     _ceph_do "$d" ceph-authtool "$d/keyring" --gen-key -n client.admin --cap mon 'allow *' --cap osd 'allow *'
+    # The OSD's key (used only with cephx), imported by the mon's mkfs with the others.
+    _ceph_do "$d" ceph-authtool "$d/keyring" --gen-key -n osd.0 --cap mon 'allow profile osd' --cap osd 'allow *'
     _ceph_do "$d" monmaptool --create --addv a "[v2:127.0.0.1:$port]" --fsid "$fsid" "$d/monmap"
     _ceph_do "$d" ceph-mon --mkfs -i a --monmap "$d/monmap" --keyring "$d/keyring" -c "$conf"
     ceph_start_daemon "$d" mon

@@ -384,3 +384,190 @@ fn an_image_renamed_or_trashed_under_a_live_namespace_serves_on_and_cannot_be_de
     drop(h);
     t.shutdown().unwrap();
 }
+
+/// `conf`'s gateway with its rbd namespace (and so the group's cluster connection) as Ceph
+/// user `user` of keyring `keyring`.
+fn conf_as(ceph: &Ceph, name: &str, listen: SocketAddr, owns: u32, cntlid_base: u16, user: &str) -> String {
+    let keyring = ceph.dir.join(format!("{user}.keyring"));
+    conf(ceph, name, listen, owns, cntlid_base, "capimg").replace(
+        "op_timeout_s = 30",
+        &format!(
+            "op_timeout_s = 30, user = \"{user}\", keyring = \"{}\"",
+            keyring.display()
+        ),
+    )
+}
+
+#[test]
+fn with_cephx_a_gateway_whose_key_cannot_blocklist_fences_nobody_and_says_which_cap() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(ceph) = Ceph::start_with("gw-caps", &[("CEPH_AUTH", "cephx")]) else {
+        return;
+    };
+    ceph.create("capimg", "16M");
+    // `gw` has what REFERENCE says a gateway needs; `weak` may read and write the pool but
+    // only read the monitors: it cannot blocklist.
+    for (user, mon) in [("gw", "profile rbd"), ("weak", "allow r")] {
+        let keyring = ceph.dir.join(format!("{user}.keyring"));
+        ceph.run(
+            "ceph",
+            &[
+                "auth",
+                "get-or-create",
+                &format!("client.{user}"),
+                "mon",
+                mon,
+                "osd",
+                "profile rbd",
+                "-o",
+                keyring.to_str().unwrap(),
+            ],
+        );
+        std::fs::set_permissions(&keyring, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let a_addr = free_addr();
+    let a_sock = ceph.dir.join("gw-a.sock");
+    let a_text = format!(
+        "{}[control]\nsocket = \"{}\"\n",
+        conf_as(&ceph, "a", a_addr, 1, 1, "gw"),
+        a_sock.display()
+    );
+    let log = ceph.dir.join("gw-a.log");
+    let a = common::Spawned::start(
+        env!("CARGO_BIN_EXE_pollux"),
+        &ceph.dir.join("gw-a.toml"),
+        &a_text,
+        &a_sock,
+        Some(&log),
+        "info",
+    );
+    let a_pid = a.pid().unwrap() as i32;
+    let cfg = Config::parse(&conf_as(&ceph, "b", free_addr(), 2, 1001, "weak"), "gw-b.toml").unwrap();
+    let b = Target::start(&cfg, Options { pin: false }).unwrap();
+    let t0 = Instant::now();
+    while b.gateway().unwrap().view().last.is_none_or(|g| g.members.len() != 2) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the gateways did not both register under cephx: {:?}\n{}",
+            b.gateway().unwrap().view(),
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let data = vec![0x3cu8; 4096];
+    let mut ha = Controller::connect(a_addr, SUB, HOST, 1, 32, Digests::NONE).unwrap();
+    ha.io[0].write(1, 0, 8, &data).unwrap();
+    let mut hb = Controller::connect(b.listen_addrs()[0], SUB, HOST, 1, 32, Digests::NONE).unwrap();
+
+    // A paused: B would fence it, the cluster refuses B's blocklist, and B says which cap
+    // its user lacks; nobody takes A's group (serving it unfenced is what fencing is for).
+    // SAFETY: kill(2) of the gateway process this test started.
+    unsafe { libc::kill(a_pid, libc::SIGSTOP) };
+    let t0 = Instant::now();
+    let view = loop {
+        let v = b.gateway().unwrap().view();
+        if v.error.as_deref().is_some_and(|e| e.contains("refused to fence")) {
+            break v;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "no refusal reported: {v:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let why = view.error.clone().unwrap();
+    for part in ["member a", "client.weak", "mon 'profile rbd'", "osd blocklist add"] {
+        assert!(why.contains(part), "{part:?} in {why:?}");
+    }
+    let rec = view.last.as_ref().unwrap().members["a"].clone();
+    assert!(!rec.blocklisted, "{rec:?}");
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(ana_state(&mut hb, 1), Some(2), "group 1 stays non-optimized on B");
+    let listed = String::from_utf8(ceph.run("ceph", &["osd", "blocklist", "ls"])).unwrap();
+    for addr in &rec.addrs {
+        let bare = addr.trim_start_matches("v2:").trim_start_matches("v1:");
+        assert!(!listed.contains(bare), "{addr} blocklisted:\n{listed}");
+    }
+    drop(hb);
+    b.shutdown().unwrap();
+
+    // B again, as the user with `profile rbd`: it completes the fence it owes (its name
+    // recorded it) and takes group 1; its write breaks A's image lock at once.
+    let cfg = Config::parse(&conf_as(&ceph, "b", free_addr(), 2, 2001, "gw"), "gw-b.toml").unwrap();
+    let b = Target::start(&cfg, Options { pin: false }).unwrap();
+    let mut hb = Controller::connect(b.listen_addrs()[0], SUB, HOST, 1, 32, Digests::NONE).unwrap();
+    hb.io[0].set_timeout(Duration::from_secs(60));
+    let t0 = Instant::now();
+    while ana_state(&mut hb, 1) != Some(1) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "B with the cap does not take group 1: {:?}",
+            b.gateway().unwrap().view()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let v = b.gateway().unwrap().view();
+    assert!(v.last.as_ref().unwrap().members["a"].blocklisted, "{v:?}");
+    assert!(v.error.is_none(), "{v:?}");
+    let newer = vec![0xc3u8; 4096];
+    let t0 = Instant::now();
+    hb.io[0].write(1, 0, 8, &newer).unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    assert_eq!(&ceph.export("capimg")[..4096], &newer[..]);
+    // SAFETY: as above.
+    unsafe { libc::kill(a_pid, libc::SIGCONT) };
+    drop((ha, hb));
+    drop(a);
+    b.shutdown().unwrap();
+}
+
+#[test]
+fn the_cluster_paused_for_longer_than_the_grace_fences_nobody() {
+    let Some(ceph) = Ceph::start("gw-outage") else { return };
+    ceph.create("outimg", "16M");
+    let a_addr = free_addr();
+    let mut a = common::spawn_pollux(
+        env!("CARGO_BIN_EXE_pollux"),
+        &ceph.dir.join("a.toml"),
+        &conf(&ceph, "a", a_addr, 1, 1, "outimg"),
+        a_addr,
+    );
+    let cfg = Config::parse(&conf(&ceph, "b", free_addr(), 2, 1001, "outimg"), "b.toml").unwrap();
+    let b = Target::start(&cfg, Options { pin: false }).unwrap();
+    let t0 = Instant::now();
+    while b.gateway().unwrap().view().last.is_none_or(|g| g.members.len() != 2) {
+        assert!(t0.elapsed() < Duration::from_secs(20), "the gateways did not register");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let data = vec![0x1eu8; 4096];
+    let mut ha = Controller::connect(a_addr, SUB, HOST, 1, 32, Digests::NONE).unwrap();
+    ha.io[0].set_timeout(Duration::from_secs(60));
+    ha.io[0].write(1, 0, 8, &data).unwrap();
+
+    // Monitor and OSD stopped for four graces: every heartbeat stands still, as seen from
+    // every member, and none of them saw the others while its own view was stale.
+    ceph.signal("pause");
+    std::thread::sleep(Duration::from_secs(4));
+    ceph.signal("resume");
+    std::thread::sleep(Duration::from_secs(3));
+    let g = b.gateway().unwrap().view().last.unwrap();
+    for (n, r) in &g.members {
+        assert_eq!(
+            r.standing,
+            pollux_target::gateway::state::Standing::Alive,
+            "{n} after the outage: {g:?}"
+        );
+        assert!(r.fenced_by.is_none() && r.taken_by.is_none(), "{n}: {r:?}");
+    }
+    let listed = String::from_utf8(ceph.run("ceph", &["osd", "blocklist", "ls"])).unwrap();
+    assert!(
+        listed.lines().all(|l| !l.contains("127.0.0.1")),
+        "nobody blocklisted:\n{listed}"
+    );
+    assert_eq!(ana_state(&mut ha, 1), Some(1), "A still serves its group");
+    ha.io[0].write(1, 8, 8, &data).unwrap();
+    let mut back = vec![0u8; 4096];
+    ha.io[0].read(1, 8, 8, &mut back).unwrap();
+    assert_eq!(back, data);
+    drop(ha);
+    let _ = a.kill();
+    let _ = a.wait();
+    b.shutdown().unwrap();
+}

@@ -224,7 +224,7 @@ fn run(member: &mut Member, shared: &Arc<Shared>, remotes: &Arc<[Remote]>, stop:
         }
         if let Some(s) = store.as_ref().filter(|_| crate::upgrade::old::in_progress()) {
             if let Err(rc) = member.beat_only(s) {
-                note_error(&mut last_error, format!("the group's cluster: errno {}", -rc));
+                note_error(&mut last_error, describe(rc, &member.conf));
             }
         } else if let Some(s) = &store {
             match member.tick(s, Instant::now()) {
@@ -246,7 +246,9 @@ fn run(member: &mut Member, shared: &Arc<Shared>, remotes: &Arc<[Remote]>, stop:
                     }
                     crate::mutate::set_ana_overlay(shared, remotes, out.overlay);
                 }
-                Err(rc) => note_error(&mut last_error, format!("the group's cluster: errno {}", -rc)),
+                // A refused fence was logged (once) where it was refused.
+                Err(_) if member.refusal.is_some() => last_error = member.refusal.clone(),
+                Err(rc) => note_error(&mut last_error, describe(rc, &member.conf)),
             }
         }
         {
@@ -269,6 +271,19 @@ fn run(member: &mut Member, shared: &Arc<Shared>, remotes: &Arc<[Remote]>, stop:
             std::thread::sleep(step);
             left -= step;
         }
+    }
+}
+
+/// A failed call to the group's cluster, said so that an operator knows what to change.
+fn describe(rc: Errno, conf: &pollux_conf::Gateway) -> String {
+    let e = std::io::Error::from_raw_os_error(-rc);
+    if rc == -libc::EACCES || rc == -libc::EPERM {
+        let (user, pool) = (&conf.cluster.user, &conf.cluster.pool);
+        format!(
+            "the group's objects in pool {pool}: {e}: Ceph user client.{user} needs osd caps to read and write them (`osd 'profile rbd pool={pool}'`)"
+        )
+    } else {
+        format!("the group's cluster: {e}")
     }
 }
 

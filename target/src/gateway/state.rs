@@ -126,6 +126,9 @@ pub struct Member {
     pub last: Option<Group>,
     /// This member is fenced: it serves none of its groups until it rejoined.
     pub fenced: bool,
+    /// Why the cluster refused the last fence this member tried (a missing cap), until one
+    /// goes through.
+    pub refusal: Option<String>,
 }
 
 /// What a tick concluded, for the agent to apply.
@@ -148,6 +151,7 @@ impl Member {
             fresh: None,
             rejoining_since: BTreeMap::new(),
             osdmap_waited: BTreeMap::new(),
+            refusal: None,
             seq: 0,
             last: None,
             fenced: false,
@@ -461,14 +465,21 @@ impl Member {
             for a in &addrs {
                 if let Err(rc) = store.blocklist(a, self.conf.blocklist_expiry_s) {
                     if rc == -libc::EACCES || rc == -libc::EPERM {
-                        error!(
-                            member = %victim, addr = %a, user = %self.conf.cluster.user,
-                            "gateway: the cluster refused to blocklist a fenced member: the gateways' Ceph user needs a mon cap that allows `osd blocklist` (`profile rbd` grants it)"
+                        let user = &self.conf.cluster.user;
+                        let why = format!(
+                            "the cluster refused to fence member {victim} (`osd blocklist add {a}`: {}): Ceph user client.{user} lacks the mon cap for it; grant it with `ceph auth caps client.{user} mon 'profile rbd' osd 'profile rbd'` (`profile rbd` allows `osd blocklist add`); until then nobody takes over {victim}'s ANA groups",
+                            std::io::Error::from_raw_os_error(-rc)
                         );
+                        // Once per cause, not every heartbeat.
+                        if self.refusal.as_deref() != Some(why.as_str()) {
+                            error!(member = %victim, addr = %a, user = %user, "gateway: {why}");
+                        }
+                        self.refusal = Some(why);
                     }
                     return Err(rc);
                 }
             }
+            self.refusal = None;
             if let Some(r) = group.members.get_mut(victim) {
                 r.blocklisted = true;
             }

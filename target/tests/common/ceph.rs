@@ -20,6 +20,11 @@ pub fn script() -> PathBuf {
 impl Ceph {
     /// None (after saying why) where this machine has no Ceph and none is required.
     pub fn start(name: &str) -> Option<Ceph> {
+        Self::start_with(name, &[])
+    }
+
+    /// As [`Ceph::start`], with `ci/ceph.sh`'s settings `env` (`CEPH_AUTH=cephx`, say).
+    pub fn start_with(name: &str, env: &[(&str, &str)]) -> Option<Ceph> {
         let have = Command::new("sh")
             .args(["-c", "command -v ceph-mon && command -v ceph-osd && command -v rbd"])
             .stdout(Stdio::null())
@@ -41,6 +46,7 @@ impl Ceph {
             .arg(script())
             .args(["start", dir.to_str().unwrap()])
             .env("CEPH_IMG_SIZE", "64M")
+            .envs(env.iter().copied())
             .output()
             .unwrap();
         assert!(

@@ -160,6 +160,8 @@ impl Ctx {
                 let state = match r.standing {
                     crate::gateway::state::Standing::Alive if silent.is_some_and(|ms| ms > 1000) => "suspect",
                     crate::gateway::state::Standing::Alive => "alive",
+                    // Fenced in the group object, its blocklist not (yet) in the cluster.
+                    crate::gateway::state::Standing::Fenced if !r.blocklisted => "fencing",
                     crate::gateway::state::Standing::Fenced => "fenced",
                     crate::gateway::state::Standing::Rejoining => "rejoining",
                 };
