@@ -542,6 +542,33 @@ pub fn namespace_resized(shared: &Shared, remotes: &[Remote], nqn: &str, nsid: u
     }
 }
 
+/// The store of namespace `nsid` of subsystem `nqn` vanished (`why`): stop serving it, as
+/// `pollux ctl remove-namespace` would (its hosts get a Namespace Attribute Changed event,
+/// NVMe 2.0 §5.27.1.3, and then Invalid Namespace, which fails their I/O instead of
+/// retrying it for good), and keep why for `pollux ctl subsystems`. The conf file is not
+/// touched: a reload that still names the store says it is missing.
+pub fn namespace_vanished(shared: &Arc<Shared>, remotes: &[Remote], nqn: &str, nsid: u32, why: &str) {
+    let mut cfg = shared.config.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let Some(sub) = cfg.subsystems.iter_mut().find(|s| s.nqn == nqn) else {
+        return;
+    };
+    let before = sub.namespaces.len();
+    sub.namespaces.retain(|n| n.nsid != nsid);
+    if sub.namespaces.len() == before {
+        return;
+    }
+    tracing::error!(nqn, nsid, why, "namespace removed: its store vanished");
+    match reconcile(shared, remotes, cfg) {
+        Ok(_) => shared
+            .vanished
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((nqn.to_owned(), nsid, why.to_owned())),
+        // An upgrade under way, say: the next check tries again.
+        Err(e) => warn!(nqn, nsid, error = %e, "cannot remove the namespace whose store vanished (yet)"),
+    }
+}
+
 /// On one reactor: run `f` on the admin queue of every controller it owns.
 fn for_each_ctrl(r: &mut Reactor, mut f: impl FnMut(&mut Conn, &mut Reactor, SourceId)) {
     let ctrls: Vec<_> = r

@@ -1,4 +1,4 @@
-//! Namespaces whose store changes size: `pollux ctl resize-namespace`, and stores resized by
+//! Namespaces whose store changes size or vanishes: `pollux ctl resize-namespace`, and stores resized by
 //! someone else (an RBD image resized by `rbd resize` or another gateway, which librbd's
 //! header watch reports). Reading a store's size may block on it, so it happens here, on a
 //! watcher thread of its own or the control thread, never on a reactor; the new size then
@@ -14,6 +14,11 @@ use crate::bell::{Bell, BellThread};
 use crate::error::TargetError;
 use crate::subsystem::Shared;
 
+/// How often, besides each ring, the watcher looks: a store whose I/O failed as a deleted
+/// one's would is checked (by the store, at most this often), so that its hosts get
+/// retryable statuses for a few seconds at most, then Invalid Namespace, never a hang.
+const VANISH_CHECK: Duration = Duration::from_secs(1);
+
 /// Rung (by any store's watch, on the store's own thread) when a store may have changed
 /// size.
 static BELL: Bell = Bell::new();
@@ -26,16 +31,23 @@ pub fn ring() {
 /// A target's resize watcher thread: it looks at the namespaces of `shared` for size
 /// changes each time a store rings ([`ring`]), telling the reactors of `remotes`.
 pub fn watcher(shared: Arc<Shared>, remotes: Arc<[Remote]>) -> Result<BellThread, TargetError> {
-    BellThread::spawn("resize-watch", &BELL, None, move || check(&shared, &remotes))
+    BellThread::spawn("resize-watch", &BELL, Some(VANISH_CHECK), move || {
+        check(&shared, &remotes)
+    })
 }
 
-/// Every namespace whose store's size changed: served at the new size, its hosts told.
-fn check(shared: &Shared, remotes: &[Remote]) {
+/// Every namespace whose store's size changed: served at the new size, its hosts told;
+/// every namespace whose store vanished: removed.
+fn check(shared: &Arc<Shared>, remotes: &[Remote]) {
     // A resize comes with a burst of header notifications: let it settle.
     std::thread::sleep(Duration::from_millis(20));
-    let snap = shared.snapshot.load();
+    let snap = shared.snapshot.load_full();
     for s in &snap.subsystems {
         for ns in s.all_namespaces() {
+            if let Some(why) = ns.backend.vanished(ns.resv.cut_off()) {
+                crate::mutate::namespace_vanished(shared, remotes, &s.nqn, ns.nsid, &why);
+                continue;
+            }
             if let Some(bytes) = ns.backend.refresh_size()
                 && bytes >> ns.block_shift != ns.blocks()
             {

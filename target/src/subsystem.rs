@@ -448,6 +448,7 @@ impl Shared {
             controllers_created: AtomicU64::new(0),
             config: std::sync::Mutex::new(cfg.clone()),
             ana_overlay: Default::default(),
+            vanished: Default::default(),
             started,
         }
     }
@@ -503,6 +504,9 @@ pub struct Shared {
     /// ANA states over the conf's on every listener (a gateway group's takeovers and
     /// fences); changed under the `config` lock, by [`crate::mutate::set_ana_overlay`].
     pub ana_overlay: std::sync::Mutex<crate::ana::Overlay>,
+    /// Namespaces removed because their store vanished (subsystem NQN, NSID, why), for
+    /// `pollux ctl subsystems`; a namespace added again under that NSID clears its entry.
+    pub vanished: std::sync::Mutex<Vec<(String, u32, String)>>,
 }
 
 /// The reservations of a namespace: persistent (restored from its state file) for file and

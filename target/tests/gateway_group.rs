@@ -571,3 +571,104 @@ fn the_cluster_paused_for_longer_than_the_grace_fences_nobody() {
     let _ = a.wait();
     b.shutdown().unwrap();
 }
+
+#[test]
+fn an_image_deleted_under_a_live_namespace_gets_its_hosts_an_answer_not_a_hang() {
+    // ceph-nvmeof #1869. Ceph deletes a served image only once the gateway's watch is gone:
+    // after a long loss of the cluster, or the gateway's client blocklisted, as an operator
+    // does here. The hosts get retryable statuses for a few seconds, then the namespace is
+    // removed (Invalid Namespace: the host fails the I/O instead of retrying for good),
+    // `ctl subsystems` says why, and the RAM namespace beside it serves on.
+    let Some(ceph) = Ceph::start("gw-gone") else { return };
+    ceph.create("gone", "16M");
+    let text = format!(
+        "[reactors]\ncores = [0]\nmode = \"interrupt\"\n\
+         [[listener]]\naddress = \"{}\"\n\
+         [[subsystem]]\nnqn = \"{SUB}\"\nallow_any_host = true\n\
+         [[subsystem.namespace]]\nnsid = 1\nbackend = {{ rbd = {{ pool = \"rbd\", image = \"gone\", ceph_conf = \"{}\", op_timeout_s = 30 }} }}\n\
+         [[subsystem.namespace]]\nnsid = 2\nbackend = {{ ram = {{ size = \"8MiB\" }} }}\n",
+        free_addr(),
+        ceph.conf.display()
+    );
+    let (t, ctx) = common::start_with_ctx(&text);
+    let mut h = Controller::connect(t.listen_addrs()[0], SUB, HOST, 1, 32, Digests::NONE).unwrap();
+    h.io[0].set_timeout(Duration::from_secs(30));
+    let data = vec![0x9du8; 4096];
+    h.io[0].write(1, 0, 8, &data).unwrap();
+    h.io[0].write(2, 0, 8, &data).unwrap();
+
+    // The operator blocklists the gateway's client (its address from the image's watchers)
+    // and removes the image.
+    let status: serde_json::Value =
+        serde_json::from_slice(&ceph.run("rbd", &["status", "--format", "json", "rbd/gone"])).unwrap();
+    let watchers = status["watchers"].as_array().unwrap();
+    assert!(!watchers.is_empty(), "{status}");
+    for w in watchers {
+        ceph.run("ceph", &["osd", "blocklist", "add", w["address"].as_str().unwrap()]);
+    }
+    let t0 = Instant::now();
+    loop {
+        let rm = std::process::Command::new("rbd")
+            .arg("-c")
+            .arg(&ceph.conf)
+            .args(["rm", "--no-progress", "rbd/gone"])
+            .output()
+            .unwrap();
+        if rm.status.success() {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "rbd rm: {}",
+            String::from_utf8_lossy(&rm.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let deleted = Instant::now();
+
+    // Retryable statuses, then Invalid Namespace (NVMe 2.0 §1.6.2: a namespace no longer
+    // attached), within seconds.
+    let mut seen = Vec::new();
+    let gone = loop {
+        match h.io[0].write(1, 8, 8, &data) {
+            Ok(()) => seen.push("ok".to_owned()),
+            Err(e) => {
+                let st = e.status().unwrap();
+                if (st.sct(), st.sc()) == (0, 0x0b) {
+                    break deleted.elapsed();
+                }
+                // A path status (ANA Inaccessible: the client blocklisted; Transition: the
+                // reservation watch lost) or Namespace Not Ready.
+                assert!(
+                    !st.dnr() && (st.sct() == 3 && [2, 3].contains(&st.sc()) || (st.sct(), st.sc()) == (0, 0x82)),
+                    "a retryable status before the removal: {e}"
+                );
+                seen.push(format!("{e}"));
+            }
+        }
+        assert!(
+            deleted.elapsed() < Duration::from_secs(15),
+            "the namespace is still there: {seen:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    eprintln!(
+        "deleted image: Invalid Namespace {:.1} s after the removal ({} retryable answers before)",
+        gone.as_secs_f64(),
+        seen.len()
+    );
+    assert_eq!(h.admin.active_namespaces(0).unwrap(), vec![2]);
+    let subs = ctx.call("subsystems", &serde_json::Value::Null).unwrap();
+    let why = subs[0]["vanished"][0].clone();
+    assert_eq!(why["nsid"], 1, "{subs}");
+    assert!(
+        why["why"].as_str().unwrap().contains("was deleted from the cluster"),
+        "{why}"
+    );
+    h.io[0].write(2, 8, 8, &data).unwrap();
+    let mut back = vec![0u8; 4096];
+    h.io[0].read(2, 0, 8, &mut back).unwrap();
+    assert_eq!(back, data, "the neighbour serves on");
+    drop(h);
+    t.shutdown().unwrap();
+}

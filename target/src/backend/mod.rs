@@ -342,6 +342,14 @@ pub trait Backend: Send + Sync + std::fmt::Debug + Any {
     fn refresh_size(&self) -> Option<u64> {
         None
     }
+    /// Why the store no longer exists, if there is reason to look (its I/O failed as a
+    /// deleted store's would, or `cut_off`: the namespace refuses I/O for want of the
+    /// store's cluster) and it was deleted under the namespace (an RBD image removed once
+    /// this gateway's watch was gone); None otherwise. May block on the store: called on the
+    /// resize watcher's thread.
+    fn vanished(&self, _cut_off: bool) -> Option<String> {
+        None
+    }
     /// The reactors have stopped (the target is stopping): let go of the store now rather
     /// than whenever the last namespace reference goes (an NVMe controller is shut down, an
     /// RBD image closed). May block on the store; [`crate::backend::rbd::wait_closed`]

@@ -275,6 +275,9 @@ pub fn format_subsystems(ss: &[SubsystemView]) -> String {
         for l in table(&rows).lines() {
             let _ = writeln!(out, "  {l}");
         }
+        for v in &s.vanished {
+            let _ = writeln!(out, "  namespace {} removed: {}", v.nsid, v.why);
+        }
         // Masked namespaces: the hosts they are attached to (the others see them not).
         for n in &s.namespaces {
             match n.hosts.as_deref() {

@@ -360,6 +360,15 @@ pub struct RbdView {
     pub overdue: u64,
 }
 
+/// A namespace removed because its store vanished, as `subsystems` reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VanishedView {
+    /// The NSID it had.
+    pub nsid: u32,
+    /// What happened to its store.
+    pub why: String,
+}
+
 /// One subsystem, as `subsystems` reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SubsystemView {
@@ -386,6 +395,9 @@ pub struct SubsystemView {
     pub secure_concat: bool,
     /// Namespaces by nsid.
     pub namespaces: Vec<NamespaceView>,
+    /// Namespaces the target removed by itself because their store vanished, and why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub vanished: Vec<VanishedView>,
     /// Listener addresses serving it.
     pub listeners: Vec<String>,
     /// The listeners serving it with the ANA state of each of its groups there (absent from

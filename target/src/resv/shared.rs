@@ -167,6 +167,12 @@ impl NsResv {
         self.gate.store(FENCED, Ordering::Release);
     }
 
+    /// Whether I/O is refused for want of the cluster (its state unseen, or this gateway's
+    /// client blocklisted), not for a reservation.
+    pub fn cut_off(&self) -> bool {
+        matches!(self.gate.load(Ordering::Acquire), UNCERTAIN | FENCED)
+    }
+
     /// The I/O path's check: whether `host` may run a command of `access`; Reservation
     /// Conflict if not, [`super::UNSEEN`] (a path status) while a cluster's state cannot be
     /// seen. One atomic load while no reservation is held.

@@ -287,7 +287,10 @@ impl RbdChannel {
             }
         } else if ret < 0 {
             let errno = i32::try_from(-ret).unwrap_or(libc::EIO);
-            let status = if unavailable(errno) {
+            if matches!(errno, libc::ESHUTDOWN | libc::ENOENT) {
+                self.health.maybe_gone.store(true, Ordering::Relaxed);
+            }
+            let status = if unavailable(errno) || errno == libc::ENOENT {
                 self.health.unavailable.fetch_add(1, Ordering::Relaxed);
                 self.health.degraded.store(true, Ordering::Relaxed);
                 if errno == libc::ESHUTDOWN {

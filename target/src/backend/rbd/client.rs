@@ -242,6 +242,23 @@ impl Cluster {
     }
 }
 
+/// Whether the header object of image `id` (format 2: `rbd_header.<id>`) exists in `b`'s
+/// pool and RADOS namespace, asked through `c`.
+pub fn header_exists(c: &Cluster, b: &RbdBackend, id: &str) -> Result<bool, c_int> {
+    let lib = library().map_err(|_| -libc::ENOSYS)?;
+    let io = super::object::open_ioctx(c, b, "the image's header").map_err(|_| -libc::EIO)?;
+    let oid = CString::new(format!("rbd_header.{id}")).map_err(|_| -libc::EINVAL)?;
+    // The header keeps everything in omap: its data is empty (a byte back says it exists).
+    let found = super::object::read(&io, &oid, 1);
+    // SAFETY: ours, and nothing else uses it.
+    unsafe { lib.rados_ioctx_destroy(io.0) };
+    match found {
+        Ok(v) => Ok(v.is_some()),
+        Err(rc) if rc == -libc::EFBIG => Ok(true),
+        Err(rc) => Err(rc),
+    }
+}
+
 /// Every cluster connection of this process, for [`all_addrs`].
 static EVERY: Mutex<Vec<Weak<Cluster>>> = Mutex::new(Vec::new());
 

@@ -6,14 +6,12 @@
 //! the gateway agent's thread, never on a reactor.
 
 use std::ffi::{CString, c_int};
-use std::ptr;
 use std::sync::{Arc, Mutex};
 
 use pollux_conf::RbdBackend;
 
-use super::client::{Cluster, library, rbd_error};
-use super::object::{self, Ioctx};
-use super::sys;
+use super::client::{Cluster, library};
+use super::object::{self, Ioctx, open_ioctx};
 use crate::error::TargetError;
 
 /// Group objects larger than this are not a group state pollux wrote.
@@ -31,31 +29,10 @@ pub struct GroupObjects {
 impl GroupObjects {
     /// Connect (a new client of the cluster) and open `b`'s pool and RADOS namespace.
     pub fn open(b: &RbdBackend) -> Result<Self, TargetError> {
-        let lib = library()?;
         let cluster = Cluster::private(b)?;
-        let pool = CString::new(b.pool.as_str())
-            .map_err(|_| rbd_error(b, "`pool` contains a NUL character", -i64::from(libc::EINVAL)))?;
-        let ns = CString::new(b.rados_namespace.as_deref().unwrap_or("")).map_err(|_| {
-            rbd_error(
-                b,
-                "`rados_namespace` contains a NUL character",
-                -i64::from(libc::EINVAL),
-            )
-        })?;
-        let mut io: sys::rados_ioctx_t = ptr::null_mut();
-        // SAFETY: a connected cluster handle; writes the new context through the pointer.
-        let rc = unsafe { lib.rados_ioctx_create(cluster.handle(), pool.as_ptr(), &mut io) };
-        if rc < 0 {
-            return Err(rbd_error(
-                b,
-                format!("cannot open pool {:?} for the gateway group", b.pool),
-                rc.into(),
-            ));
-        }
-        // SAFETY: a live context and a NUL-terminated name ("": the default namespace).
-        unsafe { lib.rados_ioctx_set_namespace(io, ns.as_ptr()) };
+        let io = open_ioctx(&cluster, b, "the gateway group")?;
         Ok(Self {
-            io: Mutex::new(Ioctx(io)),
+            io: Mutex::new(io),
             cluster,
         })
     }

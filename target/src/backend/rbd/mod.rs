@@ -53,6 +53,8 @@ const CAW_UNIT: u64 = 512;
 /// How often a channel with commands in flight runs even without a completion: it answers
 /// the commands the cluster has kept past their bound.
 const WATCHDOG: Duration = Duration::from_millis(250);
+/// How often at most an image whose operations fail as a deleted one's is looked for.
+const VANISH_CHECK: Duration = Duration::from_secs(2);
 /// A completion seen within this long of the previous poll was seen when it happened
 /// (busy polling): its latency is exact.
 const EXACT_GAP: Duration = Duration::from_micros(5);
@@ -77,6 +79,10 @@ pub struct RbdHealth {
     pub overdue: AtomicU64,
     /// The last operation failed for the cluster's unavailability (cleared by a success).
     pub degraded: AtomicBool,
+    /// An operation failed as it would had the image been deleted (the client blocklisted,
+    /// whereupon an image loses its watch and `rbd rm` may remove it; or ENOENT): the
+    /// image's existence is checked off the reactors ([`RbdDisk::vanished`]).
+    pub maybe_gone: AtomicBool,
 }
 
 impl RbdHealth {
@@ -131,6 +137,8 @@ pub struct RbdDisk {
     pub watch: Arc<SizeWatch>,
     /// The connection's health.
     pub health: Arc<RbdHealth>,
+    /// When the image's existence was last checked ([`RbdDisk::vanished`]).
+    vanish_checked: Mutex<Option<Instant>>,
 }
 
 impl RbdDisk {
@@ -180,6 +188,7 @@ impl RbdDisk {
             lock_query: Arc::new(AtomicBool::new(false)),
             watch,
             health: Arc::new(RbdHealth::new(reactors)),
+            vanish_checked: Mutex::new(None),
         })
     }
 
@@ -296,6 +305,44 @@ pub fn wait_closed(limit: Duration) {
 impl Backend for RbdDisk {
     fn kind(&self) -> &'static str {
         "rbd"
+    }
+
+    /// Whether the image was deleted, asked only while the namespace is cut off from the
+    /// cluster or after an operation failed as if it had been, at most every
+    /// [`VANISH_CHECK`]: through a new client of the cluster (this
+    /// gateway's may be blocklisted, which is how an image served with a watch can be
+    /// removed at all), the image's header object by its id, which a rename or a move to
+    /// the trash keeps and a removal deletes.
+    fn vanished(&self, cut_off: bool) -> Option<String> {
+        if !cut_off && !self.health.maybe_gone.load(Ordering::Relaxed) {
+            return None;
+        }
+        {
+            let mut at = self.vanish_checked.lock().unwrap_or_else(|p| p.into_inner());
+            if at.is_some_and(|t| t.elapsed() < VANISH_CHECK) {
+                return None;
+            }
+            *at = Some(Instant::now());
+        }
+        let exists = Cluster::private(&self.conf).and_then(|c| {
+            client::header_exists(&c, &self.conf, &self.image_id)
+                .map_err(|rc| rbd_error(&self.conf, "cannot look for the image's header", rc.into()))
+        });
+        match exists {
+            Ok(true) => {
+                self.health.maybe_gone.store(false, Ordering::Relaxed);
+                None
+            }
+            Ok(false) => Some(format!(
+                "image {} (id {}) was deleted from the cluster while served",
+                self.conf.spec(),
+                self.image_id
+            )),
+            Err(e) => {
+                warn!(image = %self.conf.spec(), error = %e, "cannot tell whether the image still exists");
+                None
+            }
+        }
     }
 
     fn len(&self) -> u64 {

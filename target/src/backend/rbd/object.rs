@@ -5,11 +5,14 @@
 //! `rados_get_last_version` is per I/O context: each caller holds its context under a lock
 //! for the operation and that call, so the version is the operation's own.
 
-use std::ffi::{CStr, c_char, c_int};
+use std::ffi::{CStr, CString, c_char, c_int};
 use std::ptr;
 
-use super::client::library;
+use pollux_conf::RbdBackend;
+
+use super::client::{Cluster, library, rbd_error};
 use super::sys;
+use crate::error::TargetError;
 
 /// An I/O context (pool and RADOS namespace), destroyed by its owner.
 #[derive(Debug)]
@@ -17,6 +20,27 @@ pub(super) struct Ioctx(pub(super) sys::rados_ioctx_t);
 
 // SAFETY: a rados_ioctx_t may be used from any thread; its owners use it under a lock.
 unsafe impl Send for Ioctx {}
+
+/// A context on `c` for `b`'s pool and RADOS namespace, for `purpose` (said in errors).
+pub(super) fn open_ioctx(c: &Cluster, b: &RbdBackend, purpose: &str) -> Result<Ioctx, TargetError> {
+    let lib = library()?;
+    let bad = |what: &str| rbd_error(b, format!("{what} contains a NUL character"), -i64::from(libc::EINVAL));
+    let pool = CString::new(b.pool.as_str()).map_err(|_| bad("`pool`"))?;
+    let ns = CString::new(b.rados_namespace.as_deref().unwrap_or("")).map_err(|_| bad("`rados_namespace`"))?;
+    let mut io: sys::rados_ioctx_t = ptr::null_mut();
+    // SAFETY: a connected cluster handle; writes the new context through the pointer.
+    let rc = unsafe { lib.rados_ioctx_create(c.handle(), pool.as_ptr(), &mut io) };
+    if rc < 0 {
+        return Err(rbd_error(
+            b,
+            format!("cannot open pool {:?} for {purpose}", b.pool),
+            rc.into(),
+        ));
+    }
+    // SAFETY: a live context and a NUL-terminated name ("": the default namespace).
+    unsafe { lib.rados_ioctx_set_namespace(io, ns.as_ptr()) };
+    Ok(Ioctx(io))
+}
 
 /// Object `oid` through `io` and its version (None: it does not exist); larger than `max`
 /// bytes: EFBIG.

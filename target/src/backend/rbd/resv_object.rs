@@ -17,7 +17,7 @@ use pollux_conf::RbdBackend;
 use tracing::warn;
 
 use super::client::{Cluster, library, rbd_error};
-use super::object::{self, Ioctx};
+use super::object::{self, Ioctx, open_ioctx};
 use super::sys;
 use crate::error::TargetError;
 use crate::resv::{ClusterObject, Inbox, NotifyReply, WatchEvent};
@@ -125,25 +125,9 @@ impl RadosResvObject {
             Some(ns) if !ns.is_empty() => format!("{}/{ns}/{name}", b.pool),
             _ => format!("{}/{name}", b.pool),
         };
-        let bad = |what: &str| rbd_error(b, format!("{what} contains a NUL character"), -i64::from(libc::EINVAL));
-        let pool = CString::new(b.pool.as_str()).map_err(|_| bad("`pool`"))?;
-        let ns = CString::new(b.rados_namespace.as_deref().unwrap_or("")).map_err(|_| bad("`rados_namespace`"))?;
-        let oid = CString::new(name).map_err(|_| bad("the image id"))?;
-        let context = || {
-            let mut ioctx: sys::rados_ioctx_t = ptr::null_mut();
-            // SAFETY: a connected cluster handle; writes the new context through the pointer.
-            let rc = unsafe { lib.rados_ioctx_create(cluster.handle(), pool.as_ptr(), &mut ioctx) };
-            if rc < 0 {
-                return Err(rbd_error(
-                    b,
-                    format!("cannot open pool {:?} for the reservation object", b.pool),
-                    rc.into(),
-                ));
-            }
-            // SAFETY: a live context and a NUL-terminated name ("": the default namespace).
-            unsafe { lib.rados_ioctx_set_namespace(ioctx, ns.as_ptr()) };
-            Ok(Ioctx(ioctx))
-        };
+        let oid = CString::new(name)
+            .map_err(|_| rbd_error(b, "the image id contains a NUL character", -i64::from(libc::EINVAL)))?;
+        let context = || open_ioctx(&cluster, b, "the reservation object");
         let first = context()?;
         let notify_io = match context() {
             Ok(c) => c,

@@ -59,6 +59,7 @@ fn subsystem(nqn: &str) -> SubsystemView {
         dhchap_hosts: vec![],
         tls_hosts: vec![],
         secure_concat: false,
+        vanished: vec![],
         namespaces: vec![NamespaceView {
             nsid: 1,
             size: 4096,

@@ -221,9 +221,19 @@ impl Ctx {
                 })
                 .collect()
         };
+        let vanished = self.shared.vanished.lock().unwrap_or_else(|p| p.into_inner()).clone();
         snap.subsystems
             .iter()
             .map(|s| SubsystemView {
+                // Not one that was added again since.
+                vanished: vanished
+                    .iter()
+                    .filter(|(nqn, nsid, _)| *nqn == s.nqn && s.namespace_ignoring_masks(*nsid).is_none())
+                    .map(|(_, nsid, why)| crate::control::view::VanishedView {
+                        nsid: *nsid,
+                        why: why.clone(),
+                    })
+                    .collect(),
                 nqn: s.nqn.clone(),
                 serial: s.serial.clone(),
                 model: s.model.clone(),
