@@ -272,11 +272,116 @@ def main():
     finally:
         stop(target)
     spdk_configs(work)
+    spdk_framework(work)
     nvmet_configs(work)
     rbd_bdevs(work)
     shutil.rmtree(work, ignore_errors=True)
     print(f"{checks['passed']} passed, {checks['failed']} failed")
     sys.exit(1 if checks["failed"] else 0)
+
+
+# The keys spdk_top (SPDK v26.05 app/spdk_top) decodes strictly: an object with a key it
+# does not know, or without one it needs, fails its whole view.
+TOP_THREAD_KEYS = {"name", "id", "cpumask", "busy", "idle", "active_pollers_count", "timed_pollers_count", "paused_pollers_count"}
+TOP_CORE_KEYS = {"lcore", "busy", "idle", "irq", "sys", "usr", "in_interrupt", "lw_threads", "tid", "numa_id"}
+TOP_LW_THREAD_KEYS = {"name", "id", "cpumask", "elapsed"}
+TOP_POLLER_KEYS = {"name", "state", "id", "run_count", "busy_count"}
+
+
+def spdk_framework(work):
+    """spdk_top's methods (framework_get_reactors, thread_get_stats, thread_get_pollers,
+    framework_get_scheduler) in the shapes it decodes, each pollux reactor an SPDK reactor
+    with one thread; SPDK's spdk_top itself where an SPDK build is at hand (SPDK_DIR). And
+    nvmf_set_config's DH-HMAC-CHAP digests and groups: the subsystems' from then on, used
+    by the next authentication and written back by save_config."""
+    sock, port = os.path.join(work, "fw.sock"), free_port()
+    conf = os.path.join(work, "fw.toml")
+    with open(conf, "w") as f:
+        f.write(f'[reactors]\ncores = [0, 1]\nmode = "interrupt"\n\n[control]\nsocket = "{sock}"\n\n[[listener]]\naddress = "127.0.0.1:{port}"\n')
+    target = start(conf, sock, port)
+    try:
+        c = JSONRPCClient(sock, timeout=30)
+        r = c.call("framework_get_reactors")
+        cores = r.get("reactors", [])
+        check("framework_get_reactors: a reactor per pollux reactor, in spdk_top's keys",
+              r.get("tick_rate") == 10**9 and r.get("pid") == target.pid and [x["lcore"] for x in cores] == [0, 1]
+              and all(set(x) == TOP_CORE_KEYS and len(x["lw_threads"]) == 1 and set(x["lw_threads"][0]) == TOP_LW_THREAD_KEYS
+                      and x["in_interrupt"] is True and x["tid"] > 0 for x in cores), r)
+        st = c.call("thread_get_stats")
+        threads = st.get("threads", [])
+        check("thread_get_stats: the same threads, in spdk_top's keys",
+              [t["name"] for t in threads] == ["nvmf_tgt_poll_group_000", "nvmf_tgt_poll_group_001"]
+              and [t["id"] for t in threads] == [x["lw_threads"][0]["id"] for x in cores]
+              and all(set(t) == TOP_THREAD_KEYS and t["cpumask"] == str(1 << i) for i, t in enumerate(threads)), st)
+        pl = c.call("thread_get_pollers")
+        check("thread_get_pollers: each thread's poller, waiting in interrupt mode",
+              all(len(t["active_pollers"]) == 1 and set(t["active_pollers"][0]) == TOP_POLLER_KEYS
+                  and t["active_pollers"][0]["state"] == "waiting" and t["timed_pollers"] == [] == t["paused_pollers"]
+                  for t in pl.get("threads", [])) and len(pl.get("threads", [])) == 2, pl)
+        sc = c.call("framework_get_scheduler")
+        check("framework_get_scheduler", sc.get("scheduler_name") == "static" and "scheduler_period" in sc, sc)
+        expect_error(c, "framework_get_reactors takes no params", -32602, "framework_get_reactors", x=1)
+        # A reactor switched to busy-poll shows so.
+        for i in (0, 1):
+            subprocess.run([POLLUX, "ctl", "--socket", sock, "set-mode", str(i), "poll"], capture_output=True, timeout=30)
+        cores = c.call("framework_get_reactors")["reactors"]
+        pl = c.call("thread_get_pollers")["threads"]
+        check("a reactor in busy-poll: not in interrupt, its poller running",
+              all(x["in_interrupt"] is False for x in cores) and all(t["active_pollers"][0]["state"] == "running" for t in pl), (cores, pl))
+        for i in (0, 1):
+            subprocess.run([POLLUX, "ctl", "--socket", sock, "set-mode", str(i), "interrupt"], capture_output=True, timeout=30)
+
+        top = os.path.join(os.environ.get("SPDK_DIR", "/tmp/anchors/spdk"), "build/bin/spdk_top")
+        if os.access(top, os.X_OK) and shutil.which("script"):
+            out = os.path.join(work, "spdk_top.out")
+            # The cores tab, the pollers tab, the threads tab again (its first frame comes
+            # before spdk_top has read the cores: core -1, as with SPDK's own target), quit.
+            keys = subprocess.Popen(["sh", "-c", "sleep 3; printf 3; sleep 3; printf 2; sleep 3; printf 1; sleep 3; printf q"],
+                                    stdout=subprocess.PIPE)
+            subprocess.run(["script", "-qfec", f"stty cols 200 rows 50; {top} -r {sock}", out], stdin=keys.stdout,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "TERM": "xterm"}, timeout=60)
+            keys.wait()
+            import re
+            screen = re.sub(r"\x1b(\[[0-9;?]*[a-zA-Z]|\([0B])", " ", open(out, errors="replace").read())
+            screen = " ".join(screen.split())
+            check("SPDK's spdk_top shows pollux's threads on their cores, the cores in interrupt mode, the pollers",
+                  re.search(r"nvmf_tgt_poll_group_000 0 1 ", screen) and re.search(r"nvmf_tgt_poll_group_001 1 1 ", screen)
+                  and re.search(r"(^| )1 1 1 \d+ \d+ [\d.]+ Idle Yes ", screen)
+                  and "pollux_reactor_interrupt Active nvmf_tgt_poll_group_001" in screen, screen[-1200:])
+        else:
+            print("spdk-rpc: spdk_top not built here (SPDK_DIR): SPDK's own viewer not run")
+
+        # nvmf_set_config: DH-HMAC-CHAP digests and groups for the target's subsystems.
+        expect_error(c, "nvmf_set_config with admin command passthrough: refused", -32602, "nvmf_set_config",
+                     admin_cmd_passthru={"identify_ctrlr": True})
+        expect_error(c, "nvmf_set_config with an unknown digest: refused", -32602, "nvmf_set_config", dhchap_digests=["md5"])
+        check("nvmf_set_config dhchap_digests, dhchap_dhgroups", c.call("nvmf_set_config", {
+            "dhchap_digests": ["sha512"], "dhchap_dhgroups": ["ffdhe3072"]}) is True)
+        key = dhchap_key_file(os.path.join(work, "fw-host.key"))
+        c.call("keyring_file_add_key", {"name": "fwkey", "path": key})
+        c.call("bdev_malloc_create", {"name": "Malloc9", "num_blocks": 8192, "block_size": 512})
+        c.call("nvmf_create_subsystem", {"nqn": NQN})
+        c.call("nvmf_subsystem_add_ns", {"nqn": NQN, "namespace": {"bdev_name": "Malloc9"}})
+        c.call("nvmf_subsystem_add_listener", {"nqn": NQN, "listen_address": {"trtype": "tcp", "adrfam": "ipv4", "traddr": "127.0.0.1", "trsvcid": str(port)}})
+        c.call("nvmf_subsystem_add_host", {"nqn": NQN, "host": HOST2, "dhchap_key": "fwkey"})
+        perf = subprocess.Popen([POLLUX, "perf", "-r", f"trtype:tcp traddr:127.0.0.1 trsvcid:{port} subnqn:{NQN} hostnqn:{HOST2}",
+                                 "-w", "randrw", "-q", "4", "-t", "4", "--verify", "--no-pin", "--dhchap-key-file", key],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        ctrls, t0 = [], time.time()
+        # Until its admin queue has authenticated (the controller exists from the Connect).
+        while time.time() - t0 < 20 and not (ctrls and "auth" in ctrls[0]):
+            ctrls = c.call("nvmf_subsystem_get_controllers", {"nqn": NQN})
+            time.sleep(0.1)
+        out, _ = perf.communicate(timeout=60)
+        check("the host authenticated with the digest and group nvmf_set_config left, in SPDK's auth shape",
+              ctrls and ctrls[0].get("auth") == {"state": "completed", "digest": "sha512", "dhgroup": "ffdhe3072"}, ctrls)
+        check("and did verified I/O", perf.returncode == 0, out[-400:])
+        doc = c.call("save_config")
+        sets = [e["params"] for sub in doc["subsystems"] for e in sub["config"] if e["method"] == "nvmf_set_config"]
+        check("save_config writes nvmf_set_config back", sets == [{"dhchap_digests": ["sha512"], "dhchap_dhgroups": ["ffdhe3072"]}], sets)
+        c.close()
+    finally:
+        stop(target)
 
 
 def start_spdk_config(path, port, what):

@@ -101,6 +101,8 @@ impl Runtime {
             let init = init.clone();
             let tx = ready_tx.clone();
             let spawned = std::thread::Builder::new().name(format!("reactor-{i}")).spawn(move || {
+                // SAFETY: gettid(2) has no preconditions.
+                cell.tid.store(unsafe { libc::gettid() } as u64, Relaxed);
                 match prepare(i, &cfg, inbox, peers, cell.clone(), &*init) {
                     Ok(mut r) => {
                         let _ = tx.send((i, Ok(())));

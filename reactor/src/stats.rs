@@ -48,6 +48,7 @@ pub const WAKE_BUCKETS: usize = 16;
 #[derive(Debug, Default)]
 pub struct StatsCell {
     pub(crate) core: AtomicUsize,
+    pub(crate) tid: AtomicU64,
     pub(crate) mode: AtomicUsize,
     pub(crate) cpu_clock: AtomicU64,
     pub(crate) exited: std::sync::atomic::AtomicBool,
@@ -209,6 +210,7 @@ impl StatsCell {
                 usize::MAX => None,
                 c => Some(c),
             },
+            tid: self.tid.load(Relaxed),
             mode: Mode::ALL[mode],
             cpu_ns,
             busy_ns,
@@ -251,6 +253,8 @@ pub struct ReactorStats {
     pub id: usize,
     /// The core it is pinned to (None: not pinned, as in tests).
     pub core: Option<usize>,
+    /// Its thread's id (gettid; 0 until it runs).
+    pub tid: u64,
     /// Its current mode.
     pub mode: Mode,
     /// Thread CPU time (CLOCK_THREAD_CPUTIME_ID of the reactor thread), ns.
@@ -350,6 +354,7 @@ impl ReactorStats {
         ReactorStats {
             id: self.id,
             core: self.core,
+            tid: self.tid,
             mode: self.mode,
             cpu_ns: d(self.cpu_ns, earlier.cpu_ns),
             busy_ns: d(self.busy_ns, earlier.busy_ns),

@@ -511,8 +511,10 @@ fn with_cephx_a_gateway_whose_key_cannot_blocklist_fences_nobody_and_says_which_
     hb.io[0].write(1, 0, 8, &newer).unwrap();
     assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
     assert_eq!(&ceph.export("capimg")[..4096], &newer[..]);
+    // A goes while still stopped: resumed, it would re-execute itself to rejoin (the first
+    // test's subject), and a successor started as this test ends would outlive it.
     // SAFETY: as above.
-    unsafe { libc::kill(a_pid, libc::SIGCONT) };
+    unsafe { libc::kill(a_pid, libc::SIGKILL) };
     drop((ha, hb));
     drop(a);
     b.shutdown().unwrap();

@@ -483,6 +483,23 @@ impl Ctx {
                 sub.insert("allow_any_host", toml_edit::value(allow));
                 vec![key("subsystem"), Step::Index(i), key("allow_any_host")]
             }
+            "set_subsystem_dhchap" => {
+                // SPDK's nvmf_set_config (spdk.rs): the subsystem's hash functions and DH
+                // groups, checked as the conf's when the edited conf is parsed.
+                let nqn = str_param(params, "nqn")?;
+                let (i, sub) = document::find_mut(root, "subsystem", |t| document::str_of(t, "nqn") == Some(nqn))
+                    .ok_or_else(|| no_sub(nqn))?;
+                for key in ["dhchap_hashes", "dhchap_dh_groups"] {
+                    if let Some(Value::Array(a)) = params.get(key) {
+                        let mut arr = toml_edit::Array::new();
+                        for v in a.iter().filter_map(Value::as_str) {
+                            arr.push(v);
+                        }
+                        sub.insert(key, toml_edit::value(arr));
+                    }
+                }
+                vec![key("subsystem"), Step::Index(i)]
+            }
             "set_subsystem_secure_concat" => {
                 // Edited in place like `allow_any_host`. The subsystem is rebuilt without
                 // dropping a controller; the snapshot is read at each AUTH_Negotiate, so the

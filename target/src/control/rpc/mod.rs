@@ -44,6 +44,7 @@ mod spdk_bdev;
 pub(crate) mod spdk_config;
 mod spdk_rbd;
 mod spdk_stats;
+mod spdk_threads;
 
 pub use spdk_config::base_conf as spdk_base_conf;
 

@@ -30,6 +30,8 @@ pub struct SpdkState {
     /// keyring_file_add_key's keys: name -> the owner-only file holding the key.
     keys: BTreeMap<String, std::path::PathBuf>,
     transport_created: bool,
+    /// nvmf_set_config's DH-HMAC-CHAP hashes and groups, for the subsystems created after it.
+    dhchap: Option<Map<String, Value>>,
     /// The next `MallocN` / `NullN` number for a bdev created without a name.
     pub(super) next_auto: u32,
 }
@@ -94,6 +96,11 @@ pub const SPDK_METHODS: &[SpdkMethod] = &[
     m("nvmf_subsystem_get_controllers", Ctx::spdk_get_controllers),
     m("nvmf_subsystem_get_qpairs", Ctx::spdk_get_qpairs),
     m("nvmf_get_stats", Ctx::spdk_get_stats),
+    m("nvmf_set_config", Ctx::spdk_set_config),
+    m("framework_get_reactors", Ctx::spdk_get_reactors),
+    m("framework_get_scheduler", Ctx::spdk_get_scheduler),
+    m("thread_get_stats", Ctx::spdk_thread_stats),
+    m("thread_get_pollers", Ctx::spdk_thread_pollers),
     m("log_set_level", spdk_log_set_level),
     m("log_set_print_level", spdk_log_set_level),
     m("log_get_level", |_, _| spdk_log_level()),
@@ -355,6 +362,12 @@ impl Ctx {
                 t[ours] = v.into();
             }
         }
+        // nvmf_set_config's DH-HMAC-CHAP lists, which SPDK applies to every subsystem.
+        if let Some(d) = self.spdk().dhchap.clone() {
+            for (k, v) in d {
+                t[k] = v;
+            }
+        }
         // max_namespaces and ana_reporting: pollux has no namespace cap below the spec's and
         // always reports ANA (NVMe 2.0 §8.1.3); accepted as they are.
         opt_u64(o, "max_namespaces")?;
@@ -363,6 +376,69 @@ impl Ctx {
             return Err(invalid(format!("Unable to create subsystem {nqn}: it exists")));
         }
         self.change("add_subsystem", t)?;
+        Ok(Value::Bool(true))
+    }
+
+    /// `nvmf_set_config`: SPDK's target-wide options. `dhchap_digests` and `dhchap_dhgroups`
+    /// become every subsystem's `dhchap_hashes` and `dhchap_dh_groups` (those there and
+    /// those created after; SPDK takes the call only before its subsystems exist). Admin
+    /// command passthrough and discovery filters other than `match_any` are behaviour
+    /// pollux lacks: refused. `poll_groups_mask` (pollux's reactors are the conf's cores)
+    /// and `dup_host_policy` are accepted as they are.
+    fn spdk_set_config(&self, p: &Value) -> Result<Value, RpcError> {
+        let empty = Map::new();
+        let o = match p {
+            Value::Null => &empty,
+            _ => obj(p)?,
+        };
+        let passthru = o.get("admin_cmd_passthru").and_then(Value::as_object);
+        if passthru.is_some_and(|m| m.values().any(|v| v == &Value::Bool(true))) {
+            return Err(invalid("admin_cmd_passthru: pollux has no admin command passthrough"));
+        }
+        if let Some(f) = opt_str(o, "discovery_filter")?
+            && f != "match_any"
+        {
+            return Err(invalid(format!(
+                "discovery_filter '{f}': pollux's discovery log is not filtered by the listener a host came through (only match_any)"
+            )));
+        }
+        let mut d = Map::new();
+        for (spdk, ours) in [
+            ("dhchap_digests", "dhchap_hashes"),
+            ("dhchap_dhgroups", "dhchap_dh_groups"),
+        ] {
+            match o.get(spdk) {
+                None | Some(Value::Null) => {}
+                Some(Value::Array(a)) if a.iter().all(Value::is_string) => {
+                    let known = |n: &str| match spdk {
+                        "dhchap_digests" => pollux_nvme::auth::HashId::from_name(n).is_some(),
+                        _ => pollux_nvme::auth::DhGroup::from_name(n).is_some(),
+                    };
+                    if let Some(bad) = a.iter().filter_map(Value::as_str).find(|n| !known(n)) {
+                        return Err(invalid(format!("'{spdk}': unknown '{bad}'")));
+                    }
+                    d.insert(ours.to_string(), Value::Array(a.clone()));
+                }
+                Some(_) => return Err(invalid(format!("'{spdk}' must be an array of strings"))),
+            }
+        }
+        if d.is_empty() {
+            return Ok(Value::Bool(true));
+        }
+        let nqns: Vec<String> = self
+            .shared
+            .snapshot
+            .load()
+            .subsystems
+            .iter()
+            .map(|s| s.nqn.clone())
+            .collect();
+        for nqn in nqns {
+            let mut params = d.clone();
+            params.insert("nqn".into(), nqn.into());
+            self.change("set_subsystem_dhchap", Value::Object(params))?;
+        }
+        self.spdk().dhchap = Some(d);
         Ok(Value::Bool(true))
     }
 
@@ -692,12 +768,23 @@ impl Ctx {
                 .iter()
                 .filter(|c| c.subsystem == nqn)
                 .map(|c| {
-                    json!({
+                    let mut v = json!({
                         "cntlid": c.cntlid,
                         "hostnqn": c.hostnqn,
                         "hostid": c.hostid,
                         "num_io_qpairs": c.io_queues.len(),
-                    })
+                    });
+                    // How DH-HMAC-CHAP went, in SPDK's words (pollux's "sha384/ffdhe2048",
+                    // "+ctrl" after it when bidirectional; not a generated TLS PSK's).
+                    if let Some(a) = c.authenticated.as_ref().filter(|a| !a.starts_with("generated-psk")) {
+                        let mut parts = a.split(['/', '+']);
+                        v["auth"] = json!({
+                            "state": "completed",
+                            "digest": parts.next().unwrap_or(""),
+                            "dhgroup": parts.next().unwrap_or(""),
+                        });
+                    }
+                    v
                 })
                 .collect(),
         ))

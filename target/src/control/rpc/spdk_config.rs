@@ -33,7 +33,6 @@ pub(super) const TUNING_METHODS: &[&str] = &[
     "nvmf_set_max_subsystems",
     "bdev_nvme_set_hotplug",
     "nvmf_set_crdt",
-    "nvmf_set_config",
 ];
 
 /// A tuning method called on its own: checked as in a config, then `true`.
@@ -70,14 +69,6 @@ pub(super) fn tuning(method: &str) -> Option<TuningCheck> {
         "nvmf_set_crdt" => |p| {
             if p.values().any(|v| v.as_u64().is_some_and(|n| n != 0)) {
                 Err("command retry delay times (CRDT): pollux reports none")
-            } else {
-                Ok(())
-            }
-        },
-        "nvmf_set_config" => |p| {
-            let passthru = p.get("admin_cmd_passthru").and_then(Value::as_object);
-            if passthru.is_some_and(|m| m.values().any(|v| v == &Value::Bool(true))) {
-                Err("admin command passthrough: pollux has none")
             } else {
                 Ok(())
             }
@@ -216,6 +207,22 @@ impl Ctx {
             "in_capsule_data_size": t.in_capsule_data_size,
             "max_io_size": t.max_io_size,
         }}));
+        // SPDK's DH-HMAC-CHAP hashes and groups are the target's, pollux's each subsystem's:
+        // written when every subsystem has the same, other than the default.
+        if let Some(first) = cfg.subsystems.first() {
+            if let Some(other) = cfg.subsystems.iter().find(|s| s.dhchap != first.dhchap) {
+                return Err(invalid(format!(
+                    "subsystems {} and {} accept different DH-HMAC-CHAP hashes or groups: SPDK's (nvmf_set_config) are the whole target's",
+                    first.nqn, other.nqn
+                )));
+            }
+            if first.dhchap != pollux_conf::Dhchap::default() {
+                nvmf.push(json!({"method": "nvmf_set_config", "params": {
+                    "dhchap_digests": first.dhchap.hashes.iter().map(|h| h.name()).collect::<Vec<_>>(),
+                    "dhchap_dhgroups": first.dhchap.dh_groups.iter().map(|g| g.name()).collect::<Vec<_>>(),
+                }}));
+            }
+        }
         let mut key_of = |path: &std::path::Path| -> String {
             let name = format!("key{}", keyring.len());
             keyring.push(
