@@ -451,6 +451,42 @@ def spdk_configs(work):
             check("and refuses a host it does not list", not ok)
         finally:
             stop(target)
+    # pollux convert --from spdk: the conf that serves it, written while the port it names
+    # is held by another process (the SPDK target still serving, say); the conf validates,
+    # names that port, and a pollux from it serves the allowed host.
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", port2))
+    holder.listen()
+    r = subprocess.run([POLLUX, "convert", "--from", "spdk", theirs], capture_output=True, text=True, timeout=120)
+    holder.close()
+    converted = os.path.join(work, "converted.toml")
+    with open(converted, "w") as f:
+        f.write(r.stdout)
+    check("pollux convert --from spdk, its port held by another process", r.returncode == 0
+          and f'"127.0.0.1:{port2}"' in r.stdout and "nqn.2016-06.io.spdk:cnode1" in r.stdout
+          and r.stdout.count("[[subsystem.namespace]]") == 2 and "sock_impl_set_options" in r.stdout, (r.stdout + r.stderr)[-800:])
+    r = subprocess.run([POLLUX, "--check", converted], capture_output=True, text=True, timeout=60)
+    check("pollux --check accepts the converted conf", r.returncode == 0, r.stdout + r.stderr)
+    log = open(converted + ".log", "w")
+    target = subprocess.Popen([POLLUX, "--config", converted, "-r", "none"], stdout=log, stderr=log)
+    try:
+        t0 = time.time()
+        while time.time() - t0 < 20:
+            try:
+                socket.create_connection(("127.0.0.1", port2)).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        ok, out = perf_verify(port2, "0.5")
+        check("a pollux from the converted conf serves the allowed host (verified I/O)", ok, out)
+    finally:
+        stop(target)
+    bad = os.path.join(work, "bad.json")
+    with open(bad, "w") as f:
+        json.dump({"subsystems": [{"subsystem": "nvmf", "config": [{"method": "nvmf_no_such", "params": {}}]}]}, f)
+    r = subprocess.run([POLLUX, "convert", "--from", "spdk", bad], capture_output=True, text=True, timeout=60)
+    check("convert refuses a method pollux lacks, naming it", r.returncode == 2 and "nvmf_no_such" in r.stderr, r.stderr)
+
     # The same file through rpc.py's own load_config (the client replays it, checking every
     # method against rpc_get_methods) into a running pollux, and rpc.py's save_config back.
     target, sock3, _ = bare_target(work, "load")

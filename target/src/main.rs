@@ -98,8 +98,9 @@ fn wait_signal(set: &libc::sigset_t) -> i32 {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // `--check` prints its verdict itself: only warnings are logged.
-    pollux_target::log::init(if cli.check.is_some() { "warn" } else { "info" });
+    // `--check` prints its verdict itself, `convert` its conf: only warnings are logged.
+    let quiet = cli.check.is_some() || matches!(cli.command, Some(Command::Convert { .. }));
+    pollux_target::log::init(if quiet { "warn" } else { "info" });
     if let Some(Command::Perf(args)) = &cli.command {
         return pollux_host::perf::cli::main::<Target>(args);
     }
@@ -241,14 +242,7 @@ fn convert(from: &str, file: &std::path::Path) -> ExitCode {
     let out = match from {
         // The converted text, with its comments, once it is known to validate.
         "nvmet" => nvmet_conf_text(file).map(|(text, _)| text),
-        "spdk" => {
-            let _ = writeln!(
-                std::io::stderr(),
-                "pollux convert --from spdk: not built yet; serve it with `pollux --spdk-config {0}` and write the conf with `pollux ctl save --to FILE`",
-                file.display()
-            );
-            return ExitCode::from(2);
-        }
+        "spdk" => spdk_conf_text(file),
         other => {
             let _ = writeln!(
                 std::io::stderr(),
@@ -288,21 +282,86 @@ enum StartConfError {
     },
 }
 
-/// An SPDK JSON config at `path` and the conf to start serving it from.
-fn spdk_config(path: &std::path::Path) -> Result<(serde_json::Value, Config), StartConfError> {
+/// The pollux conf that serves SPDK JSON config `path`, as `pollux --spdk-config` would:
+/// its calls replayed on a target of this process that serves no host (its listeners moved
+/// to loopback ports of its own and paused: the SPDK target may still serve the real
+/// ones), its running conf written as `pollux ctl save` would, the config's addresses put
+/// back. Its stores are opened as when served (a malloc bdev's memory is taken, an rbd
+/// image's cluster must answer), then let go.
+fn spdk_conf_text(path: &std::path::Path) -> Result<String, StartConfError> {
+    let p = || path.display().to_string();
+    let mut doc = spdk_doc(path)?;
+    let free_port = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+    };
+    let refused = |e: pollux_target::control::rpc::RpcError| StartConfError::Refused {
+        path: p(),
+        message: e.message,
+    };
+    let moved = pollux_target::control::rpc::spdk_loopback_listeners(&mut doc, free_port).map_err(refused)?;
+    let cfg = spdk_base(path, &doc)?;
+    let inherited = pollux_target::upgrade::new::Inherited {
+        paused: true,
+        ..Default::default()
+    };
+    let start = |e: pollux_target::TargetError| StartConfError::Refused {
+        path: p(),
+        message: format!("cannot replay it: {e}"),
+    };
+    let target = Target::start_with(&cfg, Options { pin: false }, inherited).map_err(start)?;
+    let ctx = pollux_target::control::rpc::Ctx::new(&target, &cfg.reactors);
+    let replayed = ctx.spdk_load_config(&doc).map(|_| {
+        target
+            .shared()
+            .config
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .to_toml()
+    });
+    drop(ctx);
+    let _ = target.shutdown();
+    let mut text = replayed.map_err(refused)?;
+    for (replay, original) in &moved {
+        text = text.replace(&format!("\"{replay}\""), &format!("\"{original}\""));
+    }
+    let tuning: Vec<&str> = pollux_target::control::rpc::spdk_tuning_calls(&doc);
+    let mut head = format!("# pollux convert --from spdk {}\n", path.display());
+    if !tuning.is_empty() {
+        head.push_str(&format!(
+            "# SPDK's tuning calls with no pollux key, taken as they are: {}\n",
+            tuning.join(", ")
+        ));
+    }
+    Ok(head + &text)
+}
+
+/// The SPDK JSON config at `path`.
+fn spdk_doc(path: &std::path::Path) -> Result<serde_json::Value, StartConfError> {
     let p = || path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|source| StartConfError::Read { path: p(), source })?;
-    let doc: serde_json::Value =
-        serde_json::from_str(&text).map_err(|source| StartConfError::Json { path: p(), source })?;
-    let base = pollux_target::control::rpc::spdk_base_conf(&doc).map_err(|e| StartConfError::Refused {
+    serde_json::from_str(&text).map_err(|source| StartConfError::Json { path: p(), source })
+}
+
+/// An SPDK JSON config at `path` and the conf to start serving it from.
+fn spdk_config(path: &std::path::Path) -> Result<(serde_json::Value, Config), StartConfError> {
+    let doc = spdk_doc(path)?;
+    let cfg = spdk_base(path, &doc)?;
+    Ok((doc, cfg))
+}
+
+/// The conf a target serving SPDK JSON config `doc` (from `path`) starts from.
+fn spdk_base(path: &std::path::Path, doc: &serde_json::Value) -> Result<Config, StartConfError> {
+    let p = || path.display().to_string();
+    let base = pollux_target::control::rpc::spdk_base_conf(doc).map_err(|e| StartConfError::Refused {
         path: p(),
         message: e.message,
     })?;
-    let cfg = Config::parse(&base, pollux_conf::EMBEDDED_ORIGIN).map_err(|e| StartConfError::Conf {
+    Config::parse(&base, pollux_conf::EMBEDDED_ORIGIN).map_err(|e| StartConfError::Conf {
         path: p(),
         source: Box::new(e),
-    })?;
-    Ok((doc, cfg))
+    })
 }
 
 /// Serve until SIGTERM or SIGINT (SIGHUP reloads, SIGUSR2 upgrades), then stop.

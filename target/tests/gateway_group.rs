@@ -59,6 +59,24 @@ fn ana_state(c: &mut Controller, grp: u32) -> Option<u8> {
     None
 }
 
+/// Gateway "a" of conf `text` (at `addr`) as its own process, with a control socket and its
+/// log in the cluster's directory, to be paused: (the process, its pid, its log).
+fn spawn_a(ceph: &Ceph, text: &str) -> (common::Spawned, i32, std::path::PathBuf) {
+    let sock = ceph.dir.join("gw-a.sock");
+    let text = format!("{text}[control]\nsocket = \"{}\"\n", sock.display());
+    let log = ceph.dir.join("gw-a.log");
+    let a = common::Spawned::start(
+        env!("CARGO_BIN_EXE_pollux"),
+        &ceph.dir.join("gw-a.toml"),
+        &text,
+        &sock,
+        Some(&log),
+        "info",
+    );
+    let pid = a.pid().unwrap() as i32;
+    (a, pid, log)
+}
+
 #[test]
 fn a_paused_gateway_is_fenced_its_group_taken_over_in_seconds_and_given_back() {
     let Some(ceph) = Ceph::start("gw-group") else { return };
@@ -66,22 +84,7 @@ fn a_paused_gateway_is_fenced_its_group_taken_over_in_seconds_and_given_back() {
     // Gateway A (owns group 1, holds the image's lock once it writes) as its own process,
     // to be paused; gateway B in this process, to look at its view of the group.
     let a_addr = free_addr();
-    let a_sock = ceph.dir.join("gw-a.sock");
-    let a_text = format!(
-        "{}[control]\nsocket = \"{}\"\n",
-        conf(&ceph, "a", a_addr, 1, 1, "grp0"),
-        a_sock.display()
-    );
-    let log = ceph.dir.join("gw-a.log");
-    let a = common::Spawned::start(
-        env!("CARGO_BIN_EXE_pollux"),
-        &ceph.dir.join("gw-a.toml"),
-        &a_text,
-        &a_sock,
-        Some(&log),
-        "info",
-    );
-    let a_pid = a.pid().unwrap() as i32;
+    let (a, a_pid, log) = spawn_a(&ceph, &conf(&ceph, "a", a_addr, 1, 1, "grp0"));
     let cfg = Config::parse(&conf(&ceph, "b", free_addr(), 2, 1001, "grp0"), "gw-b.toml").unwrap();
     let b = Target::start(&cfg, Options { pin: false }).unwrap();
     let b_addr = b.listen_addrs()[0];
@@ -426,22 +429,7 @@ fn with_cephx_a_gateway_whose_key_cannot_blocklist_fences_nobody_and_says_which_
         std::fs::set_permissions(&keyring, std::fs::Permissions::from_mode(0o600)).unwrap();
     }
     let a_addr = free_addr();
-    let a_sock = ceph.dir.join("gw-a.sock");
-    let a_text = format!(
-        "{}[control]\nsocket = \"{}\"\n",
-        conf_as(&ceph, "a", a_addr, 1, 1, "gw"),
-        a_sock.display()
-    );
-    let log = ceph.dir.join("gw-a.log");
-    let a = common::Spawned::start(
-        env!("CARGO_BIN_EXE_pollux"),
-        &ceph.dir.join("gw-a.toml"),
-        &a_text,
-        &a_sock,
-        Some(&log),
-        "info",
-    );
-    let a_pid = a.pid().unwrap() as i32;
+    let (a, a_pid, log) = spawn_a(&ceph, &conf_as(&ceph, "a", a_addr, 1, 1, "gw"));
     let cfg = Config::parse(&conf_as(&ceph, "b", free_addr(), 2, 1001, "weak"), "gw-b.toml").unwrap();
     let b = Target::start(&cfg, Options { pin: false }).unwrap();
     let t0 = Instant::now();

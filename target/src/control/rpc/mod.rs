@@ -47,6 +47,8 @@ mod spdk_stats;
 mod spdk_threads;
 
 pub use spdk_config::base_conf as spdk_base_conf;
+pub use spdk_config::loopback_listeners as spdk_loopback_listeners;
+pub use spdk_config::tuning_calls as spdk_tuning_calls;
 
 pub use dispatch::error_response;
 

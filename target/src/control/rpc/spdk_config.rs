@@ -152,6 +152,72 @@ pub fn base_conf(doc: &Value) -> Result<String, RpcError> {
     Ok(text)
 }
 
+/// The tuning methods `doc` calls (taken as they are: no pollux key says them), in order,
+/// each once.
+pub fn tuning_calls(doc: &Value) -> Vec<&'static str> {
+    let mut out: Vec<&'static str> = Vec::new();
+    let entries = doc
+        .get("subsystems")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s.get("config").and_then(Value::as_array))
+        .flatten();
+    for e in entries {
+        let m = e.get("method").and_then(Value::as_str).unwrap_or("");
+        if let Some(t) = TUNING_METHODS.iter().find(|t| **t == m)
+            && !out.contains(t)
+        {
+            out.push(t);
+        }
+    }
+    out
+}
+
+/// For `pollux convert --from spdk`, which replays `doc` on a target of its own that must
+/// bind nothing another process holds (the SPDK target it replaces may still serve): every
+/// `listen_address` of its calls moved to a loopback port of its own (`port` gives a free
+/// one), the same address to the same port. (the address in the replay, the address it
+/// stands for), for each.
+pub fn loopback_listeners(
+    doc: &mut Value,
+    mut port: impl FnMut() -> std::io::Result<u16>,
+) -> Result<Vec<(String, String)>, RpcError> {
+    let mut map: Vec<(String, String)> = Vec::new();
+    let entries = doc
+        .get_mut("subsystems")
+        .and_then(Value::as_array_mut)
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s.get_mut("config").and_then(Value::as_array_mut))
+        .flatten();
+    for e in entries {
+        let Some(params) = e.get_mut("params").and_then(Value::as_object_mut) else {
+            continue;
+        };
+        if !params.contains_key("listen_address") {
+            continue;
+        }
+        let original = super::spdk::listen_address(params)?;
+        let replay = match map.iter().find(|(_, o)| *o == original) {
+            Some((r, _)) => r.clone(),
+            None => {
+                let p = port().map_err(|e| invalid(format!("no free loopback port: {e}")))?;
+                let r = format!("127.0.0.1:{p}");
+                map.push((r.clone(), original));
+                r
+            }
+        };
+        let (addr, svc) = replay.split_once(':').unwrap_or((&replay, ""));
+        if let Some(la) = params.get_mut("listen_address").and_then(Value::as_object_mut) {
+            la.insert("adrfam".into(), "ipv4".into());
+            la.insert("traddr".into(), addr.into());
+            la.insert("trsvcid".into(), svc.into());
+        }
+    }
+    Ok(map)
+}
+
 /// `framework_get_subsystems`: the config's subsystems in SPDK's initialization order, each
 /// with what it depends on (`rpc.py save_config` asks for them, then each one's config).
 pub(super) fn subsystems() -> Value {
