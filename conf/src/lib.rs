@@ -38,6 +38,7 @@ pub use pollux_nvme::tls::ConfiguredPsk;
 /// and a subsystem's or namespace's `polling` name them directly.
 pub use pollux_reactor::{ModelKind, Polling, Turnaround, UnknownSpelling};
 pub use size::{SizeError, format_size, parse_size};
+pub use validate::backend::nvme::{BdfError, parse_bdf as parse_pci_address};
 pub use validate::hosts::{KeyFileError, SecretFileError, read_dhchap_key_file, read_tls_key_file};
 
 /// The text of `conf/examples/ram.toml`, the configuration used when none is

@@ -379,3 +379,61 @@ fn abort_cancels_a_command_on_the_device_with_the_devices_abort() {
     c.shutdown().unwrap();
     t.shutdown().unwrap();
 }
+
+/// SPDK's `bdev_nvme_attach_controller` on a device pollux drives (the fake controller stands
+/// for a PCI function here; `pollux-nvme`'s guest does it with QEMU's NVMe behind vfio-pci):
+/// a bdev per namespace, named and shaped as SPDK's; served once the conf's namespace on the
+/// same device namespace is gone; bad requests refused with nothing changed; detach removes
+/// what it served.
+#[test]
+fn spdk_attaches_an_nvme_controller_as_bdevs_and_serves_them() {
+    let (t, ctx) = start_ssd("interrupt", "spdk-ssd", 0.0);
+    let attach = |name: &str, trtype: &str, traddr: &str| {
+        ctx.call(
+            "bdev_nvme_attach_controller",
+            &json!({"name": name, "trtype": trtype, "traddr": traddr}),
+        )
+    };
+    assert_eq!(attach("Nvme0", "PCIe", "spdk-ssd").unwrap(), json!(["Nvme0n1"]));
+    let b = &ctx.call("bdev_get_bdevs", &json!({"name": "Nvme0n1"})).unwrap()[0];
+    assert_eq!(
+        (&b["product_name"], &b["block_size"], &b["num_blocks"], &b["claimed"]),
+        (&json!("NVMe disk"), &json!(512), &json!(SSD_BLOCKS), &json!(false)),
+        "{b}"
+    );
+    for (what, r) in [
+        ("the same controller name", attach("Nvme0", "PCIe", "spdk-ssd")),
+        ("an NVMe-oF controller", attach("Nvme1", "TCP", "127.0.0.1")),
+        ("no such device", attach("Nvme1", "PCIe", "not-a-device")),
+    ] {
+        let e = r.expect_err(what);
+        assert_eq!(e.code, -32602, "{what}: {e:?}");
+    }
+    // While the conf's namespace serves the same device namespace, a second is refused.
+    let add = |nsid: u32| {
+        ctx.call(
+            "nvmf_subsystem_add_ns",
+            &json!({"nqn": SSD_NQN, "namespace": {"bdev_name": "Nvme0n1", "nsid": nsid}}),
+        )
+    };
+    add(2).expect_err("one device namespace served twice");
+    ctx.call("remove_namespace", &json!({"nqn": SSD_NQN, "nsid": 1}))
+        .unwrap();
+    assert_eq!(add(1).unwrap(), json!(1));
+    let mut c = Controller::connect(addr(&t), SSD_NQN, HOST, 1, 32, Digests::NONE).unwrap();
+    let data = vec![0x5eu8; 8192];
+    c.io[0].write(1, 64, 16, &data).unwrap();
+    let mut back = vec![0u8; 8192];
+    c.io[0].read(1, 64, 16, &mut back).unwrap();
+    assert_eq!(back, data, "served through the SPDK bdev");
+    ctx.call("bdev_nvme_detach_controller", &json!({"name": "Nvme0"}))
+        .unwrap();
+    assert!(
+        c.admin.active_namespaces(0).unwrap().is_empty(),
+        "detach removes what it served"
+    );
+    ctx.call("bdev_nvme_detach_controller", &json!({"name": "Nvme0"}))
+        .expect_err("a controller detached");
+    drop(c);
+    t.shutdown().unwrap();
+}

@@ -6,7 +6,9 @@
 #   2. (before the bind) a fio 4k randread baseline through the kernel nvme driver
 #   3. pollux --check, then pollux started on a conf with an nvme namespace (interrupt mode)
 #   4. nvme connect; fio crc32c verify at 4k, 64k, 1m; the same randread jobs via pollux
-#   5. persistence: a 4 MiB pattern survives disconnect + SIGTERM + restart + reconnect
+#   5. persistence: a 4 MiB pattern survives disconnect + SIGTERM + restart + reconnect;
+#      then the namespace served again through SPDK's bdev_nvme_attach_controller and
+#      nvmf_subsystem_add_ns (over the control socket): the pattern reads back
 #   6. idle CPU of pollux in interrupt mode with the host connected; reactor modes (ctl)
 #   6b. pollux ctl upgrade ten times under fio verify: the device drained, let go of and
 #       brought up by the new process each time; no host error, no reconnect
@@ -303,6 +305,26 @@ echo 3 > /proc/sys/vm/drop_caches
 md5=$(dd if="$dev" bs=1M skip=8 count=4 iflag=direct 2>/dev/null | md5sum | cut -d' ' -f1)
 [ "$md5" = "$pat_md5" ] || die "4 MiB at 8 MiB after restart: md5 $md5, want $pat_md5"
 echo "persistence: 4 MiB at offset 8 MiB intact across SIGTERM + restart (md5 $md5)"
+
+step spdk-nvme
+# SPDK's way to serve a local SSD (bdev_nvme_attach_controller, then nvmf_subsystem_add_ns),
+# over the control socket: the conf's namespace removed, the device's namespace attached as
+# bdev Nvme0n1 and served in its place; the pattern reads back through it.
+disconnect "$nqn"
+ctl call remove_namespace "{\"nqn\":\"$nqn\",\"nsid\":1}" >/dev/null || die "remove_namespace 1"
+out=$(ctl --json call bdev_nvme_attach_controller "{\"name\":\"Nvme0\",\"trtype\":\"PCIe\",\"traddr\":\"$bdf\"}") ||
+    die "bdev_nvme_attach_controller $bdf"
+echo "bdev_nvme_attach_controller: $out"
+echo "$out" | grep -q '"Nvme0n1"' || die "bdev_nvme_attach_controller made no Nvme0n1: $out"
+out=$(ctl --json call bdev_get_bdevs '{"name":"Nvme0n1"}') || die "bdev_get_bdevs Nvme0n1"
+echo "$out" | grep -q '"NVMe disk"' || die "bdev_get_bdevs Nvme0n1: $out"
+ctl call nvmf_subsystem_add_ns "{\"nqn\":\"$nqn\",\"namespace\":{\"bdev_name\":\"Nvme0n1\",\"nsid\":1}}" >/dev/null ||
+    die "nvmf_subsystem_add_ns Nvme0n1"
+dev=$(pconnect "$nqn")
+echo 3 > /proc/sys/vm/drop_caches
+md5=$(dd if="$dev" bs=1M skip=8 count=4 iflag=direct 2>/dev/null | md5sum | cut -d' ' -f1)
+[ "$md5" = "$pat_md5" ] || die "4 MiB at 8 MiB through bdev Nvme0n1: md5 $md5, want $pat_md5"
+echo "spdk-nvme: the SSD's namespace attached through SPDK's methods serves the same data (md5 $md5)"
 
 step idle-cpu
 sleep 2

@@ -8,7 +8,7 @@ use crate::error::ConfError;
 use crate::raw::RawConfig;
 use crate::{Config, Control, KeepAlive, Transport};
 
-mod backend;
+pub(crate) mod backend;
 mod control;
 mod cx;
 mod gateway;

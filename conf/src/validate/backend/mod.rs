@@ -12,7 +12,7 @@ use crate::error::ConfError;
 use crate::raw::{RawBackend, RawSize};
 
 mod file;
-mod nvme;
+pub(crate) mod nvme;
 mod rbd;
 mod sim;
 

@@ -14,7 +14,7 @@ use crate::{NvmeBackend, NvmeDevice};
 
 /// A PCI address `[DDDD:]BB:DD.F` (hex; domain 0000 when omitted), normalised
 /// to lower case `DDDD:BB:DD.F`, or why it is not one.
-pub(crate) fn parse_bdf(s: &str) -> Result<String, BdfError> {
+pub fn parse_bdf(s: &str) -> Result<String, BdfError> {
     let parts: Vec<&str> = s.split(':').collect();
     let (domain, bus, rest) = match parts.as_slice() {
         [d, b, r] => (*d, *b, *r),
@@ -44,7 +44,7 @@ pub(crate) fn parse_bdf(s: &str) -> Result<String, BdfError> {
 
 /// Why text is not a PCI address.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum BdfError {
+pub enum BdfError {
     /// Not two or three `:`-separated parts.
     #[error("expected DDDD:BB:DD.F, e.g. \"0000:00:04.0\"")]
     Form,

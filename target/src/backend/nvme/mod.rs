@@ -440,6 +440,30 @@ pub struct DeviceView {
     pub fake_copy_commands: Option<u64>,
 }
 
+/// A device's usable namespaces (active, without metadata): (nsid, blocks, block size).
+pub type NamespaceList = Vec<(u32, u64, u32)>;
+
+/// The usable namespaces of the device `name` names (a BDF, or a fake controller that is
+/// open): read from the open device, or from one brought up for the question and let go
+/// again. Blocks on the device (a bring-up resets the controller): never on a reactor.
+pub fn probe(name: &str, reactors: usize) -> Result<NamespaceList, TargetError> {
+    let list = |info: &ControllerInfo| -> NamespaceList {
+        info.namespaces
+            .iter()
+            .map(|n| (n.nsid, n.blocks, 1u32 << n.lba_shift))
+            .collect()
+    };
+    if let Some(dev) = lock(&DEVICES).get(name).and_then(Weak::upgrade) {
+        return Ok(list(&dev.info));
+    }
+    let bdf = pollux_conf::parse_pci_address(name).map_err(|e| TargetError::NvmeUnfit {
+        device: name.to_string(),
+        reason: format!("not a PCI address nor an open device: {e}"),
+    })?;
+    let dev = SsdDevice::bring_up(&NvmeDevice::Pci(bdf), 1, 512, reactors)?;
+    Ok(list(&dev.info))
+}
+
 impl SsdDevice {
     /// The device `b` names, opened (and brought up with one queue pair per reactor) unless
     /// another namespace already did; and its namespace `b.nsid`. `block_size` is the conf's

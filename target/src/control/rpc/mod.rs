@@ -42,6 +42,7 @@ mod query;
 pub mod spdk;
 mod spdk_bdev;
 pub(crate) mod spdk_config;
+mod spdk_nvme;
 mod spdk_rbd;
 mod spdk_stats;
 mod spdk_threads;

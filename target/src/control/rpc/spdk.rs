@@ -82,6 +82,8 @@ pub const SPDK_METHODS: &[SpdkMethod] = &[
     m("bdev_rbd_create", Ctx::spdk_rbd_create),
     m("bdev_rbd_delete", Ctx::spdk_bdev_delete),
     m("bdev_rbd_resize", Ctx::spdk_rbd_resize),
+    m("bdev_nvme_attach_controller", Ctx::spdk_nvme_attach),
+    m("bdev_nvme_detach_controller", Ctx::spdk_nvme_detach),
     m("bdev_get_bdevs", Ctx::spdk_get_bdevs),
     m("bdev_set_qos_limit", Ctx::spdk_set_qos_limit),
     m("bdev_get_iostat", Ctx::spdk_get_iostat),
@@ -629,10 +631,13 @@ impl Ctx {
         let mut t = json!({
             "nqn": nqn,
             "nsid": nsid,
-            "block_size": bdev.block_size,
             "backend": bdev.backend,
             "uuid": opt_str(ns, "uuid")?.map_or_else(|| bdev.uuid.hyphenated().to_string(), str::to_string),
         });
+        // An SSD's namespace has its device's block size (the conf names none for it).
+        if bdev.backend.pointer("/nvme/pci").is_none() {
+            t["block_size"] = bdev.block_size.into();
+        }
         for key in ["nguid", "eui64"] {
             if let Some(v) = opt_str(ns, key)? {
                 t[key] = v.replace('-', "").into();

@@ -21,6 +21,8 @@ pub(super) struct Bdev {
     pub(super) attached: Option<(String, u32)>,
     /// The registered Rados cluster of an rbd bdev (`bdev_rbd_register_cluster`).
     pub(super) cluster: Option<String>,
+    /// The NVMe controller (`bdev_nvme_attach_controller`'s name) of an NVMe bdev.
+    pub(super) controller: Option<String>,
 }
 
 /// A new bdev's name: `given`, or the next free `PREFIXn` (none without a prefix); one in use
@@ -115,6 +117,7 @@ impl Ctx {
                 backend,
                 attached: None,
                 cluster: None,
+                controller: None,
             },
         );
         Ok(Value::String(name))

@@ -257,7 +257,8 @@ impl Ctx {
     /// `save_config`: the running state as an SPDK JSON config: the keyring, a bdev for
     /// each namespace (its SPDK bdev, or one made for it: RAM as malloc, null as null, a
     /// file as aio), the TCP transport, each subsystem with its hosts, namespaces and
-    /// listeners. A namespace SPDK has no bdev for (sim, nvme, rbd) or a host with keys
+    /// listeners. A namespace SPDK has no bdev for (sim, a fake nvme device, rbd in a RADOS
+    /// namespace) or a host with keys
     /// inline (no file to name) refuses the whole config, naming it.
     pub fn spdk_save_config(&self) -> Result<Value, RpcError> {
         let cfg = self.shared.config.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -265,6 +266,8 @@ impl Ctx {
         let mut bdevs = Vec::new();
         // The Rados clusters written so far, and the name each was registered as.
         let mut clusters: Vec<(super::spdk_rbd::RbdCluster, String)> = Vec::new();
+        // The NVMe controllers attached so far (BDF, controller name).
+        let mut nvme_ctrls: Vec<(String, String)> = Vec::new();
         let mut nvmf = Vec::new();
         let t = &cfg.transport;
         nvmf.push(json!({"method": "nvmf_create_transport", "params": {
@@ -333,16 +336,41 @@ impl Ctx {
                 nvmf.push(json!({"method": "nvmf_subsystem_add_host", "params": p}));
             }
             for n in &s.namespaces {
-                let name = self.bdev_name_of(&s.nqn, n.nsid);
+                let mut name = self.bdev_name_of(&s.nqn, n.nsid);
                 let blocks = |size: u64| size / u64::from(n.block_size);
                 let uuid = uuid::Uuid::from_bytes(n.uuid).hyphenated().to_string();
                 let create = match &n.backend {
-                    pollux_conf::Backend::Ram { size } => json!({"method": "bdev_malloc_create", "params": {
-                        "name": name, "num_blocks": blocks(*size), "block_size": n.block_size, "uuid": uuid}}),
-                    pollux_conf::Backend::Null { size } => json!({"method": "bdev_null_create", "params": {
-                        "name": name, "num_blocks": blocks(*size), "block_size": n.block_size, "uuid": uuid}}),
-                    pollux_conf::Backend::File(f) => json!({"method": "bdev_aio_create", "params": {
-                        "name": name, "filename": f.path.display().to_string(), "block_size": n.block_size}}),
+                    pollux_conf::Backend::Nvme(pollux_conf::NvmeBackend {
+                        device: pollux_conf::NvmeDevice::Pci(bdf),
+                        nsid,
+                    }) => {
+                        // A controller attached once (named as SPDK's client named it, or
+                        // NvmeN), its namespace's bdev named as SPDK names it.
+                        let ctrl = match nvme_ctrls.iter().find(|(b, _)| b == bdf) {
+                            Some((_, c)) => c.clone(),
+                            None => {
+                                let c = self
+                                    .spdk()
+                                    .bdevs
+                                    .values()
+                                    .find(|b| b.backend.pointer("/nvme/pci").and_then(Value::as_str) == Some(bdf))
+                                    .and_then(|b| b.controller.clone())
+                                    .unwrap_or_else(|| format!("Nvme{}", nvme_ctrls.len()));
+                                bdevs.push(json!({"method": "bdev_nvme_attach_controller", "params": {
+                                    "name": c, "trtype": "PCIe", "traddr": bdf}}));
+                                nvme_ctrls.push((bdf.clone(), c.clone()));
+                                c
+                            }
+                        };
+                        name = format!("{ctrl}n{nsid}");
+                        None
+                    }
+                    pollux_conf::Backend::Ram { size } => Some(json!({"method": "bdev_malloc_create", "params": {
+                        "name": name, "num_blocks": blocks(*size), "block_size": n.block_size, "uuid": uuid}})),
+                    pollux_conf::Backend::Null { size } => Some(json!({"method": "bdev_null_create", "params": {
+                        "name": name, "num_blocks": blocks(*size), "block_size": n.block_size, "uuid": uuid}})),
+                    pollux_conf::Backend::File(f) => Some(json!({"method": "bdev_aio_create", "params": {
+                        "name": name, "filename": f.path.display().to_string(), "block_size": n.block_size}})),
                     pollux_conf::Backend::Rbd(r) if r.rados_namespace.is_none() => {
                         // The cluster as bdev_rbd_register_cluster named it, or one named
                         // here, registered once before its first image.
@@ -371,9 +399,9 @@ impl Ctx {
                                 cn
                             }
                         };
-                        json!({"method": "bdev_rbd_create", "params": {
+                        Some(json!({"method": "bdev_rbd_create", "params": {
                             "name": name, "pool_name": r.pool, "rbd_name": r.image, "block_size": n.block_size,
-                            "cluster_name": cluster, "uuid": uuid}})
+                            "cluster_name": cluster, "uuid": uuid}}))
                     }
                     other => {
                         return Err(RpcError::new(
@@ -387,7 +415,7 @@ impl Ctx {
                         ));
                     }
                 };
-                bdevs.push(create);
+                bdevs.extend(create);
                 let mut ns = json!({
                     "nsid": n.nsid,
                     "bdev_name": name,

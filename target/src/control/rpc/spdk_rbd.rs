@@ -159,6 +159,7 @@ impl Ctx {
                 backend: json!({ "rbd": rbd }),
                 attached: None,
                 cluster: cluster_name,
+                controller: None,
             },
         );
         Ok(Value::String(name))
