@@ -91,7 +91,6 @@ run_guest pollux-spdk-rpc.sh --kernel 6.12 --timeout 600 --guestfwd "4420=$p_io"
     --env "SUB=$sub2" --env "HOST_NQN=$host" --env "HOST_ID=$hostid" --env "RBD=1" \
     --env "DHCHAP_KEY=$(cat "$key")" ||
     fail "pollux-spdk-rpc guest failed on the RBD sequence (pollux log: $POLLUX_LOG)"
-rpc nvmf_subsystem_get_controllers "$sub2" > "$CI_LOG_DIR/controllers-rbd.json" || fail "nvmf_subsystem_get_controllers"
 stop_pollux || fail "pollux (rbd) did not stop cleanly on SIGTERM"
 # fio verify wrote its pattern from the image's start: the image holds data now.
 ceph_rbd "$cdir" export --no-progress rbd/img0 "$CI_LOG_DIR/img0.raw" >/dev/null || fail "rbd export"

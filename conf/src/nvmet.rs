@@ -106,6 +106,17 @@ pub fn to_toml(text: &str) -> Result<String, NvmetError> {
     );
     let mut served_on: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut referrals = Vec::new();
+    // The ANA group of each subsystem's namespaces: nvmet reports a group a port does not
+    // list as inaccessible there (every group but 1 starts so on a new port), where a
+    // pollux listener reports a group it does not list as optimized.
+    let mut groups_of: BTreeMap<String, std::collections::BTreeSet<u64>> = BTreeMap::new();
+    for s in arr(&doc, "subsystems") {
+        let nqn = s.get("nqn").and_then(Value::as_str).unwrap_or_default().to_string();
+        for n in arr(s, "namespaces") {
+            let g = n.get("ana_grpid").and_then(Value::as_u64).unwrap_or(1);
+            groups_of.entry(nqn.clone()).or_default().insert(g);
+        }
+    }
     for port in arr(&doc, "ports") {
         let id = port.get("portid").map_or("?".into(), Value::to_string);
         let what = format!("port {id}");
@@ -122,15 +133,27 @@ pub fn to_toml(text: &str) -> Result<String, NvmetError> {
             }
         }
         let mut ana = Vec::new();
+        let mut listed = std::collections::BTreeSet::new();
         for g in arr(port, "ana_groups") {
             let grpid = g
                 .get("grpid")
                 .and_then(Value::as_u64)
                 .ok_or_else(|| shape(format!("{what}: an ANA group without grpid")))?;
+            listed.insert(grpid);
             let state = attr(g.get("ana"), "state").unwrap_or_else(|| "optimized".into());
             if state != "optimized" {
                 ana.push(format!("{grpid} = {}", q(&state)));
             }
+        }
+        let used: std::collections::BTreeSet<u64> = arr(port, "subsystems")
+            .iter()
+            .filter_map(|s| s.as_str())
+            .filter_map(|nqn| groups_of.get(nqn))
+            .flatten()
+            .copied()
+            .collect();
+        for g in used.difference(&listed).filter(|g| **g != 1) {
+            ana.push(format!("{g} = \"inaccessible\""));
         }
         if !ana.is_empty() {
             let _ = writeln!(o, "ana = {{ {} }}", ana.join(", "));
@@ -283,11 +306,20 @@ pub fn from_config(c: &Config) -> Result<Value, NvmetError> {
             .filter(|s| s.served_on(a))
             .map(|s| s.nqn.as_str())
             .collect();
-        let mut ana: Vec<Value> =
-            vec![json!({"grpid": 1, "ana": {"state": l.ana.get(&1).map_or("optimized", |s| s.name())}})];
-        for (g, s) in l.ana.iter().filter(|(g, _)| **g != 1) {
-            ana.push(json!({"grpid": g, "ana": {"state": s.name()}}));
-        }
+        // Every group of the namespaces served here, optimized ones too: nvmet reports a
+        // group a port does not list as inaccessible there.
+        let mut groups: std::collections::BTreeSet<u32> = c
+            .subsystems
+            .iter()
+            .filter(|s| s.served_on(a))
+            .flat_map(|s| s.namespaces.iter().map(|n| n.ana_group))
+            .collect();
+        groups.insert(1);
+        groups.extend(l.ana.keys().copied());
+        let ana: Vec<Value> = groups
+            .iter()
+            .map(|g| json!({"grpid": g, "ana": {"state": l.ana.get(g).map_or("optimized", |s| s.name())}}))
+            .collect();
         let referrals: Vec<Value> = c
             .referrals
             .iter()

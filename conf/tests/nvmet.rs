@@ -62,6 +62,10 @@ fn an_nvmetcli_config_serves_the_same_subsystems() {
     let c = Config::parse(&text, "nvmet.toml").unwrap_or_else(|e| panic!("{e}\n{text}"));
     assert_eq!(c.listeners.len(), 2);
     assert_eq!(c.listeners[1].ana.get(&2), Some(&AnaState::NonOptimized), "{text}");
+    // Port 1 lists group 1 only: nvmet reports group 2 (its namespace's) inaccessible there
+    // (every group but 1 starts so on a port), and so must pollux (a group a listener does
+    // not list is optimized on it).
+    assert_eq!(c.listeners[0].ana.get(&2), Some(&AnaState::Inaccessible), "{text}");
     assert_eq!(c.referrals.len(), 1);
     let s = &c.subsystems[0];
     assert_eq!(
@@ -99,6 +103,18 @@ fn an_nvmetcli_config_serves_the_same_subsystems() {
     assert_eq!(again.listeners, keyless.listeners);
     assert_eq!(again.referrals, keyless.referrals);
     assert_eq!(again.subsystems[0].listeners, keyless.subsystems[0].listeners);
+    // A group pollux reports optimized by default is listed so for nvmet, which would
+    // report it inaccessible otherwise.
+    let mut open = keyless.clone();
+    open.listeners[0].ana.clear();
+    let port = &from_config(&open).unwrap()["ports"][0]["ana_groups"];
+    assert!(
+        port.as_array()
+            .unwrap()
+            .iter()
+            .any(|g| g["grpid"] == 2 && g["ana"]["state"] == "optimized"),
+        "{port}"
+    );
     let _ = std::fs::remove_file(&file);
 }
 
