@@ -379,6 +379,11 @@ def spdk_framework(work):
         doc = c.call("save_config")
         sets = [e["params"] for sub in doc["subsystems"] for e in sub["config"] if e["method"] == "nvmf_set_config"]
         check("save_config writes nvmf_set_config back", sets == [{"dhchap_digests": ["sha512"], "dhchap_dhgroups": ["ffdhe3072"]}], sets)
+        expect_error(c, "nvmf_set_config with an unknown discovery_filter: refused", -32602, "nvmf_set_config", discovery_filter="port")
+        check("nvmf_set_config discovery_filter", c.call("nvmf_set_config", {"discovery_filter": "address,svcid"}) is True)
+        doc = c.call("save_config")
+        sets = [e["params"] for sub in doc["subsystems"] for e in sub["config"] if e["method"] == "nvmf_set_config"]
+        check("and saved as [discovery] filter, written back", {"discovery_filter": "address,svcid"} in sets, sets)
         c.close()
     finally:
         stop(target)

@@ -149,8 +149,14 @@ pub(crate) fn to_toml(c: &Config) -> String {
     }
 
     let d = &c.discovery;
-    if !d.host_keys.is_empty() || !d.tls_keys.is_empty() {
+    let keys = !d.host_keys.is_empty() || !d.tls_keys.is_empty();
+    if keys || d.filter != crate::DiscoveryFilter::default() {
         let _ = writeln!(o, "\n[discovery]");
+    }
+    if d.filter != crate::DiscoveryFilter::default() {
+        let _ = writeln!(o, "filter = {}", quote(&d.filter.name()));
+    }
+    if keys {
         let nqns: std::collections::BTreeSet<&String> = d.host_keys.keys().chain(d.tls_keys.keys()).collect();
         let hosts: Vec<String> = nqns
             .into_iter()

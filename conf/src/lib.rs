@@ -571,9 +571,60 @@ pub struct Subsystem {
     pub listeners: Option<Vec<SocketAddr>>,
 }
 
-/// The `[discovery]` table: DH-HMAC-CHAP on the discovery controller.
+/// Which listeners' entries a host's discovery log lists, by what they share with the
+/// listener the host's discovery connection came through (SPDK's `discovery_filter`): all
+/// of them (`match_any`, the default), or those with the same address, the same port or
+/// both (as Linux nvmet, which lists the subsystems of the host's port only). The transport
+/// is always TCP here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DiscoveryFilter {
+    /// Only listeners on the same address (a listener on the unspecified address matches any).
+    pub address: bool,
+    /// Only listeners on the same port.
+    pub svcid: bool,
+}
+
+impl DiscoveryFilter {
+    /// Parse SPDK's spelling: `match_any`, or `transport`, `address`, `svcid` joined by `,`.
+    pub fn parse(s: &str) -> Option<Self> {
+        let mut f = Self::default();
+        if s.trim() == "match_any" {
+            return Some(f);
+        }
+        for part in s.split(',').map(str::trim) {
+            match part {
+                "transport" => {}
+                "address" => f.address = true,
+                "svcid" => f.svcid = true,
+                _ => return None,
+            }
+        }
+        Some(f)
+    }
+
+    /// SPDK's spelling (`match_any` for none).
+    pub fn name(self) -> String {
+        match (self.address, self.svcid) {
+            (false, false) => "match_any".into(),
+            (true, false) => "address".into(),
+            (false, true) => "svcid".into(),
+            (true, true) => "address,svcid".into(),
+        }
+    }
+
+    /// Whether a listener on `listener` is listed to a host that came through `local`.
+    pub fn admits(self, listener: std::net::SocketAddr, local: std::net::SocketAddr) -> bool {
+        (!self.address || listener.ip().is_unspecified() || listener.ip() == local.ip())
+            && (!self.svcid || listener.port() == local.port())
+    }
+}
+
+/// The `[discovery]` table: DH-HMAC-CHAP on the discovery controller, and what its log
+/// lists.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Discovery {
+    /// Which listeners' entries the log lists ([`DiscoveryFilter`]).
+    pub filter: DiscoveryFilter,
     /// Hosts that must authenticate to discover, with their keys.
     pub host_keys: BTreeMap<String, HostKeys>,
     /// The TLS PSKs of hosts that discover over TLS (identity naming the discovery NQN).

@@ -104,6 +104,8 @@ pub fn to_toml(text: &str) -> Result<String, NvmetError> {
     let mut o = String::from(
         "# Made from an nvmetcli config (pollux --nvmet-config / pollux convert --from nvmet).\n[reactors]\ncores = [0]\n",
     );
+    // nvmet's discovery log lists the subsystems of the port a host discovers through.
+    o.push_str("\n[discovery]\nfilter = \"address,svcid\"\n");
     let mut served_on: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut referrals = Vec::new();
     // The ANA group of each subsystem's namespaces: nvmet reports a group a port does not

@@ -54,6 +54,7 @@ pub(crate) struct RawReferral {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawDiscovery {
+    pub filter: Option<Spanned<String>>,
     pub hosts: Option<Spanned<Vec<Spanned<RawHost>>>>,
     pub require_authentication: Option<Spanned<bool>>,
     pub dhchap_hashes: Option<Spanned<Vec<Spanned<String>>>>,

@@ -66,6 +66,8 @@ fn an_nvmetcli_config_serves_the_same_subsystems() {
     // (every group but 1 starts so on a port), and so must pollux (a group a listener does
     // not list is optimized on it).
     assert_eq!(c.listeners[0].ana.get(&2), Some(&AnaState::Inaccessible), "{text}");
+    // nvmet's discovery log lists the subsystems of the host's own port.
+    assert_eq!(c.discovery.filter.name(), "address,svcid");
     assert_eq!(c.referrals.len(), 1);
     let s = &c.subsystems[0];
     assert_eq!(

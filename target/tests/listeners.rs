@@ -167,3 +167,34 @@ fn taking_a_listener_from_a_subsystem_disconnects_its_controllers_there_only() {
     assert!(d.discovery_log().unwrap().genctr > genctr, "GENCTR unchanged");
     t.shutdown().unwrap();
 }
+
+#[test]
+fn a_discovery_filter_lists_only_the_listeners_that_match_the_one_a_host_came_through() {
+    // SPDK's discovery_filter; "address,svcid" is Linux nvmet's discovery log (the subsystems
+    // of the host's port only), which `pollux --nvmet-config` serves.
+    for (filter, through_one_sees_two) in [("match_any", true), ("address", false), ("address,svcid", false)] {
+        let t = start_text(&format!("{}\n[discovery]\nfilter = \"{filter}\"\n", two_listeners("")));
+        let [one, two] = t.listen_addrs()[..] else {
+            panic!("two listeners: {:?}", t.listen_addrs())
+        };
+        let mut want = vec![(NQN.to_string(), one)];
+        if through_one_sees_two {
+            want.push((NQN.to_string(), two));
+        }
+        assert_eq!(discovered(one, HOST), want, "filter {filter} through {one}");
+        t.shutdown().unwrap();
+    }
+    // Only the same port: a listener on another port of the same address is not listed.
+    let free = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let text = two_listeners("").replace("127.0.0.2:0", &free.to_string());
+    let t = start_text(&format!("{text}\n[discovery]\nfilter = \"svcid\"\n"));
+    let one = t.listen_addrs()[0];
+    assert_eq!(discovered(one, HOST), vec![(NQN.to_string(), one)]);
+    t.shutdown().unwrap();
+    let bad = pollux_conf::Config::parse(&format!("{text}\n[discovery]\nfilter = \"port\"\n"), "bad.toml")
+        .expect_err("an unknown filter");
+    assert!(bad.to_string().contains("match_any"), "{bad}");
+}

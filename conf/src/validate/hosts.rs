@@ -330,7 +330,20 @@ pub(super) fn discovery(cx: &Cx<'_>, d: crate::raw::RawDiscovery) -> Result<crat
             "`require_authentication = true` with no host keys would refuse every host: list hosts with keys in `[discovery]` `hosts`".into(),
         ));
     }
+    let filter = match &d.filter {
+        None => crate::DiscoveryFilter::default(),
+        Some(f) => crate::DiscoveryFilter::parse(f.get_ref()).ok_or_else(|| {
+            cx.at(
+                f.span(),
+                format!(
+                    "`filter` {:?}: \"match_any\", or \"transport\", \"address\", \"svcid\" joined by \",\" (SPDK's discovery_filter)",
+                    f.get_ref()
+                ),
+            )
+        })?,
+    };
     Ok(crate::Discovery {
+        filter,
         host_keys,
         tls_keys,
         require_authentication,

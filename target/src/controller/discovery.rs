@@ -94,13 +94,18 @@ impl Spec<'_> {
 }
 
 /// The entries of the discovery log, in order: one per subsystem the host may see on each
-/// listener that serves it (a subsystem's `listeners`), then one per referral (every host
+/// listener that serves it (a subsystem's `listeners`) and that `[discovery] filter` admits
+/// for the listener the host came through (`local`), then one per referral (every host
 /// sees every referral). `local` stands in for a listener bound to an unspecified address.
 fn specs<'a>(snapshot: &'a Snapshot, hostnqn: &str, local: SocketAddr) -> Vec<Spec<'a>> {
     let visible: Vec<_> = snapshot.subsystems.iter().filter(|s| s.allows(hostnqn)).collect();
     let mut out = Vec::new();
+    let filter = snapshot.discovery.filter;
     for (portid, b) in snapshot.listeners.iter().enumerate() {
         let l = b.addr;
+        if !filter.admits(l, local) {
+            continue;
+        }
         let ip = if l.ip().is_unspecified() { local.ip() } else { l.ip() };
         // NVMe-oF 1.1 §5.3 TREQ bits 1:0 (secure channel: 0 not specified, 1 required, 2
         // not required) and the TCP TSAS SECTYPE (NVMe/TCP 1.0 §3.6.1: 0 none, 2 TLS 1.3),

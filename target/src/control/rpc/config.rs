@@ -483,6 +483,20 @@ impl Ctx {
                 sub.insert("allow_any_host", toml_edit::value(allow));
                 vec![key("subsystem"), Step::Index(i), key("allow_any_host")]
             }
+            "set_discovery_filter" => {
+                // SPDK's nvmf_set_config discovery_filter (spdk.rs): `[discovery] filter`,
+                // checked as the conf's when the edited conf is parsed.
+                let f = str_param(params, "filter")?;
+                if root.get("discovery").is_none() {
+                    root.insert("discovery", toml_edit::Item::Table(toml_edit::Table::new()));
+                }
+                let d = root
+                    .get_mut("discovery")
+                    .and_then(toml_edit::Item::as_table_like_mut)
+                    .ok_or_else(|| RpcError::params("`discovery` is not a table"))?;
+                d.insert("filter", toml_edit::value(f));
+                vec![key("discovery"), key("filter")]
+            }
             "set_subsystem_dhchap" => {
                 // SPDK's nvmf_set_config (spdk.rs): the subsystem's hash functions and DH
                 // groups, checked as the conf's when the edited conf is parsed.

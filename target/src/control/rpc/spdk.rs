@@ -384,8 +384,8 @@ impl Ctx {
     /// `nvmf_set_config`: SPDK's target-wide options. `dhchap_digests` and `dhchap_dhgroups`
     /// become every subsystem's `dhchap_hashes` and `dhchap_dh_groups` (those there and
     /// those created after; SPDK takes the call only before its subsystems exist). Admin
-    /// command passthrough and discovery filters other than `match_any` are behaviour
-    /// pollux lacks: refused. `poll_groups_mask` (pollux's reactors are the conf's cores)
+    /// command passthrough is behaviour pollux lacks: refused. `discovery_filter` is
+    /// `[discovery] filter`. `poll_groups_mask` (pollux's reactors are the conf's cores)
     /// and `dup_host_policy` are accepted as they are.
     fn spdk_set_config(&self, p: &Value) -> Result<Value, RpcError> {
         let empty = Map::new();
@@ -397,12 +397,13 @@ impl Ctx {
         if passthru.is_some_and(|m| m.values().any(|v| v == &Value::Bool(true))) {
             return Err(invalid("admin_cmd_passthru: pollux has no admin command passthrough"));
         }
-        if let Some(f) = opt_str(o, "discovery_filter")?
-            && f != "match_any"
-        {
-            return Err(invalid(format!(
-                "discovery_filter '{f}': pollux's discovery log is not filtered by the listener a host came through (only match_any)"
-            )));
+        if let Some(f) = opt_str(o, "discovery_filter")? {
+            if pollux_conf::DiscoveryFilter::parse(f).is_none() {
+                return Err(invalid(format!(
+                    "discovery_filter '{f}': match_any, or transport, address, svcid joined by ','"
+                )));
+            }
+            self.change("set_discovery_filter", json!({ "filter": f }))?;
         }
         let mut d = Map::new();
         for (spdk, ours) in [

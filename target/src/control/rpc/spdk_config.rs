@@ -292,6 +292,11 @@ impl Ctx {
                 }}));
             }
         }
+        if cfg.discovery.filter != pollux_conf::DiscoveryFilter::default() {
+            nvmf.push(
+                json!({"method": "nvmf_set_config", "params": {"discovery_filter": cfg.discovery.filter.name()}}),
+            );
+        }
         let mut key_of = |path: &std::path::Path| -> String {
             let name = format!("key{}", keyring.len());
             keyring.push(
