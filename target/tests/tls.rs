@@ -515,3 +515,61 @@ fn perf_verifies_over_tls_with_a_key_or_a_key_file() {
     assert!(!err.contains("nonsense"), "{err}");
     t.shutdown().unwrap();
 }
+
+/// SPDK JSON configs carry a host's TLS PSK as SPDK's do: its key file in the keyring
+/// (`keyring_file_add_key`), named by `nvmf_subsystem_add_host`'s `psk`, on a listener with
+/// `secure_channel`; a target serving that config admits the host over TLS with that key.
+#[test]
+fn a_host_tls_key_goes_into_an_spdk_config_through_the_keyring_and_back() {
+    let dir = std::env::temp_dir().join(format!("pollux-tls-spdk-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("host256.key");
+    std::fs::write(&file, format!("{}\n", *key256().encode())).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let text = format!(
+        "[reactors]\ncores = [0]\nmode = \"interrupt\"\n\
+         [[listener]]\naddress = \"127.0.0.1:0\"\ntls = \"required\"\n\
+         [[subsystem]]\nnqn = \"{SUB}\"\nhosts = [{{ nqn = \"{HOST256}\", tls_key_file = \"{}\" }}]\n\
+         [[subsystem.namespace]]\nnsid = 1\nbackend = {{ ram = {{ size = \"8MiB\" }} }}\n",
+        file.display()
+    );
+    let t = start_text(&text);
+    let ctx = Ctx::new(&t, &pollux_conf::Config::parse(&text, "t.toml").unwrap().reactors);
+    let doc = ctx.call("save_config", &Value::Null).unwrap();
+    let calls: Vec<&Value> = doc["subsystems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["config"].as_array().unwrap())
+        .collect();
+    let key = calls
+        .iter()
+        .find(|c| c["method"] == "keyring_file_add_key")
+        .unwrap_or_else(|| panic!("no keyring entry: {doc}"));
+    assert_eq!(key["params"]["path"], file.display().to_string(), "{doc}");
+    let host = calls.iter().find(|c| c["method"] == "nvmf_subsystem_add_host").unwrap();
+    assert_eq!(host["params"]["psk"], key["params"]["name"], "{doc}");
+    assert!(
+        calls
+            .iter()
+            .any(|c| c["method"] == "nvmf_subsystem_add_listener" && c["params"]["secure_channel"] == true),
+        "{doc}"
+    );
+    t.shutdown().unwrap();
+
+    // A target serving that config (as `pollux --spdk-config` does) admits the host over TLS.
+    let base = pollux_target::control::rpc::spdk_base_conf(&doc).unwrap();
+    let cfg = pollux_conf::Config::parse(&base, "spdk.json").unwrap();
+    let t = Target::start(&cfg, pollux_target::Options { pin: false }).unwrap();
+    let ctx = Ctx::new(&t, &cfg.reactors);
+    ctx.spdk_load_config(&doc).unwrap();
+    let k = key256().encode();
+    let (rc, _, err) = perf(
+        t.listen_addrs()[0],
+        HOST256,
+        &["-w", "randrw", "-t", "0.3", "--verify", "--tls-key", k.as_str()],
+    );
+    assert_eq!(rc, 0, "{err}");
+    t.shutdown().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -332,11 +332,21 @@ impl Ctx {
                         p["dhchap_ctrlr_key"] = key_of(c).into();
                     }
                 }
-                if s.tls_keys.contains_key(h) {
-                    return Err(RpcError::new(
-                        CONFIG_ERROR,
-                        format!("host {h} of {}: TLS keys are not written to SPDK configs yet", s.nqn),
-                    ));
+                // The host's TLS PSK through the keyring (SPDK's `psk`), from its file; SPDK
+                // derives as RFC 8446 says, so a libnvme-compat host has no SPDK form.
+                if let Some(t) = s.tls_keys.get(h) {
+                    let refuse = |why: &str| RpcError::new(CONFIG_ERROR, format!("host {h} of {}: {why}", s.nqn));
+                    if t.key.derivation() != pollux_nvme::tls::PskDerivation::default() {
+                        return Err(refuse(
+                            "its TLS key's derivation is libnvme-compat, which SPDK's keyring cannot say",
+                        ));
+                    }
+                    let Some(file) = t.file.as_deref() else {
+                        return Err(refuse(
+                            "its TLS key is inline (no file for SPDK's keyring to name): give it a tls_key_file",
+                        ));
+                    };
+                    p["psk"] = key_of(file).into();
                 }
                 nvmf.push(json!({"method": "nvmf_subsystem_add_host", "params": p}));
             }
