@@ -265,7 +265,24 @@ fn discovery_log_lists_what_each_host_may_see_on_each_listener() {
             assert_ne!(log.genctr, 0, "GENCTR");
             assert_eq!(log.recfmt, 0);
             assert_eq!(log.numrec as usize, log.entries.len());
-            assert_eq!(log.entries.len(), listeners.len() * visible.len(), "{host}: {log:#?}");
+            // First the current discovery subsystem: this controller, on the listener it
+            // was reached through (SUBTYPE 3, NVMe 2.0 §5.16.1.23), as Linux nvmet lists it.
+            let cur = &log.entries[0];
+            assert_eq!(
+                (
+                    cur.subtype,
+                    cur.subnqn.as_str(),
+                    cur.trsvcid.clone(),
+                    cur.traddr.clone()
+                ),
+                (3, DISCOVERY_NQN, at.port().to_string(), at.ip().to_string()),
+                "{host}: {log:#?}"
+            );
+            assert_eq!(
+                log.entries.len(),
+                1 + listeners.len() * visible.len(),
+                "{host}: {log:#?}"
+            );
             for l in &listeners {
                 for nqn in &visible {
                     let e = log

@@ -230,11 +230,12 @@ fn the_discovery_log_lists_referrals_after_the_subsystems() {
         "[[referral]]\naddress = \"10.0.0.2:8009\"\n[[referral]]\naddress = \"[fd00::2]:4420\"\n",
     ));
     let log = discovery_log(addr(&t));
-    assert_eq!(log.numrec, 3, "{log:#?}");
-    assert_eq!(log.entries[0].subtype, SUBTYPE_NVM);
-    assert_eq!(log.entries[0].subnqn, SHARED);
+    assert_eq!(log.numrec, 4, "{log:#?}");
+    assert_eq!(log.entries[0].subtype, 3, "the current discovery subsystem first");
+    assert_eq!(log.entries[1].subtype, SUBTYPE_NVM);
+    assert_eq!(log.entries[1].subnqn, SHARED);
     let want = [("10.0.0.2", "8009", 1u8), ("fd00::2", "4420", 2)];
-    for (e, (traddr, trsvcid, adrfam)) in log.entries[1..].iter().zip(want) {
+    for (e, (traddr, trsvcid, adrfam)) in log.entries[2..].iter().zip(want) {
         assert_eq!(e.subtype, SUBTYPE_REFERRAL, "{e:?}");
         assert_eq!(e.subnqn, DISCOVERY_NQN);
         assert_eq!((e.trtype, e.adrfam), (3, adrfam), "TCP, {traddr}");

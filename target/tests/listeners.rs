@@ -74,6 +74,7 @@ fn discovered(at: SocketAddr, host: &str) -> Vec<(String, SocketAddr)> {
     let mut out: Vec<(String, SocketAddr)> = log
         .entries
         .iter()
+        .filter(|e| e.subtype == 2)
         .map(|e| {
             let a = format!("{}:{}", e.traddr, e.trsvcid).parse().unwrap();
             (e.subnqn.clone(), a)

@@ -35,12 +35,10 @@ record() {
     echo "$out"
     # Each entry as "subtype subnqn traddr:trsvcid", sorted; the discovery log of the port
     # (itself a target address) says 127.0.0.1 for both.
-    # (nvmet also lists the port itself, subtype "current discovery subsystem", which
-    # pollux does not report and hosts skip: left out here.)
     echo "$out" | awk '
         { v = $0; sub(/^[a-z]+: */, "", v) }
         /^subtype/ { t = v } /^trsvcid/ { s = v } /^subnqn/ { n = v }
-        /^traddr/ && t != "current discovery subsystem" { print "disc " t " " n " " v ":" s }' | sort > "$f"
+        /^traddr/ { print "disc " t " " n " " v ":" s }' | sort > "$f"
     step "$who-connect"
     dev=$(connect "$sub" "$addr" "$p2" --hostnqn="$host" --nr-io-queues=1)
     idc=$(nvme id-ctrl "${dev%n*}") || die "$who: id-ctrl"

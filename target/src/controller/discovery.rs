@@ -22,6 +22,9 @@ pub const ADMIN_QUEUE_SIZE: u16 = 32;
 pub const SUBTYPE_DISCOVERY: u8 = 1;
 /// SUBTYPE: an NVM subsystem.
 pub const SUBTYPE_NVM: u8 = 2;
+/// SUBTYPE: the current discovery subsystem (NVMe 2.0 §5.16.1.23, Figure 263): the
+/// discovery controller the host reads the log from, on the port it came through.
+pub const SUBTYPE_CURRENT_DISCOVERY: u8 = 3;
 
 /// One discovery log entry (NVMe-oF 1.1 §5.3, Figure 39) for the TCP transport: TRTYPE 3,
 /// ADRFAM of `addr`, CNTLID FFFFh (dynamic), ASQSZ [`ADMIN_QUEUE_SIZE`] (as nvmet), TRSVCID
@@ -93,30 +96,48 @@ impl Spec<'_> {
     }
 }
 
-/// The entries of the discovery log, in order: one per subsystem the host may see on each
-/// listener that serves it (a subsystem's `listeners`) and that `[discovery] filter` admits
-/// for the listener the host came through (`local`), then one per referral (every host
-/// sees every referral). `local` stands in for a listener bound to an unspecified address.
+/// The entries of the discovery log, in order: the current discovery subsystem on the
+/// listener the host came through (`local`), as Linux nvmet writes it first; one per
+/// subsystem the host may see on each listener that serves it (a subsystem's `listeners`)
+/// and that `[discovery] filter` admits for `local`; then one per referral (every host sees
+/// every referral). `local` stands in for a listener bound to an unspecified address.
 fn specs<'a>(snapshot: &'a Snapshot, hostnqn: &str, local: SocketAddr) -> Vec<Spec<'a>> {
     let visible: Vec<_> = snapshot.subsystems.iter().filter(|s| s.allows(hostnqn)).collect();
     let mut out = Vec::new();
     let filter = snapshot.discovery.filter;
+    // NVMe-oF 1.1 §5.3 TREQ bits 1:0 (secure channel: 0 not specified, 1 required, 2 not
+    // required) and the TCP TSAS SECTYPE (NVMe/TCP 1.0 §3.6.1: 0 none, 2 TLS 1.3), as nvmet
+    // reports a port's TLS; TREQ bit 2: SQ flow control disable supported.
+    let security = |tls: TlsMode| {
+        let (treq, sectype) = match tls {
+            TlsMode::None => (0, 0),
+            TlsMode::Required => (1, 2),
+            TlsMode::Allowed => (2, 2),
+        };
+        (treq | nvmf_treq::NVMF_TREQ_DISABLE_SQFLOW as u8, sectype)
+    };
+    let came_through =
+        snapshot.listeners.iter().enumerate().find(|(_, b)| {
+            b.addr.port() == local.port() && (b.addr.ip().is_unspecified() || b.addr.ip() == local.ip())
+        });
+    if let Some((portid, b)) = came_through {
+        let (treq, sectype) = security(b.tls);
+        out.push(Spec {
+            subtype: SUBTYPE_CURRENT_DISCOVERY,
+            treq,
+            portid: portid as u16,
+            addr: local,
+            subnqn: DISCOVERY_NQN,
+            sectype,
+        });
+    }
     for (portid, b) in snapshot.listeners.iter().enumerate() {
         let l = b.addr;
         if !filter.admits(l, local) {
             continue;
         }
         let ip = if l.ip().is_unspecified() { local.ip() } else { l.ip() };
-        // NVMe-oF 1.1 §5.3 TREQ bits 1:0 (secure channel: 0 not specified, 1 required, 2
-        // not required) and the TCP TSAS SECTYPE (NVMe/TCP 1.0 §3.6.1: 0 none, 2 TLS 1.3),
-        // as nvmet reports a port's TLS.
-        let (treq, sectype) = match b.tls {
-            TlsMode::None => (0, 0),
-            TlsMode::Required => (1, 2),
-            TlsMode::Allowed => (2, 2),
-        };
-        // TREQ bit 2: SQ flow control disable supported.
-        let treq = treq | nvmf_treq::NVMF_TREQ_DISABLE_SQFLOW as u8;
+        let (treq, sectype) = security(b.tls);
         for s in visible.iter().filter(|s| s.served_on(Some(b))) {
             out.push(Spec {
                 subtype: SUBTYPE_NVM,
@@ -233,10 +254,15 @@ mod tests {
         let whole = discovery_log(&snap, "nqn.h", local);
         assert_eq!(
             whole.len(),
-            1024 + 11 * 1024,
-            "5 subsystems on 2 listeners and a referral"
+            1024 + 12 * 1024,
+            "the current discovery subsystem, 5 subsystems on 2 listeners and a referral"
         );
-        assert_eq!(whole[8], 11, "NUMREC");
+        assert_eq!(whole[8], 12, "NUMREC");
+        assert_eq!(
+            whole[1024 + 2],
+            SUBTYPE_CURRENT_DISCOVERY,
+            "first, the listener reached (0.0.0.0:4421)"
+        );
         for (offset, len) in [
             (0, 4),
             (0, 1024),
@@ -253,15 +279,15 @@ mod tests {
                 "[{offset}, +{len})"
             );
         }
-        let tail = discovery_log_part(&snap, "nqn.h", local, 11 * 1024, 4096).unwrap_or_else(|| panic!("tail"));
-        assert_eq!(tail[..1024], whole[11 * 1024..]);
+        let tail = discovery_log_part(&snap, "nqn.h", local, 12 * 1024, 4096).unwrap_or_else(|| panic!("tail"));
+        assert_eq!(tail[..1024], whole[12 * 1024..]);
         assert!(tail[1024..].iter().all(|&b| b == 0), "past the end: zeroes");
         assert!(
-            discovery_log_part(&snap, "nqn.h", local, 12 * 1024, 4).is_some(),
+            discovery_log_part(&snap, "nqn.h", local, 13 * 1024, 4).is_some(),
             "at the end: all zeroes"
         );
         assert!(
-            discovery_log_part(&snap, "nqn.h", local, 12 * 1024 + 4, 4).is_none(),
+            discovery_log_part(&snap, "nqn.h", local, 13 * 1024 + 4, 4).is_none(),
             "beyond the end"
         );
         assert!(discovery_log_part(&snap, "nqn.h", local, 2, 4).is_none(), "unaligned");
