@@ -116,10 +116,16 @@ fn specs<'a>(snapshot: &'a Snapshot, hostnqn: &str, local: SocketAddr) -> Vec<Sp
         };
         (treq | nvmf_treq::NVMF_TREQ_DISABLE_SQFLOW as u8, sectype)
     };
-    let came_through =
-        snapshot.listeners.iter().enumerate().find(|(_, b)| {
-            b.addr.port() == local.port() && (b.addr.ip().is_unspecified() || b.addr.ip() == local.ip())
-        });
+    // The listener the host came through: the one on its address (or any) and port.
+    let port_of = pollux_conf::DiscoveryFilter {
+        address: true,
+        svcid: true,
+    };
+    let came_through = snapshot
+        .listeners
+        .iter()
+        .enumerate()
+        .find(|(_, b)| port_of.admits(b.addr, local));
     if let Some((portid, b)) = came_through {
         let (treq, sectype) = security(b.tls);
         out.push(Spec {

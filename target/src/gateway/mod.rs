@@ -246,8 +246,11 @@ fn run(member: &mut Member, shared: &Arc<Shared>, remotes: &Arc<[Remote]>, stop:
                     }
                     crate::mutate::set_ana_overlay(shared, remotes, out.overlay);
                 }
-                // A refused fence was logged (once) where it was refused.
-                Err(_) if member.refusal.is_some() => last_error = member.refusal.clone(),
+                // A refused fence (a permission error) was logged once where it was refused;
+                // any other error is said as itself.
+                Err(rc) if (rc == -libc::EACCES || rc == -libc::EPERM) && member.refusal.is_some() => {
+                    last_error = member.refusal.clone()
+                }
                 Err(rc) => note_error(&mut last_error, describe(rc, &member.conf)),
             }
         }

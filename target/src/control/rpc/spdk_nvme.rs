@@ -30,10 +30,14 @@ impl Ctx {
         }
         let traddr = req_str(o, "traddr")?;
         // An open fake controller (tests) by its name; else a PCI address.
-        let device = match pollux_conf::parse_pci_address(traddr) {
-            Ok(bdf) => bdf,
-            Err(_) if self.nvme_devices().iter().any(|d| d.name == traddr) => traddr.to_owned(),
-            Err(e) => return Err(invalid(format!("traddr '{traddr}': {e}"))),
+        let fake = self
+            .nvme_devices()
+            .into_iter()
+            .find(|d| d.name == traddr && d.kind == "fake");
+        let device = match (pollux_conf::parse_pci_address(traddr), &fake) {
+            (_, Some(f)) => f.name.clone(),
+            (Ok(bdf), None) => bdf,
+            (Err(e), None) => return Err(invalid(format!("traddr '{traddr}': {e}"))),
         };
         if self
             .spdk()
@@ -45,10 +49,6 @@ impl Ctx {
         }
         let namespaces = crate::backend::nvme::probe(&device, self.reactor_count())
             .map_err(|e| RpcError::new(super::CONFIG_ERROR, format!("{traddr}: {e}")))?;
-        let fake = self
-            .nvme_devices()
-            .into_iter()
-            .find(|d| d.name == device && d.kind == "fake");
         let mut s = self.spdk();
         let mut names = Vec::new();
         for (nsid, blocks, block_size) in namespaces {

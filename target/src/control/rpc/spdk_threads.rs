@@ -75,8 +75,13 @@ fn elapsed(st: &ReactorStats) -> u64 {
     st.mode_ns.iter().sum()
 }
 
-/// Its poller, as SPDK would list it: (active or timed, the poller's JSON).
-fn poller(st: &ReactorStats) -> (bool, Value) {
+/// Whether its poller is a timed one (hybrid mode sleeps on a timer), else active.
+fn timed(st: &ReactorStats) -> bool {
+    st.mode == Mode::Hybrid
+}
+
+/// Its poller, as SPDK would list it.
+fn poller(st: &ReactorStats) -> Value {
     let mut p = json!({
         "name": format!("pollux_reactor_{}", st.mode.as_str()),
         "id": 1,
@@ -84,10 +89,10 @@ fn poller(st: &ReactorStats) -> (bool, Value) {
         "run_count": st.iterations,
         "busy_count": st.busy_iterations,
     });
-    if st.mode == Mode::Hybrid {
+    if timed(st) {
         p["period_ticks"] = json!(st.predicted_ns);
     }
-    (st.mode != Mode::Hybrid, p)
+    p
 }
 
 fn no_params(method: &str, p: &Value) -> Result<(), RpcError> {
@@ -136,15 +141,15 @@ impl Ctx {
             .stats()
             .iter()
             .map(|st| {
-                let active = poller(st).0;
+                let timed = timed(st);
                 json!({
                     "name": thread_name(st.id),
                     "id": thread_id(st.id),
                     "cpumask": cpumask(st.core),
                     "busy": st.busy_ns,
                     "idle": st.idle_ns,
-                    "active_pollers_count": u64::from(active),
-                    "timed_pollers_count": u64::from(!active),
+                    "active_pollers_count": u64::from(!timed),
+                    "timed_pollers_count": u64::from(timed),
                     "paused_pollers_count": 0,
                 })
             })
@@ -159,8 +164,12 @@ impl Ctx {
             .stats()
             .iter()
             .map(|st| {
-                let (active, p) = poller(st);
-                let (a, t): (Vec<Value>, Vec<Value>) = if active { (vec![p], vec![]) } else { (vec![], vec![p]) };
+                let p = poller(st);
+                let (a, t): (Vec<Value>, Vec<Value>) = if timed(st) {
+                    (vec![], vec![p])
+                } else {
+                    (vec![p], vec![])
+                };
                 json!({
                     "name": thread_name(st.id),
                     "id": thread_id(st.id),
