@@ -55,9 +55,9 @@ ca=$(ctrl_on 4420)
 nvme id-ctrl "/dev/$ca" | grep -qE '^vwc +: 0(x0)?$' || die "an rbd namespace without write_cache reports no volatile write cache"
 
 step fio-verify
-fio_verify "$n1" 4k 32M
+fio_verify "$n1" 4k 16M
 fio_verify "$n1" 128k 32M
-fio_verify "$n2" 4k 16M
+fio_verify "$n2" 4k 8M
 
 step connect-b
 timeout 60 nvme connect -t tcp -n "$sub" -a "$HOST_ADDR" -s 4421 --nr-io-queues=2 --reconnect-delay=1 \
@@ -88,7 +88,7 @@ echo "load sharing: A carried $(($(ios "$a1") - i_a1)) I/Os of ns1, B $(($(ios "
 [ "$(ios "$b2")" -gt $((i_b2 + 100)) ] || die "namespace 2's I/O did not go through B"
 
 step kill-a
-fio_bg "$n1" 45 kill
+fio_bg "$n1" 25 kill
 sleep 8
 b0=$(ios "$b1")
 t0=$(ms)
@@ -125,7 +125,7 @@ step pause-a
 # the I/O to B, which fenced A meanwhile and took its group. When A runs again it finds
 # itself fenced, re-executes itself and rejoins; after the failback delay its path is
 # optimized again.
-fio_bg "$n1" 45 pause
+fio_bg "$n1" 30 pause
 sleep 8
 b0=$(ios "$b1")
 t0=$(ms)
@@ -154,7 +154,7 @@ md5 "$n1" >/dev/null
 [ "$(ios "$a1")" -gt "$i" ] || die "the read after A rejoined did not go through A"
 
 step cluster-outage
-fio_bg "$n2" 40 outage
+fio_bg "$n2" 30 outage
 sleep 5
 t0=$(ms)
 relay pause paused
