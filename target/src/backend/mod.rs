@@ -21,6 +21,7 @@ pub mod nvme;
 pub mod ram;
 pub mod rbd;
 pub mod sim;
+pub mod stripes;
 
 use std::any::Any;
 use std::collections::HashMap;

@@ -12,9 +12,10 @@
 //! vm-memory's `VolatileSlice`, the type rust-vmm uses for guest memory that another party
 //! writes concurrently. Its bulk copies are one `memcpy` (vm-memory's own rule for copies
 //! longer than a word), not a loop of word accesses: a 4 KiB read is ~100 instructions
-//! instead of ~1,400, the largest single item of the target's work per I/O. NVMe leaves the
-//! content of overlapping concurrent writes undefined beyond the atomic write unit (NVMe 1.4
-//! §6.4 "Atomic Operations", AWUN), which is what a concurrent copy gives. Pages are
+//! instead of ~1,400, the largest single item of the target's work per I/O. Each copy goes a
+//! 4 KiB stripe at a time under a sequence counter ([`Stripes`]), so that a logical block is
+//! written and read whole (NVMe 2.0 §2.1.4.1, AWUN): two bare copies of the same bytes on two
+//! cores mix them. Pages are
 //! committed on first touch, or ahead of time by a filler ([`RamDisk::populated`]), which
 //! also makes each 2 MiB of a RAM namespace one transparent huge page where THP is allowed
 //! (`collapse`: shmem gets huge pages at fault time only where shmem_enabled says so, which
@@ -35,6 +36,7 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use pollux_nvme::spec::Status;
 use vm_memory::VolatileSlice;
 
+use super::stripes::Stripes;
 use super::{Backend, BlockOp, Caps, Channel, ChannelEnv, WriteData};
 use crate::error::TargetError;
 use crate::subsystem::Namespace;
@@ -55,6 +57,8 @@ pub struct RamDisk {
     populating: Option<Arc<Filled>>,
     /// Tells its filler to stop (the disk is going).
     stop: Arc<AtomicBool>,
+    /// Makes each logical block atomic against reads and writes on other reactors.
+    stripes: Stripes,
 }
 
 /// The disk's memory, one mapping, unmapped (and its memfd closed) when its last holder
@@ -482,12 +486,14 @@ fn map_anonymous(len: u64) -> std::io::Result<NonNull<u8>> {
 impl RamDisk {
     /// A disk over `map`, with no fill.
     fn over(map: Mapping) -> Self {
+        let len = map.len;
         Self {
             base: map.base,
             len: map.len,
             map: Arc::new(map),
             populating: None,
             stop: Arc::new(AtomicBool::new(false)),
+            stripes: Stripes::new(len),
         }
     }
 
@@ -617,9 +623,19 @@ impl RamDisk {
         unsafe { self.base.add(off as usize) }
     }
 
+    /// Whether a read's bytes may be sent from the memory in place, read by the kernel
+    /// whenever the socket takes them: only for memory that is never written (the null
+    /// backend's zeroes, [`RamDisk::anonymous`]). A disk that is written could change under
+    /// a send still queued, mixing two writes in one block (see [`Stripes`]).
+    pub fn sends_in_place(&self) -> bool {
+        self.map.fd.is_none()
+    }
+
     /// Copy `out.len()` bytes at `off` into `out` (callers check the range).
     pub fn read(&self, off: u64, out: &mut [u8]) {
-        self.slice(off, out.len()).copy_to(out);
+        self.stripes.read(off, out.len(), |at, n, to| {
+            self.slice(at, n).copy_to(&mut out[to..to + n]);
+        });
     }
 
     /// Append `len` bytes at `off` to `out`: a read's data goes straight from the namespace
@@ -632,15 +648,21 @@ impl RamDisk {
         // SAFETY: `spare` is `len` bytes of the vector's capacity, exclusively borrowed here;
         // a VolatileSlice over it only writes through a raw pointer.
         let dst = unsafe { VolatileSlice::new(spare.as_mut_ptr().cast::<u8>(), len) };
-        src.copy_to_volatile_slice(dst);
-        // SAFETY: the copy above initialised the `len` bytes after `start` (both slices are
-        // `len` bytes long, so it copied exactly `len`).
+        self.stripes.read(off, len, |_, n, to| {
+            if let (Ok(s), Ok(d)) = (src.subslice(to, n), dst.subslice(to, n)) {
+                s.copy_to_volatile_slice(d);
+            }
+        });
+        // SAFETY: the copies above initialised the `len` bytes after `start`: the pieces
+        // cover `[0, len)` of both slices, each copied whole.
         unsafe { out.set_len(start + len) };
     }
 
-    /// Copy `data` to `off`.
+    /// Copy `data` to `off`, each logical block of it atomically ([`Stripes`]).
     pub fn write(&self, off: u64, data: &[u8]) {
-        self.slice(off, data.len()).copy_from(data);
+        self.stripes.write(off, data.len(), |at, n, from| {
+            self.slice(at, n).copy_from(&data[from..from + n])
+        });
     }
 
     /// Make `len` bytes at `off` read as zeroes, releasing whole pages to the kernel.
@@ -651,7 +673,11 @@ impl RamDisk {
         let last_page = end / PAGE * PAGE;
         if last_page > first_page {
             self.store_zero(off, first_page);
-            if let Err(e) = self.release(first_page, last_page) {
+            // A page punched out under a reader would hand it old bytes, then zeroes.
+            let released = self.stripes.exclusive(first_page, last_page - first_page, || {
+                self.release(first_page, last_page)
+            });
+            if let Err(e) = released {
                 tracing::debug!(error = %e, "RAM disk: pages not released, zeroes written instead");
                 self.store_zero(first_page, last_page);
             }

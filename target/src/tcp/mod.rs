@@ -617,14 +617,15 @@ impl Transport for TcpTransport {
     }
 
     /// A C2HData PDU with the read's data (NVMe/TCP 1.0 §3.6.2.8: with SUCCESS when `last`).
-    /// A RAM namespace's bytes are sent from its memory in place (see [`sendq`]) unless a
-    /// data digest must cover them or TLS encrypt them: the digest is computed over a copy,
-    /// so that it covers exactly the bytes sent.
+    /// Memory that is never written (a null namespace's zeroes) is sent in place (see
+    /// [`sendq`]) unless a data digest must cover it or TLS encrypt it; a RAM namespace's
+    /// bytes are copied, block-atomically, when the read completes (a write after that must
+    /// not reach a send still queued).
     #[inline(always)]
     fn send_read(&mut self, cid: u16, len: u32, data: ReadData<'_>, keep: &Arc<Namespace>, last: bool) {
         self.c2h_header(cid, len, last);
         match data {
-            ReadData::Ram(mem, off) if self.sends_in_place() => {
+            ReadData::Ram(mem, off) if self.sends_in_place() && mem.sends_in_place() => {
                 let base = mem.range_ptr(off, len as usize);
                 // SAFETY: the range is inside the RAM disk's mapping (range_ptr checks it),
                 // which lives as long as the namespace `keep`, which the send queue holds
