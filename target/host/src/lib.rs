@@ -26,6 +26,7 @@ mod auth;
 mod controller;
 mod discover;
 mod error;
+pub mod history;
 pub mod perf;
 mod queue;
 pub mod sqe;
