@@ -65,6 +65,7 @@ pub mod check;
 pub mod close;
 pub mod control;
 pub mod controller;
+pub mod counter;
 pub mod error;
 pub mod gateway;
 pub mod health;

@@ -48,7 +48,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use pollux_reactor::{Reactor, SourceId};
 
-use crate::subsystem::{Namespace, bump};
+use crate::counter::bump;
+use crate::subsystem::Namespace;
 
 /// A connection that waits for a range to be unlocked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

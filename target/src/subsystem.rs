@@ -48,12 +48,6 @@ pub struct NsCounters {
     pub write_latency: LatencyHistogram,
 }
 
-/// Add to a counter that only the calling reactor writes.
-#[inline]
-pub fn bump(c: &AtomicU64, by: u64) {
-    c.store(c.load(Relaxed).wrapping_add(by), Relaxed);
-}
-
 /// Summed namespace counters.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct NsTotals {

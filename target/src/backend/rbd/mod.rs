@@ -42,8 +42,9 @@ use pollux_conf::{DerivedIds, RbdBackend};
 use tracing::{info, warn};
 
 use super::{Backend, Caps, Channel, ChannelEnv, ChannelNs};
+use crate::counter::bump;
 use crate::error::TargetError;
-use crate::subsystem::{Namespace, bump};
+use crate::subsystem::Namespace;
 use channel::RbdChannel;
 use client::{Cluster, Image, SizeWatch, library, rbd_error};
 
