@@ -11,10 +11,12 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use arc_swap::ArcSwap;
 use pollux_conf::{Config, DISCOVERY_NQN, Dhchap, HostKeys, TlsKey, TlsMode, Transport};
+use pollux_nvme::spec::Status;
 use pollux_nvme::tls::{PskIdentity, TlsPsk};
+use pollux_reactor::{Reactor, SourceId};
 
 use crate::ana::AnaStates;
-use crate::backend::Backend;
+use crate::backend::{Backend, ChannelNs};
 use crate::error::TargetError;
 use crate::latency::{Latencies, LatencyHistogram};
 use crate::resv::{NsResv, state_file};
@@ -128,6 +130,31 @@ impl Namespace {
             t.write_bytes += c.write_bytes.load(Relaxed);
         }
         t
+    }
+
+    /// What a channel of this namespace keeps of it: not the namespace (a channel depends
+    /// on its store, not on the subsystem's model).
+    pub fn channel_ns(&self) -> ChannelNs {
+        ChannelNs {
+            nsid: self.nsid,
+            polling: self.polling.clone(),
+        }
+    }
+
+    /// The key of this namespace's channel on a reactor ([`Backend::channel_key`]).
+    #[inline]
+    fn channel_key(&self) -> usize {
+        self.backend.channel_key(ChannelNs::key(&self.polling))
+    }
+
+    /// This reactor's channel on the namespace, if it has opened one.
+    pub fn existing_channel(&self, r: &mut Reactor) -> Option<SourceId> {
+        crate::backend::existing_channel(r, self.channel_key())
+    }
+
+    /// This reactor's channel on the namespace, opened on first use.
+    pub fn channel(&self, r: &mut Reactor) -> Result<SourceId, Status> {
+        crate::backend::channel_for(r, &*self.backend, self.channel_key(), || self.channel_ns())
     }
 
     /// The read and write latency histograms, summed over reactors.

@@ -35,9 +35,8 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use pollux_nvme::spec::Status;
 use vm_memory::VolatileSlice;
 
-use super::{Backend, BlockOp, Caps, Channel, ChannelEnv, WriteData};
+use super::{Backend, BlockOp, Caps, Channel, ChannelEnv, ChannelNs, WriteData};
 use crate::error::TargetError;
-use crate::subsystem::Namespace;
 
 const PAGE: u64 = 4096;
 
@@ -756,7 +755,7 @@ impl Backend for RamDisk {
         Some(self.apply(op))
     }
 
-    fn open_channel(&self, ns: &Arc<Namespace>, env: &ChannelEnv) -> Result<Box<dyn Channel>, TargetError> {
+    fn open_channel(&self, ns: ChannelNs, env: &ChannelEnv) -> Result<Box<dyn Channel>, TargetError> {
         Err(TargetError::Channel {
             nsid: ns.nsid,
             reactor: env.reactor,

@@ -13,7 +13,7 @@ use super::data::{DataBuf, H2cBuf, H2cPool, R2tProgress};
 use super::finish::{Counted, End, Payload};
 use super::request::{ReqState, Request};
 use super::{Queue, Role, Transport};
-use crate::backend::{Completion, ReadData, Tag, WriteData, channel_for, existing_channel, with_channel};
+use crate::backend::{Completion, ReadData, Tag, WriteData, with_channel};
 use crate::nvm::{self, DataIn, Io};
 use crate::range_lock::{self, Waiter};
 use crate::subsystem::{HostView, Namespace};
@@ -283,7 +283,7 @@ impl<T: Transport> Queue<T> {
         op: crate::backend::BlockOp<'_>,
         req: Result<usize, Request>,
     ) -> Result<(), Status> {
-        let ch = match channel_for(r, ns) {
+        let ch = match ns.channel(r) {
             Ok(ch) => ch,
             Err(s) => {
                 if let Ok(slot) = req {
@@ -452,7 +452,7 @@ impl<T: Transport> Queue<T> {
             .reqs
             .get_mut(slot)
             .and_then(|q| q.io.namespace().cloned())
-            .and_then(|ns| existing_channel(r, &ns))
+            .and_then(|ns| ns.existing_channel(r))
         else {
             return false;
         };
@@ -502,7 +502,8 @@ impl<T: Transport> Queue<T> {
     /// A buffer for the `len` bytes of `io`'s data, to come by R2T.
     pub(super) fn r2t_buf(&mut self, r: &mut Reactor, io: &Io, len: u32) -> DataBuf {
         let dma = match io {
-            Io::Write { ns, .. } if ns.backend.caps().dma_data => channel_for(r, ns)
+            Io::Write { ns, .. } if ns.backend.caps().dma_data => ns
+                .channel(r)
                 .ok()
                 .and_then(|ch| with_channel(r, ch, |c, _| c.take_buf(len as usize)))
                 .flatten(),

@@ -44,7 +44,6 @@ use tracing::{info, warn};
 use super::{Backend, Caps, Channel, ChannelEnv, ChannelNs};
 use crate::counter::bump;
 use crate::error::TargetError;
-use crate::subsystem::Namespace;
 use channel::RbdChannel;
 use client::{Cluster, Image, SizeWatch, library, rbd_error};
 
@@ -432,9 +431,9 @@ impl Backend for RbdDisk {
         self.close();
     }
 
-    fn open_channel(&self, ns: &Arc<Namespace>, env: &ChannelEnv) -> Result<Box<dyn Channel>, TargetError> {
+    fn open_channel(&self, ns: ChannelNs, env: &ChannelEnv) -> Result<Box<dyn Channel>, TargetError> {
         let image = self.open_image()?;
-        let ch = RbdChannel::new(ChannelNs::of(ns), image, self, env).map_err(|e| {
+        let ch = RbdChannel::new(ns, image, self, env).map_err(|e| {
             rbd_error(
                 &self.conf,
                 format!("cannot open a channel: {e}"),
