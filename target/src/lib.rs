@@ -296,7 +296,10 @@ impl Target {
             info!(address = %a.addr, tls = a.tls.as_str(), "listening (NVMe/TCP, discovery and subsystems)");
         }
         let resize_watch = resize::watcher(shared.clone(), runtime.remotes())?;
-        let resv_watch = resv::cluster::watcher(shared.clone(), runtime.remotes())?;
+        let resv_watch = {
+            let (shared, remotes) = (shared.clone(), runtime.remotes());
+            resv::cluster::watcher(move || queue::tend_clustered_reservations::<tcp::TcpTransport>(&shared, &remotes))?
+        };
         let gateway = match &cfg.gateway {
             Some(g) => Some(
                 gateway::Agent::start(g.clone(), shared.clone(), runtime.remotes()).map_err(|source| {

@@ -14,6 +14,7 @@
 //! Adding a backend: a file here implementing [`Backend`] (and [`Channel`] if it is
 //! asynchronous), and its line in [`open`]. Nothing else names a backend type.
 
+pub mod cluster;
 pub mod dma;
 pub mod file;
 pub mod null;
@@ -328,7 +329,7 @@ pub trait Backend: Send + Sync + std::fmt::Debug + Any {
     /// The object in the store's cluster that keeps the namespace's reservations for every
     /// gateway ([`crate::resv::cluster`]); None: the store has no cluster, the target keeps
     /// them. Blocks on the cluster: called where the namespace is built.
-    fn reservation_object(&self) -> Option<Result<Box<dyn crate::resv::ClusterObject>, TargetError>> {
+    fn reservation_object(&self) -> Option<Result<Box<dyn cluster::ClusterObject>, TargetError>> {
         None
     }
     /// Resize the store to `bytes` (`pollux ctl resize-namespace`; blocks on the store, never

@@ -36,8 +36,7 @@ use tracing::info;
 
 pub use admin::for_each_ctrl;
 pub use io::deliver;
-pub(crate) use reservation::FENCE_TIMEOUT;
-pub use reservation::deliver_reservation_effects;
+pub use reservation::tend_clustered_reservations;
 pub use transport::Transport;
 
 use crate::ana::AnaStates;

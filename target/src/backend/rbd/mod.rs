@@ -417,8 +417,8 @@ impl Backend for RbdDisk {
         Some(self.derived_ids())
     }
 
-    fn reservation_object(&self) -> Option<Result<Box<dyn crate::resv::ClusterObject>, TargetError>> {
-        let open = || -> Result<Box<dyn crate::resv::ClusterObject>, TargetError> {
+    fn reservation_object(&self) -> Option<Result<Box<dyn crate::backend::cluster::ClusterObject>, TargetError>> {
+        let open = || -> Result<Box<dyn crate::backend::cluster::ClusterObject>, TargetError> {
             let image = self.open_image()?;
             let o = resv_object::RadosResvObject::open(image.cluster.clone(), &self.conf, &self.image_id)?;
             Ok(Box::new(o))
