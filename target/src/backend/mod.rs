@@ -34,9 +34,14 @@ use pollux_nvme::spec::{Health, Status};
 use pollux_reactor::{ChannelKey, LatencyModel, Polling, PollingCell, Progress, Reactor, Source, SourceId, SourceOpts};
 use tracing::warn;
 
+use crate::bell::Bell;
 use crate::error::TargetError;
 pub use dma::{DmaPool, PooledDma};
 pub use ram::RamDisk;
+
+/// Rung (by any store's watch, on the store's own thread) when a store may have changed
+/// size: the target's resize watcher ([`crate::resize::watcher`]) waits on it.
+pub static SIZE_BELL: Bell = Bell::new();
 
 /// Who to tell when a command completes: a connection and the slot of its request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
