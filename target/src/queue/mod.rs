@@ -16,6 +16,7 @@
 mod admin;
 mod auth;
 pub mod data;
+pub mod fence;
 pub(crate) mod finish;
 pub mod handover;
 mod io;
