@@ -16,7 +16,7 @@
 //!   destination) takes the range ([`RangeLocks::try_lock`]; an overlapping held range makes
 //!   it wait exactly as a write does), then *fences* every reactor: a message to each, which
 //!   answers once the writes that reactor had started to this namespace before the message
-//!   have completed ([`fence`]). A write that starts on a reactor after that reactor ran the
+//!   have completed ([`crate::queue::fence`]). A write that starts on a reactor after that reactor ran the
 //!   message sees `active` (the message orders it after the locker's store) and checks the
 //!   range; one that started before is in flight and the fence waits for it; there is
 //!   nothing in between, because a reactor runs a message between its sources' runs, and a
