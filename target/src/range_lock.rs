@@ -16,13 +16,13 @@
 //!   destination) takes the range ([`RangeLocks::try_lock`]; an overlapping held range makes
 //!   it wait exactly as a write does), then *fences* every reactor: a message to each, which
 //!   answers once the writes that reactor had started to this namespace before the message
-//!   have completed ([`crate::queue::fence`]). A write that starts on a reactor after that reactor ran the
-//!   message sees `active` (the message orders it after the locker's store) and checks the
-//!   range; one that started before is in flight and the fence waits for it; there is
-//!   nothing in between, because a reactor runs a message between its sources' runs, and a
-//!   write is checked and submitted within one run. Writes that complete inline (RAM) are
-//!   done before the run ends, so they are never in flight. Then the locker reads, compares,
-//!   writes and unlocks.
+//!   have completed ([`crate::queue::fence`]). A write that starts on a reactor after that
+//!   reactor ran the message sees `active` (the message orders it after the locker's store)
+//!   and checks the range; one that started before is in flight and the fence waits for it;
+//!   there is nothing in between, because a reactor runs a message between its sources'
+//!   runs, and a write is checked and submitted within one run. Writes that complete inline
+//!   (RAM) are done before the run ends, so they are never in flight. Then the locker reads,
+//!   compares, writes and unlocks.
 //! - **In-flight writes** are counted per reactor and namespace, in two slots
 //!   ([`NsCounters`]' `writes`, written by that reactor only, as the I/O counters are): a
 //!   write adds one to the current slot at submission and takes it back from the same slot
