@@ -85,6 +85,7 @@ pub mod resize;
 pub mod resv;
 pub mod setup;
 pub mod sgl;
+pub mod shared;
 pub mod subsystem;
 pub mod tcp;
 pub mod upgrade;
@@ -104,7 +105,8 @@ use pollux_reactor::{Mode, PolicyConfig, ReactorConfig, ReactorStats, Runtime, T
 use tracing::{info, warn};
 
 pub use error::TargetError;
-use subsystem::{BoundListener, Shared, build_snapshot};
+use shared::Shared;
+use subsystem::{BoundListener, build_snapshot};
 
 /// How to run the reactors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -242,8 +244,10 @@ impl Target {
         if let Some((referral, listener)) = referral::self_referral(&referrals, &addrs) {
             return Err(TargetError::SelfReferral { referral, listener });
         }
-        let snapshot = build_snapshot(cfg, n, addrs.clone())?;
-        let shared = Arc::new(Shared::new(cfg, n, snapshot, started));
+        // A new process of a hot upgrade takes over its predecessor's stores.
+        let adopt: subsystem::AdoptStore = upgrade::new::inherited_store;
+        let snapshot = build_snapshot(cfg, n, addrs.clone(), adopt)?;
+        let shared = Arc::new(Shared::new(cfg, n, snapshot, started, adopt));
         *shared.ana_overlay.lock().unwrap_or_else(|p| p.into_inner()) = overlay;
         let reactors = cfg
             .reactors

@@ -14,7 +14,7 @@ use tracing::{info, warn};
 
 use crate::path::Path;
 use crate::placement::Placer;
-use crate::subsystem::Shared;
+use crate::shared::Shared;
 use crate::tcp::{self, Conn, RxPool};
 
 static NEXT_SERIAL: AtomicU64 = AtomicU64::new(1);

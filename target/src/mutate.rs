@@ -23,7 +23,8 @@ use crate::ana::AnaStates;
 use crate::controller::Local;
 use crate::error::TargetError;
 use crate::listener::Listener;
-use crate::subsystem::{BoundListener, Shared, Snapshot, build_subsystem};
+use crate::shared::Shared;
+use crate::subsystem::{BoundListener, Snapshot, build_subsystem};
 use crate::tcp::Conn;
 
 /// What a reconciliation changed.
@@ -168,7 +169,13 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
                         None
                     }
                 };
-                subsystems.push(build_subsystem(s, n, new.state_dir.as_deref(), keep)?);
+                subsystems.push(build_subsystem(
+                    s,
+                    n,
+                    new.state_dir.as_deref(),
+                    shared.adopt_store,
+                    keep,
+                )?);
                 for nn in &s.namespaces {
                     if !oc.namespaces.iter().any(|x| same_namespace(x, nn)) {
                         ch.added_namespaces.push((s.nqn.clone(), nn.nsid));
@@ -191,7 +198,13 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
                 ch.changed_subsystems.push(s.nqn.clone());
             }
             None => {
-                subsystems.push(build_subsystem(s, n, new.state_dir.as_deref(), |_| None)?);
+                subsystems.push(build_subsystem(
+                    s,
+                    n,
+                    new.state_dir.as_deref(),
+                    shared.adopt_store,
+                    |_| None,
+                )?);
                 ch.added_subsystems.push(s.nqn.clone());
             }
         }

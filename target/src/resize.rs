@@ -13,7 +13,7 @@ use pollux_reactor::Remote;
 use crate::backend::SIZE_BELL;
 use crate::bell::BellThread;
 use crate::error::TargetError;
-use crate::subsystem::Shared;
+use crate::shared::Shared;
 
 /// How often, besides each ring, the watcher looks: a store whose I/O failed as a deleted
 /// one's would is checked (by the store, at most this often), so that its hosts get

@@ -1,5 +1,5 @@
 //! The object of a store's cluster that keeps a namespace's reservations for every gateway
-//! (an RBD image's `pollux.resv.<image id>`, [`super::rbd::resv_object`]): what a store with a
+//! (an RBD image's `pollux.resv.<image id>`, `backend::rbd::resv_object`): what a store with a
 //! cluster offers ([`super::Backend::reservation_object`]) and the reservations kept in the
 //! cluster ([`crate::resv::cluster`]) use, without either knowing the other.
 

@@ -21,7 +21,7 @@ use super::log::{LogEnv, get_log_page};
 use super::reply::Reply;
 use super::{AER_LIMIT, Ctrl, ERROR_LOG_ENTRIES};
 use crate::sgl::{DataPtr, Xfer, data_ptr, xfer};
-use crate::subsystem::Shared;
+use crate::shared::Shared;
 
 /// NVMe version this controller reports (as Linux nvmet does).
 pub const VERSION: Vs = Vs::V1_3;

@@ -46,7 +46,8 @@ use crate::controller::auth::QueueAuth;
 use crate::controller::{Ctrl, QueueRef};
 use crate::path::Path;
 use crate::queue::finish::End;
-use crate::subsystem::{HostView, Shared};
+use crate::shared::Shared;
+use crate::subsystem::HostView;
 use request::Requests;
 
 /// What a queue is.
@@ -186,7 +187,7 @@ impl<T: Transport> Queue<T> {
         matches!(self.role, Role::Io(_))
     }
 
-    /// Count the queue's role in its reactor's [`crate::subsystem::QueueRoles`] as it binds
+    /// Count the queue's role in its reactor's [`crate::shared::QueueRoles`] as it binds
     /// (`bound`), or no longer as it closes.
     fn count_role(&self, bound: bool) {
         let Some(roles) = self.shared.queue_roles.get(self.reactor) else {

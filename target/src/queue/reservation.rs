@@ -21,7 +21,8 @@ use super::{Queue, Role, Transport};
 use crate::controller::{Local, QueueRef};
 use crate::queue::finish::End;
 use crate::resv::{Effects, FENCE_TIMEOUT, HostId, ResvDone, ResvOp};
-use crate::subsystem::{Namespace, Shared};
+use crate::shared::Shared;
+use crate::subsystem::Namespace;
 
 /// How often a queue being fenced looks again at its commands in flight.
 const FENCE_POLL: Duration = Duration::from_millis(1);
@@ -167,7 +168,7 @@ fn settle<T: Transport>(
 }
 
 /// Tend every namespace of `shared` whose reservations its cluster keeps
-/// ([`crate::resv::NsResv::tend`]): the work of the target's reservation watcher
+/// (`NsResv::tend`): the work of the target's reservation watcher
 /// ([`crate::resv::cluster::watcher`]), whose effects reach the queues (of transport `T`)
 /// on the reactors of `remotes`.
 pub fn tend_clustered_reservations<T: Transport>(shared: &Shared, remotes: &[Remote]) {

@@ -442,8 +442,8 @@ static BELL: Bell = Bell::new();
 const TICK: Duration = Duration::from_millis(200);
 
 /// A target's reservation watcher thread: each time a watch has an event, and every
-/// [`TICK`], it runs `tend_all`, which tends each of the target's namespaces kept in a
-/// cluster ([`NsResv::tend`]: applies other gateways' changes, their effects delivered to
+/// `TICK`, it runs `tend_all`, which tends each of the target's namespaces kept in a
+/// cluster (`NsResv::tend`: applies other gateways' changes, their effects delivered to
 /// the target's reactors, and keeps their watches healthy). The caller walks the
 /// namespaces and delivers the effects: this layer knows neither.
 pub fn watcher(tend_all: impl FnMut() + Send + 'static) -> Result<BellThread, TargetError> {

@@ -14,7 +14,7 @@ use super::{Conn, RxPool, TcpTransport};
 use crate::path::Path;
 use crate::queue::Queue;
 use crate::queue::handover::ResumeError;
-use crate::subsystem::Shared;
+use crate::shared::Shared;
 use crate::upgrade::state::{Bytes, QueueState};
 
 impl Conn {

@@ -315,7 +315,7 @@ fn start(p: &Prepare, fds: &mut [Option<OwnedFd>]) -> Result<(Target, Bound, Con
 }
 
 /// Set every namespace's reservations to the old process's.
-fn restore_reservations(shared: &crate::subsystem::Shared, entries: &[super::state::ResvEntry]) {
+fn restore_reservations(shared: &crate::shared::Shared, entries: &[super::state::ResvEntry]) {
     use crate::resv::{Holder, Registrant, ResvState};
     use pollux_nvme::spec::resv::ResvType;
     let snap = shared.snapshot.load_full();

@@ -17,7 +17,7 @@ use super::state::{
 };
 use super::wire::Wire;
 use super::{DEVICE_LIMIT, PAUSE_LIMIT, Report, STEP_LIMIT, UpgradeError};
-use crate::subsystem::Shared;
+use crate::shared::Shared;
 
 /// The descriptor the new process finds its end of the handover socket at.
 pub const CHILD_FD: RawFd = 3;
