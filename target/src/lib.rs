@@ -68,6 +68,7 @@ pub mod controller;
 pub mod counter;
 pub mod error;
 pub mod gateway;
+pub mod handover;
 pub mod health;
 pub mod latency;
 pub mod listener;

@@ -27,8 +27,8 @@ use zerocopy::FromBytes;
 use super::{IoQueue, Queue, Role, Sq, Transport};
 use crate::controller::auth::QueueAuth;
 use crate::controller::{Ctrl, ErrorEntry, Local, QueueRef};
+use crate::handover::{Bytes, CtrlState, ErrorState, HeldCmd, IoQueueRef, QueueState, RoleState, SqState};
 use crate::subsystem::{HostView, Snapshot};
-use crate::upgrade::state::{Bytes, CtrlState, ErrorState, HeldCmd, IoQueueRef, QueueState, RoleState, SqState};
 
 /// A queue's pause for a hot upgrade.
 #[derive(Debug, Default)]
