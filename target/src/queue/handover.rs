@@ -296,7 +296,7 @@ impl<T: Transport> Queue<T> {
         }
         if matches!(self.role, Role::Unbound) {
             // The setup deadline, which a pause let pass, starts again.
-            crate::listener::arm_setup_deadline(r, id, self.serial, &self.shared);
+            Self::arm_setup_deadline(r, id, self.serial, &self.shared);
         }
         self.flush_or_close(r, id);
         r.wake(id);

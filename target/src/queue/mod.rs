@@ -29,7 +29,7 @@ mod unsent;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use pollux_nvme::spec::{Sqe, Status, opcode};
 use pollux_reactor::{Progress, Reactor, Source, SourceId, TimerId};
@@ -155,6 +155,15 @@ impl<T: Transport> Queue<T> {
             placed: path.placed,
             handover: None,
         }
+    }
+
+    /// Arm queue `id`'s (`serial`) setup deadline: `[transport] setup_timeout_ms` from now,
+    /// [`Queue::check_setup`] runs.
+    pub fn arm_setup_deadline(r: &mut Reactor, id: SourceId, serial: u64, shared: &Shared) {
+        let deadline = Duration::from_millis(u64::from(shared.transport.setup_timeout_ms));
+        r.add_timer(Instant::now() + deadline, move |r| {
+            r.with_source::<Self, _>(id, |c, r| c.check_setup(r, id, serial));
+        });
     }
 
     /// The setup deadline (`[transport] setup_timeout_ms` after the accept) has come: close
