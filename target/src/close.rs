@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use pollux_nvme::tcp::{PduError, PduType};
 
-use crate::tcp::tls::TlsError;
+use pollux_link::tls::TlsError;
 
 /// Why a connection closed. Display is the log's reason text. Small (the TLS errors are
 /// boxed): the receive path returns it in every `fill`'s `Result`.

@@ -7,7 +7,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use crate::subsystem::bump;
+use crate::counter::bump;
 
 /// Sub-buckets per octave: `1 << SUB_BITS`.
 const SUB_BITS: u32 = 2;

@@ -29,19 +29,53 @@
 //! | Discovery log (NVMe-oF 1.1 §5.3), referrals to other targets | [`controller::discovery`], [`referral`] | `ctrlr_discovery.c` |
 //! | NVM commands: SQE -> validated [`nvm::IoCmd`] -> [`backend::BlockOp`] (NVM Command Set 1.0 §3) | [`nvm`] | `ctrlr_bdev.c` |
 //! | Reservations: a namespace's state, its persistence, who may do what (NVMe 2.0 §8.19) | [`resv`] | `subsystem.c` (reservations) |
-//! | Backends behind one [`backend::Backend`] / [`backend::Channel`] trait: RAM, simulated SSD, null, file (io_uring), NVMe SSD (VFIO), RBD | [`backend`] | `bdev` + io_channel |
+//! | LBA range locks of fused Compare and Write and Copy: a namespace's lock table, and the fences of the writes in flight | [`range_lock`], [`queue::fence`] | `bdev.c` (LBA range lock) |
+//! | Backends behind one [`backend::Backend`] / [`backend::Channel`] trait: RAM, simulated SSD, null, file (io_uring), NVMe SSD (VFIO), RBD; a channel is opened for a [`backend::ChannelNs`], the cluster object a store offers for reservations is [`backend::cluster`] | [`backend`] | `bdev` + io_channel |
 //! | Subsystems, namespaces, hosts: an immutable snapshot swapped whole | [`subsystem`] | `subsystem.c` |
+//! | What the running target holds: the snapshot, the conf running, per-reactor counts (connections, closes, requests, queues), the PSKs secure channel concatenation generated | [`shared`] | `spdk_nvmf_tgt` |
 //! | Accepting connections and placing them on reactors; what a connection knows of its path | [`listener`], [`path`] | `tcp.c` (acceptor) |
 //! | Why a connection closed, counted per reactor | [`close`] | `spdk_nvmf_qpair_disconnect` |
 //! | Run-time changes (`pollux ctl` add/remove) and the control plane | [`mutate`], [`control`] | `nvmf_rpc.c` |
+//! | Hot upgrade: the handover to a new process, and the versioned state handed over | [`upgrade`], [`handover`] | |
 //! | Gateway groups: membership, fencing (blocklisting), ANA takeover and failback through the cluster | [`gateway`] | ceph-nvmeof's monitor (`NVMeofGwMap.cc`) |
+//!
+//! # Layers
+//! Imports point one way, down (`modcycles.py target/src` finds no circle between the
+//! modules); a lower layer that needs something of a higher one is given it (a function, a
+//! trait object, a type parameter), never names it:
+//! 1. The crates below: `pollux_reactor`, `pollux_nvme` (the spec, NVMe/TCP PDUs and their
+//!    constants), `pollux_conf`, `pollux_link`.
+//! 2. Leaves: [`error`], [`log`], [`counter`], [`bell`], [`pool`], [`sgl`], [`ana`],
+//!    [`latency`], [`close`].
+//! 3. The block store, [`backend`]: stores and their channels, knowing nothing of NVMe-oF.
+//!    A channel gets the little it keeps of its namespace ([`backend::ChannelNs`]); a store
+//!    with a cluster offers an object there ([`backend::cluster`]) and rings a bell when its
+//!    size changes ([`backend::SIZE_BELL`]), which the layers above wait on.
+//! 4. What a namespace holds beside its store: [`resv`] (its reservations; the watcher of
+//!    those its cluster keeps runs what it is given), [`qos`], [`range_lock`].
+//! 5. [`subsystem`]: namespaces, subsystems and their snapshot (where a store comes from at
+//!    an upgrade is passed in, [`subsystem::AdoptStore`]); beside it, reading it, [`nvm`],
+//!    [`health`], [`referral`].
+//! 6. [`shared`]: what the running target holds.
+//! 7. [`controller`], [`placement`], [`path`], and [`handover`] (the state an upgrade hands
+//!    over, which queues and transports write and read).
+//! 8. [`queue`], generic over its transport, and beside it the transport [`tcp`], which
+//!    implements [`queue::Transport`] (tcp imports queue, never the other way).
+//! 9. [`listener`], then [`mutate`] (run-time changes; it holds the upgrade-under-way flag
+//!    the upgrade sets, [`mutate::Upgrading`]), then [`resize`].
+//! 10. [`upgrade`] (its new process serves the control endpoints through what the control
+//!     plane gives it, [`upgrade::new::TakeoverControl`]), then [`gateway`] (which passes its
+//!     incarnation to the next process), then [`control`] on top ([`setup`] uses it;
+//!     [`check`] stands alone); [`Target`] (this file) wires the layers together.
 //!
 //! # Where a new thing goes
 //! - **A new transport** (RDMA, ...): a type that implements [`queue::Transport`] (its
 //!   `run` is the receive loop that hands capsules to `Queue::on_capsule` and data to
 //!   `Queue::data_received`; the rest is what the queue sends), a listener that accepts its
-//!   connections as `Queue<ThatTransport>`, and its `deliver` registered with the reactor's
-//!   channels ([`queue::deliver`]). Nothing in [`queue`], [`controller`] or [`nvm`] changes.
+//!   connections as `Queue<ThatTransport>`, its `deliver` registered with the reactor's
+//!   channels ([`queue::deliver`]), and the reservation watcher's work
+//!   ([`queue::tend_clustered_reservations`]) run for it too. Nothing in [`queue`],
+//!   [`controller`] or [`nvm`] changes.
 //! - **A new admin command**: its row in the admin table ([`pollux_nvme::spec::command`]),
 //!   its decoding and execution in [`controller::admin`] (pure: a [`controller::reply::Reply`]
 //!   or an outcome the queue acts on).
@@ -65,8 +99,10 @@ pub mod check;
 pub mod close;
 pub mod control;
 pub mod controller;
+pub mod counter;
 pub mod error;
 pub mod gateway;
+pub mod handover;
 pub mod health;
 pub mod latency;
 pub mod listener;
@@ -84,6 +120,7 @@ pub mod resize;
 pub mod resv;
 pub mod setup;
 pub mod sgl;
+pub mod shared;
 pub mod subsystem;
 pub mod tcp;
 pub mod upgrade;
@@ -103,7 +140,8 @@ use pollux_reactor::{Mode, PolicyConfig, ReactorConfig, ReactorStats, Runtime, T
 use tracing::{info, warn};
 
 pub use error::TargetError;
-use subsystem::{BoundListener, Shared, build_snapshot};
+use shared::Shared;
+use subsystem::{BoundListener, build_snapshot};
 
 /// How to run the reactors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -241,8 +279,10 @@ impl Target {
         if let Some((referral, listener)) = referral::self_referral(&referrals, &addrs) {
             return Err(TargetError::SelfReferral { referral, listener });
         }
-        let snapshot = build_snapshot(cfg, n, addrs.clone())?;
-        let shared = Arc::new(Shared::new(cfg, n, snapshot, started));
+        // A new process of a hot upgrade takes over its predecessor's stores.
+        let adopt: subsystem::AdoptStore = upgrade::new::inherited_store;
+        let snapshot = build_snapshot(cfg, n, addrs.clone(), adopt)?;
+        let shared = Arc::new(Shared::new(cfg, n, snapshot, started, adopt));
         *shared.ana_overlay.lock().unwrap_or_else(|p| p.into_inner()) = overlay;
         let reactors = cfg
             .reactors
@@ -295,7 +335,10 @@ impl Target {
             info!(address = %a.addr, tls = a.tls.as_str(), "listening (NVMe/TCP, discovery and subsystems)");
         }
         let resize_watch = resize::watcher(shared.clone(), runtime.remotes())?;
-        let resv_watch = resv::cluster::watcher(shared.clone(), runtime.remotes())?;
+        let resv_watch = {
+            let (shared, remotes) = (shared.clone(), runtime.remotes());
+            resv::cluster::watcher(move || queue::tend_clustered_reservations::<tcp::TcpTransport>(&shared, &remotes))?
+        };
         let gateway = match &cfg.gateway {
             Some(g) => Some(
                 gateway::Agent::start(g.clone(), shared.clone(), runtime.remotes()).map_err(|source| {

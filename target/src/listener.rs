@@ -14,7 +14,7 @@ use tracing::{info, warn};
 
 use crate::path::Path;
 use crate::placement::Placer;
-use crate::subsystem::Shared;
+use crate::shared::Shared;
 use crate::tcp::{self, Conn, RxPool};
 
 static NEXT_SERIAL: AtomicU64 = AtomicU64::new(1);
@@ -146,20 +146,12 @@ pub fn add_connection(r: &mut Reactor, sock: TcpStream, shared: Arc<Shared>, sta
     let fd = conn.t.raw_fd();
     match r.add_sleepable_source(Box::new(conn), SourceOpts::socket(fd)) {
         Ok(id) => {
-            arm_setup_deadline(r, id, serial, &shared);
+            Conn::arm_setup_deadline(r, id, serial, &shared);
             // Bytes may have arrived before registration: run it once now.
             r.wake(id)
         }
         Err(e) => fail(&shared, e.to_string()),
     }
-}
-
-/// Arm connection `id`'s (`serial`) setup deadline: `[transport] setup_timeout_ms` from now.
-pub fn arm_setup_deadline(r: &mut Reactor, id: SourceId, serial: u64, shared: &Shared) {
-    let deadline = Duration::from_millis(u64::from(shared.transport.setup_timeout_ms));
-    r.add_timer(Instant::now() + deadline, move |r| {
-        r.with_source::<Conn, _>(id, |c, r| c.check_setup(r, id, serial));
-    });
 }
 
 impl Source for Listener {

@@ -140,7 +140,7 @@ fn main() -> ExitCode {
     }
     if let Some(fd) = cli.takeover {
         let signals = block_signals();
-        return match pollux_target::upgrade::new::takeover(fd) {
+        return match pollux_target::upgrade::new::takeover::<pollux_target::control::Bound>(fd) {
             Ok(t) => serve(t.target, t.control, &signals),
             Err(e) => {
                 // Nothing of what was handed over may be shut down here: the old process

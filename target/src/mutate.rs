@@ -14,6 +14,7 @@
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 
 use pollux_conf::Config;
 use pollux_reactor::{MarginSleep, ModelKind, Reactor, Remote, SourceId};
@@ -23,7 +24,8 @@ use crate::ana::AnaStates;
 use crate::controller::Local;
 use crate::error::TargetError;
 use crate::listener::Listener;
-use crate::subsystem::{BoundListener, Shared, Snapshot, build_subsystem};
+use crate::shared::Shared;
+use crate::subsystem::{BoundListener, Snapshot, build_subsystem};
 use crate::tcp::Conn;
 
 /// What a reconciliation changed.
@@ -103,10 +105,41 @@ fn same_namespace(a: &pollux_conf::Namespace, b: &pollux_conf::Namespace) -> boo
     a.nsid == b.nsid && bare(a) == bare(b)
 }
 
+/// Set while a hot upgrade is under way in this process ([`crate::upgrade::old`]; one at a
+/// time): the running conf is what the next process starts from, so it must not change
+/// under the handover.
+static UPGRADING: AtomicBool = AtomicBool::new(false);
+
+/// Whether an upgrade is under way: [`reconcile`] refuses every change meanwhile.
+pub fn upgrading() -> bool {
+    UPGRADING.load(SeqCst)
+}
+
+/// An upgrade under way ([`upgrading`]) until dropped, however the upgrade ends. The
+/// upgrade, above this layer, holds it; run-time changes here only read it.
+#[derive(Debug)]
+pub struct Upgrading(());
+
+impl Upgrading {
+    /// Begin one; None: another is under way.
+    pub fn begin() -> Option<Self> {
+        UPGRADING
+            .compare_exchange(false, true, SeqCst, SeqCst)
+            .ok()
+            .map(|_| Upgrading(()))
+    }
+}
+
+impl Drop for Upgrading {
+    fn drop(&mut self) {
+        UPGRADING.store(false, SeqCst);
+    }
+}
+
 /// Reconcile `new` against the running configuration and apply the difference. On error
 /// nothing changes.
 pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Result<Changes, TargetError> {
-    if crate::upgrade::old::in_progress() {
+    if upgrading() {
         // The running conf is what the next process starts from: it must not change under
         // the handover.
         return Err(TargetError::Upgrading);
@@ -168,7 +201,13 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
                         None
                     }
                 };
-                subsystems.push(build_subsystem(s, n, new.state_dir.as_deref(), keep)?);
+                subsystems.push(build_subsystem(
+                    s,
+                    n,
+                    new.state_dir.as_deref(),
+                    shared.adopt_store,
+                    keep,
+                )?);
                 for nn in &s.namespaces {
                     if !oc.namespaces.iter().any(|x| same_namespace(x, nn)) {
                         ch.added_namespaces.push((s.nqn.clone(), nn.nsid));
@@ -191,7 +230,13 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
                 ch.changed_subsystems.push(s.nqn.clone());
             }
             None => {
-                subsystems.push(build_subsystem(s, n, new.state_dir.as_deref(), |_| None)?);
+                subsystems.push(build_subsystem(
+                    s,
+                    n,
+                    new.state_dir.as_deref(),
+                    shared.adopt_store,
+                    |_| None,
+                )?);
                 ch.added_subsystems.push(s.nqn.clone());
             }
         }

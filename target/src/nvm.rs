@@ -12,6 +12,7 @@ use pollux_nvme::spec::resv::{Access, ResvCdw10};
 use pollux_nvme::spec::{Sqe, Status, command, opcode};
 
 use crate::backend::{BlockOp, WriteData};
+use crate::qos::Cost;
 use crate::sgl::{DataPtr, data_ptr};
 use crate::subsystem::{HostView, Namespace};
 
@@ -112,6 +113,28 @@ pub enum Io {
 }
 
 impl Io {
+    /// The cost of this command against its namespace's QoS limits ([`crate::qos`]); None:
+    /// it is never held. Flush is not (holding it would only delay the durability of writes
+    /// that completed already, and SPDK's QoS does not hold it either), nor are the
+    /// reservation commands (they move no blocks). Write Zeroes and Dataset Management count
+    /// as commands without bytes (no data moves); a Copy as one command, its bytes not
+    /// counted (they are known only once its ranges have come).
+    pub fn qos_cost(&self) -> Option<Cost> {
+        let one = |read: u32, write: u32| {
+            Some(Cost {
+                cmds: 1,
+                read: u64::from(read),
+                write: u64::from(write),
+            })
+        };
+        match self {
+            Io::Read { len, .. } | Io::Compare { len, .. } | Io::Verify { len, .. } => one(*len, 0),
+            Io::Write { len, .. } => one(0, *len),
+            Io::WriteZeroes { .. } | Io::DatasetManagement { .. } | Io::Copy { .. } => one(0, 0),
+            Io::Flush { .. } | Io::Reservation { .. } | Io::ReservationReport { .. } => None,
+        }
+    }
+
     /// The namespace addressed (None: a flush of all namespaces).
     pub fn namespace(&self) -> Option<&Arc<Namespace>> {
         match self {

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use pollux_conf::Placement;
 
-use crate::subsystem::Shared;
+use crate::shared::Shared;
 
 /// Score of one open connection from the same host address on a reactor, in the units of
 /// [`ReactorLoad::score`] (per mille of a reactor's busy share): half a fully busy reactor.
@@ -340,7 +340,7 @@ mod tests {
 
     #[test]
     fn places_drop_their_counts_and_the_table_is_pruned() {
-        let shared = crate::subsystem::test_shared(2);
+        let shared = crate::shared::test_shared(2);
         let mut p = Placer::default();
         let ip: IpAddr = "192.0.2.1".parse().unwrap();
         let (a, pa) = p.place(Placement::Measured, &shared, ip);

@@ -16,7 +16,7 @@
 //! none can be overtaken forever. Its cost is taken whether it runs now or later: long-run
 //! the rate is exact; a command released late by less than the burst loses nothing.
 //!
-//! What is counted ([`Cost::of`]): `iops` counts Read, Write, Compare, Verify, Write Zeroes,
+//! What is counted ([`crate::nvm::Io::qos_cost`]): `iops` counts Read, Write, Compare, Verify, Write Zeroes,
 //! Dataset Management and Copy; bytes are those of Read, Compare and Verify (read from the
 //! store) and Write (the host's). Flush and the reservation commands are never held.
 //!
@@ -27,8 +27,6 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use pollux_conf::Qos;
-
-use crate::nvm::Io;
 
 /// How far a bucket may be in debt before a command waits: the burst a namespace idle for a
 /// while may serve at once (10 ms of its rate), and the lateness a release timer may have
@@ -106,29 +104,6 @@ pub struct Cost {
     pub read: u64,
     /// Bytes of host data written (`mbps`, `write_mbps`).
     pub write: u64,
-}
-
-impl Cost {
-    /// The cost of NVM command `io`; None: it is never held. Flush is not (holding it would
-    /// only delay the durability of writes that completed already, and SPDK's QoS does not
-    /// hold it either), nor are the reservation commands (they move no blocks). Write Zeroes
-    /// and Dataset Management count as commands without bytes (no data moves); a Copy as one
-    /// command, its bytes not counted (they are known only once its ranges have come).
-    pub fn of(io: &Io) -> Option<Cost> {
-        let one = |read: u32, write: u32| {
-            Some(Cost {
-                cmds: 1,
-                read: u64::from(read),
-                write: u64::from(write),
-            })
-        };
-        match io {
-            Io::Read { len, .. } | Io::Compare { len, .. } | Io::Verify { len, .. } => one(*len, 0),
-            Io::Write { len, .. } => one(0, *len),
-            Io::WriteZeroes { .. } | Io::DatasetManagement { .. } | Io::Copy { .. } => one(0, 0),
-            Io::Flush { .. } | Io::Reservation { .. } | Io::ReservationReport { .. } => None,
-        }
-    }
 }
 
 /// A namespace's limits and their buckets, shared by every reactor (it lives in the

@@ -10,28 +10,20 @@ use std::time::Duration;
 
 use pollux_reactor::Remote;
 
-use crate::bell::{Bell, BellThread};
+use crate::backend::SIZE_BELL;
+use crate::bell::BellThread;
 use crate::error::TargetError;
-use crate::subsystem::Shared;
+use crate::shared::Shared;
 
 /// How often, besides each ring, the watcher looks: a store whose I/O failed as a deleted
 /// one's would is checked (by the store, at most this often), so that its hosts get
 /// retryable statuses for a few seconds at most, then Invalid Namespace, never a hang.
 const VANISH_CHECK: Duration = Duration::from_secs(1);
 
-/// Rung (by any store's watch, on the store's own thread) when a store may have changed
-/// size.
-static BELL: Bell = Bell::new();
-
-/// A store may have changed size: wake the watchers.
-pub fn ring() {
-    BELL.ring();
-}
-
 /// A target's resize watcher thread: it looks at the namespaces of `shared` for size
-/// changes each time a store rings ([`ring`]), telling the reactors of `remotes`.
+/// changes each time a store rings ([`SIZE_BELL`]), telling the reactors of `remotes`.
 pub fn watcher(shared: Arc<Shared>, remotes: Arc<[Remote]>) -> Result<BellThread, TargetError> {
-    BellThread::spawn("resize-watch", &BELL, Some(VANISH_CHECK), move || {
+    BellThread::spawn("resize-watch", &SIZE_BELL, Some(VANISH_CHECK), move || {
         check(&shared, &remotes)
     })
 }

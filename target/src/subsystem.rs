@@ -9,12 +9,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use arc_swap::ArcSwap;
-use pollux_conf::{Config, DISCOVERY_NQN, Dhchap, HostKeys, TlsKey, TlsMode, Transport};
+use pollux_conf::{Config, DISCOVERY_NQN, Dhchap, HostKeys, TlsKey, TlsMode};
+use pollux_nvme::spec::Status;
 use pollux_nvme::tls::{PskIdentity, TlsPsk};
+use pollux_reactor::{Reactor, SourceId};
 
 use crate::ana::AnaStates;
-use crate::backend::Backend;
+use crate::backend::{Backend, ChannelNs};
 use crate::error::TargetError;
 use crate::latency::{Latencies, LatencyHistogram};
 use crate::resv::{NsResv, state_file};
@@ -46,12 +47,6 @@ pub struct NsCounters {
     /// Completion latency of its Write and Write Zeroes commands, from arrival (before an R2T
     /// data transfer) to completion.
     pub write_latency: LatencyHistogram,
-}
-
-/// Add to a counter that only the calling reactor writes.
-#[inline]
-pub fn bump(c: &AtomicU64, by: u64) {
-    c.store(c.load(Relaxed).wrapping_add(by), Relaxed);
 }
 
 /// Summed namespace counters.
@@ -134,6 +129,31 @@ impl Namespace {
             t.write_bytes += c.write_bytes.load(Relaxed);
         }
         t
+    }
+
+    /// What a channel of this namespace keeps of it: not the namespace (a channel depends
+    /// on its store, not on the subsystem's model).
+    pub fn channel_ns(&self) -> ChannelNs {
+        ChannelNs {
+            nsid: self.nsid,
+            polling: self.polling.clone(),
+        }
+    }
+
+    /// The key of this namespace's channel on a reactor ([`Backend::channel_key`]).
+    #[inline]
+    fn channel_key(&self) -> usize {
+        self.backend.channel_key(ChannelNs::key(&self.polling))
+    }
+
+    /// This reactor's channel on the namespace, if it has opened one.
+    pub fn existing_channel(&self, r: &mut Reactor) -> Option<SourceId> {
+        crate::backend::existing_channel(r, self.channel_key())
+    }
+
+    /// This reactor's channel on the namespace, opened on first use.
+    pub fn channel(&self, r: &mut Reactor) -> Result<SourceId, Status> {
+        crate::backend::channel_for(r, &*self.backend, self.channel_key(), || self.channel_ns())
     }
 
     /// The read and write latency histograms, summed over reactors.
@@ -416,99 +436,6 @@ impl Snapshot {
     }
 }
 
-/// A reactor's queues by role: written by that reactor as its queues bind and close.
-#[derive(Debug, Default)]
-pub struct QueueRoles {
-    /// Admin queues: the controllers the reactor owns.
-    pub admin: AtomicU64,
-    /// I/O queues.
-    pub io: AtomicU64,
-}
-
-impl Shared {
-    /// The I/O queues a controller grants at most ([`Transport::io_queues_for`]).
-    pub fn io_queues_max(&self) -> u16 {
-        self.transport.io_queues_for(self.reactors).min(0xFFFF) as u16
-    }
-
-    /// The state of a target of `reactors` reactors running `cfg`, whose subsystems are
-    /// `snapshot`.
-    pub fn new(cfg: &Config, reactors: usize, snapshot: Snapshot, started: std::time::Instant) -> Self {
-        Self {
-            transport: cfg.transport.clone(),
-            keep_alive: cfg.keep_alive.clone(),
-            snapshot: ArcSwap::from_pointee(snapshot),
-            generated: Default::default(),
-            reactors,
-            conns_per_reactor: (0..reactors).map(|_| AtomicU64::new(0)).collect(),
-            closes: (0..reactors).map(|_| crate::close::CloseCounts::default()).collect(),
-            requests: (0..reactors).map(|_| Arc::default()).collect(),
-            queue_roles: (0..reactors).map(|_| QueueRoles::default()).collect(),
-            stats_cells: Default::default(),
-            controllers_created: AtomicU64::new(0),
-            config: std::sync::Mutex::new(cfg.clone()),
-            ana_overlay: Default::default(),
-            vanished: Default::default(),
-            started,
-        }
-    }
-
-    /// The TLS PSK of an identity a host offers: a retained PSK derived from the configured
-    /// one, or a PSK secure channel concatenation generated, which only serves while its
-    /// subsystem still allows concatenation and the host may still connect with its
-    /// DH-HMAC-CHAP keys there (a host removed, or its keys, loses it at once).
-    pub fn tls_psk(&self, id: &PskIdentity) -> Option<TlsPsk> {
-        let snap = self.snapshot.load();
-        if !id.generated {
-            return snap.tls_psk(id);
-        }
-        let s = snap.subsystem(&id.subnqn)?;
-        if !s.secure_concat || !s.allows(&id.hostnqn) || s.keys_of(&id.hostnqn).is_none() {
-            return None;
-        }
-        self.generated.lookup(id)
-    }
-}
-
-/// State shared by all reactors of one target.
-#[derive(Debug)]
-pub struct Shared {
-    /// Transport limits from the conf.
-    pub transport: Transport,
-    /// Keep-alive limits from the conf.
-    pub keep_alive: pollux_conf::KeepAlive,
-    /// The current subsystems.
-    pub snapshot: ArcSwap<Snapshot>,
-    /// The PSKs secure channel concatenation generated, for the TLS connections that follow.
-    pub generated: crate::controller::concat::GeneratedKeys,
-    /// Number of reactors.
-    pub reactors: usize,
-    /// Open connections per reactor (for least-loaded placement and stats).
-    pub conns_per_reactor: Box<[AtomicU64]>,
-    /// Connections closed per reactor, by why (each reactor adds only to its own).
-    pub closes: Box<[crate::close::CloseCounts]>,
-    /// Per reactor: its queues' requests by state, and the commands they ended.
-    pub requests: Box<[Arc<crate::queue::request::RequestStats>]>,
-    /// Per reactor: its admin queues (the controllers it owns) and I/O queues.
-    pub queue_roles: Box<[QueueRoles]>,
-    /// The reactors' accounting cells, once they run (connection placement samples their
-    /// busy time).
-    pub stats_cells: std::sync::OnceLock<Vec<Arc<pollux_reactor::StatsCell>>>,
-    /// Controllers ever created (for logs).
-    pub controllers_created: AtomicU64,
-    /// When the target started (SMART power-on hours).
-    pub started: std::time::Instant,
-    /// The configuration running now (changed only by the control plane, which serializes
-    /// its changes on this lock; reactors never take it).
-    pub config: std::sync::Mutex<Config>,
-    /// ANA states over the conf's on every listener (a gateway group's takeovers and
-    /// fences); changed under the `config` lock, by [`crate::mutate::set_ana_overlay`].
-    pub ana_overlay: std::sync::Mutex<crate::ana::Overlay>,
-    /// Namespaces removed because their store vanished (subsystem NQN, NSID, why), for
-    /// `pollux ctl subsystems`; a namespace added again under that NSID clears its entry.
-    pub vanished: std::sync::Mutex<Vec<(String, u32, String)>>,
-}
-
 /// The reservations of a namespace: persistent (restored from its state file) for file and
 /// nvme namespaces when the conf has a `state_dir`; RAM and simulated namespaces lose their
 /// data at exit, and their reservations with it.
@@ -524,16 +451,30 @@ fn open_reservations(n: &pollux_conf::Namespace, state_dir: Option<&Path>) -> Re
     NsResv::open(Some(state_file(dir, &n.nguid)))
 }
 
-/// Open a namespace's backend and build the namespace (`reactors` sets its counters;
-/// `state_dir`: where persistent reservations are kept; `polling`: its effective policy).
+/// Where namespace `n` of subsystem `nqn` takes its store from before the conf is asked: a
+/// store the target already holds open for it (a hot upgrade's new process takes over its
+/// predecessor's, [`crate::upgrade::new::inherited_store`]); None: it is opened as the conf
+/// says ([`crate::backend::open`]). Passed in by whoever starts the target, which this layer
+/// does not know.
+pub type AdoptStore = fn(nqn: &str, n: &pollux_conf::Namespace) -> Option<Result<Box<dyn Backend>, TargetError>>;
+
+/// No store to adopt: each is opened as the conf says.
+pub fn no_store_to_adopt(_nqn: &str, _n: &pollux_conf::Namespace) -> Option<Result<Box<dyn Backend>, TargetError>> {
+    None
+}
+
+/// Open a namespace's backend (`adopt`'s if it has one) and build the namespace
+/// (`reactors` sets its counters; `state_dir`: where persistent reservations are kept;
+/// `polling`: its effective policy).
 pub fn build_namespace(
     nqn: &str,
     n: &pollux_conf::Namespace,
     polling: pollux_conf::Polling,
     reactors: usize,
     state_dir: Option<&Path>,
+    adopt: AdoptStore,
 ) -> Result<Arc<Namespace>, TargetError> {
-    let backend = match crate::upgrade::new::inherited_store(nqn, n) {
+    let backend = match adopt(nqn, n) {
         Some(b) => b,
         None => crate::backend::open(n, reactors),
     }
@@ -593,10 +534,12 @@ pub fn build_namespace(
 /// Build a subsystem of a conf, reusing the namespaces `keep` offers (by nsid) instead of
 /// opening them again: their data and counters carry over (a kept namespace's `polling`
 /// and `qos` are the caller's to set, once the change can no longer fail: [`crate::mutate`]).
+/// New namespaces' stores come from `adopt` first ([`AdoptStore`]).
 pub fn build_subsystem(
     s: &pollux_conf::Subsystem,
     reactors: usize,
     state_dir: Option<&Path>,
+    adopt: AdoptStore,
     keep: impl Fn(u32) -> Option<Arc<Namespace>>,
 ) -> Result<Arc<Subsystem>, TargetError> {
     let mut namespaces = Vec::with_capacity(s.namespaces.len());
@@ -604,7 +547,7 @@ pub fn build_subsystem(
     for n in &s.namespaces {
         let ns = match keep(n.nsid) {
             Some(ns) => ns,
-            None => build_namespace(&s.nqn, n, s.polling_of(n), reactors, state_dir)?,
+            None => build_namespace(&s.nqn, n, s.polling_of(n), reactors, state_dir, adopt)?,
         };
         namespaces.push(ns);
         if let Some(hosts) = &n.hosts {
@@ -628,12 +571,18 @@ pub fn build_subsystem(
     }))
 }
 
-/// Build the namespaces and subsystems of a conf (`listeners`: as bound).
-pub fn build_snapshot(cfg: &Config, reactors: usize, listeners: Vec<BoundListener>) -> Result<Snapshot, TargetError> {
+/// Build the namespaces and subsystems of a conf (`listeners`: as bound; `adopt`: where
+/// stores come from before the conf is asked).
+pub fn build_snapshot(
+    cfg: &Config,
+    reactors: usize,
+    listeners: Vec<BoundListener>,
+    adopt: AdoptStore,
+) -> Result<Snapshot, TargetError> {
     let subsystems = cfg
         .subsystems
         .iter()
-        .map(|s| build_subsystem(s, reactors, cfg.state_dir.as_deref(), |_| None))
+        .map(|s| build_subsystem(s, reactors, cfg.state_dir.as_deref(), adopt, |_| None))
         .collect::<Result<_, _>>()?;
     Ok(Snapshot::new(
         subsystems,
@@ -642,15 +591,6 @@ pub fn build_snapshot(cfg: &Config, reactors: usize, listeners: Vec<BoundListene
         Arc::new(cfg.discovery.clone()),
         cfg.referrals.iter().map(|r| r.address).collect(),
     ))
-}
-
-/// A target's shared state for unit tests: `reactors` reactors, no subsystem.
-#[cfg(test)]
-pub(crate) fn test_shared(reactors: usize) -> Shared {
-    let mut cfg = Config::embedded_default();
-    cfg.subsystems.clear();
-    let snapshot = build_snapshot(&cfg, reactors, Vec::new()).expect("a conf without subsystems builds");
-    Shared::new(&cfg, reactors, snapshot, std::time::Instant::now())
 }
 
 /// A RAM namespace of `blocks` 512-byte blocks, for unit tests of what reads namespaces.
@@ -690,7 +630,7 @@ pub(crate) fn test_subsystem(namespaces: &[Arc<Namespace>], hosts: &[&str]) -> A
         dhchap: Dhchap::default(),
         namespaces: NsTable::new(namespaces.to_vec()),
         masks: BTreeMap::new(),
-        cntlids: crate::controller::FULL_CNTLID_RANGE,
+        cntlids: pollux_conf::MIN_CNTLID..=pollux_conf::MAX_CNTLID,
         listeners: None,
         secure_concat: false,
     })

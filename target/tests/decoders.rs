@@ -16,7 +16,7 @@ use pollux_target::controller::admin::{Admin, decode_admin};
 use pollux_target::controller::connect::{Fabrics, decode_fabrics, parse_connect_data};
 use pollux_target::nvm::{Io, decode_io, dsm_ranges};
 use pollux_target::sgl::{DataPtr, data_ptr, xfer};
-use pollux_target::subsystem::{HostView, build_snapshot};
+use pollux_target::subsystem::{HostView, build_snapshot, no_store_to_adopt};
 use proptest::prelude::*;
 use zerocopy::FromBytes;
 use zerocopy::little_endian::{U16, U32};
@@ -27,7 +27,7 @@ fn subsystem() -> HostView {
     static S: OnceLock<HostView> = OnceLock::new();
     S.get_or_init(|| {
         let cfg = Config::parse(&conf("interrupt", ""), "decoders.toml").unwrap();
-        let s = build_snapshot(&cfg, 1, Vec::new())
+        let s = build_snapshot(&cfg, 1, Vec::new(), no_store_to_adopt)
             .unwrap()
             .subsystem(NQN)
             .unwrap()

@@ -70,6 +70,9 @@ pub const PFV_1_0: u16 = 0;
 pub const MAX_PDA: u8 = 31;
 /// Smallest MAXH2CDATA an ICResp may advertise.
 pub const MIN_MAXH2CDATA: u32 = 4096;
+/// In-capsule data a target accepts on the admin queue (NVMe/TCP 1.0 §3.3.1: 8 KiB for
+/// fabrics and admin commands).
+pub const ADMIN_IN_CAPSULE: u32 = 8192;
 
 /// Common header FLAGS bits (NVMe/TCP 1.0 §3.6.1, Figure "PDU Common Header").
 pub mod flags {

@@ -22,7 +22,6 @@ mod channel;
 
 use super::{Backend, Caps, Channel, ChannelEnv, ChannelNs};
 use crate::error::TargetError;
-use crate::subsystem::Namespace;
 pub use channel::{AlignedBuf, FileChannel, FileOp};
 
 /// Buffer alignment for O_DIRECT (covers 512- and 4096-byte logical blocks).
@@ -358,14 +357,13 @@ impl Backend for FileDisk {
         }
     }
 
-    fn open_channel(&self, ns: &Arc<Namespace>, env: &ChannelEnv) -> Result<Box<dyn Channel>, TargetError> {
-        let ch = FileChannel::new(ChannelNs::of(ns), self.file.as_raw_fd(), &self.uring, env).map_err(|source| {
-            TargetError::FileIo {
+    fn open_channel(&self, ns: ChannelNs, env: &ChannelEnv) -> Result<Box<dyn Channel>, TargetError> {
+        let ch =
+            FileChannel::new(ns, self.file.as_raw_fd(), &self.uring, env).map_err(|source| TargetError::FileIo {
                 path: self.path.clone(),
                 what: "cannot open a channel (io_uring or its worker thread)",
                 source,
-            }
-        })?;
+            })?;
         Ok(Box::new(ch))
     }
 

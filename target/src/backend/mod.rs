@@ -14,6 +14,7 @@
 //! Adding a backend: a file here implementing [`Backend`] (and [`Channel`] if it is
 //! asynchronous), and its line in [`open`]. Nothing else names a backend type.
 
+pub mod cluster;
 pub mod dma;
 pub mod file;
 pub mod null;
@@ -34,10 +35,14 @@ use pollux_nvme::spec::{Health, Status};
 use pollux_reactor::{ChannelKey, LatencyModel, Polling, PollingCell, Progress, Reactor, Source, SourceId, SourceOpts};
 use tracing::warn;
 
+use crate::bell::Bell;
 use crate::error::TargetError;
-use crate::subsystem::Namespace;
 pub use dma::{DmaPool, PooledDma};
 pub use ram::RamDisk;
+
+/// Rung (by any store's watch, on the store's own thread) when a store may have changed
+/// size: the target's resize watcher ([`crate::resize::watcher`]) waits on it.
+pub static SIZE_BELL: Bell = Bell::new();
 
 /// Who to tell when a command completes: a connection and the slot of its request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -306,15 +311,16 @@ pub trait Backend: Send + Sync + std::fmt::Debug + Any {
     fn run_inline(&self, _op: &BlockOp<'_>) -> Option<Status> {
         None
     }
-    /// The key of this namespace's channel on a reactor: one channel per namespace unless
-    /// namespaces share a device queue (NVMe: one channel per device). The key is an address
-    /// that the channel keeps alive (an `Arc` it holds), so it cannot be reused while the
-    /// channel exists.
-    fn channel_key(&self, ns: &Arc<Namespace>) -> usize {
-        Arc::as_ptr(ns) as usize
+    /// The key of a namespace's channel on a reactor, given `own`, the key a channel of that
+    /// namespace alone has ([`ChannelNs::key`]): one channel per namespace unless namespaces
+    /// share a device queue (NVMe: one channel per device). The key is an address that the
+    /// channel keeps alive (an `Arc` it holds), so it cannot be reused while the channel
+    /// exists.
+    fn channel_key(&self, own: usize) -> usize {
+        own
     }
-    /// Open this reactor's channel on `ns` (whose backend is `self`).
-    fn open_channel(&self, ns: &Arc<Namespace>, env: &ChannelEnv) -> Result<Box<dyn Channel>, TargetError>;
+    /// Open this reactor's channel on the namespace `ns` (whose backend is `self`).
+    fn open_channel(&self, ns: ChannelNs, env: &ChannelEnv) -> Result<Box<dyn Channel>, TargetError>;
     /// The health of the device behind this store, when it has one that reports it: its name
     /// (namespaces of one device share it) and its last SMART / Health page.
     fn device_health(&self) -> Option<(&str, Health)> {
@@ -329,7 +335,7 @@ pub trait Backend: Send + Sync + std::fmt::Debug + Any {
     /// The object in the store's cluster that keeps the namespace's reservations for every
     /// gateway ([`crate::resv::cluster`]); None: the store has no cluster, the target keeps
     /// them. Blocks on the cluster: called where the namespace is built.
-    fn reservation_object(&self) -> Option<Result<Box<dyn crate::resv::ClusterObject>, TargetError>> {
+    fn reservation_object(&self) -> Option<Result<Box<dyn cluster::ClusterObject>, TargetError>> {
         None
     }
     /// Resize the store to `bytes` (`pollux ctl resize-namespace`; blocks on the store, never
@@ -377,12 +383,10 @@ pub struct ChannelNs {
 }
 
 impl ChannelNs {
-    /// What a channel of `ns` keeps of it.
-    pub fn of(ns: &Namespace) -> Self {
-        Self {
-            nsid: ns.nsid,
-            polling: ns.polling.clone(),
-        }
+    /// The key of a channel of this namespace alone: the address of its polling cell, which
+    /// the channel keeps alive (see [`Backend::channel_key`]).
+    pub fn key(polling: &Arc<PollingCell>) -> usize {
+        Arc::as_ptr(polling) as usize
     }
 }
 
@@ -558,17 +562,21 @@ impl Channels {
     }
 }
 
-/// This reactor's channel on `ns`, if it has opened one.
-pub fn existing_channel(r: &mut Reactor, ns: &Arc<Namespace>) -> Option<SourceId> {
-    let key = ns.backend.channel_key(ns);
+/// This reactor's channel of key `key` ([`Backend::channel_key`]), if it has opened one.
+pub fn existing_channel(r: &mut Reactor, key: usize) -> Option<SourceId> {
     r.local::<Channels>().and_then(|c| c.by_key.get(&key).copied())
 }
 
-/// The channel of this reactor on `ns`, opened on first use.
-pub fn channel_for(r: &mut Reactor, ns: &Arc<Namespace>) -> Result<SourceId, Status> {
-    let key = ns.backend.channel_key(ns);
+/// The channel of this reactor of key `key` ([`Backend::channel_key`]) on the namespace
+/// `ns` gives (called only to open it) of `store`, opened on first use.
+pub fn channel_for(
+    r: &mut Reactor,
+    store: &dyn Backend,
+    key: usize,
+    ns: impl FnOnce() -> ChannelNs,
+) -> Result<SourceId, Status> {
     let Some(c) = r.local::<Channels>() else {
-        warn!(nsid = ns.nsid, "this reactor has no channel registry");
+        warn!(nsid = ns().nsid, "this reactor has no channel registry");
         return Err(Status::INTERNAL_ERROR);
     };
     if let Some(id) = c.by_key.get(&key) {
@@ -582,7 +590,9 @@ pub fn channel_for(r: &mut Reactor, ns: &Arc<Namespace>) -> Result<SourceId, Sta
         key,
         complete,
     };
-    let opened = ns.backend.open_channel(ns, &env).and_then(|ch| {
+    let ns = ns();
+    let nsid = ns.nsid;
+    let opened = store.open_channel(ns, &env).and_then(|ch| {
         let (fd, watchdog) = (ch.interrupt_fd(), ch.watchdog());
         r.device_load().name_channel(key, ch.name());
         let src = Box::new(ChannelSource {
@@ -595,7 +605,7 @@ pub fn channel_for(r: &mut Reactor, ns: &Arc<Namespace>) -> Result<SourceId, Sta
             Some(fd) => r.add_sleepable_source(src, SourceOpts::polled_with_fd(fd)),
             None => {
                 warn!(
-                    nsid = ns.nsid,
+                    nsid,
                     "a channel without an interrupt fd: it is polled, the reactor cannot sleep on it"
                 );
                 r.add_source(src, SourceOpts::polled())
@@ -607,7 +617,7 @@ pub fn channel_for(r: &mut Reactor, ns: &Arc<Namespace>) -> Result<SourceId, Sta
         Ok(id)
     });
     let id = opened.map_err(|e| {
-        warn!(nsid = ns.nsid, error = %e, "cannot open a device channel");
+        warn!(nsid, error = %e, "cannot open a device channel");
         Status::INTERNAL_ERROR
     })?;
     if let Some(c) = r.local::<Channels>() {
@@ -659,12 +669,12 @@ pub fn open(n: &pollux_conf::Namespace, reactors: usize) -> Result<Box<dyn Backe
 
 #[cfg(test)]
 mod tests {
-    use super::{ChannelNs, CopyOffload, Polling};
+    use super::{CopyOffload, Polling};
 
     #[test]
     fn a_channel_sees_its_namespace_polling_changes_without_holding_the_namespace() {
         let ns = crate::subsystem::test_namespace(3, 64);
-        let kept = ChannelNs::of(&ns);
+        let kept = ns.channel_ns();
         assert_eq!(kept.nsid, 3);
         ns.polling.set(Polling::Always);
         assert_eq!(kept.polling.get(), Polling::Always);

@@ -9,13 +9,11 @@
 //! zero page with THP), whatever the namespace's size, and no command fills a buffer.
 
 use std::any::Any;
-use std::sync::Arc;
 
 use pollux_nvme::spec::Status;
 
-use super::{Backend, BlockOp, Caps, Channel, ChannelEnv, RamDisk, ReadData};
+use super::{Backend, BlockOp, Caps, Channel, ChannelEnv, ChannelNs, RamDisk, ReadData};
 use crate::error::TargetError;
-use crate::subsystem::Namespace;
 
 /// The largest read a null namespace may serve at once: the conf's largest `max_io_size`.
 const MAX_READ: u64 = 2 << 30;
@@ -74,7 +72,7 @@ impl Backend for NullDisk {
         })
     }
 
-    fn open_channel(&self, ns: &Arc<Namespace>, env: &ChannelEnv) -> Result<Box<dyn Channel>, TargetError> {
+    fn open_channel(&self, ns: ChannelNs, env: &ChannelEnv) -> Result<Box<dyn Channel>, TargetError> {
         Err(TargetError::Channel {
             nsid: ns.nsid,
             reactor: env.reactor,

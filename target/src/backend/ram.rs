@@ -37,9 +37,8 @@ use pollux_nvme::spec::Status;
 use vm_memory::VolatileSlice;
 
 use super::stripes::Stripes;
-use super::{Backend, BlockOp, Caps, Channel, ChannelEnv, WriteData};
+use super::{Backend, BlockOp, Caps, Channel, ChannelEnv, ChannelNs, WriteData};
 use crate::error::TargetError;
-use crate::subsystem::Namespace;
 
 const PAGE: u64 = 4096;
 
@@ -782,7 +781,7 @@ impl Backend for RamDisk {
         Some(self.apply(op))
     }
 
-    fn open_channel(&self, ns: &Arc<Namespace>, env: &ChannelEnv) -> Result<Box<dyn Channel>, TargetError> {
+    fn open_channel(&self, ns: ChannelNs, env: &ChannelEnv) -> Result<Box<dyn Channel>, TargetError> {
         Err(TargetError::Channel {
             nsid: ns.nsid,
             reactor: env.reactor,

@@ -11,7 +11,6 @@ use std::any::Any;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pollux_nvme::spec::Status;
@@ -24,7 +23,6 @@ use tracing::warn;
 
 use super::{Backend, BlockOp, Channel, ChannelEnv, ChannelNs, Completer, Completion, RamDisk, Tag};
 use crate::error::TargetError;
-use crate::subsystem::Namespace;
 
 /// A latency distribution, in microseconds.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -155,9 +153,10 @@ impl Backend for SimDisk {
         Some(&self.data)
     }
 
-    fn open_channel(&self, ns: &Arc<Namespace>, env: &ChannelEnv) -> Result<Box<dyn Channel>, TargetError> {
-        let ch = SimChannel::new(ChannelNs::of(ns), self.params.clone(), env).map_err(|e| TargetError::Channel {
-            nsid: ns.nsid,
+    fn open_channel(&self, ns: ChannelNs, env: &ChannelEnv) -> Result<Box<dyn Channel>, TargetError> {
+        let nsid = ns.nsid;
+        let ch = SimChannel::new(ns, self.params.clone(), env).map_err(|e| TargetError::Channel {
+            nsid,
             reactor: env.reactor,
             reason: format!("cannot make the simulated interrupt's timerfd: {e}"),
         })?;

@@ -193,6 +193,24 @@ impl Bound {
     }
 }
 
+/// A hot upgrade's new process serves the endpoints its predecessor handed over with these.
+impl crate::upgrade::new::TakeoverControl for Bound {
+    type Server = ControlServer;
+    type Error = ControlError;
+
+    fn inherited(
+        socket: Option<(UnixListener, PathBuf)>,
+        metrics: Option<TcpListener>,
+        c: &pollux_conf::Control,
+    ) -> Self {
+        Bound::inherited(socket, metrics, c)
+    }
+
+    fn serve(self, target: &Target, reactors: &pollux_conf::Reactors) -> Result<ControlServer, ControlError> {
+        Bound::serve(self, target, reactors)
+    }
+}
+
 /// The running control plane; dropping it stops it and removes the socket file.
 #[derive(Debug)]
 pub struct ControlServer {

@@ -13,6 +13,7 @@ use pollux_nvme::bindings::{nvme_id_ctrl, nvme_id_ns};
 use pollux_nvme::spec::ana::{ANAGRPMAX, ANATT_S};
 use pollux_nvme::spec::text::{ascii_padded, nul_terminated};
 use pollux_nvme::spec::{Sqe, Status, Vs, cns, command, opcode};
+use pollux_nvme::tcp::ADMIN_IN_CAPSULE;
 use zerocopy::{FromZeros, IntoBytes};
 
 use super::features::{CCTEMP_K, FeatureEffect, WCTEMP_K, get_features, set_features};
@@ -20,8 +21,7 @@ use super::log::{LogEnv, get_log_page};
 use super::reply::Reply;
 use super::{AER_LIMIT, Ctrl, ERROR_LOG_ENTRIES};
 use crate::sgl::{DataPtr, Xfer, data_ptr, xfer};
-use crate::subsystem::Shared;
-use crate::tcp::ADMIN_IN_CAPSULE;
+use crate::shared::Shared;
 
 /// NVMe version this controller reports (as Linux nvmet does).
 pub const VERSION: Vs = Vs::V1_3;

@@ -15,7 +15,8 @@ use zerocopy::FromBytes;
 
 use super::{Ctrl, QueueRef};
 use crate::sgl::{DataPtr, data_ptr};
-use crate::subsystem::{HostView, Shared, Subsystem};
+use crate::shared::Shared;
+use crate::subsystem::{HostView, Subsystem};
 
 /// Admin queue entries accepted at Connect.
 const MAX_ADMIN_ENTRIES: u32 = 4096;

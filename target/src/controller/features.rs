@@ -14,7 +14,8 @@ use std::sync::Arc;
 
 use super::Ctrl;
 use super::reply::Reply;
-use crate::subsystem::{Namespace, Shared};
+use crate::shared::Shared;
+use crate::subsystem::Namespace;
 
 /// Warning Composite Temperature Threshold reported in Identify Controller (WCTEMP, kelvin)
 /// and the default over-temperature threshold of the composite sensor (NVMe 2.0 §5.27.1.3).

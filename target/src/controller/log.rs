@@ -14,7 +14,8 @@ use super::discovery::discovery_log_part;
 use super::reply::Reply;
 use super::{Ctrl, ERROR_LOG_ENTRIES};
 use crate::health;
-use crate::subsystem::{Shared, Snapshot};
+use crate::shared::Shared;
+use crate::subsystem::Snapshot;
 
 /// SMART / Health Information (LID 02h), NVMe 2.0 §5.16.1.3: the health of the stores
 /// behind the subsystem ([`crate::health`]), or behind namespace `nsid` (Identify Controller

@@ -12,7 +12,6 @@
 
 pub mod admin;
 pub mod auth;
-pub mod concat;
 pub mod connect;
 pub mod discovery;
 pub mod features;

@@ -6,7 +6,7 @@ use pollux_nvme::spec::{Cap, Cc, Csts, Status, property};
 use super::Ctrl;
 use super::admin::VERSION;
 use super::reply::Reply;
-use crate::subsystem::Shared;
+use crate::shared::Shared;
 
 /// The CAP property (NVMe 2.0 §3.1.3.1): MQES, CQR, TO 7.5 s, NVM command set, 4 KiB pages.
 pub fn cap(shared: &Shared) -> u64 {

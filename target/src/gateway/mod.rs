@@ -26,7 +26,7 @@ use tracing::{info, warn};
 
 use crate::backend::rbd::client::all_addrs;
 use crate::backend::rbd::group_object::GroupObjects;
-use crate::subsystem::Shared;
+use crate::shared::Shared;
 use state::{Errno, Group, GroupStore, Member};
 
 /// The group's objects in the cluster.

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use super::*;
+use crate::nvm::Io;
 use crate::subsystem::test_namespace;
 
 const T0: u64 = 1_000_000_000_000;
@@ -176,7 +177,7 @@ fn limits_are_set_in_place_with_a_new_generation_and_cleared() {
 #[test]
 fn what_each_command_costs() {
     let ns = test_namespace(1, 64);
-    let cost = |io: &Io| Cost::of(io);
+    let cost = |io: &Io| io.qos_cost();
     let read = Io::Read {
         ns: ns.clone(),
         off: 0,

@@ -13,8 +13,9 @@ use pollux_reactor::sys::monotonic_ns;
 use super::{Queue, Role, Transport, admin};
 use crate::backend::ReadData;
 use crate::controller::reply::Reply;
+use crate::counter::bump;
 use crate::nvm::Io;
-use crate::subsystem::{Namespace, bump};
+use crate::subsystem::Namespace;
 
 /// What goes to the host before a command's completion.
 #[derive(Clone, Copy)]

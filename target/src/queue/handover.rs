@@ -27,8 +27,8 @@ use zerocopy::FromBytes;
 use super::{IoQueue, Queue, Role, Sq, Transport};
 use crate::controller::auth::QueueAuth;
 use crate::controller::{Ctrl, ErrorEntry, Local, QueueRef};
+use crate::handover::{Bytes, CtrlState, ErrorState, HeldCmd, IoQueueRef, QueueState, RoleState, SqState};
 use crate::subsystem::{HostView, Snapshot};
-use crate::upgrade::state::{Bytes, CtrlState, ErrorState, HeldCmd, IoQueueRef, QueueState, RoleState, SqState};
 
 /// A queue's pause for a hot upgrade.
 #[derive(Debug, Default)]
@@ -296,7 +296,7 @@ impl<T: Transport> Queue<T> {
         }
         if matches!(self.role, Role::Unbound) {
             // The setup deadline, which a pause let pass, starts again.
-            crate::listener::arm_setup_deadline(r, id, self.serial, &self.shared);
+            Self::arm_setup_deadline(r, id, self.serial, &self.shared);
         }
         self.flush_or_close(r, id);
         r.wake(id);

@@ -10,12 +10,13 @@ use pollux_reactor::sys::monotonic_ns;
 use pollux_reactor::{Polling, Reactor, SourceId};
 
 use super::data::{DataBuf, H2cBuf, H2cPool, R2tProgress};
+use super::fence;
 use super::finish::{Counted, End, Payload};
 use super::request::{ReqState, Request};
 use super::{Queue, Role, Transport};
-use crate::backend::{Completion, ReadData, Tag, WriteData, channel_for, existing_channel, with_channel};
+use crate::backend::{Completion, ReadData, Tag, WriteData, with_channel};
 use crate::nvm::{self, DataIn, Io};
-use crate::range_lock::{self, Waiter};
+use crate::range_lock::Waiter;
 use crate::subsystem::{HostView, Namespace};
 
 /// A channel completed a command: hand it to its queue (on transport `T`), which flushes on
@@ -283,7 +284,7 @@ impl<T: Transport> Queue<T> {
         op: crate::backend::BlockOp<'_>,
         req: Result<usize, Request>,
     ) -> Result<(), Status> {
-        let ch = match channel_for(r, ns) {
+        let ch = match ns.channel(r) {
             Ok(ch) => ch,
             Err(s) => {
                 if let Ok(slot) = req {
@@ -304,7 +305,7 @@ impl<T: Transport> Queue<T> {
         if let Some(q) = self.reqs.get_mut(slot)
             && q.io.written().is_some()
         {
-            q.wslot = Some(range_lock::write_started(ns, self.reactor));
+            q.wslot = Some(fence::write_started(ns, self.reactor));
         }
         self.submit_slot(r, id, ch, slot, ns, op)
     }
@@ -335,7 +336,7 @@ impl<T: Transport> Queue<T> {
             }
             Err(s) => {
                 if let Some(w) = self.reqs.remove(slot).and_then(|q| q.wslot) {
-                    range_lock::write_done(r, ns, w);
+                    fence::write_done(r, ns, w);
                 }
                 Err(s)
             }
@@ -383,7 +384,7 @@ impl<T: Transport> Queue<T> {
         let Some(req) = self.reqs.remove(slot) else { return };
         // A write is out of flight even when its queue has closed: fences wait for it.
         if let (Some(w), Some(ns)) = (req.wslot, req.io.namespace()) {
-            range_lock::write_done(r, &ns.clone(), w);
+            fence::write_done(r, &ns.clone(), w);
         }
         if self.closed {
             return;
@@ -452,7 +453,7 @@ impl<T: Transport> Queue<T> {
             .reqs
             .get_mut(slot)
             .and_then(|q| q.io.namespace().cloned())
-            .and_then(|ns| existing_channel(r, &ns))
+            .and_then(|ns| ns.existing_channel(r))
         else {
             return false;
         };
@@ -502,7 +503,8 @@ impl<T: Transport> Queue<T> {
     /// A buffer for the `len` bytes of `io`'s data, to come by R2T.
     pub(super) fn r2t_buf(&mut self, r: &mut Reactor, io: &Io, len: u32) -> DataBuf {
         let dma = match io {
-            Io::Write { ns, .. } if ns.backend.caps().dma_data => channel_for(r, ns)
+            Io::Write { ns, .. } if ns.backend.caps().dma_data => ns
+                .channel(r)
                 .ok()
                 .and_then(|ch| with_channel(r, ch, |c, _| c.take_buf(len as usize)))
                 .flatten(),

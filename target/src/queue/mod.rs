@@ -16,6 +16,7 @@
 mod admin;
 mod auth;
 pub mod data;
+pub mod fence;
 pub(crate) mod finish;
 pub mod handover;
 mod io;
@@ -28,7 +29,7 @@ mod unsent;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use pollux_nvme::spec::{Sqe, Status, opcode};
 use pollux_reactor::{Progress, Reactor, Source, SourceId, TimerId};
@@ -36,8 +37,7 @@ use tracing::info;
 
 pub use admin::for_each_ctrl;
 pub use io::deliver;
-pub(crate) use reservation::FENCE_TIMEOUT;
-pub use reservation::deliver_reservation_effects;
+pub use reservation::tend_clustered_reservations;
 pub use transport::Transport;
 
 use crate::ana::AnaStates;
@@ -46,7 +46,8 @@ use crate::controller::auth::QueueAuth;
 use crate::controller::{Ctrl, QueueRef};
 use crate::path::Path;
 use crate::queue::finish::End;
-use crate::subsystem::{HostView, Shared};
+use crate::shared::Shared;
+use crate::subsystem::HostView;
 use request::Requests;
 
 /// What a queue is.
@@ -156,6 +157,15 @@ impl<T: Transport> Queue<T> {
         }
     }
 
+    /// Arm queue `id`'s (`serial`) setup deadline: `[transport] setup_timeout_ms` from now,
+    /// [`Queue::check_setup`] runs.
+    pub fn arm_setup_deadline(r: &mut Reactor, id: SourceId, serial: u64, shared: &Shared) {
+        let deadline = Duration::from_millis(u64::from(shared.transport.setup_timeout_ms));
+        r.add_timer(Instant::now() + deadline, move |r| {
+            r.with_source::<Self, _>(id, |c, r| c.check_setup(r, id, serial));
+        });
+    }
+
     /// The setup deadline (`[transport] setup_timeout_ms` after the accept) has come: close
     /// the connection if it has not finished its transport's setup (a TLS handshake on a TLS
     /// listener, an ICReq) or its Connect, saying which; `serial` names it. A host that
@@ -186,7 +196,7 @@ impl<T: Transport> Queue<T> {
         matches!(self.role, Role::Io(_))
     }
 
-    /// Count the queue's role in its reactor's [`crate::subsystem::QueueRoles`] as it binds
+    /// Count the queue's role in its reactor's [`crate::shared::QueueRoles`] as it binds
     /// (`bound`), or no longer as it closes.
     fn count_role(&self, bound: bool) {
         let Some(roles) = self.shared.queue_roles.get(self.reactor) else {

@@ -28,7 +28,7 @@ use super::request::{HeldData, ReqState, Request};
 use super::{Queue, Role, Transport};
 use crate::backend::WriteData;
 use crate::nvm::{self, DataIn, Io};
-use crate::qos::{Cost, RECHECK_NS};
+use crate::qos::RECHECK_NS;
 
 /// A held command in its queue's arrival order.
 #[derive(Debug)]
@@ -57,7 +57,7 @@ impl<T: Transport> Queue<T> {
     #[cold]
     #[inline(never)]
     pub(super) fn qos_held(&mut self, r: &mut Reactor, id: SourceId, cid: u16, cmd: &nvm::IoCmd, data: &[u8]) -> bool {
-        let (Some(ns), Some(cost)) = (cmd.io.namespace(), Cost::of(&cmd.io)) else {
+        let (Some(ns), Some(cost)) = (cmd.io.namespace(), cmd.io.qos_cost()) else {
             return false;
         };
         let now = monotonic_ns();
@@ -111,7 +111,7 @@ impl<T: Transport> Queue<T> {
                 if generation != h.generation {
                     // New limits: its place under the old ones means nothing now.
                     h.generation = generation;
-                    h.at = match Cost::of(&req.io) {
+                    h.at = match req.io.qos_cost() {
                         Some(c) if ns.qos.is_on() => ns.qos.take(c, now),
                         _ => 0,
                     };

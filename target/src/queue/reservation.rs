@@ -20,12 +20,10 @@ use tracing::{info, warn};
 use super::{Queue, Role, Transport};
 use crate::controller::{Local, QueueRef};
 use crate::queue::finish::End;
-use crate::resv::{Effects, HostId, ResvDone, ResvOp};
+use crate::resv::{Effects, FENCE_TIMEOUT, HostId, ResvDone, ResvOp};
+use crate::shared::Shared;
 use crate::subsystem::Namespace;
 
-/// How long a Preempt and Abort waits for a preempted host's commands that could not be
-/// aborted (a device that never completes them): then it completes anyway, logged.
-pub(crate) const FENCE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often a queue being fenced looks again at its commands in flight.
 const FENCE_POLL: Duration = Duration::from_millis(1);
 
@@ -169,11 +167,29 @@ fn settle<T: Transport>(
     effects::<T>(r, back, &nqn, nsid, fx, Some(hostid), then);
 }
 
+/// Tend every namespace of `shared` whose reservations its cluster keeps
+/// (`NsResv::tend`): the work of the target's reservation watcher
+/// ([`crate::resv::cluster::watcher`]), whose effects reach the queues (of transport `T`)
+/// on the reactors of `remotes`.
+pub fn tend_clustered_reservations<T: Transport>(shared: &Shared, remotes: &[Remote]) {
+    let snap = shared.snapshot.load();
+    for sub in &snap.subsystems {
+        for ns in sub.all_namespaces() {
+            if ns.resv.cluster_object().is_none() {
+                continue;
+            }
+            let (nqn, nsid) = (sub.nqn.as_str(), ns.nsid);
+            ns.resv
+                .tend(&|fx| deliver_reservation_effects::<T>(remotes, nqn, nsid, fx));
+        }
+    }
+}
+
 /// Another gateway changed the reservations of namespace `nsid` of subsystem `nqn` (kept in
 /// their cluster, [`crate::resv::cluster`]): its notifications go to this target's
-/// controllers and its preempted hosts are fenced here. The receiver answers once that is
-/// done (None: the reactors are gone).
-pub fn deliver_reservation_effects(
+/// controllers (their queues of transport `T`) and its preempted hosts are fenced here. The
+/// receiver answers once that is done (None: the reactors are gone).
+fn deliver_reservation_effects<T: Transport>(
     remotes: &[Remote],
     nqn: &str,
     nsid: u32,
@@ -186,7 +202,7 @@ pub fn deliver_reservation_effects(
         let then = Box::new(move |_: &mut Reactor| {
             let _ = tx.send(());
         });
-        effects::<crate::tcp::TcpTransport>(r, back, &nqn, nsid, fx, None, then);
+        effects::<T>(r, back, &nqn, nsid, fx, None, then);
     });
     sent.then_some(rx)
 }

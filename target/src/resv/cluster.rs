@@ -23,22 +23,20 @@
 //!   and admits again. A gateway killed outright leaves only its watch, which the cluster
 //!   drops after the watch timeout; until then a change waits [`NOTIFY_TIMEOUT`] for it.
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
 use pollux_nvme::spec::Status;
-use pollux_reactor::Remote;
 use serde::{Deserialize, Serialize};
 use tracing::{debug, info, warn};
 
 use super::file::{StateDoc, StateDocError, from_doc, hostid_of, hostid_text, to_doc};
 use super::shared::{Job, NsResv};
 use super::state::{Effects, HostId, ResvOp, ResvState};
+use crate::backend::cluster::{ClusterObject, Inbox, WatchEvent};
 use crate::bell::{Bell, BellThread};
 use crate::error::TargetError;
-use crate::subsystem::Shared;
 
 /// A watch not confirmed by the cluster for this long may have missed a change: the
 /// gateway stops admitting I/O. The client confirms every second (`objecter_tick_interval`).
@@ -49,88 +47,12 @@ pub const NOTIFY_TIMEOUT: Duration = Duration::from_secs(5);
 /// The same for a Preempt and Abort, whose acknowledgement waits for the preempted hosts'
 /// commands on that gateway (up to the fence's own limit).
 pub const NOTIFY_ABORT_TIMEOUT: Duration =
-    Duration::from_secs(crate::queue::FENCE_TIMEOUT.as_secs() + NOTIFY_TIMEOUT.as_secs());
+    Duration::from_secs(super::FENCE_TIMEOUT.as_secs() + NOTIFY_TIMEOUT.as_secs());
 /// How often a gateway that cannot see the state tries to catch up.
 const CATCH_UP_EVERY: Duration = Duration::from_secs(1);
 /// A change that keeps losing the race to other gateways gives up (with a retryable
 /// status) after this many attempts.
 const ATTEMPTS: usize = 64;
-
-/// The replies to a notify.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct NotifyReply {
-    /// Watchers that acknowledged (this gateway's own watch included).
-    pub acked: usize,
-    /// Watchers that did not within the timeout.
-    pub timed_out: usize,
-}
-
-/// What a watch reports (on the cluster client's thread).
-#[derive(Debug)]
-pub enum WatchEvent {
-    /// A notification, to be acknowledged with its id and cookie.
-    Notify {
-        /// The notify's id.
-        notify_id: u64,
-        /// The watch's cookie.
-        cookie: u64,
-        /// The notifying client.
-        notifier: u64,
-        /// What it sent.
-        payload: Vec<u8>,
-    },
-    /// The watch is lost (the errno): changes may be missed until it is set up again.
-    Lost(i32),
-}
-
-/// Where a watch's events wait for the target's reservation watcher.
-#[derive(Debug, Default)]
-pub struct Inbox {
-    events: Mutex<VecDeque<WatchEvent>>,
-}
-
-impl Inbox {
-    /// Queue `e` and wake the watchers.
-    pub fn push(&self, e: WatchEvent) {
-        self.events.lock().unwrap_or_else(|p| p.into_inner()).push_back(e);
-        ring();
-    }
-
-    pub(super) fn drain(&self) -> Vec<WatchEvent> {
-        self.events
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .drain(..)
-            .collect()
-    }
-}
-
-/// The object holding a namespace's reservations in its cluster. Every call may block on
-/// the cluster; errors are negative errnos.
-pub trait ClusterObject: Send + Sync + std::fmt::Debug {
-    /// Where it is (pool, namespace, object), for logs and errors.
-    fn describe(&self) -> &str;
-    /// Its bytes and version; None: it does not exist.
-    fn read(&self) -> Result<Option<(Vec<u8>, u64)>, i32>;
-    /// Replace its bytes if its version is still `version` (None: create it, if it still
-    /// does not exist). Ok(Some(new version)); Ok(None): it changed meanwhile.
-    fn write(&self, data: &[u8], version: Option<u64>) -> Result<Option<u64>, i32>;
-    /// Send `payload` to every watcher and wait for their acknowledgements, up to `timeout`.
-    fn notify(&self, payload: &[u8], timeout: Duration) -> Result<NotifyReply, i32>;
-    /// Watch it (again, replacing a watch there was): events go to `inbox`.
-    fn watch(&self, inbox: Arc<Inbox>) -> Result<(), i32>;
-    /// How long ago the cluster last confirmed the watch; Err: it is lost.
-    fn watch_age(&self) -> Result<Duration, i32>;
-    /// Acknowledge notification `notify_id` received on watch `cookie`.
-    fn ack(&self, notify_id: u64, cookie: u64);
-    /// The watch's cookie, while there is one.
-    fn cookie(&self) -> Option<u64>;
-    /// End the watch and let go of the cluster now (this process hands over or stops): the
-    /// cluster stops waiting for this gateway's acknowledgements at once rather than after
-    /// the watch timeout, and the process's cluster connection can shut down before it
-    /// exits. Later calls fail.
-    fn close(&self) {}
-}
 
 /// A change as announced to the other gateways.
 #[derive(Serialize, Deserialize)]
@@ -190,7 +112,7 @@ impl NsResv {
                 .write(&empty, None)
                 .map_err(|rc| fail(&*object, "cannot create it", rc))?;
         }
-        let inbox = Arc::new(Inbox::default());
+        let inbox = Arc::new(Inbox::new(&BELL));
         object
             .watch(inbox.clone())
             .map_err(|rc| fail(&*object, "cannot watch it", rc))?;
@@ -402,7 +324,7 @@ impl NsResv {
             return;
         }
         if let Some(done) = deliver(fx) {
-            let limit = crate::queue::FENCE_TIMEOUT + Duration::from_secs(1);
+            let limit = super::FENCE_TIMEOUT + Duration::from_secs(1);
             if done.recv_timeout(limit).is_err() {
                 warn!(object = %c.object.describe(), "a reservation change's effects did not finish within {limit:?}: acknowledged anyway");
             }
@@ -516,28 +438,14 @@ impl Clustered {
 /// Rung when a watch has an event.
 static BELL: Bell = Bell::new();
 
-fn ring() {
-    BELL.ring();
-}
-
 /// How often the watcher looks at the watches' health without an event.
 const TICK: Duration = Duration::from_millis(200);
 
-/// A target's reservation watcher thread: applies other gateways' changes to its
-/// namespaces kept in a cluster (their effects delivered to the reactors of `remotes`), and
-/// keeps their watches healthy.
-pub fn watcher(shared: Arc<Shared>, remotes: Arc<[Remote]>) -> Result<BellThread, TargetError> {
-    BellThread::spawn("resv-watch", &BELL, Some(TICK), move || {
-        let snap = shared.snapshot.load();
-        for sub in &snap.subsystems {
-            for ns in sub.all_namespaces() {
-                if ns.resv.cluster_object().is_none() {
-                    continue;
-                }
-                let (nqn, nsid) = (sub.nqn.as_str(), ns.nsid);
-                ns.resv
-                    .tend(&|fx| crate::queue::deliver_reservation_effects(&remotes, nqn, nsid, fx));
-            }
-        }
-    })
+/// A target's reservation watcher thread: each time a watch has an event, and every
+/// `TICK`, it runs `tend_all`, which tends each of the target's namespaces kept in a
+/// cluster (`NsResv::tend`: applies other gateways' changes, their effects delivered to
+/// the target's reactors, and keeps their watches healthy). The caller walks the
+/// namespaces and delivers the effects: this layer knows neither.
+pub fn watcher(tend_all: impl FnMut() + Send + 'static) -> Result<BellThread, TargetError> {
+    BellThread::spawn("resv-watch", &BELL, Some(TICK), tend_all)
 }

@@ -29,7 +29,7 @@ mod file;
 mod shared;
 mod state;
 
-pub use cluster::{ClusterObject, Inbox, NotifyReply, WatchEvent};
+pub use crate::backend::cluster::{ClusterObject, Inbox, NotifyReply, WatchEvent};
 pub use file::state_file;
 pub use shared::{NsResv, ResvDone, submit};
 pub use state::{Effects, Holder, HostId, Registrant, ResvOp, ResvState};
@@ -40,6 +40,12 @@ pub use state::{Effects, Holder, HostId, Registrant, ResvOp, ResvState};
 /// serve again; Namespace Not Ready is no path error, and Linux's multipath fails the I/O
 /// with it.
 pub const UNSEEN: pollux_nvme::spec::Status = pollux_nvme::spec::Status::ANA_TRANSITION;
+
+/// How long a Preempt and Abort waits for a preempted host's commands that could not be
+/// aborted (a device that never completes them): then it completes anyway, logged. The
+/// queue's fence waits this long; a clustered change waits for the other gateways' fences
+/// up to it.
+pub const FENCE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 #[cfg(test)]
 mod cluster_tests;

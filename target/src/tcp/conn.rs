@@ -376,7 +376,7 @@ fn fill(q: &mut Conn) -> Result<bool, CloseReason> {
 /// buffer grows from, and goes back to, `rx_pool`.
 pub fn accept(
     sock: std::net::TcpStream,
-    shared: std::sync::Arc<crate::subsystem::Shared>,
+    shared: std::sync::Arc<crate::shared::Shared>,
     reactor: usize,
     serial: u64,
     started: std::time::Instant,

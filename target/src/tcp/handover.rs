@@ -11,11 +11,11 @@ use std::time::Instant;
 use pollux_reactor::{Reactor, SourceId, SourceOpts};
 
 use super::{Conn, RxPool, TcpTransport};
+use crate::handover::{Bytes, QueueState};
 use crate::path::Path;
 use crate::queue::Queue;
 use crate::queue::handover::ResumeError;
-use crate::subsystem::Shared;
-use crate::upgrade::state::{Bytes, QueueState};
+use crate::shared::Shared;
 
 impl Conn {
     /// The paused connection's state; `fd` is its socket's index among the descriptors sent.

@@ -31,8 +31,8 @@ use pollux_reactor::{Progress, Reactor, SourceId};
 use pollux_conf::{TlsMode, Transport as TransportConf};
 use pollux_nvme::spec::Cqe;
 use pollux_nvme::tcp::{
-    Direction, IcReq, PduError, PduLimits, PduType, Recv, RxBuf, crc32c, encode_c2h_data_hdr, encode_capsule_resp,
-    encode_ic_resp, encode_r2t, encode_term_req, encode_term_req_for, fes,
+    ADMIN_IN_CAPSULE, Direction, IcReq, PduError, PduLimits, PduType, Recv, RxBuf, crc32c, encode_c2h_data_hdr,
+    encode_capsule_resp, encode_ic_resp, encode_r2t, encode_term_req, encode_term_req_for, fes,
 };
 use pollux_nvme::tls::PskIdentity;
 use tracing::{debug, info, warn};
@@ -61,9 +61,6 @@ enum Carrier {
     Tls(Box<TlsLink>),
 }
 
-/// In-capsule data accepted on the admin queue (NVMe/TCP 1.0 §3.3.1: 8 KiB for fabrics and
-/// admin commands).
-pub const ADMIN_IN_CAPSULE: u32 = 8192;
 /// Stop reading new commands while this much output waits for the socket.
 pub const WBUF_HIGH: usize = 8 << 20;
 /// A connection's receive buffer until a PDU needs more: an ICReq, command capsules

@@ -44,7 +44,7 @@
 pub mod new;
 pub mod old;
 pub mod reactors;
-pub mod state;
+pub use crate::handover as state;
 pub mod wire;
 
 use std::time::Duration;

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -18,7 +19,6 @@ use super::state::{FORMAT, Hello, Msg, OLDEST_READ, Prepare, QueueState};
 use super::wire::Wire;
 use super::{STEP_LIMIT, UpgradeError};
 use crate::backend::Backend;
-use crate::control::{Bound, ControlServer};
 use crate::controller::QueueRef;
 use crate::error::TargetError;
 use crate::{Options, Target};
@@ -78,19 +78,39 @@ pub struct Inherited {
     pub paused: bool,
 }
 
+/// The control endpoints of a new process: those the old one handed over, served once the
+/// new process serves the queues. The control plane, above the upgrade, says how
+/// ([`crate::control::Bound`] does), so that the upgrade does not name it.
+pub trait TakeoverControl: Sized {
+    /// What serves them.
+    type Server;
+    /// Why they could not be served.
+    type Error: std::fmt::Display;
+    /// The endpoints handed over (`socket`, `metrics`); one the conf `c` names that did not
+    /// come is bound here.
+    fn inherited(
+        socket: Option<(UnixListener, PathBuf)>,
+        metrics: Option<TcpListener>,
+        c: &pollux_conf::Control,
+    ) -> Self;
+    /// Serve them for `target` (its conf's `[reactors]` is `reactors`).
+    fn serve(self, target: &Target, reactors: &pollux_conf::Reactors) -> Result<Self::Server, Self::Error>;
+}
+
 /// A target started by a takeover, serving, with its control endpoints.
-pub struct TakenOver {
+pub struct TakenOver<C: TakeoverControl> {
     /// The target.
     pub target: Target,
     /// Its control server (None: no `[control]` endpoints).
-    pub control: Option<ControlServer>,
+    pub control: Option<C::Server>,
     /// Its conf's reactor settings, for later.
     pub config: Config,
 }
 
-/// Take over from the process at the other end of `fd`. Err: the takeover did not happen
-/// (the old process serves on); the caller exits at once, without running destructors.
-pub fn takeover(fd: RawFd) -> Result<TakenOver, UpgradeError> {
+/// Take over from the process at the other end of `fd`, its control endpoints served by `C`.
+/// Err: the takeover did not happen (the old process serves on); the caller exits at once,
+/// without running destructors.
+pub fn takeover<C: TakeoverControl>(fd: RawFd) -> Result<TakenOver<C>, UpgradeError> {
     // SAFETY: the old process started this one with its end of the handover socket at `fd`
     // (`--takeover`), owned by nothing else here.
     let wire = Wire::new(unsafe { OwnedFd::from_raw_fd(fd) });
@@ -128,7 +148,7 @@ pub fn takeover(fd: RawFd) -> Result<TakenOver, UpgradeError> {
     }
     fail_at("prepare");
     let mut fds: Vec<Option<OwnedFd>> = fds.into_iter().map(Some).collect();
-    let (target, bound, cfg) = start(&prepare, &mut fds).map_err(refuse)?;
+    let (target, bound, cfg) = start::<C>(&prepare, &mut fds).map_err(refuse)?;
     wire.send(&Msg::Prepared, &[])?;
     info!(from = %prepare.from_version, commit = %prepare.from_commit, "upgrade: started from the handed state; waiting for the queues");
 
@@ -256,7 +276,7 @@ fn fail_at(step: &str) {
 
 /// Build the target from `p`, its listeners paused, and the control endpoints (not served
 /// yet).
-fn start(p: &Prepare, fds: &mut [Option<OwnedFd>]) -> Result<(Target, Bound, Config), UpgradeError> {
+fn start<C: TakeoverControl>(p: &Prepare, fds: &mut [Option<OwnedFd>]) -> Result<(Target, C, Config), UpgradeError> {
     let mut take = |i: usize| {
         fds.get_mut(i)
             .and_then(Option::take)
@@ -310,12 +330,12 @@ fn start(p: &Prepare, fds: &mut [Option<OwnedFd>]) -> Result<(Target, Bound, Con
         Target::start_with(&now, Options::default(), inherited).map_err(|e| UpgradeError::Start(e.to_string()))?;
     // Stores not taken (a namespace gone from the conf) are let go.
     STORES.lock().unwrap_or_else(|p| p.into_inner()).take();
-    let bound = Bound::inherited(control, metrics, &cfg.control);
+    let bound = C::inherited(control, metrics, &cfg.control);
     Ok((target, bound, cfg))
 }
 
 /// Set every namespace's reservations to the old process's.
-fn restore_reservations(shared: &crate::subsystem::Shared, entries: &[super::state::ResvEntry]) {
+fn restore_reservations(shared: &crate::shared::Shared, entries: &[super::state::ResvEntry]) {
     use crate::resv::{Holder, Registrant, ResvState};
     use pollux_nvme::spec::resv::ResvType;
     let snap = shared.snapshot.load_full();

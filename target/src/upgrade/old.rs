@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -17,7 +17,7 @@ use super::state::{
 };
 use super::wire::Wire;
 use super::{DEVICE_LIMIT, PAUSE_LIMIT, Report, STEP_LIMIT, UpgradeError};
-use crate::subsystem::Shared;
+use crate::shared::Shared;
 
 /// The descriptor the new process finds its end of the handover socket at.
 pub const CHILD_FD: RawFd = 3;
@@ -38,8 +38,6 @@ static OWN_BINARY: OnceLock<PathBuf> = OnceLock::new();
 /// Set when an upgrade committed through the control socket: the control thread ends the
 /// process once its answer is written.
 pub static EXIT_AFTER_REPLY: AtomicBool = AtomicBool::new(false);
-/// One upgrade at a time.
-static RUNNING: AtomicBool = AtomicBool::new(false);
 
 /// Environment the next process of a hot upgrade gets besides this one's (a gateway group's
 /// incarnation, [`crate::gateway`]).
@@ -70,32 +68,14 @@ pub fn default_binary() -> Option<PathBuf> {
 
 /// Whether an upgrade is under way (run-time conf changes wait for it).
 pub fn in_progress() -> bool {
-    RUNNING.load(SeqCst)
-}
-
-/// Clears [`RUNNING`] when the upgrade ends, however it ends.
-struct Running;
-
-impl Running {
-    fn acquire() -> Result<Self, UpgradeError> {
-        RUNNING
-            .compare_exchange(false, true, SeqCst, SeqCst)
-            .map(|_| Running)
-            .map_err(|_| UpgradeError::InProgress)
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        RUNNING.store(false, SeqCst);
-    }
+    crate::mutate::upgrading()
 }
 
 /// Upgrade to `binary`: Ok once the new process serves every queue handed over (the caller
 /// then ends this process with [`exit_upgraded`], closing nothing); Err with why when the
 /// upgrade was refused or rolled back (this process serves on, every connection intact).
 pub fn upgrade(shared: &Arc<Shared>, remotes: &Arc<[Remote]>, binary: &Path) -> Result<Report, UpgradeError> {
-    let _running = Running::acquire()?;
+    let _running = crate::mutate::Upgrading::begin().ok_or(UpgradeError::InProgress)?;
     let t0 = Instant::now();
     info!(binary = %binary.display(), "upgrade: starting the new binary");
     let (wire, child_end) = Wire::pair()?;

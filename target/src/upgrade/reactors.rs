@@ -20,7 +20,7 @@ use crate::listener::Listener;
 use crate::mutate::Listeners;
 use crate::path::Path;
 use crate::queue::handover::PauseCheck;
-use crate::subsystem::Shared;
+use crate::shared::Shared;
 use crate::tcp::Conn;
 
 /// Run `f` on every reactor and gather the answers, waiting at most `within` in all.

@@ -170,7 +170,7 @@ mod tests {
     use std::io::{Read, Write};
 
     use super::*;
-    use crate::upgrade::state::{Hello, Msg};
+    use crate::handover::{Hello, Msg};
 
     #[test]
     fn messages_and_descriptors_cross_and_large_messages_are_cut_and_joined() {

@@ -37,9 +37,8 @@ use pollux_nvme::spec::{Health, Status};
 use serde::Serialize;
 use tracing::{debug, error, info, warn};
 
-use super::{Backend, Caps, Channel, ChannelEnv, CopyOffload};
+use super::{Backend, Caps, Channel, ChannelEnv, ChannelNs, CopyOffload};
 use crate::error::TargetError;
-use crate::subsystem::Namespace;
 
 /// Entries per I/O queue (capped by CAP.MQES).
 const QUEUE_DEPTH: u16 = 256;
@@ -365,11 +364,11 @@ impl Backend for SsdNamespace {
     }
 
     /// The device's namespaces share its queue pair on each reactor: one channel per device.
-    fn channel_key(&self, _ns: &Arc<Namespace>) -> usize {
+    fn channel_key(&self, _own: usize) -> usize {
         Arc::as_ptr(&self.dev) as usize
     }
 
-    fn open_channel(&self, _ns: &Arc<Namespace>, env: &ChannelEnv) -> Result<Box<dyn Channel>, TargetError> {
+    fn open_channel(&self, _ns: ChannelNs, env: &ChannelEnv) -> Result<Box<dyn Channel>, TargetError> {
         Ok(Box::new(SsdChannel::new(self.dev.clone(), env)?))
     }
 

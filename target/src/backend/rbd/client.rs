@@ -332,7 +332,7 @@ unsafe extern "C" fn on_update(arg: *mut c_void) {
     w.updates.fetch_add(1, std::sync::atomic::Ordering::Release);
     // Reading the size here (librbd's own thread, inside its notification) could deadlock:
     // the resize watcher reads it.
-    crate::resize::ring();
+    crate::backend::SIZE_BELL.ring();
 }
 
 impl Image {

@@ -42,8 +42,8 @@ use pollux_conf::{DerivedIds, RbdBackend};
 use tracing::{info, warn};
 
 use super::{Backend, Caps, Channel, ChannelEnv, ChannelNs};
+use crate::counter::bump;
 use crate::error::TargetError;
-use crate::subsystem::{Namespace, bump};
 use channel::RbdChannel;
 use client::{Cluster, Image, SizeWatch, library, rbd_error};
 
@@ -417,8 +417,8 @@ impl Backend for RbdDisk {
         Some(self.derived_ids())
     }
 
-    fn reservation_object(&self) -> Option<Result<Box<dyn crate::resv::ClusterObject>, TargetError>> {
-        let open = || -> Result<Box<dyn crate::resv::ClusterObject>, TargetError> {
+    fn reservation_object(&self) -> Option<Result<Box<dyn crate::backend::cluster::ClusterObject>, TargetError>> {
+        let open = || -> Result<Box<dyn crate::backend::cluster::ClusterObject>, TargetError> {
             let image = self.open_image()?;
             let o = resv_object::RadosResvObject::open(image.cluster.clone(), &self.conf, &self.image_id)?;
             Ok(Box::new(o))
@@ -431,9 +431,9 @@ impl Backend for RbdDisk {
         self.close();
     }
 
-    fn open_channel(&self, ns: &Arc<Namespace>, env: &ChannelEnv) -> Result<Box<dyn Channel>, TargetError> {
+    fn open_channel(&self, ns: ChannelNs, env: &ChannelEnv) -> Result<Box<dyn Channel>, TargetError> {
         let image = self.open_image()?;
-        let ch = RbdChannel::new(ChannelNs::of(ns), image, self, env).map_err(|e| {
+        let ch = RbdChannel::new(ns, image, self, env).map_err(|e| {
             rbd_error(
                 &self.conf,
                 format!("cannot open a channel: {e}"),

@@ -1,5 +1,5 @@
 //! The RADOS object that holds an image's reservations for every gateway
-//! ([`crate::resv::ClusterObject`]): `pollux.resv.<image id>`, beside the image in its pool
+//! ([`crate::backend::cluster::ClusterObject`]): `pollux.resv.<image id>`, beside the image in its pool
 //! and RADOS namespace. Changed only by a write that asserts the version read
 //! (`rados_write_op_assert_version`), so two gateways' changes never overwrite each other;
 //! watched (`rados_watch3`), and every change announced by `rados_notify2`, which returns
@@ -19,8 +19,8 @@ use tracing::warn;
 use super::client::{Cluster, library, rbd_error};
 use super::object::{self, Ioctx, open_ioctx};
 use super::sys;
+use crate::backend::cluster::{ClusterObject, Inbox, NotifyReply, WatchEvent};
 use crate::error::TargetError;
-use crate::resv::{ClusterObject, Inbox, NotifyReply, WatchEvent};
 
 /// How long the OSD keeps a watch whose gateway stopped pinging (a `kill -9`): a change
 /// meanwhile waits its notify timeout for that gateway. The client pings every

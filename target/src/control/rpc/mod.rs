@@ -31,7 +31,7 @@ use pollux_conf::{ReactorMode, Reactors};
 use pollux_reactor::{PolicyConfig, Reactor, ReactorStats, Remote, StatsCell};
 
 use crate::Target;
-use crate::subsystem::Shared;
+use crate::shared::Shared;
 
 mod config;
 mod dispatch;

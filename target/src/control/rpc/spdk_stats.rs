@@ -49,7 +49,7 @@ impl Ctx {
         let groups: Vec<Value> = (0..self.reactor_count())
             .map(|i| {
                 let roles = self.shared.queue_roles.get(i);
-                let load = |f: fn(&crate::subsystem::QueueRoles) -> &std::sync::atomic::AtomicU64| {
+                let load = |f: fn(&crate::shared::QueueRoles) -> &std::sync::atomic::AtomicU64| {
                     roles.map_or(0, |r| f(r).load(std::sync::atomic::Ordering::Relaxed))
                 };
                 let (admin, io) = (load(|r| &r.admin), load(|r| &r.io));

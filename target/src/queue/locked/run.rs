@@ -10,8 +10,8 @@ use super::super::{Queue, Transport};
 use super::{FAILED_FUSED, OpKind, Owned, Parked, wake};
 use crate::backend::{BlockOp, ReadData, WriteData};
 use crate::nvm::Io;
+use crate::queue::fence::{fence_all, unlock_and_wake};
 use crate::queue::finish::{Counted, End};
-use crate::range_lock::{fence_all, unlock_and_wake};
 
 impl<T: Transport> Queue<T> {
     /// Lock operation `key`'s range and fence every reactor; it runs when all answered. A

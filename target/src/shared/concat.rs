@@ -12,7 +12,7 @@
 //! need the new key). A host generates afresh at every (re)connect, so each host and
 //! subsystem keeps only its newest [`PER_HOST`]. Whether a host may still use one is
 //! decided at each handshake against the configuration running then
-//! ([`crate::subsystem::Shared::tls_psk`]): its subsystem must still allow concatenation
+//! ([`super::Shared::tls_psk`]): its subsystem must still allow concatenation
 //! and the host still have DH-HMAC-CHAP keys there.
 //!
 //! Locked, and off the I/O path: only TLS handshakes and completed exchanges take the lock.

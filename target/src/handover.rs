@@ -1,7 +1,9 @@
-//! The state a running pollux hands to the next one (`pollux ctl upgrade`), as a documented,
-//! versioned format: serde structs sent as JSON over the handover socket ([`super::wire`]),
-//! with the descriptors they name (by index into the message's descriptors) passed beside
-//! them by `SCM_RIGHTS`.
+//! The state a running pollux hands to the next one (`pollux ctl upgrade`, [`crate::upgrade`]),
+//! as a documented, versioned format: serde structs sent as JSON over the handover socket
+//! ([`crate::upgrade::wire`]), with the descriptors they name (by index into the message's
+//! descriptors) passed beside them by `SCM_RIGHTS`. Below the queues and transports, which
+//! write and read their part of it ([`QueueState`]); the upgrade above them sends it
+//! (it is also `crate::upgrade::state`).
 //!
 //! Versioning: every message carries `format`. A binary writes [`FORMAT`] and reads every
 //! format from [`OLDEST_READ`] to [`FORMAT`]; the new process says which it reads in its
