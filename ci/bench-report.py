@@ -1018,6 +1018,14 @@ def cmd_failover(out):
     plt.close(fig)
 
 
+def cmd_faults(out):
+    """The fault campaign (cargo bench -p pollux-target --bench faults) writes faults.json and
+    faults.md itself: check they are there."""
+    for name in ("faults.json", "faults.md"):
+        if not os.path.exists(os.path.join(out, name)):
+            raise SystemExit(f"faults: {name} missing")
+
+
 def cmd_fuzz(out):
     """ci/bench-fuzz.py writes fuzz.json and fuzz.md itself: check they are there."""
     for name in ("fuzz.json", "fuzz.md"):
@@ -1026,7 +1034,7 @@ def cmd_fuzz(out):
 
 
 RESULT_SECTIONS = ("perf", "modes", "reactor", "file", "ab", "tls", "storm", "polling", "qos", "scale", "frontier",
-                   "rbd", "resv", "failover", "fuzz")
+                   "rbd", "resv", "failover", "fuzz", "faults")
 
 
 def cmd_results(out):
@@ -1066,11 +1074,11 @@ def main(argv):
     if len(argv) >= 3 and argv[1] == "rates":
         cmd_rates(argv[2], float(argv[3]) if len(argv) > 3 else 0.25)
     elif len(argv) == 3 and argv[1] in ("perf", "modes", "reactor", "results", "ab", "tls", "storm", "polling", "qos",
-                                        "scale", "rbd", "resv", "failover", "fuzz"):
+                                        "scale", "rbd", "resv", "failover", "fuzz", "faults"):
         {"perf": cmd_perf, "modes": cmd_modes, "reactor": cmd_reactor, "results": cmd_results,
          "ab": cmd_ab, "tls": cmd_tls, "storm": cmd_storm, "polling": cmd_polling, "qos": cmd_qos,
          "scale": cmd_scale, "rbd": cmd_rbd, "resv": cmd_resv, "failover": cmd_failover,
-         "fuzz": cmd_fuzz}[argv[1]](argv[2])
+         "fuzz": cmd_fuzz, "faults": cmd_faults}[argv[1]](argv[2])
     else:
         print(__doc__, file=sys.stderr)
         return 2

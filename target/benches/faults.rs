@@ -1261,6 +1261,34 @@ fn main() {
         serde_json::to_string_pretty(&json).unwrap(),
     )
     .unwrap();
+    let mut md = format!(
+        "# ci/bench faults\n\nSeed {seed} (`BENCH_FAULTS_SEED={seed} ci/bench faults {}s` replays it), {} s of faults; \
+         pollux started {} times.\n\n| fault | injected |\n|---|---|\n",
+        duration.as_secs(),
+        duration.as_secs(),
+        nemesis.target.starts
+    );
+    for (k, v) in &nemesis.injected {
+        md.push_str(&format!("| {k} | {v} |\n"));
+    }
+    md.push_str(&format!(
+        "| **all** | **{faults_total}** |\n\n| checked | count |\n|---|---|\n\
+         | writes acknowledged | {} |\n| writes refused (never to land) | {} |\n| writes of unknown outcome | {} |\n\
+         | reads checked | {} |\n| blocks checked in reads | {} |\n| blocks read back at the end | {final_blocks} |\n\
+         | violations (lost, stale, torn, misplaced, phantom) | {n_viol} |\n| hangs | {hangs} |\n| panics | {panics} |\n\
+         | pollux RSS at start / end, KiB | {} / {} |\n",
+        ld(&k.writes_acked),
+        ld(&k.writes_refused),
+        ld(&k.writes_unknown),
+        ld(&k.reads_checked),
+        ld(&k.blocks_checked),
+        rss_start.unwrap_or(0),
+        rss_end.unwrap_or(0),
+    ));
+    if let Some(v) = &first {
+        md.push_str(&format!("\nFirst violation:\n\n```\n{v}\n```\n"));
+    }
+    std::fs::write(out_dir.join("faults.md"), md).unwrap();
     let kinds: Vec<String> = nemesis.injected.iter().map(|(k, v)| format!("{k} {v}")).collect();
     println!(
         "faults: seed {seed}, {} s: {faults_total} faults ({}); {} writes acknowledged ({} refused, {} unknown), \
