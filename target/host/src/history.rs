@@ -551,13 +551,19 @@ mod tests {
         assert!(h.check(1, &block(0, 1, 1), 31, 35).is_ok());
         assert!(h.check(1, &block(0, 1, 2), 31, 35).is_ok());
         h.end_write(1, 1, 2, 40, Outcome::Acked { fua: false });
-        assert_eq!(h.check(1, &block(0, 1, 1), 45, 50).err().map_or("ok", |v| v.kind), "stale");
+        assert_eq!(
+            h.check(1, &block(0, 1, 1), 45, 50).err().map_or("ok", |v| v.kind),
+            "stale"
+        );
         assert!(h.check(1, &block(0, 1, 2), 45, 50).is_ok());
         // A read that started before #2 ended may still return #1.
         assert!(h.check(1, &block(0, 1, 1), 35, 50).is_ok());
         // A write that began after the read ended cannot be in it.
         h.begin_write(1, 1, 3, 0, 60);
-        assert_eq!(h.check(1, &block(0, 1, 3), 45, 50).err().map_or("ok", |v| v.kind), "phantom");
+        assert_eq!(
+            h.check(1, &block(0, 1, 3), 45, 50).err().map_or("ok", |v| v.kind),
+            "phantom"
+        );
     }
 
     #[test]
@@ -565,7 +571,10 @@ mod tests {
         let mut h = History::new(0, 4, false, true);
         h.begin_write(0, 2, 1, 0, 10);
         h.end_write(0, 2, 1, 20, Outcome::Refused);
-        assert_eq!(h.check(0, &block(0, 0, 1), 30, 40).err().map_or("ok", |v| v.kind), "phantom");
+        assert_eq!(
+            h.check(0, &block(0, 0, 1), 30, 40).err().map_or("ok", |v| v.kind),
+            "phantom"
+        );
         assert!(h.check(0, &vec![0; B], 30, 40).is_ok());
         h.begin_write(0, 1, 2, 0, 50);
         h.end_write(0, 1, 2, 60, Outcome::Unknown);
@@ -583,7 +592,10 @@ mod tests {
         ram.end_write(0, 1, 1, 20, Outcome::Acked { fua: false });
         ram.crashed(30);
         assert!(ram.check(0, &vec![0; B], 40, 50).is_ok());
-        assert_eq!(ram.check(0, &block(0, 0, 1), 40, 50).err().map_or("ok", |v| v.kind), "stale");
+        assert_eq!(
+            ram.check(0, &block(0, 0, 1), 40, 50).err().map_or("ok", |v| v.kind),
+            "stale"
+        );
 
         let mut vwc = History::new(1, 2, true, true);
         vwc.begin_write(0, 1, 1, 0, 10);
@@ -591,7 +603,10 @@ mod tests {
         vwc.flushed(25, 30);
         vwc.begin_write(0, 1, 2, 0, 40);
         vwc.end_write(0, 1, 2, 50, Outcome::Acked { fua: false });
-        assert_eq!(vwc.check(0, &block(1, 0, 1), 60, 70).err().map_or("ok", |v| v.kind), "stale");
+        assert_eq!(
+            vwc.check(0, &block(1, 0, 1), 60, 70).err().map_or("ok", |v| v.kind),
+            "stale"
+        );
         vwc.crashed(55);
         // #2 was never flushed: the crash may have lost it, #1 was flushed.
         assert!(vwc.check(0, &block(1, 0, 1), 60, 70).is_ok());
@@ -602,7 +617,10 @@ mod tests {
         file.begin_write(0, 1, 1, 0, 10);
         file.end_write(0, 1, 1, 20, Outcome::Acked { fua: false });
         file.crashed(30);
-        assert_eq!(file.check(0, &vec![0; B], 40, 50).err().map_or("ok", |v| v.kind), "lost");
+        assert_eq!(
+            file.check(0, &vec![0; B], 40, 50).err().map_or("ok", |v| v.kind),
+            "lost"
+        );
     }
 
     #[test]
