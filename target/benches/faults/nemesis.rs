@@ -1,0 +1,388 @@
+//! The nemesis: faults injected at random moments from a seed, several at once, and undone
+//! after a random while.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write as _};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use pollux_host::{HostQueue, QueueOpts};
+use rand::rngs::Xoshiro256PlusPlus;
+use rand::{Rng, RngExt, SeedableRng};
+
+use super::process::CtlFailed;
+use super::*;
+
+/// The faults the nemesis injects. Each has a weight; those with an undo are undone after
+/// a random while, so several overlap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Fault {
+    /// `kill -9` of pollux and a restart (RAM starts empty, the file keeps every write).
+    Kill,
+    /// `pollux ctl upgrade` to the same binary (live connections handed over).
+    Upgrade,
+    /// `pollux ctl upgrade` to a binary that fails: the old process serves on.
+    UpgradeRollback,
+    /// A reactor's mode set to poll, hybrid, interrupt or adaptive.
+    Mode,
+    /// A reactor's adaptive CPU budget changed.
+    CpuBudget,
+    /// A namespace detached from one of its hosts, attached again later.
+    Mask,
+    /// A namespace's IOPS limited, the limit lifted later.
+    Qos,
+    /// A listener removed (its connections close), added again later.
+    Listener,
+    /// An ANA group inaccessible or in change on one listener, optimized again later.
+    Ana,
+    /// A host resets its controller with commands in flight.
+    HostReset,
+    /// A host closes a connection with commands in flight.
+    ClientCut,
+    /// Hundreds of connections opened and closed beside the workload.
+    Storm,
+    /// A client sending malformed PDUs beside the workload.
+    Chaos,
+}
+
+impl Fault {
+    pub(crate) const ALL: [(Fault, u32); 13] = [
+        (Fault::Kill, 4),
+        (Fault::Upgrade, 3),
+        (Fault::UpgradeRollback, 2),
+        (Fault::Mode, 10),
+        (Fault::CpuBudget, 6),
+        (Fault::Mask, 8),
+        (Fault::Qos, 8),
+        (Fault::Listener, 6),
+        (Fault::Ana, 8),
+        (Fault::HostReset, 8),
+        (Fault::ClientCut, 10),
+        (Fault::Storm, 3),
+        (Fault::Chaos, 6),
+    ];
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Fault::Kill => "kill",
+            Fault::Upgrade => "upgrade",
+            Fault::UpgradeRollback => "upgrade_rollback",
+            Fault::Mode => "mode",
+            Fault::CpuBudget => "cpu_budget",
+            Fault::Mask => "mask",
+            Fault::Qos => "qos",
+            Fault::Listener => "listener",
+            Fault::Ana => "ana",
+            Fault::HostReset => "host_reset",
+            Fault::ClientCut => "client_cut",
+            Fault::Storm => "storm",
+            Fault::Chaos => "chaos",
+        }
+    }
+}
+
+/// A fault's effect to take back, and when.
+#[derive(Debug)]
+pub(crate) enum Undo {
+    Mask { ns: usize, host: usize },
+    Qos { ns: usize },
+    Listener { addr: usize },
+    Ana { addr: usize, group: u32 },
+}
+
+pub(crate) struct Nemesis {
+    pub(crate) c: Arc<Shared>,
+    pub(crate) target: Target,
+    pub(crate) rng: Xoshiro256PlusPlus,
+    pub(crate) undo: Vec<(Instant, Undo)>,
+    pub(crate) injected: BTreeMap<&'static str, u64>,
+    pub(crate) ctl_errors: u64,
+    pub(crate) ctl_first_error: Option<String>,
+    pub(crate) bad_bin: PathBuf,
+    pub(crate) side: Vec<std::thread::JoinHandle<u64>>,
+    /// What the side threads (storms, chaos) did: connections, malformed PDUs sent.
+    pub(crate) side_total: u64,
+}
+
+impl Nemesis {
+    pub(crate) fn ctl(&mut self, args: &[&str]) -> bool {
+        match self.target.ctl(args) {
+            Ok(_) => true,
+            Err(CtlFailed(e)) => {
+                self.ctl_errors += 1;
+                if self.ctl_first_error.is_none() {
+                    eprintln!("faults: ctl failed: {e}");
+                    self.ctl_first_error = Some(e);
+                }
+                false
+            }
+        }
+    }
+
+    pub(crate) fn undo_one(&mut self, u: Undo) {
+        match u {
+            Undo::Mask { ns, host } => {
+                let (nqn, nsid) = (self.c.nss[ns].nqn, self.c.nss[ns].nsid.to_string());
+                self.ctl(&["ns-add-host", "--nqn", nqn, "--nsid", &nsid, "--host", &host_nqn(host)]);
+            }
+            Undo::Qos { ns } => {
+                let (nqn, nsid) = (self.c.nss[ns].nqn, self.c.nss[ns].nsid.to_string());
+                self.ctl(&["set-qos", "--nqn", nqn, "--nsid", &nsid, "--iops", "0"]);
+            }
+            Undo::Listener { addr } => {
+                let a = self.c.addrs[addr].to_string();
+                self.ctl(&["add-listener", "--address", &a]);
+            }
+            Undo::Ana { addr, group } => {
+                let a = self.c.addrs[addr].to_string();
+                self.ctl(&["set-ana-state", &a, &group.to_string(), "optimized"]);
+            }
+        }
+    }
+
+    pub(crate) fn pick(&mut self) -> Fault {
+        let total: u32 = Fault::ALL.iter().map(|f| f.1).sum();
+        let mut r = self.rng.random_range(0..total);
+        for (f, w) in Fault::ALL {
+            if r < w {
+                return f;
+            }
+            r -= w;
+        }
+        Fault::Mode
+    }
+
+    pub(crate) fn later(&mut self) -> Instant {
+        Instant::now() + Duration::from_millis(self.rng.random_range(200..2500))
+    }
+
+    pub(crate) fn inject(&mut self, f: Fault) {
+        let ns = self.rng.random_range(0..self.c.nss.len());
+        let (nqn, nsid) = (self.c.nss[ns].nqn, self.c.nss[ns].nsid.to_string());
+        let ok = match f {
+            Fault::Kill => {
+                self.target.kill9();
+                let t = self.c.now();
+                for h in &self.c.hist {
+                    h.lock().unwrap().crashed(t);
+                }
+                // Whatever the control plane changed is gone with the process.
+                self.undo.clear();
+                std::thread::sleep(Duration::from_millis(self.rng.random_range(0..400)));
+                self.target.start(&self.c.addrs);
+                true
+            }
+            Fault::Upgrade => self.ctl(&["upgrade"]),
+            Fault::UpgradeRollback => {
+                let pid = self.target.pid();
+                let bad = self.bad_bin.to_string_lossy().into_owned();
+                let refused = self.target.ctl(&["upgrade", "--binary", &bad]).is_err();
+                // It must fail and leave the same process serving.
+                refused && self.target.pid() == pid && pid.is_some()
+            }
+            Fault::Mode => {
+                let r = self.rng.random_range(0..2u32).to_string();
+                let m = ["poll", "hybrid", "interrupt", "adaptive"][self.rng.random_range(0..4)];
+                self.ctl(&["set-mode", &r, m])
+            }
+            Fault::CpuBudget => {
+                let r = self.rng.random_range(0..2u32).to_string();
+                let b = format!("{:.2}", self.rng.random_range(0.05..1.0f64));
+                self.ctl(&["set-cpu-budget", &r, &b])
+            }
+            Fault::Mask => {
+                let hosts = self.c.nss[ns].workers.clone();
+                let host = hosts[self.rng.random_range(0..hosts.len())];
+                let masked = self
+                    .undo
+                    .iter()
+                    .any(|(_, u)| matches!(u, Undo::Mask { ns: n, host: h } if *n == ns && *h == host));
+                let ok = masked
+                    || self.ctl(&[
+                        "ns-remove-host",
+                        "--nqn",
+                        nqn,
+                        "--nsid",
+                        &nsid,
+                        "--host",
+                        &host_nqn(host),
+                    ]);
+                if ok && !masked {
+                    let at = self.later();
+                    self.undo.push((at, Undo::Mask { ns, host }));
+                }
+                ok
+            }
+            Fault::Qos => {
+                let iops = self.rng.random_range(200..5000u32).to_string();
+                let ok = self.ctl(&["set-qos", "--nqn", nqn, "--nsid", &nsid, "--iops", &iops]);
+                if ok
+                    && !self
+                        .undo
+                        .iter()
+                        .any(|(_, u)| matches!(u, Undo::Qos { ns: n } if *n == ns))
+                {
+                    let at = self.later();
+                    self.undo.push((at, Undo::Qos { ns }));
+                }
+                ok
+            }
+            Fault::Listener => {
+                let addr = self.rng.random_range(0..2usize);
+                if self.undo.iter().any(|(_, u)| matches!(u, Undo::Listener { .. })) {
+                    // One listener stays: the hosts need a way in.
+                    true
+                } else {
+                    let a = self.c.addrs[addr].to_string();
+                    let ok = self.ctl(&["remove-listener", "--address", &a]);
+                    if ok {
+                        let at = self.later();
+                        self.undo.push((at, Undo::Listener { addr }));
+                    }
+                    ok
+                }
+            }
+            Fault::Ana => {
+                let addr = self.rng.random_range(0..2usize);
+                let listener_gone = self
+                    .undo
+                    .iter()
+                    .any(|(_, u)| matches!(u, Undo::Listener { addr: a } if *a == addr));
+                if listener_gone
+                    || self
+                        .undo
+                        .iter()
+                        .any(|(_, u)| matches!(u, Undo::Ana { addr: a, .. } if *a == addr))
+                {
+                    true
+                } else {
+                    let a = self.c.addrs[addr].to_string();
+                    let st = ["inaccessible", "change", "non-optimized"][self.rng.random_range(0..3)];
+                    let ok = self.ctl(&["set-ana-state", &a, "1", st]);
+                    if ok {
+                        let at = self.later();
+                        self.undo.push((at, Undo::Ana { addr, group: 1 }));
+                    }
+                    ok
+                }
+            }
+            Fault::HostReset | Fault::ClientCut => {
+                let w = self.rng.random_range(0..self.c.orders.len());
+                self.c.orders[w].store(if f == Fault::HostReset { 2 } else { 1 }, Ordering::Relaxed);
+                true
+            }
+            Fault::Storm => {
+                let addr = self.c.addrs[self.rng.random_range(0..2usize)];
+                let n = self.rng.random_range(50..300u32);
+                self.side.push(std::thread::spawn(move || storm(addr, n)));
+                true
+            }
+            Fault::Chaos => {
+                let addr = self.c.addrs[self.rng.random_range(0..2usize)];
+                let seed = self.rng.random::<u64>();
+                self.side.push(std::thread::spawn(move || chaos(addr, seed)));
+                true
+            }
+        };
+        if ok {
+            *self.injected.entry(f.name()).or_default() += 1;
+        } else if f == Fault::UpgradeRollback {
+            self.ctl_errors += 1;
+            if self.ctl_first_error.is_none() {
+                self.ctl_first_error =
+                    Some("an upgrade to a failing binary did not leave the old process serving".into());
+            }
+        }
+    }
+
+    pub(crate) fn run(&mut self, until: Instant) {
+        while Instant::now() < until {
+            let next = Instant::now() + Duration::from_millis(self.rng.random_range(50..900));
+            // Undo what is due meanwhile.
+            while Instant::now() < next {
+                let due: Vec<usize> = (0..self.undo.len())
+                    .filter(|&i| self.undo[i].0 <= Instant::now())
+                    .collect();
+                for i in due.into_iter().rev() {
+                    let (_, u) = self.undo.remove(i);
+                    self.undo_one(u);
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let f = self.pick();
+            self.inject(f);
+            for h in std::mem::take(&mut self.side) {
+                if h.is_finished() {
+                    self.side_total += h.join().unwrap_or(0);
+                } else {
+                    self.side.push(h);
+                }
+            }
+        }
+        for (_, u) in std::mem::take(&mut self.undo) {
+            self.undo_one(u);
+        }
+        for h in self.side.drain(..) {
+            self.side_total += h.join().unwrap_or(0);
+        }
+    }
+}
+
+/// Opens `n` connections, half of them past ICReq, holds them a moment and closes them.
+pub(crate) fn storm(addr: SocketAddr, n: u32) -> u64 {
+    let mut held = Vec::new();
+    let mut queues = Vec::new();
+    for i in 0..n {
+        if i % 2 == 0 {
+            if let Ok(s) = TcpStream::connect(addr) {
+                held.push(s);
+            }
+        } else if let Ok(q) = HostQueue::initialized(addr, QueueOpts::admin(RAM_NQN, &host_nqn(99))) {
+            queues.push(q);
+        }
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    (held.len() + queues.len()) as u64
+}
+
+/// Malformed PDUs on a few connections: random bytes, and after a valid ICReq headers of
+/// every type with random fields and lengths.
+pub(crate) fn chaos(addr: SocketAddr, seed: u64) -> u64 {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
+    let mut sent = 0;
+    for _ in 0..rng.random_range(3..10) {
+        let mut junk = vec![0u8; rng.random_range(1..600)];
+        rng.fill_bytes(&mut junk);
+        if rng.random_range(0..3) == 0 {
+            let Ok(mut s) = TcpStream::connect(addr) else { continue };
+            let _ = s.write_all(&junk);
+            let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
+            let _ = s.read(&mut [0u8; 256]);
+        } else {
+            let mut o = QueueOpts::admin(RAM_NQN, &host_nqn(98));
+            o.timeout = Duration::from_secs(1);
+            let Ok(mut q) = HostQueue::initialized(addr, o) else {
+                continue;
+            };
+            // A plausible common header (NVMe/TCP 1.0 §3.6.1): a PDU type, flags, HLEN,
+            // PDO and PLEN, random but often near the truth, then the junk.
+            let pdu_type = rng.random_range(0..0x12u8);
+            let hlen = [8u8, 24, 72, 128][rng.random_range(0..4)];
+            let plen = if rng.random() {
+                u32::from(hlen) + junk.len() as u32
+            } else {
+                rng.random::<u32>()
+            };
+            let mut pdu = vec![pdu_type, rng.random(), hlen, rng.random()];
+            pdu.extend_from_slice(&plen.to_le_bytes());
+            pdu.extend_from_slice(&junk);
+            let _ = q.send_raw(&pdu);
+            let _ = q.recv_raw(Duration::from_millis(200));
+        }
+        sent += 1;
+    }
+    sent
+}
