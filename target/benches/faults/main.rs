@@ -290,6 +290,7 @@ fn main() {
         log: dir.join("pollux.log"),
         child: None,
         starts: 0,
+        seen: Vec::new(),
     };
     target.start(&addrs);
 

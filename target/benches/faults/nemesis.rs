@@ -175,7 +175,12 @@ impl Nemesis {
                 self.target.start(&self.c.addrs);
                 true
             }
-            Fault::Upgrade => self.ctl(&["upgrade"]),
+            Fault::Upgrade => {
+                let ok = self.ctl(&["upgrade"]);
+                // Remember the new process (a later kill ends it).
+                let _ = self.target.pid();
+                ok
+            }
             Fault::UpgradeRollback => {
                 let pid = self.target.pid();
                 let bad = self.bad_bin.to_string_lossy().into_owned();
@@ -308,6 +313,16 @@ impl Nemesis {
                     .collect();
                 for i in due.into_iter().rev() {
                     let (_, u) = self.undo.remove(i);
+                    // An ANA state on a listener removed meanwhile waits for the listener.
+                    if let Undo::Ana { addr, .. } = u
+                        && self
+                            .undo
+                            .iter()
+                            .any(|(_, l)| matches!(l, Undo::Listener { addr: a } if *a == addr))
+                    {
+                        self.undo.push((Instant::now() + Duration::from_millis(100), u));
+                        continue;
+                    }
                     self.undo_one(u);
                 }
                 std::thread::sleep(Duration::from_millis(10));
@@ -322,7 +337,10 @@ impl Nemesis {
                 }
             }
         }
-        for (_, u) in std::mem::take(&mut self.undo) {
+        // Listeners first: an ANA state is set on one.
+        let mut rest = std::mem::take(&mut self.undo);
+        rest.sort_by_key(|(_, u)| !matches!(u, Undo::Listener { .. }));
+        for (_, u) in rest {
             self.undo_one(u);
         }
         for h in self.side.drain(..) {

@@ -1,7 +1,11 @@
 //! The pollux process under test: started, killed, upgraded and asked through `pollux ctl`.
+//!
+//! An upgrade makes the serving process a child of the one before it, and a `kill -9` can
+//! land while an upgrade is under way, so every pid this harness has seen serve is kept and
+//! a kill ends all of them that are alive: the restart then finds the control socket free.
 
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -12,12 +16,22 @@ pub(crate) struct Target {
     pub(crate) log: PathBuf,
     pub(crate) child: Option<Child>,
     pub(crate) starts: u64,
+    /// Every pid seen serving (children and the processes upgrades started).
+    pub(crate) seen: Vec<i32>,
 }
 
 #[derive(Debug)]
 pub(crate) struct CtlFailed(pub(crate) String);
 
+fn alive(pid: i32) -> bool {
+    // A zombie (a killed child not yet waited for) is as good as gone.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|s| s.rsplit(')').next().and_then(|r| r.split_whitespace().next()) != Some("Z"))
+}
+
 impl Target {
+    /// Starts pollux on its conf and waits until it listens on `addrs` and answers on its
+    /// control socket as itself.
     pub(crate) fn start(&mut self, addrs: &[SocketAddr]) {
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -32,18 +46,28 @@ impl Target {
             .stderr(log)
             .spawn()
             .unwrap();
+        let pid = child.id() as i32;
+        self.seen.push(pid);
         self.child = Some(child);
         self.starts += 1;
         let t0 = Instant::now();
-        for a in addrs {
-            while TcpStream::connect(a).is_err() {
-                assert!(
-                    t0.elapsed() < Duration::from_secs(60),
-                    "pollux did not listen on {a}: see {}",
-                    self.log.display()
-                );
-                std::thread::sleep(Duration::from_millis(20));
+        let deadline = Duration::from_secs(60);
+        loop {
+            if let Some(c) = self.child.as_mut()
+                && let Ok(Some(st)) = c.try_wait()
+            {
+                panic!("pollux exited at start ({st}): see {}", self.log.display());
             }
+            let listening = addrs.iter().all(|a| TcpStream::connect(a).is_ok());
+            if listening && self.pid() == Some(pid) {
+                return;
+            }
+            assert!(
+                t0.elapsed() < deadline,
+                "pollux did not serve within {deadline:?}: see {}",
+                self.log.display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 
@@ -66,13 +90,17 @@ impl Target {
         }
     }
 
-    /// The pid of the process serving now (an upgrade replaces it).
-    pub(crate) fn pid(&self) -> Option<i32> {
+    /// The pid of the process serving now (an upgrade replaces it), remembered.
+    pub(crate) fn pid(&mut self) -> Option<i32> {
         let v: serde_json::Value = serde_json::from_str(&self.ctl(&["--json", "version"]).ok()?).ok()?;
-        v["pid"].as_i64().map(|p| p as i32)
+        let pid = v["pid"].as_i64()? as i32;
+        if !self.seen.contains(&pid) {
+            self.seen.push(pid);
+        }
+        Some(pid)
     }
 
-    pub(crate) fn rss_kib(&self) -> Option<u64> {
+    pub(crate) fn rss_kib(&mut self) -> Option<u64> {
         let s = std::fs::read_to_string(format!("/proc/{}/status", self.pid()?)).ok()?;
         s.lines()
             .find(|l| l.starts_with("VmRSS:"))?
@@ -82,43 +110,42 @@ impl Target {
             .ok()
     }
 
+    /// `kill -9` of every pollux process this run has seen that is alive, and waits until
+    /// they are gone.
     pub(crate) fn kill9(&mut self) {
-        let pid = self.pid().or_else(|| self.child.as_ref().map(|c| c.id() as i32));
-        if let Some(pid) = pid {
-            // SAFETY: kill(2) of the pollux process this campaign runs.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            // Wait until it is gone (it may be the child, or a process an upgrade started).
-            let t0 = Instant::now();
-            while Path::new(&format!("/proc/{pid}")).exists() && t0.elapsed() < Duration::from_secs(10) {
-                if let Some(c) = self.child.as_mut() {
-                    let _ = c.try_wait();
-                }
-                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-                if stat.split_whitespace().nth(2) == Some("Z") {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(5));
+        let _ = self.pid();
+        for &pid in &self.seen {
+            if alive(pid) {
+                // SAFETY: kill(2) of a pollux process this campaign runs.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
             }
+        }
+        let t0 = Instant::now();
+        while self.seen.iter().any(|&p| alive(p)) && t0.elapsed() < Duration::from_secs(10) {
+            if let Some(c) = self.child.as_mut() {
+                let _ = c.try_wait();
+            }
+            std::thread::sleep(Duration::from_millis(5));
         }
         if let Some(mut c) = self.child.take() {
             let _ = c.wait();
         }
+        self.seen.retain(|&p| alive(p));
     }
 
+    /// SIGTERM to the serving process; whether it and every other seen are gone within 20 s.
     pub(crate) fn stop(&mut self) -> bool {
         let Some(pid) = self.pid() else { return false };
         // SAFETY: kill(2) of the pollux process this campaign runs.
         unsafe { libc::kill(pid, libc::SIGTERM) };
         let t0 = Instant::now();
-        while Path::new(&format!("/proc/{pid}")).exists() && t0.elapsed() < Duration::from_secs(20) {
-            if let Some(c) = self.child.as_mut()
-                && let Ok(Some(_)) = c.try_wait()
-            {
-                break;
+        while self.seen.iter().any(|&p| alive(p)) && t0.elapsed() < Duration::from_secs(20) {
+            if let Some(c) = self.child.as_mut() {
+                let _ = c.try_wait();
             }
             std::thread::sleep(Duration::from_millis(20));
         }
         self.child.take();
-        !Path::new(&format!("/proc/{pid}")).exists()
+        !self.seen.iter().any(|&p| alive(p))
     }
 }

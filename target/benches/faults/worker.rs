@@ -75,7 +75,8 @@ impl Worker {
             return;
         }
         let mut o = ControllerOpts::new(self.nqn, &host_nqn(self.w), 1, 64);
-        o.timeout = Duration::from_secs(3);
+        // Short: while it waits, its other path sends nothing (one thread per host).
+        o.timeout = Duration::from_secs(1);
         match Controller::connect_with(self.c.addrs[path.addr], &o) {
             Ok(ctrl) => {
                 self.c.counts.connects.fetch_add(1, Ordering::Relaxed);

@@ -159,12 +159,20 @@ struct Write {
     durable: Option<Nanos>,
     /// Acknowledged, but a crash came before it was durable: it may be gone.
     maybe_lost: bool,
+    /// Gone with the memory that held it, in the crash at this time (a RAM namespace): a
+    /// read that began before may still have it, one that began after may not.
+    gone: Option<Nanos>,
 }
 
 impl Write {
+    /// Whether it may still be there for a read starting at `rs`.
+    fn live_at(&self, rs: Nanos) -> bool {
+        self.gone.is_none_or(|g| rs < g)
+    }
+
     /// Whether `self` supersedes `w` for a read starting at `rs`.
     fn supersedes(&self, w_end: Nanos, rs: Nanos) -> bool {
-        self.acked && !self.maybe_lost && self.end < rs && w_end != OPEN && self.start > w_end
+        self.acked && !self.maybe_lost && self.end < rs && self.live_at(rs) && w_end != OPEN && self.start > w_end
     }
 }
 
@@ -263,6 +271,7 @@ impl History {
                 acked: false,
                 durable: None,
                 maybe_lost: false,
+                gone: None,
             });
         }
     }
@@ -316,10 +325,12 @@ impl History {
         self.crashes.push(t);
         for b in &mut self.blocks {
             if !self.survives_crash {
-                *b = Block {
-                    forgotten_upto: b.forgotten_upto.max(b.writes.iter().map(|w| w.id).max().unwrap_or(0)),
-                    ..Block::default()
-                };
+                // Everything is gone for reads that begin from now on; a read in flight may
+                // still bring what was there. Zeroes are what a new process serves.
+                for w in &mut b.writes {
+                    w.gone.get_or_insert(t);
+                }
+                b.zeroes_gone = false;
                 continue;
             }
             for w in &mut b.writes {
@@ -336,10 +347,26 @@ impl History {
     pub fn prune(&mut self, watermark: Nanos) {
         let survives = self.survives_crash;
         for b in &mut self.blocks {
+            // Gone in a crash before any read still outstanding began.
+            let mut gone = 0u64;
+            b.writes.retain(|w| {
+                let keep = w.gone.is_none_or(|g| g > watermark);
+                if !keep {
+                    gone = gone.max(w.id);
+                }
+                keep
+            });
+            b.forgotten_upto = b.forgotten_upto.max(gone);
             let Some(last) = b
                 .writes
                 .iter()
-                .filter(|w| w.acked && !w.maybe_lost && w.end < watermark && (!survives || w.durable.is_some()))
+                .filter(|w| {
+                    w.acked
+                        && !w.maybe_lost
+                        && w.gone.is_none()
+                        && w.end < watermark
+                        && (!survives || w.durable.is_some())
+                })
                 .max_by_key(|w| w.end)
                 .map(|w| w.start)
             else {
@@ -375,7 +402,10 @@ impl History {
                 format!("{when}: write #{write_id} of namespace {ns} LBA {at}"),
             )),
             Content::Zeroes => {
-                let superseded = b.zeroes_gone || b.writes.iter().any(|w2| w2.acked && !w2.maybe_lost && w2.end < rs);
+                let superseded = b.zeroes_gone
+                    || b.writes
+                        .iter()
+                        .any(|w2| w2.acked && !w2.maybe_lost && w2.end < rs && w2.live_at(rs));
                 if superseded {
                     Err(self.violation("lost", lba, format!("{when}: zeroes, after an acknowledged write")))
                 } else {
@@ -406,6 +436,13 @@ impl History {
                         "phantom",
                         lba,
                         format!("{when}: write #{write_id}, which began after the read ended"),
+                    ));
+                }
+                if !w.live_at(rs) {
+                    return Err(self.violation(
+                        "stale",
+                        lba,
+                        format!("{when}: write #{write_id} (writer {writer}), gone in a crash before the read began"),
                     ));
                 }
                 if let Some(w2) = b.writes.iter().find(|w2| w2.supersedes(w.end, rs)) {
@@ -448,7 +485,11 @@ impl History {
                 w.start,
                 if w.acked { "acked" } else { "unknown" },
                 w.durable.map(|d| format!(", durable at {d}")).unwrap_or_default(),
-                if w.maybe_lost { ", maybe lost in a crash" } else { "" }
+                match (w.maybe_lost, w.gone) {
+                    (_, Some(g)) => format!(", gone in the crash at {g}"),
+                    (true, None) => ", maybe lost in a crash".to_string(),
+                    (false, None) => String::new(),
+                }
             );
         }
         s
@@ -591,7 +632,11 @@ mod tests {
         ram.begin_write(0, 1, 1, 0, 10);
         ram.end_write(0, 1, 1, 20, Outcome::Acked { fua: false });
         ram.crashed(30);
+        // A read in flight across the crash may bring what was there, and not zeroes.
+        assert!(ram.check(0, &block(0, 0, 1), 25, 35).is_ok());
+        assert_eq!(ram.check(0, &vec![0; B], 25, 35).err().map_or("ok", |v| v.kind), "lost");
         assert!(ram.check(0, &vec![0; B], 40, 50).is_ok());
+        ram.prune(40);
         assert_eq!(
             ram.check(0, &block(0, 0, 1), 40, 50).err().map_or("ok", |v| v.kind),
             "stale"
