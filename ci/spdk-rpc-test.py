@@ -460,6 +460,8 @@ def spdk_configs(work):
     # is held by another process (the SPDK target still serving, say); the conf validates,
     # names that port, and a pollux from it serves the allowed host.
     holder = socket.socket()
+    # The stopped target's connections may linger in TIME_WAIT on that port.
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     holder.bind(("127.0.0.1", port2))
     holder.listen()
     r = subprocess.run([POLLUX, "convert", "--from", "spdk", theirs], capture_output=True, text=True, timeout=120)
