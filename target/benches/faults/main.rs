@@ -360,6 +360,7 @@ fn main() {
                     addr,
                     ctrl: None,
                     next_try: Instant::now(),
+                    hold: Instant::now(),
                     pending: HashMap::new(),
                     tag: 0,
                 })

@@ -51,6 +51,10 @@ pub(crate) struct PathState {
     pub(crate) addr: usize,
     pub(crate) ctrl: Option<Controller>,
     pub(crate) next_try: Instant,
+    /// No new commands on this path until then: it answered that it cannot serve them now
+    /// (an inaccessible ANA group, a masked namespace), and a host's path selector backs
+    /// off rather than spin on the refusals.
+    pub(crate) hold: Instant,
     pub(crate) pending: HashMap<u64, Op>,
     pub(crate) tag: u64,
 }
@@ -189,6 +193,10 @@ impl Worker {
     }
 
     pub(crate) fn complete(&mut self, p: usize, cpl: Completion) {
+        if !cpl.is_success() {
+            let back_off = Duration::from_millis(self.rng.random_range(1..10));
+            self.paths[p].hold = Instant::now() + back_off;
+        }
         let Some(op) = self.paths[p].pending.remove(&cpl.tag) else {
             return;
         };
@@ -311,7 +319,10 @@ impl Worker {
             }
             self.turn += 1;
             let p = live[self.turn % live.len()];
-            while self.paths[p].pending.len() < QD && self.paths[p].ctrl.is_some() {
+            while self.paths[p].pending.len() < QD
+                && self.paths[p].ctrl.is_some()
+                && Instant::now() >= self.paths[p].hold
+            {
                 if !self.submit(p) {
                     break;
                 }
