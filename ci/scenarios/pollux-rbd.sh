@@ -98,9 +98,15 @@ relay=$CI_LOG_DIR/relay.sh
 cat > "$relay" <<SH
 #!/bin/bash
 read -r cmd
+# A's pid now: a fenced A re-executes itself as a new process (a loaded machine can miss a
+# heartbeat), so the pid file may be stale; the pid file while A cannot answer (paused).
+now_a() {
+    "$POLLUX_BIN" ctl --socket "$CI_LOG_DIR/a.sock" --json version 2>/dev/null |
+        python3 -c 'import json, sys; print(json.load(sys.stdin)["pid"])' 2>/dev/null || cat "$a_pid"
+}
 case \$cmd in
-    kill) kill -9 "\$(cat "$a_pid")" && rm -f "$a_pid" && echo killed ;;
-    stop) kill -STOP "\$(cat "$a_pid")" && echo stopped ;;
+    kill) pid=\$(now_a); kill -9 "\$pid" && rm -f "$a_pid" && echo killed ;;
+    stop) pid=\$(now_a); echo "\$pid" > "$a_pid"; kill -STOP "\$pid" && echo stopped ;;
     cont) kill -CONT "\$(cat "$a_pid")" && echo continued ;;
     rejoined) old=\$(cat "$a_pid")
         for _ in \$(seq 300); do

@@ -35,6 +35,7 @@ use rand::rngs::Xoshiro256PlusPlus;
 
 mod nemesis;
 mod process;
+mod rbd;
 mod worker;
 
 use nemesis::Nemesis;
@@ -63,6 +64,23 @@ struct Ns {
     survives_crash: bool,
     /// The hosts (workers) whose namespace it is.
     workers: Vec<usize>,
+    /// Served by the gateways of the rbd part, not by the main pollux.
+    gateway: bool,
+    /// How long a command may be outstanding before it is a hang.
+    hang: Duration,
+}
+
+impl Ns {
+    fn local(nqn: &'static str, survives_crash: bool, workers: Vec<usize>) -> Self {
+        Self {
+            nqn,
+            nsid: 1,
+            survives_crash,
+            workers,
+            gateway: false,
+            hang: HANG,
+        }
+    }
 }
 
 /// Counters every thread adds to.
@@ -85,7 +103,8 @@ struct Shared {
     nss: Vec<Ns>,
     hist: Vec<Mutex<History>>,
     block: usize,
-    addrs: [SocketAddr; 2],
+    /// The main pollux's two listeners, then (with the rbd part) gateway A's and B's.
+    addrs: Vec<SocketAddr>,
     next_id: AtomicU64,
     stop: AtomicBool,
     counts: Counts,
@@ -139,7 +158,7 @@ fn parse_duration(s: &str) -> Option<Duration> {
     }))
 }
 
-fn conf(dir: &Path, addrs: &[SocketAddr; 2], sock: &Path, nss: &[Ns]) -> String {
+fn conf(dir: &Path, addrs: &[SocketAddr], sock: &Path, nss: &[Ns]) -> String {
     let hosts = |ns: &Ns| {
         ns.workers
             .iter()
@@ -185,8 +204,9 @@ fn read_back(c: &Shared, ns: usize) -> Result<u64, ReadBackFailed> {
     let n = &c.nss[ns];
     let mut o = ControllerOpts::new(n.nqn, &host_nqn(n.workers[0]), 1, 32);
     o.timeout = Duration::from_secs(10);
-    let mut ctrl = Controller::connect_with(c.addrs[0], &o)
-        .or_else(|_| Controller::connect_with(c.addrs[1], &o))
+    let (a, b) = if n.gateway { (2, 3) } else { (0, 1) };
+    let mut ctrl = Controller::connect_with(c.addrs[a], &o)
+        .or_else(|_| Controller::connect_with(c.addrs[b], &o))
         .map_err(|error| ReadBackFailed {
             nqn: n.nqn,
             lba: None,
@@ -255,22 +275,27 @@ fn main() {
         dir.display()
     );
 
-    let addrs = [free_port(), free_port()];
+    let mut addrs = vec![free_port(), free_port()];
     let sock = dir.join("pollux.sock");
-    let nss = vec![
-        Ns {
-            nqn: RAM_NQN,
-            nsid: 1,
-            survives_crash: false,
-            workers: vec![0, 1, 2],
-        },
-        Ns {
-            nqn: FILE_NQN,
+    let mut nss = vec![
+        Ns::local(RAM_NQN, false, vec![0, 1, 2]),
+        Ns::local(FILE_NQN, true, vec![3, 4, 5]),
+    ];
+    // The rbd part: a Ceph cluster and two gateways in a group.
+    let with_rbd = std::env::var("FAULTS_RBD").is_ok_and(|v| v == "1");
+    let mut rbd = with_rbd.then(|| {
+        let r = rbd::Rbd::start(&dir, &bin);
+        addrs.extend(r.addrs);
+        nss.push(Ns {
+            nqn: rbd::NQN,
             nsid: 1,
             survives_crash: true,
-            workers: vec![3, 4, 5],
-        },
-    ];
+            workers: vec![6, 7],
+            gateway: true,
+            hang: rbd::HANG,
+        });
+        r
+    });
     let conf_path = dir.join("pollux.toml");
     std::fs::write(&conf_path, conf(&dir, &addrs, &sock, &nss)).unwrap();
     let bad_bin = dir.join("failing-pollux");
@@ -292,14 +317,14 @@ fn main() {
         starts: 0,
         seen: Vec::new(),
     };
-    target.start(&addrs);
+    target.start(&addrs[..2]);
 
     // Identify: the block size and whether a volatile write cache is reported.
     let mut hist = Vec::new();
     let mut block = 0usize;
     for (i, n) in nss.iter().enumerate() {
         let mut c = Controller::connect(
-            addrs[0],
+            addrs[if n.gateway { 2 } else { 0 }],
             n.nqn,
             &host_nqn(n.workers[0]),
             1,
@@ -322,10 +347,12 @@ fn main() {
                 "lost in a kill"
             }
         );
-        hist.push(Mutex::new(History::new(i as u32, id.nsze, vwc, n.survives_crash)));
+        // The first 8 MiB only, whatever the namespace's size: writes that overlap.
+        let blocks = id.nsze.min(NS_BYTES / u64::from(id.block_size));
+        hist.push(Mutex::new(History::new(i as u32, blocks, vwc, n.survives_crash)));
         let _ = c.shutdown();
     }
-    let workers = 6;
+    let workers = if with_rbd { 8 } else { 6 };
     let shared = Arc::new(Shared {
         t0: Instant::now(),
         nss,
@@ -344,8 +371,16 @@ fn main() {
     let mut handles = Vec::new();
     for w in 0..workers {
         let ns = shared.nss.iter().position(|n| n.workers.contains(&w)).unwrap();
-        // Hosts 0 and 3 use both listeners at once (two paths); the others one each.
-        let addrs_of: Vec<usize> = if w % 3 == 0 { vec![0, 1] } else { vec![w % 2] };
+        // Hosts 0 and 3 use both listeners at once (two paths); the others one each; the
+        // rbd hosts both gateways, A's path while it serves (its ANA group's optimized one).
+        let gateway = shared.nss[ns].gateway;
+        let addrs_of: Vec<usize> = if gateway {
+            vec![2, 3]
+        } else if w % 3 == 0 {
+            vec![0, 1]
+        } else {
+            vec![w % 2]
+        };
         let wk = Worker {
             c: Arc::clone(&shared),
             w,
@@ -366,6 +401,8 @@ fn main() {
                 })
                 .collect(),
             turn: w,
+            prefer_first: gateway,
+            hang: shared.nss[ns].hang,
         };
         handles.push(std::thread::spawn(move || wk.run()));
     }
@@ -403,6 +440,7 @@ fn main() {
         bad_bin,
         side: Vec::new(),
         side_total: 0,
+        rbd: rbd.take(),
     };
     let t_faults = Instant::now();
     nemesis.run(t_faults + duration);
@@ -433,8 +471,12 @@ fn main() {
         }
     }
     let rss_end = nemesis.target.rss_kib();
-    let stopped = nemesis.target.stop();
-    let log = std::fs::read_to_string(&nemesis.target.log).unwrap_or_default();
+    let mut stopped = nemesis.target.stop();
+    let mut log = std::fs::read_to_string(&nemesis.target.log).unwrap_or_default();
+    if let Some(r) = nemesis.rbd.as_mut() {
+        stopped &= r.stop();
+        log.push_str(&r.logs());
+    }
     let panics = log.matches("panicked").count() + worker_panics;
 
     let k = &shared.counts;
@@ -528,6 +570,8 @@ fn main() {
         nemesis.target.starts,
     );
     let failed = n_viol > 0 || hangs > 0 || panics > 0 || final_error.is_some() || !stopped;
+    // The Ceph cluster stops (and is wiped) when dropped: before any exit.
+    drop(nemesis.rbd.take());
     if let Some(v) = first {
         println!("faults: first violation: {v}");
     }

@@ -46,10 +46,18 @@ pub(crate) enum Fault {
     Storm,
     /// A client sending malformed PDUs beside the workload.
     Chaos,
+    /// `kill -9` of a gateway of the rbd part, restarted later.
+    GatewayKill,
+    /// A gateway paused (SIGSTOP) with writes in flight, continued later.
+    GatewayPause,
+    /// The Ceph monitor, the OSD or both paused, resumed later.
+    CephPause,
+    /// The rbd image grown under its namespace.
+    Grow,
 }
 
 impl Fault {
-    pub(crate) const ALL: [(Fault, u32); 13] = [
+    pub(crate) const ALL: [(Fault, u32); 17] = [
         (Fault::Kill, 4),
         (Fault::Upgrade, 3),
         (Fault::UpgradeRollback, 2),
@@ -63,7 +71,19 @@ impl Fault {
         (Fault::ClientCut, 10),
         (Fault::Storm, 3),
         (Fault::Chaos, 6),
+        (Fault::GatewayKill, 3),
+        (Fault::GatewayPause, 3),
+        (Fault::CephPause, 3),
+        (Fault::Grow, 2),
     ];
+
+    /// Faults of the rbd part.
+    fn of_rbd(self) -> bool {
+        matches!(
+            self,
+            Fault::GatewayKill | Fault::GatewayPause | Fault::CephPause | Fault::Grow
+        )
+    }
 
     pub(crate) fn name(self) -> &'static str {
         match self {
@@ -80,6 +100,10 @@ impl Fault {
             Fault::ClientCut => "client_cut",
             Fault::Storm => "storm",
             Fault::Chaos => "chaos",
+            Fault::GatewayKill => "gateway_kill",
+            Fault::GatewayPause => "gateway_pause",
+            Fault::CephPause => "ceph_pause",
+            Fault::Grow => "rbd_grow",
         }
     }
 }
@@ -91,6 +115,9 @@ pub(crate) enum Undo {
     Qos { ns: usize },
     Listener { addr: usize },
     Ana { addr: usize, group: u32 },
+    GatewayRestart { gw: usize },
+    GatewayCont { gw: usize },
+    CephResume,
 }
 
 pub(crate) struct Nemesis {
@@ -105,6 +132,8 @@ pub(crate) struct Nemesis {
     pub(crate) side: Vec<std::thread::JoinHandle<u64>>,
     /// What the side threads (storms, chaos) did: connections, malformed PDUs sent.
     pub(crate) side_total: u64,
+    /// The rbd part's cluster and gateways, when it runs.
+    pub(crate) rbd: Option<super::rbd::Rbd>,
 }
 
 impl Nemesis {
@@ -136,6 +165,21 @@ impl Nemesis {
                 let a = self.c.addrs[addr].to_string();
                 self.ctl(&["add-listener", "--address", &a]);
             }
+            Undo::GatewayRestart { gw } => {
+                if let Some(r) = self.rbd.as_mut() {
+                    r.restart(gw);
+                }
+            }
+            Undo::GatewayCont { gw } => {
+                if let Some(r) = self.rbd.as_mut() {
+                    r.cont(gw);
+                }
+            }
+            Undo::CephResume => {
+                if let Some(r) = self.rbd.as_ref() {
+                    r.ceph("resume", "");
+                }
+            }
             Undo::Ana { addr, group } => {
                 let a = self.c.addrs[addr].to_string();
                 self.ctl(&["set-ana-state", &a, &group.to_string(), "optimized"]);
@@ -144,9 +188,11 @@ impl Nemesis {
     }
 
     pub(crate) fn pick(&mut self) -> Fault {
-        let total: u32 = Fault::ALL.iter().map(|f| f.1).sum();
+        let rbd = self.rbd.is_some();
+        let all: Vec<(Fault, u32)> = Fault::ALL.into_iter().filter(|(f, _)| rbd || !f.of_rbd()).collect();
+        let total: u32 = all.iter().map(|f| f.1).sum();
         let mut r = self.rng.random_range(0..total);
-        for (f, w) in Fault::ALL {
+        for (f, w) in all {
             if r < w {
                 return f;
             }
@@ -160,19 +206,28 @@ impl Nemesis {
     }
 
     pub(crate) fn inject(&mut self, f: Fault) {
-        let ns = self.rng.random_range(0..self.c.nss.len());
+        // The main pollux's namespaces (the control-plane faults are its).
+        let local: Vec<usize> = (0..self.c.nss.len()).filter(|&i| !self.c.nss[i].gateway).collect();
+        let ns = local[self.rng.random_range(0..local.len())];
         let (nqn, nsid) = (self.c.nss[ns].nqn, self.c.nss[ns].nsid.to_string());
         let ok = match f {
             Fault::Kill => {
                 self.target.kill9();
                 let t = self.c.now();
-                for h in &self.c.hist {
-                    h.lock().unwrap().crashed(t);
+                for (i, h) in self.c.hist.iter().enumerate() {
+                    if !self.c.nss[i].gateway {
+                        h.lock().unwrap().crashed(t);
+                    }
                 }
                 // Whatever the control plane changed is gone with the process.
-                self.undo.clear();
+                self.undo.retain(|(_, u)| {
+                    matches!(
+                        u,
+                        Undo::GatewayRestart { .. } | Undo::GatewayCont { .. } | Undo::CephResume
+                    )
+                });
                 std::thread::sleep(Duration::from_millis(self.rng.random_range(0..400)));
-                self.target.start(&self.c.addrs);
+                self.target.start(&self.c.addrs[..2]);
                 true
             }
             Fault::Upgrade => {
@@ -285,6 +340,7 @@ impl Nemesis {
                 self.side.push(std::thread::spawn(move || storm(addr, n)));
                 true
             }
+            Fault::GatewayKill | Fault::GatewayPause | Fault::CephPause | Fault::Grow => self.inject_rbd(f),
             Fault::Chaos => {
                 let addr = self.c.addrs[self.rng.random_range(0..2usize)];
                 let seed = self.rng.random::<u64>();
@@ -303,6 +359,53 @@ impl Nemesis {
         }
     }
 
+    /// A fault of the rbd part.
+    fn inject_rbd(&mut self, f: Fault) -> bool {
+        let gw = self.rng.random_range(0..2usize);
+        let for_ms = |rng: &mut Xoshiro256PlusPlus, lo: u64, hi: u64| {
+            Instant::now() + Duration::from_millis(rng.random_range(lo..hi))
+        };
+        let Some(r) = self.rbd.as_mut() else { return false };
+        match f {
+            Fault::GatewayKill => {
+                if r.dead[gw] {
+                    return true;
+                }
+                r.kill(gw);
+                let at = for_ms(&mut self.rng, 300, 5000);
+                self.undo.push((at, Undo::GatewayRestart { gw }));
+                true
+            }
+            Fault::GatewayPause => {
+                if !r.pause(gw) {
+                    return true;
+                }
+                // Sometimes past the group's grace (1.5 s): the other gateway fences it.
+                let at = for_ms(&mut self.rng, 500, 6000);
+                self.undo.push((at, Undo::GatewayCont { gw }));
+                true
+            }
+            Fault::CephPause => {
+                if self.undo.iter().any(|(_, u)| matches!(u, Undo::CephResume)) {
+                    return true;
+                }
+                let which = ["mon", "osd", ""][self.rng.random_range(0..3)];
+                let ok = r.ceph("pause", which);
+                let at = for_ms(&mut self.rng, 500, 6000);
+                self.undo.push((at, Undo::CephResume));
+                ok
+            }
+            _ => {
+                // `rbd resize` waits for the cluster: not while it is paused.
+                if self.undo.iter().any(|(_, u)| matches!(u, Undo::CephResume)) {
+                    return true;
+                }
+                let mib = self.rng.random_range(1..4u64);
+                r.grow(mib)
+            }
+        }
+    }
+
     pub(crate) fn run(&mut self, until: Instant) {
         while Instant::now() < until {
             let next = Instant::now() + Duration::from_millis(self.rng.random_range(50..900));
@@ -311,8 +414,15 @@ impl Nemesis {
                 let due: Vec<usize> = (0..self.undo.len())
                     .filter(|&i| self.undo[i].0 <= Instant::now())
                     .collect();
+                let ceph_paused = self.undo.iter().any(|(_, u)| matches!(u, Undo::CephResume));
                 for i in due.into_iter().rev() {
                     let (_, u) = self.undo.remove(i);
+                    // A gateway starts by opening its image: not while the cluster is paused
+                    // (the undo that resumes it runs on this thread).
+                    if ceph_paused && matches!(u, Undo::GatewayRestart { .. }) {
+                        self.undo.push((Instant::now() + Duration::from_millis(100), u));
+                        continue;
+                    }
                     // An ANA state on a listener removed meanwhile waits for the listener.
                     if let Undo::Ana { addr, .. } = u
                         && self
@@ -337,11 +447,15 @@ impl Nemesis {
                 }
             }
         }
-        // Listeners first: an ANA state is set on one.
+        // The cluster and listeners first: a gateway's start needs the one, an ANA state is
+        // set on the other.
         let mut rest = std::mem::take(&mut self.undo);
-        rest.sort_by_key(|(_, u)| !matches!(u, Undo::Listener { .. }));
+        rest.sort_by_key(|(_, u)| !matches!(u, Undo::Listener { .. } | Undo::CephResume));
         for (_, u) in rest {
             self.undo_one(u);
+        }
+        if let Some(r) = self.rbd.as_mut() {
+            r.heal();
         }
         for h in self.side.drain(..) {
             self.side_total += h.join().unwrap_or(0);

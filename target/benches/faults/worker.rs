@@ -69,6 +69,11 @@ pub(crate) struct Worker {
     pub(crate) rng: Xoshiro256PlusPlus,
     pub(crate) paths: Vec<PathState>,
     pub(crate) turn: usize,
+    /// Sends on its first live path only (a multipath host on ANA: the optimized gateway
+    /// while it serves), the next one while the first refuses or is gone.
+    pub(crate) prefer_first: bool,
+    /// How long a command may be outstanding before it is a hang.
+    pub(crate) hang: Duration,
 }
 
 impl Worker {
@@ -261,7 +266,7 @@ impl Worker {
             return;
         }
         let oldest = self.paths[p].pending.values().map(|o| o.at).min();
-        if let Some(at) = oldest.filter(|at| at.elapsed() > HANG) {
+        if let Some(at) = oldest.filter(|at| at.elapsed() > self.hang) {
             self.c.counts.hangs.fetch_add(1, Ordering::Relaxed);
             let what = self.paths[p].pending.values().find(|o| o.at == at).map(|o| o.kind);
             let mut g = self.c.hang_first.lock().unwrap();
@@ -318,7 +323,15 @@ impl Worker {
                 continue;
             }
             self.turn += 1;
-            let p = live[self.turn % live.len()];
+            let p = if self.prefer_first {
+                let now = Instant::now();
+                live.iter()
+                    .copied()
+                    .find(|&p| now >= self.paths[p].hold)
+                    .unwrap_or(live[0])
+            } else {
+                live[self.turn % live.len()]
+            };
             while self.paths[p].pending.len() < QD
                 && self.paths[p].ctrl.is_some()
                 && Instant::now() >= self.paths[p].hold
