@@ -38,7 +38,7 @@ use tracing::info;
 pub use admin::for_each_ctrl;
 pub use io::deliver;
 pub use reservation::tend_clustered_reservations;
-pub use transport::Transport;
+pub use transport::{FixedBytes, ReadBytes, Transport};
 
 use crate::ana::AnaStates;
 use crate::close::CloseReason;
