@@ -307,7 +307,7 @@ impl Target {
             reactors,
             Arc::new(move |r: &mut pollux_reactor::Reactor| {
                 r.set_local(controller::Local::default());
-                r.set_local(backend::Channels::new(max_io, queue::deliver::<tcp::TcpTransport>));
+                r.set_local(backend::Channels::new(max_io, listener::deliver));
                 r.set_local(queue::data::H2cPool::default());
                 r.set_local(tcp::RxPool::default());
                 if r.id() == 0 {
@@ -337,7 +337,7 @@ impl Target {
         let resize_watch = resize::watcher(shared.clone(), runtime.remotes())?;
         let resv_watch = {
             let (shared, remotes) = (shared.clone(), runtime.remotes());
-            resv::cluster::watcher(move || queue::tend_clustered_reservations::<tcp::TcpTransport>(&shared, &remotes))?
+            resv::cluster::watcher(move || listener::tend_clustered_reservations(&shared, &remotes))?
         };
         let gateway = match &cfg.gateway {
             Some(g) => Some(

@@ -16,12 +16,12 @@ use pollux_reactor::{Reactor, Remote, SourceId};
 use super::UpgradeError;
 use super::state::{IoQueueRef, QueueState, RoleState};
 use crate::controller::QueueRef;
+use crate::listener::Conn;
 use crate::listener::Listener;
 use crate::mutate::Listeners;
 use crate::path::Path;
 use crate::queue::handover::PauseCheck;
 use crate::shared::Shared;
-use crate::tcp::Conn;
 
 /// Run `f` on every reactor and gather the answers, waiting at most `within` in all.
 pub fn on_all<R: Send + 'static>(
