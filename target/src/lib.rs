@@ -308,7 +308,7 @@ impl Target {
             Arc::new(move |r: &mut pollux_reactor::Reactor| {
                 r.set_local(controller::Local::default());
                 r.set_local(backend::Channels::new(max_io, listener::deliver));
-                r.set_local(queue::data::H2cPool::default());
+                r.set_local(queue::data::DataPool::default());
                 r.set_local(tcp::RxPool::default());
                 if r.id() == 0 {
                     r.set_local(placement::Placer::default());

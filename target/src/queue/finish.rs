@@ -191,8 +191,7 @@ impl<T: Transport> Queue<T> {
             Payload::Read { data, ns, len } => {
                 // With SQ flow control disabled at Connect (NVMe-oF 1.1 §3.3) a read's
                 // completion carries no SQ head: nothing but success, which the transport may
-                // say with the data (NVMe/TCP 1.0 §3.6.2.8: the last C2HData PDU's SUCCESS
-                // flag).
+                // say with the data (whether it does is its own: `Transport::send_read`).
                 cqe = !self.t.send_read(cid, ReadBytes::new(data, len, ns), self.sq.flow_off);
             }
             _ => {}

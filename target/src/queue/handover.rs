@@ -9,8 +9,8 @@
 //! when no request is left (none awaiting data, parked, held by QoS, at a backend or
 //! draining), no I/O queue Connect waits for its controller, and the transport has sent
 //! everything. The upgrade then stops the queue reading ([`Queue::pause`]) and takes its
-//! state ([`Queue::export`]): what remains of the stream is the bytes read but not yet a
-//! whole PDU, and the held commands, which the next process runs first, in order. Nothing
+//! state ([`Queue::export`]): what remains of the stream is the transport's (bytes read but
+//! not yet a whole unit of its framing), and the held commands, which the next process runs first, in order. Nothing
 //! runs twice and nothing is lost: a command is either completed here or held and handed
 //! over, never both.
 //!

@@ -113,8 +113,9 @@ pub trait Transport: Sized + 'static {
     /// transport may say that with the data instead of a completion of its own. True when it
     /// did: the queue then sends no completion for the command.
     fn send_read(&mut self, cid: u16, data: ReadBytes<'_>, fold: bool) -> bool;
-    /// Ask the host for command `cid`'s `len` bytes of data (NVMe/TCP: an R2T); they come
-    /// back to [`super::Queue::data_received`] under `tag`.
+    /// Ask the host for command `cid`'s `len` bytes of data (NVMe/TCP: an R2T). The transport
+    /// puts them into the buffer of the request in slot `tag` (`Queue::reqs`), each byte once
+    /// and in order from offset 0, and tells [`super::Queue::data_received`] as they come.
     fn fetch_data(&mut self, cid: u16, tag: u16, len: u32);
     /// Where the last thing queued ends in the transport's stream, and how much of the stream
     /// went out: completions whose end went out are the host's to see (SQ accounting).
