@@ -145,8 +145,8 @@ impl<T: Transport> Queue<T> {
         }
     }
 
-    /// The queue's state (paused, quiet): its own part; the transport's (its socket's index,
-    /// digests, ICReq, unread bytes) is left for the transport to fill in.
+    /// The queue's state (paused, quiet): its own part; the transport's (a socket's index,
+    /// what it negotiated, unread bytes) is the transport's to add.
     pub fn export(&self) -> QueueState {
         let role = match &self.role {
             Role::Unbound | Role::Connecting => RoleState::Unbound,
@@ -162,12 +162,7 @@ impl<T: Transport> Queue<T> {
         QueueState {
             serial: self.serial,
             reactor: self.reactor,
-            fd: 0,
             listener: self.listener,
-            hdgst: false,
-            ddgst: false,
-            ic_done: false,
-            rx: Bytes::default(),
             sq: SqState {
                 qid: self.sq.qid,
                 entries: self.sq.entries,
