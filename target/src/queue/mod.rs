@@ -25,6 +25,8 @@ mod locked;
 mod qos;
 pub mod request;
 mod reservation;
+#[cfg(test)]
+mod tests;
 mod transport;
 mod unsent;
 
