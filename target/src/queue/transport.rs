@@ -75,14 +75,38 @@ impl<'a> ReadBytes<'a> {
 }
 
 /// Read data that never changes, where it lies: `len` bytes at `base`, mapped and readable
-/// as long as `keep` lives.
+/// as long as `keep` lives. Only [`ReadBytes::fixed`] makes one (a transport that sends the
+/// bytes in place relies on that).
 pub struct FixedBytes {
+    base: NonNull<u8>,
+    len: usize,
+    keep: Arc<dyn Any + Send + Sync>,
+}
+
+impl FixedBytes {
     /// The first byte.
-    pub base: NonNull<u8>,
-    /// How many.
-    pub len: usize,
-    /// Whatever keeps the memory mapped (hold it until the bytes are sent).
-    pub keep: Arc<dyn Any + Send + Sync>,
+    #[inline(always)]
+    pub fn base(&self) -> NonNull<u8> {
+        self.base
+    }
+
+    /// How many bytes.
+    #[inline(always)]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// No bytes.
+    #[inline(always)]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// What keeps the memory mapped: hold it until the bytes are sent.
+    #[inline(always)]
+    pub fn keep(&self) -> &Arc<dyn Any + Send + Sync> {
+        &self.keep
+    }
 }
 
 /// One queue's transport.

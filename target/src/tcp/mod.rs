@@ -620,12 +620,14 @@ impl Transport for TcpTransport {
     #[inline(always)]
     fn send_read(&mut self, cid: u16, data: ReadBytes<'_>, fold: bool) -> bool {
         self.c2h_header(cid, data.len(), fold);
-        match data.fixed() {
-            Some(f) if self.sends_in_place() => {
-                // SAFETY: `f` is the read's bytes in memory that stays mapped while `f.keep`
-                // lives (FixedBytes' promise, its range checked by range_ptr), which the send
-                // queue holds until the bytes are sent.
-                unsafe { self.c2h_data_in_place(f.base, f.len, &f.keep) };
+        // Only asked for when it could be used: the keeper is a reference more.
+        let fixed = if self.sends_in_place() { data.fixed() } else { None };
+        match fixed {
+            Some(f) => {
+                // SAFETY: `f` is the read's bytes in memory that stays mapped while `f.keep()`
+                // lives (FixedBytes' promise: only ReadBytes::fixed makes one, its range
+                // checked by range_ptr), which the send queue holds until the bytes are sent.
+                unsafe { self.c2h_data_in_place(f.base(), f.len(), f.keep()) };
             }
             _ => self.c2h_data_copied(|buf| data.append_to(buf)),
         }
