@@ -2,7 +2,8 @@
 //! as a documented, versioned format: serde structs sent as JSON over the handover socket
 //! ([`crate::upgrade::wire`]), with the descriptors they name (by index into the message's
 //! descriptors) passed beside them by `SCM_RIGHTS`. Below the queues and transports, which
-//! write and read their part of it ([`QueueState`]); the upgrade above them sends it
+//! write and read their part of it (a connection's [`ConnState`]: the queue's
+//! [`QueueState`], NVMe/TCP's [`TcpState`]); the upgrade above them sends it
 //! (it is also `crate::upgrade::state`).
 //!
 //! Versioning: every message carries `format`. A binary writes [`FORMAT`] and reads every
@@ -17,8 +18,9 @@
 //!   change), the reactor count, the listening sockets, the control endpoints, the
 //!   namespaces' stores (RAM memfds, open files), the next connection serial.
 //! - [`Handover`] (sent while every queue is paused at a command boundary): each queue's
-//!   state ([`QueueState`]: its transport's negotiated parameters and unread bytes, its SQ,
-//!   its role and controller, the commands it received and holds) and every namespace's
+//!   state ([`ConnState`]: its transport's negotiated parameters and unread bytes,
+//!   [`TcpState`]; its SQ, its role and controller, the commands it received and holds,
+//!   [`QueueState`]; one JSON object) and every namespace's
 //!   reservation state.
 
 use std::net::SocketAddr;
@@ -244,17 +246,26 @@ pub enum RoleState {
     },
 }
 
-/// One NVMe/TCP queue, paused at a command boundary: nothing in flight, nothing unsent.
+/// One connection handed over, paused at a command boundary (nothing in flight, nothing
+/// unsent): its queue's part and its transport's, each written and read by its owner. In the
+/// JSON both parts' fields sit side by side in one object, as format 1 has always had them
+/// (`#[serde(flatten)]`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct QueueState {
-    /// Its serial (unique in the process, kept).
-    pub serial: u64,
-    /// Its reactor.
-    pub reactor: usize,
+pub struct ConnState {
+    /// The NVMe-oF queue's part (`crate::queue`).
+    #[serde(flatten)]
+    pub queue: QueueState,
+    /// The NVMe/TCP transport's part (`crate::tcp`).
+    #[serde(flatten)]
+    pub transport: TcpState,
+}
+
+/// An NVMe/TCP connection's part of its handed-over state (NVMe/TCP 1.0 §3.6.2.2: what
+/// ICReq and ICResp agreed).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct TcpState {
     /// Its socket: an index into the message's descriptors.
     pub fd: usize,
-    /// The listener that accepted it (bound address).
-    pub listener: Option<SocketAddr>,
     /// Header digests negotiated.
     pub hdgst: bool,
     /// Data digests negotiated.
@@ -263,6 +274,17 @@ pub struct QueueState {
     pub ic_done: bool,
     /// Bytes read from the socket and not yet a whole PDU.
     pub rx: Bytes,
+}
+
+/// An NVMe-oF queue's part of its handed-over state, whatever transport carries it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct QueueState {
+    /// Its serial (unique in the process, kept).
+    pub serial: u64,
+    /// Its reactor.
+    pub reactor: usize,
+    /// The listener that accepted it (bound address).
+    pub listener: Option<SocketAddr>,
     /// The SQ.
     pub sq: SqState,
     /// Its role.
@@ -308,8 +330,8 @@ pub struct ResvEntry {
 pub struct Handover {
     /// Format.
     pub format: u32,
-    /// Every queue that moves.
-    pub queues: Vec<QueueState>,
+    /// Every queue that moves, with its transport's state.
+    pub queues: Vec<ConnState>,
     /// Every namespace's reservation state with anything in it.
     pub reservations: Vec<ResvEntry>,
 }
@@ -348,36 +370,40 @@ pub enum Msg {
 mod tests {
     use super::*;
 
-    fn queue() -> QueueState {
-        QueueState {
-            serial: 42,
-            reactor: 1,
-            fd: 0,
-            listener: Some("127.0.0.1:4420".parse().unwrap_or_else(|_| unreachable!())),
-            hdgst: true,
-            ddgst: false,
-            ic_done: true,
-            rx: Bytes(vec![4, 0, 0xFF, 1, 2]),
-            sq: SqState {
-                qid: 3,
-                entries: 128,
-                head: 77,
-                flow_off: false,
+    fn queue() -> ConnState {
+        ConnState {
+            queue: QueueState {
+                serial: 42,
+                reactor: 1,
+                listener: Some("127.0.0.1:4420".parse().unwrap_or_else(|_| unreachable!())),
+                sq: SqState {
+                    qid: 3,
+                    entries: 128,
+                    head: 77,
+                    flow_off: false,
+                },
+                role: RoleState::Io {
+                    cntlid: 2,
+                    owner: 0,
+                    subnqn: "nqn.2026-12.io.pollux:a".into(),
+                    hostnqn: "nqn.2014-08.org.nvmexpress:uuid:1".into(),
+                    hostid: [7; 16],
+                },
+                auth_hostnqn: "nqn.2014-08.org.nvmexpress:uuid:1".into(),
+                auth_required: false,
+                held: vec![HeldCmd {
+                    sqe: Bytes(vec![1; 64]),
+                    data: Bytes(vec![9; 4096]),
+                }],
+                age_ms: 1234,
             },
-            role: RoleState::Io {
-                cntlid: 2,
-                owner: 0,
-                subnqn: "nqn.2026-12.io.pollux:a".into(),
-                hostnqn: "nqn.2014-08.org.nvmexpress:uuid:1".into(),
-                hostid: [7; 16],
+            transport: TcpState {
+                fd: 0,
+                hdgst: true,
+                ddgst: false,
+                ic_done: true,
+                rx: Bytes(vec![4, 0, 0xFF, 1, 2]),
             },
-            auth_hostnqn: "nqn.2014-08.org.nvmexpress:uuid:1".into(),
-            auth_required: false,
-            held: vec![HeldCmd {
-                sqe: Bytes(vec![1; 64]),
-                data: Bytes(vec![9; 4096]),
-            }],
-            age_ms: 1234,
         }
     }
 
@@ -402,8 +428,8 @@ mod tests {
         let Ok(Msg::Handover(back)) = serde_json::from_str::<Msg>(&text) else {
             panic!("does not parse back: {text}");
         };
-        let q = &back.queues[0];
-        assert_eq!(q.rx, queue().rx);
+        let (q, t) = (&back.queues[0].queue, &back.queues[0].transport);
+        assert_eq!(t.rx, queue().transport.rx);
         assert_eq!(q.held[0].data.0.len(), 4096);
         assert_eq!((q.sq.head, q.sq.entries), (77, 128));
         assert!(matches!(&q.role, RoleState::Io { cntlid: 2, .. }));
@@ -423,6 +449,46 @@ mod tests {
     fn a_field_added_later_is_ignored_by_this_reader() {
         let mut v = serde_json::to_value(queue()).unwrap_or_default();
         v["added_in_format_2"] = serde_json::json!({"x": 1});
-        assert!(serde_json::from_value::<QueueState>(v).is_ok());
+        assert!(serde_json::from_value::<ConnState>(v).is_ok());
+    }
+
+    /// The split into a queue's and a transport's part changed no byte of format 1: a
+    /// connection is one JSON object with every field at its top, as before the split, and
+    /// such an object (written by a binary from before it) reads back whole.
+    #[test]
+    fn a_connection_is_one_flat_object_as_format_1_had_it() {
+        let v = serde_json::to_value(queue()).unwrap_or_default();
+        let keys: Vec<&str> = v
+            .as_object()
+            .map(|o| o.keys().map(String::as_str).collect())
+            .unwrap_or_default();
+        for k in [
+            "serial",
+            "reactor",
+            "fd",
+            "listener",
+            "hdgst",
+            "ddgst",
+            "ic_done",
+            "rx",
+            "sq",
+            "role",
+            "auth_hostnqn",
+            "auth_required",
+            "held",
+            "age_ms",
+        ] {
+            assert!(keys.contains(&k), "{k} missing from {v}");
+        }
+        assert!(!keys.contains(&"queue") && !keys.contains(&"transport"), "{v}");
+        let before_the_split = serde_json::json!({
+            "serial": 7, "reactor": 0, "fd": 3, "listener": null, "hdgst": false, "ddgst": true,
+            "ic_done": true, "rx": "AQI=", "sq": {"qid": 1, "entries": 32, "head": 5, "flow_off": false},
+            "role": "Unbound", "auth_hostnqn": "", "auth_required": false, "held": [], "age_ms": 9
+        });
+        let c: ConnState = serde_json::from_value(before_the_split).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((c.queue.serial, c.queue.sq.head, c.transport.fd), (7, 5, 3));
+        assert!(c.transport.ddgst && c.transport.ic_done);
+        assert_eq!(c.transport.rx.0, vec![1, 2]);
     }
 }

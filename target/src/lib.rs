@@ -11,7 +11,8 @@
 //! | concept | module | SPDK |
 //! |---|---|---|
 //! | An NVMe-oF queue, whatever carries it: routing, Connect and the admin queue's controller on the reactor, authentication, the I/O path, locked operations, reservations, every request's state and its one exit | [`queue`] | `nvmf.c`, `ctrlr.c`, `ctrlr_bdev.c` |
-//! | What a queue asks of its transport (send a completion, send data, fetch a command's data, close) | [`queue::Transport`] | `spdk_nvmf_transport_ops` |
+//! | What a queue asks of its transport (send a completion, send data, send a read's data and maybe its completion with it, fetch a command's data, close), in the queue's terms: no namespace, no NVMe/TCP flag; a read's bytes as [`queue::ReadBytes`] | [`queue::Transport`] | `spdk_nvmf_transport_ops` |
+//! | The transport the target serves, named once for the layers above the queue (the channels' completions, run-time changes, the control plane, the upgrade reach queues as [`listener::Conn`]) | [`listener::Served`] | |
 //! | A request's life: awaiting data, parked behind a lock, held by QoS, submitted, draining; counted per state | [`queue::request`] | `nvmf_tcp_req_state` |
 //! | Per-namespace QoS limits: one lock-free budget per namespace shared by every reactor; commands over it held in their queue | [`qos`] | `bdev.c` (QoS) |
 //! | NVMe/TCP transport: receive loop and framing, ICReq/ICResp, CapsuleResp, C2HData, R2T, TermReq, digests, TLS (NVMe/TCP 1.0 §3) | [`tcp`] | `tcp.c` |
@@ -36,7 +37,7 @@
 //! | Accepting connections and placing them on reactors; what a connection knows of its path | [`listener`], [`path`] | `tcp.c` (acceptor) |
 //! | Why a connection closed, counted per reactor | [`close`] | `spdk_nvmf_qpair_disconnect` |
 //! | Run-time changes (`pollux ctl` add/remove) and the control plane | [`mutate`], [`control`] | `nvmf_rpc.c` |
-//! | Hot upgrade: the handover to a new process, and the versioned state handed over | [`upgrade`], [`handover`] | |
+//! | Hot upgrade: the handover to a new process, and the versioned state handed over (a connection's [`handover::ConnState`]: the queue's part, [`handover::QueueState`], beside NVMe/TCP's, [`handover::TcpState`]) | [`upgrade`], [`handover`] | |
 //! | Gateway groups: membership, fencing (blocklisting), ANA takeover and failback through the cluster | [`gateway`] | ceph-nvmeof's monitor (`NVMeofGwMap.cc`) |
 //!
 //! # Layers
@@ -60,7 +61,8 @@
 //! 7. [`controller`], [`placement`], [`path`], and [`handover`] (the state an upgrade hands
 //!    over, which queues and transports write and read).
 //! 8. [`queue`], generic over its transport, and beside it the transport [`tcp`], which
-//!    implements [`queue::Transport`] (tcp imports queue, never the other way).
+//!    implements [`queue::Transport`] (tcp imports queue, never the other way; queue names
+//!    no transport).
 //! 9. [`listener`], then [`mutate`] (run-time changes; it holds the upgrade-under-way flag
 //!    the upgrade sets, [`mutate::Upgrading`]), then [`resize`].
 //! 10. [`upgrade`] (its new process serves the control endpoints through what the control
@@ -71,11 +73,20 @@
 //! # Where a new thing goes
 //! - **A new transport** (RDMA, ...): a type that implements [`queue::Transport`] (its
 //!   `run` is the receive loop that hands capsules to `Queue::on_capsule` and data to
-//!   `Queue::data_received`; the rest is what the queue sends), a listener that accepts its
-//!   connections as `Queue<ThatTransport>`, its `deliver` registered with the reactor's
-//!   channels ([`queue::deliver`]), and the reservation watcher's work
-//!   ([`queue::tend_clustered_reservations`]) run for it too. Nothing in [`queue`],
-//!   [`controller`] or [`nvm`] changes.
+//!   `Queue::data_received`; the rest is what the queue sends, a read's data included, which
+//!   it sends as it likes, folding the completion in when the queue lets it), and a listener
+//!   that accepts its connections as `Queue<ThatTransport>`. The wiring is in
+//!   [`listener`], the one place outside [`tcp`] that names the transport served
+//!   ([`listener::Served`]): its functions that reach a reactor's queues
+//!   ([`listener::deliver`], registered with every reactor's channels;
+//!   [`listener::for_each_ctrl`]; [`listener::tend_clustered_reservations`]) look for the
+//!   new transport's queues too, as do the two visitors that run a queue's methods on every
+//!   queue of a reactor through [`listener::Conn`] (`mutate`'s refresh of its controllers,
+//!   `upgrade::reactors::each_conn`). A hot upgrade hands a connection over as its queue's
+//!   [`handover::QueueState`] beside its transport's state ([`handover::ConnState`]; a
+//!   transport that cannot move its connections says so, `Transport::stays`, and they
+//!   close). Nothing in [`queue`], [`controller`] or [`nvm`] changes; `queue`'s unit tests
+//!   run it over a mock transport (`queue/tests/mock.rs`).
 //! - **A new admin command**: its row in the admin table ([`pollux_nvme::spec::command`]),
 //!   its decoding and execution in [`controller::admin`] (pure: a [`controller::reply::Reply`]
 //!   or an outcome the queue acts on).
@@ -307,8 +318,8 @@ impl Target {
             reactors,
             Arc::new(move |r: &mut pollux_reactor::Reactor| {
                 r.set_local(controller::Local::default());
-                r.set_local(backend::Channels::new(max_io, queue::deliver::<tcp::TcpTransport>));
-                r.set_local(queue::data::H2cPool::default());
+                r.set_local(backend::Channels::new(max_io, listener::deliver));
+                r.set_local(queue::data::DataPool::default());
                 r.set_local(tcp::RxPool::default());
                 if r.id() == 0 {
                     r.set_local(placement::Placer::default());
@@ -337,7 +348,7 @@ impl Target {
         let resize_watch = resize::watcher(shared.clone(), runtime.remotes())?;
         let resv_watch = {
             let (shared, remotes) = (shared.clone(), runtime.remotes());
-            resv::cluster::watcher(move || queue::tend_clustered_reservations::<tcp::TcpTransport>(&shared, &remotes))?
+            resv::cluster::watcher(move || listener::tend_clustered_reservations(&shared, &remotes))?
         };
         let gateway = match &cfg.gateway {
             Some(g) => Some(

@@ -14,8 +14,34 @@ use tracing::{info, warn};
 
 use crate::path::Path;
 use crate::placement::Placer;
+use crate::queue::Queue;
 use crate::shared::Shared;
-use crate::tcp::{self, Conn, RxPool};
+use crate::tcp::{self, RxPool};
+
+/// The transport the target's listeners accept connections on: the one place outside the
+/// transport's own module ([`crate::tcp`]) that names it. Everything above the queue that
+/// reaches a reactor's queues (run-time changes, the control plane, a hot upgrade, the
+/// channels' completions) reaches them as [`Conn`] or through the functions below.
+pub type Served = tcp::TcpTransport;
+
+/// A connection the target serves: an NVMe-oF queue carried by [`Served`].
+pub type Conn = Queue<Served>;
+
+/// Where this reactor's channels deliver completions (registered at each reactor's start).
+pub fn deliver(r: &mut Reactor, c: crate::backend::Completion<'_>) {
+    crate::queue::deliver::<Served>(r, c);
+}
+
+/// Run `f` on every controller whose admin queue is on reactor `r`.
+pub fn for_each_ctrl(r: &mut Reactor, f: impl FnMut(&crate::controller::Ctrl)) {
+    crate::queue::for_each_ctrl::<Served>(r, f);
+}
+
+/// The clustered reservations' watcher's work ([`crate::queue::tend_clustered_reservations`])
+/// for the queues of every reactor.
+pub fn tend_clustered_reservations(shared: &Shared, remotes: &[pollux_reactor::Remote]) {
+    crate::queue::tend_clustered_reservations::<Served>(shared, remotes);
+}
 
 static NEXT_SERIAL: AtomicU64 = AtomicU64::new(1);
 

@@ -23,10 +23,10 @@ use tracing::{info, warn};
 use crate::ana::AnaStates;
 use crate::controller::Local;
 use crate::error::TargetError;
+use crate::listener::Conn;
 use crate::listener::Listener;
 use crate::shared::Shared;
 use crate::subsystem::{BoundListener, Snapshot, build_subsystem};
-use crate::tcp::Conn;
 
 /// What a reconciliation changed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

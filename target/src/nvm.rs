@@ -152,7 +152,7 @@ impl Io {
     }
 
     /// Bytes of host-to-controller data the command carries.
-    pub fn h2c_len(&self) -> u32 {
+    pub fn host_data_len(&self) -> u32 {
         match self {
             Io::Write { len, .. } | Io::Compare { len, .. } => *len,
             Io::DatasetManagement { ranges, .. } => ranges * 16,
@@ -382,7 +382,7 @@ pub enum DataIn {
     /// In the command capsule.
     InCapsule,
     /// By R2T and H2CData, this many bytes (the host's SGL length).
-    R2t(u32),
+    Fetch(u32),
 }
 
 /// A command of an I/O queue, validated.
@@ -405,13 +405,13 @@ pub fn parse(sqe: &Sqe, subsys: &HostView, max_io: u32, data: &[u8]) -> Result<I
     let io = decode_io(sqe, subsys, max_io).map_err(|s| (s, slba))?;
     let refuse = |s: Status| (s, 0);
     let dp = data_ptr(sqe).map_err(refuse)?;
-    let need = io.h2c_len();
+    let need = io.host_data_len();
     if need > 0 {
         // The host's buffer may be larger than the command needs (Linux sizes Dataset
         // Management buffers by segment); only a shorter one is invalid (NVMe 2.0 §4.3.2).
         let data = match dp {
             DataPtr::InCapsule(len) if len >= need && data.len() == len as usize => DataIn::InCapsule,
-            DataPtr::Transport(len) if len >= need && len <= max_io && data.is_empty() => DataIn::R2t(len),
+            DataPtr::Transport(len) if len >= need && len <= max_io && data.is_empty() => DataIn::Fetch(len),
             _ => return Err(refuse(Status::DATA_SGL_LENGTH_INVALID.with_dnr())),
         };
         return Ok(IoCmd { io, data });
@@ -432,7 +432,7 @@ pub fn parse(sqe: &Sqe, subsys: &HostView, max_io: u32, data: &[u8]) -> Result<I
 }
 
 /// The backend operation of a validated command with its data (`data`: exactly the bytes
-/// it needs, [`Io::h2c_len`]). None:
+/// it needs, [`Io::host_data_len`]). None:
 /// nothing to do (a flush of all namespaces with no volatile cache; Dataset Management
 /// without deallocate, which is advisory, or with no blocks).
 #[inline(always)]
@@ -503,7 +503,7 @@ mod tests {
         assert!(matches!(
             parse(&w(8192, false), &s, MAX_IO, &[]),
             Ok(IoCmd {
-                data: DataIn::R2t(8192),
+                data: DataIn::Fetch(8192),
                 ..
             })
         ));

@@ -124,21 +124,39 @@ impl SendQueue {
         if len == 0 {
             return;
         }
+        self.keep_until_sent(len, Arc::as_ptr(keep).cast(), || keep.clone());
+        self.push_segment(base, len);
+    }
+
+    /// [`Self::push_external`] with a keeper whose type is not known (a transport given a
+    /// read's bytes and whatever keeps them mapped).
+    ///
+    /// # Safety
+    /// As [`Self::push_external`]'s.
+    #[inline]
+    pub unsafe fn push_external_dyn(&mut self, base: NonNull<u8>, len: usize, keep: &Arc<dyn Any + Send + Sync>) {
+        if len == 0 {
+            return;
+        }
+        self.keep_until_sent(len, Arc::as_ptr(keep).cast(), || keep.clone());
+        self.push_segment(base, len);
+    }
+
+    /// The owner `owner` (at address `at`) is kept until the `len` bytes about to be queued
+    /// are sent.
+    #[inline]
+    fn keep_until_sent(&mut self, len: usize, at: *const (), owner: impl FnOnce() -> Arc<dyn Any + Send + Sync>) {
         let until = self.stream_end() + len as u64;
         match &mut self.keep_last {
             // The same owner as the segment before: it is kept until this one is sent too.
-            Some(k) if std::ptr::addr_eq(Arc::as_ptr(&k.owner), Arc::as_ptr(keep)) => k.until = until,
+            Some(k) if std::ptr::addr_eq(Arc::as_ptr(&k.owner), at) => k.until = until,
             last => {
-                let new = Keep {
-                    owner: keep.clone(),
-                    until,
-                };
+                let new = Keep { owner: owner(), until };
                 if let Some(older) = last.replace(new) {
                     self.keeps.push_back(older);
                 }
             }
         }
-        self.push_segment(base, len);
     }
 
     /// Append `len` bytes at `base` to be sent in place, the caller keeping them alive;

@@ -355,7 +355,7 @@ pub struct AdminEnv<'a> {
 }
 
 /// The host's buffer length for a controller-to-host command, or the status to fail with.
-pub fn c2h_len(sqe: &Sqe, max_io_size: u32) -> Result<u32, Status> {
+pub fn to_host_len(sqe: &Sqe, max_io_size: u32) -> Result<u32, Status> {
     match data_ptr(sqe)? {
         DataPtr::None => Ok(0),
         DataPtr::InCapsule(_) => Err(Status::SGL_DESCRIPTOR_TYPE_INVALID.with_dnr()),
@@ -378,7 +378,7 @@ pub fn execute(ctrl: &mut Ctrl, env: &AdminEnv<'_>, sqe: &Sqe) -> Outcome {
         return reply(Reply::err(Status::INVALID_FIELD.with_dnr()));
     }
     let max_len = match xfer(sqe) {
-        Xfer::CtrlToHost => match c2h_len(sqe, env.shared.transport.max_io_size) {
+        Xfer::CtrlToHost => match to_host_len(sqe, env.shared.transport.max_io_size) {
             Ok(l) => l,
             Err(s) => return reply(Reply::err(s)),
         },

@@ -13,7 +13,7 @@ use tracing::{info, warn};
 
 use super::finish::End;
 use super::{Queue, Role, Transport};
-use crate::controller::admin::c2h_len;
+use crate::controller::admin::to_host_len;
 use crate::controller::auth::{AuthCtx, Concat, DhDone, DhJob, MAX_MESSAGE, Outcome, QueueAuth, check_command};
 use crate::controller::reply::Reply;
 
@@ -113,7 +113,7 @@ impl<T: Transport> Queue<T> {
                 &End::status(Status::COMMAND_SEQUENCE_ERROR.with_dnr()).unlogged(),
             );
         }
-        let buf = match c2h_len(sqe, MAX_MESSAGE) {
+        let buf = match to_host_len(sqe, MAX_MESSAGE) {
             Ok(n) if n >= al => al,
             Ok(_) => {
                 return self.finish(

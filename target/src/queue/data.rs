@@ -1,7 +1,7 @@
 //! A command's host-to-controller data while it arrives: the buffer it goes into (heap memory
 //! from the reactor's pool, or a DMA buffer of the SSD the write goes to), how much of it came,
-//! and the per-reactor pool of buffers. Whatever transport asks for the data (NVMe/TCP: an
-//! R2T, [`crate::tcp::h2c`]) puts it here.
+//! and the per-reactor pool of buffers. The transport the queue asks for the data
+//! ([`super::Transport::fetch_data`]) puts it here.
 
 use pollux_nvme::tcp::{Crc32c, crc32c};
 
@@ -12,15 +12,15 @@ use crate::pool::{Pool, Pooled, Shelf};
 /// from when dropped ([`crate::pool`]).
 #[derive(Debug)]
 pub enum DataBuf {
-    /// Heap memory (from the reactor's [`H2cPool`]).
-    Heap(H2cBuf),
+    /// Heap memory (from the reactor's [`DataPool`]).
+    Heap(HeapBuf),
     /// A DMA buffer of the SSD channel the write goes to: the data is copied once, from the
     /// socket into DMA memory.
     Dma(PooledDma),
 }
 
 impl DataBuf {
-    /// Copy `data` to offset `at` (callers checked the range against the R2T's length).
+    /// Copy `data` to offset `at` (callers checked the range against the length fetched).
     pub fn place(&mut self, at: u32, data: &[u8]) {
         let at = at as usize;
         match self {
@@ -43,7 +43,7 @@ impl DataBuf {
         }
     }
 
-    /// CRC32C of `[at, at + len)`: the data digest of data received in place. DMA memory is
+    /// CRC32C of `[at, at + len)`: a transport's digest of data it received in place. DMA memory is
     /// read with volatile copies, a page at a time.
     pub fn crc(&self, at: u32, len: u32) -> u32 {
         let (at, len) = (at as usize, len as usize);
@@ -65,45 +65,45 @@ impl DataBuf {
     }
 }
 
-/// Where the data asked for a command stands (NVMe/TCP: its R2T's).
+/// Where the data fetched for a command stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct R2tProgress {
+pub struct DataProgress {
     /// Bytes asked for.
     pub len: u32,
     /// Bytes received so far.
     pub received: u32,
 }
 
-impl R2tProgress {
+impl DataProgress {
     /// All the data is in.
     pub fn complete(&self) -> bool {
         self.received == self.len
     }
 }
 
-/// R2T data buffers a reactor keeps for its connections to reuse, shared by them (reactor-local
-/// state: no lock). A write whose data comes by R2T needs a buffer of its length until its data
+/// Data buffers a reactor keeps for its connections to reuse, shared by them (reactor-local
+/// state: no lock). A write whose data is fetched needs a buffer of its length until its data
 /// has arrived and it ran, and allocating and zero-filling a new one per write is costly: 128
 /// KiB sequential writes at QD32 had 24 of their 32 buffers new each round under the old pool
 /// of 8 per connection; with this one, IOPS x1.055 and target CPU per I/O x0.950 (10
 /// alternating pairs; the client is then the limit). The pool is bounded in bytes per
 /// reactor, however many connections it serves, as SPDK bounds its transport's shared data
 /// buffers (511 of 128 KiB by default); what it does not keep is freed. Its buffers
-/// ([`H2cBuf`]) come back by themselves when dropped.
-pub type H2cPool = Pool<H2cShelf>;
+/// ([`HeapBuf`]) come back by themselves when dropped.
+pub type DataPool = Pool<DataShelf>;
 
-/// An R2T buffer lent by an [`H2cPool`].
-pub type H2cBuf = Pooled<H2cShelf>;
+/// A data buffer lent by a [`DataPool`].
+pub type HeapBuf = Pooled<DataShelf>;
 
-/// What an [`H2cPool`] keeps: R2T buffers, at most [`H2cShelf::MAX_BYTES`] of capacity.
+/// What a [`DataPool`] keeps: data buffers, at most [`DataShelf::MAX_BYTES`] of capacity.
 #[derive(Debug, Default)]
-pub struct H2cShelf {
+pub struct DataShelf {
     bufs: Vec<Vec<u8>>,
     /// Capacity of the buffers kept.
     bytes: usize,
 }
 
-impl H2cShelf {
+impl DataShelf {
     /// Most bytes of buffers kept per reactor: QD32 of 128 KiB writes on eight connections.
     pub const MAX_BYTES: usize = 32 << 20;
 
@@ -120,7 +120,7 @@ impl H2cShelf {
     }
 }
 
-impl Shelf for H2cShelf {
+impl Shelf for DataShelf {
     type Item = Vec<u8>;
 
     /// Keep `buf` for reuse, or free it when the pool is full.
@@ -133,12 +133,12 @@ impl Shelf for H2cShelf {
     }
 }
 
-impl Pool<H2cShelf> {
+impl Pool<DataShelf> {
     /// A buffer of `len` bytes. A kept one keeps its length, so only growth is zeroed: the
-    /// H2CData PDUs overwrite every byte up to `len` (contiguous from offset 0, NVMe/TCP 1.0
-    /// §3.6.2.7) before the command uses the buffer.
-    pub fn take(&self, len: usize) -> H2cBuf {
-        let mut buf = self.with(H2cShelf::pop).unwrap_or_default();
+    /// transport puts every byte up to `len` once, in order from offset 0, before the command
+    /// uses the buffer ([`super::Transport::fetch_data`]).
+    pub fn take(&self, len: usize) -> HeapBuf {
+        let mut buf = self.with(DataShelf::pop).unwrap_or_default();
         buf.resize(len, 0);
         self.lend(buf)
     }
@@ -146,15 +146,15 @@ impl Pool<H2cShelf> {
 
 #[cfg(test)]
 mod tests {
-    use super::{H2cPool, H2cShelf};
+    use super::{DataPool, DataShelf};
 
-    fn kept(pool: &H2cPool) -> (usize, usize) {
+    fn kept(pool: &DataPool) -> (usize, usize) {
         pool.with(|s| (s.bufs.len(), s.bytes)).unwrap_or_default()
     }
 
     #[test]
-    fn r2t_buffers_are_reused_up_to_the_pool_bound() {
-        let pool = H2cPool::default();
+    fn data_buffers_are_reused_up_to_the_pool_bound() {
+        let pool = DataPool::default();
         let a = pool.take(128 << 10);
         assert_eq!(a.len(), 128 << 10);
         let ptr = a.as_ptr();
@@ -167,19 +167,19 @@ mod tests {
         assert_eq!(kept(&pool), (0, 0));
         drop(b);
         // Beyond the bound, buffers are freed, not kept.
-        let n = H2cShelf::MAX_BYTES / (128 << 10);
+        let n = DataShelf::MAX_BYTES / (128 << 10);
         let bufs: Vec<_> = (0..n + 4).map(|_| pool.take(128 << 10)).collect();
         drop(bufs);
         let (count, bytes) = kept(&pool);
         assert_eq!(count, n);
-        assert!(bytes <= H2cShelf::MAX_BYTES);
+        assert!(bytes <= DataShelf::MAX_BYTES);
         let sum = pool.with(|s| s.bufs.iter().map(Vec::capacity).sum::<usize>());
         assert_eq!(Some(bytes), sum);
     }
 
     #[test]
-    fn an_r2t_buffer_outliving_its_pool_is_freed() {
-        let pool = H2cPool::default();
+    fn a_data_buffer_outliving_its_pool_is_freed() {
+        let pool = DataPool::default();
         let a = pool.take(4096);
         drop(pool);
         assert_eq!(a.len(), 4096);

@@ -10,7 +10,7 @@ use pollux_nvme::spec::{Cqe, Status};
 use pollux_reactor::Reactor;
 use pollux_reactor::sys::monotonic_ns;
 
-use super::{Queue, Role, Transport, admin};
+use super::{Queue, ReadBytes, Role, Transport, admin};
 use crate::backend::ReadData;
 use crate::controller::reply::Reply;
 use crate::counter::bump;
@@ -189,10 +189,10 @@ impl<T: Transport> Queue<T> {
         match end.payload {
             Payload::Bytes(b) if ok && !b.is_empty() => self.t.send_data(cid, b),
             Payload::Read { data, ns, len } => {
-                // Without SQ flow control the data's last PDU says success and no
-                // completion follows (NVMe/TCP 1.0 §3.6.2.8).
-                cqe = !self.sq.flow_off;
-                self.t.send_read(cid, len, data, ns, !cqe);
+                // With SQ flow control disabled at Connect (NVMe-oF 1.1 §3.3) a read's
+                // completion carries no SQ head: nothing but success, which the transport may
+                // say with the data (whether it does is its own: `Transport::send_read`).
+                cqe = !self.t.send_read(cid, ReadBytes::new(data, len, ns), self.sq.flow_off);
             }
             _ => {}
         }

@@ -9,8 +9,8 @@
 //! when no request is left (none awaiting data, parked, held by QoS, at a backend or
 //! draining), no I/O queue Connect waits for its controller, and the transport has sent
 //! everything. The upgrade then stops the queue reading ([`Queue::pause`]) and takes its
-//! state ([`Queue::export`]): what remains of the stream is the bytes read but not yet a
-//! whole PDU, and the held commands, which the next process runs first, in order. Nothing
+//! state ([`Queue::export`]): what remains of the stream is the transport's (bytes read but
+//! not yet a whole unit of its framing), and the held commands, which the next process runs first, in order. Nothing
 //! runs twice and nothing is lost: a command is either completed here or held and handed
 //! over, never both.
 //!
@@ -145,8 +145,8 @@ impl<T: Transport> Queue<T> {
         }
     }
 
-    /// The queue's state (paused, quiet): its own part; the transport's (its socket's index,
-    /// digests, ICReq, unread bytes) is left for the transport to fill in.
+    /// The queue's state (paused, quiet): its own part; the transport's (a socket's index,
+    /// what it negotiated, unread bytes) is the transport's to add.
     pub fn export(&self) -> QueueState {
         let role = match &self.role {
             Role::Unbound | Role::Connecting => RoleState::Unbound,
@@ -162,12 +162,7 @@ impl<T: Transport> Queue<T> {
         QueueState {
             serial: self.serial,
             reactor: self.reactor,
-            fd: 0,
             listener: self.listener,
-            hdgst: false,
-            ddgst: false,
-            ic_done: false,
-            rx: Bytes::default(),
             sq: SqState {
                 qid: self.sq.qid,
                 entries: self.sq.entries,

@@ -1,7 +1,7 @@
 //! The I/O side of a connection: a command capsule of an I/O queue is parsed into a validated
-//! command ([`crate::nvm::parse`]), gets its data (in the capsule, or by R2T and H2CData into a
-//! buffer, possibly received in place), runs inline (RAM) or on this reactor's channel of its
-//! namespace, and completes here: C2HData and CapsuleResp go out through the transport.
+//! command ([`crate::nvm::parse`]), gets its data (in the capsule, or fetched by the transport into a
+//! buffer), runs inline (RAM) or on this reactor's channel of its
+//! namespace, and completes here: its data and completion go out through the transport.
 
 use std::sync::Arc;
 
@@ -9,7 +9,7 @@ use pollux_nvme::spec::{Sqe, Status};
 use pollux_reactor::sys::monotonic_ns;
 use pollux_reactor::{Polling, Reactor, SourceId};
 
-use super::data::{DataBuf, H2cBuf, H2cPool, R2tProgress};
+use super::data::{DataBuf, DataPool, DataProgress, HeapBuf};
 use super::fence;
 use super::finish::{Counted, End, Payload};
 use super::request::{ReqState, Request};
@@ -61,11 +61,11 @@ impl<T: Transport> Queue<T> {
         match cmd.data {
             DataIn::None => self.execute(r, id, cid, cmd.io, WriteData::Bytes(&[]), None),
             DataIn::InCapsule => {
-                let need = cmd.io.h2c_len() as usize;
+                let need = cmd.io.host_data_len() as usize;
                 self.execute(r, id, cid, cmd.io, WriteData::Bytes(&data[..need]), None);
             }
-            DataIn::R2t(len) => {
-                self.start_r2t(r, cid, cmd.io, len);
+            DataIn::Fetch(len) => {
+                self.start_fetch(r, cid, cmd.io, len);
             }
         }
     }
@@ -113,7 +113,7 @@ impl<T: Transport> Queue<T> {
 
     /// Run a command whose data is all here: inline on a RAM namespace, else on this
     /// reactor's channel of its namespace. `slot`: its request, when it has one already (its
-    /// data came by R2T).
+    /// data was fetched).
     #[inline(always)]
     pub(super) fn execute(
         &mut self,
@@ -124,7 +124,7 @@ impl<T: Transport> Queue<T> {
         data: WriteData<'_>,
         slot: Option<usize>,
     ) {
-        // When the command arrived: now, or when its data was asked for (R2T).
+        // When the command arrived: now, or when its data was fetched.
         let started = match slot.and_then(|s| self.reqs.get_mut(s)) {
             Some(q) if q.started_ns != 0 => q.started_ns,
             _ => monotonic_ns(),
@@ -178,7 +178,7 @@ impl<T: Transport> Queue<T> {
                     };
                     return self.finish(r, cid, &End::status(status).at(ns.nsid, 0).counted(counted));
                 }
-                // Data that came by R2T: its request is in `slot` already, and its completion
+                // Data that was fetched: its request is in `slot` already, and its completion
                 // reads the command, and so the data, from there.
                 match slot.and_then(|s| self.reqs.get_mut(s)) {
                     Some(q) => {
@@ -258,7 +258,7 @@ impl<T: Transport> Queue<T> {
                 _ => self.finish(r, cid, &End::status(status).at(nsid, 0)),
             };
         }
-        // A request that got its data by R2T (or was parked) has its slot already.
+        // A request that got its data fetched (or was parked) has its slot already.
         let req = match slot {
             Some(s) => Ok(s),
             None => {
@@ -273,7 +273,7 @@ impl<T: Transport> Queue<T> {
     }
 
     /// Submit `op` of namespace `ns` to this reactor's channel of it, for the request in a
-    /// slot already (its data came by R2T, or it was parked: it becomes Submitted) or a new
+    /// slot already (its data was fetched, or it was parked: it becomes Submitted) or a new
     /// one (Submitted). A write in flight is counted for the fences of range locks. On a
     /// refusal the request goes.
     pub(super) fn submit_op(
@@ -423,7 +423,7 @@ impl<T: Transport> Queue<T> {
         };
         // The command is complete: its CID and queue slot are free now (a host may reuse
         // them at once). Its buffer goes; the request stays only as a tombstone so that data
-        // already on its way for this TTAG is drained, not treated as a protocol error.
+        // already on its way for this tag is drained, not treated as a protocol error.
         self.complete_early(r, slot, cid, Status::ABORT_REQUESTED);
         self.flush_or_close(r, id);
         true
@@ -469,11 +469,11 @@ impl<T: Transport> Queue<T> {
         aborted
     }
 
-    // ---------------------------------------------------------------- R2T and H2CData
+    // ---------------------------------------------------------------- fetched data
 
-    /// Ask for a command's `len` bytes of data with one R2T (NVMe/TCP 1.0 §3.6.2.6): the
-    /// slot (TTAG) of its request, or None when it was refused (and completed).
-    pub(super) fn start_r2t(&mut self, r: &mut Reactor, cid: u16, io: Io, len: u32) -> Option<usize> {
+    /// Ask the transport for a command's `len` bytes of data, all at once: the slot of its
+    /// request (the tag its data comes under), or None when it was refused (and completed).
+    pub(super) fn start_fetch(&mut self, r: &mut Reactor, cid: u16, io: Io, len: u32) -> Option<usize> {
         // Command ids are the host's: two commands in flight with one id is a host bug.
         // Completed (aborted) requests kept only to drain late data do not count.
         if self.reqs.awaiting_by_cid(cid).is_some() {
@@ -485,23 +485,23 @@ impl<T: Transport> Queue<T> {
             return None;
         }
         // Tombstones whose data never came are bounded: beyond a queue's worth, drop the
-        // oldest (late data for it is then an unknown TTAG: fatal, which a host that aborts
+        // oldest (late data for it then has an unknown tag: fatal, which a host that aborts
         // a command and still sends its data much later has earned).
         if let Some(old) = self.reqs.excess_draining(self.sq.entries as usize) {
             self.reqs.remove(old);
         }
-        let buf = self.r2t_buf(r, &io, len);
-        let progress = R2tProgress { len, received: 0 };
+        let buf = self.fetch_buf(r, &io, len);
+        let progress = DataProgress { len, received: 0 };
         let state = ReqState::AwaitingData { buf, progress };
         let mut req = Request::new(cid, io, state);
         req.started_ns = monotonic_ns();
-        let ttag = self.reqs.insert(req);
-        self.t.fetch_data(cid, ttag as u16, len);
-        Some(ttag)
+        let tag = self.reqs.insert(req);
+        self.t.fetch_data(cid, tag as u16, len);
+        Some(tag)
     }
 
-    /// A buffer for the `len` bytes of `io`'s data, to come by R2T.
-    pub(super) fn r2t_buf(&mut self, r: &mut Reactor, io: &Io, len: u32) -> DataBuf {
+    /// A buffer for the `len` bytes of `io`'s data, to be fetched.
+    pub(super) fn fetch_buf(&mut self, r: &mut Reactor, io: &Io, len: u32) -> DataBuf {
         let dma = match io {
             Io::Write { ns, .. } if ns.backend.caps().dma_data => ns
                 .channel(r)
@@ -513,40 +513,41 @@ impl<T: Transport> Queue<T> {
         // A recycled buffer: no allocation (for large writes an mmap and its page faults).
         // Every reactor of a target has a pool from its start. Either goes back to its pool
         // when dropped, whatever becomes of the command.
-        match (dma, r.local::<H2cPool>()) {
+        match (dma, r.local::<DataPool>()) {
             (Some(d), _) => DataBuf::Dma(d),
             (None, Some(pool)) => DataBuf::Heap(pool.take(len as usize)),
-            (None, None) => DataBuf::Heap(H2cBuf::detached(vec![0; len as usize])),
+            (None, None) => DataBuf::Heap(HeapBuf::detached(vec![0; len as usize])),
         }
     }
 
-    /// `datal` more bytes of the data asked for under `ttag` are in its buffer (the
+    /// `datal` more bytes of the data asked for under `tag` are in its buffer (the
     /// transport put them there): fail the command on a bad digest, run it when all its data
     /// is in.
-    pub fn data_received(&mut self, r: &mut Reactor, id: SourceId, ttag: usize, datal: u32, digest_ok: bool) {
-        let Some(progress) = self.reqs.add_received(ttag, datal) else {
+    pub fn data_received(&mut self, r: &mut Reactor, id: SourceId, tag: usize, datal: u32, digest_ok: bool) {
+        let Some(progress) = self.reqs.add_received(tag, datal) else {
             return;
         };
-        if !digest_ok && let Some(cid) = self.reqs.get_mut(ttag).filter(|q| q.awaiting_data()).map(|q| q.cid) {
-            // NVMe/TCP 1.0 §3.6.2.4: a data digest error fails the command, not the queue.
-            self.complete_early(r, ttag, cid, Status::TRANSIENT_TRANSPORT_ERROR);
+        if !digest_ok && let Some(cid) = self.reqs.get_mut(tag).filter(|q| q.awaiting_data()).map(|q| q.cid) {
+            // The transport's digest over the data failed: the command fails, not the queue
+            // (NVMe/TCP 1.0 §3.6.2.4 says so of its data digest).
+            self.complete_early(r, tag, cid, Status::TRANSIENT_TRANSPORT_ERROR);
         }
         if !progress.complete() {
             return;
         }
         // All the data is in: run the command in the same slot (drained ones just go).
-        let Some((cid, io, buf)) = self.reqs.take_data(ttag) else {
-            self.reqs.remove(ttag);
+        let Some((cid, io, buf)) = self.reqs.take_data(tag) else {
+            self.reqs.remove(tag);
             return;
         };
-        let need = io.h2c_len() as usize;
+        let need = io.host_data_len() as usize;
         match buf {
             DataBuf::Dma(d) => {
                 let data = WriteData::Dma { buf: d, len: need };
-                self.execute(r, id, cid, io, data, Some(ttag));
+                self.execute(r, id, cid, io, data, Some(tag));
             }
             DataBuf::Heap(v) => {
-                self.execute(r, id, cid, io, WriteData::Bytes(&v[..need]), Some(ttag));
+                self.execute(r, id, cid, io, WriteData::Bytes(&v[..need]), Some(tag));
             }
         }
     }

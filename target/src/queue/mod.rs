@@ -7,8 +7,9 @@
 //!
 //! The queue knows no transport: it is generic over one ([`Transport`]), which receives
 //! capsules and data and hands them to [`Queue::on_capsule`] and [`Queue::data_received`],
-//! and sends what the queue asks it to (completions, data, data requests). NVMe/TCP is
-//! [`crate::tcp`]; the target's connections are [`crate::tcp::Conn`].
+//! and sends what the queue asks it to (completions, data, data requests). NVMe/TCP
+//! (`crate::tcp`) is one; which one the target serves is wired in one place
+//! (`crate::listener::Served`).
 //!
 //! The controller logic itself is pure ([`crate::controller`]); what needs the reactor (timers,
 //! messages to other reactors' queues) is done here.
@@ -24,6 +25,8 @@ mod locked;
 mod qos;
 pub mod request;
 mod reservation;
+#[cfg(test)]
+mod tests;
 mod transport;
 mod unsent;
 
@@ -38,7 +41,7 @@ use tracing::info;
 pub use admin::for_each_ctrl;
 pub use io::deliver;
 pub use reservation::tend_clustered_reservations;
-pub use transport::Transport;
+pub use transport::{FixedBytes, ReadBytes, Transport};
 
 use crate::ana::AnaStates;
 use crate::close::CloseReason;
@@ -248,7 +251,7 @@ impl<T: Transport> Queue<T> {
     // ---------------------------------------------------------------- teardown
 
     /// A fault of the protocol ends the connection: the transport tells the host why
-    /// (NVMe/TCP: C2HTermReq), then it closes.
+    /// (if its protocol has a way to), then it closes.
     fn fatal(&mut self, r: &mut Reactor, id: SourceId, why: CloseReason) {
         self.t.terminate(&why);
         self.close(r, id, why);
@@ -300,15 +303,16 @@ impl<T: Transport> Queue<T> {
             // More commands outstanding than the queue has entries (its size agreed at
             // Connect, NVMe-oF 1.1 §3.3.1): a full queue takes no command. There is no status
             // for a command the queue has no entry for; nvmet-tcp ("out of commands") and
-            // SPDK ("Cannot allocate tcp_req") end the queue, and so does this, with a
-            // C2HTermReq that says why.
+            // SPDK ("Cannot allocate tcp_req") end the queue, and so does this, its transport telling the
+            // host why ([`Transport::terminate`]).
             let why = CloseReason::SqOverflow {
                 entries: self.sq.entries,
             };
             return self.fatal(r, id, why);
         }
         if !digest_ok {
-            // NVMe/TCP 1.0 §3.6.2.4: a data digest error fails the command, not the queue.
+            // The transport's digest over the data failed: the command fails, not the queue
+            // (NVMe/TCP 1.0 §3.6.2.4 says so of its data digest).
             self.finish(
                 r,
                 sqe.cid.get(),

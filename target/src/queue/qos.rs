@@ -22,7 +22,7 @@ use pollux_nvme::spec::Status;
 use pollux_reactor::sys::monotonic_ns;
 use pollux_reactor::{Reactor, SourceId, TimerId};
 
-use super::data::R2tProgress;
+use super::data::DataProgress;
 use super::finish::End;
 use super::request::{HeldData, ReqState, Request};
 use super::{Queue, Role, Transport};
@@ -69,7 +69,7 @@ impl<T: Transport> Queue<T> {
         let ns = ns.clone();
         let held = match cmd.data {
             DataIn::None => HeldData::None,
-            DataIn::InCapsule => match data.get(..cmd.io.h2c_len() as usize) {
+            DataIn::InCapsule => match data.get(..cmd.io.host_data_len() as usize) {
                 Some(d) => HeldData::Capsule(d.to_vec()),
                 // `nvm::parse` checked the capsule holds the data: never here.
                 None => {
@@ -77,7 +77,7 @@ impl<T: Transport> Queue<T> {
                     return true;
                 }
             },
-            DataIn::R2t(len) => HeldData::R2t(len),
+            DataIn::Fetch(len) => HeldData::Fetch(len),
         };
         let mut req = Request::new(cid, cmd.io.clone(), ReqState::Held(held));
         // Its latency counts from its arrival: the host waits while it is held.
@@ -148,10 +148,10 @@ impl<T: Transport> Queue<T> {
         match data {
             HeldData::None => self.execute(r, id, cid, io, WriteData::Bytes(&[]), Some(slot)),
             HeldData::Capsule(v) => self.execute(r, id, cid, io, WriteData::Bytes(&v), Some(slot)),
-            HeldData::R2t(len) => {
-                // Its data is asked for now, into the same slot (its TTAG).
-                let buf = self.r2t_buf(r, &io, len);
-                let progress = R2tProgress { len, received: 0 };
+            HeldData::Fetch(len) => {
+                // Its data is asked for now, into the same slot (its tag).
+                let buf = self.fetch_buf(r, &io, len);
+                let progress = DataProgress { len, received: 0 };
                 self.reqs.set_state(slot, ReqState::AwaitingData { buf, progress });
                 self.t.fetch_data(cid, slot as u16, len);
             }

@@ -4,9 +4,9 @@
 //! A command capsule is *received* and parsed into a validated command ([`crate::nvm`]) in one
 //! step; one that needs no more data and completes at once (a read of memory, a refusal)
 //! goes straight to its end (`Queue::finish`). Those that outlive the capsule that brought
-//! them take a slot of the queue's [`Requests`], whose key is the transport's data tag (the
-//! R2T's TTAG) and the tag a backend completes with, and are in one [`ReqState`]:
-//! - [`ReqState::AwaitingData`]: its data was asked for (an R2T sent) and arrives into its
+//! them take a slot of the queue's [`Requests`], whose key is the tag the transport's fetched
+//! data comes under and the tag a backend completes with, and are in one [`ReqState`]:
+//! - [`ReqState::AwaitingData`]: its data was asked for (fetched) and arrives into its
 //!   buffer;
 //! - [`ReqState::Parked`]: it has its data and waits: a write behind a range a locked
 //!   operation holds ([`crate::range_lock`]), a command of a fused pair for its partner, or
@@ -21,7 +21,7 @@
 //!   goes.
 //!
 //! Every change of state goes through [`Requests`], which keeps the count of each state, for
-//! the queue (R2T checks, SQ accounting) and for its reactor ([`RequestStats`], shown by
+//! the queue (data fetch checks, SQ accounting) and for its reactor ([`RequestStats`], shown by
 //! `pollux ctl reactors`). *Completing* and *sending* are not states a request waits in: its
 //! data and completion go to the transport as it ends, and its slot is free (*done*) at once,
 //! as the host may reuse the command id as soon as it has the completion.
@@ -31,7 +31,7 @@ use std::sync::Arc;
 use pollux_nvme::spec::Status;
 use slab::Slab;
 
-use super::data::{DataBuf, R2tProgress};
+use super::data::{DataBuf, DataProgress};
 use crate::nvm::Io;
 pub use crate::shared::requests::{ReqKind, RequestCounts, RequestStats};
 
@@ -43,12 +43,12 @@ pub enum ReqState {
         /// The buffer the data goes into.
         buf: DataBuf,
         /// How much of it came.
-        progress: R2tProgress,
+        progress: DataProgress,
     },
     /// Completed early with this status while its data still comes: drained, then dropped.
     Draining {
         /// How much of its data came.
-        progress: R2tProgress,
+        progress: DataProgress,
         /// The status it completed with.
         status: Status,
     },
@@ -63,7 +63,7 @@ pub enum ReqState {
 }
 
 /// What a held command keeps until it runs: its data, when it came in the capsule (the
-/// receive buffer it lies in is reused), or the length to ask for by R2T once it runs (a
+/// receive buffer it lies in is reused), or the length to fetch once it runs (a
 /// held write costs no buffer).
 #[derive(Debug, Default)]
 pub enum HeldData {
@@ -72,8 +72,8 @@ pub enum HeldData {
     None,
     /// The in-capsule data.
     Capsule(Vec<u8>),
-    /// The bytes to ask for by R2T.
-    R2t(u32),
+    /// The bytes to fetch.
+    Fetch(u32),
 }
 
 impl ReqState {
@@ -127,8 +127,8 @@ impl Request {
         matches!(self.state, ReqState::AwaitingData { .. })
     }
 
-    /// Its R2T's progress, while data is still expected (awaited or drained).
-    pub fn r2t(&self) -> Option<R2tProgress> {
+    /// Its fetched data's progress, while data is still expected (awaited or drained).
+    pub fn fetch_progress(&self) -> Option<DataProgress> {
         match &self.state {
             ReqState::AwaitingData { progress, .. } | ReqState::Draining { progress, .. } => Some(*progress),
             ReqState::Submitted | ReqState::Parked | ReqState::Held(_) => None,
@@ -138,7 +138,7 @@ impl Request {
 
 /// A queue's outstanding requests, by slot. Every change of state goes through its methods
 /// (one function, [`Requests::moved`], counts them), which keep the count of each state (the
-/// R2T checks of every write read them) and their reactor's [`RequestStats`].
+/// data fetch checks of every write read them) and their reactor's [`RequestStats`].
 #[derive(Debug, Default)]
 pub struct Requests {
     slots: Slab<Request>,
@@ -279,8 +279,8 @@ impl Requests {
         Some((req.cid, req.io.clone(), buf))
     }
 
-    /// Add `n` received bytes to the R2T of the request in `slot`; its progress then.
-    pub fn add_received(&mut self, slot: usize, n: u32) -> Option<R2tProgress> {
+    /// Add `n` received bytes to the fetched data of the request in `slot`; its progress then.
+    pub fn add_received(&mut self, slot: usize, n: u32) -> Option<DataProgress> {
         match &mut self.slots.get_mut(slot)?.state {
             ReqState::AwaitingData { progress, .. } | ReqState::Draining { progress, .. } => {
                 progress.received += n;
@@ -290,11 +290,11 @@ impl Requests {
         }
     }
 
-    /// The slot of the request that R2T `ttag` of command `cccid` asked data for (awaited or
-    /// drained): the H2CData header's TTAG and CCCID must both match (NVMe/TCP 1.0 §3.6.2.7).
-    pub fn r2t_target(&self, ttag: usize, cccid: u16) -> Option<(usize, R2tProgress)> {
-        let req = self.slots.get(ttag).filter(|r| r.cid == cccid)?;
-        req.r2t().map(|p| (ttag, p))
+    /// The slot of the request whose data was fetched under `tag` for command `cid` (awaited
+    /// or drained): a transport's data names both, and both must match.
+    pub fn fetch_target(&self, tag: usize, cid: u16) -> Option<(usize, DataProgress)> {
+        let req = self.slots.get(tag).filter(|r| r.cid == cid)?;
+        req.fetch_progress().map(|p| (tag, p))
     }
 
     /// The slot of the live (not yet completed) request waiting for data with command id
@@ -374,7 +374,7 @@ impl Requests {
     /// its buffer is returned, it stays as a tombstone that drains the rest of its data.
     pub fn complete_early(&mut self, slot: usize, status: Status) -> Option<DataBuf> {
         let req = self.slots.get(slot).filter(|r| r.awaiting_data())?;
-        let progress = req.r2t()?;
+        let progress = req.fetch_progress()?;
         match self.set_state(slot, ReqState::Draining { progress, status })? {
             ReqState::AwaitingData { buf, .. } => Some(buf),
             _ => None,
@@ -398,8 +398,8 @@ mod tests {
                 fua: false,
             },
             ReqState::AwaitingData {
-                buf: DataBuf::Heap(crate::queue::data::H2cBuf::detached(vec![0; len as usize])),
-                progress: R2tProgress { len, received: 0 },
+                buf: DataBuf::Heap(crate::queue::data::HeapBuf::detached(vec![0; len as usize])),
+                progress: DataProgress { len, received: 0 },
             },
         )
     }
@@ -411,9 +411,9 @@ mod tests {
         let b = reqs.insert(write(8, 4096));
         assert_eq!(reqs.awaiting_by_cid(7), Some(a));
         assert_eq!(reqs.awaiting_count(), 2);
-        // The H2CData rules name the request by TTAG and CCCID together.
-        assert_eq!(reqs.r2t_target(a, 7).map(|(k, p)| (k, p.len)), Some((a, 4096)));
-        assert!(reqs.r2t_target(a, 8).is_none());
+        // Fetched data names the request by tag and command id together.
+        assert_eq!(reqs.fetch_target(a, 7).map(|(k, p)| (k, p.len)), Some((a, 4096)));
+        assert!(reqs.fetch_target(a, 8).is_none());
         // Completed early: its buffer comes back once, the slot stays to drain late data.
         assert!(matches!(
             reqs.complete_early(a, Status::ABORT_REQUESTED),
@@ -423,14 +423,14 @@ mod tests {
         assert_eq!(reqs.awaiting_by_cid(7), None);
         assert_eq!(reqs.awaiting_count(), 1);
         assert!(
-            reqs.r2t_target(a, 7).is_some(),
+            reqs.fetch_target(a, 7).is_some(),
             "a drained request still takes its data"
         );
         // A submitted request takes no more data.
         assert_eq!(reqs.take_data(b).map(|(cid, ..)| cid), Some(8));
         assert!(reqs.is_submitted(b));
         assert_eq!((reqs.awaiting_count(), reqs.take_data(b).is_none()), (0, true));
-        assert!(reqs.r2t_target(b, 8).is_none());
+        assert!(reqs.fetch_target(b, 8).is_none());
         assert!(reqs.complete_early(b, Status::ABORT_REQUESTED).is_none());
     }
 
@@ -481,7 +481,10 @@ mod tests {
         assert_eq!((stats.snapshot().held, reqs.in_flight()), (1, 2));
         assert_eq!((reqs.held_by_cid(3), reqs.held_by_cid(1)), (Some(h), None));
         assert!(reqs.is_held(h) && !reqs.is_held(a));
-        assert!(reqs.r2t_target(h, 3).is_none(), "a held command asked for no data yet");
+        assert!(
+            reqs.fetch_target(h, 3).is_none(),
+            "a held command asked for no data yet"
+        );
         reqs.set_state(h, ReqState::Submitted);
         assert_eq!((stats.snapshot().held, stats.snapshot().submitted), (0, 2));
         reqs.remove(h);

@@ -6,7 +6,9 @@
 //! capsules and data and hands them to the queue's entry points ([`super::Queue::on_capsule`],
 //! [`super::Queue::data_received`]), and the queue calls back for everything it sends.
 
+use std::any::Any;
 use std::net::SocketAddr;
+use std::ptr::NonNull;
 use std::sync::Arc;
 
 use pollux_nvme::spec::Cqe;
@@ -17,6 +19,95 @@ use super::Queue;
 use crate::backend::ReadData;
 use crate::close::CloseReason;
 use crate::subsystem::Namespace;
+
+/// A successful read's data as the queue hands it to its transport: bytes to copy where the
+/// transport frames them ([`Self::append_to`]), or, when they lie in memory that is never
+/// written, where they lie and what keeps them there ([`Self::fixed`]), to be sent without
+/// a copy.
+pub struct ReadBytes<'a> {
+    data: ReadData<'a>,
+    len: u32,
+    /// Keeps in-memory bytes mapped.
+    keep: &'a Arc<Namespace>,
+}
+
+impl<'a> ReadBytes<'a> {
+    /// The first `len` bytes of `data`, a read of the namespace `keep`.
+    #[inline(always)]
+    pub(crate) fn new(data: ReadData<'a>, len: u32, keep: &'a Arc<Namespace>) -> Self {
+        Self { data, len, keep }
+    }
+
+    /// The bytes to send.
+    #[inline(always)]
+    pub fn len(&self) -> u32 {
+        self.len
+    }
+
+    /// No bytes.
+    #[inline(always)]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Append a copy of the bytes to `out` (block-atomically for a RAM namespace: a write
+    /// after this cannot reach the copy).
+    #[inline(always)]
+    pub fn append_to(&self, out: &mut Vec<u8>) {
+        self.data.append_to(self.len as usize, out);
+    }
+
+    /// The bytes in place, when they lie in memory that is never written (the null
+    /// backend's zeroes): a transport may hand them to the network from where they are.
+    /// Memory that is written (a RAM disk) is never offered: a write could change it under a
+    /// send still queued.
+    #[inline(always)]
+    pub fn fixed(&self) -> Option<FixedBytes> {
+        match self.data {
+            ReadData::Ram(mem, off) if mem.sends_in_place() => Some(FixedBytes {
+                base: mem.range_ptr(off, self.len as usize),
+                len: self.len as usize,
+                keep: self.keep.clone(),
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// Read data that never changes, where it lies: `len` bytes at `base`, mapped and readable
+/// as long as `keep` lives. Only [`ReadBytes::fixed`] makes one (a transport that sends the
+/// bytes in place relies on that).
+pub struct FixedBytes {
+    base: NonNull<u8>,
+    len: usize,
+    keep: Arc<dyn Any + Send + Sync>,
+}
+
+impl FixedBytes {
+    /// The first byte.
+    #[inline(always)]
+    pub fn base(&self) -> NonNull<u8> {
+        self.base
+    }
+
+    /// How many bytes.
+    #[inline(always)]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// No bytes.
+    #[inline(always)]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// What keeps the memory mapped: hold it until the bytes are sent.
+    #[inline(always)]
+    pub fn keep(&self) -> &Arc<dyn Any + Send + Sync> {
+        &self.keep
+    }
+}
 
 /// One queue's transport.
 pub trait Transport: Sized + 'static {
@@ -41,12 +132,14 @@ pub trait Transport: Sized + 'static {
     fn send_completion(&mut self, cqe: &Cqe);
     /// Queue data for the host of command `cid` (what a controller-to-host command returns).
     fn send_data(&mut self, cid: u16, data: &[u8]);
-    /// Queue a read's `len` bytes for command `cid`: `data` as the backend gave it (the
-    /// namespace's memory, which `keep` keeps mapped, may be sent from where it is).
-    /// `last`: no completion follows (SQ flow control off: the data says success).
-    fn send_read(&mut self, cid: u16, len: u32, data: ReadData<'_>, keep: &Arc<Namespace>, last: bool);
-    /// Ask the host for command `cid`'s `len` bytes of data (NVMe/TCP: an R2T); they come
-    /// back to [`super::Queue::data_received`] under `tag`.
+    /// Queue a successful read's data for command `cid`. `fold`: the completion would say
+    /// nothing but success (SQ flow control is off, so it carries no SQ head), and the
+    /// transport may say that with the data instead of a completion of its own. True when it
+    /// did: the queue then sends no completion for the command.
+    fn send_read(&mut self, cid: u16, data: ReadBytes<'_>, fold: bool) -> bool;
+    /// Ask the host for command `cid`'s `len` bytes of data (NVMe/TCP: an R2T). The transport
+    /// puts them into the buffer of the request in slot `tag` (`Queue::reqs`), each byte once
+    /// and in order from offset 0, and tells [`super::Queue::data_received`] as they come.
     fn fetch_data(&mut self, cid: u16, tag: u16, len: u32);
     /// Where the last thing queued ends in the transport's stream, and how much of the stream
     /// went out: completions whose end went out are the host's to see (SQ accounting).

@@ -262,7 +262,7 @@ fn on_h2c_data(
 /// The request (its TTAG) whose R2T an H2CData header continues; a header that continues
 /// none is fatal (and None).
 fn h2c_target(q: &mut Conn, r: &mut Reactor, id: SourceId, hdr: &DataHdr, header: &[u8]) -> Option<usize> {
-    let checked = match q.reqs.r2t_target(usize::from(hdr.ttag.get()), hdr.cccid.get()) {
+    let checked = match q.reqs.fetch_target(usize::from(hdr.ttag.get()), hdr.cccid.get()) {
         None => Err(unknown_ttag()),
         Some((ttag, progress)) => check_h2c(&progress, hdr).map(|()| ttag),
     };

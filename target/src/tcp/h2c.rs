@@ -6,7 +6,7 @@ use pollux_nvme::tcp::{CommonHeader, DataHdr, fes, flags};
 
 use super::Fatal;
 use crate::close::CloseReason;
-use crate::queue::data::{DataBuf, R2tProgress};
+use crate::queue::data::{DataBuf, DataProgress};
 use crate::queue::request::{ReqState, Request, Requests};
 
 /// An H2CData PDU with at least this many data bytes still to come when its header is parsed
@@ -20,7 +20,7 @@ pub const DIRECT_TAIL: usize = 8192;
 
 /// Check an H2CData header against the R2T it names (its progress `p`): each H2CData
 /// continues where the last ended and stays inside the R2T (NVMe/TCP 1.0 §3.6.2.7).
-pub fn check_h2c(p: &R2tProgress, hdr: &DataHdr) -> Result<(), Fatal> {
+pub fn check_h2c(p: &DataProgress, hdr: &DataHdr) -> Result<(), Fatal> {
     let (datao, datal) = (hdr.datao.get(), hdr.datal.get());
     if datao != p.received || u64::from(datao) + u64::from(datal) > u64::from(p.len) {
         let fei = u32::from(DataHdr::OFFSET_DATAO);

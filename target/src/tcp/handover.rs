@@ -11,7 +11,7 @@ use std::time::Instant;
 use pollux_reactor::{Reactor, SourceId, SourceOpts};
 
 use super::{Conn, RxPool, TcpTransport};
-use crate::handover::{Bytes, QueueState};
+use crate::handover::{Bytes, ConnState, TcpState};
 use crate::path::Path;
 use crate::queue::Queue;
 use crate::queue::handover::ResumeError;
@@ -19,14 +19,16 @@ use crate::shared::Shared;
 
 impl Conn {
     /// The paused connection's state; `fd` is its socket's index among the descriptors sent.
-    pub fn handover_state(&self, fd: usize) -> QueueState {
-        QueueState {
-            fd,
-            hdgst: self.t.hdgst,
-            ddgst: self.t.ddgst,
-            ic_done: self.t.ic_done,
-            rx: Bytes(self.t.rx.avail().to_vec()),
-            ..self.export()
+    pub fn handover_state(&self, fd: usize) -> ConnState {
+        ConnState {
+            queue: self.export(),
+            transport: TcpState {
+                fd,
+                hdgst: self.t.hdgst,
+                ddgst: self.t.ddgst,
+                ic_done: self.t.ic_done,
+                rx: Bytes(self.t.rx.avail().to_vec()),
+            },
         }
     }
 }
@@ -51,7 +53,7 @@ pub enum InstallError {
 pub fn install(
     r: &mut Reactor,
     sock: TcpStream,
-    s: &QueueState,
+    s: &ConnState,
     shared: &Arc<Shared>,
     started: Instant,
     path: Path,
@@ -66,11 +68,12 @@ pub fn install(
         || Arc::new(|_| None),
         rx_pool.as_ref(),
     )?;
-    t.hdgst = s.hdgst;
-    t.ddgst = s.ddgst;
-    t.ic_done = s.ic_done;
-    if !s.rx.0.is_empty() {
-        t.rx.insert(0, &s.rx.0);
+    let (ts, s) = (&s.transport, &s.queue);
+    t.hdgst = ts.hdgst;
+    t.ddgst = ts.ddgst;
+    t.ic_done = ts.ic_done;
+    if !ts.rx.0.is_empty() {
+        t.rx.insert(0, &ts.rx.0);
     }
     let open = path.open.clone();
     let mut q = Queue::new(t, shared.clone(), me, s.serial, started, path);

@@ -42,11 +42,9 @@ use h2c::DirectRx;
 use sendq::SendQueue;
 use tls::{PskLookup, TlsLink};
 
-use crate::backend::ReadData;
 use crate::close::CloseReason;
 use crate::pool::{Home, Pool, Shelf};
-use crate::queue::{Queue, Transport};
-use crate::subsystem::Namespace;
+use crate::queue::{Queue, ReadBytes, Transport};
 
 /// The first byte of a TLS handshake record (RFC 8446 §5.1: ContentType handshake).
 const TLS_HANDSHAKE_RECORD: u8 = 22;
@@ -518,15 +516,15 @@ impl TcpTransport {
     /// `base..base + len` must stay mapped and readable while `keep` lives (the send queue
     /// holds it until the bytes are sent).
     #[inline]
-    pub unsafe fn c2h_data_in_place<K: std::any::Any + Send + Sync>(
+    pub unsafe fn c2h_data_in_place(
         &mut self,
         base: NonNull<u8>,
         len: usize,
-        keep: &Arc<K>,
+        keep: &Arc<dyn std::any::Any + Send + Sync>,
     ) {
         debug_assert!(self.sends_in_place());
-        // SAFETY: the caller's contract is push_external's.
-        unsafe { self.out.push_external(base, len, keep) };
+        // SAFETY: the caller's contract is push_external_dyn's.
+        unsafe { self.out.push_external_dyn(base, len, keep) };
     }
 
     /// An R2T for all `len` bytes of command `cid` (one R2T per command, as Linux nvmet and
@@ -613,24 +611,27 @@ impl Transport for TcpTransport {
         self.c2h(cid, data);
     }
 
-    /// A C2HData PDU with the read's data (NVMe/TCP 1.0 §3.6.2.8: with SUCCESS when `last`).
+    /// A C2HData PDU with the read's data, with SUCCESS in place of a CapsuleResp when the
+    /// queue lets the completion fold into it (NVMe/TCP 1.0 §3.6.2.8: SQ flow control off).
     /// Memory that is never written (a null namespace's zeroes) is sent in place (see
     /// [`sendq`]) unless a data digest must cover it or TLS encrypt it; a RAM namespace's
     /// bytes are copied, block-atomically, when the read completes (a write after that must
     /// not reach a send still queued).
     #[inline(always)]
-    fn send_read(&mut self, cid: u16, len: u32, data: ReadData<'_>, keep: &Arc<Namespace>, last: bool) {
-        self.c2h_header(cid, len, last);
-        match data {
-            ReadData::Ram(mem, off) if self.sends_in_place() && mem.sends_in_place() => {
-                let base = mem.range_ptr(off, len as usize);
-                // SAFETY: the range is inside the RAM disk's mapping (range_ptr checks it),
-                // which lives as long as the namespace `keep`, which the send queue holds
-                // until the bytes are sent.
-                unsafe { self.c2h_data_in_place(base, len as usize, keep) };
+    fn send_read(&mut self, cid: u16, data: ReadBytes<'_>, fold: bool) -> bool {
+        self.c2h_header(cid, data.len(), fold);
+        // Only asked for when it could be used: the keeper is a reference more.
+        let fixed = if self.sends_in_place() { data.fixed() } else { None };
+        match fixed {
+            Some(f) => {
+                // SAFETY: `f` is the read's bytes in memory that stays mapped while `f.keep()`
+                // lives (FixedBytes' promise: only ReadBytes::fixed makes one, its range
+                // checked by range_ptr), which the send queue holds until the bytes are sent.
+                unsafe { self.c2h_data_in_place(f.base(), f.len(), f.keep()) };
             }
-            data => self.c2h_data_copied(|buf| data.append_to(len as usize, buf)),
+            _ => self.c2h_data_copied(|buf| data.append_to(buf)),
         }
+        fold
     }
 
     #[inline]

@@ -15,7 +15,7 @@ use pollux_conf::Config;
 use tracing::{error, info, warn};
 
 use super::reactors::{self, on_all, on_one};
-use super::state::{FORMAT, Hello, Msg, OLDEST_READ, Prepare, QueueState};
+use super::state::{ConnState, FORMAT, Hello, Msg, OLDEST_READ, Prepare};
 use super::wire::Wire;
 use super::{STEP_LIMIT, UpgradeError};
 use crate::backend::Backend;
@@ -181,19 +181,19 @@ pub fn takeover<C: TakeoverControl>(fd: RawFd) -> Result<TakenOver<C>, UpgradeEr
     let opens = on_one(&remotes, 0, STEP_LIMIT, |r| reactors::listeners(r, true))?;
     let opens: Arc<HashMap<SocketAddr, _>> = Arc::new(opens.into_iter().map(|(a, _, o)| (a, o)).collect());
     let mut fds: Vec<Option<OwnedFd>> = fds.into_iter().map(Some).collect();
-    let mut per: Vec<Vec<(QueueState, OwnedFd)>> = (0..remotes.len()).map(|_| Vec::new()).collect();
+    let mut per: Vec<Vec<(ConnState, OwnedFd)>> = (0..remotes.len()).map(|_| Vec::new()).collect();
     let mut refused = Vec::new();
     let n = handover.queues.len();
     for q in handover.queues {
-        let Some(fd) = fds.get_mut(q.fd).and_then(Option::take) else {
-            refused.push(format!("queue serial {}: its socket did not come", q.serial));
+        let Some(fd) = fds.get_mut(q.transport.fd).and_then(Option::take) else {
+            refused.push(format!("queue serial {}: its socket did not come", q.queue.serial));
             continue;
         };
-        match per.get_mut(q.reactor) {
+        match per.get_mut(q.queue.reactor) {
             Some(v) => v.push((q, fd)),
             None => refused.push(format!(
                 "queue serial {}: reactor {} does not exist",
-                q.serial, q.reactor
+                q.queue.serial, q.queue.reactor
             )),
         }
     }

@@ -13,7 +13,7 @@ use tracing::{info, warn};
 
 use super::reactors::{self, on_all, on_one};
 use super::state::{
-    FORMAT, Handover, ListenerFd, Msg, Prepare, QueueState, RegistrantState, ResvEntry, RoleState, StoreFd,
+    ConnState, FORMAT, Handover, ListenerFd, Msg, Prepare, RegistrantState, ResvEntry, RoleState, StoreFd,
 };
 use super::wire::Wire;
 use super::{DEVICE_LIMIT, PAUSE_LIMIT, Report, STEP_LIMIT, UpgradeError};
@@ -291,7 +291,7 @@ fn drive(
     let paused_ms = pause_t0.elapsed().as_secs_f64() * 1e3;
 
     // 4. Handover: queues (an I/O queue goes only with its controller) and reservations.
-    let mut queues: Vec<(QueueState, RawFd)> = Vec::new();
+    let mut queues: Vec<(ConnState, RawFd)> = Vec::new();
     let mut stayed: Vec<&'static str> = Vec::new();
     for t in taken {
         queues.extend(t.queues);
@@ -299,7 +299,7 @@ fn drive(
     }
     let moving: HashSet<u16> = queues
         .iter()
-        .filter_map(|(q, _)| match &q.role {
+        .filter_map(|(q, _)| match &q.queue.role {
             RoleState::Admin(c) => Some(c.cntlid),
             _ => None,
         })
@@ -307,13 +307,13 @@ fn drive(
     let mut fds = Vec::new();
     let mut states = Vec::new();
     for (mut q, fd) in queues {
-        if let RoleState::Io { cntlid, .. } = &q.role
+        if let RoleState::Io { cntlid, .. } = &q.queue.role
             && !moving.contains(cntlid)
         {
             stayed.push("its controller's admin queue stays");
             continue;
         }
-        q.fd = fds.len();
+        q.transport.fd = fds.len();
         fds.push(fd);
         states.push(q);
     }

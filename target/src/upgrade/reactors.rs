@@ -14,14 +14,14 @@ use std::time::{Duration, Instant};
 use pollux_reactor::{Reactor, Remote, SourceId};
 
 use super::UpgradeError;
-use super::state::{IoQueueRef, QueueState, RoleState};
+use super::state::{ConnState, IoQueueRef, RoleState};
 use crate::controller::QueueRef;
+use crate::listener::Conn;
 use crate::listener::Listener;
 use crate::mutate::Listeners;
 use crate::path::Path;
 use crate::queue::handover::PauseCheck;
 use crate::shared::Shared;
-use crate::tcp::Conn;
 
 /// Run `f` on every reactor and gather the answers, waiting at most `within` in all.
 pub fn on_all<R: Send + 'static>(
@@ -136,7 +136,7 @@ pub fn pause(r: &mut Reactor) -> Standing {
 #[derive(Debug, Default)]
 pub struct Taken {
     /// State and socket of each connection that moves.
-    pub queues: Vec<(QueueState, RawFd)>,
+    pub queues: Vec<(ConnState, RawFd)>,
     /// Reasons of those that stay.
     pub stayed: Vec<&'static str>,
 }
@@ -183,7 +183,7 @@ pub struct Installed {
 /// installed, by serial, and those refused, with why.
 pub fn install(
     r: &mut Reactor,
-    queues: Vec<(QueueState, OwnedFd)>,
+    queues: Vec<(ConnState, OwnedFd)>,
     shared: &Arc<Shared>,
     started: Instant,
     opens: &HashMap<SocketAddr, Arc<AtomicU64>>,
@@ -193,29 +193,30 @@ pub fn install(
     let snap = shared.snapshot.load_full();
     for (s, fd) in queues {
         let sock = TcpStream::from(fd);
-        let (ana, tls) = match s.listener.and_then(|a| snap.listener(a)) {
+        let (ana, tls) = match s.queue.listener.and_then(|a| snap.listener(a)) {
             Some(l) => (l.ana.clone(), l.tls),
             None => (Arc::default(), pollux_conf::TlsMode::None),
         };
         let open = s
+            .queue
             .listener
             .and_then(|a| opens.get(&a).cloned())
             .unwrap_or_else(|| Arc::new(AtomicU64::new(0)));
         let path = Path {
-            addr: s.listener,
+            addr: s.queue.listener,
             tls,
             ana,
             open,
             placed: None,
         };
         tracing::debug!(
-            serial = s.serial,
+            serial = s.queue.serial,
             reactor = r.id(),
-            qid = s.sq.qid,
-            sq_head = s.sq.head,
-            rx = s.rx.0.len(),
-            held = s.held.len(),
-            role = match &s.role {
+            qid = s.queue.sq.qid,
+            sq_head = s.queue.sq.head,
+            rx = s.transport.rx.0.len(),
+            held = s.queue.held.len(),
+            role = match &s.queue.role {
                 RoleState::Unbound => "unbound",
                 RoleState::Admin(_) => "admin",
                 RoleState::Io { .. } => "io",
@@ -225,18 +226,18 @@ pub fn install(
         match crate::tcp::handover::install(r, sock, &s, shared, started, path) {
             Ok(id) => {
                 done.push((
-                    s.serial,
+                    s.queue.serial,
                     QueueRef {
                         reactor: r.id(),
                         source: id,
-                        serial: s.serial,
+                        serial: s.queue.serial,
                     },
                 ));
-                if let RoleState::Admin(c) = &s.role {
+                if let RoleState::Admin(c) = &s.queue.role {
                     inst.relink.push((id, c.io_queues.clone()));
                 }
             }
-            Err(e) => refused.push(format!("queue {} (serial {}): {e}", s.sq.qid, s.serial)),
+            Err(e) => refused.push(format!("queue {} (serial {}): {e}", s.queue.sq.qid, s.queue.serial)),
         }
     }
     r.set_local(inst);

@@ -127,7 +127,7 @@ impl Ctx {
             let sent = remote.send(move |r| {
                 let id = r.id();
                 let mut v = Vec::new();
-                crate::queue::for_each_ctrl::<crate::tcp::TcpTransport>(r, |c| {
+                crate::listener::for_each_ctrl(r, |c| {
                     let age = c.created.elapsed().as_secs_f64();
                     v.push(CtrlView {
                         cntlid: c.cntlid,

@@ -10,7 +10,7 @@
 //! completes the Compare with Compare Failure and the Write with SC 09h, the blocks
 //! unchanged. FUSE 11b, and FUSE on any other command, is Invalid Field. A first waits for
 //! the next command to decide (SPDK does the same): a host that never sends one leaves it
-//! outstanding. Either command's data may come in the capsule or by R2T; the pair runs when
+//! outstanding. Either command's data may come in the capsule or be fetched; the pair runs when
 //! both have it.
 
 use std::sync::Arc;
@@ -136,7 +136,7 @@ impl<T: Transport> Queue<T> {
                 pair.expect = Some(data[..*len as usize].to_vec());
                 pair.cmp_held = Some(self.hold(cid, &cmd.io, None));
             }
-            DataIn::R2t(l) => match self.start_r2t(r, cid, cmd.io, l) {
+            DataIn::Fetch(l) => match self.start_fetch(r, cid, cmd.io, l) {
                 Some(s) => pair.cmp_slot = Some(s),
                 None => {
                     self.locked.open = Some(Open::Failed);
@@ -177,7 +177,7 @@ impl<T: Transport> Queue<T> {
                 wr.data = Some(Owned::Heap(data[..*len as usize].to_vec()));
                 wr.held = Some(self.hold(cid, &cmd.io, None));
             }
-            DataIn::R2t(l) => match self.start_r2t(r, cid, cmd.io, l) {
+            DataIn::Fetch(l) => match self.start_fetch(r, cid, cmd.io, l) {
                 Some(s) => wr.slot = Some(s),
                 None => return self.drop_pair(r, k, FAILED_FUSED),
             },
@@ -192,7 +192,7 @@ impl<T: Transport> Queue<T> {
         self.pair_ready(r, id, k);
     }
 
-    /// Data of a pair's command came by R2T into request `slot`.
+    /// Data of a pair's command was fetched into request `slot`.
     pub(in crate::queue) fn pair_data(
         &mut self,
         r: &mut Reactor,

@@ -30,7 +30,7 @@ use crate::range_lock::Waiter;
 use crate::subsystem::Namespace;
 use fused::{Open, Pair};
 
-/// Write data kept past the PDU that brought it (a DMA buffer goes back to its channel's
+/// Write data kept past the transport's receive that brought it (a DMA buffer goes back to its channel's
 /// pool when dropped).
 #[derive(Debug)]
 pub(super) enum Owned {
@@ -156,7 +156,7 @@ fn wake<T: Transport>(r: &mut Reactor, w: Waiter) {
 
 impl<T: Transport> Queue<T> {
     /// Keep command `cid` (`io`) as a Parked request while a locked operation or its fused
-    /// partner holds it: in `slot` (its data came by R2T) or a new slot. Its slot.
+    /// partner holds it: in `slot` (its data was fetched) or a new slot. Its slot.
     pub(in crate::queue) fn hold(&mut self, cid: u16, io: &Io, slot: Option<usize>) -> usize {
         match slot {
             Some(s) => {
