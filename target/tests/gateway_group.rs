@@ -137,8 +137,8 @@ fn a_paused_gateway_is_fenced_its_group_taken_over_in_seconds_and_given_back() {
         resumed.as_secs_f64()
     );
     // About 1.1 s alone; 10.0 s once with this file's seven clusters started at once on two
-    // cores (librbd's lock request to the paused owner timing out before it saw the
-    // blocklist). Without the fence it is the OSDs' watch timeout, 30 s.
+    // cores (near librbd's 10 s operation timeout; the cause was not pinned down). Without
+    // the fence it is the OSDs' watch timeout, 30 s.
     assert!(
         resumed < Duration::from_secs(15),
         "the survivor's write took {resumed:?} (the OSDs' watch timeout is 30 s)"
