@@ -21,7 +21,7 @@
 #![allow(missing_docs, clippy::print_stdout, clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -33,6 +33,10 @@ use pollux_nvme::spec::Status;
 use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 
+// The benches' shared Ceph cluster and settings (`failover`, `resv` use it too).
+#[path = "../cluster/mod.rs"]
+#[allow(dead_code, clippy::all)]
+mod cluster;
 mod nemesis;
 mod process;
 mod rbd;
@@ -143,10 +147,6 @@ impl Shared {
 
 // ------------------------------------------------------------------ the campaign
 
-fn free_port() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
-}
-
 fn parse_duration(s: &str) -> Option<Duration> {
     let (n, unit) = s.find(|c: char| !c.is_ascii_digit()).map_or((s, ""), |i| s.split_at(i));
     let n: u64 = n.parse().ok()?;
@@ -256,26 +256,20 @@ fn main() {
             getrandom::fill(&mut b).unwrap();
             u64::from_le_bytes(b) >> 1
         });
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let bin = std::env::var("POLLUX_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| root.join("build/release/pollux"));
-    let out_dir = std::env::var("POLLUX_BENCH_OUT_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| root.join("build/bench"));
+    let (bin, out_dir) = cluster::bin_and_out();
+    let bin = PathBuf::from(bin);
     let dir = std::env::var("FAULTS_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|_| out_dir.join("faults-run"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::create_dir_all(&out_dir).unwrap();
     eprintln!(
         "faults: seed {seed} ({} s; replay with FAULTS_SEED={seed}), files in {}",
         duration.as_secs(),
         dir.display()
     );
 
-    let mut addrs = vec![free_port(), free_port()];
+    let mut addrs = vec![cluster::free_addr(), cluster::free_addr()];
     let sock = dir.join("pollux.sock");
     let mut nss = vec![
         Ns::local(RAM_NQN, false, vec![0, 1, 2]),

@@ -11,10 +11,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-#[path = "../cluster/mod.rs"]
-#[allow(dead_code, clippy::all)]
-mod cluster;
-
+use super::cluster;
 use super::process::Target;
 
 /// The gateways' subsystem.
@@ -54,7 +51,7 @@ impl Rbd {
     /// The cluster and both gateways, serving.
     pub(crate) fn start(dir: &Path, bin: &Path) -> Self {
         let cluster = cluster::Cluster::start("faults");
-        let addrs = [super::free_port(), super::free_port()];
+        let addrs = [cluster::free_addr(), cluster::free_addr()];
         let mut gws = Vec::new();
         for (i, name) in ["a", "b"].into_iter().enumerate() {
             let sock = dir.join(format!("gw-{name}.sock"));

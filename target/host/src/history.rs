@@ -221,10 +221,8 @@ pub struct History {
     volatile_cache: bool,
     /// Its contents survive a crash of the target (file, rbd), or not (RAM).
     survives_crash: bool,
-    /// Flushes completed: (start, end), for writes made durable by them.
-    flushes: Vec<(Nanos, Nanos)>,
     /// Ids of writes refused, so a read of one (the refusal lied) is told apart.
-    refused: HashMap<u64, (u64, Nanos)>,
+    refused: HashMap<u64, Nanos>,
     /// The highest write id begun.
     max_id: u64,
     /// Crashes seen (their times).
@@ -242,7 +240,6 @@ impl History {
             blocks: vec![Block::default(); blocks as usize],
             volatile_cache,
             survives_crash,
-            flushes: Vec::new(),
             refused: HashMap::new(),
             max_id: 0,
             crashes: Vec::new(),
@@ -280,7 +277,7 @@ impl History {
     pub fn end_write(&mut self, lba: u64, nlb: u32, id: u64, t: Nanos, outcome: Outcome) {
         let vwc = self.volatile_cache;
         if outcome == Outcome::Refused {
-            self.refused.insert(id, (lba, t));
+            self.refused.insert(id, t);
         }
         for b in self.range(lba, nlb) {
             let Some(i) = b.writes.iter().position(|w| w.id == id) else {
@@ -310,7 +307,6 @@ impl History {
         if !self.volatile_cache {
             return;
         }
-        self.flushes.push((start, end));
         for b in &mut self.blocks {
             for w in &mut b.writes {
                 if w.acked && w.durable.is_none() && w.end <= start {
@@ -414,7 +410,7 @@ impl History {
             }
             Content::Written { write_id, writer } => {
                 let Some(w) = b.writes.iter().find(|w| w.id == write_id) else {
-                    let kind = if let Some((_, t)) = self.refused.get(&write_id) {
+                    let kind = if let Some(t) = self.refused.get(&write_id) {
                         return Err(self.violation(
                             "phantom",
                             lba,

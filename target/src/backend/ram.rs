@@ -485,14 +485,13 @@ fn map_anonymous(len: u64) -> std::io::Result<NonNull<u8>> {
 impl RamDisk {
     /// A disk over `map`, with no fill.
     fn over(map: Mapping) -> Self {
-        let len = map.len;
         Self {
             base: map.base,
             len: map.len,
+            stripes: Stripes::new(map.len),
             map: Arc::new(map),
             populating: None,
             stop: Arc::new(AtomicBool::new(false)),
-            stripes: Stripes::new(len),
         }
     }
 
