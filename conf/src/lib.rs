@@ -12,6 +12,7 @@
 mod backend;
 mod emit;
 mod error;
+pub mod group;
 mod ids;
 mod nqn;
 pub mod nvmet;
@@ -487,9 +488,15 @@ pub struct Gateway {
     /// How long a returning member waits before its ANA groups go back to it, in
     /// milliseconds.
     pub failback_delay_ms: u32,
-    /// The cluster connection, pool and RADOS namespace of the group's objects: the first
-    /// rbd namespace's, with `pool` and `rados_namespace` as the table sets them.
+    /// The cluster connection, pool and RADOS namespace of the group's objects: the
+    /// table's `ceph_conf`, `user`, `keyring`, `pool` and `rados_namespace`, each absent one
+    /// the first rbd namespace's (the defaults without one). The group's rbd namespaces
+    /// (kept in the cluster, [`group`]) connect as this says.
     pub cluster: RbdBackend,
+    /// The group key (an owner-only file of at least 32 random bytes, the same on every
+    /// gateway of the group): the group's secrets are kept in the cluster sealed under it.
+    /// None: the group's configuration holds no secret.
+    pub key_file: Option<PathBuf>,
 }
 
 /// Where a target listens for `pollux ctl`, `pollux top` and RPC clients when its conf
@@ -829,6 +836,21 @@ pub struct GivenIds {
 }
 
 impl Config {
+    /// The text of conf file `path` (zeroed when dropped: it may hold keys inline), for a
+    /// caller that composes it with more before parsing (a gateway group's member).
+    pub fn read_text(path: &Path) -> Result<zeroize::Zeroizing<String>, ConfError> {
+        let origin = path.display().to_string();
+        let bytes = std::fs::read(path).map_err(|e| ConfError::io(&origin, e))?;
+        String::from_utf8(bytes).map(zeroize::Zeroizing::new).map_err(|e| {
+            let at = e.utf8_error().valid_up_to();
+            drop(zeroize::Zeroizing::new(e.into_bytes()));
+            ConfError::nowhere(
+                &origin,
+                format!("not UTF-8 (byte {at}): a conf file is TOML, which is UTF-8"),
+            )
+        })
+    }
+
     /// Reads, parses and validates the configuration file at `path`.
     /// Relative paths inside it (file backends, the control socket) are
     /// resolved against the directory holding `path`.

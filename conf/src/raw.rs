@@ -43,6 +43,10 @@ pub(crate) struct RawGateway {
     pub failback_delay_ms: Option<Spanned<i64>>,
     pub pool: Option<Spanned<String>>,
     pub rados_namespace: Option<Spanned<String>>,
+    pub ceph_conf: Option<Spanned<String>>,
+    pub user: Option<Spanned<String>>,
+    pub keyring: Option<Spanned<String>>,
+    pub key_file: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]

@@ -50,7 +50,7 @@ fn defaults_and_the_cluster_of_the_first_rbd_namespace() {
 fn bad_gateways_are_refused_where_they_are_written() {
     let e = err(&format!("{BASE}[gateway]\ngroup = \"g1\"\nname = \"a\"\n"));
     assert_eq!(e.line(), Some(6), "{e}");
-    assert!(e.message().contains("needs an rbd namespace"), "{e}");
+    assert!(e.message().contains("needs a `pool` (or an rbd namespace)"), "{e}");
     let e = err(&format!("{BASE}[gateway]\ngroup = \"g 1\"\nname = \"a\"\n{RBD}"));
     assert_eq!((e.line(), e.column()), (Some(6), Some(9)), "{e}");
     assert!(e.message().contains("letters, digits"), "{e}");

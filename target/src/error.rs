@@ -10,6 +10,9 @@ pub enum TargetError {
     /// The conf file is invalid.
     #[error(transparent)]
     Conf(#[from] pollux_conf::ConfError),
+    /// A gateway group's configuration cannot be merged into this gateway's.
+    #[error(transparent)]
+    Group(#[from] pollux_conf::group::GroupError),
     /// A listener could not be bound.
     #[error("listener {addr}: {source}")]
     Listen {

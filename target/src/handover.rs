@@ -122,6 +122,10 @@ pub struct Prepare {
     pub stores: Vec<StoreFd>,
     /// The first connection serial the new process may give.
     pub next_serial: u64,
+    /// A gateway group's member: its own part of `config` (the rest is the group's, which
+    /// the new process follows from the cluster). Absent from an older process's message.
+    #[serde(default)]
+    pub group_local: Option<String>,
 }
 
 /// The submission queue's state (NVMe-oF 1.1 §3.3).

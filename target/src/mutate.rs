@@ -517,7 +517,21 @@ pub fn reload(shared: &Arc<Shared>, remotes: &[Remote]) -> Result<Changes, Targe
     if origin == pollux_conf::EMBEDDED_ORIGIN {
         return Err(TargetError::NoConfFile);
     }
-    let mut cfg = Config::from_path(std::path::Path::new(&origin))?;
+    let path = std::path::Path::new(&origin);
+    // A gateway group's member: the file is its own part; the group's stays as applied.
+    let mut group = shared.group.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(g) = group.as_mut() {
+        let text = Config::read_text(path)?;
+        let (mut cfg, merged) = g.compose(&text, &g.doc, g.slot, &origin)?;
+        apply_control_socket_arg(&mut cfg);
+        info!(file = %origin, group_version = g.version, "reloading the configuration (the group's part as applied)");
+        let ch = reconcile(shared, remotes, cfg)?;
+        g.local = text;
+        g.took(merged);
+        return Ok(ch);
+    }
+    drop(group);
+    let mut cfg = Config::from_path(path)?;
     apply_control_socket_arg(&mut cfg);
     info!(file = %origin, "reloading the configuration");
     reconcile(shared, remotes, cfg)

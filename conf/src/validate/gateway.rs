@@ -22,21 +22,77 @@ pub(super) fn gateway(cx: &Cx<'_>, g: RawGateway, subsystems: &[Subsystem]) -> R
             ));
         }
     }
-    // The group lives in the cluster of the gateway's rbd namespaces: the first one gives
-    // the connection (conf, user, keyring) and, unless the table names them, the pool.
-    let Some(first) = subsystems
+    // The group lives in a cluster: the table names it (`ceph_conf`, `user`, `keyring`,
+    // `pool`), or the first rbd namespace does for what the table leaves out. A gateway
+    // whose conf names only itself (its subsystems kept in the group) needs `pool`.
+    let first = subsystems
         .iter()
         .flat_map(|s| &s.namespaces)
         .find_map(|n| match &n.backend {
             Backend::Rbd(b) => Some(b),
             _ => None,
-        })
-    else {
-        return Err(cx.at(
-            g.group.span(),
-            "a [gateway] needs an rbd namespace: the group's state and heartbeats live in the cluster of its images"
-                .into(),
-        ));
+        });
+    let mut cluster = match first {
+        Some(b) => b.clone(),
+        None => {
+            let Some(p) = &g.pool else {
+                return Err(cx.at(
+                    g.group.span(),
+                    "a [gateway] needs a `pool` (or an rbd namespace): the group's configuration, state and heartbeats live in that pool of the cluster"
+                        .into(),
+                ));
+            };
+            crate::RbdBackend {
+                pool: p.get_ref().clone(),
+                image: String::new(),
+                rados_namespace: None,
+                ceph_conf: std::path::PathBuf::from(super::backend::rbd::DEFAULT_CEPH_CONF),
+                user: "admin".into(),
+                keyring: None,
+                write_cache: false,
+                op_timeout_s: 30,
+                gateway_group: None,
+                take_over_group: false,
+            }
+        }
+    };
+    if let Some(v) = &g.ceph_conf {
+        cluster.ceph_conf = cx.path(v, "ceph_conf")?;
+    }
+    if let Some(v) = &g.user {
+        let u = v.get_ref();
+        if !name_ok(u) || u.starts_with("client.") {
+            return Err(cx.at(
+                v.span(),
+                format!("gateway `user` {u:?} must be a Ceph user name without its type (\"gateway\", not \"client.gateway\")"),
+            ));
+        }
+        cluster.user.clone_from(u);
+    }
+    if let Some(v) = &g.keyring {
+        let path = cx.path(v, "keyring")?;
+        super::hosts::check_owner_only(&path)
+            .map_err(|why| cx.at(v.span(), format!("gateway `keyring` {}: {why}", path.display())))?;
+        cluster.keyring = Some(path);
+    }
+    let key_file = match &g.key_file {
+        None => None,
+        Some(v) => {
+            let path = cx.path(v, "key_file")?;
+            let meta = super::hosts::check_owner_only(&path)
+                .map_err(|why| cx.at(v.span(), format!("gateway `key_file` {}: {why}", path.display())))?;
+            if meta.len() < 32 {
+                return Err(cx.at(
+                    v.span(),
+                    format!(
+                        "gateway `key_file` {} holds {} bytes: a group key is at least 32 random bytes (`head -c 32 /dev/urandom > FILE`)",
+                        path.display(),
+                        meta.len()
+                    ),
+                ));
+            }
+            Some(path)
+        }
     };
     let mut ana_groups = Vec::new();
     if let Some(list) = &g.ana_groups {
@@ -60,7 +116,6 @@ pub(super) fn gateway(cx: &Cx<'_>, g: RawGateway, subsystems: &[Subsystem]) -> R
             ),
         ));
     }
-    let mut cluster = first.clone();
     if let Some(p) = &g.pool {
         if p.get_ref().is_empty() {
             return Err(cx.at(p.span(), "gateway `pool` is empty".into()));
@@ -83,5 +138,6 @@ pub(super) fn gateway(cx: &Cx<'_>, g: RawGateway, subsystems: &[Subsystem]) -> R
         blocklist_expiry_s: cx.u32_or(&g.blocklist_expiry_s, "blocklist_expiry_s", 60, 30 * 86_400, 3600)?,
         failback_delay_ms: cx.u32_or(&g.failback_delay_ms, "failback_delay_ms", 0, 3_600_000, 5000)?,
         cluster,
+        key_file,
     })
 }

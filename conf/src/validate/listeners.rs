@@ -41,8 +41,10 @@ pub(super) fn once(
     }
 }
 
-pub(super) fn listeners(cx: &Cx<'_>, raw: Vec<RawListener>) -> Result<Vec<Listener>, ConfError> {
-    if raw.is_empty() {
+/// The `[[listener]]` tables: at least one, unless the target is a gateway group's member
+/// (`in_group`), whose listeners may all be the group's (`crate::group`).
+pub(super) fn listeners(cx: &Cx<'_>, raw: Vec<RawListener>, in_group: bool) -> Result<Vec<Listener>, ConfError> {
+    if raw.is_empty() && !in_group {
         return Err(cx.nowhere(
             "no [[listener]]: add at least one, e.g. `[[listener]]` with `address = \"127.0.0.1:4420\"`".into(),
         ));

@@ -57,7 +57,7 @@ pub(crate) fn build(text: &str, origin: &str, base: Base<'_>) -> Result<Config, 
             );
         }
     };
-    let listeners = listeners(&cx, raw.listener.unwrap_or_default())?;
+    let listeners = listeners(&cx, raw.listener.unwrap_or_default(), raw.gateway.is_some())?;
     let transport = match raw.transport {
         Some(t) => transport(&cx, t)?,
         None => Transport::default(),

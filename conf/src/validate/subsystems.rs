@@ -49,9 +49,13 @@ pub(super) fn subsystems(
             // Controller IDs are unique across the target whatever the ranges; disjoint
             // explicit ranges are what an operator splitting the ID space means, so an
             // overlap is a mistake worth stopping at. A subsystem keeping the default range
-            // shares the whole space.
+            // shares the whole space, and subsystems given the same range share it (a
+            // gateway group's subsystems all take the gateway's slot, `crate::group`).
             let clash = out.iter().enumerate().find(|(_, o)| {
-                !o.default_cntlid_range() && o.min_cntlid <= sub.max_cntlid && sub.min_cntlid <= o.max_cntlid
+                !o.default_cntlid_range()
+                    && (o.min_cntlid, o.max_cntlid) != (sub.min_cntlid, sub.max_cntlid)
+                    && o.min_cntlid <= sub.max_cntlid
+                    && sub.min_cntlid <= o.max_cntlid
             });
             if let Some((i, o)) = clash {
                 let line = range_lines.get(&i).copied().unwrap_or_default();

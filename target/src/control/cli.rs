@@ -97,6 +97,17 @@ pub enum CtlCommand {
     Controllers,
     /// The members of this gateway's group (`[gateway]`): state, heartbeat age, ANA groups.
     Gateways,
+    /// The group's configuration kept in the cluster (`[gateway]`): its version, what each
+    /// gateway applied, its document (keys sealed); `group export FILE` writes it (keys in
+    /// clear, owner-only), `group import FILE` makes a file's the group's.
+    Group {
+        /// `export` or `import`.
+        #[arg(value_parser = ["export", "import"])]
+        action: Option<String>,
+        /// The file to export to or import from.
+        #[arg(value_name = "FILE", required_if_eq_any = [("action", "export"), ("action", "import")])]
+        file: Option<String>,
+    },
     /// The discovery log's generation counter, the listeners, and the referrals to other
     /// targets' discovery controllers.
     Discovery,
@@ -147,6 +158,19 @@ impl CtlCommand {
             CtlCommand::Subsystems => ("subsystems".into(), Value::Null),
             CtlCommand::Controllers => ("controllers".into(), Value::Null),
             CtlCommand::Gateways => ("gateways".into(), Value::Null),
+            CtlCommand::Group { action, file } => {
+                let abs = |p: &str| {
+                    // The target reads or writes it: resolved here, where the name was typed.
+                    std::path::absolute(p)
+                        .map(|a| a.display().to_string())
+                        .map_err(|e| BadRequest(format!("{p}: {e}")))
+                };
+                match (action.as_deref(), file.as_deref()) {
+                    (Some("export"), Some(f)) => ("group_export".into(), json!({"path": abs(f)?})),
+                    (Some("import"), Some(f)) => ("group_import".into(), json!({"path": abs(f)?})),
+                    _ => ("group".into(), Value::Null),
+                }
+            }
             CtlCommand::Discovery => ("discovery".into(), Value::Null),
             CtlCommand::Reload => ("reload".into(), Value::Null),
             CtlCommand::Methods { .. } => ("methods".into(), Value::Null),
@@ -192,6 +216,16 @@ pub fn format_result(cmd: &CtlCommand, v: Value) -> Result<String, ControlError>
         CtlCommand::Subsystems => format_subsystems(&serde_json::from_value::<Vec<SubsystemView>>(v).map_err(de)?),
         CtlCommand::Controllers => format_controllers(&serde_json::from_value::<CtrlList>(v).map_err(de)?),
         CtlCommand::Gateways => format_gateways(&v),
+        CtlCommand::Group { action: None, .. } => format_group(&v),
+        CtlCommand::Group { .. } => match v.get("path") {
+            Some(p) => format!(
+                "exported version {} to {} (mode {})\n",
+                v["version"],
+                p.as_str().unwrap_or("?"),
+                v["mode"].as_str().unwrap_or("?")
+            ),
+            None => summary("group import", &v),
+        },
         CtlCommand::Discovery => format_discovery(&serde_json::from_value::<DiscoveryView>(v).map_err(de)?),
         CtlCommand::Reload => summary("reload", &v),
         CtlCommand::Save { .. } => {
@@ -446,6 +480,41 @@ pub fn main(args: &CtlArgs) -> ExitCode {
             }
         }
     }
+}
+
+/// `ctl group`: the version, each gateway's slot and applied version, the document.
+fn format_group(v: &Value) -> String {
+    let mut o = format!(
+        "group {}  version {}  (this gateway {} runs {}; last change {} by {})\n",
+        v["group"].as_str().unwrap_or("?"),
+        v["version"],
+        v["name"].as_str().unwrap_or("?"),
+        v["running"],
+        v["change"].as_str().unwrap_or("-"),
+        v["changed_by"].as_str().unwrap_or("-"),
+    );
+    if let Some(e) = v["error"].as_str() {
+        let _ = writeln!(o, "error: {e}");
+    }
+    let _ = writeln!(
+        o,
+        "{:<20} {:>4} {:>13} {:>8}  ERROR",
+        "GATEWAY", "SLOT", "CNTLID", "APPLIED"
+    );
+    for g in v["gateways"].as_array().into_iter().flatten() {
+        let ids = format!("{}-{}", g["cntlid"][0], g["cntlid"][1]);
+        let _ = writeln!(
+            o,
+            "{:<20} {:>4} {:>13} {:>8}  {}",
+            g["name"].as_str().unwrap_or("?"),
+            g["slot"],
+            ids,
+            g["applied"].as_u64().map_or_else(|| "-".into(), |x| x.to_string()),
+            g["error"].as_str().unwrap_or(""),
+        );
+    }
+    let _ = write!(o, "\n{}", v["conf"].as_str().unwrap_or(""));
+    o
 }
 
 /// `ctl gateways`: one line per member of the group.

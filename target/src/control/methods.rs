@@ -205,6 +205,35 @@ pub const METHODS: &[Method] = &[
         params: &[],
     },
     Method {
+        name: "group",
+        summary: "This gateway group's configuration as kept in the cluster: its version, its document (keys sealed), what each gateway applied",
+        mutation: false,
+        verb: false,
+        params: &[],
+    },
+    Method {
+        name: "group_export",
+        summary: "Write the group's configuration, keys in clear, to a file (owner-only): a backup, or a group to move",
+        mutation: false,
+        verb: false,
+        params: &[req(
+            "path",
+            Kind::Str,
+            "the file to write (absolute: the target writes it)",
+        )],
+    },
+    Method {
+        name: "group_import",
+        summary: "Make a file's document (group export's) the group's configuration, as one change",
+        mutation: false,
+        verb: false,
+        params: &[req(
+            "path",
+            Kind::Str,
+            "the file to read (absolute: the target reads it)",
+        )],
+    },
+    Method {
         name: "nvme_devices",
         summary: "The userspace-driven NVMe devices and their queues",
         mutation: false,
@@ -466,14 +495,29 @@ pub const METHODS: &[Method] = &[
         summary: "Listen on another address",
         mutation: true,
         verb: true,
-        params: &[ADDRESS, p("tls", Kind::Str, "none | allowed | required")],
+        params: &[
+            ADDRESS,
+            p("tls", Kind::Str, "none | allowed | required"),
+            p(
+                "gateway",
+                Kind::Str,
+                "in a gateway group: the gateway that binds it (default: this one)",
+            ),
+        ],
     },
     Method {
         name: "remove_listener",
         summary: "Stop listening on an address (as configured); its connections close",
         mutation: true,
         verb: true,
-        params: &[ADDRESS],
+        params: &[
+            ADDRESS,
+            p(
+                "gateway",
+                Kind::Str,
+                "in a gateway group: the gateway whose listener it is (default: this one)",
+            ),
+        ],
     },
     Method {
         name: "subsystem_add_listener",

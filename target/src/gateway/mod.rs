@@ -12,6 +12,8 @@
 //! The agent runs on its own thread, never on a reactor: every call blocks on the cluster
 //! (bounded by the group connection's operation timeout, about the grace).
 
+pub mod config;
+pub mod seal;
 pub mod state;
 #[cfg(test)]
 mod tests;
@@ -95,6 +97,8 @@ pub struct Agent {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
     view: Arc<Mutex<View>>,
+    /// The group's configuration, followed.
+    config: config::Follower,
 }
 
 impl Agent {
@@ -117,6 +121,7 @@ impl Agent {
         // incarnation on); a fenced member's re-execution is a new one.
         let incarnation = passed_incarnation().unwrap_or_else(incarnation);
         crate::upgrade::old::pass_to_successor(INCARNATION_ENV, incarnation.to_string());
+        let config = config::Follower::start(&conf, shared.clone(), remotes.clone()).map_err(std::io::Error::other)?;
         let mut member = Member::new(conf, incarnation, listeners);
         let (s, v) = (stop.clone(), view.clone());
         let thread = std::thread::Builder::new()
@@ -126,7 +131,13 @@ impl Agent {
             stop,
             thread: Some(thread),
             view,
+            config,
         })
+    }
+
+    /// The group's configuration service (the control plane changes the group through it).
+    pub fn config(&self) -> Arc<config::Service> {
+        self.config.service()
     }
 
     /// The view, shared (the control plane reads it).

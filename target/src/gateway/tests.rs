@@ -117,6 +117,7 @@ fn conf(name: &str, groups: &[u32]) -> pollux_conf::Gateway {
             gateway_group: None,
             take_over_group: false,
         },
+        key_file: None,
     }
 }
 

@@ -7,6 +7,7 @@
 //! control plane that read it.
 
 pub mod concat;
+pub mod group;
 pub mod requests;
 
 use std::sync::Arc;
@@ -63,6 +64,7 @@ impl Shared {
             config: std::sync::Mutex::new(cfg.clone()),
             ana_overlay: Default::default(),
             vanished: Default::default(),
+            group: std::sync::Mutex::new(group::GroupConf::new(cfg)),
             started,
         }
     }
@@ -126,6 +128,9 @@ pub struct Shared {
     /// Namespaces removed because their store vanished (subsystem NQN, NSID, why), for
     /// `pollux ctl subsystems`; a namespace added again under that NSID clears its entry.
     pub vanished: std::sync::Mutex<Vec<(String, u32, String)>>,
+    /// A gateway group's member: its own conf and the group's configuration it runs
+    /// (None: no `[gateway]`). Taken before `config` by whoever changes either.
+    pub group: std::sync::Mutex<Option<group::GroupConf>>,
 }
 
 /// A target's shared state for unit tests: `reactors` reactors, no subsystem.

@@ -315,6 +315,9 @@ fn start<C: TakeoverControl>(p: &Prepare, fds: &mut [Option<OwnedFd>]) -> Result
         None => None,
     };
     crate::listener::serials_from(p.next_serial);
+    // A gateway group's member goes on with its own part as it was (the group's part it
+    // reads from the cluster again).
+    crate::shared::group::inherit_local(p.group_local.clone());
     let inherited = Inherited {
         listeners,
         paused: true,

@@ -468,6 +468,12 @@ fn prepare(shared: &Arc<Shared>, remotes: &Arc<[Remote]>) -> Result<(Prepare, Ve
             metrics,
             stores,
             next_serial: crate::listener::next_serial(),
+            group_local: shared
+                .group
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_ref()
+                .map(|g| g.local.to_string()),
         },
         fds,
     ))

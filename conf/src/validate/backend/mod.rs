@@ -13,7 +13,7 @@ use crate::raw::{RawBackend, RawSize};
 
 mod file;
 pub(crate) mod nvme;
-mod rbd;
+pub(crate) mod rbd;
 mod sim;
 
 use file::file_backend;

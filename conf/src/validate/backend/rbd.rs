@@ -14,7 +14,7 @@ use crate::validate::registry::{IdOwner, claim_backend};
 use crate::{RBD_OP_TIMEOUT_S, RbdBackend};
 
 /// Where librados looks for its configuration when none is given.
-const DEFAULT_CEPH_CONF: &str = "/etc/ceph/ceph.conf";
+pub(crate) const DEFAULT_CEPH_CONF: &str = "/etc/ceph/ceph.conf";
 
 /// An image, as the registry of images in use keys it: (ceph_conf, pool, rados
 /// namespace, image).

@@ -29,7 +29,11 @@ pub struct GroupObjects {
 impl GroupObjects {
     /// Connect (a new client of the cluster) and open `b`'s pool and RADOS namespace.
     pub fn open(b: &RbdBackend) -> Result<Self, TargetError> {
-        let cluster = Cluster::private(b)?;
+        Self::on(Cluster::private(b)?, b)
+    }
+
+    /// `b`'s pool and RADOS namespace through connection `cluster`.
+    pub fn on(cluster: Arc<Cluster>, b: &RbdBackend) -> Result<Self, TargetError> {
         let io = open_ioctx(&cluster, b, "the gateway group")?;
         Ok(Self {
             io: Mutex::new(io),

@@ -31,7 +31,7 @@ pub mod sys;
 mod channel;
 pub mod group_object;
 mod object;
-mod resv_object;
+pub mod resv_object;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -119,15 +119,25 @@ impl RadosResvObject {
     /// The reservation object of image `image_id` of `b` (created empty by the caller if it
     /// does not exist yet).
     pub fn open(cluster: Arc<Cluster>, b: &RbdBackend, image_id: &str) -> Result<Self, TargetError> {
+        Self::open_named(cluster, b, format!("pollux.resv.{image_id}"), "the reservation object")
+    }
+
+    /// Object `name` of `b`'s pool and RADOS namespace, watched and notified as the
+    /// reservation object is (a gateway group's configuration, `crate::gateway::config`).
+    pub fn open_named(
+        cluster: Arc<Cluster>,
+        b: &RbdBackend,
+        name: String,
+        what_for: &'static str,
+    ) -> Result<Self, TargetError> {
         let lib = library()?;
-        let name = format!("pollux.resv.{image_id}");
         let what = match &b.rados_namespace {
             Some(ns) if !ns.is_empty() => format!("{}/{ns}/{name}", b.pool),
             _ => format!("{}/{name}", b.pool),
         };
         let oid = CString::new(name)
-            .map_err(|_| rbd_error(b, "the image id contains a NUL character", -i64::from(libc::EINVAL)))?;
-        let context = || open_ioctx(&cluster, b, "the reservation object");
+            .map_err(|_| rbd_error(b, "the object name contains a NUL character", -i64::from(libc::EINVAL)))?;
+        let context = || open_ioctx(&cluster, b, what_for);
         let first = context()?;
         let notify_io = match context() {
             Ok(c) => c,

@@ -11,6 +11,12 @@ use super::{CONFIG_ERROR, Ctx, METHOD_NOT_FOUND, RpcError, UPGRADE_REFUSED};
 
 // ------------------------------------------------------------------ runtime configuration
 
+impl From<crate::gateway::config::GroupConfigError> for RpcError {
+    fn from(e: crate::gateway::config::GroupConfigError) -> Self {
+        RpcError::new(CONFIG_ERROR, e.to_string())
+    }
+}
+
 fn changes_json(c: &crate::mutate::Changes) -> Value {
     serde_json::json!({
         "added_subsystems": c.added_subsystems,
@@ -161,11 +167,20 @@ impl Ctx {
             }
             None => running.origin.clone(),
         };
-        // The document may hold keys inline: zeroed when dropped.
-        let text = zeroize::Zeroizing::new(document_text(&running));
+        // The document may hold keys inline: zeroed when dropped. A gateway group's member
+        // writes its own part: the group's is kept in the cluster.
+        let own = self
+            .shared
+            .group
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|g| g.local.clone());
+        let grouped = own.is_some();
+        let text = own.unwrap_or_else(|| zeroize::Zeroizing::new(document_text(&running)));
         // Relative paths in the document resolve against the file's directory: saved
         // elsewhere, they must still name the same files.
-        if path != running.origin {
+        if path != running.origin && !grouped {
             let same = |mut c: pollux_conf::Config| {
                 c.origin.clone_from(&running.origin);
                 c == running
@@ -190,6 +205,63 @@ impl Ctx {
             "backup": saved.backup.map(|b| b.display().to_string()),
             "mode": format!("{:04o}", saved.mode),
         }))
+    }
+
+    fn group_service(&self) -> Result<&crate::gateway::config::Service, RpcError> {
+        self.group.as_deref().ok_or_else(|| {
+            RpcError::new(
+                super::INVALID_PARAMS,
+                "this target is in no gateway group (its conf has no [gateway])",
+            )
+        })
+    }
+
+    /// `group`: the group's configuration as kept in the cluster (its keys sealed), its
+    /// version, and the version every gateway applied.
+    pub(super) fn group(&self) -> Result<Value, RpcError> {
+        Ok(self.group_service()?.show()?)
+    }
+
+    /// `group_export {path}`: the group's configuration, its keys in clear, to a file
+    /// written owner-only (a backup, or a group moved to another cluster).
+    pub(super) fn group_export(&self, params: &Value) -> Result<Value, RpcError> {
+        let path = str_param(params, "path")?;
+        let (doc, version) = self.group_service()?.export()?;
+        let text = zeroize::Zeroizing::new(format!(
+            "# The configuration of a pollux gateway group, version {version}: `pollux ctl group import FILE` makes it a group's.\n{}",
+            doc.as_str()
+        ));
+        let saved = pollux_conf::save::save(std::path::Path::new(path), &text, true)
+            .map_err(|e| RpcError::new(CONFIG_ERROR, e.to_string()))?;
+        tracing::info!(file = %path, version, "control: the group's configuration exported");
+        Ok(serde_json::json!({
+            "path": path,
+            "version": version,
+            "mode": format!("{:04o}", saved.mode),
+        }))
+    }
+
+    /// `group_import {path}`: make a file's document (`group_export`'s) the group's
+    /// configuration, as one change.
+    pub(super) fn group_import(&self, params: &Value) -> Result<Value, RpcError> {
+        let path = str_param(params, "path")?;
+        let text = pollux_conf::Config::read_text(std::path::Path::new(path))
+            .map_err(|e| RpcError::new(CONFIG_ERROR, e.to_string()))?;
+        let new = pollux_conf::group::check(&text).map_err(|e| RpcError::new(CONFIG_ERROR, format!("{path}: {e}")))?;
+        let svc = self.group_service()?;
+        let (_, report) = svc.change("group_import", |doc| {
+            *doc = new.clone();
+            Ok::<(), RpcError>(())
+        })?;
+        self.settled(&report.changes)?;
+        let mut v = changes_json(&report.changes);
+        v["group"] = serde_json::json!({
+            "version": report.version,
+            "acknowledged": report.notify.acked,
+            "not_acknowledged": report.notify.timed_out,
+            "tries": report.tries,
+        });
+        Ok(v)
     }
 
     /// `export_nvmet {path}`: the running configuration as an nvmetcli config (Linux nvmet's
@@ -219,6 +291,12 @@ impl Ctx {
                 "'{method}' takes named params (a JSON object)"
             )));
         }
+        if let Some(svc) = &self.group {
+            return match self.group_scoped(method, params) {
+                Some(me) => self.group_mutation(svc, &me, method, params),
+                None => self.own_mutation(method, params),
+            };
+        }
         let running = self.shared.config.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let mut doc = document::parse(&zeroize::Zeroizing::new(document_text(&running)))?;
         let edited = self.edit(&mut doc, method, params)?;
@@ -233,6 +311,95 @@ impl Ctx {
         cfg.origin = origin;
         tracing::info!(method, "control: configuration change");
         self.apply(cfg)
+    }
+
+    /// In a gateway group: whether `method` with `params` changes the group (this gateway's
+    /// name: Some) or this gateway's own conf. Subsystems added, listeners added (each names
+    /// its gateway, this one by default), and anything done to a group subsystem or listener
+    /// are the group's; the rest (referrals, ANA states of own listeners, local subsystems)
+    /// this gateway's.
+    fn group_scoped(&self, method: &str, params: &Value) -> Option<String> {
+        let g = self.shared.group.lock().unwrap_or_else(|p| p.into_inner());
+        let gc = g.as_ref()?;
+        let own_listener = |a: &str| {
+            document::parse(&gc.doc).ok().is_some_and(|d| {
+                let root = d.as_table() as &dyn TableLike;
+                let gw = params.get("gateway").and_then(Value::as_str).unwrap_or(&gc.me);
+                root.get("listener")
+                    .and_then(toml_edit::Item::as_array_of_tables)
+                    .is_some_and(|a2| {
+                        a2.iter().any(|t| {
+                            t.get("address").and_then(|v| v.as_str()) == Some(a)
+                                && t.get("gateway").and_then(|v| v.as_str()) == Some(gw)
+                        })
+                    })
+            })
+        };
+        let group = match method {
+            "add_subsystem" | "add_listener" => true,
+            "remove_listener" => params.get("address").and_then(Value::as_str).is_some_and(own_listener),
+            _ => params
+                .get("nqn")
+                .and_then(Value::as_str)
+                .is_some_and(|n| gc.subsystems.iter().any(|s| s == n)),
+        };
+        group.then(|| gc.me.clone())
+    }
+
+    /// A change of the group: made in the group's configuration in the cluster, applied
+    /// here and on every gateway ([`crate::gateway::config::Service::change`]).
+    fn group_mutation(
+        &self,
+        svc: &crate::gateway::config::Service,
+        me: &str,
+        method: &str,
+        params: &Value,
+    ) -> Result<Value, RpcError> {
+        let mut params = params.clone();
+        if matches!(method, "add_listener" | "remove_listener")
+            && params.get("gateway").is_none()
+            && let Some(o) = params.as_object_mut()
+        {
+            o.insert("gateway".into(), Value::from(me));
+        }
+        let (_, report) = svc.change(method, |doc| self.edit(doc, method, &params).map(|_| ()))?;
+        tracing::info!(method, version = report.version, "control: group configuration change");
+        self.settled(&report.changes)?;
+        let mut v = changes_json(&report.changes);
+        v["group"] = serde_json::json!({
+            "version": report.version,
+            "acknowledged": report.notify.acked,
+            "not_acknowledged": report.notify.timed_out,
+            "tries": report.tries,
+        });
+        Ok(v)
+    }
+
+    /// A change of a group member's own conf: edited in its own document, run with the
+    /// group's part as applied.
+    fn own_mutation(&self, method: &str, params: &Value) -> Result<Value, RpcError> {
+        let mut g = self.shared.group.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(gc) = g.as_mut() else {
+            return Err(RpcError::new(CONFIG_ERROR, "this gateway left its group meanwhile"));
+        };
+        let mut doc = document::parse(&gc.local)?;
+        self.edit(&mut doc, method, params)?;
+        let local = zeroize::Zeroizing::new(doc.to_string());
+        let origin = self
+            .shared
+            .config
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .origin
+            .clone();
+        let (cfg, merged) = gc
+            .compose(&local, &gc.doc, gc.slot, &origin)
+            .map_err(|e| RpcError::new(CONFIG_ERROR, format!("'{method}' is refused: {e}")))?;
+        tracing::info!(method, "control: configuration change (this gateway's own)");
+        let out = self.apply(cfg)?;
+        gc.local = local;
+        gc.took(merged);
+        Ok(out)
     }
 
     /// Edit `doc` as `method` says; the path of the item written (empty when the change
@@ -531,6 +698,10 @@ impl Ctx {
             "add_listener" => {
                 let a = str_param(params, "address")?;
                 let mut t = toml_edit::Table::new();
+                // A gateway group's listener names the gateway that binds it.
+                if let Some(g) = params.get("gateway").and_then(Value::as_str) {
+                    t.insert("gateway", toml_edit::value(g));
+                }
                 t.insert("address", toml_edit::value(a));
                 match params.get("tls") {
                     None | Some(Value::Null) => {}
@@ -647,7 +818,10 @@ impl Ctx {
             }
             "remove_listener" => {
                 let a = str_param(params, "address")?;
-                let gone = document::remove_where(root, "listener", |t| document::str_of(t, "address") == Some(a));
+                let gw = params.get("gateway").and_then(Value::as_str);
+                let gone = document::remove_where(root, "listener", |t| {
+                    document::str_of(t, "address") == Some(a) && (gw.is_none() || document::str_of(t, "gateway") == gw)
+                });
                 if gone == 0 {
                     return Err(RpcError::params(format!(
                         "no listener '{a}' (use the address as configured)"

@@ -117,6 +117,8 @@ pub struct Ctx {
     spdk: Mutex<spdk::SpdkState>,
     /// This gateway's view of its gateway group (`[gateway]`).
     gateway: Option<Arc<Mutex<crate::gateway::View>>>,
+    /// Its group's configuration, kept in the cluster.
+    group: Option<Arc<crate::gateway::config::Service>>,
 }
 
 /// The adaptive policy the conf's `[reactors]` table describes (whatever its mode).
@@ -140,6 +142,7 @@ impl Ctx {
             samples: Mutex::new(VecDeque::new()),
             spdk: spdk::state(),
             gateway: target.gateway().map(crate::gateway::Agent::view_handle),
+            group: target.gateway().map(crate::gateway::Agent::config),
         };
         ctx.sample();
         ctx
