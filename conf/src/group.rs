@@ -71,13 +71,17 @@ pub enum GroupError {
     },
 }
 
-/// A listener of another gateway of the group.
+/// A listener of another gateway of the group, with what it serves of the group.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PeerListener {
+pub struct GroupPeer {
     /// The gateway that binds it.
     pub gateway: String,
-    /// Its address, as the group wrote it.
-    pub address: String,
+    /// Its address.
+    pub address: std::net::SocketAddr,
+    /// Its TLS mode.
+    pub tls: crate::TlsMode,
+    /// The group subsystems it serves.
+    pub subsystems: Vec<String>,
 }
 
 /// A gateway's configuration with the group's merged in.
@@ -86,7 +90,7 @@ pub struct Merged {
     /// The document to parse (holds the group's secrets unsealed: zeroed when dropped).
     pub text: Zeroizing<String>,
     /// The other gateways' listeners.
-    pub peers: Vec<PeerListener>,
+    pub peers: Vec<GroupPeer>,
     /// The group's subsystems' NQNs.
     pub subsystems: Vec<String>,
 }
@@ -236,7 +240,7 @@ pub fn merge(local: &str, group: &str, me: &str, slot: u16, cluster: &ClusterKey
         let gateway = str_of(&l, "gateway").unwrap_or_default().to_string();
         let address = str_of(&l, "address").unwrap_or_default().to_string();
         if gateway != me {
-            peers.push(PeerListener { gateway, address });
+            peers.push(peer(gateway, &address, &l, &group)?);
             continue;
         }
         if local_listeners.contains(&address) {
@@ -270,6 +274,36 @@ pub fn merge(local: &str, group: &str, me: &str, slot: u16, cluster: &ClusterKey
     Ok(Merged {
         text: Zeroizing::new(doc.to_string()),
         peers,
+        subsystems,
+    })
+}
+
+/// Another gateway's listener `l` at `address`, and the subsystems of `group` it serves
+/// (those naming no `listeners`, and those naming its address).
+fn peer(gateway: String, address: &str, l: &Table, group: &DocumentMut) -> Result<GroupPeer, GroupError> {
+    let bad = |why: String| GroupError::Entry {
+        what: format!("listener {address} of gateway {gateway}"),
+        why,
+    };
+    let addr: std::net::SocketAddr = address.parse().map_err(|e| bad(format!("is not IP:PORT: {e}")))?;
+    let tls = match str_of(l, "tls") {
+        None => crate::TlsMode::None,
+        Some(t) => t
+            .parse()
+            .map_err(|_| bad(format!("`tls` {t:?} is not none, allowed or required")))?,
+    };
+    let subsystems = tables_of(group.as_table(), "subsystem")
+        .iter()
+        .filter(|s| match s.get("listeners") {
+            Some(Item::Value(Value::Array(a))) => a.iter().any(|v| v.as_str() == Some(address)),
+            _ => true,
+        })
+        .filter_map(|s| str_of(s, "nqn").map(str::to_string))
+        .collect();
+    Ok(GroupPeer {
+        gateway,
+        address: addr,
+        tls,
         subsystems,
     })
 }
@@ -334,9 +368,11 @@ mod tests {
         let m = merge(LOCAL, GROUP, "a", 1, &keys()).unwrap();
         assert_eq!(
             m.peers,
-            vec![PeerListener {
+            vec![GroupPeer {
                 gateway: "b".into(),
-                address: "127.0.0.2:4430".into()
+                address: "127.0.0.2:4430".parse().unwrap(),
+                tls: crate::TlsMode::None,
+                subsystems: vec!["nqn.2026-12.io.pollux:g1".into()],
             }]
         );
         assert_eq!(m.subsystems, vec!["nqn.2026-12.io.pollux:g1".to_string()]);

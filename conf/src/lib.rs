@@ -79,6 +79,10 @@ pub struct Config {
     /// This gateway's membership in a gateway group (`[gateway]`): heartbeats, fencing and
     /// ANA takeover through the cluster of its rbd namespaces. None: a lone target.
     pub gateway: Option<Gateway>,
+    /// A gateway group's member: the other gateways' listeners and the group subsystems each
+    /// serves, for the discovery log (never in a conf file: set from the group's
+    /// configuration, [`group::merge`]).
+    pub group_peers: Vec<group::GroupPeer>,
     /// Where the configuration came from: a file name, or `"<embedded>"`.
     pub origin: String,
     /// The text it was parsed from, as its author wrote it (comments, order, what was left

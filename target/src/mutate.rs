@@ -369,14 +369,18 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
             .iter()
             .map(|b| (b.addr, b.tls))
             .eq(old.listeners.iter().map(|b| (b.addr, b.tls)))
-        && referrals == old.referrals);
-    let snap = Arc::new(Snapshot::new(
-        subsystems,
-        bound,
-        if discovery_changed { old.genctr + 1 } else { old.genctr },
-        Arc::new(new.discovery.clone()),
-        referrals,
-    ));
+        && referrals == old.referrals
+        && new.group_peers == old.peers);
+    let snap = Arc::new(
+        Snapshot::new(
+            subsystems,
+            bound,
+            if discovery_changed { old.genctr + 1 } else { old.genctr },
+            Arc::new(new.discovery.clone()),
+            referrals,
+        )
+        .with_peers(new.group_peers.clone()),
+    );
     shared.snapshot.store(snap.clone());
     // `bound` is in conf order: each listener beside its conf (a new one already has its
     // states, so nothing changes for it).
@@ -414,7 +418,9 @@ pub fn reconcile(shared: &Arc<Shared>, remotes: &[Remote], new: Config) -> Resul
             });
         }
     }
-    if !ch.is_empty() {
+    // A gateway group's peers changing changes nothing of this gateway's own but the
+    // discovery log: its discovery controllers still hear of it.
+    if !ch.is_empty() || discovery_changed {
         for remote in remotes {
             let snap = snap.clone();
             remote.send(move |r| refresh_controllers(r, &snap, discovery_changed));

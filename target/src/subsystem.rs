@@ -371,6 +371,9 @@ pub struct Snapshot {
     /// Other targets' discovery controllers, listed after the subsystems in the discovery
     /// log, in conf order.
     pub referrals: Vec<SocketAddr>,
+    /// A gateway group's other gateways' listeners and the group subsystems each serves
+    /// (listed in the discovery log after this target's own listeners).
+    pub peers: Vec<pollux_conf::group::GroupPeer>,
     /// Index in `subsystems` by NQN: a connect, every controller at each change and a
     /// released QoS-held command find their subsystem by name, which a walk of 128
     /// subsystems' NQNs (alike for their first 30 bytes) made linear in their number.
@@ -410,8 +413,15 @@ impl Snapshot {
             genctr,
             discovery,
             referrals,
+            peers: Vec::new(),
             by_nqn,
         }
+    }
+
+    /// This snapshot with the group's `peers` (a gateway group's member).
+    pub fn with_peers(mut self, peers: Vec<pollux_conf::group::GroupPeer>) -> Self {
+        self.peers = peers;
+        self
     }
 
     /// The subsystem `nqn`.
@@ -590,7 +600,8 @@ pub fn build_snapshot(
         1,
         Arc::new(cfg.discovery.clone()),
         cfg.referrals.iter().map(|r| r.address).collect(),
-    ))
+    )
+    .with_peers(cfg.group_peers.clone()))
 }
 
 /// A RAM namespace of `blocks` 512-byte blocks, for unit tests of what reads namespaces.

@@ -207,6 +207,23 @@ fn a_change_through_any_gateway_reaches_all_of_them() {
     assert_eq!(back, data);
     // Each gateway's controller IDs are its slot's: the host sees no duplicate.
     assert_ne!(hb.cntlid, hc.cntlid);
+    // A host that discovers through A finds every gateway's path.
+    let paths_of = |at: SocketAddr, host: &str| {
+        let w = pollux_host::discover_all(at, host).unwrap();
+        let mut p: Vec<SocketAddr> = w
+            .subsystems
+            .iter()
+            .filter(|e| e.subnqn == SUB)
+            .filter_map(pollux_host::DiscoveryEntry::tcp_addr)
+            .collect();
+        p.sort();
+        p
+    };
+    let paths = |at: SocketAddr| paths_of(at, HOST);
+    let mut all = vec![la, lb, lc];
+    all.sort();
+    assert_eq!(paths(la), all, "A's discovery log lists every gateway's path");
+    assert_eq!(paths(lc), all, "so does C's");
 
     // No key in clear anywhere in the pool.
     let secret = k1.encode();
@@ -262,6 +279,30 @@ fn a_change_through_any_gateway_reaches_all_of_them() {
         "{r}"
     );
     assert_eq!(served(&c, SUB), Some(vec![1]));
+
+    // C dies: once the group fences it, its path leaves A's discovery log (a Discovery Log
+    // Change event to A's discovery controllers), the others stay.
+    drop(hc);
+    const HOST2: &str = "nqn.2014-08.org.nvmexpress:uuid:53535353-0000-4000-8000-000000000054";
+    call(&a, "add_host", &json!({"nqn": SUB, "host": HOST2})).unwrap();
+    let paths = |at: SocketAddr| paths_of(at, HOST2);
+    assert_eq!(paths(la), all);
+    let cpid = c.pid().unwrap() as i32;
+    // SAFETY: kill(2) of the gateway process this test started.
+    unsafe { libc::kill(cpid, libc::SIGKILL) };
+    let t0 = Instant::now();
+    let mut left = vec![la, lb];
+    left.sort();
+    while paths(la) != left {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "C's path stayed in A's discovery log: {:?} {:?}\n{}",
+            paths(la),
+            left,
+            std::fs::read_to_string(ceph.dir.join("gw-a.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 #[test]

@@ -108,6 +108,7 @@ pub(crate) fn build(text: &str, origin: &str, base: Base<'_>) -> Result<Config, 
         referrals,
         state_dir,
         gateway,
+        group_peers: Vec::new(),
         origin: origin.to_owned(),
         document: text.into(),
     })

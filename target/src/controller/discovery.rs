@@ -155,6 +155,26 @@ fn specs<'a>(snapshot: &'a Snapshot, hostnqn: &str, local: SocketAddr) -> Vec<Sp
             });
         }
     }
+    // A gateway group's other gateways: each path to a group subsystem the host may see,
+    // as the same filter admits it (NVMe-oF 1.1 §5.3: a discovery log lists every port of
+    // the NVM subsystem, and a group subsystem's ports are every gateway's). Their PORTIDs
+    // follow this gateway's own.
+    for (i, p) in snapshot.peers.iter().enumerate() {
+        if !filter.admits(p.address, local) {
+            continue;
+        }
+        let (treq, sectype) = security(p.tls);
+        for s in visible.iter().filter(|s| p.subsystems.contains(&s.nqn)) {
+            out.push(Spec {
+                subtype: SUBTYPE_NVM,
+                treq,
+                portid: (snapshot.listeners.len() + i) as u16,
+                addr: p.address,
+                subnqn: &s.nqn,
+                sectype,
+            });
+        }
+    }
     out.extend(snapshot.referrals.iter().map(|&addr| Spec::referral(addr)));
     out
 }

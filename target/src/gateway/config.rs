@@ -637,7 +637,14 @@ impl Service {
                 gc.version,
                 gc.peers
                     .iter()
-                    .map(|p| serde_json::json!({"gateway": p.gateway, "address": p.address}))
+                    .map(|p| {
+                        serde_json::json!({
+                            "gateway": p.gateway,
+                            "address": p.address.to_string(),
+                            "subsystems": p.subsystems,
+                            "listed": !gc.down.contains(&p.gateway),
+                        })
+                    })
                     .collect(),
                 gc.subsystems.clone(),
             )
@@ -665,5 +672,32 @@ impl Service {
         let conn = self.connect()?;
         let (s, _) = self.read_with_slot(&conn)?;
         Ok((seal::open_doc(&s.conf, self.key()?)?, s.version))
+    }
+}
+
+/// The gateways of the group that are fenced now are `down`: their listeners leave the
+/// discovery log (and come back when they are not), with a Discovery Log Change event to
+/// the hosts' discovery controllers (NVMe-oF 1.1 §5.3) and nothing else disturbed.
+pub fn set_down(shared: &Arc<Shared>, remotes: &[Remote], down: std::collections::BTreeSet<String>) {
+    let mut g = shared.group.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(gc) = g.as_mut() else { return };
+    if gc.down == down {
+        return;
+    }
+    info!(
+        ?down,
+        "gateway: the group's gateways that serve changed: the discovery log follows"
+    );
+    let before = std::mem::replace(&mut gc.down, down);
+    let origin = shared.config.lock().unwrap_or_else(|p| p.into_inner()).origin.clone();
+    let r = gc
+        .compose(&gc.local, &gc.doc, gc.slot, &origin)
+        .and_then(|(mut cfg, _)| {
+            crate::mutate::apply_control_socket_arg(&mut cfg);
+            crate::mutate::reconcile(shared, remotes, cfg)
+        });
+    if let Err(e) = r {
+        warn!(error = %e, "gateway: the discovery log could not follow the group's membership");
+        gc.down = before;
     }
 }

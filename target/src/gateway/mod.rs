@@ -256,6 +256,14 @@ fn run(member: &mut Member, shared: &Arc<Shared>, remotes: &Arc<[Remote]>, stop:
                         info!(group = %member.conf.group, "gateway: the group's cluster answers again");
                     }
                     crate::mutate::set_ana_overlay(shared, remotes, out.overlay);
+                    let down = member
+                        .last
+                        .iter()
+                        .flat_map(|g| &g.members)
+                        .filter(|(_, r)| r.standing == state::Standing::Fenced)
+                        .map(|(n, _)| n.clone())
+                        .collect();
+                    config::set_down(shared, remotes, down);
                 }
                 // A refused fence (a permission error) was logged once where it was refused;
                 // any other error is said as itself.

@@ -5,7 +5,7 @@
 //! change of either part is composed the same way wherever it comes from.
 
 use pollux_conf::Config;
-use pollux_conf::group::{ClusterKeys, Merged, PeerListener};
+use pollux_conf::group::{ClusterKeys, GroupPeer, Merged};
 use zeroize::Zeroizing;
 
 use crate::error::TargetError;
@@ -38,7 +38,10 @@ pub struct GroupConf {
     /// Where this gateway's group namespaces connect to the cluster.
     pub cluster: ClusterKeys,
     /// The other gateways' listeners, as the group lists them.
-    pub peers: Vec<PeerListener>,
+    pub peers: Vec<GroupPeer>,
+    /// Gateways that are fenced or out of the group now (the agent's view): their listeners
+    /// are not in the discovery log.
+    pub down: std::collections::BTreeSet<String>,
     /// The group's subsystems.
     pub subsystems: Vec<String>,
     /// Why the last group configuration read was not applied (None: it was).
@@ -67,6 +70,7 @@ impl GroupConf {
                 keyring: g.cluster.keyring.as_ref().map(|k| k.display().to_string()),
             },
             peers: Vec::new(),
+            down: Default::default(),
             subsystems: Vec::new(),
             error: None,
         })
@@ -86,11 +90,18 @@ impl GroupConf {
             Some(slot) => pollux_conf::group::merge(local, doc, &self.me, slot, &self.cluster)?,
             None => pollux_conf::group::merge(local, "", &self.me, 0, &self.cluster)?,
         };
-        let cfg = if origin == pollux_conf::EMBEDDED_ORIGIN {
+        let mut cfg = if origin == pollux_conf::EMBEDDED_ORIGIN {
             Config::parse(&merged.text, origin)?
         } else {
             Config::parse_as(&merged.text, origin, std::path::Path::new(origin))?
         };
+        // The discovery log lists the paths through the gateways that serve.
+        cfg.group_peers = merged
+            .peers
+            .iter()
+            .filter(|p| !self.down.contains(&p.gateway))
+            .cloned()
+            .collect();
         Ok((cfg, merged))
     }
 
