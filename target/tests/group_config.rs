@@ -225,12 +225,40 @@ fn a_change_through_any_gateway_reaches_all_of_them() {
     assert_eq!(paths(la), all, "A's discovery log lists every gateway's path");
     assert_eq!(paths(lc), all, "so does C's");
 
-    // No key in clear anywhere in the pool.
+    // A reservation key registered through C, seen through B (kept in the cluster).
+    const RKEY: u64 = 0x5eC7_e7c0_ffee_0053;
+    hc.io[0]
+        .exec_ok(
+            pollux_host::sqe::resv_register(1, 0, false, 0),
+            pollux_host::Data::ToCtrl(pollux_host::sqe::resv_keys(&[0, RKEY])),
+        )
+        .unwrap();
+    let rep = hb.io[0]
+        .exec_ok(
+            pollux_host::sqe::resv_report(1, 4096, true),
+            pollux_host::Data::FromCtrl(vec![0; 4096]),
+        )
+        .unwrap();
+    assert_eq!(rep.buf[5..7], [1, 0], "one registrant, as B sees it (REGCTL)");
+    // No key in clear anywhere in the pool: neither a host's DH-HMAC-CHAP key nor a
+    // reservation key.
     let secret = k1.encode();
+    let rkey_text = [RKEY.to_string(), format!("{RKEY:x}"), format!("{RKEY:X}")];
     for (name, bytes) in group_objects(&ceph) {
         let text = String::from_utf8_lossy(&bytes);
         assert!(!text.contains("DHHC-1"), "{name} holds a key in clear: {text}");
         assert!(!text.contains(secret.as_str()), "{name} holds the host's key");
+        assert!(
+            !bytes
+                .windows(8)
+                .any(|w| w == RKEY.to_le_bytes() || w == RKEY.to_be_bytes())
+        );
+        for t in &rkey_text {
+            assert!(
+                !text.contains(t.as_str()),
+                "{name} holds the reservation key in clear: {text}"
+            );
+        }
     }
 
     // Rotate the keys through C: the old key authenticates nowhere, the new one everywhere.

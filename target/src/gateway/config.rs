@@ -199,7 +199,7 @@ pub struct Service {
     me: String,
     object: String,
     cluster: RbdBackend,
-    key: Result<Option<GroupKey>, String>,
+    key: Result<Option<Arc<GroupKey>>, String>,
     conn: Mutex<Option<Arc<Conn>>>,
     inbox: Arc<Inbox>,
     /// One change at a time from this gateway.
@@ -234,8 +234,14 @@ impl Follower {
     ) -> Result<Self, TargetError> {
         let key = match &conf.key_file {
             None => Ok(None),
-            Some(p) => GroupKey::load(p, &conf.group).map(Some).map_err(|e| e.to_string()),
+            Some(p) => GroupKey::load(p, &conf.group)
+                .map(|k| Some(Arc::new(k)))
+                .map_err(|e| e.to_string()),
         };
+        // The reservation objects of the group's images seal their keys as well.
+        if let Ok(Some(k)) = &key {
+            crate::resv::seal::set_sealer(Some(k.clone()));
+        }
         if let Err(e) = &key {
             warn!(error = %e, "gateway: the group key does not load: the group's keys cannot be opened here");
         }
@@ -279,7 +285,7 @@ impl Follower {
 impl Service {
     fn key(&self) -> Result<Option<&GroupKey>, GroupConfigError> {
         match &self.key {
-            Ok(k) => Ok(k.as_ref()),
+            Ok(k) => Ok(k.as_deref()),
             Err(e) => Err(GroupConfigError::Seal(SealError::KeyFile {
                 path: "[gateway] key_file".into(),
                 why: e.clone(),

@@ -162,6 +162,16 @@ fn replace(v: &mut Value, s: &str) {
     *v.decor_mut() = decor;
 }
 
+impl crate::resv::seal::KeySeal for GroupKey {
+    fn seal(&self, key: u64) -> Option<String> {
+        GroupKey::seal(self, &key.to_string()).ok()
+    }
+
+    fn open(&self, sealed: &str) -> Option<u64> {
+        GroupKey::open(self, sealed).ok()?.parse().ok()
+    }
+}
+
 /// Every string value under `item` (tables, inline tables, arrays), with its key.
 fn each_value(item: &mut Item, f: &mut dyn FnMut(&str, &mut Value) -> Result<(), SealError>) -> Result<(), SealError> {
     match item {

@@ -31,7 +31,7 @@ use pollux_nvme::spec::Status;
 use serde::{Deserialize, Serialize};
 use tracing::{debug, info, warn};
 
-use super::file::{StateDoc, StateDocError, from_doc, hostid_of, hostid_text, to_doc};
+use super::file::{Kept, StateDoc, StateDocError, from_doc, hostid_of, hostid_text, to_doc};
 use super::shared::{Job, NsResv};
 use super::state::{Effects, HostId, ResvOp, ResvState};
 use crate::backend::cluster::{ClusterObject, Inbox, WatchEvent};
@@ -106,7 +106,7 @@ impl NsResv {
             .map_err(|rc| fail(&*object, "cannot read it", rc))?
             .is_none()
         {
-            let empty = serde_json::to_vec(&to_doc(&ResvState::default(), true)).unwrap_or_default();
+            let empty = serde_json::to_vec(&to_doc(&ResvState::default(), Kept::Cluster)).unwrap_or_default();
             // Ok(None): another gateway created it first; its state is read below.
             object
                 .write(&empty, None)
@@ -162,7 +162,7 @@ impl NsResv {
                 self.install(c, state, version);
                 return Ok(fx);
             }
-            let bytes = serde_json::to_vec(&to_doc(&next, true)).map_err(|_| Status::INTERNAL_ERROR)?;
+            let bytes = serde_json::to_vec(&to_doc(&next, Kept::Cluster)).map_err(|_| Status::INTERNAL_ERROR)?;
             let expected = (version != 0).then_some(version);
             match c.object.write(&bytes, expected) {
                 Ok(Some(v)) => {
@@ -194,7 +194,7 @@ impl NsResv {
         let a = Announcement {
             from: c.token,
             version,
-            state: to_doc(next, true),
+            state: to_doc(next, Kept::Cluster),
             notices: fx.notices.iter().map(|(h, t)| (hostid_text(h), *t)).collect(),
             aborted: fx.aborted.iter().filter(|h| *h != host).map(hostid_text).collect(),
         };

@@ -27,7 +27,23 @@ pub(super) struct StateDoc {
 #[derive(Serialize, Deserialize)]
 struct DocRegistrant {
     hostid: String,
-    key: u64,
+    /// The reservation key in clear (a state file; a cluster object without a sealer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    key: Option<u64>,
+    /// The reservation key sealed ([`super::seal`]): a cluster object whose gateways hold a
+    /// group key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    sealed_key: Option<String>,
+}
+
+/// Where a state's document is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kept {
+    /// A PTPL state file on this machine (owner-only).
+    File,
+    /// The cluster's object, or an announcement to the other gateways: readable by any
+    /// reader of the pool, so its keys are sealed where a sealer is set.
+    Cluster,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -64,6 +80,12 @@ pub(super) enum StateDocError {
     HolderNotRegistered(String),
     #[error("cannot read it: {0}")]
     Read(#[source] std::io::Error),
+    #[error(
+        "host {0}'s reservation key is sealed, and this gateway cannot open it (it needs the group's key: `[gateway] key_file`)"
+    )]
+    Sealed(String),
+    #[error("host {0} has no reservation key")]
+    NoKey(String),
 }
 
 pub(super) fn hostid_of(s: &str) -> Result<HostId, StateDocError> {
@@ -86,7 +108,14 @@ pub(super) fn from_doc(f: StateDoc) -> Result<ResvState, StateDocError> {
         if registrants.iter().any(|x: &Registrant| x.hostid == hostid) {
             return Err(StateDocError::RegisteredTwice(r.hostid.clone()));
         }
-        registrants.push(Registrant { hostid, key: r.key });
+        let key = match (&r.key, &r.sealed_key) {
+            (Some(k), _) => *k,
+            (None, Some(sealed)) => super::seal::sealer()
+                .and_then(|s| s.open(sealed))
+                .ok_or_else(|| StateDocError::Sealed(r.hostid.clone()))?,
+            (None, None) => return Err(StateDocError::NoKey(r.hostid.clone())),
+        };
+        registrants.push(Registrant { hostid, key });
     }
     let holder = match &f.holder {
         None => None,
@@ -107,24 +136,30 @@ pub(super) fn from_doc(f: StateDoc) -> Result<ResvState, StateDocError> {
     })
 }
 
-/// A state's document (`with_ptpl`: say PTPL, which a state file leaves out).
-pub(super) fn to_doc(s: &ResvState, with_ptpl: bool) -> StateDoc {
+/// A state's document, to be kept `kept` (a cluster's says PTPL, which a state file leaves
+/// out, and seals its keys where a sealer is set).
+pub(super) fn to_doc(s: &ResvState, kept: Kept) -> StateDoc {
+    let sealer = (kept == Kept::Cluster).then(super::seal::sealer).flatten();
     StateDoc {
         version: STATE_VERSION,
         generation: s.generation,
         registrants: s
             .registrants
             .iter()
-            .map(|r| DocRegistrant {
-                hostid: hostid_text(&r.hostid),
-                key: r.key,
+            .map(|r| {
+                let sealed_key = sealer.as_ref().and_then(|s| s.seal(r.key));
+                DocRegistrant {
+                    hostid: hostid_text(&r.hostid),
+                    key: sealed_key.is_none().then_some(r.key),
+                    sealed_key,
+                }
             })
             .collect(),
         holder: s.holder.map(|h| DocHolder {
             hostid: hostid_text(&h.hostid),
             rtype: h.rtype.code(),
         }),
-        ptpl: with_ptpl.then_some(s.ptpl),
+        ptpl: (kept == Kept::Cluster).then_some(s.ptpl),
     }
 }
 
@@ -143,7 +178,7 @@ pub(super) fn load(path: &Path) -> Result<ResvState, TargetError> {
 /// over it, the directory flushed. Readable by pollux's user alone: it holds the
 /// registrants' keys, the secret each host preempts the others with.
 pub(super) fn store(path: &Path, s: &ResvState) -> std::io::Result<()> {
-    let text = serde_json::to_string_pretty(&to_doc(s, false)).map_err(std::io::Error::other)?;
+    let text = serde_json::to_string_pretty(&to_doc(s, Kept::File)).map_err(std::io::Error::other)?;
     let tmp = path.with_extension("tmp");
     {
         let mut out = fs::OpenOptions::new()

@@ -26,6 +26,7 @@
 
 pub mod cluster;
 mod file;
+pub mod seal;
 mod shared;
 mod state;
 
