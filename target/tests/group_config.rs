@@ -226,7 +226,7 @@ fn a_change_through_any_gateway_reaches_all_of_them() {
     assert_eq!(paths(lc), all, "so does C's");
 
     // A reservation key registered through C, seen through B (kept in the cluster).
-    const RKEY: u64 = 0x5eC7_e7c0_ffee_0053;
+    const RKEY: u64 = 0x5ec7_e7c0_ffee_0053;
     hc.io[0]
         .exec_ok(
             pollux_host::sqe::resv_register(1, 0, false, 0),
