@@ -221,6 +221,11 @@ impl Target {
         // that accepts (pollux_reactor::sys::reserve_fd_table). A namespace holds a
         // descriptor too (a RAM or simulated namespace its memfd, a file namespace its
         // file): a conf of 16,384 RAM namespaces needs 16,384 more.
+        // A gateway group's reservation objects keep their keys sealed: the key is needed
+        // before the first namespace opens its image's.
+        if let Some(g) = &cfg.gateway {
+            gateway::config::install_sealer(g);
+        }
         let stores = cfg
             .subsystems
             .iter()

@@ -308,6 +308,31 @@ fn a_change_through_any_gateway_reaches_all_of_them() {
     );
     assert_eq!(served(&c, SUB), Some(vec![1]));
 
+    // B upgrades without downtime: the new process runs its own conf and the group's as
+    // before (nothing of the group's in its own part: `save` writes the conf as written).
+    let bpid = b.pid().unwrap();
+    call(&b, "upgrade", &json!({})).unwrap();
+    let t0 = Instant::now();
+    while b.pid() == Some(bpid) || b.pid().is_none() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "B did not upgrade");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        served(&b, SUB),
+        Some(vec![1]),
+        "B serves the group's subsystem after its upgrade"
+    );
+    let saved = ceph.dir.join("b-saved.toml");
+    call(&b, "save", &json!({"path": saved.display().to_string()})).unwrap();
+    let own = std::fs::read_to_string(&saved).unwrap();
+    assert!(
+        !own.contains(SUB) && !own.contains("[[listener]]"),
+        "B's own conf: {own}"
+    );
+    call(&a, "set_qos", &json!({"nqn": SUB, "nsid": 1, "iops": 40000})).unwrap();
+    let v = group(&a)["version"].clone();
+    converged(&[&a, &b, &c], v.as_u64().unwrap(), Duration::from_secs(3));
+
     // C dies: once the group fences it, its path leaves A's discovery log (a Discovery Log
     // Change event to A's discovery controllers), the others stay.
     drop(hc);

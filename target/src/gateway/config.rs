@@ -225,6 +225,25 @@ pub struct Follower {
     _thread: BellThread,
 }
 
+/// The group key of gateway `conf` (None: it has none; Err: it does not load, why).
+fn load_key(conf: &pollux_conf::Gateway) -> Result<Option<Arc<GroupKey>>, String> {
+    match &conf.key_file {
+        None => Ok(None),
+        Some(p) => GroupKey::load(p, &conf.group)
+            .map(|k| Some(Arc::new(k)))
+            .map_err(|e| e.to_string()),
+    }
+}
+
+/// Seal the reservation objects' keys of this process's namespaces under gateway `conf`'s
+/// group key (before any namespace opens: a new process of an upgrade, a restart, opens
+/// sealed states).
+pub fn install_sealer(conf: &pollux_conf::Gateway) {
+    if let Ok(Some(k)) = load_key(conf) {
+        crate::resv::seal::set_sealer(Some(k));
+    }
+}
+
 impl Follower {
     /// Start following the group's configuration of gateway `conf`.
     pub fn start(
@@ -232,12 +251,7 @@ impl Follower {
         shared: Arc<Shared>,
         remotes: Arc<[Remote]>,
     ) -> Result<Self, TargetError> {
-        let key = match &conf.key_file {
-            None => Ok(None),
-            Some(p) => GroupKey::load(p, &conf.group)
-                .map(|k| Some(Arc::new(k)))
-                .map_err(|e| e.to_string()),
-        };
+        let key = load_key(conf);
         // The reservation objects of the group's images seal their keys as well.
         if let Ok(Some(k)) = &key {
             crate::resv::seal::set_sealer(Some(k.clone()));
