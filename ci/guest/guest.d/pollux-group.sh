@@ -2,7 +2,7 @@
 # Guest side of ci/scenarios/pollux-group.sh (6.12 guest kernel): the kernel's nvme-tcp
 # host connects to gateway C of a gateway group (10.0.2.100:4420) with the DH-HMAC-CHAP key
 # given to gateway A, runs fio verify, writes the checksum of what it read to the share
-# (/share/md5), and disconnects. Env: SUB, HOSTNQN, KEY.
+# (/mnt/host/md5), and disconnects. Env: SUB, HOSTNQN, KEY.
 # shellcheck source=ci/guest/guest.d/lib.sh
 . /guest/lib.sh
 port=4420
@@ -20,7 +20,7 @@ echo "connected: $dev"
 
 step fio
 fio_verify "$dev" 4k 16M
-dd if="$dev" bs=1M count=16 iflag=direct 2>/dev/null | md5sum | cut -d' ' -f1 > /share/md5
+dd if="$dev" bs=1M count=16 iflag=direct 2>/dev/null | md5sum | cut -d' ' -f1 > /mnt/host/md5
 
 step disconnect
 disconnect "$SUB"
