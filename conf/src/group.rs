@@ -132,10 +132,16 @@ pub fn check(text: &str) -> Result<DocumentMut, GroupError> {
     })?;
     for (key, item) in doc.as_table().iter() {
         let arrayish = matches!(item, Item::ArrayOfTables(_) | Item::Value(Value::Array(_)));
-        if !matches!(key, "subsystem" | "listener") || !arrayish {
+        let ok = match key {
+            "subsystem" | "listener" => arrayish,
+            "ana_groups" => item.is_table_like(),
+            _ => false,
+        };
+        if !ok {
             return Err(GroupError::NotGroupScoped { key: key.to_string() });
         }
     }
+    ana_owners(&doc)?;
     for (i, l) in tables_of(doc.as_table(), "listener").iter().enumerate() {
         let what = || {
             format!(
@@ -204,6 +210,48 @@ pub fn check(text: &str) -> Result<DocumentMut, GroupError> {
     Ok(doc)
 }
 
+/// The group's `ana_groups` table: which gateway owns which ANA groups (each group by one
+/// gateway at most).
+pub fn ana_owners(doc: &DocumentMut) -> Result<Vec<(String, Vec<u32>)>, GroupError> {
+    let Some(t) = doc.get("ana_groups").and_then(Item::as_table_like) else {
+        return Ok(Vec::new());
+    };
+    let bad = |why: String| GroupError::Entry {
+        what: "ana_groups".into(),
+        why,
+    };
+    let mut out: Vec<(String, Vec<u32>)> = Vec::new();
+    for (gw, v) in t.iter() {
+        let a = v
+            .as_array()
+            .ok_or_else(|| bad(format!("gateway {gw}'s ANA groups are not an array of integers")))?;
+        let mut groups = Vec::new();
+        for g in a.iter() {
+            let n = g
+                .as_integer()
+                .and_then(|n| u32::try_from(n).ok())
+                .filter(|n| (1..=crate::ANAGRPMAX).contains(n))
+                .ok_or_else(|| {
+                    bad(format!(
+                        "gateway {gw}: {g} is not an ANA group (1 to {})",
+                        crate::ANAGRPMAX
+                    ))
+                })?;
+            if groups.contains(&n) {
+                return Err(bad(format!("gateway {gw} lists ANA group {n} twice")));
+            }
+            if let Some((other, _)) = out.iter().find(|(_, gs)| gs.contains(&n)) {
+                return Err(bad(format!(
+                    "ANA group {n} is owned by {other} and by {gw}: one gateway owns a group"
+                )));
+            }
+            groups.push(n);
+        }
+        out.push((gw.to_string(), groups));
+    }
+    Ok(out)
+}
+
 /// Append `t` to the array of tables `key` of `root`.
 fn push(root: &mut Table, key: &str, t: Table) {
     match root.get_mut(key) {
@@ -234,6 +282,25 @@ pub fn merge(local: &str, group: &str, me: &str, slot: u16, cluster: &ClusterKey
         .iter()
         .filter_map(|s| str_of(s, "nqn").map(str::to_string))
         .collect();
+    // This gateway's ANA groups, where the group says them.
+    if let Some((_, groups)) = ana_owners(&group)?.into_iter().find(|(g, _)| g == me) {
+        let Some(gw) = root.get_mut("gateway").and_then(Item::as_table_like_mut) else {
+            return Err(GroupError::Entry {
+                what: "ana_groups".into(),
+                why: format!("names gateway {me}, whose conf has no [gateway]"),
+            });
+        };
+        if gw.contains_key("ana_groups") {
+            return Err(GroupError::Both {
+                what: format!("the ANA groups of gateway {me}"),
+            });
+        }
+        let mut a = toml_edit::Array::new();
+        for g in groups {
+            a.push(i64::from(g));
+        }
+        gw.insert("ana_groups", toml_edit::value(a));
+    }
     let mut own = local_listeners.clone();
     let mut peers = Vec::new();
     for mut l in tables_of(group.as_table(), "listener") {
@@ -409,6 +476,23 @@ mod tests {
         .unwrap_err();
         assert!(e.to_string().contains("`keyring`"), "{e}");
         assert!(check("not = [toml").is_err());
+    }
+
+    #[test]
+    fn ana_group_ownership_is_the_groups() {
+        let group = format!("ana_groups = {{ a = [1, 3], b = [2] }}\n{GROUP}");
+        let m = merge(LOCAL, &group, "a", 0, &keys()).unwrap();
+        let cfg = crate::Config::parse(&m.text, "merged").unwrap();
+        assert_eq!(cfg.gateway.unwrap().ana_groups, vec![1, 3]);
+        let e = check("ana_groups = { a = [1], b = [1] }\n").unwrap_err();
+        assert!(e.to_string().contains("ANA group 1 is owned by a and by b"), "{e}");
+        let e = check("ana_groups = { a = [0] }\n").unwrap_err();
+        assert!(e.to_string().contains("not an ANA group"), "{e}");
+        let local = LOCAL.replace("pool = \"rbd\"", "pool = \"rbd\"\nana_groups = [4]");
+        assert!(matches!(
+            merge(&local, &group, "a", 0, &keys()),
+            Err(GroupError::Both { .. })
+        ));
     }
 
     #[test]

@@ -207,6 +207,23 @@ fn a_change_through_any_gateway_reaches_all_of_them() {
     assert_eq!(back, data);
     // Each gateway's controller IDs are its slot's: the host sees no duplicate.
     assert_ne!(hb.cntlid, hc.cntlid);
+    // ANA group ownership is the group's too: set through A for B, B registers it.
+    call(&a, "set_ana_groups", &json!({"gateway": "b", "groups": [2]})).unwrap();
+    let t0 = Instant::now();
+    loop {
+        let v = call(&a, "gateways", &json!({})).unwrap();
+        let b_groups = v["members"]
+            .as_array()
+            .and_then(|m| m.iter().find(|x| x["name"] == "b"))
+            .map(|x| x["ana_groups"].clone());
+        if b_groups == Some(json!([2])) {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "B did not take ANA group 2: {v}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let e = call(&c, "set_ana_groups", &json!({"gateway": "c", "groups": [2]})).unwrap_err();
+    assert!(e.contains("owned by b and by c"), "{e}");
     // A host that discovers through A finds every gateway's path.
     let paths_of = |at: SocketAddr, host: &str| {
         let w = pollux_host::discover_all(at, host).unwrap();

@@ -424,6 +424,16 @@ pub const METHODS: &[Method] = &[
         ],
     },
     Method {
+        name: "set_ana_groups",
+        summary: "In a gateway group: the ANA groups a gateway owns (serves optimized while it lives; a survivor takes them when it is fenced)",
+        mutation: true,
+        verb: true,
+        params: &[
+            p("gateway", Kind::Str, "the gateway (default: this one)"),
+            req("groups", Kind::List, "the ANA groups (none: it owns none)"),
+        ],
+    },
+    Method {
         name: "set_qos",
         summary: "Set a namespace's QoS limits, in place (those not given are kept; 0: no limit)",
         mutation: true,

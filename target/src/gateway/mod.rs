@@ -233,6 +233,19 @@ fn run(member: &mut Member, shared: &Arc<Shared>, remotes: &Arc<[Remote]>, stop:
                 Err(e) => note_error(&mut last_error, e.to_string()),
             }
         }
+        // The ANA groups it owns may be the group's configuration's, changed at run time:
+        // the next heartbeat registers them.
+        let owned = shared
+            .config
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .gateway
+            .as_ref()
+            .map(|g| g.ana_groups.clone());
+        if let Some(owned) = owned.filter(|o| *o != member.conf.ana_groups) {
+            info!(from = ?member.conf.ana_groups, to = ?owned, "gateway: the ANA groups this gateway owns changed");
+            member.conf.ana_groups = owned;
+        }
         if let Some(s) = store.as_ref().filter(|_| crate::upgrade::old::in_progress()) {
             if let Err(rc) = member.beat_only(s) {
                 note_error(&mut last_error, describe(rc, &member.conf));

@@ -291,6 +291,11 @@ impl Ctx {
                 "'{method}' takes named params (a JSON object)"
             )));
         }
+        if method == "set_ana_groups" && self.group.is_none() {
+            return Err(RpcError::params(
+                "'set_ana_groups' sets a gateway group's ANA group ownership: this target is in no group (set `[gateway] ana_groups` in its conf)",
+            ));
+        }
         if let Some(svc) = &self.group {
             return match self.group_scoped(method, params) {
                 Some(me) => self.group_mutation(svc, &me, method, params),
@@ -336,7 +341,7 @@ impl Ctx {
             })
         };
         let group = match method {
-            "add_subsystem" | "add_listener" => true,
+            "add_subsystem" | "add_listener" | "set_ana_groups" => true,
             "remove_listener" => params.get("address").and_then(Value::as_str).is_some_and(own_listener),
             _ => params
                 .get("nqn")
@@ -356,7 +361,7 @@ impl Ctx {
         params: &Value,
     ) -> Result<Value, RpcError> {
         let mut params = params.clone();
-        if matches!(method, "add_listener" | "remove_listener")
+        if matches!(method, "add_listener" | "remove_listener" | "set_ana_groups")
             && params.get("gateway").is_none()
             && let Some(o) = params.as_object_mut()
         {
@@ -591,6 +596,28 @@ impl Ctx {
                         ]
                     }
                 }
+            }
+            "set_ana_groups" => {
+                // Only a group's document has the table (checked by `group_scoped`).
+                let gw = str_param(params, "gateway")?;
+                let mut a = toml_edit::Array::new();
+                for g in params.get("groups").and_then(Value::as_array).into_iter().flatten() {
+                    let n = g
+                        .as_i64()
+                        .ok_or_else(|| RpcError::params(format!("'groups' must be ANA group numbers, got {g}")))?;
+                    a.push(n);
+                }
+                let t = root
+                    .entry("ana_groups")
+                    .or_insert(toml_edit::Item::Table(toml_edit::Table::new()))
+                    .as_table_like_mut()
+                    .ok_or_else(|| RpcError::new(CONFIG_ERROR, "the group's 'ana_groups' is not a table"))?;
+                if a.is_empty() {
+                    t.remove(gw);
+                } else {
+                    t.insert(gw, toml_edit::value(a));
+                }
+                vec![key("ana_groups"), key(gw)]
             }
             "set_qos" => {
                 // `{nqn, nsid, iops?, mbps?, read_mbps?, write_mbps?}`, as SPDK's

@@ -51,7 +51,8 @@ impl Ctx {
             | "set_polling"
             | "ns_add_host"
             | "ns_remove_host"
-            | "set_qos" => self.mutation(method, params),
+            | "set_qos"
+            | "set_ana_groups" => self.mutation(method, params),
             other if let Some(m) = super::spdk::find(other) => m.call(self, params),
             other if let Some(r) = super::spdk_config::call_tuning(other, params) => r,
             other => {
