@@ -15,6 +15,8 @@
 //! asynchronous), and its line in [`open`]. Nothing else names a backend type.
 
 pub mod cluster;
+#[cfg(test)]
+pub(crate) mod cluster_fake;
 pub mod dma;
 pub mod file;
 pub mod null;

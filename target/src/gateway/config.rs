@@ -187,10 +187,52 @@ fn applied_oid(group: &str, name: &str) -> String {
     format!("pollux.gateway.{group}.applied.{name}")
 }
 
-/// The connection to the group's objects.
-struct Conn {
-    obj: RadosResvObject,
-    objs: GroupObjects,
+/// The per-gateway records beside the object (what each gateway applied).
+pub trait Records: Send + Sync {
+    /// Object `oid`'s bytes (None: it does not exist).
+    fn read(&self, oid: &str) -> Result<Option<Vec<u8>>, i32>;
+    /// Replace object `oid` with `data`.
+    fn write(&self, oid: &str, data: &[u8]) -> Result<(), i32>;
+}
+
+impl Records for GroupObjects {
+    fn read(&self, oid: &str) -> Result<Option<Vec<u8>>, i32> {
+        Ok(GroupObjects::read(self, oid)?.map(|(b, _)| b))
+    }
+
+    fn write(&self, oid: &str, data: &[u8]) -> Result<(), i32> {
+        GroupObjects::write(self, oid, data, Some(0)).map(|_| ())
+    }
+}
+
+/// The connection to the group's objects: the configuration object (watched, version-
+/// asserted writes, notify) and the records beside it. RADOS's, or a test's.
+pub struct Conn {
+    /// The configuration object.
+    pub obj: Box<dyn ClusterObject>,
+    /// The gateways' records.
+    pub records: Box<dyn Records>,
+}
+
+/// Makes a connection (blocking on the cluster).
+pub type Connector = Box<dyn Fn() -> Result<Conn, GroupConfigError> + Send + Sync>;
+
+/// The RADOS connection of the group of `cluster` (a new client of the cluster).
+fn rados(cluster: RbdBackend, group: String, object: String) -> Connector {
+    Box::new(move || {
+        let wrap = |e: TargetError| GroupConfigError::Connect {
+            object: object.clone(),
+            source: Box::new(e),
+        };
+        let c = Cluster::private(&cluster).map_err(wrap)?;
+        let obj =
+            RadosResvObject::open_named(c.clone(), &cluster, oid(&group), "the group's configuration").map_err(wrap)?;
+        let records = GroupObjects::on(c, &cluster).map_err(wrap)?;
+        Ok(Conn {
+            obj: Box::new(obj),
+            records: Box::new(records),
+        })
+    })
 }
 
 /// This gateway's part in the group's configuration: the follower and the changes.
@@ -198,7 +240,7 @@ pub struct Service {
     group: String,
     me: String,
     object: String,
-    cluster: RbdBackend,
+    connector: Connector,
     key: Result<Option<Arc<GroupKey>>, String>,
     conn: Mutex<Option<Arc<Conn>>>,
     inbox: Arc<Inbox>,
@@ -267,19 +309,8 @@ impl Follower {
         // 5 s is said to be unreachable (the heartbeat's connection waits the grace).
         let mut cluster = conf.cluster.clone();
         cluster.op_timeout_s = cluster.op_timeout_s.min(5);
-        let service = Arc::new(Service {
-            group: conf.group.clone(),
-            me: conf.name.clone(),
-            object,
-            cluster,
-            key,
-            conn: Mutex::new(None),
-            inbox: Arc::new(Inbox::new(&BELL)),
-            changing: Mutex::new(()),
-            error: Mutex::new(None),
-            shared,
-            remotes,
-        });
+        let connector = rados(cluster, conf.group.clone(), object.clone());
+        let service = Arc::new(Service::new(conf, object, connector, key, shared, remotes));
         let s = service.clone();
         let thread = BellThread::spawn("group-config", &BELL, Some(POLL), move || s.sync())?;
         // The first read now, not a second from now.
@@ -297,6 +328,30 @@ impl Follower {
 }
 
 impl Service {
+    /// The service of gateway `conf`, reaching object `object` through `connector`.
+    pub fn new(
+        conf: &pollux_conf::Gateway,
+        object: String,
+        connector: Connector,
+        key: Result<Option<Arc<GroupKey>>, String>,
+        shared: Arc<Shared>,
+        remotes: Arc<[Remote]>,
+    ) -> Self {
+        Service {
+            group: conf.group.clone(),
+            me: conf.name.clone(),
+            object,
+            connector,
+            key,
+            conn: Mutex::new(None),
+            inbox: Arc::new(Inbox::new(&BELL)),
+            changing: Mutex::new(()),
+            error: Mutex::new(None),
+            shared,
+            remotes,
+        }
+    }
+
     fn key(&self) -> Result<Option<&GroupKey>, GroupConfigError> {
         match &self.key {
             Ok(k) => Ok(k.as_deref()),
@@ -320,19 +375,7 @@ impl Service {
         if let Some(c) = c.as_ref() {
             return Ok(c.clone());
         }
-        let wrap = |e: TargetError| GroupConfigError::Connect {
-            object: self.object.clone(),
-            source: Box::new(e),
-        };
-        let cluster = Cluster::private(&self.cluster).map_err(wrap)?;
-        let obj = RadosResvObject::open_named(
-            cluster.clone(),
-            &self.cluster,
-            oid(&self.group),
-            "the group's configuration",
-        )
-        .map_err(wrap)?;
-        let objs = GroupObjects::on(cluster, &self.cluster).map_err(wrap)?;
+        let Conn { obj, records } = (self.connector)()?;
         let mut watched = obj.watch(self.inbox.clone());
         if watched == Err(-libc::ENOENT) {
             // A watch needs the object: the first gateway creates it empty (version 0 is
@@ -341,7 +384,7 @@ impl Service {
             watched = obj.watch(self.inbox.clone());
         }
         watched.map_err(|rc| self.cluster_error(rc))?;
-        let conn = Arc::new(Conn { obj, objs });
+        let conn = Arc::new(Conn { obj, records });
         *c = Some(conn.clone());
         Ok(conn)
     }
@@ -487,15 +530,20 @@ impl Service {
     fn follow(&self, conn: &Conn) -> Result<(), GroupConfigError> {
         let (s, _) = self.read_with_slot(conn)?;
         let r = self.apply(&s);
+        self.record(conn, r.as_ref().err().map(ToString::to_string));
+        r.map(|_| ())
+    }
+
+    /// Record the version this gateway runs, and why the newest is not applied (`error`).
+    fn record(&self, conn: &Conn, error: Option<String>) {
         let record = Applied {
             version: self.applied_version(),
-            error: r.as_ref().err().map(ToString::to_string),
+            error,
         };
         if let Ok(bytes) = serde_json::to_vec(&record) {
             // A failed record is only a stale `ctl group` line: the next round writes it.
-            let _ = conn.objs.write(&applied_oid(&self.group, &self.me), &bytes, Some(0));
+            let _ = conn.records.write(&applied_oid(&self.group, &self.me), &bytes);
         }
-        r.map(|_| ())
     }
 
     /// The version this gateway runs.
@@ -607,7 +655,9 @@ impl Service {
                 Err(e) => return Err(e.into()),
             }
             info!(group = %self.group, version = next.version, change = what, tries, "gateway: the group's configuration changed");
-            let changes = self.apply(&next)?.unwrap_or_default();
+            let applied = self.apply(&next);
+            self.record(&conn, applied.as_ref().err().map(ToString::to_string));
+            let changes = applied?.unwrap_or_default();
             let notify = conn
                 .obj
                 .notify(next.version.to_string().as_bytes(), NOTIFY_TIMEOUT)
@@ -636,11 +686,11 @@ impl Service {
         let mut gateways = Vec::new();
         for (name, slot) in &s.slots {
             let applied: Option<Applied> = conn
-                .objs
+                .records
                 .read(&applied_oid(&self.group, name))
                 .ok()
                 .flatten()
-                .and_then(|(b, _)| serde_json::from_slice(&b).ok());
+                .and_then(|b| serde_json::from_slice(&b).ok());
             let (lo, hi) = pollux_conf::group::cntlid_range(*slot);
             gateways.push(serde_json::json!({
                 "name": name,
@@ -721,3 +771,7 @@ pub fn set_down(shared: &Arc<Shared>, remotes: &[Remote], down: std::collections
         gc.down = before;
     }
 }
+
+#[cfg(test)]
+#[path = "config_tests.rs"]
+mod tests;
