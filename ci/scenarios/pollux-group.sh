@@ -112,7 +112,9 @@ g = json.load(sys.stdin)
 assert g["running"] == g["version"], g
 print(g["version"], json.dumps(g["conf"]))')")
 done
-[ "${docs[0]}" = "${docs[1]}" ] && [ "${docs[1]}" = "${docs[2]}" ] || fail "the gateways differ: ${docs[*]}"
+if [ "${docs[0]}" != "${docs[1]}" ] || [ "${docs[1]}" != "${docs[2]}" ]; then
+    fail "the gateways differ: ${docs[*]}"
+fi
 grep -q "$host" <<<"${docs[0]}" && fail "the host is still in the group's configuration"
 
 # No key in clear in any object of the pool.

@@ -159,9 +159,11 @@ fn parse_duration(s: &str) -> Option<Duration> {
 }
 
 fn conf(dir: &Path, addrs: &[SocketAddr], sock: &Path, nss: &[Ns]) -> String {
+    // The workers, and the two hosts of the reservation fault (nemesis::reserve).
     let hosts = |ns: &Ns| {
         ns.workers
             .iter()
+            .chain(&nemesis::RESERVERS)
             .map(|&w| format!("\"{}\"", host_nqn(w)))
             .collect::<Vec<_>>()
             .join(", ")
@@ -435,6 +437,7 @@ fn main() {
         side: Vec::new(),
         side_total: 0,
         rbd: rbd.take(),
+        reserving: None,
     };
     let t_faults = Instant::now();
     nemesis.run(t_faults + duration);

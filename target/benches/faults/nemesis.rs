@@ -10,6 +10,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use pollux_host::{HostQueue, QueueOpts};
+use pollux_nvme::spec::Status;
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{Rng, RngExt, SeedableRng};
 
@@ -46,6 +47,10 @@ pub(crate) enum Fault {
     Storm,
     /// A client sending malformed PDUs beside the workload.
     Chaos,
+    /// A host takes Write Exclusive on a namespace while the workers write (their writes are
+    /// refused: Reservation Conflict), holds it, and releases it, or a second host preempts
+    /// it with abort (the first host's commands aborted) and then clears.
+    Reserve,
     /// `kill -9` of a gateway of the rbd part, restarted later.
     GatewayKill,
     /// A gateway paused (SIGSTOP) with writes in flight, continued later.
@@ -57,7 +62,7 @@ pub(crate) enum Fault {
 }
 
 impl Fault {
-    pub(crate) const ALL: [(Fault, u32); 17] = [
+    pub(crate) const ALL: [(Fault, u32); 18] = [
         (Fault::Kill, 4),
         (Fault::Upgrade, 3),
         (Fault::UpgradeRollback, 2),
@@ -71,6 +76,7 @@ impl Fault {
         (Fault::ClientCut, 10),
         (Fault::Storm, 3),
         (Fault::Chaos, 6),
+        (Fault::Reserve, 5),
         (Fault::GatewayKill, 3),
         (Fault::GatewayPause, 3),
         (Fault::CephPause, 3),
@@ -100,6 +106,7 @@ impl Fault {
             Fault::ClientCut => "client_cut",
             Fault::Storm => "storm",
             Fault::Chaos => "chaos",
+            Fault::Reserve => "reserve",
             Fault::GatewayKill => "gateway_kill",
             Fault::GatewayPause => "gateway_pause",
             Fault::CephPause => "ceph_pause",
@@ -134,6 +141,8 @@ pub(crate) struct Nemesis {
     pub(crate) side_total: u64,
     /// The rbd part's cluster and gateways, when it runs.
     pub(crate) rbd: Option<super::rbd::Rbd>,
+    /// The reservation fault's thread, while it runs: how many reservations it took.
+    pub(crate) reserving: Option<std::thread::JoinHandle<u64>>,
 }
 
 impl Nemesis {
@@ -347,6 +356,21 @@ impl Nemesis {
                 self.side.push(std::thread::spawn(move || chaos(addr, seed)));
                 true
             }
+            Fault::Reserve => {
+                // One reservation at a time per campaign: the hosts' keys are fixed.
+                if self.reserving.as_ref().is_some_and(|r| !r.is_finished()) {
+                    true
+                } else {
+                    let addrs = self.c.addrs[..2].to_vec();
+                    let (hold, preempt) = (
+                        Duration::from_millis(self.rng.random_range(200..2500)),
+                        self.rng.random::<bool>(),
+                    );
+                    let nqn = self.c.nss[ns].nqn;
+                    self.reserving = Some(std::thread::spawn(move || reserve(&addrs, nqn, hold, preempt)));
+                    true
+                }
+            }
         };
         if ok {
             *self.injected.entry(f.name()).or_default() += 1;
@@ -460,6 +484,9 @@ impl Nemesis {
         for h in self.side.drain(..) {
             self.side_total += h.join().unwrap_or(0);
         }
+        if let Some(h) = self.reserving.take() {
+            self.side_total += h.join().unwrap_or(0);
+        }
     }
 }
 
@@ -517,4 +544,109 @@ pub(crate) fn chaos(addr: SocketAddr, seed: u64) -> u64 {
         sent += 1;
     }
     sent
+}
+
+/// The hosts of the reservation fault (their NQNs are [`host_nqn`] of these).
+pub(crate) const RESERVERS: [usize; 2] = [96, 97];
+
+/// Reservation Register (NVMe 2.0 §7.6): RREGA `action` with CRKEY `crkey`, NRKEY `nrkey`.
+fn resv_register(
+    c: &mut pollux_host::Controller,
+    action: u32,
+    iekey: bool,
+    crkey: u64,
+    nrkey: u64,
+) -> Result<Status, String> {
+    c.io[0]
+        .exec(
+            pollux_host::sqe::resv_register(1, action, iekey, 0),
+            pollux_host::Data::ToCtrl(pollux_host::sqe::resv_keys(&[crkey, nrkey])),
+        )
+        .map(|d| d.status)
+        .map_err(|e| e.to_string())
+}
+
+/// Reservation Acquire (RACQA `action`, RTYPE `rtype`) with CRKEY `crkey`, PRKEY `prkey`.
+fn resv_acquire(
+    c: &mut pollux_host::Controller,
+    action: u32,
+    rtype: u8,
+    crkey: u64,
+    prkey: u64,
+) -> Result<Status, String> {
+    c.io[0]
+        .exec(
+            pollux_host::sqe::resv_acquire(1, action, rtype),
+            pollux_host::Data::ToCtrl(pollux_host::sqe::resv_keys(&[crkey, prkey])),
+        )
+        .map(|d| d.status)
+        .map_err(|e| e.to_string())
+}
+
+/// Reservation Release (RRELA `action`: 0 release, 1 clear) of type `rtype` with CRKEY `crkey`.
+fn resv_release(c: &mut pollux_host::Controller, action: u32, rtype: u8, crkey: u64) -> Result<Status, String> {
+    c.io[0]
+        .exec(
+            pollux_host::sqe::resv_release(1, action, rtype),
+            pollux_host::Data::ToCtrl(pollux_host::sqe::resv_keys(&[crkey])),
+        )
+        .map(|d| d.status)
+        .map_err(|e| e.to_string())
+}
+
+/// The reservation fault on namespace 1 of `nqn`: host RESERVERS[0] registers and takes
+/// Write Exclusive while the workers write, holds it for `hold`, then releases it; or
+/// (`preempt`) host RESERVERS[1] registers and preempts it with abort (NVMe 2.0 §8.19.7:
+/// the first host's commands aborted, its registration gone). Whatever happened on the way
+/// (a kill or an upgrade of the target meanwhile), it ends by clearing the namespace's
+/// reservations through a fresh controller. How many reservations it took.
+pub(crate) fn reserve(addrs: &[SocketAddr], nqn: &str, hold: Duration, preempt: bool) -> u64 {
+    const K1: u64 = 0x7e5e_0000_0000_0001;
+    const K2: u64 = 0x7e5e_0000_0000_0002;
+    const WRITE_EXCLUSIVE: u8 = 1;
+    let connect = |w: usize| {
+        let mut o = pollux_host::ControllerOpts::new(nqn, &host_nqn(w), 1, 16);
+        o.timeout = Duration::from_secs(10);
+        addrs
+            .iter()
+            .find_map(|&a| pollux_host::Controller::connect_with(a, &o).ok())
+    };
+    let mut took = 0;
+    let mut run = || -> Option<()> {
+        let mut h1 = connect(RESERVERS[0])?;
+        // A key left by an earlier run (a kill between its steps) is replaced (IEKEY).
+        resv_register(&mut h1, 2, true, 0, K1).ok()?;
+        if resv_acquire(&mut h1, 0, WRITE_EXCLUSIVE, K1, 0).ok()?.is_success() {
+            took += 1;
+        }
+        std::thread::sleep(hold);
+        if preempt {
+            let mut h2 = connect(RESERVERS[1])?;
+            resv_register(&mut h2, 2, true, 0, K2).ok()?;
+            // Preempt and abort (RACQA 2) of K1's holder: h2 holds it now.
+            if resv_acquire(&mut h2, 2, WRITE_EXCLUSIVE, K2, K1).ok()?.is_success() {
+                took += 1;
+            }
+            std::thread::sleep(hold / 2);
+            resv_release(&mut h2, 0, WRITE_EXCLUSIVE, K2).ok()?;
+            let _ = h2.shutdown();
+        } else {
+            resv_release(&mut h1, 0, WRITE_EXCLUSIVE, K1).ok()?;
+        }
+        let _ = h1.shutdown();
+        Some(())
+    };
+    let _ = run();
+    // Clear whatever is left (Release action 1: every registration and the reservation).
+    for _ in 0..20 {
+        if let Some(mut c) = connect(RESERVERS[0])
+            && resv_register(&mut c, 2, true, 0, K1).is_ok_and(|s| s.is_success())
+            && resv_release(&mut c, 1, 0, K1).is_ok_and(|s| s.is_success())
+        {
+            let _ = c.shutdown();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    took
 }

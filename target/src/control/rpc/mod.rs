@@ -36,6 +36,7 @@ use crate::shared::Shared;
 mod config;
 mod dispatch;
 mod document;
+mod group;
 mod modes;
 mod nvme;
 mod query;
