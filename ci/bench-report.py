@@ -1026,6 +1026,14 @@ def cmd_faults(out):
             raise SystemExit(f"faults: {name} missing")
 
 
+def cmd_group(out):
+    """The group bench (cargo bench -p pollux-target --bench group) writes group.json and
+    group.md itself: check they are there."""
+    for name in ("group.json", "group.md"):
+        if not os.path.exists(os.path.join(out, name)):
+            raise SystemExit(f"group: {name} missing")
+
+
 def cmd_fuzz(out):
     """ci/bench-fuzz.py writes fuzz.json and fuzz.md itself: check they are there."""
     for name in ("fuzz.json", "fuzz.md"):
@@ -1034,7 +1042,7 @@ def cmd_fuzz(out):
 
 
 RESULT_SECTIONS = ("perf", "modes", "reactor", "file", "ab", "tls", "storm", "polling", "qos", "scale", "frontier",
-                   "rbd", "resv", "failover", "fuzz", "faults")
+                   "rbd", "resv", "failover", "group", "fuzz", "faults")
 
 
 def cmd_results(out):
@@ -1074,11 +1082,11 @@ def main(argv):
     if len(argv) >= 3 and argv[1] == "rates":
         cmd_rates(argv[2], float(argv[3]) if len(argv) > 3 else 0.25)
     elif len(argv) == 3 and argv[1] in ("perf", "modes", "reactor", "results", "ab", "tls", "storm", "polling", "qos",
-                                        "scale", "rbd", "resv", "failover", "fuzz", "faults"):
+                                        "scale", "rbd", "resv", "failover", "group", "fuzz", "faults"):
         {"perf": cmd_perf, "modes": cmd_modes, "reactor": cmd_reactor, "results": cmd_results,
          "ab": cmd_ab, "tls": cmd_tls, "storm": cmd_storm, "polling": cmd_polling, "qos": cmd_qos,
          "scale": cmd_scale, "rbd": cmd_rbd, "resv": cmd_resv, "failover": cmd_failover,
-         "fuzz": cmd_fuzz, "faults": cmd_faults}[argv[1]](argv[2])
+         "group": cmd_group, "fuzz": cmd_fuzz, "faults": cmd_faults}[argv[1]](argv[2])
     else:
         print(__doc__, file=sys.stderr)
         return 2
