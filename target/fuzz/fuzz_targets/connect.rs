@@ -85,7 +85,7 @@ fuzz_target!(|input: &[u8]| {
     if sel & 0x10 != 0 {
         stamp(&mut data, 512, NAMES[usize::from(sel >> 5) % NAMES.len()]);
     }
-    let mut sqe = Sqe::default();
+    let mut sqe: Sqe = pollux_host::sqe::connect(c.qid, c.sqsize, c.cattr, c.kato);
     sqe.set_psdt(Sqe::PSDT_SGL_MPTR_CONTIGUOUS);
     let len = if sgl_sel & 0x80 != 0 { 1024 } else { u32::from(sgl_sel) * 8 };
     sqe.set_sgl(&if sgl_sel & 0x40 != 0 {
