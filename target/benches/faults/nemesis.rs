@@ -549,7 +549,15 @@ pub(crate) fn chaos(addr: SocketAddr, seed: u64) -> u64 {
 /// The hosts of the reservation fault (their NQNs are [`host_nqn`] of these).
 pub(crate) const RESERVERS: [usize; 2] = [96, 97];
 
-/// Reservation Register (NVMe 2.0 §7.6): RREGA `action` with CRKEY `crkey`, NRKEY `nrkey`.
+/// A reservation command (NVMe 2.0 §7.6-7.8) on namespace 1 with its key data: its status.
+fn resv(c: &mut pollux_host::Controller, sqe: pollux_nvme::spec::Sqe, keys: &[u64]) -> Result<Status, String> {
+    c.io[0]
+        .exec(sqe, pollux_host::Data::ToCtrl(pollux_host::sqe::resv_keys(keys)))
+        .map(|d| d.status)
+        .map_err(|e| e.to_string())
+}
+
+/// Reservation Register: RREGA `action` with CRKEY `crkey`, NRKEY `nrkey`.
 fn resv_register(
     c: &mut pollux_host::Controller,
     action: u32,
@@ -557,16 +565,10 @@ fn resv_register(
     crkey: u64,
     nrkey: u64,
 ) -> Result<Status, String> {
-    c.io[0]
-        .exec(
-            pollux_host::sqe::resv_register(1, action, iekey, 0),
-            pollux_host::Data::ToCtrl(pollux_host::sqe::resv_keys(&[crkey, nrkey])),
-        )
-        .map(|d| d.status)
-        .map_err(|e| e.to_string())
+    resv(c, pollux_host::sqe::resv_register(1, action, iekey, 0), &[crkey, nrkey])
 }
 
-/// Reservation Acquire (RACQA `action`, RTYPE `rtype`) with CRKEY `crkey`, PRKEY `prkey`.
+/// Reservation Acquire: RACQA `action`, RTYPE `rtype`, with CRKEY `crkey`, PRKEY `prkey`.
 fn resv_acquire(
     c: &mut pollux_host::Controller,
     action: u32,
@@ -574,24 +576,12 @@ fn resv_acquire(
     crkey: u64,
     prkey: u64,
 ) -> Result<Status, String> {
-    c.io[0]
-        .exec(
-            pollux_host::sqe::resv_acquire(1, action, rtype),
-            pollux_host::Data::ToCtrl(pollux_host::sqe::resv_keys(&[crkey, prkey])),
-        )
-        .map(|d| d.status)
-        .map_err(|e| e.to_string())
+    resv(c, pollux_host::sqe::resv_acquire(1, action, rtype), &[crkey, prkey])
 }
 
-/// Reservation Release (RRELA `action`: 0 release, 1 clear) of type `rtype` with CRKEY `crkey`.
+/// Reservation Release: RRELA `action` (0 release, 1 clear) of type `rtype`, CRKEY `crkey`.
 fn resv_release(c: &mut pollux_host::Controller, action: u32, rtype: u8, crkey: u64) -> Result<Status, String> {
-    c.io[0]
-        .exec(
-            pollux_host::sqe::resv_release(1, action, rtype),
-            pollux_host::Data::ToCtrl(pollux_host::sqe::resv_keys(&[crkey])),
-        )
-        .map(|d| d.status)
-        .map_err(|e| e.to_string())
+    resv(c, pollux_host::sqe::resv_release(1, action, rtype), &[crkey])
 }
 
 /// The reservation fault on namespace 1 of `nqn`: host RESERVERS[0] registers and takes

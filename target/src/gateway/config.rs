@@ -569,13 +569,7 @@ impl Service {
             warn!(object = %self.object, running = gc.version, stored = s.version, "gateway: the group's configuration went back in version (recreated?): applying it");
         }
         let doc = seal::open_doc(&s.conf, self.key()?)?;
-        let origin = self
-            .shared
-            .config
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .origin
-            .clone();
+        let origin = self.shared.origin();
         let (mut cfg, merged) = gc.compose(&gc.local, &doc, slot, &origin)?;
         crate::mutate::apply_control_socket_arg(&mut cfg);
         let ch = crate::mutate::reconcile(&self.shared, &self.remotes, cfg)?;
@@ -620,13 +614,7 @@ impl Service {
             {
                 let g = self.shared.group.lock().unwrap_or_else(|p| p.into_inner());
                 if let Some(gc) = g.as_ref() {
-                    let origin = self
-                        .shared
-                        .config
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .origin
-                        .clone();
+                    let origin = self.shared.origin();
                     gc.compose(&gc.local, &text, s.slots.get(&self.me).copied(), &origin)
                         .map_err(GroupConfigError::from)?;
                 }
@@ -759,7 +747,7 @@ pub fn set_down(shared: &Arc<Shared>, remotes: &[Remote], down: std::collections
         "gateway: the group's gateways that serve changed: the discovery log follows"
     );
     let before = std::mem::replace(&mut gc.down, down);
-    let origin = shared.config.lock().unwrap_or_else(|p| p.into_inner()).origin.clone();
+    let origin = shared.origin();
     let r = gc
         .compose(&gc.local, &gc.doc, gc.slot, &origin)
         .and_then(|(mut cfg, _)| {

@@ -274,10 +274,23 @@ pub fn inline_key_files(doc: &mut DocumentMut) -> Result<(), SealError> {
     walk(doc.as_table_mut())
 }
 
+/// Run `f` on every value of `doc` with its key (the whole document walked: tables, arrays
+/// of tables, inline tables, arrays).
+fn map_values(
+    doc: &mut DocumentMut,
+    f: &mut dyn FnMut(&str, &mut Value) -> Result<(), SealError>,
+) -> Result<(), SealError> {
+    let mut root = Item::Table(std::mem::take(doc.as_table_mut()));
+    let r = each_value(&mut root, f);
+    if let Item::Table(t) = root {
+        *doc.as_table_mut() = t;
+    }
+    r
+}
+
 /// Seal every secret of `doc` still in clear (a document with none needs no key).
 pub fn seal_doc(doc: &mut DocumentMut, key: Option<&GroupKey>) -> Result<(), SealError> {
-    let mut root = Item::Table(doc.as_table().clone());
-    each_value(&mut root, &mut |k, v| {
+    map_values(doc, &mut |k, v| {
         if !SECRET_KEYS.contains(&k) {
             return Ok(());
         }
@@ -288,11 +301,7 @@ pub fn seal_doc(doc: &mut DocumentMut, key: Option<&GroupKey>) -> Result<(), Sea
         let sealed = key.ok_or(SealError::NoKey)?.seal(s)?;
         replace(v, &sealed);
         Ok(())
-    })?;
-    if let Item::Table(t) = root {
-        *doc.as_table_mut() = t;
-    }
-    Ok(())
+    })
 }
 
 /// `doc` with every sealed value opened (zeroed when dropped).
@@ -301,8 +310,7 @@ pub fn open_doc(text: &str, key: Option<&GroupKey>) -> Result<Zeroizing<String>,
         return Ok(Zeroizing::new(text.to_string()));
     }
     let mut doc: DocumentMut = text.parse().map_err(|_| SealError::Open)?;
-    let mut root = Item::Table(doc.as_table().clone());
-    each_value(&mut root, &mut |_, v| {
+    map_values(&mut doc, &mut |_, v| {
         let Some(s) = v.as_str() else { return Ok(()) };
         if !s.starts_with(SEALED) {
             return Ok(());
@@ -311,9 +319,6 @@ pub fn open_doc(text: &str, key: Option<&GroupKey>) -> Result<Zeroizing<String>,
         replace(v, &plain);
         Ok(())
     })?;
-    if let Item::Table(t) = root {
-        *doc.as_table_mut() = t;
-    }
     Ok(Zeroizing::new(doc.to_string()))
 }
 
@@ -322,16 +327,12 @@ pub fn redact(text: &str) -> String {
     let Ok(mut doc) = text.parse::<DocumentMut>() else {
         return String::new();
     };
-    let mut root = Item::Table(doc.as_table().clone());
-    let _ = each_value(&mut root, &mut |k, v| {
+    let _ = map_values(&mut doc, &mut |k, v| {
         if SECRET_KEYS.contains(&k) && v.as_str().is_some_and(|s| !s.starts_with(SEALED)) {
             replace(v, "(secret)");
         }
         Ok(())
     });
-    if let Item::Table(t) = root {
-        *doc.as_table_mut() = t;
-    }
     doc.to_string()
 }
 

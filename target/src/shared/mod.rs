@@ -69,6 +69,12 @@ impl Shared {
         }
     }
 
+    /// The running configuration's origin: its conf file, or the embedded default's name
+    /// (what a configuration composed anew is parsed as).
+    pub fn origin(&self) -> String {
+        self.config.lock().unwrap_or_else(|p| p.into_inner()).origin.clone()
+    }
+
     /// The TLS PSK of an identity a host offers: a retained PSK derived from the configured
     /// one, or a PSK secure channel concatenation generated, which only serves while its
     /// subsystem still allows concatenation and the host may still connect with its

@@ -61,6 +61,12 @@ impl Ctx {
             *doc = new.clone();
             Ok::<(), RpcError>(())
         })?;
+        self.group_answer(&report)
+    }
+
+    /// A group change's answer: what this gateway's reconciliation changed, once its queues
+    /// have it, and the group's version and acknowledgements.
+    fn group_answer(&self, report: &crate::gateway::config::Report) -> Result<Value, RpcError> {
         self.settled(&report.changes)?;
         let mut v = changes_json(&report.changes);
         v["group"] = serde_json::json!({
@@ -123,15 +129,7 @@ impl Ctx {
         }
         let (_, report) = svc.change(method, |doc| self.edit(doc, method, &params).map(|_| ()))?;
         tracing::info!(method, version = report.version, "control: group configuration change");
-        self.settled(&report.changes)?;
-        let mut v = changes_json(&report.changes);
-        v["group"] = serde_json::json!({
-            "version": report.version,
-            "acknowledged": report.notify.acked,
-            "not_acknowledged": report.notify.timed_out,
-            "tries": report.tries,
-        });
-        Ok(v)
+        self.group_answer(&report)
     }
 
     /// A change of a group member's own conf: edited in its own document, run with the
@@ -144,13 +142,7 @@ impl Ctx {
         let mut doc = document::parse(&gc.local)?;
         self.edit(&mut doc, method, params)?;
         let local = zeroize::Zeroizing::new(doc.to_string());
-        let origin = self
-            .shared
-            .config
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .origin
-            .clone();
+        let origin = self.shared.origin();
         let (cfg, merged) = gc
             .compose(&local, &gc.doc, gc.slot, &origin)
             .map_err(|e| RpcError::new(CONFIG_ERROR, format!("'{method}' is refused: {e}")))?;
