@@ -438,6 +438,7 @@ fn main() {
         side_total: 0,
         rbd: rbd.take(),
         reserving: None,
+        reserved: 0,
     };
     let t_faults = Instant::now();
     nemesis.run(t_faults + duration);
@@ -491,6 +492,7 @@ fn main() {
         "ctl_errors": nemesis.ctl_errors,
         "ctl_first_error": nemesis.ctl_first_error,
         "side_connections": nemesis.side_total,
+        "reservations_taken": nemesis.reserved,
         "writes_acked": ld(&k.writes_acked),
         "writes_refused": ld(&k.writes_refused),
         "writes_unknown": ld(&k.writes_unknown),
@@ -547,11 +549,12 @@ fn main() {
     std::fs::write(out_dir.join("faults.md"), md).unwrap();
     let kinds: Vec<String> = nemesis.injected.iter().map(|(k, v)| format!("{k} {v}")).collect();
     println!(
-        "faults: seed {seed}, {} s: {faults_total} faults ({}); {} writes acknowledged ({} refused, {} unknown), \
+        "faults: seed {seed}, {} s: {faults_total} faults ({}; {} reservations taken); {} writes acknowledged ({} refused, {} unknown), \
          {} reads ({} blocks) checked, {final_blocks} blocks read back; violations {n_viol} (lost {}, stale {}, torn {}, \
          misplaced {}, phantom {}), hangs {hangs}, panics {panics}; RSS {} -> {} KiB (pollux started {} times)",
         duration.as_secs(),
         kinds.join(", "),
+        nemesis.reserved,
         ld(&k.writes_acked),
         ld(&k.writes_refused),
         ld(&k.writes_unknown),

@@ -143,6 +143,8 @@ pub(crate) struct Nemesis {
     pub(crate) rbd: Option<super::rbd::Rbd>,
     /// The reservation fault's thread, while it runs: how many reservations it took.
     pub(crate) reserving: Option<std::thread::JoinHandle<u64>>,
+    /// Reservations the reservation faults took (Write Exclusive acquired or preempted).
+    pub(crate) reserved: u64,
 }
 
 impl Nemesis {
@@ -361,6 +363,9 @@ impl Nemesis {
                 if self.reserving.as_ref().is_some_and(|r| !r.is_finished()) {
                     true
                 } else {
+                    if let Some(h) = self.reserving.take() {
+                        self.reserved += h.join().unwrap_or(0);
+                    }
                     let addrs = self.c.addrs[..2].to_vec();
                     let (hold, preempt) = (
                         Duration::from_millis(self.rng.random_range(200..2500)),
@@ -485,7 +490,7 @@ impl Nemesis {
             self.side_total += h.join().unwrap_or(0);
         }
         if let Some(h) = self.reserving.take() {
-            self.side_total += h.join().unwrap_or(0);
+            self.reserved += h.join().unwrap_or(0);
         }
     }
 }
@@ -568,6 +573,17 @@ fn resv_register(
     resv(c, pollux_host::sqe::resv_register(1, action, iekey, 0), &[crkey, nrkey])
 }
 
+/// Register `key` for this host: Register (RREGA 0), or, when the host is registered
+/// already with another key (an earlier run cut short), Replace ignoring the current key
+/// (RREGA 2 with IEKEY). Whether it is registered with `key` now.
+fn resv_register_key(c: &mut pollux_host::Controller, key: u64) -> bool {
+    match resv_register(c, 0, false, 0, key) {
+        Ok(s) if s.is_success() => true,
+        Ok(_) => resv_register(c, 2, true, 0, key).is_ok_and(|s| s.is_success()),
+        Err(_) => false,
+    }
+}
+
 /// Reservation Acquire: RACQA `action`, RTYPE `rtype`, with CRKEY `crkey`, PRKEY `prkey`.
 fn resv_acquire(
     c: &mut pollux_host::Controller,
@@ -604,15 +620,14 @@ pub(crate) fn reserve(addrs: &[SocketAddr], nqn: &str, hold: Duration, preempt: 
     let mut took = 0;
     let mut run = || -> Option<()> {
         let mut h1 = connect(RESERVERS[0])?;
-        // A key left by an earlier run (a kill between its steps) is replaced (IEKEY).
-        resv_register(&mut h1, 2, true, 0, K1).ok()?;
+        resv_register_key(&mut h1, K1).then_some(())?;
         if resv_acquire(&mut h1, 0, WRITE_EXCLUSIVE, K1, 0).ok()?.is_success() {
             took += 1;
         }
         std::thread::sleep(hold);
         if preempt {
             let mut h2 = connect(RESERVERS[1])?;
-            resv_register(&mut h2, 2, true, 0, K2).ok()?;
+            resv_register_key(&mut h2, K2).then_some(())?;
             // Preempt and abort (RACQA 2) of K1's holder: h2 holds it now.
             if resv_acquire(&mut h2, 2, WRITE_EXCLUSIVE, K2, K1).ok()?.is_success() {
                 took += 1;
@@ -630,7 +645,7 @@ pub(crate) fn reserve(addrs: &[SocketAddr], nqn: &str, hold: Duration, preempt: 
     // Clear whatever is left (Release action 1: every registration and the reservation).
     for _ in 0..20 {
         if let Some(mut c) = connect(RESERVERS[0])
-            && resv_register(&mut c, 2, true, 0, K1).is_ok_and(|s| s.is_success())
+            && resv_register_key(&mut c, K1)
             && resv_release(&mut c, 1, 0, K1).is_ok_and(|s| s.is_success())
         {
             let _ = c.shutdown();

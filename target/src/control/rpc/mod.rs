@@ -40,6 +40,7 @@ mod group;
 mod modes;
 mod nvme;
 mod query;
+mod save;
 pub mod spdk;
 mod spdk_bdev;
 pub(crate) mod spdk_config;
