@@ -40,6 +40,7 @@ pub use pollux_nvme::tls::ConfiguredPsk;
 pub use pollux_reactor::{ModelKind, Polling, Turnaround, UnknownSpelling};
 pub use size::{SizeError, format_size, parse_size};
 pub use validate::backend::nvme::{BdfError, parse_bdf as parse_pci_address};
+pub use validate::hosts::check_owner_only;
 pub use validate::hosts::{KeyFileError, SecretFileError, read_dhchap_key_file, read_tls_key_file};
 
 /// The text of `conf/examples/ram.toml`, the configuration used when none is

@@ -243,7 +243,7 @@ fn read_secret_file<K, E>(path: &Path, parse: &dyn Fn(&str) -> Result<K, E>) -> 
 /// A file holding a secret (a key file, a Ceph keyring): its metadata, or why it is
 /// refused: not a regular file, or one that group or others may read or write (as ssh
 /// refuses a private key others can read).
-pub(super) fn check_owner_only(path: &Path) -> Result<std::fs::Metadata, SecretFileError> {
+pub fn check_owner_only(path: &Path) -> Result<std::fs::Metadata, SecretFileError> {
     let meta = std::fs::metadata(path).map_err(SecretFileError::Unreadable)?;
     if !meta.is_file() {
         return Err(SecretFileError::NotRegular);

@@ -248,6 +248,8 @@ pub struct Service {
     changing: Mutex<()>,
     /// The last error following the group (None: the last read was applied).
     error: Mutex<Option<String>>,
+    /// The record this gateway wrote last (rewritten only when it changes).
+    recorded: Mutex<Option<Applied>>,
     shared: Arc<Shared>,
     remotes: Arc<[Remote]>,
 }
@@ -347,6 +349,7 @@ impl Service {
             inbox: Arc::new(Inbox::new(&BELL)),
             changing: Mutex::new(()),
             error: Mutex::new(None),
+            recorded: Mutex::new(None),
             shared,
             remotes,
         }
@@ -540,9 +543,15 @@ impl Service {
             version: self.applied_version(),
             error,
         };
-        if let Ok(bytes) = serde_json::to_vec(&record) {
-            // A failed record is only a stale `ctl group` line: the next round writes it.
-            let _ = conn.records.write(&applied_oid(&self.group, &self.me), &bytes);
+        let mut last = self.recorded.lock().unwrap_or_else(|p| p.into_inner());
+        if last.as_ref() == Some(&record) {
+            return;
+        }
+        // A failed write is only a stale `ctl group` line: the next round writes it again.
+        if let Ok(bytes) = serde_json::to_vec(&record)
+            && conn.records.write(&applied_oid(&self.group, &self.me), &bytes).is_ok()
+        {
+            *last = Some(record);
         }
     }
 
@@ -561,7 +570,8 @@ impl Service {
         let mut g = self.shared.group.lock().unwrap_or_else(|p| p.into_inner());
         let Some(gc) = g.as_mut() else { return Ok(None) };
         let slot = s.slots.get(&self.me).copied();
-        if gc.version == s.version && gc.slot == slot && gc.version != 0 {
+        // A new process has no slot yet: it applies once whatever the version.
+        if gc.version == s.version && gc.slot == slot {
             return Ok(None);
         }
         if gc.version > s.version {

@@ -81,12 +81,7 @@ impl GroupKey {
             path: path.display().to_string(),
             why,
         };
-        let meta = std::fs::metadata(path).map_err(|e| bad(e.to_string()))?;
-        if std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o077 != 0 {
-            return Err(bad(
-                "is accessible to others: a group key must be readable by its owner only (chmod 600)".into(),
-            ));
-        }
+        pollux_conf::check_owner_only(path).map_err(|e| bad(e.to_string()))?;
         let ikm = Zeroizing::new(std::fs::read(path).map_err(|e| bad(e.to_string()))?);
         if ikm.len() < 32 {
             return Err(bad(format!(
@@ -174,27 +169,25 @@ impl crate::resv::seal::KeySeal for GroupKey {
 
 /// Every string value under `item` (tables, inline tables, arrays), with its key.
 fn each_value(item: &mut Item, f: &mut dyn FnMut(&str, &mut Value) -> Result<(), SealError>) -> Result<(), SealError> {
-    match item {
-        Item::Table(t) => {
-            for (k, v) in t.iter_mut() {
-                if let Item::Value(val) = v {
-                    f(k.get(), val)?;
-                    nested(val, f)?;
-                } else {
-                    each_value(v, f)?;
-                }
+    fn in_table(
+        t: &mut toml_edit::Table,
+        f: &mut dyn FnMut(&str, &mut Value) -> Result<(), SealError>,
+    ) -> Result<(), SealError> {
+        for (k, v) in t.iter_mut() {
+            if let Item::Value(val) = v {
+                f(k.get(), val)?;
+                nested(val, f)?;
+            } else {
+                each_value(v, f)?;
             }
         }
+        Ok(())
+    }
+    match item {
+        Item::Table(t) => in_table(t, f)?,
         Item::ArrayOfTables(a) => {
             for t in a.iter_mut() {
-                for (k, v) in t.iter_mut() {
-                    if let Item::Value(val) = v {
-                        f(k.get(), val)?;
-                        nested(val, f)?;
-                    } else {
-                        each_value(v, f)?;
-                    }
-                }
+                in_table(t, f)?;
             }
         }
         Item::Value(v) => nested(v, f)?,
@@ -239,10 +232,7 @@ pub fn inline_key_files(doc: &mut DocumentMut) -> Result<(), SealError> {
                 path: path.clone(),
                 why,
             };
-            let meta = std::fs::metadata(&path).map_err(|e| bad(e.to_string()))?;
-            if std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o077 != 0 || !meta.is_file() {
-                return Err(bad("is not an owner-only regular file (chmod 600)".into()));
-            }
+            let meta = pollux_conf::check_owner_only(std::path::Path::new(&path)).map_err(|e| bad(e.to_string()))?;
             if meta.len() > 4096 {
                 return Err(bad(format!("is {} bytes: not a key", meta.len())));
             }
