@@ -36,6 +36,8 @@
 #   ci/ceph.sh start DIR [PORT]   start as above, print CEPH_CONF=, CEPH_FSID=, CEPH_PORT=
 #   ci/ceph.sh stop DIR
 #   ci/ceph.sh pause|resume DIR [mon|osd]
+#   ci/ceph.sh restart DIR mon|osd   ceph_stop_daemon, then ceph_start_daemon (the OSD's
+#                                 memstore saved and loaded again: its objects survive)
 #   ci/ceph.sh status DIR         the daemons' pids and `ceph osd stat`; rc 1 unless both run
 # Env: CEPH_MEMSTORE_BYTES (the OSD's capacity, 1 GiB), CEPH_CONF_EXTRA (lines appended to
 # the conf's [global]: a key set again there wins), CEPH_AUTH (none or cephx; none).
@@ -298,7 +300,7 @@ EOF
 
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
     trap '[ -z "$_ceph_starting" ] || ceph_stop "$_ceph_starting"; rm -rf "$CI_LOG_DIR"' EXIT
-    [ $# -ge 2 ] || { echo "usage: $0 start DIR [PORT] | stop DIR | status DIR" >&2; exit 2; }
+    [ $# -ge 2 ] || { echo "usage: $0 start DIR [PORT] | stop DIR | pause|resume DIR [mon|osd] | restart DIR mon|osd | status DIR" >&2; exit 2; }
     case $1 in
         start)
             ceph_start "$2" "${3:-}"
@@ -306,6 +308,10 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
         stop) ceph_stop "$2" ;;
         pause) ceph_pause "$2" "${3:-}" ;;
         resume) ceph_resume "$2" "${3:-}" ;;
+        restart)
+            case ${3:-} in mon|osd) ;; *) echo "usage: $0 restart DIR mon|osd" >&2; exit 2 ;; esac
+            ceph_stop_daemon "$2" "$3"
+            ceph_start_daemon "$2" "$3" ;;
         status)
             rc=0
             for w in mon osd; do
@@ -313,6 +319,6 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
             done
             [ "$rc" != 0 ] || timeout 10 ceph -c "$2/ceph.conf" osd stat || rc=1
             exit "$rc" ;;
-        *) echo "usage: $0 start DIR [PORT] | stop DIR | status DIR" >&2; exit 2 ;;
+        *) echo "usage: $0 start DIR [PORT] | stop DIR | pause|resume DIR [mon|osd] | restart DIR mon|osd | status DIR" >&2; exit 2 ;;
     esac
 fi

@@ -113,6 +113,22 @@ pub enum Io {
 }
 
 impl Io {
+    /// The command's name, for what `pollux ctl` and the logs say of it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Io::Read { .. } => "Read",
+            Io::Write { .. } => "Write",
+            Io::WriteZeroes { .. } => "Write Zeroes",
+            Io::Flush { .. } => "Flush",
+            Io::Compare { .. } => "Compare",
+            Io::Verify { .. } => "Verify",
+            Io::Reservation { .. } => "Reservation",
+            Io::ReservationReport { .. } => "Reservation Report",
+            Io::Copy { .. } => "Copy",
+            Io::DatasetManagement { .. } => "Dataset Management",
+        }
+    }
+
     /// The cost of this command against its namespace's QoS limits ([`crate::qos`]); None:
     /// it is never held. Flush is not (holding it would only delay the durability of writes
     /// that completed already, and SPDK's QoS does not hold it either), nor are the

@@ -117,6 +117,9 @@ struct Shared {
     /// Violations by kind, and the first one.
     violations: Mutex<(BTreeMap<&'static str, u64>, Option<Violation>)>,
     hang_first: Mutex<Option<String>>,
+    /// The main pollux's binary and control socket: at the first hang of one of its
+    /// namespaces, an upgrade is asked for, whose refusal names the command its queue holds.
+    ctl: (PathBuf, PathBuf),
     /// Per worker: the start of its oldest outstanding read (MAX: none), published under
     /// its namespace's history lock.
     read_floor: Vec<AtomicU64>,
@@ -136,6 +139,23 @@ impl Shared {
         if g.1.is_none() {
             eprintln!("faults: VIOLATION {v}");
             g.1 = Some(v);
+        }
+    }
+
+    /// Asks the main pollux for an upgrade while the hung command's connection is still
+    /// open: refused, it names the command a queue still holds after 5 s; done, the target
+    /// held nothing (the command or its completion was lost between).
+    fn held_by_target(&self) -> String {
+        let out = std::process::Command::new(&self.ctl.0)
+            .arg("ctl")
+            .arg("--socket")
+            .arg(&self.ctl.1)
+            .arg("upgrade")
+            .output();
+        match out {
+            Ok(o) if o.status.success() => "nothing: an upgrade went through".into(),
+            Ok(o) => String::from_utf8_lossy(&o.stderr).trim().to_string(),
+            Err(e) => format!("cannot run pollux ctl: {e}"),
         }
     }
 
@@ -361,6 +381,7 @@ fn main() {
         statuses: Mutex::new(BTreeMap::new()),
         violations: Mutex::new((BTreeMap::new(), None)),
         hang_first: Mutex::new(None),
+        ctl: (target.bin.clone(), target.sock.clone()),
         read_floor: (0..workers).map(|_| AtomicU64::new(u64::MAX)).collect(),
         orders: (0..workers).map(|_| AtomicU8::new(0)).collect(),
     });

@@ -57,12 +57,15 @@ pub(crate) enum Fault {
     GatewayPause,
     /// The Ceph monitor, the OSD or both paused, resumed later.
     CephPause,
+    /// The Ceph monitor or the OSD stopped and started again (the OSD saves its memstore as
+    /// it stops and loads it as it starts: its objects survive, as on a disk).
+    CephRestart,
     /// The rbd image grown under its namespace.
     Grow,
 }
 
 impl Fault {
-    pub(crate) const ALL: [(Fault, u32); 18] = [
+    pub(crate) const ALL: [(Fault, u32); 19] = [
         (Fault::Kill, 4),
         (Fault::Upgrade, 3),
         (Fault::UpgradeRollback, 2),
@@ -80,6 +83,7 @@ impl Fault {
         (Fault::GatewayKill, 3),
         (Fault::GatewayPause, 3),
         (Fault::CephPause, 3),
+        (Fault::CephRestart, 1),
         (Fault::Grow, 2),
     ];
 
@@ -87,7 +91,7 @@ impl Fault {
     fn of_rbd(self) -> bool {
         matches!(
             self,
-            Fault::GatewayKill | Fault::GatewayPause | Fault::CephPause | Fault::Grow
+            Fault::GatewayKill | Fault::GatewayPause | Fault::CephPause | Fault::CephRestart | Fault::Grow
         )
     }
 
@@ -110,6 +114,7 @@ impl Fault {
             Fault::GatewayKill => "gateway_kill",
             Fault::GatewayPause => "gateway_pause",
             Fault::CephPause => "ceph_pause",
+            Fault::CephRestart => "ceph_restart",
             Fault::Grow => "rbd_grow",
         }
     }
@@ -351,7 +356,9 @@ impl Nemesis {
                 self.side.push(std::thread::spawn(move || storm(addr, n)));
                 true
             }
-            Fault::GatewayKill | Fault::GatewayPause | Fault::CephPause | Fault::Grow => self.inject_rbd(f),
+            Fault::GatewayKill | Fault::GatewayPause | Fault::CephPause | Fault::CephRestart | Fault::Grow => {
+                self.inject_rbd(f)
+            }
             Fault::Chaos => {
                 let addr = self.c.addrs[self.rng.random_range(0..2usize)];
                 let seed = self.rng.random::<u64>();
@@ -423,6 +430,14 @@ impl Nemesis {
                 let at = for_ms(&mut self.rng, 500, 6000);
                 self.undo.push((at, Undo::CephResume));
                 ok
+            }
+            Fault::CephRestart => {
+                // A daemon starts by meeting the other: not while one is paused.
+                if self.undo.iter().any(|(_, u)| matches!(u, Undo::CephResume)) {
+                    return true;
+                }
+                let which = ["mon", "osd"][self.rng.random_range(0..2)];
+                r.ceph("restart", which)
             }
             _ => {
                 // `rbd resize` waits for the cluster: not while it is paused.

@@ -280,6 +280,9 @@ impl Worker {
                 );
                 eprintln!("faults: HANG {s}");
                 *g = Some(s);
+                if !self.c.nss[self.ns].gateway {
+                    eprintln!("faults: HANG: what the target holds: {}", self.c.held_by_target());
+                }
             }
             drop(g);
             self.drop_path(p);

@@ -116,6 +116,11 @@ impl<T: Transport> Queue<T> {
         PauseCheck::Quiet
     }
 
+    /// Its request that has waited longest, described (why it is still busy).
+    pub fn oldest_request(&self) -> Option<String> {
+        self.reqs.oldest(pollux_reactor::sys::monotonic_ns())
+    }
+
     /// Stop reading: the queue stays as it is until [`Self::resume`] or the process ends.
     pub fn pause(&mut self) {
         if let Some(h) = &mut self.handover {

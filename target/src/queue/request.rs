@@ -229,6 +229,32 @@ impl Requests {
         self.slots.get_mut(slot)
     }
 
+    /// The request that has waited longest, described for a person (`cid 7: Write of NSID
+    /// 1, submitted for 2.31 s`): why a queue is still busy.
+    pub fn oldest(&self, now_ns: u64) -> Option<String> {
+        let (_, req) = self
+            .slots
+            .iter()
+            .min_by_key(|(_, r)| if r.started_ns == 0 { u64::MAX } else { r.started_ns })?;
+        let nsid = req.io.namespace().map_or(0, |n| n.nsid);
+        let state = match req.state.kind() {
+            ReqKind::AwaitingData => "awaiting its data",
+            ReqKind::Draining => "completed, its data still coming",
+            ReqKind::Parked => "parked (a locked range or its fused partner)",
+            ReqKind::Submitted => "submitted to its backend",
+            ReqKind::Held => "held by QoS",
+        };
+        let age = match req.started_ns {
+            0 => String::new(),
+            t => format!(" for {:.2} s", now_ns.saturating_sub(t) as f64 / 1e9),
+        };
+        Some(format!(
+            "cid {}: {} of NSID {nsid}, {state}{age}",
+            req.cid,
+            req.io.name()
+        ))
+    }
+
     /// Whether the request in `slot` was submitted to its backend.
     pub fn is_submitted(&self, slot: usize) -> bool {
         matches!(

@@ -123,7 +123,9 @@ pub fn pause(r: &mut Reactor) -> Standing {
             PauseCheck::Busy(why) => {
                 s.busy += 1;
                 if s.why.is_none() {
-                    s.why = Some(format!("{why} ({})", crate::queue::Transport::peer(&c.t)));
+                    // The command that holds it, where it is one: what to look at first.
+                    let oldest = c.oldest_request().map(|o| format!("; oldest {o}")).unwrap_or_default();
+                    s.why = Some(format!("{why} ({}{oldest})", crate::queue::Transport::peer(&c.t)));
                 }
             }
         }
