@@ -23,6 +23,23 @@ pub(crate) struct Target {
 #[derive(Debug)]
 pub(crate) struct CtlFailed(pub(crate) String);
 
+/// The environment variable that marks the processes of this run (its log's path).
+const MARK: &str = "POLLUX_FAULTS_RUN";
+
+/// Every process whose environment carries `MARK=value`: whatever an upgrade started,
+/// which the harness may not have seen serve (one asked for outside the nemesis).
+fn marked(value: &std::path::Path) -> Vec<i32> {
+    let want = format!("{MARK}={}", value.display()).into_bytes();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| env.split(|&b| b == 0).any(|v| v == want))
+        })
+        .collect()
+}
+
 fn alive(pid: i32) -> bool {
     // A zombie (a killed child not yet waited for) is as good as gone.
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -42,6 +59,8 @@ impl Target {
             .arg("--config")
             .arg(&self.conf)
             .env("NO_COLOR", "1")
+            // Inherited by every process an upgrade starts: `kill9` finds them all by it.
+            .env(MARK, &self.log)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -114,6 +133,11 @@ impl Target {
     /// they are gone.
     pub(crate) fn kill9(&mut self) {
         let _ = self.pid();
+        for pid in marked(&self.log) {
+            if !self.seen.contains(&pid) {
+                self.seen.push(pid);
+            }
+        }
         for &pid in &self.seen {
             if alive(pid) {
                 // SAFETY: kill(2) of a pollux process this campaign runs.

@@ -271,12 +271,33 @@ impl Worker {
             let what = self.paths[p].pending.values().find(|o| o.at == at).map(|o| o.kind);
             let mut g = self.c.hang_first.lock().unwrap();
             if g.is_none() {
+                // Where to look in the target's log: when it was sent (UTC) and on which
+                // controller and connection.
+                let sent = std::time::SystemTime::now() - at.elapsed();
+                let ms = sent
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .as_millis()
+                    % 86_400_000;
+                let conn = self.paths[p].ctrl.as_ref().map(|c| {
+                    let port = c.io[0].local_addr().map(|a| a.port()).unwrap_or(0);
+                    format!(
+                        "cntlid {}, I/O queue from port {port}, {} in flight",
+                        c.cntlid,
+                        c.io[0].in_flight()
+                    )
+                });
                 let s = format!(
-                    "host {} via {}: {:?} outstanding for {:?}",
+                    "host {} via {}: {:?} outstanding for {:?}, sent at {:02}:{:02}:{:02}.{:03} UTC on {}",
                     self.w,
                     self.c.addrs[self.paths[p].addr],
                     what,
-                    at.elapsed()
+                    at.elapsed(),
+                    ms / 3_600_000,
+                    ms / 60_000 % 60,
+                    ms / 1000 % 60,
+                    ms % 1000,
+                    conn.unwrap_or_default()
                 );
                 eprintln!("faults: HANG {s}");
                 *g = Some(s);
