@@ -120,6 +120,8 @@ struct Shared {
     /// The main pollux's binary and control socket: at the first hang of one of its
     /// namespaces, an upgrade is asked for, whose refusal names the command its queue holds.
     ctl: (PathBuf, PathBuf),
+    /// The fault the nemesis injected last, and when it began (a hang says what it was).
+    nemesis_log: Mutex<(&'static str, Instant)>,
     /// Per worker: the start of its oldest outstanding read (MAX: none), published under
     /// its namespace's history lock.
     read_floor: Vec<AtomicU64>,
@@ -382,6 +384,7 @@ fn main() {
         violations: Mutex::new((BTreeMap::new(), None)),
         hang_first: Mutex::new(None),
         ctl: (target.bin.clone(), target.sock.clone()),
+        nemesis_log: Mutex::new(("none", Instant::now())),
         read_floor: (0..workers).map(|_| AtomicU64::new(u64::MAX)).collect(),
         orders: (0..workers).map(|_| AtomicU8::new(0)).collect(),
     });

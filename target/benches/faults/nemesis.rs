@@ -482,6 +482,7 @@ impl Nemesis {
                 std::thread::sleep(Duration::from_millis(10));
             }
             let f = self.pick();
+            *self.c.nemesis_log.lock().unwrap() = (f.name(), Instant::now());
             self.inject(f);
             for h in std::mem::take(&mut self.side) {
                 if h.is_finished() {

@@ -302,6 +302,17 @@ impl Worker {
                 eprintln!("faults: HANG {s}");
                 *g = Some(s);
                 if !self.c.nss[self.ns].gateway {
+                    let port = self.paths[p]
+                        .ctrl
+                        .as_ref()
+                        .and_then(|c| c.io[0].local_addr().ok())
+                        .map_or(0, |a| a.port());
+                    eprintln!("faults: HANG: the connection's sockets (ss): {}", sockets(port));
+                    let (f, at) = *self.c.nemesis_log.lock().unwrap();
+                    eprintln!(
+                        "faults: HANG: the nemesis's last fault: {f}, begun {:?} ago",
+                        at.elapsed()
+                    );
                     eprintln!("faults: HANG: what the target holds: {}", self.c.held_by_target());
                 }
             }
@@ -383,5 +394,21 @@ impl Worker {
                 let _ = ctrl.shutdown();
             }
         }
+    }
+}
+
+/// Both ends of the connection from local `port`, as the kernel sees them (`ss`): bytes
+/// queued unread (Recv-Q) and unsent (Send-Q) on either side say who stopped.
+fn sockets(port: u16) -> String {
+    let filter = format!("( sport = :{port} or dport = :{port} )");
+    match std::process::Command::new("ss")
+        .args(["-tnio", "state", "all", &filter])
+        .output()
+    {
+        Ok(o) => String::from_utf8_lossy(&o.stdout)
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" "),
+        Err(e) => format!("cannot run ss: {e}"),
     }
 }

@@ -44,6 +44,7 @@ mod save;
 pub mod spdk;
 mod spdk_bdev;
 pub(crate) mod spdk_config;
+mod spdk_hosts;
 mod spdk_nvme;
 mod spdk_rbd;
 mod spdk_stats;

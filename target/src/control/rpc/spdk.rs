@@ -28,7 +28,7 @@ pub struct SpdkState {
     /// bdev_rbd_register_cluster's clusters, by name.
     pub(super) clusters: BTreeMap<String, super::spdk_rbd::RbdCluster>,
     /// keyring_file_add_key's keys: name -> the owner-only file holding the key.
-    keys: BTreeMap<String, std::path::PathBuf>,
+    pub(super) keys: BTreeMap<String, std::path::PathBuf>,
     transport_created: bool,
     /// nvmf_set_config's DH-HMAC-CHAP hashes and groups, for the subsystems created after it.
     dhchap: Option<Map<String, Value>>,
@@ -201,7 +201,7 @@ pub(super) fn opt_u64(o: &Map<String, Value>, key: &str) -> Result<Option<u64>, 
     }
 }
 
-fn opt_bool(o: &Map<String, Value>, key: &str) -> Result<Option<bool>, RpcError> {
+pub(super) fn opt_bool(o: &Map<String, Value>, key: &str) -> Result<Option<bool>, RpcError> {
     match o.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Bool(b)) => Ok(Some(*b)),
@@ -674,74 +674,6 @@ impl Ctx {
         Ok(Value::Bool(true))
     }
 
-    fn spdk_add_host(&self, p: &Value) -> Result<Value, RpcError> {
-        let o = obj(p)?;
-        let (nqn, host) = (req_str(o, "nqn")?, req_str(o, "host")?);
-        let mut t = json!({"nqn": nqn, "host": host});
-        // SPDK names keys by their keyring name; pollux's conf names their files.
-        for (spdk, ours) in [
-            ("dhchap_key", "dhchap_key_file"),
-            ("dhchap_ctrlr_key", "dhchap_ctrl_key_file"),
-            ("psk", "tls_key_file"),
-        ] {
-            if let Some(name) = opt_str(o, spdk)? {
-                let path = self.spdk().keys.get(name).cloned().ok_or_else(|| {
-                    invalid(format!(
-                        "'{spdk}': no key '{name}' in the keyring (keyring_file_add_key)"
-                    ))
-                })?;
-                t[ours] = path.display().to_string().into();
-            }
-        }
-        self.change("add_host", t)?;
-        Ok(Value::Bool(true))
-    }
-
-    fn spdk_keyring_add(&self, p: &Value) -> Result<Value, RpcError> {
-        use std::os::unix::fs::PermissionsExt;
-        let o = obj(p)?;
-        let (name, path) = (req_str(o, "name")?, req_str(o, "path")?);
-        let path = std::path::PathBuf::from(path);
-        if !path.is_absolute() {
-            return Err(invalid(format!("'path' {}: must be absolute", path.display())));
-        }
-        // As SPDK's keyring_file and pollux's own key files: owner-only, or refused.
-        let meta = std::fs::metadata(&path).map_err(|e| invalid(format!("'path' {}: {e}", path.display())))?;
-        if !meta.is_file() || meta.permissions().mode() & 0o077 != 0 {
-            return Err(invalid(format!(
-                "'path' {}: not a regular file readable by its owner only (mode {:04o})",
-                path.display(),
-                meta.permissions().mode() & 0o7777
-            )));
-        }
-        let mut s = self.spdk();
-        if s.keys.contains_key(name) {
-            return Err(invalid(format!("key '{name}' already exists")));
-        }
-        s.keys.insert(name.to_string(), path);
-        Ok(Value::Bool(true))
-    }
-
-    fn spdk_keyring_remove(&self, p: &Value) -> Result<Value, RpcError> {
-        let name = req_str(obj(p)?, "name")?;
-        self.spdk()
-            .keys
-            .remove(name)
-            .map(|_| Value::Bool(true))
-            .ok_or_else(|| invalid(format!("key '{name}' not found")))
-    }
-
-    fn spdk_keyring_get(&self, _: &Value) -> Result<Value, RpcError> {
-        // Names and paths only: a key's contents never leave the file.
-        Ok(Value::Array(
-            self.spdk()
-                .keys
-                .iter()
-                .map(|(n, p)| json!({"name": n, "path": p.display().to_string(), "removed": false, "probed": true, "refcnt": 1}))
-                .collect(),
-        ))
-    }
-
     /// `nvmf_subsystem_listener_set_ana_state`: pollux keeps ANA states per listener and
     /// group, so the state is set for the group on that listener (for every subsystem with
     /// namespaces in it); without `anagrpid`, for each group of the subsystem's namespaces.
@@ -794,32 +726,6 @@ impl Ctx {
                 })
                 .collect(),
         ))
-    }
-
-    fn spdk_remove_host(&self, p: &Value) -> Result<Value, RpcError> {
-        let o = obj(p)?;
-        self.change(
-            "remove_host",
-            json!({"nqn": req_str(o, "nqn")?, "host": req_str(o, "host")?}),
-        )?;
-        Ok(Value::Bool(true))
-    }
-
-    fn spdk_allow_any_host(&self, p: &Value) -> Result<Value, RpcError> {
-        let o = obj(p)?;
-        let allow = opt_bool(o, "allow_any_host")?.ok_or_else(|| invalid("missing 'allow_any_host'"))?;
-        self.change("set_allow_any_host", json!({"nqn": req_str(o, "nqn")?, "allow": allow}))?;
-        Ok(Value::Bool(true))
-    }
-
-    fn spdk_ns_host(&self, p: &Value, ours: &str) -> Result<Value, RpcError> {
-        let o = obj(p)?;
-        let nsid = opt_u64(o, "nsid")?.ok_or_else(|| invalid("missing 'nsid'"))?;
-        self.change(
-            ours,
-            json!({"nqn": req_str(o, "nqn")?, "nsid": nsid, "host": req_str(o, "host")?}),
-        )?;
-        Ok(Value::Bool(true))
     }
 }
 
