@@ -104,13 +104,10 @@
 //! ([`InProcessTarget`](pollux_host::perf::cli::InProcessTarget)).
 
 pub mod ana;
-pub mod backend;
-pub mod bell;
 pub mod check;
 pub mod close;
 pub mod control;
 pub mod controller;
-pub mod counter;
 pub mod error;
 pub mod gateway;
 pub mod handover;
@@ -122,7 +119,6 @@ pub mod mutate;
 pub mod nvm;
 pub mod path;
 pub mod placement;
-pub mod pool;
 pub mod qos;
 pub mod queue;
 pub mod range_lock;
@@ -135,6 +131,11 @@ pub mod shared;
 pub mod subsystem;
 pub mod tcp;
 pub mod upgrade;
+
+// The block store is its own crate (pollux-store), which knows nothing of the target: these
+// keep the target's paths to it (`crate::backend::ram`, `crate::bell::Bell`, ...).
+pub use pollux_store as backend;
+pub use pollux_store::{bell, counter, pool};
 
 /// pollux's version (the crate's, `CARGO_PKG_VERSION`).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -358,10 +359,10 @@ impl Target {
         let gateway = match &cfg.gateway {
             Some(g) => Some(
                 gateway::Agent::start(g.clone(), shared.clone(), runtime.remotes()).map_err(|source| {
-                    TargetError::Thread {
+                    TargetError::from(backend::StoreError::Thread {
                         name: "gateway".into(),
                         source,
-                    }
+                    })
                 })?,
             ),
             None => None,

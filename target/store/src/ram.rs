@@ -38,7 +38,7 @@ use vm_memory::VolatileSlice;
 
 use super::stripes::Stripes;
 use super::{Backend, BlockOp, Caps, Channel, ChannelEnv, ChannelNs, WriteData};
-use crate::error::TargetError;
+use crate::error::StoreError;
 
 const PAGE: u64 = 4096;
 
@@ -521,14 +521,14 @@ impl RamDisk {
     /// (neither zeroed nor filled: the data is exactly what the other process wrote, and the
     /// pages it committed are committed in the memfd, so there is nothing to populate; each
     /// page is mapped into this process at its first access, a minor fault). Err: `fd` is not
-    /// `len` bytes ([`TargetError::RamAdoptSize`]), or cannot be mapped.
-    pub fn adopt(fd: OwnedFd, len: u64) -> Result<Self, TargetError> {
-        let err = |source: std::io::Error| TargetError::Ram { bytes: len, source };
+    /// `len` bytes ([`StoreError::RamAdoptSize`]), or cannot be mapped.
+    pub fn adopt(fd: OwnedFd, len: u64) -> Result<Self, StoreError> {
+        let err = |source: std::io::Error| StoreError::Ram { bytes: len, source };
         check_len(len).map_err(err)?;
         let st = nix::sys::stat::fstat(&fd).map_err(|e| err(e.into()))?;
         let found = u64::try_from(st.st_size).unwrap_or(0);
         if found != len {
-            return Err(TargetError::RamAdoptSize { expected: len, found });
+            return Err(StoreError::RamAdoptSize { expected: len, found });
         }
         let base = map_shared(fd.as_fd(), len).map_err(err)?;
         Ok(Self::over(Mapping {
@@ -780,8 +780,8 @@ impl Backend for RamDisk {
         Some(self.apply(op))
     }
 
-    fn open_channel(&self, ns: ChannelNs, env: &ChannelEnv) -> Result<Box<dyn Channel>, TargetError> {
-        Err(TargetError::Channel {
+    fn open_channel(&self, ns: ChannelNs, env: &ChannelEnv) -> Result<Box<dyn Channel>, StoreError> {
+        Err(StoreError::Channel {
             nsid: ns.nsid,
             reactor: env.reactor,
             reason: "a RAM namespace completes inline and has no channel".into(),
@@ -1083,14 +1083,14 @@ mod tests {
         };
         for len in [(1 << 20) - 4096, (1 << 20) + 8, 2 << 20] {
             match RamDisk::adopt(dup(), len) {
-                Err(TargetError::RamAdoptSize { expected, found }) => {
+                Err(StoreError::RamAdoptSize { expected, found }) => {
                     assert_eq!((expected, found), (len, 1 << 20));
                 }
                 other => panic!("adopting 1 MiB as {len} bytes: {other:?}"),
             }
         }
         // Not a size a disk can have at all.
-        assert!(matches!(RamDisk::adopt(dup(), 0), Err(TargetError::Ram { .. })));
+        assert!(matches!(RamDisk::adopt(dup(), 0), Err(StoreError::Ram { .. })));
         // And the error says what happened.
         let e = RamDisk::adopt(dup(), 4096).err().map(|e| e.to_string());
         assert_eq!(
