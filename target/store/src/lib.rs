@@ -24,8 +24,10 @@
 //! (the store's one error type, [`StoreError`], which the target wraps whole), [`bell`] (the
 //! bell a store rings when it may have changed size, [`SIZE_BELL`], and the threads that wait
 //! on bells), [`counter`] (one-writer counters), [`pool`] (reactor-local buffer pools) with
-//! [`dma`] (a channel's DMA buffers), [`stripes`] (the sequence counters that keep a RAM
-//! block whole) and [`cluster`] (the object a store's cluster keeps reservations in).
+//! [`dma`] (a channel's DMA buffers), [`region`] (the shared memory of a RAM namespace,
+//! which a simulated SSD and a null namespace use too, committed ahead of time by the
+//! prefault service, `prefault`), [`stripes`] (the sequence counters that keep a RAM block
+//! whole) and [`cluster`] (the object a store's cluster keeps reservations in).
 //!
 //! Adding a backend: a file here implementing [`Backend`] (and [`Channel`] if it is
 //! asynchronous), and its line in [`open`]. Nothing else names a backend type.
@@ -39,8 +41,10 @@ pub mod file;
 pub mod null;
 pub mod nvme;
 pub mod pool;
+mod prefault;
 pub mod ram;
 pub mod rbd;
+pub mod region;
 pub mod sim;
 pub mod stripes;
 
@@ -58,7 +62,7 @@ use tracing::warn;
 use crate::bell::Bell;
 pub use dma::{DmaPool, PooledDma};
 pub use error::StoreError;
-pub use ram::RamDisk;
+pub use region::RamDisk;
 
 /// Rung (by any store's watch, on the store's own thread) when a store may have changed
 /// size: the target's resize watcher (its `resize::watcher`) waits on it.
