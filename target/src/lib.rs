@@ -18,7 +18,7 @@
 //! | NVMe/TCP transport: receive loop and framing, ICReq/ICResp, CapsuleResp, C2HData, R2T, TermReq, digests, TLS (NVMe/TCP 1.0 §3) | [`tcp`] | `tcp.c` |
 //! | H2CData after R2T: the NVMe/TCP 1.0 §3.6.2.7 rules, in-place receive | [`tcp::h2c`] | `tcp.c` |
 //! | A command's host data while it arrives: its buffer (heap or an SSD's DMA memory), its progress, the per-reactor pool | [`queue::data`] | `spdk_nvmf_request` iovs, transport buffers |
-//! | Reactor-local buffer pools whose buffers go back by themselves when dropped (R2T, receive, DMA buffers) | [`pool`] | `spdk_mempool` (ixy's mempool) |
+//! | Reactor-local buffer pools whose buffers go back by themselves when dropped (R2T, receive, DMA buffers), the block store's | [`pool`] | `spdk_mempool` (ixy's mempool) |
 //! | SGL1 and data direction of a command (NVMe-oF 1.1 §2.3) | [`sgl`] | `nvmf.c` |
 //! | Controller state, AER events, keep-alive deadline, subsystem changes (NVMe 2.0 §3, §5.2) | [`controller`] | `ctrlr.c` |
 //! | Fabrics commands, Connect checks, I/O queue attach (NVMe-oF 1.1 §3.3, §6) | [`controller::connect`] | `ctrlr.c` |
@@ -31,7 +31,7 @@
 //! | NVM commands: SQE -> validated [`nvm::IoCmd`] -> [`backend::BlockOp`] (NVM Command Set 1.0 §3) | [`nvm`] | `ctrlr_bdev.c` |
 //! | Reservations: a namespace's state, its persistence, who may do what (NVMe 2.0 §8.19) | [`resv`] | `subsystem.c` (reservations) |
 //! | LBA range locks of fused Compare and Write and Copy: a namespace's lock table, and the fences of the writes in flight | [`range_lock`], [`queue::fence`] | `bdev.c` (LBA range lock) |
-//! | Backends behind one [`backend::Backend`] / [`backend::Channel`] trait: RAM, simulated SSD, null, file (io_uring), NVMe SSD (VFIO), RBD; a channel is opened for a [`backend::ChannelNs`], the cluster object a store offers for reservations is [`backend::cluster`] | [`backend`] | `bdev` + io_channel |
+//! | Backends behind one [`backend::Backend`] / [`backend::Channel`] trait: RAM, simulated SSD, null, file (io_uring), NVMe SSD (VFIO), RBD; a channel is opened for a [`backend::ChannelNs`], the cluster object a store offers for reservations is [`backend::cluster`]; their errors are [`backend::StoreError`] | [`backend`]: the crate `pollux_store` (`target/store/`) | `bdev` + io_channel |
 //! | Subsystems, namespaces, hosts: an immutable snapshot swapped whole | [`subsystem`] | `subsystem.c` |
 //! | What the running target holds: the snapshot, the conf running, per-reactor counts (connections, closes, requests, queues), the PSKs secure channel concatenation generated | [`shared`] | `spdk_nvmf_tgt` |
 //! | Accepting connections and placing them on reactors; what a connection knows of its path | [`listener`], [`path`] | `tcp.c` (acceptor) |
@@ -46,12 +46,16 @@
 //! trait object, a type parameter), never names it:
 //! 1. The crates below: `pollux_reactor`, `pollux_nvme` (the spec, NVMe/TCP PDUs and their
 //!    constants), `pollux_conf`, `pollux_link`.
-//! 2. Leaves: [`error`], [`log`], [`counter`], [`bell`], [`pool`], [`sgl`], [`ana`],
-//!    [`latency`], [`close`].
-//! 3. The block store, [`backend`]: stores and their channels, knowing nothing of NVMe-oF.
-//!    A channel gets the little it keeps of its namespace ([`backend::ChannelNs`]); a store
-//!    with a cluster offers an object there ([`backend::cluster`]) and rings a bell when its
-//!    size changes ([`backend::SIZE_BELL`]), which the layers above wait on.
+//! 2. The block store, the crate `pollux_store` (`target/store/`, here [`backend`]): stores
+//!    and their channels, knowing nothing of NVMe-oF, which the compiler checks (the crate
+//!    depends on `pollux_nvme`, `pollux_reactor` and `pollux_conf`, never on this one). With
+//!    it, below everything here, the [`counter`]s, [`bell`]s and buffer [`pool`]s the
+//!    backends use too. A channel gets the little it keeps of its namespace
+//!    ([`backend::ChannelNs`]); a store with a cluster offers an object there
+//!    ([`backend::cluster`]) and rings a bell when its size changes ([`backend::SIZE_BELL`]),
+//!    which the layers above wait on.
+//! 3. Leaves: [`error`] (which wraps the store's, [`backend::StoreError`]), [`log`],
+//!    [`sgl`], [`ana`], [`latency`], [`close`].
 //! 4. What a namespace holds beside its store: [`resv`] (its reservations; the watcher of
 //!    those its cluster keeps runs what it is given), [`qos`], [`range_lock`].
 //! 5. [`subsystem`]: namespaces, subsystems and their snapshot (where a store comes from at
@@ -90,6 +94,9 @@
 //! - **A new admin command**: its row in the admin table ([`pollux_nvme::spec::command`]),
 //!   its decoding and execution in [`controller::admin`] (pure: a [`controller::reply::Reply`]
 //!   or an outcome the queue acts on).
+//! - **A new backend**: a file in the store crate (`target/store/src/`) implementing
+//!   [`backend::Backend`] (and [`backend::Channel`] if it completes asynchronously), its
+//!   line in [`backend::open`], and its errors in [`backend::StoreError`].
 //! - **A new I/O command**: its row in the NVM table ([`pollux_nvme::spec::command`]), its
 //!   variant in the decoder ([`nvm::Io`], parsed and validated in [`nvm::parse`], mapped to a
 //!   [`backend::BlockOp`]), and its executor's arm in the queue's I/O path
@@ -104,13 +111,10 @@
 //! ([`InProcessTarget`](pollux_host::perf::cli::InProcessTarget)).
 
 pub mod ana;
-pub mod backend;
-pub mod bell;
 pub mod check;
 pub mod close;
 pub mod control;
 pub mod controller;
-pub mod counter;
 pub mod error;
 pub mod gateway;
 pub mod handover;
@@ -122,7 +126,6 @@ pub mod mutate;
 pub mod nvm;
 pub mod path;
 pub mod placement;
-pub mod pool;
 pub mod qos;
 pub mod queue;
 pub mod range_lock;
@@ -135,6 +138,11 @@ pub mod shared;
 pub mod subsystem;
 pub mod tcp;
 pub mod upgrade;
+
+// The block store is its own crate (pollux-store), which knows nothing of the target: these
+// keep the target's paths to it (`crate::backend::ram`, `crate::bell::Bell`, ...).
+pub use pollux_store as backend;
+pub use pollux_store::{bell, counter, pool};
 
 /// pollux's version (the crate's, `CARGO_PKG_VERSION`).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -358,10 +366,10 @@ impl Target {
         let gateway = match &cfg.gateway {
             Some(g) => Some(
                 gateway::Agent::start(g.clone(), shared.clone(), runtime.remotes()).map_err(|source| {
-                    TargetError::Thread {
+                    TargetError::from(backend::StoreError::Thread {
                         name: "gateway".into(),
                         source,
-                    }
+                    })
                 })?,
             ),
             None => None,

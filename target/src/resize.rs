@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use pollux_reactor::Remote;
 
-use crate::backend::SIZE_BELL;
+use crate::backend::{SIZE_BELL, StoreError};
 use crate::bell::BellThread;
 use crate::error::TargetError;
 use crate::shared::Shared;
@@ -23,9 +23,10 @@ const VANISH_CHECK: Duration = Duration::from_secs(1);
 /// A target's resize watcher thread: it looks at the namespaces of `shared` for size
 /// changes each time a store rings ([`SIZE_BELL`]), telling the reactors of `remotes`.
 pub fn watcher(shared: Arc<Shared>, remotes: Arc<[Remote]>) -> Result<BellThread, TargetError> {
-    BellThread::spawn("resize-watch", &SIZE_BELL, Some(VANISH_CHECK), move || {
+    let thread = BellThread::spawn("resize-watch", &SIZE_BELL, Some(VANISH_CHECK), move || {
         check(&shared, &remotes)
-    })
+    })?;
+    Ok(thread)
 }
 
 /// Every namespace whose store's size changed: served at the new size, its hosts told;
@@ -84,5 +85,5 @@ pub enum ResizeError {
     Params(String),
     /// The store refused or failed.
     #[error(transparent)]
-    Store(TargetError),
+    Store(StoreError),
 }

@@ -15,7 +15,7 @@ use pollux_nvme::tls::{PskIdentity, TlsPsk};
 use pollux_reactor::{Reactor, SourceId};
 
 use crate::ana::AnaStates;
-use crate::backend::{Backend, ChannelNs};
+use crate::backend::{Backend, ChannelNs, StoreError};
 use crate::error::TargetError;
 use crate::latency::{Latencies, LatencyHistogram};
 use crate::resv::{NsResv, state_file};
@@ -466,10 +466,10 @@ fn open_reservations(n: &pollux_conf::Namespace, state_dir: Option<&Path>) -> Re
 /// predecessor's, [`crate::upgrade::new::inherited_store`]); None: it is opened as the conf
 /// says ([`crate::backend::open`]). Passed in by whoever starts the target, which this layer
 /// does not know.
-pub type AdoptStore = fn(nqn: &str, n: &pollux_conf::Namespace) -> Option<Result<Box<dyn Backend>, TargetError>>;
+pub type AdoptStore = fn(nqn: &str, n: &pollux_conf::Namespace) -> Option<Result<Box<dyn Backend>, StoreError>>;
 
 /// No store to adopt: each is opened as the conf says.
-pub fn no_store_to_adopt(_nqn: &str, _n: &pollux_conf::Namespace) -> Option<Result<Box<dyn Backend>, TargetError>> {
+pub fn no_store_to_adopt(_nqn: &str, _n: &pollux_conf::Namespace) -> Option<Result<Box<dyn Backend>, StoreError>> {
     None
 }
 
@@ -491,12 +491,12 @@ pub fn build_namespace(
     .map_err(|e| TargetError::Backend {
         nqn: nqn.to_string(),
         nsid: n.nsid,
-        source: Box::new(e),
+        source: Box::new(e.into()),
     })?;
     // An RBD image's reservations live in its cluster, for every gateway; other stores'
     // with the target.
     let resv = match backend.reservation_object() {
-        Some(object) => object.and_then(NsResv::clustered),
+        Some(object) => object.map_err(TargetError::from).and_then(NsResv::clustered),
         None => open_reservations(n, state_dir),
     }
     .map_err(|e| TargetError::Backend {
@@ -677,6 +677,19 @@ mod tests {
 
     fn nsids<'a>(it: impl Iterator<Item = &'a Arc<Namespace>>) -> Vec<u32> {
         it.map(|n| n.nsid).collect()
+    }
+
+    #[test]
+    fn a_channel_sees_its_namespace_polling_changes_without_holding_the_namespace() {
+        use pollux_reactor::Polling;
+        let ns = test_namespace(3, 64);
+        let kept = ns.channel_ns();
+        assert_eq!(kept.nsid, 3);
+        ns.polling.set(Polling::Always);
+        assert_eq!(kept.polling.get(), Polling::Always);
+        drop(ns);
+        // It outlives the namespace: nothing of the subsystem's model is kept.
+        assert_eq!(kept.polling.get(), Polling::Always);
     }
 
     #[test]

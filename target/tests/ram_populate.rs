@@ -30,7 +30,7 @@ fn populating() -> bool {
 /// second after, as with no fill at all (0.5-4.5). The bound sits between the two, away
 /// from both: a busy machine's own stalls do not fail it, the defect's do. (The property
 /// itself, a SCHED_IDLE fill off the reactors' cores, is checked without timing by
-/// `backend::ram`'s unit test.)
+/// pollux-store's `prefault` unit test.)
 #[test]
 fn a_reactor_serves_while_a_large_ram_namespace_populates() {
     one_cpu();

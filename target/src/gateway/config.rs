@@ -31,6 +31,7 @@ use toml_edit::DocumentMut;
 use tracing::{info, warn};
 
 use super::seal::{self, GroupKey, SealError};
+use crate::backend::StoreError;
 use crate::backend::cluster::{ClusterObject, Inbox, NotifyReply, WatchEvent};
 use crate::backend::rbd::client::Cluster;
 use crate::backend::rbd::group_object::GroupObjects;
@@ -117,7 +118,7 @@ pub enum GroupConfigError {
         object: String,
         /// Why.
         #[source]
-        source: Box<TargetError>,
+        source: Box<StoreError>,
     },
     /// Written by a newer pollux.
     #[error(
@@ -220,7 +221,7 @@ pub type Connector = Box<dyn Fn() -> Result<Conn, GroupConfigError> + Send + Syn
 /// The RADOS connection of the group of `cluster` (a new client of the cluster).
 fn rados(cluster: RbdBackend, group: String, object: String) -> Connector {
     Box::new(move || {
-        let wrap = |e: TargetError| GroupConfigError::Connect {
+        let wrap = |e: StoreError| GroupConfigError::Connect {
             object: object.clone(),
             source: Box::new(e),
         };

@@ -1,5 +1,5 @@
 //! The group configuration's logic over an in-process object with the RADOS one's contract
-//! (`backend::cluster_fake`) and gateways that are targets without reactors: a change on one
+//! (`resv::cluster_fake`) and gateways that are targets without reactors: a change on one
 //! is applied by the others, racing changes all land and count once, a change that no longer
 //! validates is refused whole, a future or malformed object applies nothing, an unreachable
 //! cluster refuses changes, keys are sealed in the object and open only under the group's
@@ -15,7 +15,7 @@ use pollux_nvme::auth::{DhchapKey, HashId};
 use toml_edit::DocumentMut;
 
 use super::*;
-use crate::backend::cluster_fake::{Fake, Store};
+use crate::resv::cluster_fake::{Fake, Store};
 use crate::subsystem::{build_snapshot, no_store_to_adopt};
 
 /// The records beside the object.

@@ -133,20 +133,19 @@ impl Shelf for DataShelf {
     }
 }
 
-impl Pool<DataShelf> {
-    /// A buffer of `len` bytes. A kept one keeps its length, so only growth is zeroed: the
-    /// transport puts every byte up to `len` once, in order from offset 0, before the command
-    /// uses the buffer ([`super::Transport::fetch_data`]).
-    pub fn take(&self, len: usize) -> HeapBuf {
-        let mut buf = self.with(DataShelf::pop).unwrap_or_default();
-        buf.resize(len, 0);
-        self.lend(buf)
-    }
+/// A buffer of `len` bytes from `pool` (a function, not a method of the pool: [`Pool`] is the
+/// store's type). A kept one keeps its length, so only growth is zeroed: the transport puts
+/// every byte up to `len` once, in order from offset 0, before the command uses the buffer
+/// ([`super::Transport::fetch_data`]).
+pub fn take(pool: &DataPool, len: usize) -> HeapBuf {
+    let mut buf = pool.with(DataShelf::pop).unwrap_or_default();
+    buf.resize(len, 0);
+    pool.lend(buf)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{DataPool, DataShelf};
+    use super::{DataPool, DataShelf, take};
 
     fn kept(pool: &DataPool) -> (usize, usize) {
         pool.with(|s| (s.bufs.len(), s.bytes)).unwrap_or_default()
@@ -155,20 +154,20 @@ mod tests {
     #[test]
     fn data_buffers_are_reused_up_to_the_pool_bound() {
         let pool = DataPool::default();
-        let a = pool.take(128 << 10);
+        let a = take(&pool, 128 << 10);
         assert_eq!(a.len(), 128 << 10);
         let ptr = a.as_ptr();
         // Dropped: back in the pool, no hand-written return.
         drop(a);
         assert_eq!(kept(&pool), (1, 128 << 10));
         // The same buffer comes back, keeping its length (only growth is zeroed).
-        let b = pool.take(64 << 10);
+        let b = take(&pool, 64 << 10);
         assert_eq!((b.as_ptr(), b.len()), (ptr, 64 << 10));
         assert_eq!(kept(&pool), (0, 0));
         drop(b);
         // Beyond the bound, buffers are freed, not kept.
         let n = DataShelf::MAX_BYTES / (128 << 10);
-        let bufs: Vec<_> = (0..n + 4).map(|_| pool.take(128 << 10)).collect();
+        let bufs: Vec<_> = (0..n + 4).map(|_| take(&pool, 128 << 10)).collect();
         drop(bufs);
         let (count, bytes) = kept(&pool);
         assert_eq!(count, n);
@@ -180,7 +179,7 @@ mod tests {
     #[test]
     fn a_data_buffer_outliving_its_pool_is_freed() {
         let pool = DataPool::default();
-        let a = pool.take(4096);
+        let a = take(&pool, 4096);
         drop(pool);
         assert_eq!(a.len(), 4096);
         drop(a);

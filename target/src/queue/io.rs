@@ -515,7 +515,7 @@ impl<T: Transport> Queue<T> {
         // when dropped, whatever becomes of the command.
         match (dma, r.local::<DataPool>()) {
             (Some(d), _) => DataBuf::Dma(d),
-            (None, Some(pool)) => DataBuf::Heap(pool.take(len as usize)),
+            (None, Some(pool)) => DataBuf::Heap(super::data::take(pool, len as usize)),
             (None, None) => DataBuf::Heap(HeapBuf::detached(vec![0; len as usize])),
         }
     }

@@ -447,5 +447,5 @@ const TICK: Duration = Duration::from_millis(200);
 /// the target's reactors, and keeps their watches healthy). The caller walks the
 /// namespaces and delivers the effects: this layer knows neither.
 pub fn watcher(tend_all: impl FnMut() + Send + 'static) -> Result<BellThread, TargetError> {
-    BellThread::spawn("resv-watch", &BELL, Some(TICK), tend_all)
+    Ok(BellThread::spawn("resv-watch", &BELL, Some(TICK), tend_all)?)
 }

@@ -14,7 +14,7 @@ use pollux_nvme::spec::resv::{Access, AcquireAction, Cptpl, RegisterAction, Resv
 use super::cluster::UNCERTAIN_AFTER;
 use super::*;
 
-use crate::backend::cluster_fake::{Fake, Store};
+use crate::resv::cluster_fake::{Fake, Store};
 
 fn gateway(store: &Arc<Store>) -> (NsResv, Arc<AtomicBool>, Arc<AtomicU64>) {
     let f = Fake::new(store);

@@ -25,6 +25,8 @@
 //! (the state kept in a cluster object, watched).
 
 pub mod cluster;
+#[cfg(test)]
+pub(crate) mod cluster_fake;
 mod file;
 pub mod seal;
 mod shared;

@@ -18,9 +18,8 @@ use super::reactors::{self, on_all, on_one};
 use super::state::{ConnState, FORMAT, Hello, Msg, OLDEST_READ, Prepare};
 use super::wire::Wire;
 use super::{STEP_LIMIT, UpgradeError};
-use crate::backend::Backend;
+use crate::backend::{Backend, StoreError};
 use crate::controller::QueueRef;
-use crate::error::TargetError;
 use crate::{Options, Target};
 
 /// Namespaces' stores handed over (descriptor, kind, size), by (subsystem, nsid), taken as
@@ -31,7 +30,7 @@ static STORES: Mutex<Option<Stores>> = Mutex::new(None);
 /// Namespace `nsid` of `nqn`'s store, if the old process handed it over: a RAM disk mapping
 /// the same memory (its content as the old process left it), a file namespace on the same
 /// open file (its lock with it). None: open it as the conf says.
-pub fn inherited_store(nqn: &str, n: &pollux_conf::Namespace) -> Option<Result<Box<dyn Backend>, TargetError>> {
+pub fn inherited_store(nqn: &str, n: &pollux_conf::Namespace) -> Option<Result<Box<dyn Backend>, StoreError>> {
     let mut guard = STORES.lock().unwrap_or_else(|p| p.into_inner());
     let stores = guard.as_mut()?;
     let key = (nqn.to_string(), n.nsid);

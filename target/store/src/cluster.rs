@@ -1,7 +1,7 @@
 //! The object of a store's cluster that keeps a namespace's reservations for every gateway
-//! (an RBD image's `pollux.resv.<image id>`, `backend::rbd::resv_object`): what a store with a
-//! cluster offers ([`super::Backend::reservation_object`]) and the reservations kept in the
-//! cluster ([`crate::resv::cluster`]) use, without either knowing the other.
+//! (an RBD image's `pollux.resv.<image id>`, [`crate::rbd::resv_object`]): what a store with
+//! a cluster offers ([`crate::Backend::reservation_object`]) and the target's reservations
+//! kept in the cluster (its `resv::cluster`) use, without either knowing the other.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};

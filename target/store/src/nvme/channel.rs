@@ -19,11 +19,12 @@ use tracing::warn;
 use super::{
     CHUNK, DEAC, EXACT_GAP, FUA, MAX_TRANSFER, ONCS_WRITE_ZEROES, SsdDevice, SsdNamespace, WATCHDOG, lock, short,
 };
-use crate::backend::dma::DmaShelf;
-use crate::backend::{
+use crate::dma::DmaShelf;
+use crate::error::StoreError;
+use crate::{
     Backend, BlockOp, Channel, ChannelEnv, Completer, Completion, DmaPool, PooledDma, ReadData, Tag, WriteData,
 };
-use crate::error::TargetError;
+
 /// DMA buffers of one channel: power-of-two size classes from 4 KiB, carved from 2 MiB
 /// regions and recycled (each goes back to its class when dropped, [`DmaShelf`]), so the
 /// steady state allocates (and maps) nothing.
@@ -189,16 +190,16 @@ pub struct SsdChannel {
 
 impl SsdChannel {
     /// Take reactor `reactor`'s queue pair on `dev`.
-    pub fn new(dev: Arc<SsdDevice>, env: &ChannelEnv) -> Result<Self, TargetError> {
+    pub fn new(dev: Arc<SsdDevice>, env: &ChannelEnv) -> Result<Self, StoreError> {
         let (reactor, max_io) = (env.reactor, env.max_io as usize);
-        let dma = dev.dma().ok_or_else(|| TargetError::NvmeUnfit {
+        let dma = dev.dma().ok_or_else(|| StoreError::NvmeUnfit {
             device: dev.name.clone(),
             reason: "released for another process (a hot upgrade)".into(),
         })?;
         let qp = lock(&dev.queues)
             .get_mut(reactor)
             .and_then(Option::take)
-            .ok_or_else(|| TargetError::NvmeUnfit {
+            .ok_or_else(|| StoreError::NvmeUnfit {
                 device: dev.name.clone(),
                 reason: format!("no I/O queue pair for reactor {reactor}"),
             })?;

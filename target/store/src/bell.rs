@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tracing::warn;
 
-use crate::error::TargetError;
+use crate::error::StoreError;
 
 /// Rings counted, and the watchers waiting for the next.
 #[derive(Debug)]
@@ -60,7 +60,7 @@ impl BellThread {
         bell: &'static Bell,
         tick: Option<Duration>,
         mut work: impl FnMut() + Send + 'static,
-    ) -> Result<Self, TargetError> {
+    ) -> Result<Self, StoreError> {
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
         // Counted from here, not from when the thread first runs: a ring once this returns
@@ -92,7 +92,7 @@ impl BellThread {
                     work();
                 }
             })
-            .map_err(|source| TargetError::Thread {
+            .map_err(|source| StoreError::Thread {
                 name: name.into(),
                 source,
             })?;

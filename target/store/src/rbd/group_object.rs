@@ -1,5 +1,5 @@
-//! The RADOS objects of a gateway group ([`crate::gateway`]): plain objects in one pool and
-//! RADOS namespace, read with their version and replaced by writes that assert it, over a
+//! The RADOS objects of a gateway group (the target's `gateway`): plain objects in one pool
+//! and RADOS namespace, read with their version and replaced by writes that assert it, over a
 //! cluster connection of the group's own ([`Cluster::private`]).
 //!
 //! Every call blocks on the cluster, at most the connection's operation timeout: it runs on
@@ -12,7 +12,7 @@ use pollux_conf::RbdBackend;
 
 use super::client::{Cluster, library};
 use super::object::{self, Ioctx, open_ioctx};
-use crate::error::TargetError;
+use crate::error::StoreError;
 
 /// Group objects larger than this are not a group state pollux wrote.
 const MAX_OBJECT: usize = 1 << 20;
@@ -28,12 +28,12 @@ pub struct GroupObjects {
 
 impl GroupObjects {
     /// Connect (a new client of the cluster) and open `b`'s pool and RADOS namespace.
-    pub fn open(b: &RbdBackend) -> Result<Self, TargetError> {
+    pub fn open(b: &RbdBackend) -> Result<Self, StoreError> {
         Self::on(Cluster::private(b)?, b)
     }
 
     /// `b`'s pool and RADOS namespace through connection `cluster`.
-    pub fn on(cluster: Arc<Cluster>, b: &RbdBackend) -> Result<Self, TargetError> {
+    pub fn on(cluster: Arc<Cluster>, b: &RbdBackend) -> Result<Self, StoreError> {
         let io = open_ioctx(&cluster, b, "the gateway group")?;
         Ok(Self {
             io: Mutex::new(io),

@@ -12,7 +12,7 @@ use pollux_conf::RbdBackend;
 
 use super::client::{Cluster, library, rbd_error};
 use super::sys;
-use crate::error::TargetError;
+use crate::error::StoreError;
 
 /// An I/O context (pool and RADOS namespace), destroyed by its owner.
 #[derive(Debug)]
@@ -22,7 +22,7 @@ pub(super) struct Ioctx(pub(super) sys::rados_ioctx_t);
 unsafe impl Send for Ioctx {}
 
 /// A context on `c` for `b`'s pool and RADOS namespace, for `purpose` (said in errors).
-pub(super) fn open_ioctx(c: &Cluster, b: &RbdBackend, purpose: &str) -> Result<Ioctx, TargetError> {
+pub(super) fn open_ioctx(c: &Cluster, b: &RbdBackend, purpose: &str) -> Result<Ioctx, StoreError> {
     let lib = library()?;
     let bad = |what: &str| rbd_error(b, format!("{what} contains a NUL character"), -i64::from(libc::EINVAL));
     let pool = CString::new(b.pool.as_str()).map_err(|_| bad("`pool`"))?;

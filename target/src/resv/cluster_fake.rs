@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::cluster::{ClusterObject, Inbox, NotifyReply, WatchEvent};
+use crate::backend::cluster::{ClusterObject, Inbox, NotifyReply, WatchEvent};
 
 /// The object as the cluster would hold it, shared by the "gateways".
 #[derive(Debug, Default)]

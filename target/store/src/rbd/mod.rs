@@ -43,7 +43,7 @@ use tracing::{info, warn};
 
 use super::{Backend, Caps, Channel, ChannelEnv, ChannelNs};
 use crate::counter::bump;
-use crate::error::TargetError;
+use crate::error::StoreError;
 use channel::RbdChannel;
 use client::{Cluster, Image, SizeWatch, library, rbd_error};
 
@@ -145,7 +145,7 @@ impl RbdDisk {
     /// Connect (or reuse the connection to) `b`'s cluster and open its image. Blocks on the
     /// cluster, within `op_timeout_s`.
     /// `reactors`: how many count its operations.
-    pub fn open(b: &RbdBackend, block_size: u32, reactors: usize) -> Result<Self, TargetError> {
+    pub fn open(b: &RbdBackend, block_size: u32, reactors: usize) -> Result<Self, StoreError> {
         library()?;
         let cluster = Cluster::get(b)?;
         let (mut image, len) = open_bounded(cluster, b)?;
@@ -237,7 +237,7 @@ impl RbdDisk {
     }
 
     /// The image, or an error once it is closed (the target stopping).
-    fn open_image(&self) -> Result<Arc<Image>, TargetError> {
+    fn open_image(&self) -> Result<Arc<Image>, StoreError> {
         self.image()
             .ok_or_else(|| rbd_error(&self.conf, "the image is closed", -i64::from(libc::ESHUTDOWN)))
     }
@@ -355,7 +355,7 @@ impl Backend for RbdDisk {
 
     /// `rbd_resize`: other gateways and clients see the new size through their watch.
     /// Shrinking is refused: the blocks past the new end would be lost to every host.
-    fn resize(&self, bytes: u64) -> Result<(), TargetError> {
+    fn resize(&self, bytes: u64) -> Result<(), StoreError> {
         let image = self.open_image()?;
         let now = image
             .size()
@@ -417,8 +417,8 @@ impl Backend for RbdDisk {
         Some(self.derived_ids())
     }
 
-    fn reservation_object(&self) -> Option<Result<Box<dyn crate::backend::cluster::ClusterObject>, TargetError>> {
-        let open = || -> Result<Box<dyn crate::backend::cluster::ClusterObject>, TargetError> {
+    fn reservation_object(&self) -> Option<Result<Box<dyn crate::cluster::ClusterObject>, StoreError>> {
+        let open = || -> Result<Box<dyn crate::cluster::ClusterObject>, StoreError> {
             let image = self.open_image()?;
             let o = resv_object::RadosResvObject::open(image.cluster.clone(), &self.conf, &self.image_id)?;
             Ok(Box::new(o))
@@ -431,7 +431,7 @@ impl Backend for RbdDisk {
         self.close();
     }
 
-    fn open_channel(&self, ns: ChannelNs, env: &ChannelEnv) -> Result<Box<dyn Channel>, TargetError> {
+    fn open_channel(&self, ns: ChannelNs, env: &ChannelEnv) -> Result<Box<dyn Channel>, StoreError> {
         let image = self.open_image()?;
         let ch = RbdChannel::new(ns, image, self, env).map_err(|e| {
             rbd_error(
@@ -456,7 +456,7 @@ const LOCK_QUERY_WAIT: Duration = Duration::from_millis(200);
 /// librados, so their sum is not; a cluster that does not answer must not hang the start
 /// or a control client. An open that completes after the wait closes its image again
 /// (dropped on that thread).
-fn open_bounded(cluster: Arc<Cluster>, b: &RbdBackend) -> Result<(Image, u64), TargetError> {
+fn open_bounded(cluster: Arc<Cluster>, b: &RbdBackend) -> Result<(Image, u64), StoreError> {
     let (tx, rx) = std::sync::mpsc::channel();
     let conf = b.clone();
     std::thread::Builder::new()

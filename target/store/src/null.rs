@@ -3,7 +3,7 @@
 //! cost is the target's own (parsing, the transport, the reactor), which is what a benchmark
 //! of the target wants to see.
 //!
-//! A read's zeroes are sent in place, as a RAM namespace's data is (see `tcp::sendq`), from
+//! A read's zeroes are sent in place, as a RAM namespace's data is (see pollux-link's `sendq`), from
 //! one window of untouched anonymous memory per namespace: every read starts at its
 //! beginning, so the only pages the kernel ever maps there are its shared zero page (huge
 //! zero page with THP), whatever the namespace's size, and no command fills a buffer.
@@ -13,7 +13,7 @@ use std::any::Any;
 use pollux_nvme::spec::Status;
 
 use super::{Backend, BlockOp, Caps, Channel, ChannelEnv, ChannelNs, RamDisk, ReadData};
-use crate::error::TargetError;
+use crate::error::StoreError;
 
 /// The largest read a null namespace may serve at once: the conf's largest `max_io_size`.
 const MAX_READ: u64 = 2 << 30;
@@ -72,8 +72,8 @@ impl Backend for NullDisk {
         })
     }
 
-    fn open_channel(&self, ns: ChannelNs, env: &ChannelEnv) -> Result<Box<dyn Channel>, TargetError> {
-        Err(TargetError::Channel {
+    fn open_channel(&self, ns: ChannelNs, env: &ChannelEnv) -> Result<Box<dyn Channel>, StoreError> {
+        Err(StoreError::Channel {
             nsid: ns.nsid,
             reactor: env.reactor,
             reason: "a null namespace completes inline and has no channel".into(),

@@ -1,28 +1,50 @@
+//! pollux's block store: the layer every namespace backend lives in, below the target and
+//! knowing nothing of NVMe-oF (no controller, subsystem, queue nor transport: byte-addressed
+//! operations on a store, completed with an NVMe status). It depends on `pollux_nvme` (the
+//! status codes, the SMART / Health page, the userspace NVMe driver behind [`nvme`]),
+//! `pollux_reactor` (the reactors its channels run on) and `pollux_conf` (a namespace's
+//! backend table, which [`open`] reads); never on the target, which re-exports it as its
+//! `backend` module. Being a crate of its own, the compiler checks that no backend names
+//! anything of the target: what a store needs of a namespace it is given ([`ChannelNs`]).
+//!
 //! Namespace backends behind one interface (SPDK: a bdev and its per-thread io_channel).
 //!
 //! A [`Backend`] is a namespace's data store, shared by every reactor: RAM ([`ram`]), a
-//! simulated SSD ([`sim`]), a file or block device through io_uring ([`file`]), a namespace of
-//! a local NVMe SSD through pollux's userspace driver ([`nvme`]), a Ceph RBD image through
-//! librbd ([`rbd`]), or none at all ([`null`]: writes discarded, reads zeroes). A backend
-//! that completes
-//! commands asynchronously opens one [`Channel`] per reactor (for an SSD its own queue pair,
-//! for a file its own io_uring): the channel takes typed operations ([`BlockOp`]), completes
-//! each with one [`Completion`] type through the function its reactor gave it, and tells the
-//! reactor when its next completion is due (hybrid sleep) and which fd raises it (interrupt
-//! mode). RAM completes inline and has no channel.
+//! simulated SSD ([`sim`]), a file or block device through io_uring ([`file`](mod@file)), a
+//! namespace of a local NVMe SSD through pollux's userspace driver ([`nvme`]), a Ceph RBD
+//! image through librbd ([`rbd`]), or none at all ([`null`]: writes discarded, reads
+//! zeroes). A backend that completes commands asynchronously opens one [`Channel`] per
+//! reactor (for an SSD its own queue pair, for a file its own io_uring): the channel takes
+//! typed operations ([`BlockOp`]), completes each with one [`Completion`] type through the
+//! function its reactor gave it, and tells the reactor when its next completion is due
+//! (hybrid sleep) and which fd raises it (interrupt mode). RAM completes inline and has no
+//! channel.
+//!
+//! Beside the backends, what they use and the target's layers share with them: [`error`]
+//! (the store's one error type, [`StoreError`], which the target wraps whole), [`bell`] (the
+//! bell a store rings when it may have changed size, [`SIZE_BELL`], and the threads that wait
+//! on bells), [`counter`] (one-writer counters), [`pool`] (reactor-local buffer pools) with
+//! [`dma`] (a channel's DMA buffers), [`region`] (the shared memory of a RAM namespace,
+//! which a simulated SSD and a null namespace use too, committed ahead of time by the
+//! prefault service, `prefault`), [`stripes`] (the sequence counters that keep a RAM block
+//! whole) and [`cluster`] (the object a store's cluster keeps reservations in).
 //!
 //! Adding a backend: a file here implementing [`Backend`] (and [`Channel`] if it is
 //! asynchronous), and its line in [`open`]. Nothing else names a backend type.
 
+pub mod bell;
 pub mod cluster;
-#[cfg(test)]
-pub(crate) mod cluster_fake;
+pub mod counter;
 pub mod dma;
+pub mod error;
 pub mod file;
 pub mod null;
 pub mod nvme;
+pub mod pool;
+mod prefault;
 pub mod ram;
 pub mod rbd;
+pub mod region;
 pub mod sim;
 pub mod stripes;
 
@@ -38,12 +60,12 @@ use pollux_reactor::{ChannelKey, LatencyModel, Polling, PollingCell, Progress, R
 use tracing::warn;
 
 use crate::bell::Bell;
-use crate::error::TargetError;
 pub use dma::{DmaPool, PooledDma};
-pub use ram::RamDisk;
+pub use error::StoreError;
+pub use region::RamDisk;
 
 /// Rung (by any store's watch, on the store's own thread) when a store may have changed
-/// size: the target's resize watcher ([`crate::resize::watcher`]) waits on it.
+/// size: the target's resize watcher (its `resize::watcher`) waits on it.
 pub static SIZE_BELL: Bell = Bell::new();
 
 /// Who to tell when a command completes: a connection and the slot of its request.
@@ -57,8 +79,8 @@ pub struct Tag {
     pub slot: usize,
 }
 
-/// One operation on a namespace, in bytes (validated against the namespace by
-/// [`crate::nvm`]: in range, a whole number of blocks).
+/// One operation on a namespace, in bytes (validated against the namespace by the target's
+/// NVM command decoder: in range, a whole number of blocks).
 #[derive(Debug)]
 pub enum BlockOp<'a> {
     /// Read `len` bytes at `off`.
@@ -294,10 +316,9 @@ pub trait Backend: Send + Sync + std::fmt::Debug + Any {
     fn memory(&self) -> Option<&RamDisk> {
         None
     }
-    /// The descriptor a hot upgrade hands to the next process so that it serves the same
-    /// store ([`crate::upgrade`]): a file namespace's open file (its lock goes with it).
-    /// None: the next process opens the store itself (RAM memory goes by
-    /// [`RamDisk::memfd`]).
+    /// The descriptor the target's hot upgrade hands to the next process so that it serves
+    /// the same store: a file namespace's open file (its lock goes with it). None: the next
+    /// process opens the store itself (RAM memory goes by [`RamDisk::memfd`]).
     fn handover_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         None
     }
@@ -322,7 +343,7 @@ pub trait Backend: Send + Sync + std::fmt::Debug + Any {
         own
     }
     /// Open this reactor's channel on the namespace `ns` (whose backend is `self`).
-    fn open_channel(&self, ns: ChannelNs, env: &ChannelEnv) -> Result<Box<dyn Channel>, TargetError>;
+    fn open_channel(&self, ns: ChannelNs, env: &ChannelEnv) -> Result<Box<dyn Channel>, StoreError>;
     /// The health of the device behind this store, when it has one that reports it: its name
     /// (namespaces of one device share it) and its last SMART / Health page.
     fn device_health(&self) -> Option<(&str, Health)> {
@@ -335,19 +356,20 @@ pub trait Backend: Send + Sync + std::fmt::Debug + Any {
         None
     }
     /// The object in the store's cluster that keeps the namespace's reservations for every
-    /// gateway ([`crate::resv::cluster`]); None: the store has no cluster, the target keeps
-    /// them. Blocks on the cluster: called where the namespace is built.
-    fn reservation_object(&self) -> Option<Result<Box<dyn cluster::ClusterObject>, TargetError>> {
+    /// gateway (the target's reservations kept in the cluster use it); None: the store has
+    /// no cluster, the target keeps them. Blocks on the cluster: called where the namespace
+    /// is built.
+    fn reservation_object(&self) -> Option<Result<Box<dyn cluster::ClusterObject>, StoreError>> {
         None
     }
     /// Resize the store to `bytes` (`pollux ctl resize-namespace`; blocks on the store, never
     /// called on a reactor). Err: the store cannot be resized (most cannot), or failed.
-    fn resize(&self, _bytes: u64) -> Result<(), TargetError> {
-        Err(TargetError::ResizeUnsupported { kind: self.kind() })
+    fn resize(&self, _bytes: u64) -> Result<(), StoreError> {
+        Err(StoreError::ResizeUnsupported { kind: self.kind() })
     }
     /// The store's size now, if something other than pollux may have changed it since the
     /// last call (an RBD image resized by another client); None otherwise. May block on the
-    /// store: called on the resize watcher's thread ([`crate::resize`]).
+    /// store: called on the target's resize watcher's thread.
     fn refresh_size(&self) -> Option<u64> {
         None
     }
@@ -361,7 +383,7 @@ pub trait Backend: Send + Sync + std::fmt::Debug + Any {
     }
     /// The reactors have stopped (the target is stopping): let go of the store now rather
     /// than whenever the last namespace reference goes (an NVMe controller is shut down, an
-    /// RBD image closed). May block on the store; [`crate::backend::rbd::wait_closed`]
+    /// RBD image closed). May block on the store; [`crate::rbd::wait_closed`]
     /// waits for the images.
     fn stop(&self) {}
     /// Starts of this store under pollux and unsafe shutdowns among them, where the store
@@ -411,7 +433,8 @@ pub trait Channel: 'static {
     /// The polling policy of the namespace(s) it serves ([`pollux_reactor::Polling`]; read
     /// at each run, a relaxed atomic load). A channel shared by several namespaces (an NVMe
     /// device's queue pair) says `auto`: their `always` still holds the reactor from each
-    /// command's submission ([`crate::queue`]), but the shared queue's waits are the mode's.
+    /// command's submission (the target's queue does), but the shared queue's waits are the
+    /// mode's.
     fn polling(&self) -> Polling {
         Polling::Auto
     }
@@ -653,37 +676,25 @@ pub fn with_channel<R>(
 
 /// Open a namespace's store as the conf describes it (`reactors`: one queue pair each for an
 /// NVMe device). The one place that names the backend kinds.
-pub fn open(n: &pollux_conf::Namespace, reactors: usize) -> Result<Box<dyn Backend>, TargetError> {
+pub fn open(n: &pollux_conf::Namespace, reactors: usize) -> Result<Box<dyn Backend>, StoreError> {
     use pollux_conf::Backend as Conf;
     Ok(match &n.backend {
         Conf::Ram { size } => {
-            Box::new(RamDisk::populated(*size).map_err(|source| TargetError::Ram { bytes: *size, source })?)
+            Box::new(RamDisk::populated(*size).map_err(|source| StoreError::Ram { bytes: *size, source })?)
         }
         Conf::Sim(sim) => Box::new(sim::SimDisk::open(sim)?),
         Conf::File(f) => Box::new(file::FileDisk::open(&f.path, f.size, f.direct, f.shared, n.block_size)?),
         Conf::Nvme(b) => Box::new(nvme::SsdDevice::open(b, n.block_size, reactors)?),
         Conf::Rbd(b) => Box::new(rbd::RbdDisk::open(b, n.block_size, reactors)?),
         Conf::Null { size } => {
-            Box::new(null::NullDisk::new(*size).map_err(|source| TargetError::Ram { bytes: *size, source })?)
+            Box::new(null::NullDisk::new(*size).map_err(|source| StoreError::Ram { bytes: *size, source })?)
         }
     })
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{CopyOffload, Polling};
-
-    #[test]
-    fn a_channel_sees_its_namespace_polling_changes_without_holding_the_namespace() {
-        let ns = crate::subsystem::test_namespace(3, 64);
-        let kept = ns.channel_ns();
-        assert_eq!(kept.nsid, 3);
-        ns.polling.set(Polling::Always);
-        assert_eq!(kept.polling.get(), Polling::Always);
-        drop(ns);
-        // It outlives the namespace: nothing of the subsystem's model is kept.
-        assert_eq!(kept.polling.get(), Polling::Always);
-    }
+    use super::CopyOffload;
 
     #[test]
     fn a_copy_fits_an_offload_only_within_every_limit() {

@@ -18,7 +18,7 @@ use super::super::{BlockOp, Channel, ChannelEnv, Completer, Completion, ReadData
 use super::client::{Image, library};
 use super::sys;
 use super::{EXACT_GAP, ImageRef, RbdDisk, RbdHealth, WATCHDOG};
-use crate::backend::{Backend, ChannelNs};
+use crate::{Backend, ChannelNs};
 
 /// Where librbd's completion callback leaves a channel's finished operations.
 struct Inbox {

@@ -21,7 +21,7 @@ use tracing::{debug, info, warn};
 mod channel;
 
 use super::{Backend, Caps, Channel, ChannelEnv, ChannelNs};
-use crate::error::TargetError;
+use crate::error::StoreError;
 pub use channel::{AlignedBuf, FileChannel, FileOp};
 
 /// Buffer alignment for O_DIRECT (covers 512- and 4096-byte logical blocks).
@@ -190,7 +190,7 @@ impl FileDisk {
         direct: bool,
         shared: bool,
         block_size: u32,
-    ) -> Result<Self, TargetError> {
+    ) -> Result<Self, StoreError> {
         Self::open_or_adopt(path, size, direct, shared, block_size, None)
     }
 
@@ -204,11 +204,11 @@ impl FileDisk {
         shared: bool,
         block_size: u32,
         inherited: Option<File>,
-    ) -> Result<Self, TargetError> {
+    ) -> Result<Self, StoreError> {
         let adopted = inherited.is_some();
         let path_buf = || path.to_path_buf();
         let io = |what: &'static str| {
-            move |source| TargetError::FileIo {
+            move |source| StoreError::FileIo {
                 path: path.to_path_buf(),
                 what,
                 source,
@@ -216,7 +216,7 @@ impl FileDisk {
         };
         let exists = adopted || path.exists();
         if !exists && size.is_none() {
-            return Err(TargetError::FileMissing { path: path_buf() });
+            return Err(StoreError::FileMissing { path: path_buf() });
         }
         let mut opts = OpenOptions::new();
         opts.read(true).write(true).create(!exists);
@@ -229,7 +229,7 @@ impl FileDisk {
         }
         .map_err(|e| {
             if e.raw_os_error() == Some(libc::EINVAL) && direct {
-                TargetError::FileNoDirect { path: path_buf() }
+                StoreError::FileNoDirect { path: path_buf() }
             } else {
                 io("cannot open")(e)
             }
@@ -255,7 +255,7 @@ impl FileDisk {
                 return Err(io("cannot lock")(e));
             }
             if Instant::now() >= deadline {
-                return Err(TargetError::FileLocked { path: path_buf() });
+                return Err(StoreError::FileLocked { path: path_buf() });
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -271,10 +271,10 @@ impl FileDisk {
         } else if meta.is_file() {
             meta.len()
         } else {
-            return Err(TargetError::FileKind { path: path_buf() });
+            return Err(StoreError::FileKind { path: path_buf() });
         };
         if len == 0 || len % u64::from(block_size) != 0 {
-            return Err(TargetError::FileSize {
+            return Err(StoreError::FileSize {
                 path: path_buf(),
                 size: len,
                 block_size,
@@ -357,9 +357,9 @@ impl Backend for FileDisk {
         }
     }
 
-    fn open_channel(&self, ns: ChannelNs, env: &ChannelEnv) -> Result<Box<dyn Channel>, TargetError> {
+    fn open_channel(&self, ns: ChannelNs, env: &ChannelEnv) -> Result<Box<dyn Channel>, StoreError> {
         let ch =
-            FileChannel::new(ns, self.file.as_raw_fd(), &self.uring, env).map_err(|source| TargetError::FileIo {
+            FileChannel::new(ns, self.file.as_raw_fd(), &self.uring, env).map_err(|source| StoreError::FileIo {
                 path: self.path.clone(),
                 what: "cannot open a channel (io_uring or its worker thread)",
                 source,

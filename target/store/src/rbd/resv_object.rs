@@ -1,5 +1,5 @@
 //! The RADOS object that holds an image's reservations for every gateway
-//! ([`crate::backend::cluster::ClusterObject`]): `pollux.resv.<image id>`, beside the image in its pool
+//! ([`crate::cluster::ClusterObject`]): `pollux.resv.<image id>`, beside the image in its pool
 //! and RADOS namespace. Changed only by a write that asserts the version read
 //! (`rados_write_op_assert_version`), so two gateways' changes never overwrite each other;
 //! watched (`rados_watch3`), and every change announced by `rados_notify2`, which returns
@@ -19,8 +19,8 @@ use tracing::warn;
 use super::client::{Cluster, library, rbd_error};
 use super::object::{self, Ioctx, open_ioctx};
 use super::sys;
-use crate::backend::cluster::{ClusterObject, Inbox, NotifyReply, WatchEvent};
-use crate::error::TargetError;
+use crate::cluster::{ClusterObject, Inbox, NotifyReply, WatchEvent};
+use crate::error::StoreError;
 
 /// How long the OSD keeps a watch whose gateway stopped pinging (a `kill -9`): a change
 /// meanwhile waits its notify timeout for that gateway. The client pings every
@@ -118,18 +118,19 @@ unsafe extern "C" fn on_watch_error(arg: *mut c_void, _cookie: u64, err: c_int) 
 impl RadosResvObject {
     /// The reservation object of image `image_id` of `b` (created empty by the caller if it
     /// does not exist yet).
-    pub fn open(cluster: Arc<Cluster>, b: &RbdBackend, image_id: &str) -> Result<Self, TargetError> {
+    pub fn open(cluster: Arc<Cluster>, b: &RbdBackend, image_id: &str) -> Result<Self, StoreError> {
         Self::open_named(cluster, b, format!("pollux.resv.{image_id}"), "the reservation object")
     }
 
     /// Object `name` of `b`'s pool and RADOS namespace, watched and notified as the
-    /// reservation object is (a gateway group's configuration, `crate::gateway::config`).
+    /// reservation object is (a gateway group's configuration: the target's
+    /// `gateway::config`).
     pub fn open_named(
         cluster: Arc<Cluster>,
         b: &RbdBackend,
         name: String,
         what_for: &'static str,
-    ) -> Result<Self, TargetError> {
+    ) -> Result<Self, StoreError> {
         let lib = library()?;
         let what = match &b.rados_namespace {
             Some(ns) if !ns.is_empty() => format!("{}/{ns}/{name}", b.pool),

@@ -22,7 +22,7 @@ use rand_distr::{Bernoulli, Distribution, LogNormal, Uniform};
 use tracing::warn;
 
 use super::{Backend, BlockOp, Channel, ChannelEnv, ChannelNs, Completer, Completion, RamDisk, Tag};
-use crate::error::TargetError;
+use crate::error::StoreError;
 
 /// A latency distribution, in microseconds.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -127,8 +127,8 @@ pub struct SimDisk {
 
 impl SimDisk {
     /// The device the conf's `sim` backend describes, its memory zeroed.
-    pub fn open(c: &pollux_conf::SimBackend) -> Result<Self, TargetError> {
-        let data = RamDisk::new(c.size).map_err(|source| TargetError::Ram { bytes: c.size, source })?;
+    pub fn open(c: &pollux_conf::SimBackend) -> Result<Self, StoreError> {
+        let data = RamDisk::new(c.size).map_err(|source| StoreError::Ram { bytes: c.size, source })?;
         Ok(Self {
             data,
             params: SimParams::from_conf(c),
@@ -153,9 +153,9 @@ impl Backend for SimDisk {
         Some(&self.data)
     }
 
-    fn open_channel(&self, ns: ChannelNs, env: &ChannelEnv) -> Result<Box<dyn Channel>, TargetError> {
+    fn open_channel(&self, ns: ChannelNs, env: &ChannelEnv) -> Result<Box<dyn Channel>, StoreError> {
         let nsid = ns.nsid;
-        let ch = SimChannel::new(ns, self.params.clone(), env).map_err(|e| TargetError::Channel {
+        let ch = SimChannel::new(ns, self.params.clone(), env).map_err(|e| StoreError::Channel {
             nsid,
             reactor: env.reactor,
             reason: format!("cannot make the simulated interrupt's timerfd: {e}"),

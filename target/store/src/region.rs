@@ -1,4 +1,7 @@
-//! The RAM backend: a memfd, mapped shared, reached by every reactor.
+//! The memory of a RAM namespace ([`RamDisk`]): a memfd, mapped shared, reached by every
+//! reactor. A simulated SSD keeps its data in one too, a null namespace its window of
+//! zeroes; a read's data is sent from it in place, and the hot upgrade hands it over. The
+//! RAM backend itself is `ram`, the fill that commits its pages ahead of time `prefault`.
 //!
 //! Why a memfd and not anonymous memory: the hot upgrade (a new pollux binary taking over
 //! a running one's connections) hands each RAM namespace's memory to the next process as a
@@ -26,21 +29,19 @@
 //! anonymous mapping before, does not zero a shared mapping: it drops this process's page
 //! table entries and the next access maps the file's unchanged page again.
 
-use std::any::Any;
-use std::collections::VecDeque;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
-use pollux_nvme::spec::Status;
 use vm_memory::VolatileSlice;
 
-use super::stripes::Stripes;
-use super::{Backend, BlockOp, Caps, Channel, ChannelEnv, ChannelNs, WriteData};
-use crate::error::TargetError;
+use crate::error::StoreError;
+use crate::prefault::{self, Filled};
+use crate::stripes::Stripes;
 
-const PAGE: u64 = 4096;
+/// A small page: what a deallocated range releases whole, and what a fill commits first.
+pub(crate) const PAGE: u64 = 4096;
 
 /// Zeroes for the partial pages of a deallocated range.
 static ZEROES: [u8; PAGE as usize] = [0; PAGE as usize];
@@ -60,17 +61,36 @@ pub struct RamDisk {
     stripes: Stripes,
 }
 
-/// The disk's memory, one mapping, unmapped (and its memfd closed) when its last holder
 /// goes: the disk, or its fill job (queued, or with a filler). So dropping a disk (which
 /// may happen on a reactor, with the last reference to a removed namespace) never waits
 /// for a filler.
 #[derive(Debug)]
-struct Mapping {
+pub(crate) struct Mapping {
     base: NonNull<u8>,
     len: u64,
     /// The memfd the mapping shows (MAP_SHARED); None for the anonymous private mapping of
     /// [`RamDisk::anonymous`]. Closed after the unmap (fields drop after `Drop::drop`).
     fd: Option<OwnedFd>,
+}
+
+/// What the prefault service reads of a mapping (only this module makes one, so that
+/// every `Mapping` is one that `map_shared` or `map_anonymous` made).
+impl Mapping {
+    /// Its first byte, mapped while `self` lives.
+    pub(crate) fn base(&self) -> NonNull<u8> {
+        self.base
+    }
+
+    /// Its length in bytes.
+    pub(crate) fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether it shows a memfd (shmem, whose pages the filler can make huge), not
+    /// anonymous memory.
+    pub(crate) fn is_memfd(&self) -> bool {
+        self.fd.is_some()
+    }
 }
 
 // SAFETY: the mapping is only accessed through VolatileSlice copies (which tolerate concurrent
@@ -87,284 +107,9 @@ impl Drop for Mapping {
     }
 }
 
-/// Make the calling (populating) thread give way to everything else: the lowest priority
-/// there is, on any core the process may use.
-///
-/// Why the lowest priority: filling a 3 GiB namespace is seconds of CPU in the kernel
-/// (zeroing each huge page), and a thread of normal priority on a reactor's core took its
-/// share of it: connects timed out waiting for ICResp under load and the reactor logged
-/// 11-22 ms stalls on a quiet machine. At SCHED_IDLE any reactor preempts it on wake-up and
-/// leaves it only the time the core would be idle.
-///
-/// Why any core, the reactors' included: the thread holds the process's mmap lock while it
-/// faults a huge page in, and a reactor that faults behind a waiting mmap writer (an
-/// allocation, a thread start) waits for that lock. Kept off the reactors' cores (as it
-/// once was), the fill could only run on the other cores; where those were busy (a client
-/// polling on the same machine) SCHED_IDLE left it almost no time there, and the blocked
-/// reactor's own core sat idle: one reactor callback waited 5,025 ms with the fill half
-/// done (`pollux perf` QD32 4K reads on a 256 MiB namespace, 1 run in 8). Allowed on the
-/// reactor's core, it runs the moment the reactor blocks and lets the lock go.
-fn give_way() {
-    if let Err(e) = pollux_reactor::sys::lowest_priority_current_thread() {
-        tracing::debug!(error = %e, "RAM disk populate: cannot lower its priority");
-    }
-}
-
-/// A huge page: the unit of [`populate`] and of [`collapse`], and the alignment of a memfd
-/// mapping of at least this size ([`map_shared`]).
-const HUGE: u64 = 2 << 20;
-
-/// madvise(2) MADV_COLLAPSE (Linux 6.1, include/uapi/asm-generic/mman-common.h), not in
-/// every libc crate target.
-const MADV_COLLAPSE: libc::c_int = 25;
-
-/// Whether the filler makes a memfd's pages huge ([`collapse`]): wherever the system allows
-/// transparent huge pages at all (/sys/kernel/mm/transparent_hugepage/enabled not "never"),
-/// the setting under which the anonymous mapping had them with MADV_HUGEPAGE.
-fn collapse_allowed() -> bool {
-    static ALLOWED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ALLOWED.get_or_init(|| {
-        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").is_ok_and(|s| !s.contains("[never]"))
-    })
-}
-
-/// Make the 2 MiB at `p` one transparent huge page, mapped by one page table entry:
-/// MADV_COLLAPSE copies the small pages there are into a huge page (zeroes where there are
-/// none) and maps it, the data unchanged (concurrent accesses wait on the pages' locks for
-/// the copy, as they do for khugepaged).
-///
-/// Why: a memfd's memory is shmem, whose huge pages follow
-/// /sys/kernel/mm/transparent_hugepage/shmem_enabled, "never" by default (and on the
-/// machine this was written on, where MADV_HUGEPAGE on the memfd then does nothing), so the
-/// disk would be in 4 KiB pages where the anonymous mapping before it had 2 MiB ones: a
-/// random 4 KiB copy out of 256 MiB took 662 instead of 473 ns (a TLB miss and a page walk,
-/// two-dimensional in a VM, per command). MADV_COLLAPSE works whatever shmem_enabled says
-/// (but "deny"), as khugepaged would, and with it the same copy took 468 ns. Huge pages live
-/// in the memfd: the next process (hot upgrade) maps them huge too (its mapping is aligned).
-fn collapse(map: &Mapping, at: u64) -> std::io::Result<()> {
-    assert!(
-        at.checked_add(HUGE).is_some_and(|end| end <= map.len),
-        "collapse out of bounds"
-    );
-    // SAFETY: `[at, at + HUGE)` is inside `map` (checked above), which stays mapped while
-    // it is borrowed; MADV_COLLAPSE changes no content.
-    let p = unsafe { map.base.as_ptr().add(at as usize) };
-    // SAFETY: as above.
-    if unsafe { libc::madvise(p.cast(), HUGE as usize, MADV_COLLAPSE) } == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
-}
-
-/// Fault `[at, at + n)` of `map` in writable (MADV_POPULATE_WRITE), committing its pages.
-fn populate_range(map: &Mapping, at: u64, n: u64) -> std::io::Result<()> {
-    assert!(
-        at.checked_add(n).is_some_and(|end| end <= map.len),
-        "populate out of bounds"
-    );
-    // SAFETY: `[at, at + n)` is inside `map` (checked above), which stays mapped while it
-    // is borrowed.
-    let p = unsafe { map.base.as_ptr().add(at as usize) };
-    // SAFETY: as above; MADV_POPULATE_WRITE only faults the pages in writable, it changes
-    // no content.
-    if unsafe { libc::madvise(p.cast(), n as usize, libc::MADV_POPULATE_WRITE) } == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
-}
-
-/// Commit the mapping a huge page at a time until done or `stop`: MADV_POPULATE_WRITE holds
-/// the process's mmap lock while it faults a range in, so one call per huge page (the least
-/// a fault commits with THP) lets a reactor's own mmap or munmap in between.
-///
-/// Each whole, aligned 2 MiB of a memfd is made one huge page where allowed ([`collapse`]):
-/// its first page is committed, and MADV_COLLAPSE makes the 2 MiB one huge page, zeroes
-/// where nothing was written (it refuses a range of holes only). Committing all 512 small
-/// pages first, only for the collapse to copy and free them, took 4-10 times as long (256
-/// MiB: 214-243 instead of 17-65 ms on a quiet machine). Where the kernel refuses a
-/// collapse the rest of the 2 MiB is committed in small pages; after EINVAL (no
-/// MADV_COLLAPSE, or shmem_enabled "deny") or 16 refusals the filler stops trying, with a
-/// debug line. Returns the bytes committed.
-fn populate(map: &Mapping, stop: &AtomicBool) -> u64 {
-    let (base, len) = (map.base.as_ptr() as u64, map.len);
-    let mut huge = map.fd.is_some() && collapse_allowed();
-    let (mut at, mut refused) = (0, 0u32);
-    while at < len && !stop.load(Relaxed) {
-        let n = HUGE.min(len - at);
-        let whole = huge && n == HUGE && (base + at).is_multiple_of(HUGE);
-        let mut done = populate_range(map, at, if whole { PAGE } else { n });
-        if whole
-            && done.is_ok()
-            && let Err(e) = collapse(map, at)
-        {
-            refused += 1;
-            if e.raw_os_error() == Some(libc::EINVAL) || refused >= 16 {
-                tracing::debug!(
-                    bytes = len,
-                    at,
-                    refused,
-                    error = %e,
-                    "RAM disk: no more huge pages (MADV_COLLAPSE: EINVAL before Linux 6.1 or with shmem_enabled \"deny\", EAGAIN/ENOMEM without a free huge page); the rest is in 4 KiB pages"
-                );
-                huge = false;
-            }
-            done = populate_range(map, at + PAGE, n - PAGE);
-        }
-        if let Err(e) = done {
-            tracing::warn!(
-                bytes = len,
-                populated = at,
-                error = %e,
-                "RAM disk not populated: its other pages are committed on first write (a reactor stall per page)"
-            );
-            return at;
-        }
-        at += n;
-    }
-    at
-}
-
-/// Whether a disk's fill is over (done, stopped or given up), for [`RamDisk::wait_populated`].
-#[derive(Debug, Default)]
-struct Filled {
-    over: Mutex<bool>,
-    cv: Condvar,
-}
-
-impl Filled {
-    fn set(&self) {
-        *self.over.lock().unwrap_or_else(PoisonError::into_inner) = true;
-        self.cv.notify_all();
-    }
-
-    fn wait(&self) {
-        let mut over = self.over.lock().unwrap_or_else(PoisonError::into_inner);
-        while !*over {
-            over = self.cv.wait(over).unwrap_or_else(PoisonError::into_inner);
-        }
-    }
-}
-
-/// A disk waiting for a filler, or being filled. It holds the mapping, so that a disk
-/// dropped meanwhile is unmapped by whoever lets the job go; the fill is over when it goes.
-struct FillJob {
-    map: Arc<Mapping>,
-    stop: Arc<AtomicBool>,
-    filled: Arc<Filled>,
-}
-
-impl Drop for FillJob {
-    fn drop(&mut self) {
-        self.filled.set();
-    }
-}
-
-/// The disks waiting to be filled and the number of fillers at work: a few threads fill
-/// every RAM disk of the process, not one thread per disk. A thread per disk cost a thread
-/// start, a stack and a log line per namespace: most of the 2.6 s a target with 16,384
-/// small RAM namespaces took to start. Disks are filled in the order they were made, by
-/// at most [`max_fillers`] threads at once, which end when none has come for [`LINGER`].
-struct Fillers {
-    queue: VecDeque<FillJob>,
-    /// Fillers started and not ended.
-    running: usize,
-    /// Of those, the ones waiting for a disk.
-    waiting: usize,
-}
-
-static FILLERS: Mutex<Fillers> = Mutex::new(Fillers {
-    queue: VecDeque::new(),
-    running: 0,
-    waiting: 0,
-});
-
-/// Wakes a waiting filler when a disk is queued.
-static QUEUED: Condvar = Condvar::new();
-
-/// How long a filler waits for another disk before it ends: a target opening thousands of
-/// small namespaces makes them more slowly than a filler fills them, and a filler ending at
-/// every gap was started again for the next disk.
-const LINGER: std::time::Duration = std::time::Duration::from_millis(200);
-
-/// Fillers at once: one per core the process may use (each takes only the time its core
-/// would leave idle, see [`give_way`]), so that large disks still fill in parallel.
-fn max_fillers() -> usize {
-    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
-}
-
-/// Queue `job`, and start a filler if fewer than [`max_fillers`] run. Err: no filler runs
-/// and none could be started (the job is dropped: its fill is over).
-fn enqueue(job: FillJob) -> std::io::Result<()> {
-    let mut f = FILLERS.lock().unwrap_or_else(PoisonError::into_inner);
-    f.queue.push_back(job);
-    if f.waiting > 0 {
-        QUEUED.notify_one();
-        return Ok(());
-    }
-    if f.running >= max_fillers() {
-        return Ok(());
-    }
-    match std::thread::Builder::new()
-        .name("pollux-ram-populate".into())
-        .spawn(filler)
-    {
-        Ok(_) => {
-            f.running += 1;
-            Ok(())
-        }
-        Err(e) if f.running > 0 => {
-            tracing::debug!(error = %e, "RAM disk populate: no more fillers; those running fill this disk too");
-            Ok(())
-        }
-        Err(e) => {
-            f.queue.pop_back();
-            Err(e)
-        }
-    }
-}
-
-/// The next disk to fill, waiting up to [`LINGER`] for one; None: the filler ends (and is
-/// no longer counted as running).
-fn next_job() -> Option<FillJob> {
-    let mut f = FILLERS.lock().unwrap_or_else(PoisonError::into_inner);
-    if f.queue.is_empty() {
-        f.waiting += 1;
-        let deadline = std::time::Instant::now() + LINGER;
-        while f.queue.is_empty() {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            f = QUEUED.wait_timeout(f, left).unwrap_or_else(PoisonError::into_inner).0;
-        }
-        f.waiting -= 1;
-    }
-    let job = f.queue.pop_front();
-    if job.is_none() {
-        f.running -= 1;
-    }
-    job
-}
-
-/// One filler: fills queued disks until none comes, then logs what it did (one line for
-/// however many disks).
-fn filler() {
-    give_way();
-    let (mut disks, mut bytes, mut busy) = (0u64, 0u64, std::time::Duration::ZERO);
-    while let Some(job) = next_job() {
-        let t0 = std::time::Instant::now();
-        let at = populate(&job.map, &job.stop);
-        tracing::debug!(bytes = at, ms = t0.elapsed().as_millis() as u64, "RAM disk populated");
-        busy += t0.elapsed();
-        disks += 1;
-        bytes += at;
-    }
-    if disks > 0 {
-        tracing::info!(disks, bytes, ms = busy.as_millis() as u64, "RAM disks populated");
-    }
-}
+/// A huge page: the unit of `prefault::populate` and of `prefault::collapse`, and the
+/// alignment of a memfd mapping of at least this size ([`map_shared`]).
+pub(crate) const HUGE: u64 = 2 << 20;
 
 // SAFETY: the mapping is only accessed through VolatileSlice copies (which tolerate concurrent
 // access, as guest memory does) and madvise; it is unmapped by `Mapping` only.
@@ -392,7 +137,8 @@ fn check_len(len: u64) -> std::io::Result<()> {
 /// pages. For a memfd (shmem) it counts only where
 /// /sys/kernel/mm/transparent_hugepage/shmem_enabled is "advise" (or "always"/"within_size",
 /// which need no advice); it is "never" by default (and on the machine this was written on):
-/// not an error, and the filler makes the pages huge after committing them ([`collapse`]).
+/// not an error, and the filler makes the pages huge after committing them
+/// (`prefault::collapse`).
 fn advise_huge(p: *mut libc::c_void, len: u64) {
     // SAFETY: advice on a mapping this module just made; it changes no content.
     if unsafe { libc::madvise(p, len as usize, libc::MADV_HUGEPAGE) } != 0 {
@@ -402,8 +148,8 @@ fn advise_huge(p: *mut libc::c_void, len: u64) {
 
 /// Map `len` bytes of `fd` shared, read-write; from a 2 MiB-aligned address when the disk
 /// has 2 MiB or more, so that each 2 MiB of the memfd can be one huge page mapped by one
-/// page table entry ([`collapse`]): the kernel aligns a shared memfd mapping itself only
-/// where shmem THP is enabled. The alignment costs a reservation of 2 MiB more address
+/// page table entry (`prefault::collapse`): the kernel aligns a shared memfd mapping itself
+/// only where shmem THP is enabled. The alignment costs a reservation of 2 MiB more address
 /// space, trimmed at once.
 fn map_shared(fd: BorrowedFd<'_>, len: u64) -> std::io::Result<NonNull<u8>> {
     use std::os::fd::AsRawFd;
@@ -521,14 +267,14 @@ impl RamDisk {
     /// (neither zeroed nor filled: the data is exactly what the other process wrote, and the
     /// pages it committed are committed in the memfd, so there is nothing to populate; each
     /// page is mapped into this process at its first access, a minor fault). Err: `fd` is not
-    /// `len` bytes ([`TargetError::RamAdoptSize`]), or cannot be mapped.
-    pub fn adopt(fd: OwnedFd, len: u64) -> Result<Self, TargetError> {
-        let err = |source: std::io::Error| TargetError::Ram { bytes: len, source };
+    /// `len` bytes ([`StoreError::RamAdoptSize`]), or cannot be mapped.
+    pub fn adopt(fd: OwnedFd, len: u64) -> Result<Self, StoreError> {
+        let err = |source: std::io::Error| StoreError::Ram { bytes: len, source };
         check_len(len).map_err(err)?;
         let st = nix::sys::stat::fstat(&fd).map_err(|e| err(e.into()))?;
         let found = u64::try_from(st.st_size).unwrap_or(0);
         if found != len {
-            return Err(TargetError::RamAdoptSize { expected: len, found });
+            return Err(StoreError::RamAdoptSize { expected: len, found });
         }
         let base = map_shared(fd.as_fd(), len).map_err(err)?;
         Ok(Self::over(Mapping {
@@ -557,24 +303,18 @@ impl RamDisk {
     /// Map `len` bytes as [`RamDisk::new`] does, and commit them all in the background
     /// (huge pages where the system allows), so that a host's writes take no page fault:
     /// the first write into each 2 MiB huge page stalled the reactor for 4.3-4.6 ms while
-    /// the kernel zeroed it. A filler thread (a few fill every disk, [`Fillers`]) walks the
-    /// disk a huge page at a time with MADV_POPULATE_WRITE, which faults pages in without
-    /// changing their content, and MADV_COLLAPSE, which makes each 2 MiB one huge page
-    /// without changing its content ([`populate`]), so I/O meanwhile stays correct (a write
-    /// that reaches a page first takes its fault as before; one into a 2 MiB being collapsed
-    /// waits for the copy). The memory is resident from then on. Where the kernel cannot populate
-    /// (before Linux 5.14, or short of memory) the rest stays lazily committed, with a
-    /// warning. The fillers run at the lowest priority ([`give_way`]): filling never
-    /// delays a reactor.
+    /// the kernel zeroed it. A filler thread (a few fill every disk, `prefault::Fillers`)
+    /// walks the disk a huge page at a time with MADV_POPULATE_WRITE, which faults pages in
+    /// without changing their content, and MADV_COLLAPSE, which makes each 2 MiB one huge
+    /// page without changing its content (`prefault::populate`), so I/O meanwhile stays
+    /// correct (a write that reaches a page first takes its fault as before; one into a 2 MiB
+    /// being collapsed waits for the copy). The memory is resident from then on. Where the
+    /// kernel cannot populate (before Linux 5.14, or short of memory) the rest stays lazily
+    /// committed, with a warning. The fillers run at the lowest priority
+    /// (`prefault::give_way`): filling never delays a reactor.
     pub fn populated(len: u64) -> std::io::Result<Self> {
         let mut d = Self::new(len)?;
-        let filled = Arc::new(Filled::default());
-        enqueue(FillJob {
-            map: d.map.clone(),
-            stop: d.stop.clone(),
-            filled: filled.clone(),
-        })?;
-        d.populating = Some(filled);
+        d.populating = Some(prefault::start(d.map.clone(), d.stop.clone())?);
         Ok(d)
     }
 
@@ -726,73 +466,6 @@ impl RamDisk {
     }
 }
 
-impl RamDisk {
-    /// Apply a write-side operation to the memory (a RAM namespace inline, a simulated SSD
-    /// at submission: its data is visible at once, its completion comes later). Reads and
-    /// flushes change nothing: a read's data is sent from the memory, and there is no
-    /// volatile cache to flush.
-    #[inline]
-    pub fn apply(&self, op: &BlockOp<'_>) -> Status {
-        match op {
-            BlockOp::Write {
-                off,
-                data: WriteData::Bytes(b),
-                ..
-            } => self.write(*off, b),
-            // DMA buffers come from NVMe channels only.
-            BlockOp::Write { .. } => return Status::INTERNAL_ERROR,
-            BlockOp::WriteZeroes { off, len } => self.zero(*off, *len),
-            BlockOp::Deallocate { ranges } => ranges.iter().for_each(|&(off, len)| self.zero(off, len)),
-            BlockOp::Read { .. } | BlockOp::Flush => {}
-            // No copy offload (Caps::copy_offload): a Copy is read and written through pollux.
-            BlockOp::Copy { .. } | BlockOp::CompareAndWrite { .. } => return Status::INTERNAL_ERROR,
-        }
-        Status::SUCCESS
-    }
-}
-
-/// A RAM namespace: every command completes inline, on the reactor that received it.
-impl Backend for RamDisk {
-    fn kind(&self) -> &'static str {
-        "ram"
-    }
-
-    fn len(&self) -> u64 {
-        self.len
-    }
-
-    fn io_path(&self) -> &'static str {
-        "inline"
-    }
-
-    fn memory(&self) -> Option<&RamDisk> {
-        Some(self)
-    }
-
-    fn caps(&self) -> Caps {
-        Caps {
-            inline_reads: true,
-            ..Caps::default()
-        }
-    }
-
-    fn run_inline(&self, op: &BlockOp<'_>) -> Option<Status> {
-        Some(self.apply(op))
-    }
-
-    fn open_channel(&self, ns: ChannelNs, env: &ChannelEnv) -> Result<Box<dyn Channel>, TargetError> {
-        Err(TargetError::Channel {
-            nsid: ns.nsid,
-            reactor: env.reactor,
-            reason: "a RAM namespace completes inline and has no channel".into(),
-        })
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-}
-
 impl Drop for RamDisk {
     fn drop(&mut self) {
         // Its filler stops within one huge page and, holding the mapping, unmaps
@@ -802,7 +475,7 @@ impl Drop for RamDisk {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -856,91 +529,6 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_populated_disk_is_resident_and_reads_as_zero() {
-        let len = 8u64 << 20;
-        let mut d = RamDisk::populated(len).unwrap_or_else(|e| panic!("{e}"));
-        d.wait_populated();
-        let pages = (len / PAGE) as usize;
-        let mut vec = vec![0u8; pages];
-        // SAFETY: mincore over the disk's own mapping, one status byte per page into `vec`.
-        let rc = unsafe { libc::mincore(d.base.as_ptr().cast(), len as usize, vec.as_mut_ptr()) };
-        assert_eq!(rc, 0);
-        assert!(
-            vec.iter().all(|&v| v & 1 == 1),
-            "every page is resident before any write"
-        );
-        let mut b = vec![1u8; 4096];
-        d.read(len - 4096, &mut b);
-        assert!(b.iter().all(|&x| x == 0));
-    }
-
-    /// The populating threads of this process, by their (truncated) name.
-    fn populating_threads() -> Vec<libc::pid_t> {
-        let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-            return Vec::new();
-        };
-        tasks
-            .filter_map(|t| {
-                let t = t.ok()?;
-                let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
-                (comm.trim_end() == "pollux-ram-popu").then(|| t.file_name().to_str()?.parse().ok())?
-            })
-            .collect()
-    }
-
-    fn cores_of(tid: libc::pid_t) -> Vec<usize> {
-        // SAFETY: all-zero is a valid empty cpu_set_t.
-        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-        // SAFETY: `set` is a valid, writable cpu_set_t of the size passed.
-        let rc = unsafe { libc::sched_getaffinity(tid, size_of::<libc::cpu_set_t>(), &mut set) };
-        if rc != 0 {
-            return Vec::new(); // the thread is gone
-        }
-        // SAFETY: CPU_ISSET reads bit `c` of a valid set; c < CPU_SETSIZE.
-        (0..libc::CPU_SETSIZE as usize)
-            .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
-            .collect()
-    }
-
-    /// Defects: the thread filling a RAM disk ran at normal priority wherever the scheduler
-    /// put it, a reactor's core included, and took its share of that core (connects timed
-    /// out and reactors stalled 11-22 ms while a 3 GiB namespace filled); then, kept off the
-    /// reactors' cores, it could starve on busy other cores while holding the mmap lock a
-    /// reactor waited for (a 5 s stall). It runs SCHED_IDLE on every core the process may use.
-    #[test]
-    fn the_populating_thread_gives_way_to_the_reactors_on_any_core() {
-        let allowed = pollux_reactor::sys::allowed_cores().unwrap_or_else(|e| panic!("{e}"));
-        let d = RamDisk::populated(1 << 30).unwrap_or_else(|e| panic!("{e}"));
-        let t0 = std::time::Instant::now();
-        let mut seen: Vec<(libc::pid_t, i32, Vec<usize>)>;
-        let gave_way = loop {
-            let threads = populating_threads();
-            seen = threads
-                .iter()
-                // SAFETY: sched_getscheduler reads a thread's policy; -1 if it is gone.
-                .map(|&tid| (tid, unsafe { libc::sched_getscheduler(tid) }, cores_of(tid)))
-                .collect();
-            if !seen.is_empty()
-                && seen
-                    .iter()
-                    .all(|(_, policy, cores)| *policy == libc::SCHED_IDLE && *cores == allowed)
-            {
-                break true;
-            }
-            if t0.elapsed() > std::time::Duration::from_secs(5) {
-                break false;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        };
-        drop(d);
-        assert!(
-            gave_way,
-            "populating threads (tid, policy, cores) {seen:?}: SCHED_IDLE ({}) on cores {allowed:?} expected",
-            libc::SCHED_IDLE
-        );
-    }
-
     /// Dropping a disk mid-fill does not wait for the filling thread (it may be a reactor
     /// that drops it), and the thread lets the memory go when it stops.
     #[test]
@@ -967,7 +555,7 @@ mod tests {
     }
 
     /// Bytes `i` of a test pattern over a disk (`seed` tells two patterns apart).
-    fn pattern(len: usize, seed: u32) -> Vec<u8> {
+    pub(crate) fn pattern(len: usize, seed: u32) -> Vec<u8> {
         (0..len as u32)
             .map(|i| (i.wrapping_mul(31).wrapping_add(seed) % 251) as u8)
             .collect()
@@ -975,7 +563,7 @@ mod tests {
 
     /// A disk adopted from a duplicate of `d`'s memfd, as the next process of a hot upgrade
     /// adopts it.
-    fn adopted(d: &RamDisk) -> RamDisk {
+    pub(crate) fn adopted(d: &RamDisk) -> RamDisk {
         let fd = d
             .memfd()
             .unwrap_or_else(|| panic!("a RAM disk has a memfd"))
@@ -984,7 +572,7 @@ mod tests {
         RamDisk::adopt(fd, d.len()).unwrap_or_else(|e| panic!("{e}"))
     }
 
-    fn contents(d: &RamDisk) -> Vec<u8> {
+    pub(crate) fn contents(d: &RamDisk) -> Vec<u8> {
         let mut b = vec![0u8; d.len() as usize];
         d.read(0, &mut b);
         b
@@ -1083,14 +671,14 @@ mod tests {
         };
         for len in [(1 << 20) - 4096, (1 << 20) + 8, 2 << 20] {
             match RamDisk::adopt(dup(), len) {
-                Err(TargetError::RamAdoptSize { expected, found }) => {
+                Err(StoreError::RamAdoptSize { expected, found }) => {
                     assert_eq!((expected, found), (len, 1 << 20));
                 }
                 other => panic!("adopting 1 MiB as {len} bytes: {other:?}"),
             }
         }
         // Not a size a disk can have at all.
-        assert!(matches!(RamDisk::adopt(dup(), 0), Err(TargetError::Ram { .. })));
+        assert!(matches!(RamDisk::adopt(dup(), 0), Err(StoreError::Ram { .. })));
         // And the error says what happened.
         let e = RamDisk::adopt(dup(), 4096).err().map(|e| e.to_string());
         assert_eq!(
@@ -1113,87 +701,5 @@ mod tests {
                 .memfd()
                 .is_none()
         );
-    }
-
-    /// ShmemPmdMapped of the mapping that starts at `base`, in KiB (/proc/self/smaps).
-    fn pmd_mapped_kib(base: NonNull<u8>) -> u64 {
-        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap_or_else(|e| panic!("{e}"));
-        let start = format!("{:x}-", base.as_ptr() as usize);
-        let mut lines = smaps.lines().skip_while(|l| !l.starts_with(&start)).skip(1);
-        lines
-            .find_map(|l| l.strip_prefix("ShmemPmdMapped:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap_or_else(|| panic!("no mapping at {base:?} in /proc/self/smaps"))
-    }
-
-    /// Linux 6.1 or later (MADV_COLLAPSE).
-    fn has_collapse() -> bool {
-        let r = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-        let mut v = r.split(['.', '-']).map(|x| x.parse::<u32>().unwrap_or(0));
-        (v.next().unwrap_or(0), v.next().unwrap_or(0)) >= (6, 1)
-    }
-
-    /// A disk of 2 MiB or more is mapped from a 2 MiB boundary, in this process and in the
-    /// one that adopts its memfd. Where THP is allowed, a populated disk's whole 2 MiB are
-    /// huge pages once filled (MADV_COLLAPSE, whatever shmem_enabled says but "deny"), which
-    /// an adopted mapping maps huge too; and zeroing inside huge pages changes only the range
-    /// zeroed, in both mappings.
-    #[test]
-    fn a_populated_disk_is_in_huge_pages_and_zeroes_inside_them() {
-        const MIB: u64 = 1 << 20;
-        const LEN: u64 = 8 * MIB + 4096;
-        let mut a = RamDisk::populated(LEN).unwrap_or_else(|e| panic!("{e}"));
-        a.wait_populated();
-        let b = adopted(&a);
-        for d in [&a, &b] {
-            assert_eq!(d.base.as_ptr() as u64 % HUGE, 0, "{:?} is not 2 MiB-aligned", d.base);
-        }
-        let data = pattern(LEN as usize, 5);
-        a.write(0, &data);
-        assert!(contents(&b) == data);
-        let shmem = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled").unwrap_or_default();
-        if collapse_allowed() && has_collapse() && !shmem.contains("[deny]") {
-            for (who, d) in [("first", &a), ("adopted", &b)] {
-                assert_eq!(pmd_mapped_kib(d.base), 8 * 1024, "the {who} mapping's huge pages");
-            }
-        }
-        // Deallocate across a huge page boundary: a partial page, whole pages on both sides
-        // of the boundary, a partial page.
-        let (zoff, zlen) = (2 * MIB - 4096 + 512, 2 * MIB + 8192);
-        b.zero(zoff, zlen);
-        let mut want = data;
-        want[zoff as usize..(zoff + zlen) as usize].fill(0);
-        for (who, d) in [("first", &a), ("adopted", &b)] {
-            let got = contents(d);
-            if let Some(i) = (0..want.len()).find(|&i| got[i] != want[i]) {
-                panic!("the {who} disk's byte at {i} is {}, not {}", got[i], want[i]);
-            }
-        }
-    }
-
-    /// Writes that land while the filler commits the disk and collapses it into huge pages
-    /// (copying the pages written so far, zero-filling the rest) are all kept, and the
-    /// pages never written read as zeroes.
-    #[test]
-    fn writes_during_the_fill_are_kept() {
-        const LEN: u64 = 64 << 20;
-        let mut d = RamDisk::populated(LEN).unwrap_or_else(|e| panic!("{e}"));
-        let mut want = vec![0u8; LEN as usize];
-        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-        for i in 0..20_000u32 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            // 512-byte writes anywhere, some straddling pages and 2 MiB boundaries.
-            let off = x % (LEN - 512) / 8 * 8;
-            let data = pattern(512, i);
-            d.write(off, &data);
-            want[off as usize..off as usize + 512].copy_from_slice(&data);
-        }
-        d.wait_populated();
-        let got = contents(&d);
-        if let Some(i) = (0..want.len()).find(|&i| got[i] != want[i]) {
-            panic!("byte at {i} is {}, not {}", got[i], want[i]);
-        }
     }
 }

@@ -15,7 +15,7 @@ use pollux_conf::RbdBackend;
 use tracing::{debug, info, warn};
 
 use super::sys;
-use crate::error::TargetError;
+use crate::error::StoreError;
 
 /// The image-meta key naming the gateway group that serves an image (`rbd image-meta get
 /// POOL/IMAGE pollux.gateway_group`).
@@ -26,7 +26,7 @@ pub const LIBRBD: &str = "librbd.so.1";
 
 /// librados and librbd, loaded once per process: the loader's reason is kept, so every
 /// rbd namespace of a machine without Ceph gets the same clear error.
-pub fn library() -> Result<&'static sys::Ceph, TargetError> {
+pub fn library() -> Result<&'static sys::Ceph, StoreError> {
     static LIB: OnceLock<Result<sys::Ceph, libloading::Error>> = OnceLock::new();
     let lib = LIB.get_or_init(|| {
         // SAFETY: loading librbd runs its (and librados') initialisers, which only set up
@@ -41,15 +41,15 @@ pub fn library() -> Result<&'static sys::Ceph, TargetError> {
         }
         l
     });
-    lib.as_ref().map_err(|why| TargetError::RbdLibrary {
+    lib.as_ref().map_err(|why| StoreError::RbdLibrary {
         lib: LIBRBD,
         why: why.to_string(),
     })
 }
 
 /// An rbd call's error, with the image and conf it concerns.
-pub fn rbd_error(b: &RbdBackend, what: impl Into<String>, rc: i64) -> TargetError {
-    TargetError::Rbd {
+pub fn rbd_error(b: &RbdBackend, what: impl Into<String>, rc: i64) -> StoreError {
+    StoreError::Rbd {
         image: b.spec(),
         conf: b.ceph_conf.clone(),
         what: what.into(),
@@ -57,7 +57,7 @@ pub fn rbd_error(b: &RbdBackend, what: impl Into<String>, rc: i64) -> TargetErro
     }
 }
 
-fn cstring(b: &RbdBackend, what: &str, s: &str) -> Result<CString, TargetError> {
+fn cstring(b: &RbdBackend, what: &str, s: &str) -> Result<CString, StoreError> {
     CString::new(s).map_err(|_| rbd_error(b, format!("{what} contains a NUL character"), -i64::from(libc::EINVAL)))
 }
 
@@ -93,7 +93,7 @@ impl Cluster {
     }
 
     /// The connection for `b`: an existing one with the same options, or a new one.
-    pub fn get(b: &RbdBackend) -> Result<Arc<Cluster>, TargetError> {
+    pub fn get(b: &RbdBackend) -> Result<Arc<Cluster>, StoreError> {
         static OPEN: Mutex<Option<HashMap<ClusterKey, Weak<Cluster>>>> = Mutex::new(None);
         let key = ClusterKey {
             conf: b.ceph_conf.clone(),
@@ -118,7 +118,7 @@ impl Cluster {
 
     /// A connection of its own, shared with nobody (a gateway group's: when the group
     /// fences this gateway, it reconnects as a new client without waiting for the images).
-    pub fn private(b: &RbdBackend) -> Result<Arc<Cluster>, TargetError> {
+    pub fn private(b: &RbdBackend) -> Result<Arc<Cluster>, StoreError> {
         let c = Arc::new(Self::connect(b)?);
         remember(&c);
         Ok(c)
@@ -163,7 +163,7 @@ impl Cluster {
         if rc < 0 { Err(rc) } else { Ok(()) }
     }
 
-    fn connect(b: &RbdBackend) -> Result<Cluster, TargetError> {
+    fn connect(b: &RbdBackend) -> Result<Cluster, StoreError> {
         let lib = library()?;
         let mut handle: sys::rados_t = ptr::null_mut();
         let name = cstring(b, "`user`", &format!("client.{}", b.user))?;
@@ -196,7 +196,7 @@ impl Cluster {
             ("rados_osd_op_timeout", timeout),
             // Watches are confirmed by a ping each tick: at 1 s (default 5 s) a gateway that
             // lost the cluster knows within a few seconds that it cannot see reservation
-            // changes (resv::cluster's UNCERTAIN_AFTER).
+            // changes (the target's resv::cluster, UNCERTAIN_AFTER).
             ("objecter_tick_interval", "1".to_owned()),
             ("rbd_cache", b.write_cache.to_string()),
             // librbd's safety net for clients that never flush (write through until the first
@@ -332,12 +332,12 @@ unsafe extern "C" fn on_update(arg: *mut c_void) {
     w.updates.fetch_add(1, std::sync::atomic::Ordering::Release);
     // Reading the size here (librbd's own thread, inside its notification) could deadlock:
     // the resize watcher reads it.
-    crate::backend::SIZE_BELL.ring();
+    crate::SIZE_BELL.ring();
 }
 
 impl Image {
     /// Open `b`'s image on cluster `c`.
-    pub fn open(c: Arc<Cluster>, b: &RbdBackend) -> Result<Image, TargetError> {
+    pub fn open(c: Arc<Cluster>, b: &RbdBackend) -> Result<Image, StoreError> {
         let lib = library()?;
         let pool = cstring(b, "`pool`", &b.pool)?;
         let mut ioctx: sys::rados_ioctx_t = ptr::null_mut();
@@ -402,7 +402,7 @@ impl Image {
     /// one another group marked unless `b` says to take it over: two groups serving one
     /// image each fence, fail over and hand its lock about without the other, which
     /// corrupts it (ceph-nvmeof #833, #1209).
-    fn claim_for_group(&self, b: &RbdBackend, group: &str) -> Result<(), TargetError> {
+    fn claim_for_group(&self, b: &RbdBackend, group: &str) -> Result<(), StoreError> {
         let held = self
             .metadata(GROUP_KEY)
             .map_err(|rc| rbd_error(b, format!("cannot read the image-meta {GROUP_KEY}"), rc.into()))?;

@@ -38,7 +38,7 @@ use serde::Serialize;
 use tracing::{debug, error, info, warn};
 
 use super::{Backend, Caps, Channel, ChannelEnv, ChannelNs, CopyOffload};
-use crate::error::TargetError;
+use crate::error::StoreError;
 
 /// Entries per I/O queue (capped by CAP.MQES).
 const QUEUE_DEPTH: u16 = 256;
@@ -203,13 +203,13 @@ struct Live {
 }
 
 impl Live {
-    fn start(device: &NvmeDevice, nsid: u32, block_size: u32, reactors: usize) -> Result<Self, TargetError> {
+    fn start(device: &NvmeDevice, nsid: u32, block_size: u32, reactors: usize) -> Result<Self, StoreError> {
         let reactors = reactors.max(1);
-        let driver = |source| TargetError::Nvme {
+        let driver = |source| StoreError::Nvme {
             device: device.name().to_string(),
             source,
         };
-        let want = u16::try_from(reactors).map_err(|_| TargetError::NvmeUnfit {
+        let want = u16::try_from(reactors).map_err(|_| StoreError::NvmeUnfit {
             device: device.name().to_string(),
             reason: format!("{reactors} reactors: too many I/O queues"),
         })?;
@@ -243,7 +243,7 @@ impl Live {
         let mut ctrl = Controller::new(hw, cfg).map_err(driver)?;
         let info = ctrl.info().clone();
         if usize::from(info.io_queues) < reactors {
-            return Err(TargetError::NvmeUnfit {
+            return Err(StoreError::NvmeUnfit {
                 device: name,
                 reason: format!(
                     "the controller grants {} I/O queue pairs; pollux needs one per reactor ({reactors})",
@@ -274,13 +274,13 @@ impl Live {
 }
 
 /// Start `admin`'s thread.
-fn spawn_admin(admin: &Arc<Admin>) -> Result<JoinHandle<()>, TargetError> {
+fn spawn_admin(admin: &Arc<Admin>) -> Result<JoinHandle<()>, StoreError> {
     let a = admin.clone();
     let thread_name = format!("nvme-admin-{}", short(&admin.name));
     std::thread::Builder::new()
         .name(thread_name.clone())
         .spawn(move || a.run())
-        .map_err(|source| TargetError::Thread {
+        .map_err(|source| StoreError::Thread {
             name: thread_name,
             source,
         })
@@ -368,7 +368,7 @@ impl Backend for SsdNamespace {
         Arc::as_ptr(&self.dev) as usize
     }
 
-    fn open_channel(&self, _ns: ChannelNs, env: &ChannelEnv) -> Result<Box<dyn Channel>, TargetError> {
+    fn open_channel(&self, _ns: ChannelNs, env: &ChannelEnv) -> Result<Box<dyn Channel>, StoreError> {
         Ok(Box::new(SsdChannel::new(self.dev.clone(), env)?))
     }
 
@@ -445,7 +445,7 @@ pub type NamespaceList = Vec<(u32, u64, u32)>;
 /// The usable namespaces of the device `name` names (a BDF, or a fake controller that is
 /// open): read from the open device, or from one brought up for the question and let go
 /// again. Blocks on the device (a bring-up resets the controller): never on a reactor.
-pub fn probe(name: &str, reactors: usize) -> Result<NamespaceList, TargetError> {
+pub fn probe(name: &str, reactors: usize) -> Result<NamespaceList, StoreError> {
     let list = |info: &ControllerInfo| -> NamespaceList {
         info.namespaces
             .iter()
@@ -455,7 +455,7 @@ pub fn probe(name: &str, reactors: usize) -> Result<NamespaceList, TargetError> 
     if let Some(dev) = lock(&DEVICES).get(name).and_then(Weak::upgrade) {
         return Ok(list(&dev.info));
     }
-    let bdf = pollux_conf::parse_pci_address(name).map_err(|e| TargetError::NvmeUnfit {
+    let bdf = pollux_conf::parse_pci_address(name).map_err(|e| StoreError::NvmeUnfit {
         device: name.to_string(),
         reason: format!("not a PCI address nor an open device: {e}"),
     })?;
@@ -467,7 +467,7 @@ impl SsdDevice {
     /// The device `b` names, opened (and brought up with one queue pair per reactor) unless
     /// another namespace already did; and its namespace `b.nsid`. `block_size` is the conf's
     /// (a fake device's format).
-    pub fn open(b: &NvmeBackend, block_size: u32, reactors: usize) -> Result<SsdNamespace, TargetError> {
+    pub fn open(b: &NvmeBackend, block_size: u32, reactors: usize) -> Result<SsdNamespace, StoreError> {
         let name = b.device.name().to_string();
         let mut devices = lock(&DEVICES);
         let dev = match devices.get(&name).and_then(Weak::upgrade) {
@@ -481,7 +481,7 @@ impl SsdDevice {
         drop(devices);
         let Some(ns) = dev.info.namespaces.iter().find(|n| n.nsid == b.nsid).copied() else {
             let active: Vec<u32> = dev.info.namespaces.iter().map(|n| n.nsid).collect();
-            return Err(TargetError::NvmeUnfit {
+            return Err(StoreError::NvmeUnfit {
                 device: name,
                 reason: format!("no usable namespace {} (active, without metadata: {active:?})", b.nsid),
             });
@@ -489,7 +489,7 @@ impl SsdDevice {
         Ok(SsdNamespace { dev, ns })
     }
 
-    fn bring_up(device: &NvmeDevice, nsid: u32, block_size: u32, reactors: usize) -> Result<Self, TargetError> {
+    fn bring_up(device: &NvmeDevice, nsid: u32, block_size: u32, reactors: usize) -> Result<Self, StoreError> {
         let live = Live::start(device, nsid, block_size, reactors)?;
         let admin = Arc::new(Admin {
             name: live.name.clone(),
@@ -534,14 +534,14 @@ impl SsdDevice {
     }
 
     /// Bring a released device up again, as at open (the same namespaces, or an error).
-    pub fn reopen(&self) -> Result<(), TargetError> {
+    pub fn reopen(&self) -> Result<(), StoreError> {
         if !self.released.load(Ordering::Acquire) {
             return Ok(());
         }
         let (device, nsid, block_size, reactors) = &self.spec;
         let live = Live::start(device, *nsid, *block_size, *reactors)?;
         if live.info.namespaces != self.info.namespaces {
-            return Err(TargetError::NvmeUnfit {
+            return Err(StoreError::NvmeUnfit {
                 device: self.name.clone(),
                 reason: "its namespaces changed while it was released".into(),
             });
@@ -636,8 +636,8 @@ impl SsdDevice {
     /// resets it), `fail` (the next `count` I/O commands fail with `status`),
     /// `critical_warning` (its SMART page reports bits `count`), `temperature` (its composite
     /// temperature is `count` kelvin).
-    pub fn inject(&self, kind: &str, count: u32, status: Status) -> Result<(), TargetError> {
-        let unfit = |reason: String| TargetError::NvmeUnfit {
+    pub fn inject(&self, kind: &str, count: u32, status: Status) -> Result<(), StoreError> {
+        let unfit = |reason: String| StoreError::NvmeUnfit {
             device: self.name.clone(),
             reason,
         };
