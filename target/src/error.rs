@@ -84,6 +84,15 @@ pub enum TargetError {
     /// A reload was asked of a target running the embedded default.
     #[error("running the embedded default configuration: there is no conf file to reload")]
     NoConfFile,
+    /// A thread of the target's own (the gateway agent) could not be started.
+    #[error("cannot start thread {name}: {source}")]
+    Thread {
+        /// The thread's name.
+        name: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
     /// The reactors could not be started or stopped.
     #[error(transparent)]
     Reactor(#[from] pollux_reactor::ReactorError),

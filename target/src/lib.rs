@@ -366,10 +366,10 @@ impl Target {
         let gateway = match &cfg.gateway {
             Some(g) => Some(
                 gateway::Agent::start(g.clone(), shared.clone(), runtime.remotes()).map_err(|source| {
-                    TargetError::from(backend::StoreError::Thread {
+                    TargetError::Thread {
                         name: "gateway".into(),
                         source,
-                    })
+                    }
                 })?,
             ),
             None => None,
