@@ -122,6 +122,10 @@ struct Shared {
     ctl: (PathBuf, PathBuf),
     /// The fault the nemesis injected last, and when it began (a hang says what it was).
     nemesis_log: Mutex<(&'static str, Instant)>,
+    /// The disk under the file namespace, as a probe sees it: each 100 ms a 512-byte
+    /// write and fdatasync of a file beside the image, (when it began, how long it took)
+    /// over the last minute. A hang of the file namespace says whether the disk stalled too.
+    disk: Mutex<std::collections::VecDeque<(Instant, Duration)>>,
     /// Per worker: the start of its oldest outstanding read (MAX: none), published under
     /// its namespace's history lock.
     read_floor: Vec<AtomicU64>,
@@ -158,6 +162,19 @@ impl Shared {
             Ok(o) if o.status.success() => "nothing: an upgrade went through".into(),
             Ok(o) => String::from_utf8_lossy(&o.stderr).trim().to_string(),
             Err(e) => format!("cannot run pollux ctl: {e}"),
+        }
+    }
+
+    /// The disk probe's longest write and fdatasync begun since `since`, and when it began.
+    fn disk_since(&self, since: Instant) -> String {
+        let d = self.disk.lock().unwrap();
+        let n = d.iter().filter(|(at, _)| *at >= since).count();
+        match d.iter().filter(|(at, _)| *at >= since).max_by_key(|(_, took)| *took) {
+            Some((at, took)) => format!(
+                "{n} probes, the longest {took:?}, begun {:?} after the command was sent",
+                at.saturating_duration_since(since)
+            ),
+            None => "no probe since the command was sent (the probe itself is stuck)".into(),
         }
     }
 
@@ -385,6 +402,7 @@ fn main() {
         hang_first: Mutex::new(None),
         ctl: (target.bin.clone(), target.sock.clone()),
         nemesis_log: Mutex::new(("none", Instant::now())),
+        disk: Mutex::new(std::collections::VecDeque::new()),
         read_floor: (0..workers).map(|_| AtomicU64::new(u64::MAX)).collect(),
         orders: (0..workers).map(|_| AtomicU8::new(0)).collect(),
     });
@@ -426,6 +444,29 @@ fn main() {
         };
         handles.push(std::thread::spawn(move || wk.run()));
     }
+    // The disk probe (see `Shared::disk`).
+    let probe = {
+        let (c, path) = (Arc::clone(&shared), dir.join("disk-probe"));
+        std::thread::spawn(move || {
+            use std::io::Write as _;
+            let Ok(mut f) = std::fs::File::create(&path) else {
+                return;
+            };
+            while !c.stop.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                let ok = f.write_all(&[0x5a; 512]).is_ok() && f.sync_data().is_ok();
+                let took = t.elapsed();
+                let _ = std::io::Seek::rewind(&mut f);
+                let mut d = c.disk.lock().unwrap();
+                d.push_back((t, if ok { took } else { Duration::MAX }));
+                while d.front().is_some_and(|(at, _)| at.elapsed() > Duration::from_secs(60)) {
+                    d.pop_front();
+                }
+                drop(d);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
     // A pruner: forgets what no outstanding or later read can return.
     let pruner = {
         let c = Arc::clone(&shared);
@@ -479,6 +520,7 @@ fn main() {
         }
     }
     let _ = pruner.join();
+    let _ = probe.join();
 
     // The final read-back: every block of every namespace.
     let mut final_blocks = 0;

@@ -308,6 +308,10 @@ impl Worker {
                         .and_then(|c| c.io[0].local_addr().ok())
                         .map_or(0, |a| a.port());
                     eprintln!("faults: HANG: the connection's sockets (ss): {}", sockets(port));
+                    eprintln!(
+                        "faults: HANG: the disk (a write and fdatasync beside the file namespace): {}",
+                        self.c.disk_since(at)
+                    );
                     let (f, at) = *self.c.nemesis_log.lock().unwrap();
                     eprintln!(
                         "faults: HANG: the nemesis's last fault: {f}, begun {:?} ago",
