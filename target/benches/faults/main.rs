@@ -152,24 +152,23 @@ impl Shared {
     /// open: refused, it names the command a queue still holds after 5 s; done, the target
     /// held nothing (the command or its completion was lost between).
     fn held_by_target(&self) -> String {
-        let out = std::process::Command::new(&self.ctl.0)
-            .arg("ctl")
-            .arg("--socket")
-            .arg(&self.ctl.1)
-            .arg("upgrade")
-            .output();
-        match out {
-            Ok(o) if o.status.success() => "nothing: an upgrade went through".into(),
-            Ok(o) => String::from_utf8_lossy(&o.stderr).trim().to_string(),
-            Err(e) => format!("cannot run pollux ctl: {e}"),
+        match process::ctl(&self.ctl.0, &self.ctl.1, &["upgrade"]) {
+            Ok(_) => "nothing: an upgrade went through".into(),
+            Err(process::CtlFailed(e)) => e,
         }
     }
 
     /// The disk probe's longest write and fdatasync begun since `since`, and when it began.
     fn disk_since(&self, since: Instant) -> String {
         let d = self.disk.lock().unwrap();
-        let n = d.iter().filter(|(at, _)| *at >= since).count();
-        match d.iter().filter(|(at, _)| *at >= since).max_by_key(|(_, took)| *took) {
+        let (mut n, mut longest) = (0, None::<(Instant, Duration)>);
+        for &(at, took) in d.iter().filter(|(at, _)| *at >= since) {
+            n += 1;
+            if longest.is_none_or(|(_, l)| took > l) {
+                longest = Some((at, took));
+            }
+        }
+        match longest {
             Some((at, took)) => format!(
                 "{n} probes, the longest {took:?}, begun {:?} after the command was sent",
                 at.saturating_duration_since(since)

@@ -40,6 +40,26 @@ fn marked(value: &std::path::Path) -> Vec<i32> {
         .collect()
 }
 
+/// `pollux ctl ARGS` on control socket `sock` with binary `bin`: its output, or its error.
+pub(crate) fn ctl(bin: &std::path::Path, sock: &std::path::Path, args: &[&str]) -> Result<String, CtlFailed> {
+    let out = Command::new(bin)
+        .arg("ctl")
+        .arg("--socket")
+        .arg(sock)
+        .args(args)
+        .output()
+        .map_err(|e| CtlFailed(e.to_string()))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(CtlFailed(format!(
+            "pollux ctl {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )))
+    }
+}
+
 fn alive(pid: i32) -> bool {
     // A zombie (a killed child not yet waited for) is as good as gone.
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -91,22 +111,7 @@ impl Target {
     }
 
     pub(crate) fn ctl(&self, args: &[&str]) -> Result<String, CtlFailed> {
-        let out = Command::new(&self.bin)
-            .arg("ctl")
-            .arg("--socket")
-            .arg(&self.sock)
-            .args(args)
-            .output()
-            .map_err(|e| CtlFailed(e.to_string()))?;
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-        } else {
-            Err(CtlFailed(format!(
-                "pollux ctl {}: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr).trim()
-            )))
-        }
+        ctl(&self.bin, &self.sock, args)
     }
 
     /// The pid of the process serving now (an upgrade replaces it), remembered.

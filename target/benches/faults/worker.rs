@@ -270,9 +270,15 @@ impl Worker {
             self.c.counts.hangs.fetch_add(1, Ordering::Relaxed);
             let what = self.paths[p].pending.values().find(|o| o.at == at).map(|o| o.kind);
             let mut g = self.c.hang_first.lock().unwrap();
-            if g.is_none() {
-                // Where to look in the target's log: when it was sent (UTC) and on which
-                // controller and connection.
+            let first = g.is_none();
+            // Where to look in the target's log: when it was sent (UTC) and on which
+            // controller and connection (the I/O queue's local port).
+            let port = self.paths[p]
+                .ctrl
+                .as_ref()
+                .and_then(|c| c.io[0].local_addr().ok())
+                .map_or(0, |a| a.port());
+            if first {
                 let sent = std::time::SystemTime::now() - at.elapsed();
                 let ms = sent
                     .duration_since(std::time::UNIX_EPOCH)
@@ -280,7 +286,6 @@ impl Worker {
                     .as_millis()
                     % 86_400_000;
                 let conn = self.paths[p].ctrl.as_ref().map(|c| {
-                    let port = c.io[0].local_addr().map(|a| a.port()).unwrap_or(0);
                     format!(
                         "cntlid {}, I/O queue from port {port}, {} in flight",
                         c.cntlid,
@@ -301,26 +306,23 @@ impl Worker {
                 );
                 eprintln!("faults: HANG {s}");
                 *g = Some(s);
-                if !self.c.nss[self.ns].gateway {
-                    let port = self.paths[p]
-                        .ctrl
-                        .as_ref()
-                        .and_then(|c| c.io[0].local_addr().ok())
-                        .map_or(0, |a| a.port());
-                    eprintln!("faults: HANG: the connection's sockets (ss): {}", sockets(port));
-                    eprintln!(
-                        "faults: HANG: the disk (a write and fdatasync beside the file namespace): {}",
-                        self.c.disk_since(at)
-                    );
-                    let (f, at) = *self.c.nemesis_log.lock().unwrap();
-                    eprintln!(
-                        "faults: HANG: the nemesis's last fault: {f}, begun {:?} ago",
-                        at.elapsed()
-                    );
-                    eprintln!("faults: HANG: what the target holds: {}", self.c.held_by_target());
-                }
             }
+            // The diagnostics take seconds (an upgrade waits up to 5 s for its queues): not
+            // under the lock every other host's hang takes.
             drop(g);
+            if first && !self.c.nss[self.ns].gateway {
+                eprintln!("faults: HANG: the connection's sockets (ss): {}", sockets(port));
+                eprintln!(
+                    "faults: HANG: the disk (a write and fdatasync beside the file namespace): {}",
+                    self.c.disk_since(at)
+                );
+                let (f, began) = *self.c.nemesis_log.lock().unwrap();
+                eprintln!(
+                    "faults: HANG: the nemesis's last fault: {f}, begun {:?} ago",
+                    began.elapsed()
+                );
+                eprintln!("faults: HANG: what the target holds: {}", self.c.held_by_target());
+            }
             self.drop_path(p);
         }
     }
